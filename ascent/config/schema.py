@@ -1,0 +1,197 @@
+"""The typed run configuration: one pydantic model per section, every field with a default and a description.
+
+Imports without torch (the controller and `ascent config show` must start fast). Builders elsewhere turn a
+section into flat arguments; components never read this global object. Units follow the design: batch
+sizes carry their unit in their name (prompts, trajectories, tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Dtype = Literal["bf16", "fp16", "fp32"]
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraConfig(Section):
+    rank: int = Field(0, ge=0, description="LoRA rank; 0 trains all weights (no adapter).")
+    alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (scale = alpha / rank).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Module names that get adapters.",
+    )
+    save_merged: bool = Field(True, description="Checkpoints hold merged HF weights (else the adapter only).")
+
+
+class ModelConfig(Section):
+    path: str = Field("", description="Local directory of a Hugging Face causal LM checkpoint.")
+    tokenizer_path: str | None = Field(None, description="Tokenizer directory; defaults to `path`.")
+    dtype: Dtype = Field("fp32", description="Compute dtype: bf16, fp16 (GPUs without bf16) or fp32.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="Low-rank adapters (peft).")
+    trust_remote_code: bool = Field(False, description="Allow model code shipped inside the checkpoint.")
+
+
+class DataConfig(Section):
+    train_path: str = Field("", description="Training prompts: a .jsonl or .parquet file.")
+    val_path: str | None = Field(None, description="Held-out prompts for validation (.jsonl or .parquet).")
+    max_prompt_tokens: int = Field(512, gt=0, description="Longest prompt in tokens after the chat template.")
+    overlong_prompts: Literal["drop", "truncate", "error"] = Field(
+        "drop", description="What to do with prompts over max_prompt_tokens (the count is always reported)."
+    )
+    truncation_side: Literal["left", "right"] = Field("left", description="Which end `truncate` cuts.")
+    chat_template: bool = Field(
+        True, description="Render string prompts as a user message with the tokenizer's chat template."
+    )
+    shuffle: bool = Field(True, description="Shuffle training prompts each epoch (seeded by `seed`).")
+    max_val_prompts: int | None = Field(None, gt=0, description="Use at most this many validation prompts.")
+
+
+class RolloutConfig(Section):
+    engine: str = Field("reference", description="Rollout engine: `reference` (transformers) or `fast` (GPU).")
+    prompts_per_step: int = Field(8, gt=0, description="Prompts sampled per iteration.")
+    samples_per_prompt: int = Field(8, gt=0, description="Trajectories generated per prompt (the group size).")
+    max_new_tokens: int = Field(256, gt=0, description="Most tokens generated per response.")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature; 0 is greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables.")
+    min_p: float = Field(0.0, ge=0, lt=1, description="Drop tokens below min_p times the top probability.")
+    stop_token_ids: list[int] = Field(default_factory=list, description="Extra stop tokens besides EOS.")
+    stop_strings: list[str] = Field(default_factory=list, description="Stop when the response ends with these.")
+    generation_batch_size: int = Field(64, gt=0, description="Sequences decoded together by the reference engine.")
+    gpu_memory_fraction: float = Field(0.5, gt=0, le=1, description="GPU memory share for the fast engine's KV cache.")
+    val_temperature: float = Field(0.0, ge=0, description="Temperature during validation (0 = greedy).")
+    val_samples_per_prompt: int = Field(1, gt=0, description="Samples per validation prompt.")
+
+
+class RewardConfig(Section):
+    fn: str = Field(
+        "exact_match",
+        description="Reward function: a built-in name (exact_match, numeric_match, math_verify, gsm8k, format) "
+        "or an import path `pkg.module:function`.",
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed to the function.")
+    max_failure_rate: float = Field(
+        0.05, ge=0, le=1, description="Abort when more than this share of one iteration's rewards raise."
+    )
+
+
+class AlgorithmConfig(Section):
+    advantage: str = Field("grpo", description="Advantage estimator (registry name or import path).")
+    scale_by_std: bool = Field(True, description="GRPO: divide by the group std (False is Dr. GRPO).")
+    std_over_batch: bool = Field(False, description="GRPO: use the batch std instead of the group std.")
+    policy_loss: str = Field("ppo", description="Policy loss (registry name or import path).")
+    clip_ratio_low: float = Field(0.2, gt=0, description="PPO: lower clip, ratio >= 1 - clip_ratio_low.")
+    clip_ratio_high: float = Field(0.2, gt=0, description="PPO: upper clip, ratio <= 1 + clip_ratio_high.")
+    dual_clip_c: float | None = Field(None, gt=1, description="Dual-clip constant for negative advantages.")
+    loss_aggregation: str = Field("token-mean", description="How per-token losses become one number.")
+    max_response_tokens_norm: int | None = Field(
+        None, gt=0, description="Length divisor of `seq-mean-token-sum-norm`; defaults to rollout.max_new_tokens."
+    )
+    kl_loss_coef: float = Field(0.0, ge=0, description="Weight of KL(policy || reference) as a loss term.")
+    kl_estimator: str = Field("k3", description="KL estimator: k1, k2, k3, k1+ or k3+ (straight-through).")
+    entropy_coef: float = Field(0.0, description="Entropy bonus weight (0 keeps entropy as a metric only).")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount for GAE / REINFORCE++ returns.")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for custom plug-ins.")
+
+
+class TrainConfig(Section):
+    lr: float = Field(1e-6, gt=0, description="Peak learning rate of AdamW.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up.")
+    schedule: Literal["constant", "cosine"] = Field("constant", description="LR schedule after warm-up.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of lr.")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the gradient norm; null disables.")
+    epochs_per_rollout: int = Field(1, gt=0, description="Passes over one iteration's trajectories.")
+    trajectories_per_update: int = Field(64, gt=0, description="Trajectories per optimizer step (mini-batch).")
+    max_tokens_per_micro_batch: int = Field(
+        8192, gt=0, description="Token budget of one forward pass; sequences are packed up to it."
+    )
+    logprob_chunk_tokens: int = Field(
+        1024, gt=0, description="Tokens per chunk when computing logprobs/entropy (bounds [tokens, vocab] memory)."
+    )
+    shuffle_mini_batches: bool = Field(True, description="Shuffle trajectories between mini-batches.")
+
+
+class CheckpointConfig(Section):
+    every: int = Field(0, ge=0, description="Save every K iterations (0: only at the end).")
+    keep_last: int = Field(2, gt=0, description="How many checkpoints to keep.")
+    save_optimizer: bool = Field(True, description="Save optimizer state (needed for exact resume).")
+
+
+class TrackingConfig(Section):
+    tensorboard: bool = Field(True, description="Write TensorBoard event files under <run_dir>/tensorboard.")
+    wandb_project: str | None = Field(None, description="Also log to Weights & Biases (needs `wandb`).")
+    progress: bool = Field(True, description="Show a live progress bar.")
+    trace: bool = Field(True, description="Write a Chrome-trace timeline of each iteration's phases.")
+    log_samples: int = Field(2, ge=0, description="Print this many sample responses at every validation.")
+
+
+class ClusterConfig(Section):
+    backend: Literal["inline", "ray"] = Field("inline", description="Run workers inline or as Ray actors.")
+    address: str | None = Field(None, description="Ray address; `auto` joins a running cluster.")
+    num_trainer_workers: int = Field(1, gt=0, description="Trainer processes (data parallel, FSDP on GPUs).")
+    num_rollout_workers: int = Field(1, gt=0, description="Rollout engine replicas.")
+    gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each worker asks for (0 on CPU).")
+    placement: Literal["colocated", "split"] = Field("colocated", description="Share GPUs or use separate ones.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of the workers.")
+    worker_timeout_s: float = Field(1800.0, gt=0, description="Fail a worker call that takes longer than this.")
+
+
+class RunConfig(Section):
+    """The `ascent train` configuration."""
+
+    run_dir: str = Field("runs/default", description="Directory for checkpoints, metrics and logs.")
+    seed: int = Field(0, description="Seed of data order, sampling and initialisation.")
+    iterations: int = Field(10, gt=0, description="RL iterations (rollout + update) to run.")
+    val_every: int = Field(0, ge=0, description="Validate every K iterations (0: only before and after).")
+    resume: bool = Field(False, description="Continue from the newest checkpoint in run_dir.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy checkpoint.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Prompt datasets.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward function.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Optimizer and batching.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Metrics and logs.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Workers and placement.")
+
+    @property
+    def trajectories_per_step(self) -> int:
+        return self.rollout.prompts_per_step * self.rollout.samples_per_prompt
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> RunConfig:
+        from ascent.config.rules import check_run_config
+
+        check_run_config(self)
+        return self
+
+
+class SFTConfig(Section):
+    """The `ascent sft` configuration: supervised warm-start on prompt/response pairs."""
+
+    run_dir: str = Field("runs/sft", description="Output directory (checkpoints, metrics, logs).")
+    seed: int = Field(0, description="Seed of data order and initialisation.")
+    epochs: float = Field(1.0, gt=0, description="Passes over the training pairs (fractions allowed).")
+    batch_size: int = Field(32, gt=0, description="Prompt/response pairs per optimizer step.")
+    response_key: str = Field("response", description="Row field holding the target response.")
+    val_every: int = Field(0, ge=0, description="Evaluate on data.val_path every K optimizer steps (0: at end).")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The model to fine-tune.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Prompt/response pairs.")
+    train: TrainConfig = Field(
+        default_factory=lambda: TrainConfig(lr=1e-4), description="Optimizer and batching."
+    )
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Metrics and logs.")

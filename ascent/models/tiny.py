@@ -1,0 +1,97 @@
+"""Tiny-model factory: a small Qwen2-architecture checkpoint and a character-level tokenizer, on disk.
+
+Tests and the demo never touch a model hub. They call `make_tiny_checkpoint(dir)`, which writes a real
+Hugging Face checkpoint (config.json, model.safetensors, tokenizer.json, tokenizer_config.json with a chat
+template) that `ascent.models.load_model` / `load_tokenizer` then read through the ordinary
+`from_pretrained` path, exactly as they would read Qwen2.5.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+# Special tokens come first so their ids are stable: pad=0, eos=1 (<|im_end|>), bos=2 (<|im_start|>).
+SPECIAL_TOKENS = ["<|pad|>", "<|im_end|>", "<|im_start|>", "<|endoftext|>"]
+DEFAULT_CHARS = string.digits + string.ascii_letters + " +-*/=#.,:;?!()[]<>'\"\n_"
+
+# A compact ChatML-style template (the one Qwen uses), kept short because every character is a token.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'][0] }}{{ m['content'] }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>a{% endif %}"
+)
+
+
+def make_char_tokenizer(out_dir: str | Path, chars: str = DEFAULT_CHARS):
+    """Write a character-level fast tokenizer with a chat template to `out_dir`; return it.
+
+    Every character of `chars` is one token; the special tokens are whole tokens. Characters outside
+    `chars` map to `<|endoftext|>` (the unknown token), so encoding never fails.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in dict.fromkeys(chars):
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<|pad|>",
+        eos_token="<|im_end|>",
+        bos_token=None,
+        unk_token="<|endoftext|>",
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def make_tiny_checkpoint(
+    out_dir: str | Path,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 512,
+    chars: str = DEFAULT_CHARS,
+    seed: int = 0,
+    tie_word_embeddings: bool = True,
+) -> Path:
+    """Write a randomly initialised Qwen2 causal LM plus its char tokenizer to `out_dir`; return the path.
+
+    Grouped-query attention is on by default (num_kv_heads < num_heads) so the same code paths run as for
+    Qwen2.5. The checkpoint is fp32 safetensors, loadable with `AutoModelForCausalLM.from_pretrained`.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = make_char_tokenizer(out, chars)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(str(out), safe_serialization=True)
+    return out

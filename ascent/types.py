@@ -1,0 +1,102 @@
+"""The typed messages that move between workers (design: "Typed messages, not dicts").
+
+Everything here is plain Python (lists of ints and floats), so it pickles cheaply across Ray and imports
+without torch. Tokens go in and come out as ids: nothing generated is ever re-tokenized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the rollout engine samples. `temperature=0` means greedy decoding."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    max_new_tokens: int = 128
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    n: int = 1  # samples per request
+    seed: int | None = None
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt to sample `params.n` continuations of.
+
+    `session_id` marks a multi-turn continuation: `prompt_ids` is then the whole conversation so far
+    (previous prompt + response + tool tokens) and an engine that kept that session's cache may reuse it.
+    """
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    request_id: int = 0
+    session_id: str | None = None
+
+
+@dataclass
+class Generation:
+    """One sampled continuation: token ids, the sampler's logprob of each, and why it ended."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+
+@dataclass
+class Trajectory:
+    """One sampled response (or episode) for one prompt; the unit the algorithms and trainer consume.
+
+    `response_ids`, `sampler_logprobs` and `loss_mask` have one entry per response token. `loss_mask` is 1 for
+    tokens the policy produced and 0 for tool or environment tokens spliced into a multi-turn response.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    sampler_logprobs: list[float]
+    loss_mask: list[int]
+    finish_reason: FinishReason
+    group_id: int
+    row_id: int
+    policy_version: int = 0
+    reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)
+    response_text: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+@dataclass
+class TrainSample:
+    """A trajectory prepared for the update: token ids plus per-response-token training targets.
+
+    Per-token lists (`old_logprobs`, `advantages`, `loss_mask`, `ref_logprobs`, `sampler_logprobs`, `returns`,
+    `old_values`) align with `response_ids`. `old_logprobs` are the trainer's own (recomputed) logprobs
+    under the policy that sampled the batch.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    advantages: list[float]
+    old_logprobs: list[float] | None = None
+    sampler_logprobs: list[float] | None = None
+    ref_logprobs: list[float] | None = None
+    returns: list[float] | None = None
+    old_values: list[float] | None = None
+    group_id: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
