@@ -12,8 +12,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ascent.config.schema import RunConfig
 
-GROUP_ESTIMATORS = {"grpo", "rloo", "opo"}
+# Registry names of ascent.algorithms, repeated here because config imports without torch
+# (tests/unit/algorithms/test_alg_config.py checks they match the registries).
+GROUP_ESTIMATORS = {"grpo", "rloo", "opo", "reinforce_pp_baseline"}
 CRITIC_ESTIMATORS = {"gae"}
+TOKEN_REWARD_ESTIMATORS = {"gae", "reinforce_pp", "reinforce_pp_baseline", "remax"}
+ADVANTAGE_ESTIMATORS = GROUP_ESTIMATORS | TOKEN_REWARD_ESTIMATORS
+POLICY_LOSSES = {"ppo", "gspo", "cispo", "sapo", "reinforce"}
+LOSS_AGGREGATIONS = {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
+KL_ESTIMATORS = {"k1", "k2", "k3", "k1+", "k3+"}
 
 
 def check_run_config(cfg: RunConfig) -> None:
@@ -50,6 +57,29 @@ def _batch_rules(cfg: RunConfig) -> list[str]:
 
 
 def _algorithm_rules(cfg: RunConfig) -> list[str]:
+    return _name_rules(cfg) + _estimator_rules(cfg) + _kl_rules(cfg) + _loss_rules(cfg) + _sampling_rules(cfg)
+
+
+def _unknown(field: str, value: str, names: set[str]) -> list[str]:
+    if value in names or ":" in value:
+        return []
+    return [
+        f"{field}={value!r}: unknown; use one of {', '.join(sorted(names))} (or an import path `pkg.module:function`)."
+    ]
+
+
+def _name_rules(cfg: RunConfig) -> list[str]:
+    a = cfg.algorithm
+    return (
+        _unknown("algorithm.advantage", a.advantage, ADVANTAGE_ESTIMATORS)
+        + _unknown("algorithm.policy_loss", a.policy_loss, POLICY_LOSSES)
+        + _unknown("algorithm.loss_aggregation", a.loss_aggregation, LOSS_AGGREGATIONS)
+        + _unknown("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
+        + _unknown("algorithm.kl_penalty_estimator", a.kl_penalty_estimator, KL_ESTIMATORS)
+    )
+
+
+def _estimator_rules(cfg: RunConfig) -> list[str]:
     a, r = cfg.algorithm, cfg.rollout
     out = []
     if a.advantage in GROUP_ESTIMATORS and r.samples_per_prompt < 2:
@@ -57,18 +87,84 @@ def _algorithm_rules(cfg: RunConfig) -> list[str]:
             f"rollout.samples_per_prompt={r.samples_per_prompt}: {a.advantage.upper()} compares samples within "
             "a group; set it to 2 or more."
         )
-    if a.advantage in CRITIC_ESTIMATORS and not a.options.get("critic", True):
-        out.append("algorithm.advantage=gae: GAE needs a critic; enable it or choose grpo/rloo/reinforce_pp.")
-    if a.kl_loss_coef > 0 and cfg.model.lora.rank == 0 and a.kl_estimator not in {"k1", "k2", "k3", "k1+", "k3+"}:
-        if ":" not in a.kl_estimator:
-            out.append(
-                f"algorithm.kl_estimator={a.kl_estimator!r}: unknown; use k1, k2, k3, k1+ or k3+ "
-                "(or an import path)."
-            )
+    if a.advantage in CRITIC_ESTIMATORS and a.use_critic is False:
+        out.append(
+            "algorithm.use_critic=false: advantage=gae needs a critic; set use_critic to true (or null) or "
+            "choose grpo/rloo/reinforce_pp."
+        )
+    if a.use_critic and a.advantage not in CRITIC_ESTIMATORS and ":" not in a.advantage:
+        out.append(
+            f"algorithm.use_critic=true: advantage={a.advantage} does not use a critic; set advantage=gae "
+            "or use_critic to null."
+        )
+    if a.advantage == "remax" and r.temperature == 0:
+        out.append(
+            "rollout.temperature=0: ReMax subtracts the reward of the greedy response, which then equals every "
+            "sample (all advantages 0); sample with a temperature above 0."
+        )
     if a.std_over_batch and not a.scale_by_std:
         out.append(
             "algorithm.std_over_batch=true needs algorithm.scale_by_std=true (there is no std to take "
             "over the batch otherwise); set one of them differently."
+        )
+    if a.critic_warmup_iterations and a.critic_warmup_iterations >= cfg.iterations:
+        out.append(
+            f"algorithm.critic_warmup_iterations={a.critic_warmup_iterations}: the run has only "
+            f"iterations={cfg.iterations}, so the policy would never train; lower it."
+        )
+    return out
+
+
+def _kl_rules(cfg: RunConfig) -> list[str]:
+    a = cfg.algorithm
+    out = []
+    if a.kl_penalty_coef > 0 and a.advantage in GROUP_ESTIMATORS - TOKEN_REWARD_ESTIMATORS:
+        out.append(
+            f"algorithm.kl_penalty_coef={a.kl_penalty_coef}: advantage={a.advantage} ignores per-token rewards, "
+            "so the KL penalty would do nothing; use kl_loss_coef instead, or advantage=reinforce_pp/gae."
+        )
+    if a.kl_target is not None and a.kl_penalty_coef == 0:
+        out.append(
+            f"algorithm.kl_target={a.kl_target}: the adaptive controller scales kl_penalty_coef, which is 0; "
+            "set kl_penalty_coef > 0 (its starting value) or kl_target to null."
+        )
+    return out
+
+
+def _loss_rules(cfg: RunConfig) -> list[str]:
+    a = cfg.algorithm
+    out = []
+    if a.dual_clip_c is not None and a.policy_loss != "ppo":
+        out.append(
+            f"algorithm.dual_clip_c={a.dual_clip_c}: only policy_loss=ppo uses it "
+            f"(policy_loss={a.policy_loss}); set it to null."
+        )
+    low, high = a.rollout_correction_threshold_low, a.rollout_correction_threshold
+    if low is not None and a.rollout_correction != "mis":
+        out.append(
+            f"algorithm.rollout_correction_threshold_low={low}: only rollout_correction=mis uses a lower "
+            f"bound (it is {a.rollout_correction}); set it to null."
+        )
+    elif low is not None and low >= high:
+        out.append(
+            f"algorithm.rollout_correction_threshold_low={low}: must be below rollout_correction_threshold="
+            f"{high} (and usually below 1)."
+        )
+    return out
+
+
+def _sampling_rules(cfg: RunConfig) -> list[str]:
+    a, r = cfg.algorithm, cfg.rollout
+    out = []
+    if a.dynamic_sampling and r.samples_per_prompt < 2:
+        out.append(
+            f"rollout.samples_per_prompt={r.samples_per_prompt}: dynamic sampling keeps groups whose rewards "
+            "differ, and a group of one never does; set it to 2 or more."
+        )
+    if a.overlong_buffer >= r.max_new_tokens:
+        out.append(
+            f"algorithm.overlong_buffer={a.overlong_buffer}: the penalty zone must be shorter than "
+            f"rollout.max_new_tokens={r.max_new_tokens}; lower it (DAPO used a quarter of the budget)."
         )
     return out
 

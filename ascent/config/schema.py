@@ -35,7 +35,9 @@ class ModelConfig(Section):
     path: str = Field("", description="Local directory of a Hugging Face causal LM checkpoint.")
     tokenizer_path: str | None = Field(None, description="Tokenizer directory; defaults to `path`.")
     dtype: Dtype = Field("fp32", description="Compute dtype: bf16, fp16 (GPUs without bf16) or fp32.")
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward to save memory."
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="Low-rank adapters (peft).")
     trust_remote_code: bool = Field(False, description="Allow model code shipped inside the checkpoint.")
 
@@ -56,18 +58,28 @@ class DataConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: str = Field("reference", description="Rollout engine: `reference` (transformers) or `fast` (GPU).")
+    engine: str = Field(
+        "reference", description="Rollout engine: `reference` (transformers) or `fast` (GPU)."
+    )
     prompts_per_step: int = Field(8, gt=0, description="Prompts sampled per iteration.")
-    samples_per_prompt: int = Field(8, gt=0, description="Trajectories generated per prompt (the group size).")
+    samples_per_prompt: int = Field(
+        8, gt=0, description="Trajectories generated per prompt (the group size)."
+    )
     max_new_tokens: int = Field(256, gt=0, description="Most tokens generated per response.")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature; 0 is greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables.")
     min_p: float = Field(0.0, ge=0, lt=1, description="Drop tokens below min_p times the top probability.")
     stop_token_ids: list[int] = Field(default_factory=list, description="Extra stop tokens besides EOS.")
-    stop_strings: list[str] = Field(default_factory=list, description="Stop when the response ends with these.")
-    generation_batch_size: int = Field(64, gt=0, description="Sequences decoded together by the reference engine.")
-    gpu_memory_fraction: float = Field(0.5, gt=0, le=1, description="GPU memory share for the fast engine's KV cache.")
+    stop_strings: list[str] = Field(
+        default_factory=list, description="Stop when the response ends with these."
+    )
+    generation_batch_size: int = Field(
+        64, gt=0, description="Sequences decoded together by the reference engine."
+    )
+    gpu_memory_fraction: float = Field(
+        0.5, gt=0, le=1, description="GPU memory share for the fast engine's KV cache."
+    )
     val_temperature: float = Field(0.0, ge=0, description="Temperature during validation (0 = greedy).")
     val_samples_per_prompt: int = Field(1, gt=0, description="Samples per validation prompt.")
 
@@ -78,7 +90,9 @@ class RewardConfig(Section):
         description="Reward function: a built-in name (exact_match, numeric_match, math_verify, gsm8k, format) "
         "or an import path `pkg.module:function`.",
     )
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed to the function.")
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments passed to the function."
+    )
     max_failure_rate: float = Field(
         0.05, ge=0, le=1, description="Abort when more than this share of one iteration's rewards raise."
     )
@@ -94,14 +108,69 @@ class AlgorithmConfig(Section):
     dual_clip_c: float | None = Field(None, gt=1, description="Dual-clip constant for negative advantages.")
     loss_aggregation: str = Field("token-mean", description="How per-token losses become one number.")
     max_response_tokens_norm: int | None = Field(
-        None, gt=0, description="Length divisor of `seq-mean-token-sum-norm`; defaults to rollout.max_new_tokens."
+        None,
+        gt=0,
+        description="Length divisor of `seq-mean-token-sum-norm`; defaults to rollout.max_new_tokens.",
     )
     kl_loss_coef: float = Field(0.0, ge=0, description="Weight of KL(policy || reference) as a loss term.")
     kl_estimator: str = Field("k3", description="KL estimator: k1, k2, k3, k1+ or k3+ (straight-through).")
     entropy_coef: float = Field(0.0, description="Entropy bonus weight (0 keeps entropy as a metric only).")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount for GAE / REINFORCE++ returns.")
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
-    options: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for custom plug-ins.")
+    adv_eps: float = Field(1e-6, gt=0, description="Epsilon added to std denominators (GRPO, whitening).")
+    gae_whiten: bool = Field(True, description="GAE: whiten advantages over the batch's policy tokens.")
+    # Policy-loss variants (each loss reads only its own fields).
+    gspo_clip_low: float = Field(3e-4, gt=0, description="GSPO: sequence ratio >= 1 - gspo_clip_low.")
+    gspo_clip_high: float = Field(4e-4, gt=0, description="GSPO: sequence ratio <= 1 + gspo_clip_high.")
+    cispo_eps_low: float = Field(
+        1.0, gt=0, le=1, description="CISPO: IS weight >= 1 - eps_low (1: no bound)."
+    )
+    cispo_eps_high: float = Field(0.28, gt=0, description="CISPO: IS weight <= 1 + cispo_eps_high.")
+    sapo_tau_pos: float = Field(1.0, gt=0, description="SAPO: gate temperature for positive advantages.")
+    sapo_tau_neg: float = Field(1.05, gt=0, description="SAPO: gate temperature for negative advantages.")
+    # Rollout correction (sampler vs trainer probabilities).
+    rollout_correction: Literal["none", "tis", "mis"] = Field(
+        "none", description="Importance-weight the loss by trainer/sampler probability: truncated or masked."
+    )
+    rollout_correction_level: Literal["token", "sequence", "geometric"] = Field(
+        "token", description="Weight per token, per sequence (product) or per sequence (geometric mean)."
+    )
+    rollout_correction_threshold: float = Field(
+        2.0, gt=0, description="TIS cap / MIS upper bound of the weight."
+    )
+    rollout_correction_threshold_low: float | None = Field(
+        None, ge=0, description="MIS: also mask weights below this (null: no lower bound)."
+    )
+    # KL as a reward penalty (PPO / REINFORCE++ style; kl_loss_coef is the loss-term alternative).
+    kl_penalty_coef: float = Field(
+        0.0, ge=0, description="Initial weight of the per-token KL penalty in the reward."
+    )
+    kl_penalty_estimator: str = Field("k1", description="KL estimator of the reward penalty (k1, k2, k3).")
+    kl_target: float | None = Field(
+        None, gt=0, description="Adaptive KL coef toward this KL; null keeps it fixed."
+    )
+    kl_horizon: int = Field(10000, gt=0, description="Adaptive KL horizon in trajectories (Ziegler et al.).")
+    # DAPO and filters.
+    dynamic_sampling: bool = Field(False, description="DAPO: drop groups of equal rewards and sample more.")
+    max_sample_batches: int = Field(
+        10, gt=0, description="Dynamic sampling: most generation rounds per step."
+    )
+    overlong_buffer: int = Field(
+        0, ge=0, description="DAPO: soft length penalty over the last N tokens (0: off)."
+    )
+    overlong_penalty: float = Field(1.0, ge=0, description="DAPO: the penalty at max_new_tokens.")
+    mask_truncated: bool = Field(False, description="Drop truncated responses (finish=length) from the loss.")
+    filter_zero_advantage: bool = Field(False, description="Skip trajectories whose advantages are all zero.")
+    # Critic (only gae uses one).
+    use_critic: bool | None = Field(
+        None, description="Train a value model; null: exactly when advantage=gae."
+    )
+    critic_lr: float = Field(1e-5, gt=0, description="Critic learning rate.")
+    value_clip: float | None = Field(0.2, gt=0, description="Clip range of the value loss; null disables.")
+    critic_warmup_iterations: int = Field(0, ge=0, description="Iterations that train only the critic first.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments for custom plug-ins."
+    )
 
 
 class TrainConfig(Section):
@@ -114,12 +183,16 @@ class TrainConfig(Section):
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of lr.")
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the gradient norm; null disables.")
     epochs_per_rollout: int = Field(1, gt=0, description="Passes over one iteration's trajectories.")
-    trajectories_per_update: int = Field(64, gt=0, description="Trajectories per optimizer step (mini-batch).")
+    trajectories_per_update: int = Field(
+        64, gt=0, description="Trajectories per optimizer step (mini-batch)."
+    )
     max_tokens_per_micro_batch: int = Field(
         8192, gt=0, description="Token budget of one forward pass; sequences are packed up to it."
     )
     logprob_chunk_tokens: int = Field(
-        1024, gt=0, description="Tokens per chunk when computing logprobs/entropy (bounds [tokens, vocab] memory)."
+        1024,
+        gt=0,
+        description="Tokens per chunk when computing logprobs/entropy (bounds [tokens, vocab] memory).",
     )
     shuffle_mini_batches: bool = Field(True, description="Shuffle trajectories between mini-batches.")
 
@@ -144,9 +217,13 @@ class ClusterConfig(Section):
     num_trainer_workers: int = Field(1, gt=0, description="Trainer processes (data parallel, FSDP on GPUs).")
     num_rollout_workers: int = Field(1, gt=0, description="Rollout engine replicas.")
     gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each worker asks for (0 on CPU).")
-    placement: Literal["colocated", "split"] = Field("colocated", description="Share GPUs or use separate ones.")
+    placement: Literal["colocated", "split"] = Field(
+        "colocated", description="Share GPUs or use separate ones."
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of the workers.")
-    worker_timeout_s: float = Field(1800.0, gt=0, description="Fail a worker call that takes longer than this.")
+    worker_timeout_s: float = Field(
+        1800.0, gt=0, description="Fail a worker call that takes longer than this."
+    )
 
 
 class RunConfig(Section):
@@ -187,7 +264,10 @@ class SFTConfig(Section):
     epochs: float = Field(1.0, gt=0, description="Passes over the training pairs (fractions allowed).")
     batch_size: int = Field(32, gt=0, description="Prompt/response pairs per optimizer step.")
     response_key: str = Field("response", description="Row field holding the target response.")
-    val_every: int = Field(0, ge=0, description="Evaluate on data.val_path every K optimizer steps (0: at end).")
+    val_every: int = Field(
+        0, ge=0, description="Evaluate on data.val_path every K optimizer steps (0: at end)."
+    )
+    resume: bool = Field(False, description="Continue from the newest checkpoint in run_dir.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The model to fine-tune.")
     data: DataConfig = Field(default_factory=DataConfig, description="Prompt/response pairs.")
     train: TrainConfig = Field(

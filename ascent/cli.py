@@ -1,0 +1,354 @@
+"""The `ascent` command: train, sft, eval, config show, bench, version.
+
+Every command loads and validates its configuration first (fast, no torch) and imports the heavy
+orchestrator lazily, so a bad config fails in a fraction of a second. Errors the user can fix
+(`AscentError` and subclasses such as ConfigError, plus the data package's DataError) print as
+`error: <message>` and exit with code 2, without a traceback (`ASCENT_DEBUG=1` adds it). Ctrl-C exits
+with 130. Anything else is a bug: a normal traceback and exit code 1.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import traceback
+from pathlib import Path
+from types import TracebackType
+from typing import Annotated, Any
+
+import typer
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ascent.config import ConfigError, RunConfig, SFTConfig, dump_config, load_config
+from ascent.config.errors import show_value
+from ascent.config.explain import explain_sections
+from ascent.errors import AscentError
+
+USER_ERROR_NAMES = {"AscentError", "ConfigError", "DataError"}  # caught by name too: no heavy imports
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+app = typer.Typer(
+    name="ascent",
+    help="Reinforcement-learning post-training for language models: GRPO, PPO, DAPO and relatives.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+config_app = typer.Typer(help="Inspect configurations.", no_args_is_help=True, rich_markup_mode=None)
+bench_app = typer.Typer(
+    help="Benchmarks from the source checkout's bench/ folder.", no_args_is_help=True, rich_markup_mode=None
+)
+app.add_typer(config_app, name="config")
+app.add_typer(bench_app, name="bench")
+
+ConfigArg = Annotated[str, typer.Argument(help="Run config YAML file (run.yaml).", show_default=False)]
+OptionalConfigArg = Annotated[
+    str | None, typer.Argument(help="Config YAML file; omitted: defaults only.", show_default=False)
+]
+OverridesArg = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Dotted key=value overrides, e.g. train.lr=1e-5 rollout.stop_token_ids=[1,2].",
+        show_default=False,
+    ),
+]
+ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint in run_dir.")]
+
+
+# ---------------------------------------------------------------- error handling
+
+
+def _stderr() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """AscentError subclasses, and by class name the few user errors of packages we do not import here."""
+    return isinstance(exc, AscentError) or any(c.__name__ in USER_ERROR_NAMES for c in type(exc).__mro__)
+
+
+def print_error(exc: BaseException) -> None:
+    """`error: <message>` on stderr; a ConfigError's problems get one `error:` line each."""
+    console = _stderr()
+    if os.environ.get("ASCENT_DEBUG", "") not in ("", "0"):
+        console.print(Text("".join(traceback.format_exception(exc)).rstrip()))
+    problems = exc.problems if isinstance(exc, ConfigError) else [str(exc) or type(exc).__name__]
+    for problem in problems:
+        console.print(Text("error: ", style="bold red") + Text(problem))
+
+
+class ErrorGuard:
+    """Wraps a command body: user errors -> exit 2, Ctrl-C -> exit 130, anything else propagates (exit 1).
+
+    Set `run_dir` once known so an interrupted run can say where its last checkpoint is.
+    """
+
+    def __init__(self, resumable: bool = False) -> None:
+        self.resumable = resumable
+        self.run_dir: str | None = None
+
+    def __enter__(self) -> ErrorGuard:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        if exc is None:
+            return False
+        if isinstance(exc, KeyboardInterrupt):
+            _stderr().print(Text("interrupted. ", style="bold yellow") + Text(self._resume_hint()))
+            raise typer.Exit(130)
+        if is_user_error(exc):
+            print_error(exc)
+            raise typer.Exit(getattr(exc, "exit_code", 2) or 2)
+        return False
+
+    def _resume_hint(self) -> str:
+        if not (self.resumable and self.run_dir):
+            return ""
+        return (
+            f"The last checkpoint under {self.run_dir} is intact; run the same command with --resume to "
+            "continue from it."
+        )
+
+
+# ---------------------------------------------------------------- config loading
+
+
+def load_for_command(
+    config: str | None, overrides: list[str] | None, schema: type[BaseModel], resume: bool = False
+) -> Any:
+    """Load `config` + `overrides`; a first argument that is `key=value` (not a file) counts as an override."""
+    extra = list(overrides or [])
+    if config is not None and "=" in config and not Path(config).exists():
+        config, extra = None, [config, *extra]
+    if resume:
+        extra.append("resume=true")
+    return load_config(config, extra, schema)
+
+
+def require_model_path(cfg: RunConfig | SFTConfig) -> None:
+    if not cfg.model.path:
+        raise ConfigError(
+            "model.path is not set; point it at a local Hugging Face checkpoint directory, "
+            "e.g. model.path=models/Qwen2.5-0.5B-Instruct."
+        )
+
+
+def _sft_hint(config: str | None, overrides: list[str] | None, err: ConfigError) -> ConfigError:
+    """Add `--sft` to the message when the failing run config is a valid SFT config."""
+    try:
+        load_for_command(config, overrides, SFTConfig)
+    except AscentError:
+        return err
+    return ConfigError([*err.problems, "This is a valid SFT config: add --sft to show it as one."])
+
+
+# ---------------------------------------------------------------- commands
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        typer.echo(f"ascent {package_version()}")
+        raise typer.Exit()
+
+
+@app.command()
+def train(config: ConfigArg, overrides: OverridesArg = None, resume: ResumeOpt = False) -> None:
+    """Run RL training (GRPO, PPO, ...).
+
+    Example: ascent train run.yaml rollout.samples_per_prompt=8 train.lr=1e-6
+    """
+    with ErrorGuard(resumable=True) as guard:
+        cfg = load_for_command(config, overrides, RunConfig, resume)
+        require_model_path(cfg)
+        guard.run_dir = cfg.run_dir
+        from ascent.orchestrator.train import run_training
+
+        run_training(cfg)
+
+
+@app.command()
+def sft(config: ConfigArg, overrides: OverridesArg = None, resume: ResumeOpt = False) -> None:
+    """Supervised fine-tuning on prompt/response pairs.
+
+    Example: ascent sft sft.yaml train.lr=1e-5 epochs=2
+    """
+    with ErrorGuard(resumable=True) as guard:
+        cfg = load_for_command(config, overrides, SFTConfig, resume)
+        require_model_path(cfg)
+        guard.run_dir = cfg.run_dir
+        from ascent.orchestrator.sft import run_sft
+
+        run_sft(cfg)
+
+
+@app.command("eval")
+def evaluate(
+    model: Annotated[str, typer.Option("--model", help="Checkpoint directory (Hugging Face format).")],
+    data: Annotated[str, typer.Option("--data", help="Prompts: a .jsonl or .parquet file.")],
+    reward: Annotated[str, typer.Option(help="Reward function name or pkg.module:function.")] = "exact_match",
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Most tokens generated per response.")] = 256,
+    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature; 0 is greedy.")] = 0.0,
+    samples: Annotated[int, typer.Option(min=1, help="Responses per prompt.")] = 1,
+    out: Annotated[
+        str | None, typer.Option(help="Write every response and its reward to this JSONL file.")
+    ] = None,
+    max_prompts: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N prompts.")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+) -> None:
+    """Score a checkpoint on a prompt dataset: accuracy and mean reward."""
+    with ErrorGuard():
+        from ascent.orchestrator.evaluate import run_eval
+
+        metrics = run_eval(
+            model=model,
+            data=data,
+            reward=reward,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            samples=samples,
+            out=out,
+            max_prompts=max_prompts,
+            device=device,
+        )
+        for name, value in (metrics or {}).items():
+            typer.echo(f"{name}: {_fmt_metric(value)}")
+        if out:
+            typer.echo(f"responses written to {out}")
+
+
+@config_app.command("show")
+def config_show(
+    config: OptionalConfigArg = None,
+    overrides: OverridesArg = None,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="Each field with its description and default.")
+    ] = False,
+    sft_config: Annotated[bool, typer.Option("--sft", help="Read it as an `ascent sft` config.")] = False,
+) -> None:
+    """Print the resolved config (file + overrides + defaults) as YAML, or explain every field."""
+    with ErrorGuard():
+        schema = SFTConfig if sft_config else RunConfig
+        try:
+            cfg = load_for_command(config, overrides, schema)
+        except ConfigError as err:
+            raise (err if sft_config else _sft_hint(config, overrides, err)) from None
+        if explain:
+            print_explain(cfg)
+        else:
+            typer.echo(dump_config(cfg), nl=False)
+
+
+@app.command()
+def version() -> None:
+    """Print the installed ascent version."""
+    typer.echo(f"ascent {package_version()}")
+
+
+_FORWARD = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@bench_app.command("rollout", context_settings=_FORWARD, add_help_option=False)
+def bench_rollout(ctx: typer.Context) -> None:
+    """Rollout throughput benchmark: forwards all arguments to bench/rollout.py."""
+    with ErrorGuard():
+        run_bench("rollout", ctx.args)
+
+
+@bench_app.command("e2e", context_settings=_FORWARD, add_help_option=False)
+def bench_e2e(ctx: typer.Context) -> None:
+    """End-to-end training benchmark: forwards all arguments to bench/e2e.py."""
+    with ErrorGuard():
+        run_bench("e2e", ctx.args)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("ascent")
+    except PackageNotFoundError:  # a source checkout that was not pip-installed
+        import tomllib
+
+        try:
+            project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+            return f"{project['version']} (source checkout, not installed)"
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown (not installed)"
+
+
+def _fmt_metric(value: Any) -> str:
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) >= 1 else f"{value:.4f}"
+    return str(value)
+
+
+def print_explain(cfg: BaseModel) -> None:
+    """One table per section: field, value (bold when it differs from the default), default, description."""
+    console = Console(highlight=False)
+    for section, rows in explain_sections(cfg).items():
+        table = Table(title=section, title_justify="left", title_style="bold", expand=False)
+        table.add_column("field", overflow="fold")
+        table.add_column("value", overflow="fold", max_width=32)
+        table.add_column("default", overflow="fold", max_width=32)
+        table.add_column("description", overflow="fold", ratio=1)
+        for row in rows:
+            value = Text(show_value(row.value), style="bold yellow" if row.changed else "")
+            table.add_row(Text(row.name), value, Text(show_value(row.default)), Text(row.description))
+        console.print(table)
+
+
+def find_bench(name: str) -> Path | None:
+    """bench/<name>.py under the working directory, else under the source checkout ascent came from."""
+    for root in (Path.cwd(), REPO_ROOT):
+        path = root / "bench" / f"{name}.py"
+        if path.is_file():
+            return path
+    return None
+
+
+def run_bench(name: str, argv: list[str]) -> None:
+    """Import bench/<name>.py and call its `main(argv)`; a non-zero int result becomes the exit code."""
+    path = find_bench(name)
+    if path is None:
+        raise AscentError(
+            f"bench/{name}.py not found (looked under {Path.cwd()} and {REPO_ROOT}); the benchmarks ship "
+            "with the source checkout, not the installed package: run from the repository root."
+        )
+    spec = importlib.util.spec_from_file_location(f"ascent_bench_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+        entry = getattr(module, "main", None)
+        if not callable(entry):
+            raise AscentError(f"{path} has no main(argv) function to call.")
+        code = entry(list(argv))
+    finally:
+        sys.path.remove(str(path.parent))
+    if isinstance(code, int) and not isinstance(code, bool) and code:
+        raise typer.Exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point (`ascent`, `python -m ascent`)."""
+    app(args=argv, prog_name="ascent")
+
+
+if __name__ == "__main__":
+    main()

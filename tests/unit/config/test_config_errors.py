@@ -1,0 +1,103 @@
+"""Validation errors read as one line per problem: field path, bad value, fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from ascent.config import ConfigError, RunConfig, SFTConfig, load_config
+from ascent.errors import AscentError
+
+
+def problems(overrides: list[str], schema: type = RunConfig) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides, schema)
+    assert str(info.value) == "\n".join(info.value.problems)
+    return info.value.problems
+
+
+def test_config_error_is_a_user_error() -> None:
+    assert issubclass(ConfigError, AscentError)
+    assert ConfigError("x").exit_code == 2
+
+
+def test_unknown_key_suggests_the_close_match() -> None:
+    assert problems(["rollout.samples_per_promt=3"]) == [
+        "unknown key 'rollout.samples_per_promt'; did you mean 'rollout.samples_per_prompt'?"
+    ]
+    assert problems(["rollouts.samples_per_prompt=3"]) == ["unknown key 'rollouts'; did you mean 'rollout'?"]
+    assert problems(["model.lora.rnak=3"]) == [
+        "unknown key 'model.lora.rnak'; did you mean 'model.lora.rank'?"
+    ]
+
+
+def test_unknown_key_in_the_wrong_section_points_to_the_right_one() -> None:
+    (msg,) = problems(["rollout.lr=3"])
+    assert msg.startswith("unknown key 'rollout.lr'; did you mean 'train.lr'?")
+
+
+def test_unknown_key_without_a_match_lists_the_section() -> None:
+    (msg,) = problems(["checkpoint.zzz=1"])
+    assert msg == "unknown key 'checkpoint.zzz'; section 'checkpoint' has: every, keep_last, save_optimizer."
+
+
+def test_constraint_error_names_path_value_and_description() -> None:
+    assert problems(["train.lr=-1"]) == ["train.lr=-1: must be > 0 (Peak learning rate of AdamW)."]
+    (msg,) = problems(["rollout.top_p=1.5"])
+    assert msg == "rollout.top_p=1.5: must be <= 1 (Nucleus sampling mass)."
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("model.dtype=bf17", "model.dtype='bf17': must be one of 'bf16', 'fp16' or 'fp32' (Compute dtype"),
+        ("rollout.max_new_tokens=lots", "rollout.max_new_tokens='lots': must be a whole number (Most tokens"),
+        ("rollout.max_new_tokens=1.5", "rollout.max_new_tokens=1.5: must be a whole number"),
+        ("rollout.stop_token_ids=[1,x]", "rollout.stop_token_ids[1]='x': must be a whole number"),
+        ("rollout.stop_token_ids=5", "rollout.stop_token_ids=5: must be a list"),
+        ("resume=maybe", "resume='maybe': must be true or false"),
+        ("model=3", "model=3: must be a section"),
+        ("model.path=[a]", "model.path=[a]: must be text"),
+        ("train.betas=[0.9]", "train.betas[1] is missing (AdamW betas)."),
+    ],
+)
+def test_type_errors(override: str, expected: str) -> None:
+    (msg,) = problems([override])
+    assert msg.startswith(expected), msg
+
+
+def test_every_problem_is_reported() -> None:
+    msgs = problems(["train.lr=0", "rollout.top_k=-1", "seeed=1"])
+    assert len(msgs) == 3
+    assert any(m.startswith("train.lr=0:") for m in msgs)
+    assert any(m.startswith("rollout.top_k=-1:") for m in msgs)
+    assert any("did you mean 'seed'" in m for m in msgs)
+
+
+def test_cross_field_rules_pass_through_unchanged() -> None:
+    msgs = problems(["rollout.samples_per_prompt=1", "train.trajectories_per_update=8"])
+    assert msgs == [
+        "rollout.samples_per_prompt=1: GRPO compares samples within a group; set it to 2 or more."
+    ]
+
+
+def test_batch_divisibility_rule() -> None:
+    (msg,) = problems(["train.trajectories_per_update=48"])
+    assert msg.startswith("train.trajectories_per_update=48: one iteration makes")
+    assert "divisor of 64" in msg
+
+
+def test_unknown_kl_estimator_is_caught_whatever_the_lora_rank() -> None:
+    for rank in ("0", "8"):
+        (msg,) = problems(
+            ["algorithm.kl_estimator=k9", "algorithm.kl_loss_coef=0.1", f"model.lora.rank={rank}"]
+        )
+        assert msg.startswith("algorithm.kl_estimator='k9': unknown")
+    load_config(None, ["algorithm.kl_estimator=mypkg.kl:estimate", "algorithm.kl_loss_coef=0.1"])
+
+
+def test_sft_schema_errors() -> None:
+    (msg,) = problems(["samples_per_prompt=2"], SFTConfig)
+    assert msg.startswith("unknown key 'samples_per_prompt'")
+    assert problems(["batch_size=0"], SFTConfig) == [
+        "batch_size=0: must be > 0 (Prompt/response pairs per optimizer step)."
+    ]

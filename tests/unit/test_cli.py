@@ -1,0 +1,234 @@
+"""The `ascent` command: config show, error handling and exit codes, lazy orchestrator calls, bench."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from ascent.cli import app, is_user_error
+from ascent.config import RunConfig, load_config
+from ascent.errors import AscentError
+
+REPO = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def write_config(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def fake_module(monkeypatch: pytest.MonkeyPatch, name: str, **attrs: Any) -> None:
+    monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(**attrs))
+
+
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    cmd = [sys.executable, "-m", "ascent", *args]
+    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=120)
+
+
+def test_config_show_prints_resolved_yaml(tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"model": {"path": "models/tiny"}, "train": {"lr": 1e-5}})
+    result = runner.invoke(app, ["config", "show", str(path), "rollout.stop_token_ids=[7]"])
+    assert result.exit_code == 0, result.output
+    shown = yaml.safe_load(result.stdout)
+    assert shown["model"]["path"] == "models/tiny" and shown["rollout"]["stop_token_ids"] == [7]
+    out = tmp_path / "shown.yaml"
+    out.write_text(result.stdout)
+    assert load_config(out, []) == load_config(path, ["rollout.stop_token_ids=[7]"])
+
+
+def test_config_show_without_a_file_shows_defaults() -> None:
+    result = runner.invoke(app, ["config", "show"])
+    assert result.exit_code == 0
+    assert load_config(None, []) == RunConfig.model_validate(yaml.safe_load(result.stdout))
+    result = runner.invoke(app, ["config", "show", "seed=3"])
+    assert yaml.safe_load(result.stdout)["seed"] == 3
+
+
+def test_config_show_explain() -> None:
+    result = runner.invoke(app, ["config", "show", "train.lr=1e-5", "--explain"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "Peak learning rate of AdamW." in result.stdout
+    assert "1e-05" in result.stdout and "1e-06" in result.stdout  # value and default
+
+
+def test_config_show_sft(tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"epochs": 2, "batch_size": 4})
+    result = runner.invoke(app, ["config", "show", str(path)])
+    assert result.exit_code == 2
+    assert "add --sft" in result.stderr
+    result = runner.invoke(app, ["config", "show", str(path), "--sft"])
+    assert result.exit_code == 0 and yaml.safe_load(result.stdout)["batch_size"] == 4
+
+
+def test_malformed_config_exits_2_naming_the_field(tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"model": {"path": "m"}, "rollout": {"samples_per_promt": 4}})
+    result = runner.invoke(app, ["train", str(path)])
+    assert result.exit_code == 2
+    assert (
+        "error: unknown key 'rollout.samples_per_promt'; did you mean 'rollout.samples_per_prompt'?"
+        in result.stderr
+    )
+    assert "Traceback" not in result.output
+
+
+def test_malformed_config_in_a_real_process(tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"model": {"path": "m"}, "train": {"lr": -1}})
+    result = run_cli("train", str(path))
+    assert result.returncode == 2
+    assert "error: train.lr=-1: must be > 0 (Peak learning rate of AdamW)." in result.stderr
+    assert "Traceback" not in result.stderr
+    debug = run_cli("train", str(path), env={"ASCENT_DEBUG": "1"})
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train", "missing.yaml"], "config file 'missing.yaml' not found"),
+        (["train", "run.yaml", "foo"], "override 'foo' has no '='"),
+        (["train", "run.yaml"], "model.path is not set"),
+        (["sft", "run.yaml", "rollout.samples_per_prompt=2"], "unknown key 'rollout'"),
+    ],
+)
+def test_user_errors_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path, {})
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+
+
+def test_train_calls_the_orchestrator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[RunConfig] = []
+    fake_module(monkeypatch, "ascent.orchestrator.train", run_training=lambda cfg: seen.append(cfg) or {})
+    path = write_config(tmp_path, {"model": {"path": "m"}})
+    result = runner.invoke(app, ["train", str(path), "seed=5", "--resume"])
+    assert result.exit_code == 0, result.output
+    assert seen[0].seed == 5 and seen[0].resume and seen[0].model.path == "m"
+
+
+def test_train_accepts_overrides_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[RunConfig] = []
+    fake_module(monkeypatch, "ascent.orchestrator.train", run_training=seen.append)
+    result = runner.invoke(app, ["train", "model.path=m", "seed=2"])
+    assert result.exit_code == 0, result.output
+    assert (seen[0].model.path, seen[0].seed) == ("m", 2)
+
+
+def test_sft_calls_the_orchestrator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+    fake_module(monkeypatch, "ascent.orchestrator.sft", run_sft=seen.append)
+    path = write_config(tmp_path, {"model": {"path": "m"}, "epochs": 2})
+    result = runner.invoke(app, ["sft", str(path), "--resume"])
+    assert result.exit_code == 0, result.output
+    assert seen[0].epochs == 2 and seen[0].resume
+
+
+def _raise(exc: BaseException) -> Any:
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        raise exc
+
+    return fn
+
+
+def test_interrupt_exits_130_with_a_resume_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_module(monkeypatch, "ascent.orchestrator.train", run_training=_raise(KeyboardInterrupt()))
+    result = runner.invoke(app, ["train", "model.path=m", "run_dir=runs/x"])
+    assert result.exit_code == 130
+    assert "runs/x" in result.stderr and "--resume" in result.stderr
+
+
+def test_errors_from_deeper_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    class DataError(Exception):  # stands in for ascent.data.DataError, matched by name
+        pass
+
+    fake_module(
+        monkeypatch, "ascent.orchestrator.train", run_training=_raise(DataError("rows.jsonl: row 3: bad"))
+    )
+    result = runner.invoke(app, ["train", "model.path=m"])
+    assert result.exit_code == 2 and "error: rows.jsonl: row 3: bad" in result.stderr
+
+    fake_module(monkeypatch, "ascent.orchestrator.train", run_training=_raise(RuntimeError("a bug")))
+    result = runner.invoke(app, ["train", "model.path=m"])
+    assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)
+
+
+def test_is_user_error() -> None:
+    class Sub(AscentError):
+        pass
+
+    assert is_user_error(Sub("x")) and not is_user_error(ValueError("x"))
+
+
+def test_eval_forwards_options_and_prints_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    def run_eval(**kwargs: Any) -> dict[str, float]:
+        seen.update(kwargs)
+        return {"accuracy": 0.25, "reward_mean": 0.5, "responses": 8.0}
+
+    fake_module(monkeypatch, "ascent.orchestrator.evaluate", run_eval=run_eval)
+    args = [
+        "eval",
+        "--model",
+        "m",
+        "--data",
+        "d.jsonl",
+        "--samples",
+        "2",
+        "--max-prompts",
+        "4",
+        "--temperature",
+        "0.7",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert seen == {
+        "model": "m", "data": "d.jsonl", "reward": "exact_match", "max_new_tokens": 256, "temperature": 0.7,
+        "samples": 2, "out": None, "max_prompts": 4, "device": "auto",
+    }  # fmt: skip
+    assert "accuracy: 0.2500" in result.stdout and "responses: 8" in result.stdout
+
+
+def test_bench_forwards_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "rollout.py").write_text(
+        "def main(argv):\n    print('ARGS', argv)\n    return 3 if '--fail' in argv else 0\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["bench", "rollout", "--batch", "8", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "ARGS ['--batch', '8', '--help']" in result.stdout
+    assert runner.invoke(app, ["bench", "rollout", "--fail"]).exit_code == 3
+
+
+def test_bench_missing_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("ascent.cli.REPO_ROOT", tmp_path)
+    result = runner.invoke(app, ["bench", "e2e"])
+    assert result.exit_code == 2 and "bench/e2e.py not found" in result.stderr
+
+
+def test_help_and_version_via_python_m() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for command in ("train", "sft", "eval", "config", "bench", "version"):
+        assert command in result.stdout
+    version = run_cli("version")
+    assert version.returncode == 0 and version.stdout.startswith("ascent ")
