@@ -1,0 +1,10 @@
+"""Models: load Hugging Face checkpoints and tokenizers, and write the tiny test checkpoint.
+
+`load_model` / `load_tokenizer` read local directories only; `make_tiny_checkpoint` writes a small Qwen2
+checkpoint that tests and the demo load through the same path.
+"""
+
+from ascent.models.loading import load_model, load_tokenizer, resolve_device, torch_dtype
+from ascent.models.tiny import make_tiny_checkpoint
+
+__all__ = ["load_model", "load_tokenizer", "make_tiny_checkpoint", "resolve_device", "torch_dtype"]

@@ -1,0 +1,142 @@
+"""Load Hugging Face causal LMs and tokenizers from local directories (design: "models/").
+
+Every worker that holds weights (policy trainer, reference scorer, rollout engine) loads them here, so
+device and dtype names, the pad-token fallback and the "checkpoint not found" errors behave the same
+everywhere. Nothing here ever reaches a model hub: paths are local directories, loaded with
+`local_files_only=True`. `transformers` is imported inside the functions to keep `import ascent.models`
+cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DEVICE_NAMES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(name: str | torch.device = "auto") -> torch.device:
+    """Turn `auto` | `cpu` | `cuda` (or `cuda:N`) into a torch.device; `auto` picks CUDA when present."""
+    if isinstance(name, torch.device):
+        return name
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if name == "cuda" or name.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device={name!r}: torch.cuda.is_available() is False on this machine; "
+                "set cluster.device=cpu (or auto)."
+            )
+        return torch.device(name)
+    raise ValueError(f"device={name!r} is not a known device; use one of {list(DEVICE_NAMES)} (or cuda:N).")
+
+
+def torch_dtype(name: str | torch.dtype) -> torch.dtype:
+    """Map `bf16` | `fp16` | `fp32` to the torch dtype (a torch.dtype passes through)."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ValueError(f"model.dtype={name!r} is not a known dtype; use one of {sorted(DTYPES)}.")
+    return DTYPES[name]
+
+
+def check_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
+    """Raise if bf16 is asked for on a CUDA GPU that cannot run it (pre-Ampere), suggesting fp16."""
+    if dtype != torch.bfloat16 or device.type != "cuda":
+        return
+    if not torch.cuda.is_bf16_supported():
+        gpu = torch.cuda.get_device_name(device)
+        raise ValueError(
+            f"model.dtype=bf16: the GPU {gpu!r} has no bfloat16 support; set model.dtype=fp16 (or fp32)."
+        )
+
+
+def _check_checkpoint_dir(path: str | Path, what: str) -> Path:
+    """Return `path` as a Path, or raise naming the path, what is missing and how to fix it."""
+    p = Path(path).expanduser()
+    if not str(path):
+        raise ValueError(f"model.path is empty: set model.path=<local directory of a Hugging Face {what}>.")
+    if not p.is_dir():
+        raise FileNotFoundError(
+            f"model.path={str(path)!r}: no such directory. ascent loads {what}s from local directories only "
+            "(no hub downloads); point model.path at a directory holding config.json and the weights "
+            "(e.g. one written by `huggingface-cli download` or `save_pretrained`)."
+        )
+    return p
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
+    """Load the tokenizer in directory `path`; fall back to EOS as the pad token (with a warning).
+
+    Raises ValueError when the tokenizer defines neither a pad nor an EOS token.
+    """
+    from transformers import AutoTokenizer
+
+    p = _check_checkpoint_dir(path, "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(p), local_files_only=True, trust_remote_code=trust_remote_code
+    )
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(
+                f"tokenizer at {str(p)!r} has neither a pad token nor an EOS token; set `pad_token` (and "
+                "`eos_token`) in its tokenizer_config.json."
+            )
+        message = (
+            f"tokenizer at {str(p)!r} has no pad token; using its EOS token {tokenizer.eos_token!r} "
+            "for padding. Set `pad_token` in tokenizer_config.json to silence this."
+        )
+        warnings.warn(message, stacklevel=2)
+        logger.warning(message)
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _enable_activation_checkpointing(model: Any) -> None:
+    """Recompute each decoder layer's activations in backward (non-reentrant torch checkpoint)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def load_model(
+    path: str | Path,
+    dtype: str | torch.dtype = "fp32",
+    device: str | torch.device = "auto",
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+) -> Any:
+    """Load the causal LM in directory `path` with SDPA attention, in `dtype`, on `device` (eval mode)."""
+    from transformers import AutoModelForCausalLM
+
+    p = _check_checkpoint_dir(path, "checkpoint")
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path={str(path)!r} has no config.json, so it is not a Hugging Face checkpoint directory; "
+            "point model.path at the directory that holds config.json and the *.safetensors weights."
+        )
+    dt, dev = torch_dtype(dtype), resolve_device(device)
+    check_dtype_supported(dt, dev)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        str(p),
+        dtype=dt,
+        local_files_only=True,
+        attn_implementation="sdpa",
+        trust_remote_code=trust_remote_code,
+    )
+    model.to(dev)
+    if gradient_checkpointing:
+        _enable_activation_checkpointing(model)
+    model.eval()
+    return model

@@ -1,0 +1,235 @@
+"""The reference rollout engine: plain transformers forward passes with a KV cache, our own sampler.
+
+It is the engine that runs everywhere (CPU tests, one GPU, debugging) and the yardstick the fast GPU engine
+is checked against. It never calls `model.generate`: each step runs the model once, then
+`ascent.rollout.sampling.sample` picks the tokens, so every returned logprob follows the contract
+(`log_softmax(logits / T)` of the sampled token, before filtering).
+
+Batching: up to `batch_size` sequences decode together. Prompts are left-padded; the attention mask hides
+the padding and explicit position ids start every row at 0, so a row's tokens do not depend on its
+neighbours (up to float rounding). Finished rows keep running until the whole batch is done (simple, and
+the reference engine is not the fast path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ascent.rollout.sampling import SamplingTensors, sample, split_seed, token_presence
+from ascent.types import FinishReason, Generation, GenerationRequest, SamplingParams
+
+
+@dataclass
+class _Row:
+    """One sequence being generated: sample `index` of request `request_pos`."""
+
+    request_pos: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+
+class ReferenceEngine:
+    """A RolloutEngine on a transformers causal LM (any module called as `model(input_ids=..., ...)`).
+
+    The engine uses `model` as given: pass the trainer's module to share weights (the engine switches it
+    to eval mode while generating and restores the mode after), or `copy.deepcopy(model)` for an owned copy.
+    `decode(token_ids) -> str` is needed only for requests with stop strings.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
+        decode: Callable[[list[int]], str] | None = None,
+        batch_size: int = 64,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"rollout.generation_batch_size={batch_size}: set it to 1 or more.")
+        self.model = model
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.pad_token_id = int(pad_token_id)
+        self.decode = decode
+        self.batch_size = batch_size
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        dtype: str | torch.dtype = "fp32",
+        device: str | torch.device = "auto",
+        eos_token_ids: Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        decode: Callable[[list[int]], str] | None = None,
+        batch_size: int = 64,
+        trust_remote_code: bool = False,
+    ) -> ReferenceEngine:
+        """Load the checkpoint in `path`; EOS and pad ids default to the model's generation config."""
+        from ascent.models.loading import load_model
+
+        model = load_model(path, dtype, device, trust_remote_code=trust_remote_code)
+        gen = model.generation_config
+        if eos_token_ids is None:
+            eos = gen.eos_token_id if gen.eos_token_id is not None else model.config.eos_token_id
+            eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        if pad_token_id is None:  # any id works: padded positions are masked out
+            pad = gen.pad_token_id if gen.pad_token_id is not None else model.config.pad_token_id
+            pad_token_id = pad if pad is not None else next(iter(eos_token_ids), 0)
+        return cls(model, eos_token_ids, pad_token_id, decode=decode, batch_size=batch_size)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ---- RolloutEngine protocol -------------------------------------------------------------------------
+
+    def generate(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
+        """For each request, `request.params.n` generations, in request order."""
+        rows = self._expand(requests)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(rows), self.batch_size):
+                self._generate_batch(rows[start : start + self.batch_size])
+        finally:
+            self.model.train(was_training)
+        out: list[list[Generation]] = [[] for _ in requests]
+        for row in rows:
+            assert row.finish_reason is not None
+            out[row.request_pos].append(Generation(row.token_ids, row.logprobs, row.finish_reason))
+        return out
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Copy (name, tensor) pairs into the model's parameters and buffers (Hugging Face names).
+
+        Partial updates (one bucket at a time) are fine; an unknown name or a wrong shape is an error.
+        """
+        targets = self.model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in targets:
+                    known = ", ".join(list(targets)[:3])
+                    raise KeyError(
+                        f"update_weights: the model has no parameter named {name!r} (names look like {known}, "
+                        "...); send Hugging Face names without wrapper prefixes such as 'module.'."
+                    )
+                target = targets[name]
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise ValueError(
+                        f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the model expects "
+                        f"{tuple(target.shape)}."
+                    )
+                target.data.copy_(tensor.to(device=target.device, dtype=target.dtype))
+
+    def sleep(self) -> None:
+        """No-op: the KV cache lives only inside `generate`, so there is nothing to free between calls."""
+
+    def wake(self) -> None:
+        """No-op (see `sleep`)."""
+
+    # ---- internals -------------------------------------------------------------------------------------
+
+    def _expand(self, requests: list[GenerationRequest]) -> list[_Row]:
+        """One _Row per sample; seeded requests get per-sample seeds, others draw from torch's global RNG."""
+        rows = []
+        for pos, req in enumerate(requests):
+            if not req.prompt_ids:
+                raise ValueError(f"request {req.request_id}: prompt_ids is empty; give at least one token.")
+            if req.params.stop_strings and self.decode is None:
+                raise ValueError(
+                    f"request {req.request_id}: stop_strings={list(req.params.stop_strings)} need a decode "
+                    "callable; construct ReferenceEngine(..., decode=tokenizer.decode)."
+                )
+            for i in range(req.params.n):
+                if req.params.seed is None:
+                    seed = int(torch.randint(0, 2**62, ()).item())
+                else:
+                    seed = split_seed(req.params.seed, i)
+                rows.append(_Row(pos, list(req.prompt_ids), req.params, seed))
+        return rows
+
+    def _left_pad(self, rows: list[_Row]) -> tuple[Tensor, Tensor]:
+        """-> input_ids [b, L] (left-padded with pad_token_id), attention_mask [b, L] (1 = real token)."""
+        length = max(len(r.prompt_ids) for r in rows)
+        ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), length), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, length - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+            mask[i, length - len(r.prompt_ids) :] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    @torch.no_grad()
+    def _generate_batch(self, rows: list[_Row]) -> None:
+        """Decode `rows` together until each stops or reaches its max_new_tokens; fills the rows in place."""
+        from transformers import DynamicCache
+
+        device = self.device
+        input_ids, attention_mask = self._left_pad(rows)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        st = SamplingTensors.from_params([r.params for r in rows], [r.seed for r in rows], device)
+        prompt_tokens = torch.where(attention_mask.bool(), input_ids, -1)  # [b, L], -1 = padding
+        seen = None
+        cache = DynamicCache()
+        max_steps = max(r.params.max_new_tokens for r in rows)
+        for step in range(max_steps):
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            logits = out.logits[:, -1, :]
+            if st.use_penalty and seen is None:
+                seen = token_presence(prompt_tokens, logits.shape[-1])
+            steps = torch.full((len(rows),), step, dtype=torch.long, device=device)
+            tokens, logprobs = sample(logits, st, steps, seen)
+            if self._record(rows, tokens.tolist(), logprobs.tolist()):
+                break
+            if seen is not None:
+                seen.scatter_(1, tokens[:, None], True)
+            input_ids = tokens[:, None]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], dim=1)
+            position_ids = position_ids[:, -1:] + 1
+
+    def _record(self, rows: list[_Row], tokens: list[int], logprobs: list[float]) -> bool:
+        """Append one step's token to each unfinished row and mark rows that end; True when all ended."""
+        for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
+            if row.finish_reason is not None:
+                continue
+            row.token_ids.append(token)
+            row.logprobs.append(logprob)
+            if (
+                token in self.eos_token_ids
+                or token in row.params.stop_token_ids
+                or self._hit_stop_string(row)
+            ):
+                row.finish_reason = "stop"
+            elif len(row.token_ids) >= row.params.max_new_tokens:
+                row.finish_reason = "length"
+        return all(r.finish_reason is not None for r in rows)
+
+    def _hit_stop_string(self, row: _Row) -> bool:
+        """Whether the decoded tail of the response contains one of the row's stop strings.
+
+        Only the last few tokens are decoded (enough to hold the longest stop string, since a token decodes
+        to at least one character), so the check stays cheap on long responses.
+        """
+        stops = row.params.stop_strings
+        if not stops:
+            return False
+        assert self.decode is not None
+        window = max(len(s) for s in stops) + 1
+        text = self.decode(row.token_ids[-window:])
+        return any(s in text for s in stops)
