@@ -1,0 +1,90 @@
+"""From config to data: the one place the data package reads config sections (design: "config stops at the edge").
+
+`load_prompts` / `load_sft_examples` take flat arguments (load -> validate -> render); the `*_from_config`
+helpers only pick those arguments out of a `DataConfig` / `SFTConfig`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ascent.data.loading import load_rows
+from ascent.data.prompts import Overlong, PromptItem, RenderReport, Side, render_prompts
+from ascent.data.sft import SFTExample, render_sft_examples_and_report
+from ascent.data.validation import DataError, validate_rows
+
+if TYPE_CHECKING:
+    from ascent.config.schema import DataConfig, SFTConfig
+
+
+def load_prompts(
+    path: str,
+    tokenizer: Any,
+    *,
+    source: str,
+    max_prompt_tokens: int,
+    overlong: Overlong = "drop",
+    truncation_side: Side = "left",
+    chat_template: bool = True,
+    max_rows: int | None = None,
+) -> tuple[list[PromptItem], RenderReport]:
+    """Read, validate and render one prompt file; `max_rows` keeps only the first rows (validation sets)."""
+    rows = load_rows(path, source=source)[:max_rows]
+    validate_rows(rows, source, tokenizer_vocab_size=len(tokenizer))
+    return render_prompts(
+        rows,
+        tokenizer,
+        max_prompt_tokens=max_prompt_tokens,
+        overlong=overlong,
+        truncation_side=truncation_side,
+        chat_template=chat_template,
+        source=source,
+    )
+
+
+def _split_path(data: DataConfig, split: str) -> tuple[str, str]:
+    if split not in ("train", "val"):
+        raise ValueError(f"split={split!r}: use 'train' or 'val'.")
+    path = data.train_path if split == "train" else data.val_path
+    field = f"data.{split}_path"
+    if not path:
+        raise DataError(f"{field} is not set; point it at a .jsonl or .parquet file.")
+    return path, f"{field}={path}"
+
+
+def prompts_from_config(
+    data: DataConfig, tokenizer: Any, split: str = "train"
+) -> tuple[list[PromptItem], RenderReport]:
+    """The train or val prompts described by a DataConfig section."""
+    path, source = _split_path(data, split)
+    return load_prompts(
+        path,
+        tokenizer,
+        source=source,
+        max_prompt_tokens=data.max_prompt_tokens,
+        overlong=data.overlong_prompts,
+        truncation_side=data.truncation_side,
+        chat_template=data.chat_template,
+        max_rows=data.max_val_prompts if split == "val" else None,
+    )
+
+
+def sft_examples_from_config(
+    cfg: SFTConfig, tokenizer: Any, split: str = "train", *, max_total_tokens: int | None = None
+) -> tuple[list[SFTExample], RenderReport]:
+    """The train or val prompt/response pairs described by an SFTConfig."""
+    path, source = _split_path(cfg.data, split)
+    rows = load_rows(path, source=source)
+    if split == "val":
+        rows = rows[: cfg.data.max_val_prompts]
+    return render_sft_examples_and_report(
+        rows,
+        tokenizer,
+        response_key=cfg.response_key,
+        max_prompt_tokens=cfg.data.max_prompt_tokens,
+        max_total_tokens=max_total_tokens,
+        overlong=cfg.data.overlong_prompts,
+        truncation_side=cfg.data.truncation_side,
+        chat_template=cfg.data.chat_template,
+        source=source,
+    )

@@ -1,0 +1,90 @@
+"""Read dataset rows from disk: JSON lines (.jsonl, .json) and Parquet (.parquet).
+
+The first step of the data path (design: "dataset rows -> prompts"). Rows come back as plain dicts, exactly as
+stored; `ascent.data.validation` checks them and `ascent.data.prompts` renders them into token ids.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ascent.data.validation import DataError
+
+SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet")
+
+
+def load_rows(path: str | Path, *, source: str | None = None) -> list[dict[str, Any]]:
+    """Read every row of a .jsonl / .json / .parquet file as a dict.
+
+    `.jsonl` is one JSON object per line (blank lines are skipped); `.json` may be JSON lines or one JSON
+    array of objects. `source` names the file in errors (e.g. "data.train_path=x.jsonl"); defaults to the path.
+    """
+    file = Path(path)
+    label = source or str(file)
+    suffix = file.suffix.lower()
+    if suffix not in SUPPORTED_EXTENSIONS:
+        raise DataError(
+            f"{label}: unknown file extension {suffix or '(none)'!r}; "
+            f"use one of {', '.join(SUPPORTED_EXTENSIONS)}."
+        )
+    if not file.is_file():
+        raise DataError(f"{label}: file not found ({file.resolve()}); check the path.")
+    if suffix == ".parquet":
+        return _read_parquet(file, label)
+    text = file.read_text(encoding="utf-8")
+    if suffix == ".json" and text.lstrip().startswith("["):
+        return _read_json_array(text, label)
+    return _read_json_lines(text, label)
+
+
+def _read_json_lines(text: str, label: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(
+                f"{label} line {line_no}: not valid JSON ({err.msg} at column {err.colno}); "
+                "each line must hold one JSON object."
+            ) from err
+        if not isinstance(row, dict):
+            raise DataError(
+                f"{label} line {line_no}: expected a JSON object, got {type(row).__name__}; "
+                'each line must hold one object like {"prompt": "..."}.'
+            )
+        rows.append(row)
+    return rows
+
+
+def _read_json_array(text: str, label: str) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(
+            f"{label} line {err.lineno}: not valid JSON ({err.msg} at column {err.colno}); "
+            "a .json file must be JSON lines or one array of objects."
+        ) from err
+    for index, row in enumerate(data):
+        if not isinstance(row, dict):
+            raise DataError(
+                f"{label} row {index + 1}: expected a JSON object, got {type(row).__name__}; "
+                "the array must hold objects."
+            )
+    return data
+
+
+def _read_parquet(file: Path, label: str) -> list[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(file)
+    except (pa.ArrowException, OSError) as err:
+        raise DataError(
+            f"{label}: cannot read as Parquet ({err}); check that the file is a Parquet table."
+        ) from err
+    return table.to_pylist()

@@ -1,0 +1,152 @@
+"""Check dataset rows before anything is rendered, and report every problem at once.
+
+A row is a dict with a `prompt` (a non-empty string, or a non-empty list of `{role, content}` messages), an
+optional `reward_fn` and `data_source` (strings), optional `prompt_ids` (pre-tokenized prompt: a list of
+ints) and any other metadata the reward reads (e.g. `answer`). Problems are collected over the whole file
+and raised as one `DataError` naming the source, the row (1-based) and the field, so a user fixes a file in
+one pass instead of one error at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ascent.errors import AscentError
+
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
+MAX_REPORTED_PROBLEMS = 10
+
+
+class DataError(AscentError):
+    """A dataset problem; the message names the source file, the row number, the field and the fix."""
+
+    def __init__(self, message: str, problems: Sequence[str] = ()):
+        super().__init__(message)
+        self.problems = list(problems)
+
+
+def raise_problems(source: str, problems: list[str], num_rows: int) -> None:
+    """Raise one DataError listing the first MAX_REPORTED_PROBLEMS problems (and the total); no-op if none.
+
+    A single problem reads as one line: "data.train_path=x.jsonl row 17: field 'prompt' is empty; ...".
+    """
+    if not problems:
+        return
+    if len(problems) == 1:
+        only = problems[0]
+        raise DataError(f"{source} {only}" if only.startswith("row ") else f"{source}: {only}", problems)
+    shown = problems[:MAX_REPORTED_PROBLEMS]
+    more = len(problems) - len(shown)
+    header = f"{source}: {len(problems)} problem(s) in {num_rows} rows"
+    header += f" (first {len(shown)} shown):" if more else ":"
+    lines = [header, *(f"  {p}" for p in shown)]
+    if more:
+        lines.append(f"  ... and {more} more.")
+    raise DataError("\n".join(lines), problems)
+
+
+def validate_rows(rows: Sequence[Any], source: str, *, tokenizer_vocab_size: int | None = None) -> None:
+    """Raise DataError if any row is malformed (see the module docstring); return None when all rows are fine.
+
+    `source` names the data in messages, e.g. "data.train_path=x.jsonl". With `tokenizer_vocab_size`, every
+    `prompt_ids` entry must lie in [0, vocab_size).
+    """
+    if not rows:
+        raise DataError(f"{source}: the dataset has no rows; point it at a file with at least one prompt.")
+    problems: list[str] = []
+    string_rows: list[int] = []
+    message_rows: list[int] = []
+    for index, row in enumerate(rows):
+        row_no = index + 1
+        if not isinstance(row, dict):
+            problems.append(f"row {row_no}: expected an object (dict), got {type(row).__name__}.")
+            continue
+        kind = _check_prompt(row, row_no, problems)
+        if kind == "string":
+            string_rows.append(row_no)
+        elif kind == "messages":
+            message_rows.append(row_no)
+        _check_optional_strings(row, row_no, problems)
+        _check_prompt_ids(row, row_no, tokenizer_vocab_size, problems)
+    if string_rows and message_rows:
+        problems.append(
+            f"field 'prompt' mixes single-turn strings ({len(string_rows)} rows, first row {string_rows[0]}) "
+            f"and multi-turn message lists ({len(message_rows)} rows, first row {message_rows[0]}); "
+            "use one form per file."
+        )
+    raise_problems(source, problems, len(rows))
+
+
+def _check_prompt(row: dict[str, Any], row_no: int, problems: list[str]) -> str | None:
+    """Append the prompt's problems; return "string" or "messages" when the prompt is well-formed."""
+    if "prompt" not in row:
+        problems.append(f"row {row_no}: field 'prompt' is missing; every row needs a non-empty prompt.")
+        return None
+    prompt = row["prompt"]
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            problems.append(f"row {row_no}: field 'prompt' is empty; every row needs a non-empty prompt.")
+            return None
+        return "string"
+    if isinstance(prompt, list):
+        if not prompt:
+            problems.append(
+                f"row {row_no}: field 'prompt' is an empty message list; add at least one message."
+            )
+            return None
+        found = len(problems)
+        for msg_index, message in enumerate(prompt):
+            _check_message(message, row_no, msg_index, problems)
+        return "messages" if len(problems) == found else None
+    problems.append(
+        f"row {row_no}: field 'prompt' has type {type(prompt).__name__}; "
+        "use a string or a list of {role, content} messages."
+    )
+    return None
+
+
+def _check_message(message: Any, row_no: int, msg_index: int, problems: list[str]) -> None:
+    where = f"row {row_no}: field 'prompt' message {msg_index}"
+    if not isinstance(message, dict):
+        problems.append(
+            f"{where} has type {type(message).__name__}; each message is a {{role, content}} object."
+        )
+        return
+    role = message.get("role")
+    if role not in MESSAGE_ROLES:
+        problems.append(f"{where} has role {role!r}; use one of {', '.join(MESSAGE_ROLES)}.")
+    if not isinstance(message.get("content"), str):
+        kind = "missing" if "content" not in message else f"of type {type(message['content']).__name__}"
+        problems.append(f"{where}: 'content' is {kind}; each message needs a string content.")
+
+
+def _check_optional_strings(row: dict[str, Any], row_no: int, problems: list[str]) -> None:
+    for field in ("reward_fn", "data_source"):
+        if field in row and row[field] is not None and not isinstance(row[field], str):
+            problems.append(
+                f"row {row_no}: field '{field}' has type {type(row[field]).__name__}; it must be a string."
+            )
+    if isinstance(row.get("reward_fn"), str) and not row["reward_fn"].strip():
+        problems.append(f"row {row_no}: field 'reward_fn' is empty; remove it or name a reward function.")
+
+
+def _check_prompt_ids(row: dict[str, Any], row_no: int, vocab_size: int | None, problems: list[str]) -> None:
+    if row.get("prompt_ids") is None:
+        return
+    ids = row["prompt_ids"]
+    where = f"row {row_no}: field 'prompt_ids'"
+    if not isinstance(ids, list) or not ids:
+        problems.append(f"{where} must be a non-empty list of token ids.")
+        return
+    bad_type = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)]
+    if bad_type:
+        problems.append(f"{where} holds non-integers (first: {bad_type[0]!r}); token ids are ints.")
+        return
+    if vocab_size is not None:
+        outside = [t for t in ids if not 0 <= t < vocab_size]
+        if outside:
+            problems.append(
+                f"{where} holds {len(outside)} id(s) outside the vocabulary [0, {vocab_size}) "
+                f"(first: {outside[0]}); re-tokenize with the model's tokenizer."
+            )
