@@ -1,0 +1,130 @@
+"""`resolve` (names and import paths) and the algorithm section of the config: names and rules."""
+
+import pytest
+
+from ascent.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    ppo_loss,
+    resolve,
+)
+from ascent.algorithms.kl import kl_k1
+from ascent.config import rules
+from ascent.config.schema import AlgorithmConfig, RunConfig
+
+
+def test_resolve_names_and_import_paths():
+    assert resolve(POLICY_LOSSES, "ppo") is ppo_loss
+    assert resolve(KL_ESTIMATORS, "ascent.algorithms.kl:kl_k1") is kl_k1
+    with pytest.raises(ValueError, match="cispo, gspo, ppo, reinforce, sapo"):
+        resolve(POLICY_LOSSES, "ppo2")
+    with pytest.raises(ValueError, match="cannot import"):
+        resolve(POLICY_LOSSES, "no_such_pkg_xyz.mod:fn")
+    with pytest.raises(ValueError, match="no attribute"):
+        resolve(POLICY_LOSSES, "ascent.algorithms.kl:nope")
+    with pytest.raises(ValueError, match="not callable"):
+        resolve(POLICY_LOSSES, "ascent.algorithms.kl:K3_MAX")
+
+
+def test_config_name_sets_match_registries():
+    assert set(ADVANTAGE_ESTIMATORS) == rules.ADVANTAGE_ESTIMATORS
+    assert set(POLICY_LOSSES) == rules.POLICY_LOSSES
+    assert set(LOSS_AGGREGATIONS) == rules.LOSS_AGGREGATIONS
+    assert set(KL_ESTIMATORS) == rules.KL_ESTIMATORS
+
+
+def test_every_config_field_reaches_the_functions_as_opts():
+    """The orchestrator passes AlgorithmConfig.model_dump() as **opts: every estimator/loss must accept it."""
+    import torch
+
+    from ascent.algorithms import AdvantageInputs
+
+    opts = AlgorithmConfig().model_dump()
+    inp = AdvantageInputs(
+        torch.tensor([1.0, 0.0]),
+        torch.ones(2, 2),
+        torch.tensor([0, 0]),
+        values=torch.zeros(2, 2),
+        baseline_rewards=torch.zeros(2),
+    )
+    for fn in ADVANTAGE_ESTIMATORS.values():
+        fn(inp, **opts)
+    x = torch.zeros(3)
+    for fn in POLICY_LOSSES.values():
+        fn(x, x, x, torch.ones(3), torch.zeros(3, dtype=torch.long), **opts)
+
+
+def problems(**algorithm):
+    rollout = algorithm.pop("rollout", {})
+    with pytest.raises(ValueError) as e:
+        RunConfig(algorithm=algorithm, rollout=rollout, train={"trajectories_per_update": 8})
+    return str(e.value)
+
+
+def ok(**algorithm):
+    rollout = algorithm.pop("rollout", {})
+    RunConfig(algorithm=algorithm, rollout=rollout, train={"trajectories_per_update": 8})
+
+
+def test_defaults_and_valid_combinations():
+    ok()
+    ok(advantage="gae")
+    ok(advantage="gae", use_critic=True, value_clip=None)
+    ok(advantage="reinforce_pp", kl_penalty_coef=0.01, kl_target=0.1, rollout={"samples_per_prompt": 1})
+    ok(policy_loss="mypkg.losses:my_loss", advantage="mypkg.adv:fn", use_critic=True)
+    ok(rollout_correction="mis", rollout_correction_threshold_low=0.5, rollout_correction_level="sequence")
+    ok(dynamic_sampling=True, overlong_buffer=64, mask_truncated=True)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"advantage": "rloo", "rollout": {"samples_per_prompt": 1}}, "rollout.samples_per_prompt=1: RLOO"),
+        (
+            {"advantage": "reinforce_pp_baseline", "rollout": {"samples_per_prompt": 1}},
+            "samples_per_prompt=1",
+        ),
+        (
+            {"advantage": "gae", "use_critic": False},
+            "algorithm.use_critic=false: advantage=gae needs a critic",
+        ),
+        ({"use_critic": True}, "algorithm.use_critic=true: advantage=grpo does not use a critic"),
+        ({"advantage": "remax", "rollout": {"temperature": 0.0}}, "rollout.temperature=0: ReMax"),
+        ({"advantage": "grpoo"}, "algorithm.advantage='grpoo': unknown"),
+        ({"policy_loss": "ppo2"}, "algorithm.policy_loss='ppo2': unknown"),
+        ({"loss_aggregation": "mean"}, "algorithm.loss_aggregation='mean': unknown"),
+        ({"kl_estimator": "k4"}, "algorithm.kl_estimator='k4': unknown"),
+        ({"kl_penalty_estimator": "k9"}, "algorithm.kl_penalty_estimator='k9': unknown"),
+        ({"kl_penalty_coef": 0.1}, "algorithm.kl_penalty_coef=0.1: advantage=grpo ignores per-token rewards"),
+        ({"advantage": "reinforce_pp", "kl_target": 0.1}, "algorithm.kl_target=0.1"),
+        ({"policy_loss": "gspo", "dual_clip_c": 3.0}, "algorithm.dual_clip_c=3.0: only policy_loss=ppo"),
+        (
+            {"rollout_correction": "tis", "rollout_correction_threshold_low": 0.5},
+            "only rollout_correction=mis",
+        ),
+        (
+            {
+                "rollout_correction": "mis",
+                "rollout_correction_threshold": 2.0,
+                "rollout_correction_threshold_low": 3.0,
+            },
+            "must be below rollout_correction_threshold=2.0",
+        ),
+        ({"std_over_batch": True, "scale_by_std": False}, "std_over_batch=true needs"),
+        ({"overlong_buffer": 256}, "algorithm.overlong_buffer=256"),
+        (
+            {"dynamic_sampling": True, "advantage": "reinforce_pp", "rollout": {"samples_per_prompt": 1}},
+            "dynamic sampling keeps groups",
+        ),
+        ({"advantage": "gae", "critic_warmup_iterations": 10}, "algorithm.critic_warmup_iterations=10"),
+    ],
+)
+def test_rules_name_field_value_and_fix(kwargs, needle):
+    assert needle in problems(**kwargs)
+
+
+def test_all_problems_reported_at_once():
+    text = problems(policy_loss="x", advantage="y", kl_estimator="z")
+    assert "policy_loss" in text and "advantage" in text and "kl_estimator" in text
