@@ -1,0 +1,56 @@
+"""The thin Ray actor that hosts one worker: it sets the rank environment, opens the worker's log file,
+constructs the user's class and runs its methods by name.
+
+Construction happens in `init_worker`, after the group has learned every actor's node (for LOCAL_RANK and
+MASTER_ADDR), so a failing constructor is an ordinary task error, not a dead actor.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ascent.cluster.base import find_free_port
+from ascent.tracking.logs import setup_logging
+
+
+class RayWorkerHost:
+    """Hosts one worker object inside a Ray actor process. Not used directly: see `RayWorkerGroup`."""
+
+    def __init__(self, group: str, rank: int, run_dir: str | None, log_level: str = "INFO") -> None:
+        self.group, self.rank = group, rank
+        self.log = setup_logging(run_dir, f"{group}_{rank}", log_level, console=False)
+        self.worker: Any = None
+
+    def node_info(self) -> dict[str, Any]:
+        """Where this actor runs: node id and IP, the GPU ids Ray gave it, a free port on its node."""
+        import ray
+
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "ip": ray.util.get_node_ip_address(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "free_port": find_free_port(),
+        }
+
+    def init_worker(self, cls: type, env: dict[str, str], args: tuple, kwargs: dict[str, Any]) -> None:
+        """Set the environment, then construct the worker."""
+        os.environ.update(env)
+        self.log.info("starting %s (rank %s of %s)", cls.__name__, env.get("RANK"), env.get("WORLD_SIZE"))
+        try:
+            self.worker = cls(*args, **kwargs)
+        except Exception:
+            self.log.exception("%s.__init__ failed", cls.__name__)
+            raise
+
+    def execute(self, method: str, payload: tuple[tuple, dict[str, Any]]) -> Any:
+        """`worker.method(*args, **kwargs)`; errors are logged to the worker's log, then raised."""
+        args, kwargs = payload
+        try:
+            return getattr(self.worker, method)(*args, **kwargs)
+        except Exception:
+            self.log.exception("%s failed", method)
+            raise
+
+    def ping(self) -> bool:
+        return True

@@ -1,0 +1,204 @@
+"""Inline and Ray worker groups behave the same on a toy counter (Ray: 2 workers on a 2-CPU local cluster)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ascent.cluster import WorkerDiedError, WorkerError, WorkerTimeoutError, make_worker_group
+from tests.unit.cluster.workers import BrokenInit, Counter
+
+BACKENDS = ["inline", "ray"]
+NUM_WORKERS = {"inline": 1, "ray": 2}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    from ascent.cluster.ray_backend import init_ray
+
+    started_here = not ray.is_initialized()
+    init_ray(num_cpus=2, log_to_driver=False)
+    yield
+    if started_here:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def restore_env():
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def make(request: pytest.FixtureRequest, backend: str, cls: type = Counter, **kwargs):
+    """A group of `cls` on `backend` (half a CPU per Ray worker, so several groups fit on 2 CPUs)."""
+    if backend == "ray":
+        request.getfixturevalue("ray_cluster")
+    else:
+        request.getfixturevalue("restore_env")
+    kwargs.setdefault("num_workers", NUM_WORKERS[backend])
+    kwargs.setdefault("name", f"{cls.__name__.lower()}_{backend}")
+    kwargs.setdefault("num_cpus_per_worker", 0.5)
+    return make_worker_group(cls, backend=backend, **kwargs)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def group(request, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp(f"run_{request.param}")
+    g = make(request, request.param, init_args=(5,), init_kwargs={"step": 2}, run_dir=run_dir)
+    g.test_run_dir = run_dir
+    yield g
+    g.shutdown()
+
+
+def test_call_returns_results_in_rank_order(group):
+    before = group.call("get")
+    assert len(before) == group.num_workers
+    assert [b - before[0] for b in before] == [100 * r for r in range(group.num_workers)]
+    assert group.call("add", 3) == [b + 3 for b in before]
+    assert group.call("add") == [b + 5 for b in before]  # init_kwargs step=2
+
+
+def test_call_split_gives_each_worker_its_shard(group):
+    before = group.call("get")
+    shards = [[rank + 1, rank + 1] for rank in range(group.num_workers)]
+    after = group.call_split("add_all", shards, scale=10)
+    assert after == [b + 10 * 2 * (r + 1) for r, b in enumerate(before)]
+
+
+def test_call_split_needs_one_shard_per_worker(group):
+    with pytest.raises(
+        ValueError, match=f"got {group.num_workers + 1} shards for {group.num_workers} workers"
+    ):
+        group.call_split("add_all", [[1]] * (group.num_workers + 1))
+
+
+def test_rank_env_is_set_before_construction(group):
+    envs = group.call("env")
+    n = group.num_workers
+    assert [e["RANK"] for e in envs] == [str(r) for r in range(n)]
+    assert {e["WORLD_SIZE"] for e in envs} == {str(n)}
+    assert [e["LOCAL_RANK"] for e in envs] == [str(r) for r in range(n)]  # one node, CPU workers
+    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
+    assert 0 < int(envs[0]["MASTER_PORT"]) < 65536
+
+
+def test_call_rank0_and_async(group):
+    assert group.call_rank0("env", "RANK") == {"RANK": "0"}
+    pending = group.call_async("get")
+    assert pending.get() == group.call("get")
+
+
+def test_worker_exception_propagates_with_its_message(group):
+    last = group.num_workers - 1
+    with pytest.raises(WorkerError, match="no such key") as info:
+        group.call("fail_on_rank", last, "no such key")
+    assert info.value.rank == last
+    assert "KeyError" in str(info.value) and group.name in str(info.value)
+    with pytest.raises(WorkerError, match="ValueError: rank 0: boom"):
+        group.call_rank0("fail", "boom")
+    assert len(group.call("get")) == group.num_workers  # the workers survive an exception
+
+
+def test_unknown_method_is_a_clear_error(group):
+    with pytest.raises(AttributeError, match="Counter has no public method 'nope'"):
+        group.call("nope")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_constructor_error_names_the_worker(request, backend):
+    with pytest.raises(WorkerError, match="BrokenInit.__init__ raised RuntimeError: no model") as info:
+        make(request, backend, BrokenInit)
+    assert str(info.value).splitlines()[0].endswith("no model at /nonexistent")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_call_timeout(request, backend):
+    with make(request, backend, num_workers=1, name="sleepy") as g:
+        g.timeout_s = 1.0  # after start-up, which on Ray takes about a second
+        with pytest.raises(WorkerTimeoutError) as info:
+            g.call("sleep", 30)
+    message = str(info.value)
+    for part in ("'sleepy'", "sleep", "1s", "cluster.worker_timeout_s", "NCCL_SOCKET_IFNAME"):
+        assert part in message
+    assert info.value.pending_ranks == [0]
+
+
+def test_inline_runs_one_worker_only(request):
+    with pytest.raises(ValueError, match="cluster.backend=ray"):
+        make(request, "inline", num_workers=2)
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="cluster.backend='slurm'"):
+        make_worker_group(Counter, num_workers=1, backend="slurm", name="x")
+
+
+def test_inline_worker_runs_in_this_process(request):
+    with make(request, "inline", init_args=(7,)) as g:
+        assert g.worker.value == 7
+        assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "1"
+
+
+def test_ray_worker_logs_to_its_file(group):
+    if group.backend != "ray":
+        pytest.skip("per-worker log files are a Ray feature (inline workers use the controller's log)")
+    with pytest.raises(WorkerError) as info:
+        group.call("fail_on_rank", 1, "logged failure")
+    log_file = group.test_run_dir / "logs" / f"{group.name}_1.log"
+    assert str(log_file) in str(info.value)
+    assert "logged failure" in log_file.read_text()
+
+
+def test_ray_worker_death_points_at_its_log(request, tmp_path):
+    g = make(request, "ray", num_workers=1, name="crasher", run_dir=tmp_path)
+    with g, pytest.raises(WorkerDiedError) as info:
+        g.call("crash")
+    message = str(info.value)
+    assert "'crasher' rank 0 died during crash" in message
+    assert str(tmp_path / "logs" / "crasher_0.log") in message
+
+
+def test_ray_asks_for_more_than_the_cluster_has(request):
+    with pytest.raises(ValueError, match="but the Ray cluster has 2 CPU"):
+        make(request, "ray", num_workers=2, num_cpus_per_worker=4, name="greedy")
+
+
+def test_ray_colocated_groups_share_a_placement_group(request):
+    request.getfixturevalue("ray_cluster")
+    from ray.util.placement_group import remove_placement_group
+
+    from ascent.cluster import make_placement_group
+
+    bundle = make_placement_group(1, gpus_per_bundle=0.0, cpus_per_bundle=1.0, placement="colocated")
+    try:
+        groups = [
+            make(request, "ray", num_workers=1, name=name, num_cpus_per_worker=0.5, placement_group=bundle)
+            for name in ("trainer", "rollout")
+        ]
+        assert [g.call("get") for g in groups] == [[0], [0]]
+        for g in groups:
+            g.shutdown()
+    finally:
+        remove_placement_group(bundle)
+
+
+def test_inline_timeout_waits_while_a_debugger_is_stopped(request, monkeypatch):
+    from ascent.cluster import inline
+
+    monkeypatch.setattr(inline, "_debugger_active", lambda: True)
+    monkeypatch.setattr(inline, "_DEBUGGER_RECHECK_S", 0.1)
+    with make(request, "inline", timeout_s=0.2) as g:
+        assert g.call("sleep", 0.6) == [0.6]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_user_errors_keep_their_type(request, backend):
+    from ascent.errors import AscentError
+    from tests.unit.cluster.workers import UserErrorInit
+
+    with pytest.raises(AscentError, match=r"^model.path='/nope': no such directory"):
+        make(request, backend, UserErrorInit, init_args=("/nope",))
