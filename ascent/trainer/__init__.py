@@ -1,0 +1,28 @@
+"""The policy update (design: "trainer/"): packing, chunked logprobs/entropy, optimizer, checkpoints, LoRA.
+
+`PolicyWorker` is the worker the controller calls; the modules below it are plain functions that take flat
+arguments and can be tested alone.
+"""
+
+from ascent.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ascent.trainer.logprobs import token_logprobs
+from ascent.trainer.loss import LossSettings, minibatch_totals
+from ascent.trainer.packing import PackedBatch, pack, plan_micro_batches
+from ascent.trainer.policy import PolicyWorker, TrainerOutOfMemory
+from ascent.trainer.settings import LoraSettings, OptimSettings
+
+__all__ = [
+    "LoraSettings",
+    "LossSettings",
+    "OptimSettings",
+    "PackedBatch",
+    "PolicyWorker",
+    "TrainerOutOfMemory",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "minibatch_totals",
+    "pack",
+    "plan_micro_batches",
+    "save_checkpoint",
+    "token_logprobs",
+]

@@ -1,0 +1,133 @@
+"""LoRA for the policy (design: "models/ ... LoRA"), through peft.
+
+`apply_lora` wraps the loaded causal LM in a peft model; only the adapter matrices train. Three consequences
+the rest of the trainer relies on:
+
+- the reference policy is the same module with the adapter switched off (`reference_context`), so a KL loss
+  costs no second copy of the weights;
+- the rollout engine receives MERGED weights in plain Hugging Face naming (`merged_named_weights`):
+  W + scale * B @ A computed on the fly per layer, names without peft's `base_model.model.` / `base_layer.`
+  parts, so it can load them into an ordinary model;
+- checkpoints hold the adapter (small, exact resume) and, when asked, merged HF weights (`write_merged`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from torch import Tensor, nn
+
+ADAPTER_DIR = "adapter"
+
+
+def apply_lora(
+    model: nn.Module, rank: int, alpha: float, dropout: float = 0.0, target_modules: Sequence[str] = ()
+) -> nn.Module:
+    """Wrap `model` with LoRA adapters (peft) on `target_modules`; returns the PeftModel.
+
+    Base weights are frozen; adapters start as a no-op (B = 0). peft keeps adapter weights in fp32 when the
+    base is bf16/fp16 (`autocast_adapter_dtype`), so the optimizer state of the adapters is fp32.
+    """
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:
+        raise ImportError("model.lora.rank > 0 needs peft: pip install 'ascent[lora]'.") from e
+    if rank <= 0:
+        raise ValueError(f"model.lora.rank={rank}: apply_lora needs a rank >= 1.")
+    cfg = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=list(target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, cfg)
+
+
+def is_lora(model: nn.Module) -> bool:
+    """True for a peft-wrapped model."""
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def reference_context(model: nn.Module) -> contextlib.AbstractContextManager:
+    """A context in which `model` computes the reference (base) policy: adapters disabled."""
+    return model.disable_adapter()
+
+
+def _merged_weight(module: nn.Module) -> Tensor:
+    """W + sum of the active adapters' scale * B @ A, in W's dtype (nothing added if already merged)."""
+    base = module.get_base_layer()
+    weight = base.weight.detach()
+    if module.merged or module.disable_adapters:
+        return weight
+    delta = None
+    for name in module.active_adapters:
+        if name in module.lora_A:
+            d = module.get_delta_weight(name).detach().float()
+            delta = d if delta is None else delta + d
+    return weight if delta is None else (weight.float() + delta).to(weight.dtype)
+
+
+def merged_named_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """(HF name, tensor) of every parameter of the base model with LoRA merged in; tied params once.
+
+    Memory: one merged matrix at a time (the consumer decides what to keep).
+    """
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    lora_prefixes: list[str] = []
+    seen: set[int] = set()
+    for name, module in base.named_modules():
+        if any(name.startswith(p) for p in lora_prefixes):
+            continue
+        if isinstance(module, LoraLayer):
+            lora_prefixes.append(name + ".")
+            yield f"{name}.weight", _merged_weight(module)
+            bias = getattr(module.get_base_layer(), "bias", None)
+            if bias is not None:
+                yield f"{name}.bias", bias.detach()
+            continue
+        for pname, p in module.named_parameters(recurse=False):
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield (f"{name}.{pname}" if name else pname), p.detach()
+
+
+def write_merged(model: nn.Module, directory: str | Path) -> None:
+    """Write merged weights as a plain HF checkpoint (config.json + model.safetensors) to `directory`."""
+    from safetensors.torch import save_file
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    base = model.get_base_model()
+    tensors = {name: t.contiguous().clone() for name, t in merged_named_weights(model)}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    base.config.save_pretrained(str(out))
+    gen = getattr(base, "generation_config", None)
+    if gen is not None:
+        gen.save_pretrained(str(out))
+
+
+def write_adapter(model: nn.Module, directory: str | Path) -> None:
+    """Write the adapter (peft format: adapter_config.json + adapter_model.safetensors) to `directory`."""
+    model.save_pretrained(str(directory))
+
+
+def load_adapter_weights(model: nn.Module, directory: str | Path) -> None:
+    """Load adapter weights written by `write_adapter` into the (already wrapped) `model`, in place."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path = Path(directory) / "adapter_model.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(path)!r}: no LoRA adapter in this checkpoint.")
+    result = set_peft_model_state_dict(model, load_file(str(path)))
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise ValueError(
+            f"{str(path)!r}: adapter keys do not match the model's LoRA layers: {unexpected[:5]}."
+        )

@@ -1,0 +1,144 @@
+"""Pack trajectories into micro-batches for the policy update (design: "trainer/ ... packing").
+
+Two steps. `plan_micro_batches` splits a mini-batch into micro-batches under a token budget
+(`train.max_tokens_per_micro_batch`), first-fit-decreasing. `pack` lays one micro-batch's sequences back to
+back in ONE row, with no padding:
+
+    input_ids    [1, N]   prompt_0 response_0 prompt_1 response_1 ...
+    position_ids [1, N]   0 1 2 ... 0 1 2 ...     (restarts at 0 for every sequence)
+
+With `attention_mask=None` and no KV cache, transformers (>= 5, `masking_utils.find_packed_sequence_indices`)
+reads the restarts in `position_ids` and builds a block-causal mask, so attention never crosses sequences
+(sdpa and eager; flash-attention uses the same positions). The per-token training tensors are flat over the
+M response tokens and aligned to next-token prediction: response token j of a sequence whose prompt has P
+tokens sits at row position o + P + j and is predicted by the logit at o + P + j - 1 (`logit_index`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ascent.types import TrainSample
+
+
+def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """lengths [S] (tokens per sequence) -> micro-batches as lists of sequence indices, each <= max_tokens.
+
+    First-fit-decreasing: longest sequence first, into the first micro-batch with room. Deterministic; the
+    indices inside a micro-batch are sorted ascending. Raises ValueError if one sequence alone is too long.
+    """
+    if max_tokens <= 0:
+        raise ValueError(f"train.max_tokens_per_micro_batch={max_tokens}: must be a positive token count.")
+    for i, n in enumerate(lengths):
+        if n > max_tokens:
+            raise ValueError(
+                f"train.max_tokens_per_micro_batch={max_tokens}: sequence {i} has {n} tokens (prompt + "
+                f"response) and a sequence is never split; raise train.max_tokens_per_micro_batch to at "
+                f"least {n} (or lower data.max_prompt_tokens / rollout.max_new_tokens)."
+            )
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        for b, free in enumerate(room):
+            if lengths[i] <= free:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(max_tokens - lengths[i])
+    return [sorted(b) for b in bins]
+
+
+@dataclass
+class PackedBatch:
+    """One micro-batch in packed layout. N = total tokens, M = total response tokens, S = sequences.
+
+    `input_ids`, `position_ids`: [1, N] long. Flat per-response-token tensors, [M]: `logit_index` (long,
+    position in the row of the logit that predicts the token), `targets` (long), `loss_mask` (float 0/1),
+    `advantages` (float), `seq_ids` (long 0..S-1); `old_logprobs`, `ref_logprobs`, `sampler_logprobs` are
+    float [M] or None when any sample lacks them. `response_lens`: S ints, to split [M] back per sequence.
+    """
+
+    input_ids: Tensor
+    position_ids: Tensor
+    logit_index: Tensor
+    targets: Tensor
+    loss_mask: Tensor
+    advantages: Tensor
+    seq_ids: Tensor
+    old_logprobs: Tensor | None
+    ref_logprobs: Tensor | None
+    sampler_logprobs: Tensor | None
+    response_lens: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.response_lens)
+
+    def split(self, flat: Tensor) -> list[list[float]]:
+        """flat [M] -> one list of floats per sequence (response order)."""
+        return [t.tolist() for t in flat.detach().float().cpu().split(self.response_lens)]
+
+
+def _check_sample(i: int, s: TrainSample) -> None:
+    r = len(s.response_ids)
+    if not s.prompt_ids:
+        raise ValueError(
+            f"sample {i}: empty prompt_ids; the first response token needs a token to predict it."
+        )
+    for name in ("loss_mask", "advantages", "old_logprobs", "ref_logprobs", "sampler_logprobs"):
+        v = getattr(s, name)
+        if v is not None and len(v) != r:
+            raise ValueError(f"sample {i}: {name} has {len(v)} entries but response_ids has {r}.")
+
+
+def _optional_flat(samples: Sequence[TrainSample], name: str, device: torch.device | str) -> Tensor | None:
+    """Concatenate one optional per-token field over the samples, or None if any sample lacks it."""
+    values = [getattr(s, name) for s in samples]
+    if any(v is None for v in values):
+        return None
+    return torch.tensor([x for v in values for x in v], dtype=torch.float32, device=device)
+
+
+def pack(samples: Sequence[TrainSample], device: torch.device | str = "cpu") -> PackedBatch:
+    """samples (S) -> PackedBatch: one row of N tokens, flat [M] response-token tensors (see module doc)."""
+    ids: list[int] = []
+    pos: list[int] = []
+    logit_index: list[int] = []
+    seq_ids: list[int] = []
+    for i, s in enumerate(samples):
+        _check_sample(i, s)
+        start = len(ids) + len(s.prompt_ids)
+        ids.extend(s.prompt_ids)
+        ids.extend(s.response_ids)
+        pos.extend(range(s.num_tokens))
+        logit_index.extend(range(start - 1, start - 1 + len(s.response_ids)))
+        seq_ids.extend([i] * len(s.response_ids))
+
+    def flat(name: str) -> list[float]:
+        return [float(x) for s in samples for x in getattr(s, name)]
+
+    long = {"dtype": torch.long, "device": device}
+    return PackedBatch(
+        input_ids=torch.tensor([ids], **long),
+        position_ids=torch.tensor([pos], **long),
+        logit_index=torch.tensor(logit_index, **long),
+        targets=torch.tensor([t for s in samples for t in s.response_ids], **long),
+        loss_mask=torch.tensor(flat("loss_mask"), dtype=torch.float32, device=device),
+        advantages=torch.tensor(flat("advantages"), dtype=torch.float32, device=device),
+        seq_ids=torch.tensor(seq_ids, **long),
+        old_logprobs=_optional_flat(samples, "old_logprobs", device),
+        ref_logprobs=_optional_flat(samples, "ref_logprobs", device),
+        sampler_logprobs=_optional_flat(samples, "sampler_logprobs", device),
+        response_lens=[len(s.response_ids) for s in samples],
+    )

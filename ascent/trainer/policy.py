@@ -1,0 +1,330 @@
+"""`PolicyWorker`: the state and the update of one trainer process (design: "One controller, plain workers").
+
+The controller calls, per iteration: `compute_logprobs(samples, T)` (old logprobs; `which="reference"` for
+the KL reference), then `update(mini_batch, total_tokens=..., total_seqs=...)` once per optimizer step, then
+`named_weights()` to publish the new policy to the rollout engine, and `save(dir)` / `load(dir)` for
+checkpoints (`ascent.trainer.checkpoint` makes them atomic).
+
+Precision. `dtype` is the COMPUTE dtype. With `master_fp32=True` (default) trainable weights, gradients and
+AdamW moments are fp32; forward/backward run under `torch.autocast(dtype)` when dtype is bf16/fp16 (fp16 adds
+a GradScaler). With `master_fp32=False` weights and optimizer state live in `dtype` (half the memory, less
+exact updates). The frozen reference model (full fine-tuning with a KL loss) is held in `dtype`. With LoRA
+the frozen base is held in `dtype`, the adapters in fp32 (peft), and the reference is the base itself
+(adapters switched off), never a copy.
+
+Data parallelism: each worker gets a shard of the mini-batch plus the GLOBAL totals, so its loss is its share
+of the global loss and gradients are SUMMED over workers (`ascent.trainer.distributed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ascent.errors import AscentError
+from ascent.models.loading import load_model, load_tokenizer, resolve_device, torch_dtype
+from ascent.trainer import lora as lora_lib
+from ascent.trainer.checkpoint import read_trainer_state, rng_state, set_rng_state, write_trainer_state
+from ascent.trainer.distributed import all_reduce_grads, all_reduce_max, all_reduce_sum, world_size
+from ascent.trainer.logprobs import token_logprobs, unwrap_model
+from ascent.trainer.loss import LossSettings, MetricSums, micro_batch_loss
+from ascent.trainer.optim import build_optimizer, build_scheduler
+from ascent.trainer.packing import pack, plan_micro_batches
+from ascent.trainer.settings import LoraSettings, OptimSettings, settings_from_config
+from ascent.types import TrainSample
+
+
+class TrainerOutOfMemory(AscentError, RuntimeError):
+    """The accelerator ran out of memory in the policy worker; the message says which settings to lower."""
+
+
+class PolicyWorker:
+    """One trainer process: policy model, optimizer, LR schedule, optional frozen reference (see module doc)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        device: str | torch.device = "auto",
+        dtype: str = "fp32",
+        master_fp32: bool = True,
+        gradient_checkpointing: bool = False,
+        trust_remote_code: bool = False,
+        tokenizer_path: str | Path | None = None,
+        lora: LoraSettings | None = None,
+        optim: OptimSettings | None = None,
+        loss: LossSettings | None = None,
+        max_tokens_per_micro_batch: int = 8192,
+        logprob_chunk_tokens: int = 1024,
+        temperature: float = 1.0,
+        need_reference: bool | None = None,
+        parallelize: Callable[[nn.Module], nn.Module] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.device = resolve_device(device)
+        self.compute_dtype = torch_dtype(dtype)
+        self.lora = lora if lora is not None and lora.rank > 0 else None
+        self.optim_settings = optim or OptimSettings()
+        self.loss_settings = loss or LossSettings()
+        self.max_tokens = max_tokens_per_micro_batch
+        self.chunk_tokens = logprob_chunk_tokens
+        self.temperature = temperature
+        self.tokenizer_path = tokenizer_path or model_path
+        self.step = 0
+        if seed is not None:
+            torch.manual_seed(seed)
+        param_dtype = torch.float32 if master_fp32 and self.lora is None else self.compute_dtype
+        self.model = self._load_policy(model_path, param_dtype, gradient_checkpointing, trust_remote_code)
+        self.param_dtype = param_dtype
+        # Seam for FSDP2: a wrapper that shards the model and reduces (sums) gradients in backward.
+        self.grads_synced_by_wrapper = parallelize is not None
+        if parallelize is not None:
+            self.model = parallelize(self.model)
+        self.reference = self._load_reference(model_path, need_reference, trust_remote_code)
+        self.optimizer = build_optimizer(self.model, **self.optim_settings.optimizer_kwargs())
+        self.scheduler = build_scheduler(self.optimizer, **self.optim_settings.scheduler_kwargs())
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.compute_dtype == torch.float16)
+
+    @classmethod
+    def from_config(
+        cls,
+        model_cfg: Any,
+        train_cfg: Any,
+        algo_cfg: Any,
+        *,
+        device: str | torch.device = "auto",
+        total_optimizer_steps: int = 0,
+        temperature: float = 1.0,
+        max_new_tokens: int | None = None,
+        **kwargs: Any,
+    ) -> PolicyWorker:
+        """Build from ModelConfig, TrainConfig, AlgorithmConfig (the only place config objects are read)."""
+        flat = settings_from_config(model_cfg, train_cfg, algo_cfg, total_optimizer_steps, max_new_tokens)
+        return cls(model_cfg.path, device=device, temperature=temperature, **flat, **kwargs)
+
+    # ----------------------------------------------------------------------------------------- loading
+    def _load_policy(
+        self, path: str | Path, param_dtype: torch.dtype, grad_ckpt: bool, remote: bool
+    ) -> nn.Module:
+        model = load_model(
+            path, param_dtype, self.device, gradient_checkpointing=grad_ckpt, trust_remote_code=remote
+        )
+        if self.lora is not None:
+            lo = self.lora
+            model = lora_lib.apply_lora(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules)
+        model.train()
+        return model
+
+    def _load_reference(self, path: str | Path, need: bool | None, remote: bool) -> nn.Module | None:
+        need = self.loss_settings.kl_loss_coef > 0 if need is None else need
+        if not need or self.lora is not None:
+            return None  # with LoRA the reference is the policy with adapters disabled
+        ref = load_model(path, self.compute_dtype, self.device, trust_remote_code=remote)
+        ref.requires_grad_(False)
+        return ref.eval()
+
+    # ----------------------------------------------------------------------------------------- forward
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        enabled = self.compute_dtype != torch.float32
+        return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=enabled)
+
+    def _reference_module(self) -> tuple[nn.Module, contextlib.AbstractContextManager]:
+        if self.lora is not None:
+            return self.model, lora_lib.reference_context(self.model)
+        if self.reference is None:
+            raise ValueError(
+                "compute_logprobs(which='reference'): this worker has no reference model; build it with "
+                "algorithm.kl_loss_coef > 0 or need_reference=True."
+            )
+        return self.reference, contextlib.nullcontext()
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self, samples: Sequence[TrainSample], temperature: float | None = None, which: str = "policy"
+    ) -> list[list[float]]:
+        """Per-response-token logprobs of each sample under the policy (or the reference), no grad.
+
+        Samples are packed into micro-batches of at most `max_tokens_per_micro_batch` tokens; the result is
+        in the input order, one list per sample (len = len(response_ids)).
+        """
+        if which not in ("policy", "reference"):
+            raise ValueError(f"which={which!r}: use 'policy' or 'reference'.")
+        model, ctx = (self.model, contextlib.nullcontext()) if which == "policy" else self._reference_module()
+        temp = self.temperature if temperature is None else temperature
+        was_training = model.training
+        model.eval()
+        out: list[list[float]] = [[] for _ in samples]
+        try:
+            with ctx, self._autocast(), self._oom_guard(samples):
+                for idx in plan_micro_batches([s.num_tokens for s in samples], self.max_tokens):
+                    packed = pack([samples[i] for i in idx], self.device)
+                    lp, _ = token_logprobs(model, packed, temperature=temp, chunk_tokens=self.chunk_tokens)
+                    for i, values in zip(idx, packed.split(lp), strict=True):
+                        out[i] = values
+        finally:
+            model.train(was_training)
+        return out
+
+    # ------------------------------------------------------------------------------------------ update
+    def update(
+        self, samples: Sequence[TrainSample], *, total_tokens: float, total_seqs: float
+    ) -> dict[str, float]:
+        """ONE optimizer step on this worker's share of a mini-batch; returns metrics averaged over it.
+
+        `total_tokens` (loss-mask tokens) and `total_seqs` are the mini-batch totals over ALL workers
+        (see `minibatch_totals`). Metrics: loss/policy, loss/kl, loss/total, entropy, clipfrac, approx_kl,
+        ratio, grad_norm, lr, tokens, response_tokens, micro_batches, skipped (1 if the grad was not finite).
+        """
+        self.model.train()
+        micro = plan_micro_batches([s.num_tokens for s in samples], self.max_tokens)
+        try:
+            with self._oom_guard(samples):
+                metrics = self.accumulate(samples, micro, total_tokens=total_tokens, total_seqs=total_seqs)
+                if not self.grads_synced_by_wrapper:
+                    all_reduce_grads(self.model.parameters())
+                lr = self.scheduler.get_last_lr()[0]
+                grad_norm, skipped = self._optimizer_step()
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+        metrics.reduce(all_reduce_sum, all_reduce_max)
+        out = metrics.result()
+        out.update({"grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)})
+        return out
+
+    def accumulate(
+        self,
+        samples: Sequence[TrainSample],
+        micro_batches: Sequence[Sequence[int]],
+        *,
+        total_tokens: float,
+        total_seqs: float,
+    ) -> MetricSums:
+        """Forward + backward of each micro-batch (lists of sample indices); grads add up in .grad."""
+        metrics = MetricSums()
+        settings = self.loss_settings
+        max_len = settings.max_len or max((len(s.response_ids) for s in samples), default=1)
+        want_entropy = True  # reported as a metric; it joins the loss only when entropy_coef != 0
+        for idx in micro_batches:
+            packed = pack([samples[i] for i in idx], self.device)
+            with self._autocast():
+                lp, ent = token_logprobs(
+                    self.model,
+                    packed,
+                    temperature=self.temperature,
+                    chunk_tokens=self.chunk_tokens,
+                    with_entropy=want_entropy,
+                )
+            loss = micro_batch_loss(
+                lp,
+                ent,
+                packed,
+                settings,
+                total_tokens=total_tokens,
+                total_seqs=total_seqs,
+                max_len=max_len,
+                metrics=metrics,
+            )
+            self.scaler.scale(loss).backward()
+            one = packed.loss_mask.new_ones(())
+            metrics.add("tokens", one * packed.num_tokens)
+            metrics.add("response_tokens", packed.loss_mask.sum())
+            metrics.add("micro_batches", one)
+        return metrics
+
+    def _optimizer_step(self) -> tuple[float, bool]:
+        """Unscale, clip, step optimizer and scheduler; skip the optimizer step on a non-finite grad norm."""
+        self.scaler.unscale_(self.optimizer)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = self.optim_settings.max_grad_norm or math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        skipped = not math.isfinite(norm)
+        if skipped and not self.scaler.is_enabled():
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.step += 1
+        return norm, skipped
+
+    @contextlib.contextmanager
+    def _oom_guard(self, samples: Sequence[TrainSample]) -> Iterator[None]:
+        try:
+            yield
+        except torch.OutOfMemoryError as e:
+            self.optimizer.zero_grad(set_to_none=True)
+            longest = max((s.num_tokens for s in samples), default=0)
+            raise TrainerOutOfMemory(
+                f"out of accelerator memory in the policy worker (micro-batches of up to "
+                f"train.max_tokens_per_micro_batch={self.max_tokens} tokens; longest sequence {longest}). "
+                "Lower train.max_tokens_per_micro_batch (not below the longest sequence), set "
+                "model.gradient_checkpointing=true, lower train.logprob_chunk_tokens, use model.dtype=bf16, "
+                "use LoRA (model.lora.rank > 0), or add trainer GPUs (cluster.num_trainer_workers)."
+            ) from e
+
+    # --------------------------------------------------------------------------------- weights, state
+    def named_weights(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
+        """(HF name, tensor) of the current policy for the rollout engine; LoRA is merged on the fly.
+
+        Tied parameters appear once (e.g. `model.embed_tokens.weight`, not `lm_head.weight`). Tensors are
+        detached views of live weights unless `dtype` asks for a cast; the consumer copies what it keeps.
+        """
+        items = lora_lib.merged_named_weights(self.model) if self.lora else self._plain_named_weights()
+        for name, t in items:
+            yield name, (t if dtype is None else t.to(dtype))
+
+    def _plain_named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        for name, p in unwrap_model(self.model).named_parameters():
+            yield name, p.detach()
+
+    def rng_state(self) -> dict[str, Any]:
+        return rng_state()
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        set_rng_state(state)
+
+    def save(self, directory: str | Path) -> None:
+        """Write HF weights (merged for LoRA when `save_merged`), the adapter, tokenizer, trainer_state.pt."""
+        if world_size() > 1 and torch.distributed.get_rank() != 0:
+            return  # replicated data parallelism: rank 0 holds everything (sharded FSDP will write per rank)
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        if self.lora is not None:
+            lora_lib.write_adapter(self.model, out / lora_lib.ADAPTER_DIR)
+            if self.lora.save_merged:
+                lora_lib.write_merged(self.model, out)
+        else:
+            unwrap_model(self.model).save_pretrained(str(out))
+        with contextlib.suppress(OSError, ValueError):
+            load_tokenizer(self.tokenizer_path).save_pretrained(str(out))
+        write_trainer_state(
+            out,
+            optimizer_state=self.optimizer.state_dict(),
+            scheduler_state=self.scheduler.state_dict(),
+            scaler=self.scaler.state_dict(),
+            step=self.step,
+        )
+
+    def load(self, directory: str | Path) -> None:
+        """Restore weights (adapter for LoRA), optimizer, scheduler, scaler, step and RNG from `save(dir)`."""
+        src = Path(directory)
+        if self.lora is not None:
+            lora_lib.load_adapter_weights(self.model, src / lora_lib.ADAPTER_DIR)
+        else:
+            fresh = load_model(src, self.param_dtype, "cpu")
+            unwrap_model(self.model).load_state_dict(fresh.state_dict())
+        state = read_trainer_state(src, map_location="cpu")
+        if state.get("optimizer") is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step = int(state.get("step", 0))
+        set_rng_state(state["rng"])

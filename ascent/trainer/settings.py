@@ -1,0 +1,125 @@
+"""Flat settings of the policy worker, and the one builder that reads config objects (design: "Config objects
+stop at the edge").
+
+`settings_from_config(model_cfg, train_cfg, algo_cfg, ...)` turns ModelConfig / TrainConfig / AlgorithmConfig
+into the keyword arguments of `PolicyWorker`; nothing else in `ascent.trainer` reads a config object.
+Rollout correction has no dedicated config fields yet: it is read from `algorithm.options`
+(`rollout_correction`: none | tis | mis, `rollout_correction_level`, `rollout_correction_threshold`,
+`rollout_correction_threshold_low`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ascent.trainer.loss import LossSettings
+
+_CORRECTION_KEYS = {
+    "rollout_correction_level": "level",
+    "rollout_correction_threshold": "threshold",
+    "rollout_correction_threshold_low": "threshold_low",
+}
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapters (rank 0 disables). `save_merged`: checkpoints also hold merged HF weights."""
+
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
+    save_merged: bool = True
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    """AdamW and LR schedule; `total_steps` = optimizer steps of the whole run (needed by cosine)."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    schedule: str = "constant"
+    min_lr_ratio: float = 0.0
+    total_steps: int = 0
+    max_grad_norm: float | None = 1.0
+
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        return {"lr": self.lr, "weight_decay": self.weight_decay, "betas": tuple(self.betas), "eps": self.eps}
+
+    def scheduler_kwargs(self) -> dict[str, Any]:
+        return {
+            "total_steps": self.total_steps,
+            "warmup_steps": self.warmup_steps,
+            "schedule": self.schedule,
+            "min_lr_ratio": self.min_lr_ratio,
+        }
+
+
+def loss_settings_from_config(algo_cfg: Any, max_new_tokens: int | None = None) -> LossSettings:
+    """AlgorithmConfig -> LossSettings (policy-loss options, KL, entropy, Dr. GRPO divisor, correction)."""
+    options = dict(algo_cfg.options)
+    mode = options.pop("rollout_correction", None)
+    mode = None if mode in (None, "none", False) else mode
+    correction = {short: options.pop(key) for key, short in _CORRECTION_KEYS.items() if key in options}
+    loss_opts = {
+        "clip_ratio_low": algo_cfg.clip_ratio_low,
+        "clip_ratio_high": algo_cfg.clip_ratio_high,
+        "dual_clip_c": algo_cfg.dual_clip_c,
+        **options,
+    }
+    return LossSettings(
+        policy_loss=algo_cfg.policy_loss,
+        loss_aggregation=algo_cfg.loss_aggregation,
+        loss_opts=loss_opts,
+        kl_loss_coef=algo_cfg.kl_loss_coef,
+        kl_estimator=algo_cfg.kl_estimator,
+        entropy_coef=algo_cfg.entropy_coef,
+        max_len=algo_cfg.max_response_tokens_norm or max_new_tokens,
+        rollout_correction=mode,
+        correction_opts=correction,
+    )
+
+
+def settings_from_config(
+    model_cfg: Any,
+    train_cfg: Any,
+    algo_cfg: Any,
+    total_optimizer_steps: int,
+    max_new_tokens: int | None = None,
+) -> dict[str, Any]:
+    """ModelConfig, TrainConfig, AlgorithmConfig -> PolicyWorker keyword arguments (all but path/device)."""
+    lo = model_cfg.lora
+    t = train_cfg
+    return {
+        "dtype": model_cfg.dtype,
+        "gradient_checkpointing": model_cfg.gradient_checkpointing,
+        "trust_remote_code": model_cfg.trust_remote_code,
+        "tokenizer_path": model_cfg.tokenizer_path,
+        "lora": LoraSettings(lo.rank, lo.alpha, lo.dropout, tuple(lo.target_modules), lo.save_merged),
+        "optim": OptimSettings(
+            lr=t.lr,
+            weight_decay=t.weight_decay,
+            betas=tuple(t.betas),
+            eps=t.eps,
+            warmup_steps=t.warmup_steps,
+            schedule=t.schedule,
+            min_lr_ratio=t.min_lr_ratio,
+            total_steps=total_optimizer_steps,
+            max_grad_norm=t.max_grad_norm,
+        ),
+        "loss": loss_settings_from_config(algo_cfg, max_new_tokens),
+        "max_tokens_per_micro_batch": t.max_tokens_per_micro_batch,
+        "logprob_chunk_tokens": t.logprob_chunk_tokens,
+    }

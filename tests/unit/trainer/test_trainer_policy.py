@@ -1,0 +1,182 @@
+"""PolicyWorker: logprobs, micro-batch invariance of the update, KL reference, metrics, save/load, OOM message."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from trainer_helpers import make_samples, naive_logprobs
+
+from ascent.config.schema import AlgorithmConfig, ModelConfig, TrainConfig
+from ascent.trainer import LossSettings, OptimSettings, PolicyWorker, TrainerOutOfMemory, minibatch_totals
+from ascent.trainer import policy as policy_mod
+
+SPLITS = {
+    "one": [list(range(8))],
+    "eight": [[i] for i in range(8)],
+    "three_five": [[0, 1, 2], [3, 4, 5, 6, 7]],
+}
+
+
+def _worker(path, aggregation="token-mean", lr=1e-3, eps=1e-8, **loss_kw):
+    loss = LossSettings(loss_aggregation=aggregation, **loss_kw)
+    return PolicyWorker(path, device="cpu", optim=OptimSettings(lr=lr, eps=eps), loss=loss, seed=0)
+
+
+def _samples(worker, n=8, seed=11):
+    samples = make_samples(n, seed=seed)
+    # old logprobs near the current policy (a realistic ratio ~ 1, so some tokens clip and some do not)
+    for s, lp in zip(samples, worker.compute_logprobs(samples, 1.0), strict=True):
+        s.old_logprobs = [x + 0.1 * ((i % 5) - 2) for i, x in enumerate(lp)]
+    return samples
+
+
+def test_compute_logprobs_matches_separate_forwards(tiny_path):
+    worker = PolicyWorker(tiny_path, device="cpu", max_tokens_per_micro_batch=24)
+    samples = make_samples(8, seed=2)
+    got = worker.compute_logprobs(samples, temperature=0.6)
+    with torch.no_grad():
+        for s, lp in zip(samples, got, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(lp), naive_logprobs(worker.model, s, 0.6), atol=1e-5, rtol=0
+            )
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_gradient_and_update_do_not_depend_on_the_micro_batch_split(tiny_path, aggregation):
+    grads, weights = {}, {}
+    for split_name, split in SPLITS.items():
+        # Adam's first step is lr * g / (|g| + eps). Float-summation noise of ~1e-9 on a 1e-7 gradient entry
+        # is a 1% change of g/|g| when eps is tiny, so eps = 1e-4 (well above that noise, still a real step).
+        worker = _worker(tiny_path, aggregation, lr=1e-2, eps=1e-4)
+        initial = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
+        samples = _samples(worker)
+        tokens, seqs = minibatch_totals(samples)
+        worker.model.train()
+        worker.accumulate(samples, split, total_tokens=tokens, total_seqs=seqs)
+        grads[split_name] = {n: p.grad.clone() for n, p in worker.model.named_parameters()}
+        worker._optimizer_step()
+        weights[split_name] = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
+    for split_name in ("eight", "three_five"):
+        for name, g in grads["one"].items():
+            torch.testing.assert_close(
+                grads[split_name][name], g, atol=1e-6, rtol=0, msg=f"{split_name} {name}"
+            )
+            torch.testing.assert_close(weights[split_name][name], weights["one"][name], atol=1e-6, rtol=0)
+    moved = max((weights["one"][n] - initial[n]).abs().max().item() for n in initial)
+    assert moved > 1e-3
+
+
+def test_update_metrics_and_token_budget_split(tiny_path):
+    worker = _worker(tiny_path, lr=1e-2)
+    worker.max_tokens = max(s.num_tokens for s in make_samples(8, seed=11))
+    samples = _samples(worker)
+    before = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
+    m = worker.update(
+        samples, **dict(zip(("total_tokens", "total_seqs"), minibatch_totals(samples), strict=True))
+    )
+    for key in ("loss/policy", "loss/total", "entropy", "clipfrac", "approx_kl", "grad_norm", "lr", "tokens"):
+        assert key in m and torch.isfinite(torch.tensor(m[key])), key
+    assert m["micro_batches"] > 1 and m["tokens"] == sum(s.num_tokens for s in samples)
+    assert 0 < m["clipfrac"] < 1 and m["lr"] == pytest.approx(1e-2) and m["skipped"] == 0
+    assert worker.step == 1
+    assert any(not torch.equal(before[n], p) for n, p in worker.model.named_parameters())
+    assert all(p.grad is None for p in worker.model.parameters())
+
+
+def test_kl_loss_uses_a_frozen_reference(tiny_path):
+    worker = _worker(tiny_path, kl_loss_coef=0.1, kl_estimator="k3")
+    assert worker.reference is not None and not any(p.requires_grad for p in worker.reference.parameters())
+    samples = _samples(worker)
+    ref = worker.compute_logprobs(samples, 1.0, which="reference")
+    pol = worker.compute_logprobs(samples, 1.0)
+    assert ref == pol  # identical weights before any update
+    for s, r in zip(samples, ref, strict=True):
+        s.ref_logprobs = r
+    tokens, seqs = minibatch_totals(samples)
+    m = worker.update(samples, total_tokens=tokens, total_seqs=seqs)
+    assert m["loss/kl"] == pytest.approx(0.0, abs=1e-6)
+    m = worker.update(samples, total_tokens=tokens, total_seqs=seqs)
+    assert m["loss/kl"] > 0
+    assert len(list(worker.optimizer.param_groups[0]["params"])) > 0
+    assert worker.compute_logprobs(samples[:1], 1.0, which="reference")[0] == ref[0]
+
+
+def test_no_reference_without_kl(tiny_path):
+    worker = _worker(tiny_path)
+    assert worker.reference is None
+    with pytest.raises(ValueError, match="no reference model"):
+        worker.compute_logprobs(make_samples(1), which="reference")
+
+
+def test_save_load_round_trip(tiny_path, tmp_path):
+    worker = _worker(tiny_path, lr=1e-2)
+    samples = _samples(worker)
+    tokens, seqs = minibatch_totals(samples)
+    worker.update(samples, total_tokens=tokens, total_seqs=seqs)
+    worker.save(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "tokenizer.json").is_file()
+    follow = worker.update(samples, total_tokens=tokens, total_seqs=seqs)
+    after = {n: t.clone() for n, t in worker.named_weights()}
+
+    fresh = _worker(tiny_path, lr=1e-2)
+    fresh.load(tmp_path / "ckpt")
+    assert fresh.step == 1
+    again = fresh.update(samples, total_tokens=tokens, total_seqs=seqs)
+    assert again["loss/policy"] == pytest.approx(follow["loss/policy"], abs=1e-6)
+    for name, t in fresh.named_weights():
+        torch.testing.assert_close(t, after[name], atol=1e-6, rtol=0, msg=name)
+
+
+def test_named_weights_are_hf_names(tiny_path):
+    worker = _worker(tiny_path)
+    names = [n for n, _ in worker.named_weights()]
+    assert "model.embed_tokens.weight" in names and "model.layers.0.self_attn.q_proj.weight" in names
+    assert "lm_head.weight" not in names  # tied to the embedding, sent once
+
+
+def test_out_of_memory_says_what_to_lower(tiny_path, monkeypatch):
+    worker = _worker(tiny_path)
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(policy_mod, "token_logprobs", oom)
+    samples = make_samples(2)
+    with pytest.raises(
+        TrainerOutOfMemory, match="train.max_tokens_per_micro_batch=8192.*gradient_checkpointing"
+    ):
+        worker.update(samples, total_tokens=10, total_seqs=2)
+
+
+def test_from_config(tiny_path):
+    worker = PolicyWorker.from_config(
+        ModelConfig(path=str(tiny_path)),
+        TrainConfig(lr=3e-4, warmup_steps=2, schedule="cosine", max_tokens_per_micro_batch=64),
+        AlgorithmConfig(loss_aggregation="seq-mean-token-sum-norm", options={"rollout_correction": "tis"}),
+        device="cpu",
+        total_optimizer_steps=10,
+        max_new_tokens=32,
+    )
+    assert worker.max_tokens == 64 and worker.loss_settings.max_len == 32
+    assert worker.loss_settings.rollout_correction == "tis"
+    assert worker.scheduler.get_last_lr()[0] == pytest.approx(1.5e-4)
+    samples = _samples(worker)
+    m = worker.update(samples, total_tokens=1.0, total_seqs=8.0)
+    assert "rollout_is_weight_mean" in m and "rollout_is_log_weight_abs_max" in m
+
+
+def test_bf16_autocast_keeps_fp32_master_weights(tiny_path):
+    worker = PolicyWorker(
+        tiny_path,
+        device="cpu",
+        dtype="bf16",
+        gradient_checkpointing=True,
+        loss=LossSettings(kl_loss_coef=0.1),
+    )
+    samples = _samples(worker)
+    for s, r in zip(samples, worker.compute_logprobs(samples, which="reference"), strict=True):
+        s.ref_logprobs = r
+    m = worker.update(samples, total_tokens=50.0, total_seqs=8.0)
+    assert all(torch.isfinite(torch.tensor(v)) for v in m.values())
+    assert all(p.dtype == torch.float32 for p in worker.model.parameters())
+    assert next(worker.reference.parameters()).dtype == torch.bfloat16
