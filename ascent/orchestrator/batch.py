@@ -1,0 +1,156 @@
+"""Turning prompts into requests, generations into trajectories, and scored trajectories into train samples.
+
+These are the data-shaping steps of one iteration, kept out of the loop so `train.py` reads as the loop only.
+Advantages are computed on the controller in padded [B, T] layout (small: one float per response token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ascent.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, resolve
+from ascent.types import Generation, GenerationRequest, SamplingParams, Trajectory, TrainSample
+
+
+def sampling_params(rollout_cfg: Any, *, validation: bool = False) -> SamplingParams:
+    """The engine's sampling parameters from the rollout config section (training or validation)."""
+    r = rollout_cfg
+    return SamplingParams(
+        temperature=r.val_temperature if validation else r.temperature,
+        top_p=1.0 if validation else r.top_p,
+        top_k=0 if validation else r.top_k,
+        min_p=0.0 if validation else r.min_p,
+        max_new_tokens=r.max_new_tokens,
+        stop_token_ids=tuple(r.stop_token_ids),
+        stop_strings=tuple(r.stop_strings),
+        n=r.val_samples_per_prompt if validation else r.samples_per_prompt,
+    )
+
+
+def make_requests(
+    prompt_ids: Sequence[list[int]], params: SamplingParams, seed: int
+) -> list[GenerationRequest]:
+    """One request per prompt; request i samples with seed `seed + i` so a resumed run draws the same."""
+    return [
+        GenerationRequest(prompt_ids=list(ids), params=_with_seed(params, seed + i), request_id=i)
+        for i, ids in enumerate(prompt_ids)
+    ]
+
+
+def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(params, seed=seed)
+
+
+def to_trajectories(
+    items: Sequence[Any],
+    generations: Sequence[list[Generation]],
+    *,
+    decode: Callable[[list[int]], str],
+    policy_version: int,
+    first_group_id: int = 0,
+) -> list[Trajectory]:
+    """Flatten per-prompt generations into trajectories; the trajectories of one prompt share a group id."""
+    out = []
+    for g, (item, gens) in enumerate(zip(items, generations, strict=True)):
+        for gen in gens:
+            out.append(
+                Trajectory(
+                    prompt_ids=list(item.prompt_ids),
+                    response_ids=list(gen.token_ids),
+                    sampler_logprobs=list(gen.logprobs),
+                    loss_mask=[1] * len(gen.token_ids),
+                    finish_reason=gen.finish_reason,
+                    group_id=first_group_id + g,
+                    row_id=item.row_id,
+                    policy_version=policy_version,
+                    response_text=decode(gen.token_ids),
+                    metadata=item.metadata,
+                )
+            )
+    return out
+
+
+def padded(rows: Sequence[Sequence[float]], width: int, fill: float = 0.0) -> torch.Tensor:
+    """Ragged rows -> [B, width] float tensor padded with `fill`."""
+    out = torch.full((len(rows), width), fill, dtype=torch.float32)
+    for i, r in enumerate(rows):
+        if len(r):
+            out[i, : len(r)] = torch.as_tensor(r, dtype=torch.float32)
+    return out
+
+
+def advantage_inputs(
+    trajs: Sequence[Trajectory], token_rewards: torch.Tensor | None = None
+) -> AdvantageInputs:
+    """Pack trajectories into the estimators' padded layout."""
+    width = max(1, max(len(t.response_ids) for t in trajs))
+    return AdvantageInputs(
+        rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float32),
+        mask=padded([t.loss_mask for t in trajs], width),
+        group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long),
+        values=None,
+        token_rewards=token_rewards,
+        baseline_rewards=None,
+    )
+
+
+def compute_advantages(
+    trajs: Sequence[Trajectory], algo_cfg: Any, **extra: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the configured advantage estimator; returns (advantages [B, T], returns [B, T])."""
+    estimator = resolve(ADVANTAGE_ESTIMATORS, algo_cfg.advantage)
+    opts = {**algo_cfg.model_dump(), **algo_cfg.options}
+    out = estimator(advantage_inputs(trajs, extra.pop("token_rewards", None)), **opts, **extra)
+    return out.advantages, out.returns
+
+
+def train_samples(
+    trajs: Sequence[Trajectory],
+    advantages: torch.Tensor,
+    old_logprobs: Sequence[list[float]] | None,
+    ref_logprobs: Sequence[list[float]] | None,
+) -> list[TrainSample]:
+    """Attach per-token training targets to each trajectory."""
+    out = []
+    for i, t in enumerate(trajs):
+        n = len(t.response_ids)
+        out.append(
+            TrainSample(
+                prompt_ids=t.prompt_ids,
+                response_ids=t.response_ids,
+                loss_mask=t.loss_mask,
+                advantages=advantages[i, :n].tolist(),
+                old_logprobs=None if old_logprobs is None else old_logprobs[i],
+                sampler_logprobs=t.sampler_logprobs,
+                ref_logprobs=None if ref_logprobs is None else ref_logprobs[i],
+                group_id=t.group_id,
+            )
+        )
+    return out
+
+
+def logprob_diff(trainer_lp: Sequence[list[float]], sampler_lp: Sequence[list[float]]) -> tuple[float, float]:
+    """Mean and max |trainer - sampler| logprob over all response tokens (the sampler/trainer mismatch)."""
+    diffs = [
+        abs(a - b) for tr, sa in zip(trainer_lp, sampler_lp, strict=True) for a, b in zip(tr, sa, strict=True)
+    ]
+    if not diffs:
+        return 0.0, 0.0
+    return sum(diffs) / len(diffs), max(diffs)
+
+
+def mini_batches(n: int, size: int, generator: torch.Generator | None) -> list[list[int]]:
+    """Split indices 0..n-1 into mini-batches of `size` (shuffled when a generator is given)."""
+    order = torch.randperm(n, generator=generator).tolist() if generator is not None else list(range(n))
+    return [order[i : i + size] for i in range(0, n, size)]
+
+
+def shard(items: Sequence[Any], num: int) -> list[list[Any]]:
+    """Split items into `num` contiguous shards of equal size (the caller checked divisibility)."""
+    per = len(items) // num
+    return [list(items[i * per : (i + 1) * per]) for i in range(num)]

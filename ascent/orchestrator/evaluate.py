@@ -1,0 +1,84 @@
+"""`ascent eval`: score a checkpoint on a prompt dataset with a reward function (accuracy, mean reward).
+
+It runs the same pieces as validation inside `ascent train`: prompt rendering, the rollout engine, the
+reward runner. Greedy decoding by default, so two evaluations of one checkpoint agree.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from ascent.orchestrator.validation import CORRECT_AT
+from ascent.types import SamplingParams
+
+log = logging.getLogger("ascent")
+
+
+def run_eval(
+    model: str,
+    data: str,
+    reward: str = "exact_match",
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    samples: int = 1,
+    out: str | None = None,
+    max_prompts: int | None = None,
+    device: str = "auto",
+    max_prompt_tokens: int = 1024,
+    seed: int = 0,
+    batch_size: int = 64,
+) -> dict[str, float]:
+    """Generate for every prompt of `data` with the checkpoint at `model`; return accuracy and mean reward."""
+    from ascent.data import load_rows, render_prompts, validate_rows
+    from ascent.models.loading import load_tokenizer, resolve_device
+    from ascent.orchestrator.batch import make_requests, to_trajectories
+    from ascent.rewards import RewardInput, RewardRunner, resolve_reward_fn
+    from ascent.rollout import build_engine
+
+    tok = load_tokenizer(model)
+    rows = load_rows(data)
+    validate_rows(rows, data, tokenizer_vocab_size=len(tok))
+    rows = rows[:max_prompts] if max_prompts else rows
+    items, _ = render_prompts(rows, tok, max_prompt_tokens=max_prompt_tokens, overlong="truncate")
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    engine = build_engine(
+        "reference",
+        model_path=model,
+        dtype="fp32",
+        device=resolve_device(device),
+        eos_token_ids=[tok.eos_token_id],
+        pad_token_id=tok.pad_token_id,
+        decode=decode,
+        generation_batch_size=batch_size,
+    )
+    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples)
+    gens = engine.generate(make_requests([i.prompt_ids for i in items], params, seed))
+    trajs = to_trajectories(items, gens, decode=decode, policy_version=0)
+    runner = RewardRunner(resolve_reward_fn(reward), max_failure_rate=1.0, logger=log)
+    result = runner.score(
+        [
+            RewardInput(decode(t.prompt_ids), t.response_text, t.response_ids, t.metadata, t.row_id)
+            for t in trajs
+        ]
+    )
+    n = len(trajs)
+    metrics = {
+        "accuracy": sum(r >= CORRECT_AT for r in result.rewards) / n,
+        "reward_mean": sum(result.rewards) / n,
+        "response_len_mean": sum(len(t.response_ids) for t in trajs) / n,
+        "responses": float(n),
+    }
+    if out:
+        _write_responses(out, trajs, result.rewards)
+    return metrics
+
+
+def _write_responses(out: str, trajs: list[Any], rewards: list[float]) -> None:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for t, r in zip(trajs, rewards, strict=True):
+            f.write(json.dumps({"row_id": t.row_id, "response": t.response_text, "reward": r}) + "\n")

@@ -1,0 +1,151 @@
+"""Builders that turn the run config into the loop's parts: datasets, worker groups, reward runner, trackers.
+
+Config stops here: everything below receives flat arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ascent.config.schema import RunConfig
+
+log = logging.getLogger("ascent")
+
+
+@dataclass
+class Datasets:
+    train: list[Any]  # PromptItem
+    val: list[Any]
+    tokenizer: Any
+
+
+def build_datasets(cfg: RunConfig) -> Datasets:
+    """Load, validate and render the train and validation prompts; report every dropped prompt."""
+    from ascent.data import load_rows, render_prompts, validate_rows
+    from ascent.models.loading import load_tokenizer
+
+    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
+    d = cfg.data
+    sets = {}
+    for name, path in (("train", d.train_path), ("val", d.val_path)):
+        if not path:
+            sets[name] = []
+            continue
+        source = f"data.{name}_path={path}"
+        rows = load_rows(path, source=source)
+        validate_rows(rows, source, tokenizer_vocab_size=len(tok))
+        if name == "val" and d.max_val_prompts:
+            rows = rows[: d.max_val_prompts]
+        items, report = render_prompts(
+            rows,
+            tok,
+            max_prompt_tokens=d.max_prompt_tokens,
+            overlong=d.overlong_prompts,
+            truncation_side=d.truncation_side,
+            chat_template=d.chat_template,
+            source=source,
+        )
+        log.info("data.%s_path=%s: %d prompts (%s)", name, path, len(items), report)
+        sets[name] = items
+    if not sets["train"]:
+        from ascent.errors import AscentError
+
+        raise AscentError(
+            f"data.train_path={d.train_path!r}: no usable training prompts; check the file and "
+            "data.max_prompt_tokens / data.overlong_prompts."
+        )
+    return Datasets(train=sets["train"], val=sets["val"], tokenizer=tok)
+
+
+def engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """Flat keyword arguments of the rollout engine builder."""
+    kw: dict[str, Any] = {
+        "model_path": cfg.model.path,
+        "tokenizer_path": cfg.model.tokenizer_path or cfg.model.path,
+        "dtype": cfg.model.dtype,
+        "device": cfg.cluster.device,
+    }
+    if cfg.rollout.engine == "reference":
+        kw["generation_batch_size"] = cfg.rollout.generation_batch_size
+    else:
+        kw["gpu_memory_fraction"] = cfg.rollout.gpu_memory_fraction
+    return kw
+
+
+def trainer_kwargs(cfg: RunConfig, total_optimizer_steps: int) -> dict[str, Any]:
+    """Flat keyword arguments of `PolicyWorker.from_config`."""
+    return {
+        "model_cfg": cfg.model,
+        "train_cfg": cfg.train,
+        "algo_cfg": cfg.algorithm,
+        "total_optimizer_steps": total_optimizer_steps,
+        "temperature": cfg.rollout.temperature or 1.0,
+        "device": cfg.cluster.device,
+    }
+
+
+def optimizer_steps_per_iteration(cfg: RunConfig) -> int:
+    return cfg.train.epochs_per_rollout * (cfg.trajectories_per_step // cfg.train.trajectories_per_update)
+
+
+def build_worker_groups(cfg: RunConfig) -> tuple[Any, Any]:
+    """The rollout and trainer worker groups, inline or as Ray actors."""
+    from ascent.cluster import init_ray, make_worker_group
+    from ascent.orchestrator.workers import RolloutWorker, TrainerWorker
+
+    c = cfg.cluster
+    if c.backend == "ray":
+        init_ray(c.address)
+    steps = cfg.iterations * optimizer_steps_per_iteration(cfg)
+    common = {"backend": c.backend, "run_dir": cfg.run_dir, "timeout_s": c.worker_timeout_s}
+    trainer = make_worker_group(
+        TrainerWorker,
+        num_workers=c.num_trainer_workers,
+        init_kwargs={"trainer_kwargs": trainer_kwargs(cfg, steps), "seed": cfg.seed, "run_dir": cfg.run_dir},
+        name="trainer",
+        num_gpus_per_worker=c.gpus_per_worker,
+        **common,
+    )
+    rollout = make_worker_group(
+        RolloutWorker,
+        num_workers=c.num_rollout_workers,
+        init_kwargs={
+            "engine_name": cfg.rollout.engine,
+            "engine_kwargs": engine_kwargs(cfg),
+            "run_dir": cfg.run_dir,
+        },
+        name="rollout",
+        num_gpus_per_worker=c.gpus_per_worker if c.placement == "split" else 0.0,
+        **common,
+    )
+    return rollout, trainer
+
+
+def build_reward_runner(cfg: RunConfig) -> Any:
+    from ascent.rewards import RewardRunner, resolve_reward_fn
+
+    r = cfg.reward
+    return RewardRunner(
+        resolve_reward_fn(r.fn), kwargs=r.kwargs, max_failure_rate=r.max_failure_rate, logger=log
+    )
+
+
+def prepare_run_dir(cfg: RunConfig) -> Path:
+    """Create the run directory, write the resolved config, refuse to clobber a finished run by accident."""
+    from ascent.config import write_resolved_config
+
+    run_dir = Path(cfg.run_dir)
+    ckpts = run_dir / "checkpoints"
+    if not cfg.resume and ckpts.exists() and any(p.name.startswith("iter_") for p in ckpts.iterdir()):
+        from ascent.errors import AscentError
+
+        raise AscentError(
+            f"run_dir={cfg.run_dir!r} already holds checkpoints; pass --resume (resume=true) to continue "
+            "that run, or choose a new run_dir."
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_resolved_config(cfg, run_dir)
+    return run_dir

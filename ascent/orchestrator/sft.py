@@ -1,0 +1,97 @@
+"""`ascent sft`: supervised warm-start on prompt/response pairs, loss on response tokens only.
+
+SFT reuses the policy trainer unchanged: the negative log-likelihood of the response is the `reinforce`
+policy loss with advantage 1 on every response token, aggregated by `token-mean`. So packing, micro-batching,
+precision, LoRA and checkpoints behave exactly as in RL, and the output is a checkpoint `ascent train` reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from ascent.config.schema import AlgorithmConfig, SFTConfig
+from ascent.types import TrainSample
+
+log = logging.getLogger("ascent")
+
+
+def _samples(examples: list[Any]) -> list[TrainSample]:
+    return [
+        TrainSample(
+            prompt_ids=e.prompt_ids,
+            response_ids=e.response_ids,
+            loss_mask=[1] * len(e.response_ids),
+            advantages=[1.0] * len(e.response_ids),
+        )
+        for e in examples
+    ]
+
+
+def _load(cfg: SFTConfig, path: str | None, tok: Any) -> list[TrainSample]:
+    from ascent.data import load_rows, render_sft_examples
+
+    if not path:
+        return []
+    rows = load_rows(path)
+    examples = render_sft_examples(
+        rows,
+        tok,
+        response_key=cfg.response_key,
+        max_prompt_tokens=cfg.data.max_prompt_tokens,
+        chat_template=cfg.data.chat_template,
+    )
+    return _samples(examples)
+
+
+def run_sft(cfg: SFTConfig) -> dict[str, float]:
+    """Fine-tune `cfg.model` on the pairs of `cfg.data`; write `<run_dir>/final` (HF format). Returns metrics."""
+    from ascent.config import write_resolved_config
+    from ascent.data import PromptSampler
+    from ascent.models.loading import load_tokenizer, resolve_device
+    from ascent.tracking import MetricsLogger, Progress, setup_logging
+    from ascent.trainer.policy import PolicyWorker
+
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_resolved_config(cfg, run_dir)
+    setup_logging(str(run_dir), "controller")
+    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
+    train, val = _load(cfg, cfg.data.train_path, tok), _load(cfg, cfg.data.val_path, tok)
+    steps = max(1, math.ceil(cfg.epochs * len(train) / cfg.batch_size))
+    algo = AlgorithmConfig(advantage="grpo", policy_loss="reinforce", loss_aggregation="token-mean")
+    policy = PolicyWorker.from_config(
+        model_cfg=cfg.model,
+        train_cfg=cfg.train,
+        algo_cfg=algo,
+        total_optimizer_steps=steps,
+        temperature=1.0,
+        device=resolve_device("auto"),
+    )
+    sampler = PromptSampler(len(train), cfg.batch_size, seed=cfg.seed, shuffle=cfg.data.shuffle)
+    metrics_log = MetricsLogger(str(run_dir), tensorboard=cfg.tracking.tensorboard)
+    metrics: dict[str, float] = {}
+    with Progress(steps, enabled=cfg.tracking.progress) as progress:
+        for step in range(1, steps + 1):
+            mb = [train[i] for i in sampler.next_batch()]
+            tokens = float(sum(len(s.response_ids) for s in mb))
+            metrics = policy.update(mb, total_tokens=tokens, total_seqs=float(len(mb)))
+            metrics["sft/nll"] = metrics.get("loss/policy", float("nan"))
+            if val and (step == steps or (cfg.val_every and step % cfg.val_every == 0)):
+                metrics["val/nll"] = _nll(policy, val)
+            metrics_log.log(metrics, step=step)
+            progress.update(step, metrics)
+    final = run_dir / "final"
+    policy.save(str(final))  # HF weights + tokenizer (+ optimizer state, so the warm-start can be resumed)
+    tok.save_pretrained(str(final))
+    metrics_log.close()
+    log.info("SFT finished: %s (train nll %.4f)", final, metrics.get("sft/nll", float("nan")))
+    return metrics
+
+
+def _nll(policy: Any, samples: list[TrainSample]) -> float:
+    logprobs = policy.compute_logprobs(samples, temperature=1.0, which="policy")
+    flat = [x for row in logprobs for x in row]
+    return -sum(flat) / max(len(flat), 1)

@@ -1,0 +1,209 @@
+"""The RL loop: `ascent train` runs `run_training`, which reads top to bottom as one iteration does.
+
+rollout -> rewards -> old/reference logprobs -> advantages -> policy update -> weight publication ->
+metrics -> (validation) -> (checkpoint). The controller holds no model tensors; it calls worker groups,
+which are inline objects or Ray actors, the loop cannot tell which.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from ascent.config.schema import RunConfig
+from ascent.orchestrator import batch as B
+from ascent.orchestrator import checkpointing, setup
+from ascent.orchestrator.validation import validate
+
+log = logging.getLogger("ascent")
+
+
+def run_training(cfg: RunConfig) -> dict[str, float]:
+    """Train the policy per `cfg`; returns the final validation metrics (empty without a val set)."""
+    from ascent.data import PromptSampler
+    from ascent.tracking import MetricsLogger, Progress, Timeline, setup_logging
+
+    run_dir = setup.prepare_run_dir(cfg)
+    setup_logging(str(run_dir), "controller")
+    data = setup.build_datasets(cfg)
+    rewards = setup.build_reward_runner(cfg)
+    rewards.prepare(item.metadata for item in data.train + data.val)
+    rollout, trainer = setup.build_worker_groups(cfg)
+    sampler = PromptSampler(
+        len(data.train), cfg.rollout.prompts_per_step, seed=cfg.seed, shuffle=cfg.data.shuffle
+    )
+    start = checkpointing.restore(cfg, trainer, sampler) if cfg.resume else 0
+    metrics_log = MetricsLogger(
+        str(run_dir), tensorboard=cfg.tracking.tensorboard, wandb_project=cfg.tracking.wandb_project
+    )
+    timeline = Timeline(str(run_dir / "trace.json"))
+    ctx = LoopContext(cfg, data, rewards, rollout, trainer, timeline)
+    publish_weights(ctx)  # the engine starts from the trainer's weights (fresh or resumed)
+    final: dict[str, float] = {}
+    try:
+        if start == 0 and data.val:
+            metrics_log.log(validate(ctx, iteration=0), step=0)
+        with Progress(cfg.iterations, enabled=cfg.tracking.progress, start_iteration=start) as progress:
+            for it in range(start + 1, cfg.iterations + 1):
+                metrics = run_iteration(ctx, it, sampler.next_batch())
+                if data.val and (it == cfg.iterations or (cfg.val_every and it % cfg.val_every == 0)):
+                    with timeline.phase("validation", iteration=it):
+                        final = validate(ctx, iteration=it)
+                    metrics.update(final)
+                metrics_log.log(metrics, step=it)
+                progress.update(it, metrics)
+                log.info(progress.summary_line(it, metrics))
+                timeline.flush()
+                if it == cfg.iterations or (cfg.checkpoint.every and it % cfg.checkpoint.every == 0):
+                    with timeline.phase("checkpoint", iteration=it):
+                        checkpointing.save(cfg, it, trainer, sampler, data.tokenizer)
+    finally:
+        metrics_log.close()
+        timeline.flush()
+        rollout.shutdown()
+        trainer.shutdown()
+    return final
+
+
+class LoopContext:
+    """What one iteration needs: the config, the data, the reward runner, the worker groups, the timeline."""
+
+    def __init__(self, cfg: RunConfig, data: Any, rewards: Any, rollout: Any, trainer: Any, timeline: Any):
+        self.cfg, self.data, self.rewards = cfg, data, rewards
+        self.rollout, self.trainer, self.timeline = rollout, trainer, timeline
+        self.decode = lambda ids: data.tokenizer.decode(ids, skip_special_tokens=True)
+        a = cfg.algorithm
+        self.needs_reference = a.kl_loss_coef > 0 or getattr(a, "kl_penalty_coef", 0.0) > 0
+        self.temperature = cfg.rollout.temperature or 1.0
+
+
+def run_iteration(ctx: LoopContext, it: int, prompt_indices: list[int]) -> dict[str, float]:
+    """One iteration: sample, score, compute advantages, update, publish. Returns its metrics."""
+    cfg, tl = ctx.cfg, ctx.timeline
+    t0 = time.perf_counter()
+    items = [ctx.data.train[i] for i in prompt_indices]
+    with tl.phase("rollout", iteration=it):
+        trajs = generate(
+            ctx,
+            items,
+            B.sampling_params(cfg.rollout),
+            seed=cfg.seed * 1_000_003 + it * 10_007,
+            version=it - 1,
+        )
+    with tl.phase("reward", iteration=it):
+        reward_metrics = score(ctx, trajs)
+    width = max(len(t.response_ids) for t in trajs)
+    samples = B.train_samples(trajs, torch.zeros(len(trajs), width), None, None)
+    with tl.phase("logprobs", iteration=it):
+        old_lp = _logprobs(ctx, samples, "policy")
+        ref_lp = _logprobs(ctx, samples, "reference") if ctx.needs_reference else None
+    with tl.phase("advantages", iteration=it):
+        adv, _ = B.compute_advantages(trajs, cfg.algorithm)
+        samples = B.train_samples(trajs, adv, old_lp, ref_lp)
+    with tl.phase("update", iteration=it):
+        update_metrics = update_policy(ctx, samples, it)
+    with tl.phase("publish", iteration=it):
+        publish_seconds = publish_weights(ctx)
+    elapsed = time.perf_counter() - t0
+    diff_mean, diff_max = B.logprob_diff(old_lp, [t.sampler_logprobs for t in trajs])
+    tokens = sum(t.num_tokens for t in trajs)
+    return {
+        **reward_metrics,
+        **update_metrics,
+        **rollout_metrics(trajs),
+        "rollout/logprob_diff_mean": diff_mean,
+        "rollout/logprob_diff_max": diff_max,
+        "time/iteration": elapsed,
+        "time/publish": publish_seconds,
+        "perf/tokens_per_s": tokens / max(elapsed, 1e-9),
+        **{f"time/{k}": v for k, v in tl.last_durations().items()},
+    }
+
+
+def generate(ctx: LoopContext, items: list[Any], params: Any, *, seed: int, version: int) -> list[Any]:
+    """Sample `params.n` trajectories per prompt, spread over the rollout workers."""
+    requests = B.make_requests([i.prompt_ids for i in items], params, seed)
+    n = ctx.rollout.num_workers
+    per = -(-len(requests) // n)
+    shards = [requests[i * per : (i + 1) * per] for i in range(n)]
+    results = ctx.rollout.call_split("generate", shards)
+    generations = [g for shard in results for g in shard]
+    return B.to_trajectories(items, generations, decode=ctx.decode, policy_version=version)
+
+
+def score(ctx: LoopContext, trajs: list[Any]) -> dict[str, float]:
+    """Score every trajectory in place; return reward metrics."""
+    from ascent.rewards import RewardInput
+
+    inputs = [
+        RewardInput(
+            prompt=ctx.decode(t.prompt_ids),
+            response=t.response_text,
+            response_ids=t.response_ids,
+            metadata=t.metadata,
+            row_id=t.row_id,
+        )
+        for t in trajs
+    ]
+    result = ctx.rewards.score(inputs)
+    for t, r, comp in zip(trajs, result.rewards, result.components, strict=True):
+        t.reward, t.reward_components = r, comp
+    rewards = torch.tensor(result.rewards)
+    return {
+        **result.metrics,
+        "reward/mean": rewards.mean().item(),
+        "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+    }
+
+
+def _logprobs(ctx: LoopContext, samples: list[Any], which: str) -> list[list[float]]:
+    shards = B.shard(samples, ctx.trainer.num_workers)
+    results = ctx.trainer.call_split("compute_logprobs", shards, temperature=ctx.temperature, which=which)
+    return [lp for part in results for lp in part]
+
+
+def update_policy(ctx: LoopContext, samples: list[Any], it: int) -> dict[str, float]:
+    """`epochs_per_rollout` passes of mini-batches of `trajectories_per_update`; one optimizer step each."""
+    t = ctx.cfg.train
+    gen = torch.Generator().manual_seed(ctx.cfg.seed * 7919 + it) if t.shuffle_mini_batches else None
+    sums: dict[str, float] = {}
+    steps = 0
+    for _ in range(t.epochs_per_rollout):
+        for idx in B.mini_batches(len(samples), t.trajectories_per_update, gen):
+            mb = [samples[i] for i in idx]
+            total_tokens = float(sum(sum(s.loss_mask) for s in mb))
+            shards = B.shard(mb, ctx.trainer.num_workers)
+            per_worker = ctx.trainer.call_split(
+                "update", shards, total_tokens=total_tokens, total_seqs=float(len(mb))
+            )
+            for k, v in _mean_dicts(per_worker).items():
+                sums[k] = sums.get(k, 0.0) + v
+            steps += 1
+    return {k: v / max(steps, 1) for k, v in sums.items()} | {"train/optimizer_steps": float(steps)}
+
+
+def publish_weights(ctx: LoopContext) -> float:
+    """Send the trainer's current weights to every rollout replica; returns the seconds it took."""
+    t0 = time.perf_counter()
+    weights = ctx.trainer.call_rank0("named_weights")
+    ctx.rollout.call("update_weights", weights)
+    return time.perf_counter() - t0
+
+
+def rollout_metrics(trajs: list[Any]) -> dict[str, float]:
+    lengths = torch.tensor([len(t.response_ids) for t in trajs], dtype=torch.float32)
+    truncated = sum(t.finish_reason == "length" for t in trajs)
+    return {
+        "rollout/response_len_mean": lengths.mean().item(),
+        "rollout/response_len_max": lengths.max().item(),
+        "rollout/truncated_frac": truncated / len(trajs),
+        "rollout/trajectories": float(len(trajs)),
+    }
+
+
+def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for d in dicts for k in d}
+    return {k: sum(d.get(k, 0.0) for d in dicts) / len(dicts) for k in keys}

@@ -1,0 +1,42 @@
+"""Validation: sample the held-out prompts (greedy by default), score them, report reward, accuracy, length."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger("ascent")
+
+CORRECT_AT = 1.0 - 1e-6  # a response counts as correct when its reward is at least 1 (the 0/1 built-ins)
+
+
+def validate(ctx: Any, iteration: int) -> dict[str, float]:
+    """Score the validation set with the current policy; returns `val/*` metrics and logs a few samples."""
+    from ascent.orchestrator import batch as B
+    from ascent.orchestrator.train import generate, score
+
+    cfg = ctx.cfg
+    params = B.sampling_params(cfg.rollout, validation=True)
+    trajs = generate(ctx, ctx.data.val, params, seed=cfg.seed + 12345, version=iteration)
+    score(ctx, trajs)
+    n = len(trajs)
+    metrics = {
+        "val/reward_mean": sum(t.reward for t in trajs) / n,
+        "val/accuracy": sum(t.reward >= CORRECT_AT for t in trajs) / n,
+        "val/response_len_mean": sum(len(t.response_ids) for t in trajs) / n,
+    }
+    for t in trajs[: cfg.tracking.log_samples]:
+        log.info(
+            "val sample | prompt %r | response %r | reward %.2f",
+            ctx.decode(t.prompt_ids)[-80:],
+            t.response_text[:200],
+            t.reward,
+        )
+    log.info(
+        "validation at iteration %d: accuracy %.3f, mean reward %.3f over %d responses",
+        iteration,
+        metrics["val/accuracy"],
+        metrics["val/reward_mean"],
+        n,
+    )
+    return metrics

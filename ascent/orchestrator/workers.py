@@ -1,0 +1,102 @@
+"""The worker classes the controller places in worker groups: a rollout worker and a trainer worker.
+
+Both are plain classes built from flat arguments, so the inline and the Ray backend construct them the same
+way. Logs: under Ray the worker group sends each actor's log to `<run_dir>/logs/<name>_<rank>.log`; inline,
+workers share the controller's process and its `logs/controller.log`. Trainers with several ranks join the
+torch.distributed group described by the RANK/WORLD_SIZE variables the worker group sets.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from ascent.types import Generation, GenerationRequest, TrainSample
+
+log = logging.getLogger("ascent.workers")
+
+
+def init_distributed(device: torch.device) -> int:
+    """Join the process group described by the worker group's env vars; return the world size."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not torch.distributed.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        torch.distributed.init_process_group(backend=backend)
+    return world
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class RolloutWorker:
+    """Owns one rollout engine replica: generation, weight updates, sleep/wake."""
+
+    def __init__(self, engine_name: str, engine_kwargs: dict[str, Any], run_dir: str | None = None) -> None:
+        from ascent.models.loading import resolve_device
+        from ascent.rollout import build_engine
+
+        kwargs = dict(engine_kwargs)
+        kwargs["device"] = resolve_device(kwargs.get("device", "auto"))
+        tokenizer_path = kwargs.pop("tokenizer_path")
+        from ascent.models.loading import load_tokenizer
+
+        tok = load_tokenizer(tokenizer_path)
+        kwargs.setdefault("eos_token_ids", [tok.eos_token_id])
+        kwargs.setdefault("pad_token_id", tok.pad_token_id)
+        kwargs.setdefault("decode", lambda ids: tok.decode(ids, skip_special_tokens=False))
+        self.engine = build_engine(engine_name, **kwargs)
+
+    def generate(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
+        return self.engine.generate(requests)
+
+    def update_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
+        self.engine.update_weights(named_tensors.items())
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake(self) -> None:
+        self.engine.wake()
+
+
+class TrainerWorker:
+    """One data-parallel rank of the policy trainer (wraps `ascent.trainer.PolicyWorker`)."""
+
+    def __init__(self, trainer_kwargs: dict[str, Any], seed: int, run_dir: str | None = None) -> None:
+        from ascent.models.loading import resolve_device
+        from ascent.trainer.policy import PolicyWorker
+
+        rank = int(os.environ.get("RANK", "0"))
+        kwargs = dict(trainer_kwargs)
+        device = resolve_device(kwargs.pop("device", "auto"))
+        self.world_size = init_distributed(device)
+        _seed_everything(seed + rank)
+        self.policy = PolicyWorker.from_config(device=device, **kwargs)
+
+    def compute_logprobs(
+        self, samples: list[TrainSample], temperature: float, which: str
+    ) -> list[list[float]]:
+        return self.policy.compute_logprobs(samples, temperature=temperature, which=which)
+
+    def update(self, samples: list[TrainSample], total_tokens: float, total_seqs: float) -> dict[str, float]:
+        return self.policy.update(samples, total_tokens=total_tokens, total_seqs=total_seqs)
+
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        return {name: t.detach().to("cpu") for name, t in self.policy.named_weights()}
+
+    def save(self, path: str) -> None:
+        self.policy.save(path)
+
+    def load(self, path: str) -> None:
+        self.policy.load(path)
+

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The README's test command: install torch first (the local CPU build where there is no torch yet, so
+# nothing pulls CUDA wheels), then the project with its dev tools, then lint, type-check and the whole suite
+# (unit tests, the real CLI on a tiny model, and the end-to-end run on a local Ray cluster).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -c "import torch" 2>/dev/null || python -m pip install -q torch==2.13.0
+python -m pip install -q -e ".[dev]"
+ruff check ascent tests examples bench
+ruff format --check ascent tests examples bench
+mypy
+python -m pytest tests -q "$@"

@@ -1,0 +1,66 @@
+"""Fixtures for the integration tests: a tiny checkpoint and the arithmetic data, made once per session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples" / "arithmetic"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from ascent.models.tiny import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny", hidden_size=32, num_layers=2, seed=0)
+
+
+@pytest.fixture(scope="session")
+def arithmetic_data(tmp_path_factory) -> Path:
+    from make_data import make
+
+    return make(tmp_path_factory.mktemp("data"), digits=1, sft=40, train=40, val=16, seed=0)
+
+
+def run_config(tmp_path: Path, model: Path, data: Path, **overrides) -> dict:
+    """A small but complete `ascent train` config: 2 prompts x 4 samples, 4-token responses."""
+    cfg = {
+        "run_dir": str(tmp_path / "run"),
+        "seed": 3,
+        "iterations": 3,
+        "val_every": 2,
+        "model": {"path": str(model)},
+        "data": {"train_path": str(data / "train.jsonl"), "val_path": str(data / "val.jsonl"), "max_prompt_tokens": 32},
+        "rollout": {"prompts_per_step": 2, "samples_per_prompt": 4, "max_new_tokens": 4},
+        "train": {"lr": 1e-3, "trajectories_per_update": 4, "max_tokens_per_micro_batch": 64},
+        "tracking": {"progress": False},
+    }
+    for key, value in overrides.items():
+        section, _, field = key.partition(".")
+        if field:
+            cfg.setdefault(section, {})[field] = value
+        else:
+            cfg[section] = value
+    return cfg
+
+
+def write_yaml(path: Path, cfg: dict) -> Path:
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def ascent(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the real `ascent` CLI in a subprocess."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ascent", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"ascent {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc

@@ -1,0 +1,44 @@
+"""A run killed with SIGKILL and resumed reaches the same final weights as an uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import ascent, run_config, write_yaml
+from safetensors.torch import load_file
+
+
+def final_weights(run_dir):
+    ckpt = sorted((run_dir / "checkpoints").glob("iter_*"))[-1]
+    return ckpt.name, load_file(str(ckpt / "model.safetensors"))
+
+
+def test_sigkill_then_resume_matches_uninterrupted(tmp_path, tiny_model, arithmetic_data):
+    base = {"iterations": 5, "val_every": 0, "checkpoint": {"every": 1, "keep_last": 2}, "data.val_path": None}
+    a = run_config(tmp_path / "a", tiny_model, arithmetic_data, **base)
+    ascent("train", str(write_yaml(tmp_path / "a.yaml", a)))
+
+    b = run_config(tmp_path / "b", tiny_model, arithmetic_data, **base)
+    b_yaml = write_yaml(tmp_path / "b.yaml", b)
+    proc = subprocess.Popen([sys.executable, "-m", "ascent", "train", str(b_yaml)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpts = tmp_path / "b" / "run" / "checkpoints"
+    deadline = time.time() + 240
+    while not (ckpts / "iter_000002" / "state.json").exists():
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (ckpts / "iter_000005").exists(), "killed too late to test resume"
+
+    ascent("train", str(b_yaml), "--resume")
+    name_a, wa = final_weights(tmp_path / "a" / "run")
+    name_b, wb = final_weights(tmp_path / "b" / "run")
+    assert name_a == name_b == "iter_000005"
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert (wa[k] == wb[k]).all(), k
