@@ -69,6 +69,7 @@ class Trajectory:
     policy_version: int = 0
     reward: float = 0.0
     reward_components: dict[str, float] = field(default_factory=dict)
+    baseline_reward: float | None = None  # ReMax: the reward of the greedy response to the same prompt
     response_text: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
 

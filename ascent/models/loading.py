@@ -16,10 +16,16 @@ from typing import Any
 
 import torch
 
+from ascent.errors import AscentError
+
 logger = logging.getLogger(__name__)
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEVICE_NAMES = ("auto", "cpu", "cuda")
+
+
+class ModelLoadError(AscentError, ValueError):
+    """A model, tokenizer, device or dtype setting the user can fix; the message names the field and fix."""
 
 
 def resolve_device(name: str | torch.device = "auto") -> torch.device:
@@ -32,12 +38,14 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
         return torch.device("cpu")
     if name == "cuda" or name.startswith("cuda:"):
         if not torch.cuda.is_available():
-            raise ValueError(
+            raise ModelLoadError(
                 f"device={name!r}: torch.cuda.is_available() is False on this machine; "
                 "set cluster.device=cpu (or auto)."
             )
         return torch.device(name)
-    raise ValueError(f"device={name!r} is not a known device; use one of {list(DEVICE_NAMES)} (or cuda:N).")
+    raise ModelLoadError(
+        f"device={name!r} is not a known device; use one of {list(DEVICE_NAMES)} (or cuda:N)."
+    )
 
 
 def torch_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -45,7 +53,7 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
     if name not in DTYPES:
-        raise ValueError(f"model.dtype={name!r} is not a known dtype; use one of {sorted(DTYPES)}.")
+        raise ModelLoadError(f"model.dtype={name!r} is not a known dtype; use one of {sorted(DTYPES)}.")
     return DTYPES[name]
 
 
@@ -55,7 +63,7 @@ def check_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
         return
     if not torch.cuda.is_bf16_supported():
         gpu = torch.cuda.get_device_name(device)
-        raise ValueError(
+        raise ModelLoadError(
             f"model.dtype=bf16: the GPU {gpu!r} has no bfloat16 support; set model.dtype=fp16 (or fp32)."
         )
 
@@ -64,9 +72,11 @@ def _check_checkpoint_dir(path: str | Path, what: str) -> Path:
     """Return `path` as a Path, or raise naming the path, what is missing and how to fix it."""
     p = Path(path).expanduser()
     if not str(path):
-        raise ValueError(f"model.path is empty: set model.path=<local directory of a Hugging Face {what}>.")
+        raise ModelLoadError(
+            f"model.path is empty: set model.path=<local directory of a Hugging Face {what}>."
+        )
     if not p.is_dir():
-        raise FileNotFoundError(
+        raise ModelLoadError(
             f"model.path={str(path)!r}: no such directory. ascent loads {what}s from local directories only "
             "(no hub downloads); point model.path at a directory holding config.json and the weights "
             "(e.g. one written by `huggingface-cli download` or `save_pretrained`)."
@@ -87,7 +97,7 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
     )
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ValueError(
+            raise ModelLoadError(
                 f"tokenizer at {str(p)!r} has neither a pad token nor an EOS token; set `pad_token` (and "
                 "`eos_token`) in its tokenizer_config.json."
             )
@@ -122,7 +132,7 @@ def load_model(
 
     p = _check_checkpoint_dir(path, "checkpoint")
     if not (p / "config.json").is_file():
-        raise FileNotFoundError(
+        raise ModelLoadError(
             f"model.path={str(path)!r} has no config.json, so it is not a Hugging Face checkpoint directory; "
             "point model.path at the directory that holds config.json and the *.safetensors weights."
         )

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ascent.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, resolve
-from ascent.types import Generation, GenerationRequest, SamplingParams, Trajectory, TrainSample
+from ascent.types import Generation, GenerationRequest, SamplingParams, TrainSample, Trajectory
 
 
 def sampling_params(rollout_cfg: Any, *, validation: bool = False) -> SamplingParams:
@@ -114,9 +114,13 @@ def train_samples(
     advantages: torch.Tensor,
     old_logprobs: Sequence[list[float]] | None,
     ref_logprobs: Sequence[list[float]] | None,
+    *,
+    returns: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
 ) -> list[TrainSample]:
-    """Attach per-token training targets to each trajectory."""
+    """Attach per-token training targets to each trajectory (returns/values [B, T] only with a critic)."""
     out = []
+    with_critic = values is not None and returns is not None
     for i, t in enumerate(trajs):
         n = len(t.response_ids)
         out.append(
@@ -128,10 +132,26 @@ def train_samples(
                 old_logprobs=None if old_logprobs is None else old_logprobs[i],
                 sampler_logprobs=t.sampler_logprobs,
                 ref_logprobs=None if ref_logprobs is None else ref_logprobs[i],
+                returns=returns[i, :n].tolist() if with_critic else None,
+                old_values=values[i, :n].tolist() if with_critic else None,
                 group_id=t.group_id,
             )
         )
     return out
+
+
+def filter_zero_advantage(samples: Sequence[TrainSample]) -> dict[str, float]:
+    """Drop trajectories whose advantage is zero on every token from the loss (mask zeroed, in place).
+
+    They carry no policy gradient but would dilute `token-mean`; zeroing the mask removes them from the
+    mini-batch token count as well, so the batch shape (and divisibility) stays as configured.
+    """
+    dropped = 0
+    for s in samples:
+        if all(a == 0.0 for a, m in zip(s.advantages, s.loss_mask, strict=True) if m):
+            s.loss_mask = [0] * len(s.loss_mask)
+            dropped += 1
+    return {"filter/zero_advantage_frac": dropped / max(len(samples), 1)}
 
 
 def logprob_diff(trainer_lp: Sequence[list[float]], sampler_lp: Sequence[list[float]]) -> tuple[float, float]:

@@ -30,17 +30,24 @@ def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
     return sorted(done, key=lambda p: int(p.name[len(PREFIX) :]))
 
 
-def save(cfg: Any, iteration: int, trainer: Any, sampler: Any, tokenizer: Any = None) -> Path:
+def save(ctx: Any, iteration: int, sampler: Any) -> Path:
     """Write checkpoint `iteration` of the run atomically and prune to `checkpoint.keep_last`."""
+    cfg = ctx.cfg
     root = Path(cfg.run_dir) / "checkpoints"
     final = root / f"{PREFIX}{iteration:06d}"
     tmp = root / f".tmp_{PREFIX}{iteration:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    trainer.call("save", str(tmp))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(tmp))
-    state = {"iteration": iteration, "sampler": sampler.state_dict(), "config": cfg.model_dump(mode="json")}
+    ctx.trainer.call("save", str(tmp))
+    if ctx.critic is not None:
+        ctx.critic.call("save", str(tmp))
+    ctx.data.tokenizer.save_pretrained(str(tmp))
+    state = {
+        "iteration": iteration,
+        "sampler": sampler.state_dict(),
+        "kl_coef": None if ctx.kl_controller is None else ctx.kl_controller.coef,
+        "config": cfg.model_dump(mode="json"),
+    }
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
     _fsync_dir(tmp)
     if final.exists():
@@ -52,16 +59,20 @@ def save(cfg: Any, iteration: int, trainer: Any, sampler: Any, tokenizer: Any = 
     return final
 
 
-def restore(cfg: Any, trainer: Any, sampler: Any) -> int:
-    """Load the newest checkpoint of the run into the trainer and the sampler; return its iteration."""
-    dirs = checkpoint_dirs(cfg.run_dir)
+def restore(ctx: Any, sampler: Any) -> int:
+    """Load the newest checkpoint of the run into the workers and the sampler; return its iteration."""
+    dirs = checkpoint_dirs(ctx.cfg.run_dir)
     if not dirs:
-        log.warning("resume=true but %s has no checkpoint yet: starting from iteration 0", cfg.run_dir)
+        log.warning("resume=true but %s has no checkpoint yet: starting from iteration 0", ctx.cfg.run_dir)
         return 0
     path = dirs[-1]
     state = json.loads((path / "state.json").read_text())
-    trainer.call("load", str(path))
+    ctx.trainer.call("load", str(path))
+    if ctx.critic is not None:
+        ctx.critic.call("load", str(path))
     sampler.load_state_dict(state["sampler"])
+    if ctx.kl_controller is not None and state.get("kl_coef") is not None:
+        ctx.kl_controller.coef = state["kl_coef"]
     log.info("resumed from %s (iteration %d)", path, state["iteration"])
     return int(state["iteration"])
 

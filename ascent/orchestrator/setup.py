@@ -91,24 +91,50 @@ def optimizer_steps_per_iteration(cfg: RunConfig) -> int:
     return cfg.train.epochs_per_rollout * (cfg.trajectories_per_step // cfg.train.trajectories_per_update)
 
 
-def build_worker_groups(cfg: RunConfig) -> tuple[Any, Any]:
-    """The rollout and trainer worker groups, inline or as Ray actors."""
+@dataclass
+class WorkerGroups:
+    rollout: Any
+    trainer: Any
+    critic: Any | None
+
+    def shutdown(self) -> None:
+        for group in (self.rollout, self.trainer, self.critic):
+            if group is not None:
+                group.shutdown()
+
+
+def needs_reference(cfg: RunConfig) -> bool:
+    """A frozen reference policy is loaded only when a KL term (loss or reward penalty) uses it."""
+    return cfg.algorithm.kl_loss_coef > 0 or cfg.algorithm.kl_penalty_coef > 0
+
+
+def uses_critic(cfg: RunConfig) -> bool:
+    a = cfg.algorithm
+    return a.use_critic if a.use_critic is not None else a.advantage == "gae"
+
+
+def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
+    """The rollout, trainer and (for GAE) critic worker groups, inline or as Ray actors."""
     from ascent.cluster import init_ray, make_worker_group
-    from ascent.orchestrator.workers import RolloutWorker, TrainerWorker
+    from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
 
     c = cfg.cluster
     if c.backend == "ray":
         init_ray(c.address)
     steps = cfg.iterations * optimizer_steps_per_iteration(cfg)
     common = {"backend": c.backend, "run_dir": cfg.run_dir, "timeout_s": c.worker_timeout_s}
-    trainer = make_worker_group(
-        TrainerWorker,
-        num_workers=c.num_trainer_workers,
-        init_kwargs={"trainer_kwargs": trainer_kwargs(cfg, steps), "seed": cfg.seed, "run_dir": cfg.run_dir},
-        name="trainer",
-        num_gpus_per_worker=c.gpus_per_worker,
-        **common,
-    )
+    train_kw = trainer_kwargs(cfg, steps) | {"need_reference": needs_reference(cfg)}
+
+    def trainer_group(cls: Any, name: str) -> Any:
+        return make_worker_group(
+            cls,
+            num_workers=c.num_trainer_workers,
+            init_kwargs={"trainer_kwargs": train_kw, "seed": cfg.seed, "run_dir": cfg.run_dir},
+            name=name,
+            num_gpus_per_worker=c.gpus_per_worker,
+            **common,
+        )
+
     rollout = make_worker_group(
         RolloutWorker,
         num_workers=c.num_rollout_workers,
@@ -121,7 +147,8 @@ def build_worker_groups(cfg: RunConfig) -> tuple[Any, Any]:
         num_gpus_per_worker=c.gpus_per_worker if c.placement == "split" else 0.0,
         **common,
     )
-    return rollout, trainer
+    critic = trainer_group(CriticWorkerActor, "critic") if uses_critic(cfg) else None
+    return WorkerGroups(rollout=rollout, trainer=trainer_group(TrainerWorker, "trainer"), critic=critic)
 
 
 def build_reward_runner(cfg: RunConfig) -> Any:

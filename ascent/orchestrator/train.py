@@ -15,7 +15,7 @@ import torch
 
 from ascent.config.schema import RunConfig
 from ascent.orchestrator import batch as B
-from ascent.orchestrator import checkpointing, setup
+from ascent.orchestrator import checkpointing, setup, shaping
 from ascent.orchestrator.validation import validate
 
 log = logging.getLogger("ascent")
@@ -31,16 +31,19 @@ def run_training(cfg: RunConfig) -> dict[str, float]:
     data = setup.build_datasets(cfg)
     rewards = setup.build_reward_runner(cfg)
     rewards.prepare(item.metadata for item in data.train + data.val)
-    rollout, trainer = setup.build_worker_groups(cfg)
+    groups = setup.build_worker_groups(cfg)
     sampler = PromptSampler(
         len(data.train), cfg.rollout.prompts_per_step, seed=cfg.seed, shuffle=cfg.data.shuffle
     )
-    start = checkpointing.restore(cfg, trainer, sampler) if cfg.resume else 0
-    metrics_log = MetricsLogger(
-        str(run_dir), tensorboard=cfg.tracking.tensorboard, wandb_project=cfg.tracking.wandb_project
-    )
     timeline = Timeline(str(run_dir / "trace.json"))
-    ctx = LoopContext(cfg, data, rewards, rollout, trainer, timeline)
+    ctx = LoopContext(cfg, data, rewards, groups, timeline)
+    start = checkpointing.restore(ctx, sampler) if cfg.resume else 0
+    metrics_log = MetricsLogger(
+        str(run_dir),
+        tensorboard=cfg.tracking.tensorboard,
+        wandb_project=cfg.tracking.wandb_project,
+        purge_step=start + 1,
+    )
     publish_weights(ctx)  # the engine starts from the trainer's weights (fresh or resumed)
     final: dict[str, float] = {}
     try:
@@ -48,7 +51,7 @@ def run_training(cfg: RunConfig) -> dict[str, float]:
             metrics_log.log(validate(ctx, iteration=0), step=0)
         with Progress(cfg.iterations, enabled=cfg.tracking.progress, start_iteration=start) as progress:
             for it in range(start + 1, cfg.iterations + 1):
-                metrics = run_iteration(ctx, it, sampler.next_batch())
+                metrics = run_iteration(ctx, it, sampler)
                 if data.val and (it == cfg.iterations or (cfg.val_every and it % cfg.val_every == 0)):
                     with timeline.phase("validation", iteration=it):
                         final = validate(ctx, iteration=it)
@@ -59,50 +62,43 @@ def run_training(cfg: RunConfig) -> dict[str, float]:
                 timeline.flush()
                 if it == cfg.iterations or (cfg.checkpoint.every and it % cfg.checkpoint.every == 0):
                     with timeline.phase("checkpoint", iteration=it):
-                        checkpointing.save(cfg, it, trainer, sampler, data.tokenizer)
+                        checkpointing.save(ctx, it, sampler)
     finally:
         metrics_log.close()
         timeline.flush()
-        rollout.shutdown()
-        trainer.shutdown()
+        groups.shutdown()
     return final
 
 
 class LoopContext:
     """What one iteration needs: the config, the data, the reward runner, the worker groups, the timeline."""
 
-    def __init__(self, cfg: RunConfig, data: Any, rewards: Any, rollout: Any, trainer: Any, timeline: Any):
-        self.cfg, self.data, self.rewards = cfg, data, rewards
-        self.rollout, self.trainer, self.timeline = rollout, trainer, timeline
+    def __init__(self, cfg: RunConfig, data: Any, rewards: Any, groups: Any, timeline: Any):
+        self.cfg, self.data, self.rewards, self.timeline = cfg, data, rewards, timeline
+        self.rollout, self.trainer, self.critic = groups.rollout, groups.trainer, groups.critic
         self.decode = lambda ids: data.tokenizer.decode(ids, skip_special_tokens=True)
-        a = cfg.algorithm
-        self.needs_reference = a.kl_loss_coef > 0 or getattr(a, "kl_penalty_coef", 0.0) > 0
+        self.needs_reference = setup.needs_reference(cfg)
         self.temperature = cfg.rollout.temperature or 1.0
+        self.kl_controller = shaping.make_kl_controller(cfg.algorithm)
 
 
-def run_iteration(ctx: LoopContext, it: int, prompt_indices: list[int]) -> dict[str, float]:
-    """One iteration: sample, score, compute advantages, update, publish. Returns its metrics."""
+def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
+    """One iteration: sample and score, logprobs, advantages, update, publish. Returns its metrics."""
     cfg, tl = ctx.cfg, ctx.timeline
     t0 = time.perf_counter()
-    items = [ctx.data.train[i] for i in prompt_indices]
     with tl.phase("rollout", iteration=it):
-        trajs = generate(
-            ctx,
-            items,
-            B.sampling_params(cfg.rollout),
-            seed=cfg.seed * 1_000_003 + it * 10_007,
-            version=it - 1,
-        )
-    with tl.phase("reward", iteration=it):
-        reward_metrics = score(ctx, trajs)
+        trajs, collect_metrics = shaping.collect_groups(ctx, sampler, it)
     width = max(len(t.response_ids) for t in trajs)
     samples = B.train_samples(trajs, torch.zeros(len(trajs), width), None, None)
     with tl.phase("logprobs", iteration=it):
         old_lp = _logprobs(ctx, samples, "policy")
         ref_lp = _logprobs(ctx, samples, "reference") if ctx.needs_reference else None
+        values = critic_values(ctx, samples)
     with tl.phase("advantages", iteration=it):
-        adv, _ = B.compute_advantages(trajs, cfg.algorithm)
-        samples = B.train_samples(trajs, adv, old_lp, ref_lp)
+        token_rewards, kl_metrics = shaping.kl_penalty(ctx, trajs, old_lp, ref_lp)
+        adv, returns = B.compute_advantages(trajs, cfg.algorithm, token_rewards=token_rewards, values=values)
+        samples = B.train_samples(trajs, adv, old_lp, ref_lp, returns=returns, values=values)
+        filter_metrics = B.filter_zero_advantage(samples) if cfg.algorithm.filter_zero_advantage else {}
     with tl.phase("update", iteration=it):
         update_metrics = update_policy(ctx, samples, it)
     with tl.phase("publish", iteration=it):
@@ -111,7 +107,9 @@ def run_iteration(ctx: LoopContext, it: int, prompt_indices: list[int]) -> dict[
     diff_mean, diff_max = B.logprob_diff(old_lp, [t.sampler_logprobs for t in trajs])
     tokens = sum(t.num_tokens for t in trajs)
     return {
-        **reward_metrics,
+        **collect_metrics,
+        **kl_metrics,
+        **filter_metrics,
         **update_metrics,
         **rollout_metrics(trajs),
         "rollout/logprob_diff_mean": diff_mean,
@@ -121,6 +119,15 @@ def run_iteration(ctx: LoopContext, it: int, prompt_indices: list[int]) -> dict[
         "perf/tokens_per_s": tokens / max(elapsed, 1e-9),
         **{f"time/{k}": v for k, v in tl.last_durations().items()},
     }
+
+
+def critic_values(ctx: LoopContext, samples: list[Any]) -> torch.Tensor | None:
+    """The critic's value of every response token, padded [B, T]; None without a critic."""
+    if ctx.critic is None:
+        return None
+    shards = B.shard(samples, ctx.critic.num_workers)
+    rows = [v for part in ctx.critic.call_split("compute_values", shards) for v in part]
+    return B.padded(rows, max(1, max(len(r) for r in rows)))
 
 
 def generate(ctx: LoopContext, items: list[Any], params: Any, *, seed: int, version: int) -> list[Any]:
@@ -166,23 +173,31 @@ def _logprobs(ctx: LoopContext, samples: list[Any], which: str) -> list[list[flo
 
 
 def update_policy(ctx: LoopContext, samples: list[Any], it: int) -> dict[str, float]:
-    """`epochs_per_rollout` passes of mini-batches of `trajectories_per_update`; one optimizer step each."""
-    t = ctx.cfg.train
+    """`epochs_per_rollout` passes of mini-batches of `trajectories_per_update`; one optimizer step each.
+
+    With a critic, each mini-batch also updates the critic; during `critic_warmup_iterations` only the
+    critic learns.
+    """
+    t, a = ctx.cfg.train, ctx.cfg.algorithm
     gen = torch.Generator().manual_seed(ctx.cfg.seed * 7919 + it) if t.shuffle_mini_batches else None
+    train_actor = it > a.critic_warmup_iterations
     sums: dict[str, float] = {}
     steps = 0
     for _ in range(t.epochs_per_rollout):
         for idx in B.mini_batches(len(samples), t.trajectories_per_update, gen):
             mb = [samples[i] for i in idx]
-            total_tokens = float(sum(sum(s.loss_mask) for s in mb))
-            shards = B.shard(mb, ctx.trainer.num_workers)
-            per_worker = ctx.trainer.call_split(
-                "update", shards, total_tokens=total_tokens, total_seqs=float(len(mb))
-            )
-            for k, v in _mean_dicts(per_worker).items():
+            totals = {"total_tokens": float(sum(sum(s.loss_mask) for s in mb)), "total_seqs": float(len(mb))}
+            results: list[dict[str, float]] = []
+            if ctx.critic is not None:
+                results += ctx.critic.call_split("update", B.shard(mb, ctx.critic.num_workers), **totals)
+            if train_actor:
+                results += ctx.trainer.call_split("update", B.shard(mb, ctx.trainer.num_workers), **totals)
+            for k, v in _mean_dicts(results).items():
                 sums[k] = sums.get(k, 0.0) + v
             steps += 1
-    return {k: v / max(steps, 1) for k, v in sums.items()} | {"train/optimizer_steps": float(steps)}
+    return {k: v / max(steps, 1) for k, v in sums.items()} | {
+        "train/optimizer_steps": float(steps * train_actor)
+    }
 
 
 def publish_weights(ctx: LoopContext) -> float:
@@ -205,5 +220,6 @@ def rollout_metrics(trajs: list[Any]) -> dict[str, float]:
 
 
 def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
+    """Mean of each key over the dicts that report it (policy and critic workers report different keys)."""
     keys = {k for d in dicts for k in d}
-    return {k: sum(d.get(k, 0.0) for d in dicts) / len(dicts) for k in keys}
+    return {k: sum(d[k] for d in dicts if k in d) / sum(k in d for d in dicts) for k in keys}

@@ -100,3 +100,28 @@ class TrainerWorker:
     def load(self, path: str) -> None:
         self.policy.load(path)
 
+
+class CriticWorkerActor:
+    """One data-parallel rank of the critic (wraps `ascent.trainer.critic.CriticWorker`)."""
+
+    def __init__(self, trainer_kwargs: dict[str, Any], seed: int, run_dir: str | None = None) -> None:
+        from ascent.models.loading import resolve_device
+        from ascent.trainer.critic import CriticWorker
+
+        kwargs = {k: v for k, v in trainer_kwargs.items() if k not in ("temperature", "need_reference")}
+        device = resolve_device(kwargs.pop("device", "auto"))
+        init_distributed(device)
+        _seed_everything(seed + 7 + int(os.environ.get("RANK", "0")))
+        self.critic = CriticWorker.from_config(device=device, **kwargs)
+
+    def compute_values(self, samples: list[TrainSample]) -> list[list[float]]:
+        return self.critic.compute_values(samples)
+
+    def update(self, samples: list[TrainSample], total_tokens: float, total_seqs: float) -> dict[str, float]:
+        return self.critic.update(samples, total_tokens=total_tokens, total_seqs=total_seqs)
+
+    def save(self, path: str) -> None:
+        self.critic.save(path)
+
+    def load(self, path: str) -> None:
+        self.critic.load(path)

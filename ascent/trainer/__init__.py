@@ -1,10 +1,11 @@
 """The policy update (design: "trainer/"): packing, chunked logprobs/entropy, optimizer, checkpoints, LoRA.
 
-`PolicyWorker` is the worker the controller calls; the modules below it are plain functions that take flat
-arguments and can be tested alone.
+`PolicyWorker` and `CriticWorker` (the value model of PPO with GAE) are the workers the controller calls;
+the modules below them are plain functions that take flat arguments and can be tested alone.
 """
 
 from ascent.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ascent.trainer.critic import CriticWorker
 from ascent.trainer.logprobs import token_logprobs
 from ascent.trainer.loss import LossSettings, minibatch_totals
 from ascent.trainer.packing import PackedBatch, pack, plan_micro_batches
@@ -12,6 +13,7 @@ from ascent.trainer.policy import PolicyWorker, TrainerOutOfMemory
 from ascent.trainer.settings import LoraSettings, OptimSettings
 
 __all__ = [
+    "CriticWorker",
     "LoraSettings",
     "LossSettings",
     "OptimSettings",

@@ -61,8 +61,9 @@ class PackedBatch:
 
     `input_ids`, `position_ids`: [1, N] long. Flat per-response-token tensors, [M]: `logit_index` (long,
     position in the row of the logit that predicts the token), `targets` (long), `loss_mask` (float 0/1),
-    `advantages` (float), `seq_ids` (long 0..S-1); `old_logprobs`, `ref_logprobs`, `sampler_logprobs` are
-    float [M] or None when any sample lacks them. `response_lens`: S ints, to split [M] back per sequence.
+    `advantages` (float), `seq_ids` (long 0..S-1); `old_logprobs`, `ref_logprobs`, `sampler_logprobs` and the
+    critic's targets `returns`, `old_values` are float [M] or None when any sample lacks them.
+    `response_lens`: S ints, to split [M] back per sequence.
     """
 
     input_ids: Tensor
@@ -76,6 +77,8 @@ class PackedBatch:
     ref_logprobs: Tensor | None
     sampler_logprobs: Tensor | None
     response_lens: list[int]
+    returns: Tensor | None = None
+    old_values: Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -90,13 +93,24 @@ class PackedBatch:
         return [t.tolist() for t in flat.detach().float().cpu().split(self.response_lens)]
 
 
+_PER_TOKEN = (
+    "loss_mask",
+    "advantages",
+    "old_logprobs",
+    "ref_logprobs",
+    "sampler_logprobs",
+    "returns",
+    "old_values",
+)
+
+
 def _check_sample(i: int, s: TrainSample) -> None:
     r = len(s.response_ids)
     if not s.prompt_ids:
         raise ValueError(
             f"sample {i}: empty prompt_ids; the first response token needs a token to predict it."
         )
-    for name in ("loss_mask", "advantages", "old_logprobs", "ref_logprobs", "sampler_logprobs"):
+    for name in _PER_TOKEN:
         v = getattr(s, name)
         if v is not None and len(v) != r:
             raise ValueError(f"sample {i}: {name} has {len(v)} entries but response_ids has {r}.")
@@ -141,4 +155,6 @@ def pack(samples: Sequence[TrainSample], device: torch.device | str = "cpu") -> 
         ref_logprobs=_optional_flat(samples, "ref_logprobs", device),
         sampler_logprobs=_optional_flat(samples, "sampler_logprobs", device),
         response_lens=[len(s.response_ids) for s in samples],
+        returns=_optional_flat(samples, "returns", device),
+        old_values=_optional_flat(samples, "old_values", device),
     )

@@ -3,9 +3,6 @@ stop at the edge").
 
 `settings_from_config(model_cfg, train_cfg, algo_cfg, ...)` turns ModelConfig / TrainConfig / AlgorithmConfig
 into the keyword arguments of `PolicyWorker`; nothing else in `ascent.trainer` reads a config object.
-Rollout correction has no dedicated config fields yet: it is read from `algorithm.options`
-(`rollout_correction`: none | tis | mis, `rollout_correction_level`, `rollout_correction_threshold`,
-`rollout_correction_threshold_low`).
 """
 
 from __future__ import annotations
@@ -68,16 +65,16 @@ class OptimSettings:
 
 
 def loss_settings_from_config(algo_cfg: Any, max_new_tokens: int | None = None) -> LossSettings:
-    """AlgorithmConfig -> LossSettings (policy-loss options, KL, entropy, Dr. GRPO divisor, correction)."""
-    options = dict(algo_cfg.options)
-    mode = options.pop("rollout_correction", None)
-    mode = None if mode in (None, "none", False) else mode
-    correction = {short: options.pop(key) for key, short in _CORRECTION_KEYS.items() if key in options}
-    loss_opts = {
-        "clip_ratio_low": algo_cfg.clip_ratio_low,
-        "clip_ratio_high": algo_cfg.clip_ratio_high,
-        "dual_clip_c": algo_cfg.dual_clip_c,
-        **options,
+    """AlgorithmConfig -> LossSettings (policy-loss options, KL, entropy, Dr. GRPO divisor, correction).
+
+    Every AlgorithmConfig field (plus `options`) reaches the policy loss as a keyword; each loss reads the
+    ones it knows (clip ratios, dual-clip, gspo/cispo/sapo settings) and ignores the rest.
+    """
+    fields = algo_cfg.model_dump()
+    loss_opts = {**{k: v for k, v in fields.items() if k != "options"}, **algo_cfg.options}
+    mode = algo_cfg.rollout_correction
+    correction = {
+        short: fields[key] for key, short in _CORRECTION_KEYS.items() if fields.get(key) is not None
     }
     return LossSettings(
         policy_loss=algo_cfg.policy_loss,
@@ -87,7 +84,7 @@ def loss_settings_from_config(algo_cfg: Any, max_new_tokens: int | None = None) 
         kl_estimator=algo_cfg.kl_estimator,
         entropy_coef=algo_cfg.entropy_coef,
         max_len=algo_cfg.max_response_tokens_norm or max_new_tokens,
-        rollout_correction=mode,
+        rollout_correction=None if mode in (None, "none") else mode,
         correction_opts=correction,
     )
 

@@ -26,17 +26,23 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-def make(out: str | Path, *, digits: int = 2, sft: int = 2000, train: int = 4000, val: int = 200, seed: int = 0) -> Path:
+def make(
+    out: str | Path, *, digits: int = 2, sft: int = 2000, train: int = 4000, val: int = 200, seed: int = 0
+) -> Path:
     """Write sft.jsonl, train.jsonl and val.jsonl into `out`; returns the directory."""
     pairs = problems(digits, seed)
     if sft + train + val > len(pairs):
-        raise ValueError(f"--sft + --train + --val = {sft + train + val} exceeds the {len(pairs)} distinct problems")
+        raise ValueError(
+            f"--sft + --train + --val = {sft + train + val} exceeds the {len(pairs)} distinct problems"
+        )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b), "data_source": "addition"} for a, b in pairs]
     write_jsonl(out / "val.jsonl", rows[:val])
     write_jsonl(out / "train.jsonl", rows[val : val + train])
-    sft_rows = [{"prompt": r["prompt"], "response": r["answer"]} for r in rows[val + train : val + train + sft]]
+    sft_rows = [
+        {"prompt": r["prompt"], "response": r["answer"]} for r in rows[val + train : val + train + sft]
+    ]
     write_jsonl(out / "sft.jsonl", sft_rows)
     return out
 

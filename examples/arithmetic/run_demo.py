@@ -29,7 +29,19 @@ def sh(*args: str) -> None:
 
 
 def evaluate(model: str, data: str, out: str) -> float:
-    sh("eval", "--model", model, "--data", data, "--reward", "exact_match", "--max-new-tokens", "8", "--out", out)
+    sh(
+        "eval",
+        "--model",
+        model,
+        "--data",
+        data,
+        "--reward",
+        "exact_match",
+        "--max-new-tokens",
+        "8",
+        "--out",
+        out,
+    )
     rows = [json.loads(line) for line in Path(out).read_text().splitlines()]
     return sum(r["reward"] >= 1.0 for r in rows) / len(rows)
 
@@ -64,7 +76,9 @@ def main() -> None:
     sh("train", str(HERE / "grpo.yaml"), *over)
     ckpts = sorted((root / "grpo" / "checkpoints").glob("iter_*"))
     after = evaluate(str(ckpts[-1]), str(data / "val.jsonl"), str(root / "eval_after.jsonl"))
-    print(f"\nheld-out accuracy (200 unseen problems, greedy): before RL {before:.1%}  ->  after RL {after:.1%}")
+    print(
+        f"\nheld-out accuracy (200 unseen problems, greedy): before RL {before:.1%}  ->  after RL {after:.1%}"
+    )
     print(f"total time {time.time() - t0:.0f}s; curves: tensorboard --logdir {root / 'grpo' / 'tensorboard'}")
 
 

@@ -18,7 +18,9 @@ sys.path.insert(0, str(ROOT / "examples" / "arithmetic"))
 def tiny_model(tmp_path_factory) -> Path:
     from ascent.models.tiny import make_tiny_checkpoint
 
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny", hidden_size=32, num_layers=2, seed=0)
+    return make_tiny_checkpoint(
+        tmp_path_factory.mktemp("model") / "tiny", hidden_size=32, num_layers=2, seed=0
+    )
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +38,11 @@ def run_config(tmp_path: Path, model: Path, data: Path, **overrides) -> dict:
         "iterations": 3,
         "val_every": 2,
         "model": {"path": str(model)},
-        "data": {"train_path": str(data / "train.jsonl"), "val_path": str(data / "val.jsonl"), "max_prompt_tokens": 32},
+        "data": {
+            "train_path": str(data / "train.jsonl"),
+            "val_path": str(data / "val.jsonl"),
+            "max_prompt_tokens": 32,
+        },
         "rollout": {"prompts_per_step": 2, "samples_per_prompt": 4, "max_new_tokens": 4},
         "train": {"lr": 1e-3, "trajectories_per_update": 4, "max_tokens_per_micro_batch": 64},
         "tracking": {"progress": False},
@@ -62,5 +68,7 @@ def ascent(*args: str, timeout: float = 300, check: bool = True) -> subprocess.C
         [sys.executable, "-m", "ascent", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"ascent {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"ascent {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc

@@ -16,7 +16,9 @@ def test_bad_config_value_names_the_field(tmp_path, tiny_model, arithmetic_data)
 
 def test_unknown_key_is_reported(tmp_path, tiny_model, arithmetic_data):
     cfg = run_config(tmp_path, tiny_model, arithmetic_data)
-    proc = ascent("train", str(write_yaml(tmp_path / "r.yaml", cfg)), "rollout.samples_per_promt=4", check=False)
+    proc = ascent(
+        "train", str(write_yaml(tmp_path / "r.yaml", cfg)), "rollout.samples_per_promt=4", check=False
+    )
     assert proc.returncode == 2
     assert "samples_per_prompt" in proc.stdout + proc.stderr
 

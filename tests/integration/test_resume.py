@@ -18,13 +18,22 @@ def final_weights(run_dir):
 
 
 def test_sigkill_then_resume_matches_uninterrupted(tmp_path, tiny_model, arithmetic_data):
-    base = {"iterations": 5, "val_every": 0, "checkpoint": {"every": 1, "keep_last": 2}, "data.val_path": None}
+    base = {
+        "iterations": 5,
+        "val_every": 0,
+        "checkpoint": {"every": 1, "keep_last": 2},
+        "data.val_path": None,
+    }
     a = run_config(tmp_path / "a", tiny_model, arithmetic_data, **base)
     ascent("train", str(write_yaml(tmp_path / "a.yaml", a)))
 
     b = run_config(tmp_path / "b", tiny_model, arithmetic_data, **base)
     b_yaml = write_yaml(tmp_path / "b.yaml", b)
-    proc = subprocess.Popen([sys.executable, "-m", "ascent", "train", str(b_yaml)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ascent", "train", str(b_yaml)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     ckpts = tmp_path / "b" / "run" / "checkpoints"
     deadline = time.time() + 240
     while not (ckpts / "iter_000002" / "state.json").exists():

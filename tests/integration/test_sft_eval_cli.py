@@ -23,7 +23,17 @@ def test_sft_then_eval(tmp_path, tiny_model, arithmetic_data):
     final = tmp_path / "sft" / "final"
     assert (final / "model.safetensors").exists() and (final / "tokenizer.json").exists()
     out = tmp_path / "responses.jsonl"
-    proc = ascent("eval", "--model", str(final), "--data", str(arithmetic_data / "val.jsonl"), "--max-new-tokens", "4", "--out", str(out))
+    proc = ascent(
+        "eval",
+        "--model",
+        str(final),
+        "--data",
+        str(arithmetic_data / "val.jsonl"),
+        "--max-new-tokens",
+        "4",
+        "--out",
+        str(out),
+    )
     assert "accuracy" in proc.stdout
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 16 and all(r["reward"] in (0.0, 1.0) for r in rows)

@@ -15,7 +15,13 @@ def check_run(run_dir, iterations: int) -> None:
     steps = [x["step"] for x in lines if "reward/mean" in x]
     assert steps == list(range(1, iterations + 1))
     last = lines[-1]
-    for key in ("reward/mean", "rollout/logprob_diff_mean", "rollout/logprob_diff_max", "val/accuracy", "loss/policy"):
+    for key in (
+        "reward/mean",
+        "rollout/logprob_diff_mean",
+        "rollout/logprob_diff_max",
+        "val/accuracy",
+        "loss/policy",
+    ):
         assert key in last, key
     # sampler and trainer compute the same distribution on the same weights (fp32, CPU)
     assert last["rollout/logprob_diff_max"] < 1e-3

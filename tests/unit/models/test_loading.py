@@ -68,13 +68,13 @@ def test_load_model_gradient_checkpointing(tiny_dir: Path) -> None:
 
 def test_load_model_missing_dir_names_path(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
-    with pytest.raises(FileNotFoundError, match=r"nope.*no such directory.*local directories"):
+    with pytest.raises(ValueError, match=r"nope.*no such directory.*local directories"):
         load_model(missing, device="cpu")
 
 
 def test_load_model_dir_without_config(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(ValueError, match="no config.json"):
         load_model(tmp_path, device="cpu")
 
 

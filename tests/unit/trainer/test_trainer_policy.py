@@ -152,7 +152,7 @@ def test_from_config(tiny_path):
     worker = PolicyWorker.from_config(
         ModelConfig(path=str(tiny_path)),
         TrainConfig(lr=3e-4, warmup_steps=2, schedule="cosine", max_tokens_per_micro_batch=64),
-        AlgorithmConfig(loss_aggregation="seq-mean-token-sum-norm", options={"rollout_correction": "tis"}),
+        AlgorithmConfig(loss_aggregation="seq-mean-token-sum-norm", rollout_correction="tis"),
         device="cpu",
         total_optimizer_steps=10,
         max_new_tokens=32,

@@ -1,0 +1,156 @@
+"""The fast rollout engine: our own decoder forward over a paged KV cache with continuous batching.
+
+Map: spec.py (architecture facts) -> weights.py (shared or owned tensors) -> layers.py / attention.py /
+triton_decode.py (math) -> runner.py (prefill, decode step) -> graphs.py (CUDA graphs) -> engine.py (the
+loop); pages.py, scheduler.py, sequence.py and state.py are its bookkeeping. `build_fast_engine` is the
+builder registered as `ENGINES["fast"]`. On CPU the same engine runs eagerly (slowly) for the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ascent.rollout.fast.engine import FastEngine
+from ascent.rollout.fast.graphs import default_buckets
+from ascent.rollout.fast.kv_cache import KVCache, pages_for_budget
+from ascent.rollout.fast.runner import ModelRunner
+from ascent.rollout.fast.spec import ModelSpec, rope_tables, spec_from_config
+from ascent.rollout.fast.weights import build_weights, load_state_dict, state_dict_of
+
+
+def _tokenizer_facts(path, eos_token_ids, pad_token_id, decode):
+    """Fill EOS ids, pad id and decode from the tokenizer at `path` where not given."""
+    if path is None or (eos_token_ids is not None and decode is not None):
+        return eos_token_ids, pad_token_id, decode
+    if not (Path(path) / "tokenizer_config.json").exists():
+        return eos_token_ids, pad_token_id, decode
+    from ascent.models.loading import load_tokenizer
+
+    tok = load_tokenizer(path)
+    eos_token_ids = eos_token_ids if eos_token_ids is not None else [tok.eos_token_id]
+    pad_token_id = pad_token_id if pad_token_id is not None else tok.pad_token_id
+    return eos_token_ids, pad_token_id, decode or tok.decode
+
+
+def _config_eos(config: Any) -> list[int]:
+    eos = getattr(config, "eos_token_id", None)
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+
+def _activation_reserve(spec: ModelSpec, max_batch_size: int, max_prefill_tokens: int, dtype) -> int:
+    """Bytes kept free for activations: decode logits + sampler temporaries, prefill MLP + attention."""
+    elt = torch.empty((), dtype=dtype).element_size()
+    decode = max_batch_size * spec.vocab_size * 4 * 8
+    prefill = max_prefill_tokens * (3 * spec.intermediate_size + 8 * spec.hidden_size) * elt * 2
+    return decode + prefill + (512 << 20)
+
+
+def _num_pages(spec, dtype, device, page_size, kv_cache_tokens, fraction, max_batch, max_len, reserve) -> int:
+    if kv_cache_tokens is not None:
+        return -(-kv_cache_tokens // page_size) + 1
+    if device.type == "cuda":
+        return pages_for_budget(spec, dtype, device, fraction, page_size, reserve)
+    return max_batch * -(-max_len // page_size) + 1
+
+
+def build_fast_engine(
+    model_path: str | Path | None = None,
+    model: nn.Module | None = None,
+    dtype: str | torch.dtype = "bf16",
+    device: str | torch.device = "auto",
+    eos_token_ids: Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+    decode: Callable[[list[int]], str] | None = None,
+    gpu_memory_fraction: float = 0.5,
+    max_batch_size: int = 256,
+    max_model_len: int | None = None,
+    *,
+    tokenizer_path: str | Path | None = None,
+    page_size: int = 64,
+    kv_cache_tokens: int | None = None,
+    cuda_graphs: bool | None = None,
+    compile: bool | None = None,
+    attention: str | None = None,
+    sampler: str | None = None,
+    attn_options: dict | None = None,
+    keep_sessions: bool = True,
+    max_prefill_tokens: int = 16384,
+    stop_check_interval: int = 8,
+    share_weights: bool | None = None,
+    **unused: Any,
+) -> FastEngine:
+    """A FastEngine on `model` (weights shared when dtype and device match) or the checkpoint at `model_path`.
+
+    The KV cache takes what `gpu_memory_fraction` of the GPU leaves after the weights and an activation
+    reserve (or `kv_cache_tokens` tokens, the default on CPU being max_batch_size * max_model_len).
+    `cuda_graphs`/`compile` default to on for CUDA; `attention` and `sampler` are "triton" (CUDA) or
+    "torch"; `attn_options` (splits, block_n, num_warps, num_stages) tune the Triton decode kernel.
+    `share_weights=False` copies a given module's weights (fused q/k/v and gate/up) even when they could
+    be shared; `unused` swallows options meant for other engines.
+    """
+    from ascent.models.loading import resolve_device, torch_dtype
+
+    dt, dev = torch_dtype(dtype), resolve_device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if model is None and model_path is None:
+        raise ValueError("rollout.engine=fast needs model.path (or a model module) to load weights from.")
+    if model is not None:
+        config, sd = model.config, state_dict_of(model)
+        can_share = all(t.dtype == dt and t.device == dev for t in sd.values())
+        share = can_share if share_weights is None else (share_weights and can_share)
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(model_path), local_files_only=True)
+        sd, share = load_state_dict(str(model_path)), False
+    eos_token_ids, pad_token_id, decode = _tokenizer_facts(
+        tokenizer_path or model_path, eos_token_ids, pad_token_id, decode
+    )
+    spec = spec_from_config(config)
+    max_len = int(max_model_len or spec.max_position_embeddings)
+    if spec.sliding_window is not None and spec.sliding_window < max_len:
+        raise ValueError(f"sliding_window={spec.sliding_window} < max_model_len={max_len}: the fast engine has "
+                         "no sliding-window attention; set max_model_len <= the window.")  # fmt: skip
+    weights = build_weights(sd, spec, dt, dev, share)
+    del sd
+    reserve = _activation_reserve(spec, max_batch_size, max_prefill_tokens, dt)
+    pages = _num_pages(
+        spec, dt, dev, page_size, kv_cache_tokens, gpu_memory_fraction, max_batch_size, max_len, reserve
+    )
+    cache = KVCache(spec, pages, page_size, dt, dev)
+    on_cuda = dev.type == "cuda"
+    fast_default = "triton" if on_cuda and _has_triton() else "torch"
+    attention, sampler = attention or fast_default, sampler or fast_default
+    runner = ModelRunner(spec, weights, cache, rope_tables(config, spec, max_len, dt, dev), max_len,
+                         attention=attention, compile=on_cuda if compile is None else compile,
+                         attn_options=attn_options, sampler=sampler)  # fmt: skip
+    use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
+    return FastEngine(
+        runner,
+        weights,
+        eos_token_ids=list(eos_token_ids if eos_token_ids is not None else _config_eos(config)),
+        decode=decode,
+        max_batch_size=max_batch_size,
+        max_model_len=max_len,
+        buckets=default_buckets(max_batch_size) if use_graphs else None,
+        keep_sessions=keep_sessions,
+        max_prefill_tokens=max_prefill_tokens,
+        stop_check_interval=stop_check_interval,
+    )
+
+
+def _has_triton() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+__all__ = ["FastEngine", "build_fast_engine"]

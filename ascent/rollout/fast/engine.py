@@ -1,0 +1,327 @@
+"""FastEngine: continuous batching over the paged KV cache, behind the RolloutEngine protocol.
+
+The loop of `generate`:
+1. admit waiting requests while decode rows and cache pages allow: prefill each prompt once (reusing a
+   cached session prefix), fork it into its n samples, sample every sample's first token;
+2. launch a decode step over the active rows (a CUDA-graph replay on GPU), without waiting for it;
+3. process the previous step's tokens on the host (one step behind, so host work overlaps the GPU):
+   append, check stop tokens / stop strings / budgets, free finished rows for waiting requests.
+Rows are compacted when the batch shrinks to a smaller graph bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from ascent.rollout.fast.graphs import GraphRunner, pick_bucket
+from ascent.rollout.fast.pages import PageAllocator, SessionStore
+from ascent.rollout.fast.runner import ModelRunner
+from ascent.rollout.fast.scheduler import Admission, Scheduler
+from ascent.rollout.fast.sequence import Sequence, check_finished
+from ascent.rollout.fast.state import DecodeState, Flags
+from ascent.rollout.fast.weights import ModelWeights
+from ascent.rollout.sampling import SamplingTensors, split_seed, token_presence
+from ascent.types import Generation, GenerationRequest
+
+
+class FastEngine:
+    """See the module docstring; build one with `ascent.rollout.fast.build_fast_engine`."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        weights: ModelWeights,
+        *,
+        eos_token_ids: Iterable[int],
+        decode: Callable[[list[int]], str] | None,
+        max_batch_size: int,
+        max_model_len: int,
+        buckets: list[int] | None,
+        keep_sessions: bool = True,
+        max_prefill_tokens: int = 16384,
+        stop_check_interval: int = 8,
+    ):
+        self.runner, self.weights, self.cache = runner, weights, runner.cache
+        self.device = self.cache.device
+        self.eos = frozenset(int(t) for t in eos_token_ids)
+        self.decode, self.interval = decode, stop_check_interval
+        self.max_rows, self.max_model_len = max_batch_size, max_model_len
+        self.max_prefill_tokens = max_prefill_tokens
+        self.alloc = PageAllocator(self.cache.num_pages)
+        self.sessions = SessionStore(self.alloc)
+        self.sched = Scheduler(self.alloc, self.sessions, self.cache.page_size, keep_sessions)
+        max_pages = -(-max_model_len // self.cache.page_size)
+        self.state = DecodeState(max_batch_size, max_pages, runner.spec.vocab_size, self.device)
+        self.graphs = GraphRunner(self._graph_step, buckets) if buckets else None
+        self.lag = 1 if self.device.type == "cuda" else 0
+        self.rows: list[Sequence | None] = [None] * max_batch_size
+        self.free_rows = list(range(max_batch_size))
+        self.asleep, self._blocked = False, False
+        self._host = self._host_buffers()
+        self._ring = 0
+        self.stats = {"steps": 0, "prefills": 0, "compactions": 0, "launch_s": 0.0, "process_s": 0.0}
+        self.stats["prefill_tokens"] = 0
+
+    # ---- RolloutEngine protocol -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
+        """For each request, `params.n` generations in order (see ascent.rollout.base)."""
+        self.wake()
+        out: list[list[Generation | None]] = [[None] * r.params.n for r in requests]
+        seqs = self._expand(requests, out)
+        flags = Flags.of([r.params for r in requests])
+        if flags.penalty:
+            self.state.ensure_seen()
+        if self.graphs is not None and seqs:
+            self.graphs.capture(flags, min(len(seqs), self.max_rows))
+        self._run(flags)
+        for s in seqs:
+            out[s.req][s.sample] = s.generation()
+        return out  # type: ignore[return-value]
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Copy new weights in place (HF names, any device/dtype, any bucketing); drops cached sessions."""
+        self.weights.update(named_tensors)
+        self.sessions.clear()
+
+    def sleep(self) -> None:
+        """Free the KV cache and the decode graphs (cached sessions are lost)."""
+        if self.asleep:
+            return
+        if self.graphs is not None:
+            self.graphs.clear()
+        self.sessions.clear()
+        self.alloc.reset()
+        self.cache.free()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.asleep = True
+
+    def wake(self) -> None:
+        """Reallocate the KV cache (graphs are recaptured by the next generate)."""
+        if self.asleep:
+            self.cache.allocate()
+            self.asleep = False
+
+    # ---- requests -> sequences ------------------------------------------------------------------------
+
+    def _expand(self, requests: list[GenerationRequest], out: list[list[Any]]) -> list[Sequence]:
+        """Validate requests, queue their samples in groups; finished-at-once samples go straight to out."""
+        seqs: list[Sequence] = []
+        for pos, req in enumerate(requests):
+            p = req.params
+            if not req.prompt_ids:
+                raise ValueError(f"request {req.request_id}: prompt_ids is empty; give at least one token.")
+            if p.stop_strings and self.decode is None:
+                raise ValueError(f"request {req.request_id}: stop_strings need a decode callable; build the "
+                                 "engine with decode=tokenizer.decode (or a tokenizer_path).")  # fmt: skip
+            max_new = min(p.max_new_tokens, self.max_model_len - len(req.prompt_ids))
+            if max_new <= 0:
+                out[pos] = [Generation([], [], "length") for _ in range(p.n)]
+                continue
+            stop_ids = self.eos | frozenset(p.stop_token_ids)
+            group = []
+            for i in range(p.n):
+                seed = (
+                    split_seed(p.seed, i) if p.seed is not None else int(torch.randint(0, 2**62, ()).item())
+                )
+                group.append(
+                    Sequence(pos, i, list(req.prompt_ids), p, seed, max_new, stop_ids, req.session_id)
+                )
+            for start in range(0, p.n, self.max_rows):
+                self.sched.add(group[start : start + self.max_rows])
+            seqs += group
+        return seqs
+
+    # ---- the loop -------------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> int:
+        return self.max_rows - len(self.free_rows)
+
+    def _run(self, flags: Flags) -> None:
+        pending: deque = deque()
+        self._blocked = False
+        while self.sched.waiting or self.running:
+            if self.sched.waiting and self._want_admit():
+                self._drain(pending)
+                self._admit(flags)
+                if not self.running and self._blocked:
+                    raise RuntimeError(
+                        "a request does not fit in the KV cache even alone; raise gpu_memory_fraction "
+                        "(or kv_cache_tokens), or lower max_new_tokens / max_model_len."
+                    )
+            if not self.sched.waiting:
+                self._maybe_compact(pending)
+            t0 = time.perf_counter()
+            step = self._launch(flags)
+            self.stats["launch_s"] += time.perf_counter() - t0
+            if step is not None:
+                pending.append(step)
+            if pending and (step is None or len(pending) > self.lag):
+                self._process(pending.popleft())
+        self._drain(pending)
+
+    def _want_admit(self) -> bool:
+        if self._blocked:
+            return False
+        if not self.running:
+            return True
+        need = len(self.sched.waiting[0])
+        threshold = max(need, min(self.max_rows // 8, self.sched.waiting_rows))
+        return len(self.free_rows) >= threshold
+
+    def _admit(self, flags: Flags) -> None:
+        """Prefill admitted groups together, fork them into samples, sample first tokens, fill rows."""
+        adms = self.sched.admit(len(self.free_rows), self.max_prefill_tokens)
+        if not adms:
+            self._blocked = True
+            return
+        self.cache.copy_pages(*_unzip(c for a in adms for c in a.copies))
+        hidden = self.runner.prefill([a.prompt[a.reuse :] for a in adms], [a.reuse for a in adms],
+                                     [a.pages for a in adms])  # fmt: skip
+        self.cache.copy_pages(*_unzip(c for a in adms for c in self.sched.fork(a)))
+        self.stats["prefills"] += 1
+        self.stats["prefill_tokens"] += sum(len(a.prompt) - a.reuse for a in adms)
+        seqs = [s for a in adms for s in a.seqs]
+        first = self._sample_first(hidden, adms, seqs, flags)
+        live = []
+        for s, (tok, lp) in zip(seqs, first, strict=True):
+            s.tokens, s.logprobs, s.launched = [tok], [lp], 1
+            if check_finished(s, self.decode, self.interval):
+                self.sched.finish(s)
+            else:
+                s.row = heapq.heappop(self.free_rows)
+                self.rows[s.row] = s
+                live.append(s)
+        if live:
+            self.state.admit(live, [s.row for s in live])
+
+    def _sample_first(self, hidden: torch.Tensor, adms: list[Admission], seqs: list[Sequence], flags: Flags):
+        """hidden [G, H] (last prompt token of each group) -> [(token, logprob)] for every sample."""
+        idx = torch.tensor([i for i, a in enumerate(adms) for _ in a.seqs], device=self.device)
+        st = SamplingTensors.from_params([s.params for s in seqs], [s.seed for s in seqs], self.device)
+        st = dataclasses.replace(st, use_top_k_top_p=flags.top_k_top_p, use_min_p=flags.min_p,
+                                 use_penalty=flags.penalty, all_greedy=flags.all_greedy)  # fmt: skip
+        seen = None
+        if flags.penalty:
+            width = max(len(s.prompt) for s in seqs)
+            padded = [s.prompt + [-1] * (width - len(s.prompt)) for s in seqs]
+            seen = token_presence(torch.tensor(padded, device=self.device), self.runner.spec.vocab_size)
+        steps = torch.zeros(len(seqs), dtype=torch.long, device=self.device)
+        tokens, logprobs = self.runner.head_sample(hidden[idx], st, steps, seen)
+        return list(zip(tokens.tolist(), logprobs.tolist(), strict=True))
+
+    def _bucket(self, n: int) -> int:
+        return pick_bucket(self.graphs.buckets, n) if self.graphs is not None else n
+
+    def _launch(self, flags: Flags):
+        """Queue one decode step over the active rows -> (sequences, host tokens, host logprobs, event)."""
+        live, idle, new_pages = [], [], ([], [], [])
+        for s in self.rows:
+            if s is None:
+                continue
+            if s.exhausted:
+                if not s.idle:
+                    idle.append(s.row)
+                    s.idle = True
+                continue
+            page = self.sched.ensure_page(s)
+            if page is not None:
+                for lst, val in zip(new_pages, (s.row, len(s.pages) - 1, page), strict=True):
+                    lst.append(val)
+            live.append(s)
+        self.state.release(idle)
+        self.state.set_pages(*new_pages)
+        if not live:
+            return None
+        b = self._bucket(max(s.row for s in live) + 1)
+        max_ctx = max(s.num_cached for s in live) + 1
+        for s in live:
+            s.num_cached += 1
+            s.launched += 1
+        if self.graphs is not None:
+            self.graphs.replay(b, flags)
+        else:
+            self.runner.decode(self.state, b, flags, max_len=max_ctx)
+        self.stats["steps"] += 1
+        return (live, *self._to_host(b))
+
+    def _graph_step(self, b: int, flags: Flags) -> None:
+        self.runner.decode(self.state, b, flags)
+
+    def _host_buffers(self):
+        pin = self.device.type == "cuda"
+        return [
+            (torch.empty(self.max_rows, dtype=torch.long, pin_memory=pin),
+             torch.empty(self.max_rows, dtype=torch.float32, pin_memory=pin))
+            for _ in range(3)
+        ]  # fmt: skip
+
+    def _to_host(self, b: int):
+        """Start copying the step's outputs to host buffers -> (tokens, logprobs, event or None)."""
+        toks, lps = self._host[self._ring]
+        self._ring = (self._ring + 1) % len(self._host)
+        toks[:b].copy_(self.state.out_tokens[:b], non_blocking=True)
+        lps[:b].copy_(self.state.out_logprobs[:b], non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return toks, lps, event
+
+    def _process(self, step) -> None:
+        """Append a finished step's tokens; finish sequences that stop; free their rows."""
+        live, toks_t, lps_t, event = step
+        if event is not None:
+            event.synchronize()
+        t0 = time.perf_counter()
+        toks, lps = toks_t.tolist(), lps_t.tolist()
+        released = []
+        for s in live:
+            if s.finish is not None:
+                continue
+            s.tokens.append(toks[s.row])
+            s.logprobs.append(lps[s.row])
+            if check_finished(s, self.decode, self.interval):
+                self.sched.finish(s)
+                released.append(s.row)
+                self.rows[s.row] = None
+                heapq.heappush(self.free_rows, s.row)
+                self._blocked = False
+        self.state.release(released)
+        self.stats["process_s"] += time.perf_counter() - t0
+
+    def _drain(self, pending: deque) -> None:
+        while pending:
+            self._process(pending.popleft())
+
+    def _maybe_compact(self, pending: deque) -> None:
+        """Move active rows to the front when that lets a smaller bucket (graph) run the step."""
+        used = [r for r, s in enumerate(self.rows) if s is not None]
+        if not used or self._bucket(used[-1] + 1) <= self._bucket(len(used)):
+            return
+        self._drain(pending)
+        used = [r for r, s in enumerate(self.rows) if s is not None]
+        if not used:
+            return
+        self.state.compact(used, used[-1] + 1)
+        moved = [self.rows[r] for r in used]
+        for i, s in enumerate(moved):
+            s.row = i
+        self.rows = moved + [None] * (self.max_rows - len(moved))
+        self.free_rows = list(range(len(moved), self.max_rows))
+        self.stats["compactions"] += 1
+
+
+def _unzip(pairs: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    pairs = list(pairs)
+    return [a for a, _ in pairs], [b for _, b in pairs]

@@ -1,0 +1,66 @@
+"""CUDA graphs of the decode step, one per (batch-size bucket, sampling flags).
+
+A step over b active rows runs the graph of the smallest bucket >= b; rows past b in that bucket are idle.
+Graphs read and write only persistent tensors (DecodeState, KV cache, weights), so a replay needs no
+input copies. Capture happens while every row is idle (at the start of `generate`), because warm-up and
+capture execute the step for real. Larger buckets are captured first and all share one memory pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+
+import torch
+
+
+def default_buckets(max_rows: int) -> list[int]:
+    """2, 4, 8, 16, 32, then steps of 16 to 64, of 32 beyond, ending at max_rows."""
+    out, b = [], 2
+    while b < max_rows:
+        out.append(b)
+        b = b * 2 if b < 32 else b + (16 if b < 64 else 32)
+    return sorted(set(out + [max_rows]))
+
+
+def pick_bucket(buckets: list[int], n: int) -> int:
+    """Smallest bucket holding n rows."""
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} rows exceed the largest bucket {buckets[-1]}")
+
+
+class GraphRunner:
+    """Captures `step(b, key)` per bucket b and replays it."""
+
+    def __init__(self, step: Callable[[int, Hashable], None], buckets: list[int]):
+        self.step, self.buckets = step, buckets
+        self.graphs: dict[tuple[int, Hashable], torch.cuda.CUDAGraph] = {}
+        self.pool = None
+
+    def capture(self, key: Hashable, up_to: int) -> None:
+        """Capture the graphs of `key` for every bucket needed by up to `up_to` rows (rows must be idle)."""
+        top = pick_bucket(self.buckets, up_to)
+        for b in sorted((b for b in self.buckets if b <= top), reverse=True):
+            if (b, key) in self.graphs:
+                continue
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.step(b, key)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.step(b, key)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[(b, key)] = graph
+
+    def replay(self, b: int, key: Hashable) -> None:
+        self.graphs[(b, key)].replay()
+
+    def clear(self) -> None:
+        """Drop every graph and its memory pool (sleep, or the cache moved)."""
+        self.graphs.clear()
+        self.pool = None

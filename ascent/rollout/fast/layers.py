@@ -1,0 +1,91 @@
+"""The per-token math of one decoder layer, written as plain functions of tensors (no nn.Module).
+
+Every function works on flat token batches x [T, H] (T = decode rows, or padded prefill tokens), takes the
+weights as arguments, and makes no host sync, so one `torch.compile` of each serves all layers and every
+batch size, and the results can be captured in a CUDA graph. Attention itself lives in attention.py.
+The arithmetic follows transformers' Qwen2/Qwen3/Llama modules (RMSNorm in fp32, RoPE in the model dtype),
+so fp32 results agree with HF to rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ascent.rollout.fast.spec import ModelSpec
+
+
+def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    """x [..., H], w [H] -> [..., H]: normalise in fp32, cast back, then scale (as HF does)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return w * x32.to(x.dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [T, heads, d], cos/sin [T, d] -> x rotated (rotate-half convention)."""
+    c, s = cos[:, None, :], sin[:, None, :]
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * c + torch.cat((-x2, x1), dim=-1) * s
+
+
+def _linear_parts(x: Tensor, ws: tuple[Tensor, ...], bs: tuple[Tensor | None, ...] | None) -> Tensor:
+    """x [T, H] through one fused matrix or several stacked ones -> [T, sum of outputs]."""
+    if len(ws) == 1:
+        return F.linear(x, ws[0], bs[0] if bs else None)
+    return torch.cat([F.linear(x, w, bs[i] if bs else None) for i, w in enumerate(ws)], dim=-1)
+
+
+class LayerMath:
+    """The layer functions for one architecture; the spec's sizes are constants for the compiler."""
+
+    def __init__(self, spec: ModelSpec):
+        self.nh, self.kvh, self.d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.eps = spec.rms_eps
+        self.splits = (spec.q_size, spec.kv_size, spec.kv_size)
+        self.inter = spec.intermediate_size
+
+    def attn_in(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        ln_w: Tensor,
+        qkv_w: tuple[Tensor, ...],
+        qkv_b: tuple[Tensor | None, ...],
+        q_norm: Tensor | None,
+        k_norm: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """x [T, H] -> q [T, nh, d], k [T, kvh, d], v [T, kvh, d] (normed, projected, rotated)."""
+        h = rms_norm(x, ln_w, self.eps)
+        qkv = _linear_parts(h, qkv_w, qkv_b if qkv_b[0] is not None else None)
+        t, nq = qkv.shape[0], self.nh + self.kvh
+        v = qkv[:, nq * self.d :].view(t, self.kvh, self.d)
+        if q_norm is None:  # rotate q and k together: one fused kernel, q and k are views of its output
+            qk = apply_rope(qkv[:, : nq * self.d].view(t, nq, self.d), cos, sin)
+            return qk[:, : self.nh], qk[:, self.nh :], v
+        q, k, _ = qkv.split(self.splits, dim=-1)
+        q = rms_norm(q.reshape(t, self.nh, self.d), q_norm, self.eps)
+        k = rms_norm(k.reshape(t, self.kvh, self.d), k_norm, self.eps)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def attn_out(
+        self,
+        x: Tensor,
+        attn: Tensor,
+        o_w: Tensor,
+        ln_w: Tensor,
+        gate_up_w: tuple[Tensor, ...],
+        down_w: Tensor,
+    ) -> Tensor:
+        """x [T, H] residual, attn [T, nh*d] -> x after o_proj, residual add and the SwiGLU MLP."""
+        x = x + F.linear(attn, o_w)
+        h = rms_norm(x, ln_w, self.eps)
+        gu = _linear_parts(h, gate_up_w, None)
+        gate, up = gu.split(self.inter, dim=-1)
+        return x + F.linear(F.silu(gate) * up, down_w)
+
+    def logits(self, x: Tensor, norm_w: Tensor, lm_head: Tensor) -> Tensor:
+        """x [T, H] -> logits [T, V] in the model dtype."""
+        return F.linear(rms_norm(x, norm_w, self.eps), lm_head)

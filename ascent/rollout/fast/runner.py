@@ -1,0 +1,150 @@
+"""Forward passes of the fast engine: batched prompt prefill and one decode step, over the paged cache.
+
+`ModelRunner` strings the layer math (layers.py), the cache writes (kv_cache.py) and attention
+(attention.py / triton_decode.py) together. With `compile=True` the three per-token pieces (attention
+input, attention output + MLP, head + sampling) go through `torch.compile`; the same compiled code serves
+every layer, since weights are arguments. The decode step makes no host sync, so graphs.py can capture it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ascent.rollout.fast.attention import decode_attention_torch, prefill_attention, slots_for
+from ascent.rollout.fast.kv_cache import KVCache
+from ascent.rollout.fast.layers import LayerMath
+from ascent.rollout.fast.spec import ModelSpec
+from ascent.rollout.fast.state import DecodeState, Flags
+from ascent.rollout.fast.weights import ModelWeights
+from ascent.rollout.sampling import SamplingTensors, sample
+
+
+def _compile(fn: Callable) -> Callable:
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
+    torch._dynamo.config.accumulated_recompile_limit = max(
+        1024, torch._dynamo.config.accumulated_recompile_limit
+    )
+    return torch.compile(fn, fullgraph=False)
+
+
+class ModelRunner:
+    """Weights + KV cache + RoPE tables -> prefill hidden states and sampled decode steps."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        weights: ModelWeights,
+        cache: KVCache,
+        rope: tuple[Tensor, Tensor],
+        max_model_len: int,
+        attention: str = "torch",
+        compile: bool = False,
+        attn_options: dict | None = None,
+        sampler: str = "torch",
+    ):
+        self.spec, self.w, self.cache = spec, weights, cache
+        self.cos, self.sin = rope
+        self.ps, self.max_len = cache.page_size, max_model_len
+        self.scale = spec.head_dim**-0.5
+        self.attention, self.attn_options = attention, dict(attn_options or {})
+        self.math, self.sampler = LayerMath(spec), sampler
+        self.attn_in, self.attn_out, self.logits, self.sample = (
+            self.math.attn_in,
+            self.math.attn_out,
+            self.math.logits,
+            sample,
+        )
+        if compile:
+            self.attn_in, self.attn_out = _compile(self.attn_in), _compile(self.attn_out)
+            self.logits, self.sample = _compile(self.logits), _compile(sample)
+
+    def head_sample(self, x: Tensor, st: SamplingTensors, steps: Tensor, seen: Tensor | None):
+        """x [B, H] -> (tokens [B], logprobs [B]) through the final norm, the LM head and the sampler.
+
+        Plain temperature/greedy batches take the one-pass Triton sampler when `sampler="triton"`.
+        """
+        logits = self.logits(x, self.w.norm, self.w.lm_head)
+        if self.sampler == "triton" and not (st.use_top_k_top_p or st.use_min_p or st.use_penalty):
+            from ascent.rollout.fast.triton_sample import triton_sample
+
+            return triton_sample(logits, st.temperature, st.seeds, steps, st.all_greedy)
+        return self.sample(logits, st, steps, seen)
+
+    def _layers(self, x: Tensor, cos: Tensor, sin: Tensor, slots: Tensor | None, attend: Callable) -> Tensor:
+        """x [T, H] through every layer; K/V of the T tokens are written to `slots` [T] first (None: the
+        attention kernel writes them itself)."""
+        for i, lw in enumerate(self.w.layers):
+            q, k, v = self.attn_in(x, cos, sin, lw.ln1, lw.qkv_w, lw.qkv_b, lw.q_norm, lw.k_norm)
+            if slots is not None:
+                self.cache.write(i, slots, k, v)
+            x = self.attn_out(x, attend(i, q, k, v), lw.o_w, lw.ln2, lw.gate_up_w, lw.down_w)
+        return x
+
+    @torch.no_grad()
+    def prefill(self, suffixes: list[list[int]], starts: list[int], tables: list[list[int]]) -> Tensor:
+        """Prompt tokens after each row's cached prefix -> hidden state of each row's last token [B, H].
+
+        suffixes[i] sit at positions starts[i].. of a sequence whose pages are tables[i] (covering the whole
+        prompt). Rows are right-padded to the longest suffix; padding writes to the trash page.
+        """
+        dev, ps = self.cache.device, self.ps
+        b, lq = len(suffixes), max(len(s) for s in suffixes)
+        lens = torch.tensor([len(s) for s in suffixes])
+        ids = torch.tensor([s + [0] * (lq - len(s)) for s in suffixes], device=dev)
+        width = max(len(t) for t in tables)
+        bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+        start_t = torch.tensor(starts, device=dev)
+        pos = start_t[:, None] + torch.arange(lq, device=dev)[None, :]
+        valid = torch.arange(lq)[None, :] < lens[:, None]
+        pos_c = pos.clamp(max=min(width * ps, self.max_len) - 1)
+        slots = torch.where(valid.to(dev), slots_for(bt, pos_c, ps), 0).reshape(-1)
+        cos, sin = self.cos[pos_c].reshape(b * lq, -1), self.sin[pos_c].reshape(b * lq, -1)
+        nh, kvh, d = self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim
+        lk = max(s + len(x) for s, x in zip(starts, suffixes, strict=True))
+
+        def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            cached = None
+            if max(starts) > 0:
+                cached = (self.cache.k[i], self.cache.v[i], bt, start_t, lk)
+            out = prefill_attention(q.view(b, lq, nh, d), k.view(b, lq, kvh, d), v.view(b, lq, kvh, d),
+                                    self.scale, cached)  # fmt: skip
+            return out.reshape(b * lq, nh * d)
+
+        x = self._layers(F.embedding(ids.reshape(-1), self.w.embed), cos, sin, slots, attend)
+        return x.view(b, lq, -1)[torch.arange(b, device=dev), (lens - 1).to(dev)]
+
+    def _decode_attend(self, bt: Tensor, ctx: Tensor, max_len: int) -> Callable:
+        def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            kc, vc = self.cache.k[i], self.cache.v[i]
+            if self.attention == "triton":
+                from ascent.rollout.fast.triton_decode import paged_decode_attention
+
+                return paged_decode_attention(q, kc, vc, bt, ctx, self.scale, (k, v), **self.attn_options)
+            return decode_attention_torch(q, kc, vc, bt, ctx, max_len, self.scale)
+
+        return attend
+
+    @torch.no_grad()
+    def decode(self, st: DecodeState, b: int, flags: Flags, max_len: int | None = None) -> None:
+        """One decode step over rows [0, b) of `st`: writes st.out_tokens/out_logprobs and advances st.
+
+        Idle rows (active 0) have context 0: the Triton kernel skips them; the torch path writes their K/V
+        to the trash page through their all-zero block table. `max_len` bounds the context the torch attention reads (default max_model_len, as a graph needs).
+        """
+        pos = st.positions[:b].clamp(max=self.max_len - 1)
+        bt = st.block_tables[:b]
+        slots = None if self.attention == "triton" else slots_for(bt, pos[:, None], self.ps)[:, 0]
+        ctx = ((pos + 1) * st.active[:b]).to(torch.int32)
+        attend = self._decode_attend(bt, ctx, max_len or self.max_len)
+        x = self._layers(
+            F.embedding(st.input_ids[:b], self.w.embed), self.cos[pos], self.sin[pos], slots, attend
+        )
+        seen = st.seen[:b] if flags.penalty else None
+        tokens, logprobs = self.head_sample(x, st.sampling(b, flags), st.steps[:b], seen)
+        st.advance(b, tokens, logprobs, flags)

@@ -1,0 +1,85 @@
+"""Host state of one sampled sequence and its stop conditions (pure Python).
+
+A `Sequence` is one of the n samples of a request. Its counters follow the decode pipeline: `num_cached`
+counts prompt and generated tokens whose K/V are written (or being written by a launched step), `launched`
+counts tokens sampled or in flight, `tokens` / `logprobs` hold what has come back to the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ascent.types import Generation, SamplingParams
+
+
+@dataclass
+class Sequence:
+    req: int
+    sample: int
+    prompt: list[int]
+    params: SamplingParams
+    seed: int
+    max_new: int  # max_new_tokens capped by max_model_len
+    stop_ids: frozenset[int]
+    session_id: str | None = None
+    pages: list[int] = field(default_factory=list)
+    reserved: int = 0
+    num_cached: int = 0
+    launched: int = 0
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+    row: int = -1
+    idle: bool = False  # its decode row was made idle (token budget launched, last tokens in flight)
+    stop_checked: int = 0
+
+    @property
+    def exhausted(self) -> bool:
+        """No more decode steps to launch: the token budget is spent by sampled or in-flight tokens."""
+        return self.launched >= self.max_new
+
+    def generation(self) -> Generation:
+        return Generation(list(self.tokens), list(self.logprobs), self.finish or "abort")
+
+
+def stop_string_cut(
+    tokens: list[int], start: int, stops: tuple[str, ...], decode: Callable[[list[int]], str]
+) -> int | None:
+    """Smallest n such that decode(tokens[start:n]) contains a stop string, or None.
+
+    `start` should reach back far enough for the longest stop string (the caller keeps a look-back).
+    """
+    text = decode(tokens[start:])
+    if not any(s in text for s in stops):
+        return None
+    for n in range(start + 1, len(tokens) + 1):
+        piece = decode(tokens[start:n])
+        if any(s in piece for s in stops):
+            return n
+    return len(tokens)
+
+
+def check_finished(seq: Sequence, decode: Callable[[list[int]], str] | None, interval: int) -> bool:
+    """Update `seq.finish` from its newest token; truncate at a stop string. -> finished?
+
+    A stop token ends the sequence (and stays in it). Stop strings are checked on the host every `interval`
+    tokens and whenever the sequence ends otherwise; the sequence is cut after the token that completes
+    the string. Then the token budget ends it with "length".
+    """
+    stop_hit = bool(seq.tokens) and seq.tokens[-1] in seq.stop_ids
+    done = stop_hit or len(seq.tokens) >= seq.max_new
+    stops = seq.params.stop_strings
+    if stops and decode is not None and (done or len(seq.tokens) - seq.stop_checked >= interval):
+        look_back = max(len(s) for s in stops) + 2
+        cut = stop_string_cut(seq.tokens, max(0, seq.stop_checked - look_back), stops, decode)
+        seq.stop_checked = len(seq.tokens)
+        if cut is not None:
+            del seq.tokens[cut:], seq.logprobs[cut:]
+            seq.finish = "stop"
+            return True
+    if stop_hit:
+        seq.finish = "stop"
+    elif len(seq.tokens) >= seq.max_new:
+        seq.finish = "length"
+    return seq.finish is not None

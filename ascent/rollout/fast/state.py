@@ -1,0 +1,144 @@
+"""Per-row decode state on the device: what a (CUDA-graph captured) decode step reads and advances.
+
+Row r of every tensor belongs to one running sequence or is idle (active 0, block table all trash page 0,
+position 0: an idle row computes garbage that lands in the trash page and is never read). A decode step
+over rows [0, b) reads input_ids/positions/block_tables/sampling params, samples, then writes the sampled
+token back as the next input and advances positions and steps of active rows, so consecutive steps need
+no host round trip. The host only touches rows when sequences join, leave, or cross into a new page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from ascent.rollout.fast.sequence import Sequence
+from ascent.rollout.sampling import SamplingTensors, token_presence
+from ascent.types import SamplingParams
+
+
+class Flags(NamedTuple):
+    """Which optional sampling stages a batch needs (host bools; one captured graph per combination)."""
+
+    top_k_top_p: bool
+    min_p: bool
+    penalty: bool
+    all_greedy: bool
+
+    @classmethod
+    def of(cls, params: Seq[SamplingParams]) -> Flags:
+        return cls(
+            top_k_top_p=any(p.top_k > 0 or p.top_p < 1.0 for p in params),
+            min_p=any(p.min_p > 0 for p in params),
+            penalty=any(p.repetition_penalty != 1.0 for p in params),
+            all_greedy=all(p.temperature == 0 for p in params),
+        )
+
+
+class DecodeState:
+    """Device tensors [rows] (block_tables [rows, max_pages]) plus the step outputs."""
+
+    PARAMS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+
+    def __init__(self, rows: int, max_pages: int, vocab_size: int, device: torch.device):
+        self.rows, self.vocab_size, self.device = rows, vocab_size, device
+
+        def z(*shape, dtype=torch.long) -> Tensor:
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        self.input_ids, self.positions, self.active, self.steps = z(rows), z(rows), z(rows), z(rows)
+        self.block_tables = z(rows, max_pages, dtype=torch.int32)
+        self.temperature, self.top_p = z(rows, dtype=torch.float32) + 1, z(rows, dtype=torch.float32) + 1
+        self.top_k, self.min_p = z(rows), z(rows, dtype=torch.float32)
+        self.repetition_penalty, self.seeds = z(rows, dtype=torch.float32) + 1, z(rows)
+        self.seen: Tensor | None = None
+        self.out_tokens, self.out_logprobs = z(rows), z(rows, dtype=torch.float32)
+
+    def per_row(self) -> list[Tensor]:
+        """Every tensor indexed by row (what admission fills and compaction permutes)."""
+        base = [self.input_ids, self.positions, self.active, self.steps, self.block_tables, self.seeds]
+        base += [getattr(self, n) for n in self.PARAMS]
+        return base + ([self.seen] if self.seen is not None else [])
+
+    def ensure_seen(self) -> None:
+        """Allocate the [rows, V] token-presence mask repetition penalty needs (once)."""
+        if self.seen is None:
+            self.seen = torch.zeros(self.rows, self.vocab_size, dtype=torch.bool, device=self.device)
+
+    def sampling(self, b: int, flags: Flags) -> SamplingTensors:
+        """Sampling tensors of rows [0, b) with the batch's flags."""
+        return SamplingTensors(
+            temperature=self.temperature[:b],
+            top_k=self.top_k[:b],
+            top_p=self.top_p[:b],
+            min_p=self.min_p[:b],
+            repetition_penalty=self.repetition_penalty[:b],
+            seeds=self.seeds[:b],
+            use_top_k_top_p=flags.top_k_top_p,
+            use_min_p=flags.min_p,
+            use_penalty=flags.penalty,
+            all_greedy=flags.all_greedy,
+        )
+
+    def advance(self, b: int, tokens: Tensor, logprobs: Tensor, flags: Flags) -> None:
+        """After sampling rows [0, b): publish outputs, feed tokens back, step active rows forward."""
+        self.out_tokens[:b].copy_(tokens)
+        self.out_logprobs[:b].copy_(logprobs)
+        self.input_ids[:b].copy_(tokens)
+        act = self.active[:b]
+        self.positions[:b] += act
+        self.steps[:b] += act
+        if flags.penalty:
+            self.seen[:b].scatter_(1, tokens[:, None], True)
+
+    def admit(self, seqs: list[Sequence], rows: list[int]) -> None:
+        """Load freshly prefilled sequences (first token sampled) into `rows`."""
+        dev, idx = self.device, torch.tensor(rows, device=self.device)
+        width = self.block_tables.shape[1]
+        table = torch.zeros(len(rows), width, dtype=torch.int32)
+        for i, s in enumerate(seqs):
+            table[i, : len(s.pages)] = torch.tensor(s.pages, dtype=torch.int32)
+        self.block_tables.index_copy_(0, idx, table.to(dev))
+        longs = {
+            "input_ids": [s.tokens[-1] for s in seqs],
+            "positions": [s.num_cached for s in seqs],
+            "active": [1] * len(seqs),
+            "steps": [len(s.tokens) for s in seqs],
+            "seeds": [s.seed & ((1 << 63) - 1) for s in seqs],
+            "top_k": [s.params.top_k for s in seqs],
+        }
+        for name, vals in longs.items():
+            getattr(self, name).index_copy_(0, idx, torch.tensor(vals, dtype=torch.long, device=dev))
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
+            vals = [float(getattr(s.params, name)) for s in seqs]
+            getattr(self, name).index_copy_(0, idx, torch.tensor(vals, dtype=torch.float32, device=dev))
+        if self.seen is not None:
+            hist = [s.prompt + s.tokens for s in seqs]
+            width = max(len(h) for h in hist)
+            padded = torch.tensor([h + [-1] * (width - len(h)) for h in hist], dtype=torch.long, device=dev)
+            self.seen.index_copy_(0, idx, token_presence(padded, self.vocab_size))
+
+    def set_pages(self, rows: list[int], cols: list[int], pages: list[int]) -> None:
+        """block_tables[rows[i], cols[i]] = pages[i] (pages newly taken before a step)."""
+        if rows:
+            r = torch.tensor(rows, device=self.device)
+            c = torch.tensor(cols, device=self.device)
+            self.block_tables[r, c] = torch.tensor(pages, dtype=torch.int32, device=self.device)
+
+    def release(self, rows: list[int]) -> None:
+        """Make rows idle: inactive, position 0, every block-table entry the trash page."""
+        if rows:
+            idx = torch.tensor(rows, device=self.device)
+            self.active.index_fill_(0, idx, 0)
+            self.positions.index_fill_(0, idx, 0)
+            self.block_tables.index_fill_(0, idx, 0)
+
+    def compact(self, src_rows: list[int], old_end: int) -> None:
+        """Move rows src_rows[i] -> i for every per-row tensor; rows len(src)..old_end-1 become idle."""
+        idx = torch.tensor(src_rows, device=self.device)
+        for t in self.per_row():
+            t[: len(src_rows)] = t[idx]
+        self.release(list(range(len(src_rows), old_end)))

@@ -1,0 +1,157 @@
+"""Triton paged decode attention: one query token per row, grouped-query, split over the context.
+
+Program (row b, KV head h, split s) loads the G query heads that share KV head h (padded to 16 rows for the
+tensor cores), walks its share of the row's context in blocks of BLOCK_N tokens (one page-table lookup per
+block: a block lies inside one page, and a page of one head is contiguous) and keeps an online softmax.
+Every K/V byte up to the row's context length is read once per step, nothing past it. Optionally the
+program owning the newest position first writes that token's K/V into the cache. A second kernel merges
+the splits by their log-sum-exp.
+
+Runs under TRITON_INTERPRET=1 on CPU tensors too (the unit tests do that when triton is installed).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _split_kernel(
+    Q, K, V, KN, VN, BT, CTX, OP, LP, OUT, qk_scale,
+    stride_qb, stride_qh, stride_kp, stride_kh, stride_kb, stride_khn, stride_vb, stride_vhn, stride_bt,
+    stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_xb, stride_xh,
+    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, WRITE: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    ctx = tl.load(CTX + b)
+    per = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
+    start = s * per
+    end = tl.minimum(start + per, ctx)
+    offs_g = tl.arange(0, G_PAD)
+    offs_d = tl.arange(0, D)
+    offs_n = tl.arange(0, BLOCK_N)
+    k_base = K + h * stride_kh
+    v_base = V + h * stride_kh
+    if WRITE:  # the program covering the newest position stores its K/V first
+        last = ctx - 1
+        if (last >= start) & (last < end):
+            page = tl.load(BT + b * stride_bt + last // PAGE).to(tl.int64)
+            dst = page * stride_kp + (last % PAGE) * D + offs_d
+            tl.store(k_base + dst, tl.load(KN + b * stride_kb + h * stride_khn + offs_d))
+            tl.store(v_base + dst, tl.load(VN + b * stride_vb + h * stride_vhn + offs_d))
+            tl.debug_barrier()
+    heads = h * G + offs_g
+    gmask = offs_g < G
+    q = tl.load(
+        Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=gmask[:, None], other=0.0
+    )
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        page = tl.load(BT + b * stride_bt + n0 // PAGE).to(tl.int64)
+        tmask = n0 + offs_n < end
+        addr = page * stride_kp + ((n0 % PAGE) + offs_n)[:, None] * D + offs_d[None, :]
+        k = tl.load(k_base + addr, mask=tmask[:, None], other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        qk = tl.where(tmask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + addr, mask=tmask[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m_i = m_new
+    valid = l_i > 0
+    out = acc / tl.where(valid, l_i, 1.0)[:, None]
+    lse = tl.where(valid, m_i + tl.log2(tl.where(valid, l_i, 1.0)), float("-inf"))
+    if SPLITS == 1:  # no merge needed: write the final output
+        x_ptr = OUT + b * stride_xb + heads[:, None] * stride_xh + offs_d[None, :]
+        tl.store(x_ptr, out.to(OUT.dtype.element_ty), mask=gmask[:, None])
+    else:
+        o_ptr = OP + b * stride_ob + heads[:, None] * stride_oh + s * stride_os + offs_d[None, :]
+        tl.store(o_ptr, out, mask=gmask[:, None])
+        tl.store(LP + b * stride_lb + heads * stride_lh + s, lse, mask=gmask)
+
+
+@triton.jit
+def _combine_kernel(
+    OP, LP, OUT, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_xb, stride_xh,
+    SPLITS: tl.constexpr, S_PAD: tl.constexpr, D: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    hq = tl.program_id(1)
+    offs_s = tl.arange(0, S_PAD)
+    offs_d = tl.arange(0, D)
+    smask = offs_s < SPLITS
+    lse = tl.load(LP + b * stride_lb + hq * stride_lh + offs_s, mask=smask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)
+    denom = tl.sum(w, 0)
+    o_ptr = OP + b * stride_ob + hq * stride_oh + offs_s[:, None] * stride_os + offs_d[None, :]
+    o = tl.load(o_ptr, mask=smask[:, None], other=0.0)
+    out = tl.sum(o * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)
+    tl.store(OUT + b * stride_xb + hq * stride_xh + offs_d, out.to(OUT.dtype.element_ty))
+
+
+def choose_splits(batch: int, kv_heads: int, device: torch.device, max_splits: int = 16) -> int:
+    """Splits per row so that about two programs per multiprocessor run (a power of two, 1..max_splits)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    want = max(1, -(-2 * sms // max(1, batch * kv_heads)))
+    return min(max_splits, triton.next_power_of_2(want))
+
+
+def paged_decode_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    context_lens: Tensor,
+    scale: float,
+    new_kv: tuple[Tensor, Tensor] | None = None,
+    splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int | None = 3,
+) -> Tensor:
+    """q [B, nh, d], k/v cache [pages, kvh, ps, d], block_tables [B, P] int32, context_lens [B] int32
+    -> out [B, nh*d] in q's dtype; rows with context 0 get zeros.
+
+    `new_kv` = (k, v) [B, kvh, d] of the newest token (position context_len - 1): the kernel stores them
+    into the cache before attending, which saves the separate cache-write launches.
+    """
+    b, nh, d = q.shape
+    kvh, ps = k_cache.shape[1], k_cache.shape[2]
+    g = nh // kvh
+    block_n = block_n or min(ps, 64)
+    assert d & (d - 1) == 0 and ps % block_n == 0 and q.stride(-1) == 1 and k_cache.is_contiguous()
+    splits = splits or choose_splits(b, kvh, q.device)
+    op = torch.empty(b, nh, splits, d, dtype=torch.float32, device=q.device)
+    lp = torch.empty(b, nh, splits, dtype=torch.float32, device=q.device)
+    out = torch.empty(b, nh, d, dtype=q.dtype, device=q.device)
+    kn, vn = new_kv if new_kv is not None else (q, q)
+    assert kn.stride(-1) == 1 and vn.stride(-1) == 1
+    extra = {} if num_stages is None else {"num_stages": num_stages}
+    _split_kernel[(b, kvh, splits)](
+        q, k_cache, v_cache, kn, vn, block_tables, context_lens, op, lp, out, scale * LOG2E,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), kn.stride(0), kn.stride(1), vn.stride(0),
+        vn.stride(1), block_tables.stride(0), op.stride(0), op.stride(1), op.stride(2), lp.stride(0),
+        lp.stride(1), out.stride(0), out.stride(1),
+        G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=d, PAGE=ps, BLOCK_N=block_n, SPLITS=splits,
+        WRITE=new_kv is not None, num_warps=num_warps, **extra,
+    )  # fmt: skip
+    if splits > 1:
+        _combine_kernel[(b, nh)](
+            op, lp, out, op.stride(0), op.stride(1), op.stride(2), lp.stride(0), lp.stride(1),
+            out.stride(0), out.stride(1), SPLITS=splits, S_PAD=triton.next_power_of_2(splits), D=d,
+        )  # fmt: skip
+    return out.view(b, nh * d)

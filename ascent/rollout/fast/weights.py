@@ -1,0 +1,218 @@
+"""The fast engine's view of a model's weights, in Hugging Face naming, shared or owned.
+
+Two ways to hold them:
+- **shared**: the tensors of a trainer's `nn.Module` living on the same device in the same dtype are used
+  as they are (no copy). The trainer's in-place optimizer steps are seen by the next rollout directly.
+- **owned**: a private copy in the engine's dtype, with q/k/v fused into one matrix and gate/up into another
+  (fewer, larger matrix products per decode step).
+
+Either way `targets` maps every HF parameter name to the tensor (or the slice of a fused tensor) that holds
+it, so `update_weights` is one `copy_` per incoming tensor and never moves an address a captured CUDA graph
+reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ascent.rollout.fast.spec import ModelSpec
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer. `qkv_w` holds one fused [q+2kv, H] matrix or three; `gate_up_w` one or two."""
+
+    ln1: Tensor  # [H]
+    ln2: Tensor  # [H]
+    qkv_w: tuple[Tensor, ...]
+    qkv_b: tuple[Tensor | None, ...]
+    o_w: Tensor  # [H, nh*d]
+    q_norm: Tensor | None  # [d] (Qwen3)
+    k_norm: Tensor | None  # [d]
+    gate_up_w: tuple[Tensor, ...]
+    down_w: Tensor  # [H, I]
+
+
+@dataclass
+class ModelWeights:
+    """All weights plus `targets`: HF name -> tensor view that `update` copies into."""
+
+    embed: Tensor  # [V, H]
+    norm: Tensor  # [H]
+    lm_head: Tensor  # [V, H] (the embedding itself when tied)
+    layers: list[LayerWeights]
+    targets: dict[str, Tensor]
+    shared: bool
+
+    def update(self, named_tensors: Iterable[tuple[str, Tensor]] | Mapping[str, Tensor]) -> int:
+        """Copy new values in place, tensor by tensor (any device or dtype); -> number of tensors copied.
+
+        An unknown name is an error (rotary buffers are skipped); a tensor that already is the engine's
+        storage (shared weights) is not copied.
+        """
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        copied = 0
+        with torch.no_grad():
+            for name, tensor in items:
+                target = self.targets.get(name)
+                if target is None:
+                    if name.endswith("rotary_emb.inv_freq"):
+                        continue
+                    raise KeyError(
+                        f"update_weights: the engine has no parameter named {name!r} (names look like "
+                        "model.layers.0.self_attn.q_proj.weight); send Hugging Face names without wrapper "
+                        "prefixes such as 'module.'."
+                    )
+                if tensor.shape != target.shape:
+                    raise ValueError(
+                        f"update_weights: {name} has shape {tuple(tensor.shape)}, "
+                        f"the engine holds {tuple(target.shape)}."
+                    )
+                if tensor.data_ptr() == target.data_ptr() and tensor.dtype == target.dtype:
+                    continue
+                target.copy_(tensor, non_blocking=True)
+                copied += 1
+        return copied
+
+
+def _prefix(i: int) -> str:
+    return f"model.layers.{i}."
+
+
+def _get(sd: Mapping[str, Tensor], name: str, required: bool = True) -> Tensor | None:
+    if name in sd:
+        return sd[name]
+    if required:
+        raise KeyError(f"checkpoint has no tensor {name!r}; is this a Qwen2/Qwen3/Llama/Mistral causal LM?")
+    return None
+
+
+def _shared_layer(sd: Mapping[str, Tensor], i: int, targets: dict[str, Tensor]) -> LayerWeights:
+    """Layer i using the given tensors as they are (no copy, no fusion)."""
+    p = _prefix(i)
+    names = [n for n in sd if n.startswith(p)]
+    for n in names:
+        targets[n] = sd[n]
+    att, mlp = p + "self_attn.", p + "mlp."
+    return LayerWeights(
+        ln1=sd[p + "input_layernorm.weight"],
+        ln2=sd[p + "post_attention_layernorm.weight"],
+        qkv_w=tuple(sd[f"{att}{x}_proj.weight"] for x in "qkv"),
+        qkv_b=tuple(sd.get(f"{att}{x}_proj.bias") for x in "qkv"),
+        o_w=sd[att + "o_proj.weight"],
+        q_norm=sd.get(att + "q_norm.weight"),
+        k_norm=sd.get(att + "k_norm.weight"),
+        gate_up_w=(sd[mlp + "gate_proj.weight"], sd[mlp + "up_proj.weight"]),
+        down_w=sd[mlp + "down_proj.weight"],
+    )
+
+
+def _fused(parts: list[tuple[str, Tensor]], dtype, device, targets: dict[str, Tensor]) -> Tensor:
+    """Concatenate tensors along dim 0 into one owned tensor; register each slice under its name."""
+    fused = torch.cat([t.to(device=device, dtype=dtype) for _, t in parts], dim=0)
+    start = 0
+    for name, t in parts:
+        targets[name] = fused[start : start + t.shape[0]]
+        start += t.shape[0]
+    return fused
+
+
+def _owned_layer(sd: Mapping[str, Tensor], i: int, dtype, device, targets: dict[str, Tensor]) -> LayerWeights:
+    """Layer i copied into `dtype` on `device`, with q/k/v and gate/up fused."""
+    p = _prefix(i)
+    att, mlp = p + "self_attn.", p + "mlp."
+
+    def own(name: str, required: bool = True) -> Tensor | None:
+        t = _get(sd, name, required)
+        if t is None:
+            return None
+        targets[name] = t.to(device=device, dtype=dtype).clone()
+        return targets[name]
+
+    qkv_names = [f"{att}{x}_proj.weight" for x in "qkv"]
+    qkv_w = _fused([(n, _get(sd, n)) for n in qkv_names], dtype, device, targets)
+    bias_names = [f"{att}{x}_proj.bias" for x in "qkv"]
+    qkv_b = None
+    if all(n in sd for n in bias_names):
+        qkv_b = _fused([(n, sd[n]) for n in bias_names], dtype, device, targets)
+    gu_names = [mlp + "gate_proj.weight", mlp + "up_proj.weight"]
+    return LayerWeights(
+        ln1=own(p + "input_layernorm.weight"),
+        ln2=own(p + "post_attention_layernorm.weight"),
+        qkv_w=(qkv_w,),
+        qkv_b=(qkv_b,),
+        o_w=own(att + "o_proj.weight"),
+        q_norm=own(att + "q_norm.weight", False),
+        k_norm=own(att + "k_norm.weight", False),
+        gate_up_w=(_fused([(n, _get(sd, n)) for n in gu_names], dtype, device, targets),),
+        down_w=own(mlp + "down_proj.weight"),
+    )
+
+
+def _check_supported(sd: Mapping[str, Tensor], spec: ModelSpec) -> None:
+    """Raise for weights our forward would silently ignore (o_proj or MLP biases)."""
+    p = _prefix(0)
+    extra = [n for n in ("self_attn.o_proj.bias", "mlp.gate_proj.bias", "mlp.down_proj.bias") if p + n in sd]
+    if extra:
+        raise ValueError(
+            f"checkpoint has {extra}: the fast engine has no o_proj/MLP biases; use the reference engine."
+        )
+    qkv_bias = [p + f"self_attn.{x}_proj.bias" in sd for x in "qkv"]
+    if any(qkv_bias) and not all(qkv_bias):
+        raise ValueError("checkpoint has biases on some of q/k/v only; the fast engine needs all or none.")
+
+
+def build_weights(
+    sd: Mapping[str, Tensor], spec: ModelSpec, dtype: torch.dtype, device: torch.device, share: bool
+) -> ModelWeights:
+    """HF state dict (name -> tensor) -> ModelWeights; `share=True` uses the tensors without copying.
+
+    Sharing requires every tensor to already be on `device` in `dtype`; otherwise pass share=False.
+    """
+    _check_supported(sd, spec)
+    targets: dict[str, Tensor] = {}
+    if share:
+        bad = [n for n, t in sd.items() if t.dtype != dtype or t.device != device]
+        if bad:
+            raise ValueError(f"cannot share weights: {bad[0]} is {sd[bad[0]].dtype} on {sd[bad[0]].device}.")
+        layers = [_shared_layer(sd, i, targets) for i in range(spec.num_layers)]
+        targets["model.embed_tokens.weight"] = embed = sd["model.embed_tokens.weight"]
+        targets["model.norm.weight"] = norm = sd["model.norm.weight"]
+    else:
+        layers = [_owned_layer(sd, i, dtype, device, targets) for i in range(spec.num_layers)]
+        embed = targets["model.embed_tokens.weight"] = (
+            sd["model.embed_tokens.weight"].to(device, dtype).clone()
+        )
+        norm = targets["model.norm.weight"] = sd["model.norm.weight"].to(device, dtype).clone()
+    if spec.tie_word_embeddings or "lm_head.weight" not in sd:
+        lm_head = embed
+    elif share:
+        lm_head = sd["lm_head.weight"]
+    else:
+        lm_head = sd["lm_head.weight"].to(device, dtype).clone()
+    targets["lm_head.weight"] = lm_head
+    return ModelWeights(embed=embed, norm=norm, lm_head=lm_head, layers=layers, targets=targets, shared=share)
+
+
+def state_dict_of(model: torch.nn.Module) -> dict[str, Tensor]:
+    """The module's tensors by HF name, detached but sharing storage (tied names both present)."""
+    return {n: t.detach() for n, t in model.state_dict(keep_vars=True).items()}
+
+
+def load_state_dict(path: str) -> dict[str, Tensor]:
+    """Read every *.safetensors file of a local checkpoint directory onto the CPU."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"model_path={path!r} holds no *.safetensors files.")
+    sd: dict[str, Tensor] = {}
+    for f in files:
+        sd.update(load_file(str(f)))
+    return sd

@@ -1,0 +1,357 @@
+"""`CriticWorker`: the value model of PPO with GAE (design: "trainer/"), the sibling of `PolicyWorker`.
+
+The controller calls, per iteration: `compute_values(samples)` (the critic's values of the rollout: the
+`values` input of the `gae` estimator and the `old_values` of the value loss), then `update(mini_batch,
+total_tokens=..., total_seqs=...)` once per critic optimizer step, and `save(dir)` / `load(dir)` next to the
+policy's checkpoint (`<dir>/critic/`; the caller's staging directory makes it atomic).
+
+Model. `ValueModel` = the decoder stack of a causal LM checkpoint (the policy's path, or a separate critic
+checkpoint that shares the policy's tokenizer; its LM head is dropped) + `value_head = nn.Linear(H, 1)`
+initialised to zeros. Values are read from the hidden rows `packed.logit_index`, the positions that PREDICT
+the response tokens (the rows of the policy's logprobs): value[t] = V(prompt + response[:t]), the state in
+which token t is chosen. So the flat values [M] align 1:1 with response tokens and with the `returns` of `gae`.
+
+Loss. Per token `value_loss(values, old_values, returns, clip_range=value_clip)`, aggregated token-mean over
+the loss-mask tokens with the mini-batch's GLOBAL `total_tokens`: each micro-batch (and worker) adds its
+share, so the gradient does not depend on how the mini-batch is split. Missing `old_values` means on-policy
+data (old = values, no clipping).
+
+Precision and data parallelism follow `PolicyWorker`: fp32 master weights (`master_fp32`), forward under
+`torch.autocast(dtype)`, a GradScaler for fp16, gradients SUMMED over workers (`ascent.trainer.distributed`).
+The value head always runs in fp32. No LoRA: the critic is trained in full.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch as st
+import torch
+from torch import Tensor, nn
+
+from ascent.algorithms import LOSS_AGGREGATIONS
+from ascent.algorithms.value import value_clipfrac, value_loss
+from ascent.models.loading import load_model, resolve_device, torch_dtype
+from ascent.trainer.checkpoint import read_trainer_state, write_trainer_state
+from ascent.trainer.distributed import all_reduce_grads, all_reduce_max, all_reduce_sum, world_size
+from ascent.trainer.logprobs import unwrap_model
+from ascent.trainer.loss import MetricSums
+from ascent.trainer.optim import build_optimizer, build_scheduler
+from ascent.trainer.packing import PackedBatch, pack, plan_micro_batches
+from ascent.trainer.policy import TrainerOutOfMemory
+from ascent.trainer.settings import OptimSettings
+from ascent.types import TrainSample
+
+CRITIC_DIR = "critic"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class ValueModel(nn.Module):
+    """Decoder stack + scalar head: a packed micro-batch -> values [M] (fp32) of its response tokens."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        param = next(backbone.parameters())
+        self.value_head = nn.Linear(hidden_size, 1, device=param.device, dtype=torch.float32)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, packed: PackedBatch) -> Tensor:
+        """input_ids, position_ids [1, N] -> values [M] read at `logit_index` (block-causal via positions).
+
+        `attention_mask=None` and `use_cache=False` are both required for transformers to detect packing.
+        """
+        out = self.backbone(
+            input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False
+        )
+        hidden = out.last_hidden_state[0].index_select(0, packed.logit_index)  # [M, H]
+        with torch.autocast(hidden.device.type, enabled=False):
+            return self.value_head(hidden.float()).squeeze(-1)
+
+
+def load_value_model(
+    path: str | Path, param_dtype: torch.dtype, device: torch.device, grad_ckpt: bool, remote: bool
+) -> ValueModel:
+    """A causal LM checkpoint -> ValueModel (its decoder stack, LM head dropped, zero value head)."""
+    lm = unwrap_model(
+        load_model(path, param_dtype, device, gradient_checkpointing=grad_ckpt, trust_remote_code=remote)
+    )
+    backbone = lm.get_decoder() if hasattr(lm, "get_decoder") else getattr(lm, "model", None)
+    if backbone is None:
+        raise TypeError(f"{type(lm).__name__} at {str(path)!r}: expected a causal LM with get_decoder().")
+    config = backbone.config
+    hidden = getattr(config, "hidden_size", None) or config.get_text_config().hidden_size
+    return ValueModel(backbone, hidden).train()
+
+
+class CriticWorker:
+    """One critic process: value model, AdamW, LR schedule (see module doc)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        device: str | torch.device = "auto",
+        dtype: str = "fp32",
+        master_fp32: bool = True,
+        gradient_checkpointing: bool = False,
+        trust_remote_code: bool = False,
+        optim: OptimSettings | None = None,
+        value_clip: float | None = 0.2,
+        max_tokens_per_micro_batch: int = 8192,
+        parallelize: Callable[[nn.Module], nn.Module] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.device = resolve_device(device)
+        self.compute_dtype = torch_dtype(dtype)
+        self.optim_settings = optim or OptimSettings(lr=1e-5)
+        self.value_clip = value_clip
+        self.max_tokens = max_tokens_per_micro_batch
+        self.step = 0
+        if seed is not None:
+            torch.manual_seed(seed)
+        param_dtype = torch.float32 if master_fp32 else self.compute_dtype
+        self.value_model = load_value_model(
+            model_path, param_dtype, self.device, gradient_checkpointing, trust_remote_code
+        )
+        # Seam for FSDP2: a wrapper that shards the model and reduces (sums) gradients in backward.
+        self.grads_synced_by_wrapper = parallelize is not None
+        self.model: nn.Module = parallelize(self.value_model) if parallelize else self.value_model
+        self.optimizer = build_optimizer(self.model, **self.optim_settings.optimizer_kwargs())
+        self.scheduler = build_scheduler(self.optimizer, **self.optim_settings.scheduler_kwargs())
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.compute_dtype == torch.float16)
+
+    @classmethod
+    def from_config(
+        cls,
+        model_cfg: Any,
+        train_cfg: Any,
+        algo_cfg: Any,
+        *,
+        device: str | torch.device = "auto",
+        total_optimizer_steps: int = 0,
+        critic_path: str | Path | None = None,
+        **kwargs: Any,
+    ) -> CriticWorker:
+        """Build from ModelConfig, TrainConfig, AlgorithmConfig (critic_lr, value_clip); `critic_path`
+        overrides the backbone checkpoint (default: the policy's `model_cfg.path`)."""
+        t = train_cfg
+        optim = OptimSettings(
+            lr=algo_cfg.critic_lr,
+            weight_decay=t.weight_decay,
+            betas=tuple(t.betas),
+            eps=t.eps,
+            warmup_steps=t.warmup_steps,
+            schedule=t.schedule,
+            min_lr_ratio=t.min_lr_ratio,
+            total_steps=total_optimizer_steps,
+            max_grad_norm=t.max_grad_norm,
+        )
+        return cls(
+            critic_path or model_cfg.path,
+            device=device,
+            dtype=model_cfg.dtype,
+            gradient_checkpointing=model_cfg.gradient_checkpointing,
+            trust_remote_code=model_cfg.trust_remote_code,
+            optim=optim,
+            value_clip=algo_cfg.value_clip,
+            max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
+            **kwargs,
+        )
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        enabled = self.compute_dtype != torch.float32
+        return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=enabled)
+
+    # ------------------------------------------------------------------------------------------ values
+    @torch.no_grad()
+    def compute_values(self, samples: Sequence[TrainSample]) -> list[list[float]]:
+        """Per-response-token values of each sample, no grad, in input order (len = len(response_ids)).
+
+        Samples are packed into micro-batches of at most `max_tokens_per_micro_batch` tokens.
+        """
+        was_training = self.model.training
+        self.model.eval()
+        out: list[list[float]] = [[] for _ in samples]
+        try:
+            with self._autocast(), self._oom_guard(samples):
+                for idx in plan_micro_batches([s.num_tokens for s in samples], self.max_tokens):
+                    packed = pack([samples[i] for i in idx], self.device)
+                    for i, values in zip(idx, packed.split(self.model(packed)), strict=True):
+                        out[i] = values
+        finally:
+            self.model.train(was_training)
+        return out
+
+    # ------------------------------------------------------------------------------------------ update
+    def update(
+        self, samples: Sequence[TrainSample], *, total_tokens: float, total_seqs: float
+    ) -> dict[str, float]:
+        """ONE optimizer step on this worker's share of a mini-batch; returns metrics over the whole of it.
+
+        `total_tokens` (loss-mask tokens) and `total_seqs` are the mini-batch totals over ALL workers
+        (`minibatch_totals`). Every sample needs `returns`. Metrics: critic/loss, critic/value_mean,
+        critic/clipfrac, critic/explained_variance, critic/grad_norm, critic/lr, critic/skipped.
+        """
+        self.model.train()
+        micro = plan_micro_batches([s.num_tokens for s in samples], self.max_tokens)
+        ev_sums = torch.zeros(5, dtype=torch.float64, device=self.device)
+        try:
+            with self._oom_guard(samples):
+                metrics = self.accumulate(
+                    samples, micro, total_tokens=total_tokens, total_seqs=total_seqs, ev_sums=ev_sums
+                )
+                if not self.grads_synced_by_wrapper:
+                    all_reduce_grads(self.model.parameters())
+                lr = self.scheduler.get_last_lr()[0]
+                grad_norm, skipped = self._optimizer_step()
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+        metrics.reduce(all_reduce_sum, all_reduce_max)
+        out = metrics.result()
+        out.update(
+            {
+                "critic/explained_variance": explained_variance(all_reduce_sum(ev_sums)),
+                "critic/grad_norm": grad_norm,
+                "critic/lr": lr,
+                "critic/skipped": float(skipped),
+            }
+        )
+        return out
+
+    def accumulate(
+        self,
+        samples: Sequence[TrainSample],
+        micro_batches: Sequence[Sequence[int]],
+        *,
+        total_tokens: float,
+        total_seqs: float,
+        ev_sums: Tensor | None = None,
+    ) -> MetricSums:
+        """Forward + backward of each micro-batch (lists of sample indices); grads add up in .grad.
+
+        `ev_sums` [5] float64, if given, accumulates the sums of `explained_variance` (this worker's).
+        """
+        metrics = MetricSums()
+        for idx in micro_batches:
+            packed = pack([samples[i] for i in idx], self.device)
+            returns = _require_returns(packed, idx)
+            with self._autocast():
+                values = self.model(packed)
+            old = packed.old_values if packed.old_values is not None else values.detach()
+            per_token = value_loss(values, old, returns, clip_range=self.value_clip)
+            mask = packed.loss_mask
+            loss = LOSS_AGGREGATIONS["token-mean"](
+                per_token, mask, packed.seq_ids, total_tokens=total_tokens, total_seqs=total_seqs
+            )
+            self.scaler.scale(loss).backward()
+            count = mask.sum()
+            clipped = value_clipfrac(values, old, returns, self.value_clip)
+            metrics.add("critic/loss", loss)
+            metrics.add("critic/value_mean", (values.detach() * mask).sum(), count)
+            metrics.add("critic/clipfrac", (clipped * mask).sum(), count)
+            if ev_sums is not None:
+                ev_sums += explained_variance_sums(values.detach(), returns, mask)
+        return metrics
+
+    def _optimizer_step(self) -> tuple[float, bool]:
+        """Unscale, clip, step optimizer and scheduler; skip the optimizer step on a non-finite grad norm."""
+        self.scaler.unscale_(self.optimizer)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = self.optim_settings.max_grad_norm or math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        skipped = not math.isfinite(norm)
+        if skipped and not self.scaler.is_enabled():
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.step += 1
+        return norm, skipped
+
+    @contextlib.contextmanager
+    def _oom_guard(self, samples: Sequence[TrainSample]) -> Iterator[None]:
+        try:
+            yield
+        except torch.OutOfMemoryError as e:
+            self.optimizer.zero_grad(set_to_none=True)
+            longest = max((s.num_tokens for s in samples), default=0)
+            raise TrainerOutOfMemory(
+                f"out of accelerator memory in the critic worker (micro-batches of up to "
+                f"train.max_tokens_per_micro_batch={self.max_tokens} tokens; longest sequence {longest}). "
+                "Lower train.max_tokens_per_micro_batch (not below the longest sequence), set "
+                "model.gradient_checkpointing=true, use model.dtype=bf16, or use a smaller critic checkpoint."
+            ) from e
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def save(self, directory: str | Path) -> None:
+        """Write `<directory>/critic/`: model.safetensors (backbone + head), config.json, trainer_state.pt."""
+        if world_size() > 1 and torch.distributed.get_rank() != 0:
+            return  # replicated data parallelism: rank 0 holds everything
+        out = Path(directory) / CRITIC_DIR
+        out.mkdir(parents=True, exist_ok=True)
+        st.save_model(self.value_model, str(out / WEIGHTS_FILE))
+        self.value_model.backbone.config.save_pretrained(str(out))
+        write_trainer_state(
+            out,
+            optimizer_state=self.optimizer.state_dict(),
+            scheduler_state=self.scheduler.state_dict(),
+            scaler=self.scaler.state_dict(),
+            step=self.step,
+        )
+
+    def load(self, directory: str | Path) -> None:
+        """Restore weights, optimizer, scheduler, scaler and step from `save(directory)` (RNG: the policy's)."""
+        src = Path(directory) / CRITIC_DIR
+        if not (src / WEIGHTS_FILE).is_file():
+            raise FileNotFoundError(f"{str(src)!r} holds no critic ({WEIGHTS_FILE}); was it saved with one?")
+        missing, unexpected = st.load_model(
+            self.value_model, str(src / WEIGHTS_FILE), strict=False, device=str(self.device)
+        )
+        if missing or unexpected:
+            raise ValueError(
+                f"{str(src)!r}: critic weights do not match (missing {missing}, extra {unexpected})."
+            )
+        state = read_trainer_state(src, map_location="cpu")
+        if state.get("optimizer") is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step = int(state.get("step", 0))
+
+
+def _require_returns(packed: PackedBatch, idx: Sequence[int]) -> Tensor:
+    if packed.returns is None:
+        raise ValueError(
+            f"CriticWorker.update: samples {list(idx)} include one without `returns`; set TrainSample.returns "
+            "from the advantage estimator's returns (advantage=gae) before updating the critic."
+        )
+    return packed.returns
+
+
+def explained_variance_sums(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
+    """values, returns, mask [M] -> float64 [5]: masked count, sum R, sum R^2, sum (R - V), sum (R - V)^2."""
+    m = mask.double()
+    r, d = returns.double(), (returns - values).double()
+    return torch.stack([m.sum(), (m * r).sum(), (m * r * r).sum(), (m * d).sum(), (m * d * d).sum()])
+
+
+def explained_variance(sums: Tensor) -> float:
+    """sums [5] of `explained_variance_sums` (over micro-batches and workers) -> 1 - Var(R - V) / Var(R).
+
+    NaN when there are no tokens or Var(R) = 0 (every return equal).
+    """
+    n, sr, sr2, sd, sd2 = (float(x) for x in sums.cpu())
+    if n <= 0:
+        return float("nan")
+    var_r = sr2 / n - (sr / n) ** 2
+    var_d = sd2 / n - (sd / n) ** 2
+    return 1.0 - var_d / var_r if var_r > 1e-12 else float("nan")

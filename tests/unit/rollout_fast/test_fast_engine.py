@@ -1,0 +1,135 @@
+"""The fast engine on CPU against the reference engine: same tokens, same logprobs, same finish reasons."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ascent.rollout import ReferenceEngine
+from ascent.rollout.fast import build_fast_engine
+from ascent.types import GenerationRequest, SamplingParams
+
+
+def _requests(seed=0, lens=(5, 17, 26, 16, 3), n=(1, 3, 2, 1, 4), max_new=(12, 9, 16, 3, 10), **params):
+    g = torch.Generator().manual_seed(seed)
+    params.setdefault("temperature", 0.0)
+    return [
+        GenerationRequest(
+            torch.randint(4, 60, (length,), generator=g).tolist(),
+            SamplingParams(max_new_tokens=m, n=k, seed=100 + i, **params),
+            request_id=i,
+        )
+        for i, (length, k, m) in enumerate(zip(lens, n, max_new, strict=True))
+    ]
+
+
+def _tokens(out):
+    return [[(g.token_ids, g.finish_reason) for g in req] for req in out]
+
+
+def test_greedy_equals_reference_with_continuous_batching(engines):
+    ref, fast = engines(max_batch_size=4)
+    reqs = _requests(n=(1, 2, 1, 2, 1))
+    assert _tokens(fast.generate(reqs)) == _tokens(ref.generate(reqs))
+    assert fast.stats["prefills"] > 2 and fast.stats["compactions"] > 0
+    assert fast.alloc.reserved == 0 and fast.alloc.available == fast.cache.num_pages - 1
+
+
+def test_logprobs_match_teacher_forced_forward(engines):
+    ref, fast = engines(max_batch_size=8)
+    reqs = _requests(seed=1, temperature=0.8)
+    for req, gens in zip(reqs, fast.generate(reqs), strict=True):
+        for g in gens:
+            ids = torch.tensor([req.prompt_ids + g.token_ids])
+            with torch.no_grad():
+                logits = ref.model(input_ids=ids).logits[0, len(req.prompt_ids) - 1 : -1] / 0.8
+            want = logits.log_softmax(-1).gather(1, torch.tensor(g.token_ids)[:, None])[:, 0]
+            assert torch.allclose(torch.tensor(g.logprobs), want, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(temperature=1.0),
+        dict(temperature=0.7, top_p=0.8),
+        dict(temperature=1.2, top_k=5, min_p=0.05),
+        dict(temperature=1.0, repetition_penalty=1.3),
+    ],
+)
+def test_seeded_sampling_equals_reference(engines, params):
+    ref, fast = engines(max_batch_size=4)
+    reqs = _requests(seed=2, **params)
+    assert _tokens(fast.generate(reqs)) == _tokens(ref.generate(reqs))
+
+
+def test_stop_tokens_and_stop_strings_like_reference(engines, fast_tiny_path):
+    from ascent.models import load_tokenizer
+
+    decode = load_tokenizer(fast_tiny_path).decode
+    ref, fast = engines(max_batch_size=4, decode=decode)
+    ref.decode = decode
+    free = _tokens(fast.generate(_requests(seed=3, max_new=(30,) * 5)))
+    stop_id = free[1][0][0][4]  # a token the model emits: sequences stop at it
+    text = decode(free[2][0][0][3:6])
+    reqs = _requests(seed=3, max_new=(30,) * 5, stop_token_ids=(stop_id,), stop_strings=(text,))
+    got = _tokens(fast.generate(reqs))
+    assert got == _tokens(ref.generate(reqs))
+    assert got[1][0][1] == "stop" and got[2][0][1] == "stop"
+
+
+def test_session_continuation_reuses_cache(engines):
+    ref, fast = engines(max_batch_size=4)
+    first = GenerationRequest(
+        list(range(4, 40)), SamplingParams(temperature=0.0, max_new_tokens=12), session_id="a"
+    )
+    out = fast.generate([first])[0][0]
+    assert len(fast.sessions) == 1
+    before = fast.stats["prefill_tokens"]
+    turn2 = first.prompt_ids + out.token_ids + [7, 8, 9]
+    second = GenerationRequest(turn2, SamplingParams(temperature=0.0, max_new_tokens=12, n=2), session_id="a")
+    assert _tokens(fast.generate([second])) == _tokens(ref.generate([second]))
+    assert fast.stats["prefill_tokens"] - before <= 4  # only the new tokens (and the last cached one)
+    third = GenerationRequest(
+        [5, 6] + turn2, SamplingParams(temperature=0.0, max_new_tokens=5), session_id="a"
+    )
+    assert _tokens(fast.generate([third])) == _tokens(ref.generate([third]))  # no common prefix: re-prefill
+
+
+def test_update_weights_sleep_wake(engines):
+    ref, fast = engines(max_batch_size=8)
+    reqs = _requests(seed=4)
+    new = {n: t * 0.5 for n, t in ref.model.state_dict().items() if "mlp" in n or "q_proj" in n}
+    ref.update_weights(list(new.items()))
+    fast.update_weights(list(new.items()))
+    assert _tokens(fast.generate(reqs)) == _tokens(ref.generate(reqs))
+    with pytest.raises(KeyError, match="no parameter named"):
+        fast.update_weights([("module.model.norm.weight", torch.ones(64))])
+    fast.sleep()
+    assert fast.cache.k is None
+    fast.wake()
+    assert _tokens(fast.generate(reqs)) == _tokens(ref.generate(reqs))
+
+
+def test_shared_weights_follow_the_module(fast_tiny_path):
+    ref = ReferenceEngine.from_pretrained(fast_tiny_path, "fp32", "cpu")
+    fast = build_fast_engine(
+        model=ref.model, dtype="fp32", device="cpu", eos_token_ids=[1], max_model_len=128
+    )
+    assert fast.weights.shared
+    head = ref.model.get_output_embeddings().weight
+    with torch.no_grad():
+        head.mul_(10.0)  # an in-place "optimizer step" on the trainer's module
+    reqs = _requests(seed=5)
+    assert _tokens(fast.generate(reqs)) == _tokens(ref.generate(reqs))
+
+
+def test_budget_edges(engines):
+    ref, fast = engines(max_batch_size=4, max_model_len=40)
+    long = GenerationRequest(list(range(4, 40)), SamplingParams(temperature=0.0, max_new_tokens=10))
+    zero = GenerationRequest([5, 6], SamplingParams(max_new_tokens=0))
+    full = GenerationRequest(list(range(4, 44)), SamplingParams(max_new_tokens=3))
+    out = fast.generate([long, zero, full])
+    assert len(out[0][0].token_ids) == 4 and out[0][0].finish_reason == "length"  # capped at max_model_len
+    assert out[1][0].token_ids == [] and out[2][0].token_ids == []
+    with pytest.raises(ValueError, match="empty"):
+        fast.generate([GenerationRequest([], SamplingParams())])

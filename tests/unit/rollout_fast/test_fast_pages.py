@@ -1,0 +1,147 @@
+"""Page allocator, session store and scheduler bookkeeping of the fast engine (pure Python)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ascent.rollout.fast.pages import CachedSequence, PageAllocator, SessionStore, common_prefix
+from ascent.rollout.fast.scheduler import Scheduler, cdiv
+from ascent.rollout.fast.sequence import Sequence
+from ascent.types import SamplingParams
+
+
+def test_allocator_reserve_take_share_release():
+    a = PageAllocator(5)  # pages 1..4
+    assert a.available == 4 and a.reserve(3) and not a.reserve(2)
+    p = a.take()
+    a.share(p)
+    a.release(p)
+    assert a.refs[p] == 1 and a.available == 1
+    a.release(p)
+    assert a.available == 2 and a.reserved == 2
+    a.unreserve(2)
+    assert a.available == 4 and 0 not in [a.take(reserved=False) for _ in range(4)]
+    with pytest.raises(RuntimeError):
+        a.take(reserved=False)
+
+
+def test_session_store_takes_longest_prefix_and_evicts_lru():
+    a = PageAllocator(10)
+    store = SessionStore(a)
+    pages = [a.take(reserved=False) for _ in range(3)]
+    store.put("x", CachedSequence([1, 2, 3, 4], pages[:1]))
+    store.put("x", CachedSequence([1, 2, 9, 9, 9], pages[1:2]))
+    store.put("y", CachedSequence([5], pages[2:]))
+    entry, m = store.take("x", [1, 2, 9, 9, 9, 7])
+    assert entry.pages == pages[1:2] and m == 5 and a.refs[pages[0]] == 0
+    assert store.take("x", [1]) is None and common_prefix([1, 2], [1, 3]) == 1
+    assert store.evict_one() and not store.evict_one() and a.refs[pages[2]] == 0
+
+
+def _group(prompt, n, max_new, session=None):
+    params = SamplingParams(max_new_tokens=max_new, n=n)
+    return [Sequence(0, i, list(prompt), params, i, max_new, frozenset(), session) for i in range(n)]
+
+
+def _grow(sched, seq, tokens):
+    """Simulate decode: write `tokens` more positions (taking pages as needed)."""
+    for _ in range(tokens):
+        sched.ensure_page(seq)
+        seq.num_cached += 1
+
+
+@pytest.mark.parametrize("plen,n,max_new,ps", [(5, 3, 9, 4), (8, 2, 1, 4), (16, 4, 17, 16), (1, 1, 5, 2)])
+def test_scheduler_reserves_worst_case_and_returns_everything(plen, n, max_new, ps):
+    a = PageAllocator(200)
+    sched = Scheduler(a, SessionStore(a), ps)
+    sched.add(_group(range(plen), n, max_new))
+    (adm,) = sched.admit(free_rows=n, token_budget=10_000)
+    copies = sched.fork(adm)
+    assert len(copies) == (n - 1 if plen % ps else 0)
+    for s in adm.seqs:
+        assert len(s.pages) == cdiv(plen, ps) and s.num_cached == plen
+        _grow(sched, s, max_new - 1)  # the last sampled token is never written
+        assert s.reserved == 0 and len(s.pages) == cdiv(plen + max_new - 1, ps)
+    full = plen // ps
+    assert all(a.refs[p] == n for p in adm.pages[:full])
+    for s in adm.seqs:
+        s.finish = "length"
+        sched.finish(s)
+    assert a.available == 199 and a.reserved == 0
+
+
+def test_scheduler_blocks_when_pages_run_out_and_evicts_sessions():
+    a = PageAllocator(7)  # 6 usable pages of 4 tokens
+    sched = Scheduler(a, SessionStore(a), 4)
+    sched.add(_group(range(8), 1, 9, session="s"))  # needs cdiv(16, 4) = 4 pages
+    sched.add(_group(range(8), 1, 9))
+    (adm,) = sched.admit(free_rows=8, token_budget=10_000)
+    assert sched.admit(free_rows=8, token_budget=10_000) == [] and len(sched.waiting) == 1
+    (s,) = adm.seqs
+    sched.fork(adm)
+    _grow(sched, s, 8)
+    s.tokens, s.finish = list(range(100, 109)), "length"
+    sched.finish(s)  # kept for the session: 16 cached tokens in 4 pages
+    assert len(sched.sessions) == 1 and a.available == 2
+    assert len(sched.admit(free_rows=8, token_budget=10_000)) == 1 and len(sched.sessions) == 0
+
+
+def test_scheduler_reuses_session_prefix_with_copy_on_write():
+    a = PageAllocator(50)
+    sched = Scheduler(a, SessionStore(a), 4)
+    sched.add(_group(range(6), 2, 5, session="s"))
+    (adm,) = sched.admit(free_rows=4, token_budget=10_000)
+    sched.fork(adm)
+    s0, s1 = adm.seqs
+    for s in adm.seqs:
+        _grow(sched, s, 4)
+        s.tokens, s.finish = [50, 51, 52, 53, 54], "length"
+    shared = s0.pages[0]  # prompt page, still shared with s1 after s0 finishes
+    sched.finish(s0)
+    turn2 = list(range(3)) + [99, 98]  # diverges inside the first (shared) page
+    sched.add(_group(turn2, 1, 3, session="s"))
+    (adm2,) = sched.admit(free_rows=4, token_budget=10_000)
+    assert adm2.reuse == 3 and adm2.copies and adm2.copies[0][0] == shared and adm2.pages[0] != shared
+    sched.finish(s1)
+    (t,) = adm2.seqs
+    sched.fork(adm2)
+    _grow(sched, t, 2)
+    t.finish = "stop"
+    sched.finish(t)  # keeps its own pages in the store
+    sched.sessions.clear()
+    assert a.available == 49 and a.reserved == 0
+
+
+def test_scheduler_random_churn_never_leaks():
+    rng = random.Random(0)
+    a = PageAllocator(300)
+    sched = Scheduler(a, SessionStore(a), 8)
+    live = []
+    for _ in range(300):
+        if rng.random() < 0.3:
+            sid = rng.choice([None, "a", "b"])
+            sched.add(
+                _group(
+                    [rng.randrange(5) for _ in range(rng.randint(1, 30))],
+                    rng.randint(1, 3),
+                    rng.randint(1, 40),
+                    sid,
+                )
+            )
+        for adm in sched.admit(free_rows=16 - len(live), token_budget=64):
+            sched.fork(adm)
+            live += adm.seqs
+        for s in list(live):
+            if s.num_cached - len(s.prompt) < s.max_new - 1 and rng.random() < 0.9:
+                _grow(sched, s, 1)
+            else:
+                s.tokens, s.finish = [1] * (s.num_cached - len(s.prompt) + 1), "stop"
+                sched.finish(s)
+                live.remove(s)
+    for s in live:
+        s.finish = "abort"
+        sched.finish(s)
+    sched.sessions.clear()
+    assert a.available == 299 and a.reserved == 0 and sum(a.refs) == 0

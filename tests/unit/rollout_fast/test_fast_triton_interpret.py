@@ -1,0 +1,67 @@
+"""The Triton kernels under the CPU interpreter (TRITON_INTERPRET=1), against their torch references.
+
+Skipped where triton is not installed (CPU CI), on CUDA machines (tests/gpu runs the compiled kernels;
+the interpreter switch would leak into them), and on numpy >= 2.4, whose scalar conversion rules the
+triton 3.6 interpreter trips over.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+if torch.cuda.is_available():
+    pytest.skip("tests/gpu covers the compiled kernels", allow_module_level=True)
+os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(
+    np.lib.NumpyVersion(np.__version__) >= "2.4.0" or os.environ["TRITON_INTERPRET"] != "1",
+    reason="needs the triton interpreter with numpy < 2.4",
+)
+
+
+@pytest.mark.parametrize(
+    "ps,splits,block_n,write", [(16, 1, 16, False), (32, 3, 16, True), (64, 2, 64, True)]
+)
+def test_paged_decode_attention_matches_torch(ps, splits, block_n, write):
+    from ascent.rollout.fast.attention import decode_attention_torch
+    from ascent.rollout.fast.triton_decode import paged_decode_attention
+
+    g = torch.Generator().manual_seed(0)
+    b, nh, kvh, d, width, pages = 4, 14, 2, 64, 6, 30
+    kc, vc = torch.randn(2, pages, kvh, ps, d, generator=g)
+    bt = torch.stack([torch.randperm(pages - 1, generator=g)[:width] + 1 for _ in range(b)]).int()
+    ctx = torch.tensor([width * ps, 1, 37, 0], dtype=torch.int32)
+    q, kn, vn = (
+        torch.randn(b, nh, d, generator=g),
+        torch.randn(b, kvh, d, generator=g),
+        torch.randn(b, kvh, d, generator=g),
+    )
+    kc2, vc2 = kc.clone(), vc.clone()
+    out = paged_decode_attention(q, kc2, vc2, bt, ctx, d**-0.5, (kn, vn) if write else None, splits, block_n)
+    if write:
+        for i in range(3):
+            pos = int(ctx[i]) - 1
+            kc[bt[i, pos // ps], :, pos % ps], vc[bt[i, pos // ps], :, pos % ps] = kn[i], vn[i]
+        assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    want = decode_attention_torch(q, kc, vc, bt, ctx, width * ps, d**-0.5)
+    assert torch.allclose(out[:3], want[:3], atol=1e-5) and out[3].abs().max() == 0
+
+
+def test_triton_sampler_matches_sampling_py():
+    from ascent.rollout.fast.triton_sample import triton_sample
+    from ascent.rollout.sampling import SamplingTensors, sample
+    from ascent.types import SamplingParams
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 3000, generator=g) * 3
+    logits[1, 17] = logits[1, 2900] = 50.0  # a greedy tie: the first index wins
+    params = [SamplingParams(temperature=t) for t in (1.0, 0.0, 0.7, 1.3, 0.0, 1.0)]
+    st = SamplingTensors.from_params(params, [3, 2**62 + 5, 7, 2**40 + 1, 5, 0])
+    steps = torch.tensor([0, 5, 17, 3, 9, 2**33 + 4])
+    want_t, want_lp = sample(logits, st, steps)
+    got_t, got_lp = triton_sample(logits, st.temperature, st.seeds, steps, False, chunk=1024)
+    assert got_t.tolist() == want_t.tolist() and torch.allclose(got_lp, want_lp, atol=1e-5)
