@@ -67,9 +67,14 @@ def build_reference_engine(
     )
 
 
-# The fast GPU engine (ascent/rollout/fast/) registers itself here as "fast" once it lands; it is not
-# imported here so that this module stays importable without it.
-ENGINES: dict[str, Callable[..., RolloutEngine]] = {"reference": build_reference_engine}
+def build_fast_engine(**kwargs: Any) -> RolloutEngine:
+    """The GPU engine (`ascent.rollout.fast`), imported only when asked for: it may need triton."""
+    from ascent.rollout.fast import build_fast_engine as build
+
+    return build(**kwargs)
+
+
+ENGINES: dict[str, Callable[..., RolloutEngine]] = {"reference": build_reference_engine, "fast": build_fast_engine}
 
 
 def build_engine(name: str, **kwargs: Any) -> RolloutEngine:

@@ -58,6 +58,20 @@ def _num_pages(spec, dtype, device, page_size, kv_cache_tokens, fraction, max_ba
     return max_batch * -(-max_len // page_size) + 1
 
 
+def _weights_source(model_path, model, dt, dev, share_weights):
+    """-> (HF config, state dict by HF name, whether to share the tensors instead of copying them)."""
+    if model is None and model_path is None:
+        raise ValueError("rollout.engine=fast needs model.path (or a model module) to load weights from.")
+    if model is not None:
+        sd = state_dict_of(model)
+        can_share = all(t.dtype == dt and t.device == dev for t in sd.values())
+        return model.config, sd, can_share if share_weights is None else (share_weights and can_share)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(model_path), local_files_only=True)
+    return config, load_state_dict(str(model_path)), False
+
+
 def build_fast_engine(
     model_path: str | Path | None = None,
     model: nn.Module | None = None,
@@ -98,17 +112,7 @@ def build_fast_engine(
     dt, dev = torch_dtype(dtype), resolve_device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    if model is None and model_path is None:
-        raise ValueError("rollout.engine=fast needs model.path (or a model module) to load weights from.")
-    if model is not None:
-        config, sd = model.config, state_dict_of(model)
-        can_share = all(t.dtype == dt and t.device == dev for t in sd.values())
-        share = can_share if share_weights is None else (share_weights and can_share)
-    else:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(str(model_path), local_files_only=True)
-        sd, share = load_state_dict(str(model_path)), False
+    config, sd, share = _weights_source(model_path, model, dt, dev, share_weights)
     eos_token_ids, pad_token_id, decode = _tokenizer_facts(
         tokenizer_path or model_path, eos_token_ids, pad_token_id, decode
     )

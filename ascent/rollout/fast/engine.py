@@ -80,9 +80,13 @@ class FastEngine:
         flags = Flags.of([r.params for r in requests])
         if flags.penalty:
             self.state.ensure_seen()
-        if self.graphs is not None and seqs:
-            self.graphs.capture(flags, min(len(seqs), self.max_rows))
-        self._run(flags)
+        try:
+            if self.graphs is not None and seqs:
+                self.graphs.capture(flags, min(len(seqs), self.max_rows))
+            self._run(flags)
+        except BaseException:
+            self._abort_all()
+            raise
         for s in seqs:
             out[s.req][s.sample] = s.generation()
         return out  # type: ignore[return-value]
@@ -110,6 +114,18 @@ class FastEngine:
         if self.asleep:
             self.cache.allocate()
             self.asleep = False
+
+    def _abort_all(self) -> None:
+        """After an error inside generate: drop queued work, free every row and page (no stale state)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.sched.waiting.clear()
+        self.sched.waiting_rows = 0
+        self.sessions.clear()
+        self.alloc.reset()
+        self.state.release(list(range(self.max_rows)))
+        self.rows = [None] * self.max_rows
+        self.free_rows = list(range(self.max_rows))
 
     # ---- requests -> sequences ------------------------------------------------------------------------
 

@@ -133,3 +133,22 @@ def test_budget_edges(engines):
     assert out[1][0].token_ids == [] and out[2][0].token_ids == []
     with pytest.raises(ValueError, match="empty"):
         fast.generate([GenerationRequest([], SamplingParams())])
+
+
+def test_error_mid_generate_leaves_engine_usable(engines, monkeypatch):
+    ref, fast = engines(max_batch_size=4)
+    reqs = _requests(seed=6)
+    calls = {"n": 0}
+    real = fast.runner.decode
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("boom")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fast.runner, "decode", flaky)
+    with pytest.raises(RuntimeError, match="boom"):
+        fast.generate(reqs)
+    assert fast.alloc.available == fast.cache.num_pages - 1 and fast.running == 0
+    assert _tokens(fast.generate(reqs)) == _tokens(ref.generate(reqs))
