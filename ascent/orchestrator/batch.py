@@ -85,27 +85,32 @@ def padded(rows: Sequence[Sequence[float]], width: int, fill: float = 0.0) -> to
 
 
 def advantage_inputs(
-    trajs: Sequence[Trajectory], token_rewards: torch.Tensor | None = None
+    trajs: Sequence[Trajectory], token_rewards: torch.Tensor | None = None, values: torch.Tensor | None = None
 ) -> AdvantageInputs:
-    """Pack trajectories into the estimators' padded layout."""
+    """Pack trajectories into the estimators' padded layout (token_rewards and values are [B, T] or None)."""
     width = max(1, max(len(t.response_ids) for t in trajs))
+    baselines = [t.baseline_reward for t in trajs]
     return AdvantageInputs(
         rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float32),
         mask=padded([t.loss_mask for t in trajs], width),
         group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long),
-        values=None,
-        token_rewards=token_rewards,
-        baseline_rewards=None,
+        values=None if values is None else values[:, :width],
+        token_rewards=None if token_rewards is None else token_rewards[:, :width],
+        baseline_rewards=None if None in baselines else torch.tensor(baselines, dtype=torch.float32),
     )
 
 
 def compute_advantages(
-    trajs: Sequence[Trajectory], algo_cfg: Any, **extra: Any
+    trajs: Sequence[Trajectory],
+    algo_cfg: Any,
+    *,
+    token_rewards: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the configured advantage estimator; returns (advantages [B, T], returns [B, T])."""
     estimator = resolve(ADVANTAGE_ESTIMATORS, algo_cfg.advantage)
     opts = {**algo_cfg.model_dump(), **algo_cfg.options}
-    out = estimator(advantage_inputs(trajs, extra.pop("token_rewards", None)), **opts, **extra)
+    out = estimator(advantage_inputs(trajs, token_rewards, values), **opts)
     return out.advantages, out.returns
 
 
