@@ -15,7 +15,7 @@ import sys
 import traceback
 from pathlib import Path
 from types import TracebackType
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from pydantic import BaseModel
@@ -98,7 +98,7 @@ class ErrorGuard:
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool:
+    ) -> Literal[False]:
         if exc is None:
             return False
         if isinstance(exc, KeyboardInterrupt):
@@ -127,7 +127,8 @@ def load_for_command(
     """Load `config` + `overrides`; a first argument that is `key=value` (not a file) counts as an override."""
     extra = list(overrides or [])
     if config is not None and "=" in config and not Path(config).exists():
-        config, extra = None, [config, *extra]
+        extra = [config, *extra]
+        config = None
     if resume:
         extra.append("resume=true")
     return load_config(config, extra, schema)

@@ -9,4 +9,4 @@ python -m pip install -q -e ".[dev]"
 ruff check ascent tests examples bench
 ruff format --check ascent tests examples bench
 mypy
-python -m pytest tests -q "$@"
+python -m pytest tests "$@"

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from ascent.config.fields import Loc, dotted, field_at, iter_fields, section_at
 from ascent.errors import AscentError
@@ -77,7 +78,7 @@ def show_value(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _describe(err: dict[str, Any], schema: type[BaseModel]) -> list[str]:
+def _describe(err: ErrorDetails, schema: type[BaseModel]) -> list[str]:
     loc: tuple[str | int, ...] = tuple(err["loc"])
     kind = err["type"]
     if kind == "extra_forbidden":
@@ -92,7 +93,7 @@ def _describe(err: dict[str, Any], schema: type[BaseModel]) -> list[str]:
     return [_field_problem(loc, err, schema)]
 
 
-def _field_problem(loc: tuple[str | int, ...], err: dict[str, Any], schema: type[BaseModel]) -> str:
+def _field_problem(loc: tuple[str | int, ...], err: ErrorDetails, schema: type[BaseModel]) -> str:
     path = dotted(loc) or "the config"
     field = field_at(schema, loc)
     hint = f" ({field.description.rstrip('.')})" if field and field.description else ""
@@ -103,7 +104,7 @@ def _field_problem(loc: tuple[str | int, ...], err: dict[str, Any], schema: type
     return f"{path}={show_value(err.get('input'))}: {problem}{hint}."
 
 
-def _problem_text(err: dict[str, Any]) -> str:
+def _problem_text(err: ErrorDetails) -> str:
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind in _BOUNDS:
         key, op = _BOUNDS[kind]

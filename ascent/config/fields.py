@@ -9,7 +9,7 @@ from __future__ import annotations
 import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, TypeGuard, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -31,7 +31,7 @@ class FieldRef:
         return self.info.description or ""
 
 
-def is_section(annotation: Any) -> bool:
+def is_section(annotation: Any) -> TypeGuard[type[BaseModel]]:
     """True when `annotation` is a nested config section (a pydantic model class)."""
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 

@@ -137,8 +137,8 @@ def train_samples(
                 old_logprobs=None if old_logprobs is None else old_logprobs[i],
                 sampler_logprobs=t.sampler_logprobs,
                 ref_logprobs=None if ref_logprobs is None else ref_logprobs[i],
-                returns=returns[i, :n].tolist() if with_critic else None,
-                old_values=values[i, :n].tolist() if with_critic else None,
+                returns=returns[i, :n].tolist() if returns is not None and with_critic else None,
+                old_values=values[i, :n].tolist() if values is not None and with_critic else None,
                 group_id=t.group_id,
             )
         )

@@ -29,7 +29,7 @@ def build_datasets(cfg: RunConfig) -> Datasets:
 
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
     d = cfg.data
-    sets = {}
+    sets: dict[str, list[Any]] = {}
     for name, path in (("train", d.train_path), ("val", d.val_path)):
         if not path:
             sets[name] = []
@@ -122,7 +122,7 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     if c.backend == "ray":
         init_ray(c.address)
     steps = cfg.iterations * optimizer_steps_per_iteration(cfg)
-    common = {"backend": c.backend, "run_dir": cfg.run_dir, "timeout_s": c.worker_timeout_s}
+    common: dict[str, Any] = {"backend": c.backend, "run_dir": cfg.run_dir, "timeout_s": c.worker_timeout_s}
     train_kw = trainer_kwargs(cfg, steps) | {"need_reference": needs_reference(cfg)}
 
     def trainer_group(cls: Any, name: str) -> Any:

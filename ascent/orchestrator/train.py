@@ -80,6 +80,8 @@ class LoopContext:
         self.needs_reference = setup.needs_reference(cfg)
         self.temperature = cfg.rollout.temperature or 1.0
         self.kl_controller = shaping.make_kl_controller(cfg.algorithm)
+        # trainer and engine share the accelerator and take turns (design: colocated placement)
+        self.colocated = cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast"
 
 
 def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
@@ -100,9 +102,13 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
         samples = B.train_samples(trajs, adv, old_lp, ref_lp, returns=returns, values=values)
         filter_metrics = B.filter_zero_advantage(samples) if cfg.algorithm.filter_zero_advantage else {}
     with tl.phase("update", iteration=it):
+        if ctx.colocated:
+            ctx.rollout.call("sleep")  # the engine frees its KV cache while the trainer needs the memory
         update_metrics = update_policy(ctx, samples, it)
     with tl.phase("publish", iteration=it):
         publish_seconds = publish_weights(ctx)
+        if ctx.colocated:
+            ctx.rollout.call("wake")
     elapsed = time.perf_counter() - t0
     diff_mean, diff_max = B.logprob_diff(old_lp, [t.sampler_logprobs for t in trajs])
     tokens = sum(t.num_tokens for t in trajs)
@@ -203,7 +209,7 @@ def update_policy(ctx: LoopContext, samples: list[Any], it: int) -> dict[str, fl
 def publish_weights(ctx: LoopContext) -> float:
     """Send the trainer's current weights to every rollout replica; returns the seconds it took."""
     t0 = time.perf_counter()
-    weights = ctx.trainer.call_rank0("named_weights")
+    weights = ctx.trainer.call_rank0("named_weights", to_cpu=ctx.cfg.cluster.backend != "inline")
     ctx.rollout.call("update_weights", weights)
     return time.perf_counter() - t0
 

@@ -91,8 +91,11 @@ class TrainerWorker:
     def update(self, samples: list[TrainSample], total_tokens: float, total_seqs: float) -> dict[str, float]:
         return self.policy.update(samples, total_tokens=total_tokens, total_seqs=total_seqs)
 
-    def named_weights(self) -> dict[str, torch.Tensor]:
-        return {name: t.detach().to("cpu") for name, t in self.policy.named_weights()}
+    def named_weights(self, to_cpu: bool = True) -> dict[str, torch.Tensor]:
+        """The policy's weights in HF naming; kept on the device when the engine lives in this process."""
+        if to_cpu:
+            return {name: t.detach().to("cpu") for name, t in self.policy.named_weights()}
+        return {name: t.detach() for name, t in self.policy.named_weights()}
 
     def save(self, path: str) -> None:
         self.policy.save(path)

@@ -74,7 +74,10 @@ def build_fast_engine(**kwargs: Any) -> RolloutEngine:
     return build(**kwargs)
 
 
-ENGINES: dict[str, Callable[..., RolloutEngine]] = {"reference": build_reference_engine, "fast": build_fast_engine}
+ENGINES: dict[str, Callable[..., RolloutEngine]] = {
+    "reference": build_reference_engine,
+    "fast": build_fast_engine,
+}
 
 
 def build_engine(name: str, **kwargs: Any) -> RolloutEngine:

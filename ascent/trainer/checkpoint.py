@@ -23,7 +23,7 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -91,7 +91,8 @@ def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
 
 def rng_state() -> dict[str, Any]:
     """RNG states of python, numpy, torch (CPU) and every CUDA device, in a `torch.load`-safe form."""
-    np_state = np.random.get_state()
+    # the global RandomState is MT19937, whose legacy (default) state is this tuple; numpy's stubs say a dict
+    np_state = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     return {
         "python": random.getstate(),
         "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],

@@ -27,7 +27,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import safetensors.torch as st
 import torch
@@ -45,6 +45,9 @@ from ascent.trainer.packing import PackedBatch, pack, plan_micro_batches
 from ascent.trainer.policy import TrainerOutOfMemory
 from ascent.trainer.settings import OptimSettings
 from ascent.types import TrainSample
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 CRITIC_DIR = "critic"
 WEIGHTS_FILE = "model.safetensors"
@@ -208,7 +211,8 @@ class CriticWorker:
                 )
                 if not self.grads_synced_by_wrapper:
                     all_reduce_grads(self.model.parameters())
-                lr = self.scheduler.get_last_lr()[0]
+                # optimizer lrs are floats (build_optimizer); torch types them float | Tensor
+                lr = cast(float, self.scheduler.get_last_lr()[0])
                 grad_norm, skipped = self._optimizer_step()
         finally:
             self.optimizer.zero_grad(set_to_none=True)
@@ -297,7 +301,8 @@ class CriticWorker:
         out = Path(directory) / CRITIC_DIR
         out.mkdir(parents=True, exist_ok=True)
         st.save_model(self.value_model, str(out / WEIGHTS_FILE))
-        self.value_model.backbone.config.save_pretrained(str(out))
+        backbone = cast("PreTrainedModel", self.value_model.backbone)  # an HF decoder stack
+        backbone.config.save_pretrained(str(out))
         write_trainer_state(
             out,
             optimizer_state=self.optimizer.state_dict(),

@@ -10,7 +10,7 @@ recomputes the chunk's logits. Temperature follows the rollout contract: the sam
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -19,11 +19,14 @@ from torch.utils.checkpoint import checkpoint
 from ascent.algorithms import entropy_from_logits
 from ascent.trainer.packing import PackedBatch
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def unwrap_model(model: nn.Module) -> nn.Module:
+
+def unwrap_model(model: nn.Module) -> PreTrainedModel:
     """The Hugging Face causal LM inside `model` (a peft PeftModel is unwrapped; anything else passes)."""
     get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
+    return cast("PreTrainedModel", get_base() if callable(get_base) else model)
 
 
 def backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:

@@ -16,10 +16,22 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, cast
 
 from torch import Tensor, nn
 
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+    from transformers import PreTrainedModel
+
 ADAPTER_DIR = "adapter"
+
+
+class _DeltaWeightLayer(Protocol):
+    """peft's concrete LoRA layers (Linear, Embedding, Conv*) define this; their LoraLayer base does not."""
+
+    def get_delta_weight(self, adapter: str) -> Tensor: ...
 
 
 def apply_lora(
@@ -38,7 +50,7 @@ def apply_lora(
         raise ValueError(f"model.lora.rank={rank}: apply_lora needs a rank >= 1.")
     cfg = LoraConfig(
         r=rank,
-        lora_alpha=alpha,
+        lora_alpha=alpha,  # type: ignore[arg-type]  # peft annotates int; scale = alpha / r takes any float
         lora_dropout=dropout,
         target_modules=list(target_modules),
         bias="none",
@@ -54,19 +66,24 @@ def is_lora(model: nn.Module) -> bool:
 
 def reference_context(model: nn.Module) -> contextlib.AbstractContextManager:
     """A context in which `model` computes the reference (base) policy: adapters disabled."""
-    return model.disable_adapter()
+    return _peft(model).disable_adapter()
 
 
-def _merged_weight(module: nn.Module) -> Tensor:
+def _peft(model: nn.Module) -> PeftModel:
+    """`model` as the PeftModel that `apply_lora` returned (callers hold it as a plain nn.Module)."""
+    return cast("PeftModel", model)
+
+
+def _merged_weight(module: LoraLayer) -> Tensor:
     """W + sum of the active adapters' scale * B @ A, in W's dtype (nothing added if already merged)."""
     base = module.get_base_layer()
-    weight = base.weight.detach()
+    weight = cast(Tensor, base.weight).detach()
     if module.merged or module.disable_adapters:
         return weight
     delta = None
     for name in module.active_adapters:
         if name in module.lora_A:
-            d = module.get_delta_weight(name).detach().float()
+            d = cast(_DeltaWeightLayer, module).get_delta_weight(name).detach().float()
             delta = d if delta is None else delta + d
     return weight if delta is None else (weight.float() + delta).to(weight.dtype)
 
@@ -78,7 +95,7 @@ def merged_named_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     """
     from peft.tuners.lora import LoraLayer
 
-    base = model.get_base_model()
+    base = _peft(model).get_base_model()
     lora_prefixes: list[str] = []
     seen: set[int] = set()
     for name, module in base.named_modules():
@@ -103,7 +120,7 @@ def write_merged(model: nn.Module, directory: str | Path) -> None:
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    base = model.get_base_model()
+    base = cast("PreTrainedModel", _peft(model).get_base_model())
     tensors = {name: t.contiguous().clone() for name, t in merged_named_weights(model)}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     base.config.save_pretrained(str(out))
@@ -114,7 +131,7 @@ def write_merged(model: nn.Module, directory: str | Path) -> None:
 
 def write_adapter(model: nn.Module, directory: str | Path) -> None:
     """Write the adapter (peft format: adapter_config.json + adapter_model.safetensors) to `directory`."""
-    model.save_pretrained(str(directory))
+    _peft(model).save_pretrained(str(directory))
 
 
 def load_adapter_weights(model: nn.Module, directory: str | Path) -> None:

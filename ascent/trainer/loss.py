@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
@@ -174,7 +174,8 @@ def _correction(old: Tensor, packed: PackedBatch, settings: LossSettings, metric
         packed.sampler_logprobs,
         packed.loss_mask,
         packed.seq_ids,
-        mode=settings.rollout_correction,
+        # set (the caller checks) and "tis" or "mis" (checked in LossSettings.__post_init__)
+        mode=cast(Literal["tis", "mis"], settings.rollout_correction),
         **settings.correction_opts,
     )
     count = packed.loss_mask.sum()

@@ -24,7 +24,8 @@ from torch.optim.lr_scheduler import LambdaLR
 
 def param_groups(params: Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:
     """Named trainable params -> two AdamW groups: matrices with weight decay, vectors without."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for _, p in params:
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
@@ -46,7 +47,7 @@ def build_optimizer(
         raise ValueError("the model has no trainable parameters (all requires_grad=False).")
     on_cuda = groups[0]["params"][0].is_cuda
     kind = {"fused": True} if on_cuda else {"foreach": True}
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, **kind)
+    return torch.optim.AdamW(groups, lr=lr, betas=(betas[0], betas[1]), eps=eps, **kind)
 
 
 def lr_factor(

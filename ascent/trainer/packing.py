@@ -142,15 +142,17 @@ def pack(samples: Sequence[TrainSample], device: torch.device | str = "cpu") -> 
     def flat(name: str) -> list[float]:
         return [float(x) for s in samples for x in getattr(s, name)]
 
-    long = {"dtype": torch.long, "device": device}
+    def long(data: list[int] | list[list[int]]) -> torch.Tensor:
+        return torch.tensor(data, dtype=torch.long, device=device)
+
     return PackedBatch(
-        input_ids=torch.tensor([ids], **long),
-        position_ids=torch.tensor([pos], **long),
-        logit_index=torch.tensor(logit_index, **long),
-        targets=torch.tensor([t for s in samples for t in s.response_ids], **long),
+        input_ids=long([ids]),
+        position_ids=long([pos]),
+        logit_index=long(logit_index),
+        targets=long([t for s in samples for t in s.response_ids]),
         loss_mask=torch.tensor(flat("loss_mask"), dtype=torch.float32, device=device),
         advantages=torch.tensor(flat("advantages"), dtype=torch.float32, device=device),
-        seq_ids=torch.tensor(seq_ids, **long),
+        seq_ids=long(seq_ids),
         old_logprobs=_optional_flat(samples, "old_logprobs", device),
         ref_logprobs=_optional_flat(samples, "ref_logprobs", device),
         sampler_logprobs=_optional_flat(samples, "sampler_logprobs", device),

@@ -22,7 +22,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -188,7 +188,8 @@ class PolicyWorker:
                 metrics = self.accumulate(samples, micro, total_tokens=total_tokens, total_seqs=total_seqs)
                 if not self.grads_synced_by_wrapper:
                     all_reduce_grads(self.model.parameters())
-                lr = self.scheduler.get_last_lr()[0]
+                # optimizer lrs are floats (build_optimizer); torch types them float | Tensor
+                lr = cast(float, self.scheduler.get_last_lr()[0])
                 grad_norm, skipped = self._optimizer_step()
         finally:
             self.optimizer.zero_grad(set_to_none=True)

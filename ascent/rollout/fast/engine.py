@@ -241,7 +241,8 @@ class FastEngine:
 
     def _launch(self, flags: Flags):
         """Queue one decode step over the active rows -> (sequences, host tokens, host logprobs, event)."""
-        live, idle, new_pages = [], [], ([], [], [])
+        live, idle = [], []
+        new_pages: tuple[list[int], list[int], list[int]] = ([], [], [])  # rows, page slots, pages
         for s in self.rows:
             if s is None:
                 continue
@@ -330,7 +331,7 @@ class FastEngine:
         if not used:
             return
         self.state.compact(used, used[-1] + 1)
-        moved = [self.rows[r] for r in used]
+        moved = [s for s in self.rows if s is not None]  # the rows at `used`, in order
         for i, s in enumerate(moved):
             s.row = i
         self.rows = moved + [None] * (self.max_rows - len(moved))

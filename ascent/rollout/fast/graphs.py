@@ -9,8 +9,11 @@ capture execute the step for real. Larger buckets are captured first and all sha
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
 
 import torch
+
+K = TypeVar("K", bound=Hashable)
 
 
 def default_buckets(max_rows: int) -> list[int]:
@@ -30,15 +33,15 @@ def pick_bucket(buckets: list[int], n: int) -> int:
     raise ValueError(f"{n} rows exceed the largest bucket {buckets[-1]}")
 
 
-class GraphRunner:
-    """Captures `step(b, key)` per bucket b and replays it."""
+class GraphRunner(Generic[K]):
+    """Captures `step(b, key)` per bucket b and replays it (K: the graph key type, e.g. sampling flags)."""
 
-    def __init__(self, step: Callable[[int, Hashable], None], buckets: list[int]):
+    def __init__(self, step: Callable[[int, K], None], buckets: list[int]):
         self.step, self.buckets = step, buckets
-        self.graphs: dict[tuple[int, Hashable], torch.cuda.CUDAGraph] = {}
-        self.pool = None
+        self.graphs: dict[tuple[int, K], torch.cuda.CUDAGraph] = {}
+        self.pool: torch.cuda._POOL_HANDLE | None = None  # shared by every graph once the first is captured
 
-    def capture(self, key: Hashable, up_to: int) -> None:
+    def capture(self, key: K, up_to: int) -> None:
         """Capture the graphs of `key` for every bucket needed by up to `up_to` rows (rows must be idle)."""
         top = pick_bucket(self.buckets, up_to)
         for b in sorted((b for b in self.buckets if b <= top), reverse=True):
@@ -57,7 +60,7 @@ class GraphRunner:
                 self.pool = graph.pool()
             self.graphs[(b, key)] = graph
 
-    def replay(self, b: int, key: Hashable) -> None:
+    def replay(self, b: int, key: K) -> None:
         self.graphs[(b, key)].replay()
 
     def clear(self) -> None:

@@ -59,7 +59,13 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.spec.num_layers * self.num_slots * self.spec.kv_size * self.k.element_size()
+        k, _ = self.tensors()
+        return 2 * self.spec.num_layers * self.num_slots * self.spec.kv_size * k.element_size()
+
+    def tensors(self) -> tuple[Tensor, Tensor]:
+        """(k, v) of an allocated cache (not between `free()` and `allocate()`)."""
+        assert self.k is not None and self.v is not None, "the KV cache is freed (engine asleep)"
+        return self.k, self.v
 
     def allocate(self) -> None:
         """(Re)create zeroed K/V tensors (zeros: masked reads of never-written slots stay finite)."""
@@ -77,13 +83,15 @@ class KVCache:
     def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
         """slots [T] int64, k/v [T, kvh, d] -> stored at those slots of `layer`."""
         page, off = slots // self.page_size, slots % self.page_size
-        self.k[layer][page, :, off] = k
-        self.v[layer][page, :, off] = v
+        k_all, v_all = self.tensors()
+        k_all[layer][page, :, off] = k
+        v_all[layer][page, :, off] = v
 
     def copy_pages(self, src: list[int], dst: list[int]) -> None:
         """Copy whole pages src[i] -> dst[i] in every layer (fork of a shared prompt's last page)."""
         if not src:
             return
         s, d = torch.tensor(src, device=self.device), torch.tensor(dst, device=self.device)
-        self.k[:, d] = self.k[:, s]
-        self.v[:, d] = self.v[:, s]
+        k, v = self.tensors()
+        k[:, d] = k[:, s]
+        v[:, d] = v[:, s]

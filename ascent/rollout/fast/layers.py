@@ -65,6 +65,7 @@ class LayerMath:
         if q_norm is None:  # rotate q and k together: one fused kernel, q and k are views of its output
             qk = apply_rope(qkv[:, : nq * self.d].view(t, nq, self.d), cos, sin)
             return qk[:, : self.nh], qk[:, self.nh :], v
+        assert k_norm is not None  # q_norm and k_norm come together (Qwen3)
         q, k, _ = qkv.split(self.splits, dim=-1)
         q = rms_norm(q.reshape(t, self.nh, self.d), q_norm, self.eps)
         k = rms_norm(k.reshape(t, self.kvh, self.d), k_norm, self.eps)

@@ -111,7 +111,8 @@ class ModelRunner:
         def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             cached = None
             if max(starts) > 0:
-                cached = (self.cache.k[i], self.cache.v[i], bt, start_t, lk)
+                k_all, v_all = self.cache.tensors()
+                cached = (k_all[i], v_all[i], bt, start_t, lk)
             out = prefill_attention(q.view(b, lq, nh, d), k.view(b, lq, kvh, d), v.view(b, lq, kvh, d),
                                     self.scale, cached)  # fmt: skip
             return out.reshape(b * lq, nh * d)
@@ -121,7 +122,8 @@ class ModelRunner:
 
     def _decode_attend(self, bt: Tensor, ctx: Tensor, max_len: int) -> Callable:
         def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            kc, vc = self.cache.k[i], self.cache.v[i]
+            k_all, v_all = self.cache.tensors()
+            kc, vc = k_all[i], v_all[i]
             if self.attention == "triton":
                 from ascent.rollout.fast.triton_decode import paged_decode_attention
 
@@ -145,6 +147,9 @@ class ModelRunner:
         x = self._layers(
             F.embedding(st.input_ids[:b], self.w.embed), self.cos[pos], self.sin[pos], slots, attend
         )
-        seen = st.seen[:b] if flags.penalty else None
+        seen = None
+        if flags.penalty:
+            assert st.seen is not None  # generate() calls ensure_seen() for a penalty batch
+            seen = st.seen[:b]
         tokens, logprobs = self.head_sample(x, st.sampling(b, flags), st.steps[:b], seen)
         st.advance(b, tokens, logprobs, flags)

@@ -88,6 +88,7 @@ class Scheduler:
         need = prompt_new + cow + g0 + g_other * (len(group) - 1)
         if not self._reserve(need):
             if entry is not None:
+                assert s0.session_id is not None  # take() only finds an entry for a session id
                 self.sessions.put(s0.session_id, entry)
             return None
         kept, copies = self._reuse(entry, m)

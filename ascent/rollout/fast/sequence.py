@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ascent.types import Generation, SamplingParams
+from ascent.types import FinishReason, Generation, SamplingParams
 
 
 @dataclass
@@ -29,7 +29,7 @@ class Sequence:
     launched: int = 0
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    finish: str | None = None
+    finish: FinishReason | None = None
     row: int = -1
     idle: bool = False  # its decode row was made idle (token budget launched, last tokens in flight)
     stop_checked: int = 0

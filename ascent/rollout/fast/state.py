@@ -92,6 +92,7 @@ class DecodeState:
         self.positions[:b] += act
         self.steps[:b] += act
         if flags.penalty:
+            assert self.seen is not None  # generate() calls ensure_seen() for a penalty batch
             self.seen[:b].scatter_(1, tokens[:, None], True)
 
     def admit(self, seqs: list[Sequence], rows: list[int]) -> None:
@@ -113,8 +114,8 @@ class DecodeState:
         for name, vals in longs.items():
             getattr(self, name).index_copy_(0, idx, torch.tensor(vals, dtype=torch.long, device=dev))
         for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
-            vals = [float(getattr(s.params, name)) for s in seqs]
-            getattr(self, name).index_copy_(0, idx, torch.tensor(vals, dtype=torch.float32, device=dev))
+            fvals = [float(getattr(s.params, name)) for s in seqs]
+            getattr(self, name).index_copy_(0, idx, torch.tensor(fvals, dtype=torch.float32, device=dev))
         if self.seen is not None:
             hist = [s.prompt + s.tokens for s in seqs]
             width = max(len(h) for h in hist)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import torch
 from torch import Tensor
@@ -83,6 +84,10 @@ def _prefix(i: int) -> str:
     return f"model.layers.{i}."
 
 
+@overload
+def _get(sd: Mapping[str, Tensor], name: str, required: Literal[True] = True) -> Tensor: ...
+@overload
+def _get(sd: Mapping[str, Tensor], name: str, required: bool) -> Tensor | None: ...
 def _get(sd: Mapping[str, Tensor], name: str, required: bool = True) -> Tensor | None:
     if name in sd:
         return sd[name]
@@ -126,12 +131,12 @@ def _owned_layer(sd: Mapping[str, Tensor], i: int, dtype, device, targets: dict[
     p = _prefix(i)
     att, mlp = p + "self_attn.", p + "mlp."
 
-    def own(name: str, required: bool = True) -> Tensor | None:
-        t = _get(sd, name, required)
-        if t is None:
-            return None
-        targets[name] = t.to(device=device, dtype=dtype).clone()
+    def own(name: str) -> Tensor:
+        targets[name] = _get(sd, name).to(device=device, dtype=dtype).clone()
         return targets[name]
+
+    def own_optional(name: str) -> Tensor | None:
+        return own(name) if name in sd else None
 
     qkv_names = [f"{att}{x}_proj.weight" for x in "qkv"]
     qkv_w = _fused([(n, _get(sd, n)) for n in qkv_names], dtype, device, targets)
@@ -146,8 +151,8 @@ def _owned_layer(sd: Mapping[str, Tensor], i: int, dtype, device, targets: dict[
         qkv_w=(qkv_w,),
         qkv_b=(qkv_b,),
         o_w=own(att + "o_proj.weight"),
-        q_norm=own(att + "q_norm.weight", False),
-        k_norm=own(att + "k_norm.weight", False),
+        q_norm=own_optional(att + "q_norm.weight"),
+        k_norm=own_optional(att + "k_norm.weight"),
         gate_up_w=(_fused([(n, _get(sd, n)) for n in gu_names], dtype, device, targets),),
         down_w=own(mlp + "down_proj.weight"),
     )
