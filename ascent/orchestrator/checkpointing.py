@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,43 +31,65 @@ def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
     return sorted(done, key=lambda p: int(p.name[len(PREFIX) :]))
 
 
-def save(ctx: Any, iteration: int, sampler: Any) -> Path:
-    """Write checkpoint `iteration` of the run atomically and prune to `checkpoint.keep_last`."""
-    cfg = ctx.cfg
-    root = Path(cfg.run_dir) / "checkpoints"
+def commit(
+    run_dir: str | Path,
+    iteration: int,
+    writers: list[Callable[[str], None]],
+    state: dict[str, Any],
+    keep_last: int,
+) -> Path:
+    """Write one checkpoint atomically: every writer fills a temp dir, then `state.json`, then a rename.
+
+    A crash at any point leaves either the previous complete checkpoints or the new one, never half of it.
+    Older checkpoints beyond `keep_last` are pruned afterwards.
+    """
+    root = Path(run_dir) / "checkpoints"
     final = root / f"{PREFIX}{iteration:06d}"
     tmp = root / f".tmp_{PREFIX}{iteration:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    ctx.trainer.call("save", str(tmp))
-    if ctx.critic is not None:
-        ctx.critic.call("save", str(tmp))
-    ctx.data.tokenizer.save_pretrained(str(tmp))
-    state = {
-        "iteration": iteration,
-        "sampler": sampler.state_dict(),
-        "kl_coef": None if ctx.kl_controller is None else ctx.kl_controller.coef,
-        "config": cfg.model_dump(mode="json"),
-    }
-    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    for write in writers:
+        write(str(tmp))
+    (tmp / "state.json").write_text(json.dumps({"iteration": iteration, **state}, indent=1))
     _fsync_dir(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    for old in checkpoint_dirs(cfg.run_dir)[: -cfg.checkpoint.keep_last]:
+    for old in checkpoint_dirs(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     log.info("checkpoint written: %s", final)
     return final
 
 
+def latest(run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest complete checkpoint and its state.json, or None."""
+    dirs = checkpoint_dirs(run_dir)
+    if not dirs:
+        log.warning("resume=true but %s has no checkpoint yet: starting from the beginning", run_dir)
+        return None
+    return dirs[-1], json.loads((dirs[-1] / "state.json").read_text())
+
+
+def save(ctx: Any, iteration: int, sampler: Any) -> Path:
+    """Checkpoint `iteration` of an RL run: trainer (and critic) weights and optimizer, data position, KL."""
+    cfg = ctx.cfg
+    writers = [lambda d: ctx.trainer.call("save", d), ctx.data.tokenizer.save_pretrained]
+    if ctx.critic is not None:
+        writers.append(lambda d: ctx.critic.call("save", d))
+    state = {
+        "sampler": sampler.state_dict(),
+        "kl_coef": None if ctx.kl_controller is None else ctx.kl_controller.coef,
+        "config": cfg.model_dump(mode="json"),
+    }
+    return commit(cfg.run_dir, iteration, writers, state, cfg.checkpoint.keep_last)
+
+
 def restore(ctx: Any, sampler: Any) -> int:
     """Load the newest checkpoint of the run into the workers and the sampler; return its iteration."""
-    dirs = checkpoint_dirs(ctx.cfg.run_dir)
-    if not dirs:
-        log.warning("resume=true but %s has no checkpoint yet: starting from iteration 0", ctx.cfg.run_dir)
+    found = latest(ctx.cfg.run_dir)
+    if found is None:
         return 0
-    path = dirs[-1]
-    state = json.loads((path / "state.json").read_text())
+    path, state = found
     ctx.trainer.call("load", str(path))
     if ctx.critic is not None:
         ctx.critic.call("load", str(path))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ascent.config.schema import AlgorithmConfig, SFTConfig
+from ascent.orchestrator import checkpointing
 from ascent.types import TrainSample
 
 log = logging.getLogger("ascent")
@@ -71,10 +72,11 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
         device=resolve_device("auto"),
     )
     sampler = PromptSampler(len(train), cfg.batch_size, seed=cfg.seed, shuffle=cfg.data.shuffle)
-    metrics_log = MetricsLogger(str(run_dir), tensorboard=cfg.tracking.tensorboard)
+    start = _resume(cfg, policy, sampler) if cfg.resume else 0
+    metrics_log = MetricsLogger(str(run_dir), tensorboard=cfg.tracking.tensorboard, purge_step=start + 1)
     metrics: dict[str, float] = {}
-    with Progress(steps, enabled=cfg.tracking.progress) as progress:
-        for step in range(1, steps + 1):
+    with Progress(steps, enabled=cfg.tracking.progress, start_iteration=start) as progress:
+        for step in range(start + 1, steps + 1):
             mb = [train[i] for i in sampler.next_batch()]
             tokens = float(sum(len(s.response_ids) for s in mb))
             metrics = policy.update(mb, total_tokens=tokens, total_seqs=float(len(mb)))
@@ -83,12 +85,28 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
                 metrics["val/nll"] = _nll(policy, val)
             metrics_log.log(metrics, step=step)
             progress.update(step, metrics)
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < steps:
+                state = {"sampler": sampler.state_dict(), "config": cfg.model_dump(mode="json")}
+                writers = [policy.save, tok.save_pretrained]
+                checkpointing.commit(run_dir, step, writers, state, cfg.checkpoint.keep_last)
     final = run_dir / "final"
     policy.save(str(final))  # HF weights + tokenizer (+ optimizer state, so the warm-start can be resumed)
     tok.save_pretrained(str(final))
     metrics_log.close()
     log.info("SFT finished: %s (train nll %.4f)", final, metrics.get("sft/nll", float("nan")))
     return metrics
+
+
+def _resume(cfg: SFTConfig, policy: Any, sampler: Any) -> int:
+    """Continue from the newest SFT checkpoint in run_dir; returns its optimizer step."""
+    found = checkpointing.latest(cfg.run_dir)
+    if found is None:
+        return 0
+    path, state = found
+    policy.load(str(path))
+    sampler.load_state_dict(state["sampler"])
+    log.info("resumed SFT from %s (step %d)", path, state["iteration"])
+    return int(state["iteration"])
 
 
 def _nll(policy: Any, samples: list[TrainSample]) -> float:

@@ -51,3 +51,42 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path, tiny_model, arithme
     assert wa.keys() == wb.keys()
     for k in wa:
         assert (wa[k] == wb[k]).all(), k
+
+
+def _kill_after(cmd_yaml, command: str, ckpt_dir, name: str) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ascent", command, str(cmd_yaml)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 240
+    while not (ckpt_dir / name / "state.json").exists():
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_sft_sigkill_then_resume_matches_uninterrupted(tmp_path, tiny_model, arithmetic_data):
+    def cfg(name):
+        return {
+            "run_dir": str(tmp_path / name),
+            "epochs": 8.0,
+            "batch_size": 4,
+            "model": {"path": str(tiny_model)},
+            "data": {"train_path": str(arithmetic_data / "sft.jsonl"), "max_prompt_tokens": 32},
+            "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 128},
+            "checkpoint": {"every": 5, "keep_last": 2},
+            "tracking": {"progress": False, "tensorboard": False},
+        }
+
+    ascent("sft", str(write_yaml(tmp_path / "a.yaml", cfg("a"))))
+    b_yaml = write_yaml(tmp_path / "b.yaml", cfg("b"))
+    _kill_after(b_yaml, "sft", tmp_path / "b" / "checkpoints", "iter_000010")
+    assert not (tmp_path / "b" / "final").exists(), "killed too late to test resume"
+    ascent("sft", str(b_yaml), "--resume")
+    wa = load_file(str(tmp_path / "a" / "final" / "model.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "final" / "model.safetensors"))
+    for k in wa:
+        assert (wa[k] == wb[k]).all(), k
