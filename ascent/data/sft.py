@@ -66,32 +66,12 @@ def encode_response(text: str, tokenizer: Any) -> list[int]:
     return [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
 
 
-def render_sft_examples(
-    rows: Sequence[dict[str, Any]],
-    tokenizer: Any,
-    *,
-    response_key: str = "response",
-    max_prompt_tokens: int,
-    max_total_tokens: int | None = None,
-    overlong: Overlong = "drop",
-    truncation_side: Side = "left",
-    chat_template: bool = True,
-    source: str = "dataset",
-) -> list[SFTExample]:
-    """Like `render_sft_examples_and_report`, returning only the examples; drops and cuts are logged."""
-    examples, report = render_sft_examples_and_report(
-        rows,
-        tokenizer,
-        response_key=response_key,
-        max_prompt_tokens=max_prompt_tokens,
-        max_total_tokens=max_total_tokens,
-        overlong=overlong,
-        truncation_side=truncation_side,
-        chat_template=chat_template,
-        source=source,
-    )
+def render_sft_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, **options: Any) -> list[SFTExample]:
+    """`render_sft_examples_and_report` (same keyword options) returning only the examples; drops and cuts
+    are logged as a warning."""
+    examples, report = render_sft_examples_and_report(rows, tokenizer, **options)
     if report.dropped or report.truncated:
-        log.warning("%s: SFT pairs: %s", source, report.summary())
+        log.warning("%s: SFT pairs: %s", options.get("source", "dataset"), report.summary())
     return examples
 
 
