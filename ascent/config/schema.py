@@ -195,6 +195,16 @@ class TrainConfig(Section):
         description="Tokens per chunk when computing logprobs/entropy (bounds [tokens, vocab] memory).",
     )
     shuffle_mini_batches: bool = Field(True, description="Shuffle trajectories between mini-batches.")
+    sharding: Literal["none", "fsdp"] = Field(
+        "none",
+        description="Trainer weights across ranks: `none` replicates them (gradients all-reduced), `fsdp` "
+        "shards weights, gradients and AdamW state with FSDP2 (needs several trainer ranks; not with LoRA "
+        "or fp16).",
+    )
+    offload_optimizer: bool = Field(
+        False,
+        description="Keep AdamW moments and fp32 master weights on the CPU (less GPU memory, slower step).",
+    )
 
 
 class CheckpointConfig(Section):
@@ -217,6 +227,7 @@ class ClusterConfig(Section):
     num_trainer_workers: int = Field(1, gt=0, description="Trainer processes (data parallel, FSDP on GPUs).")
     num_rollout_workers: int = Field(1, gt=0, description="Rollout engine replicas.")
     gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each worker asks for (0 on CPU).")
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each Ray actor asks for.")
     placement: Literal["colocated", "split"] = Field(
         "colocated", description="Share GPUs or use separate ones."
     )

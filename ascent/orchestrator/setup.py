@@ -115,14 +115,21 @@ def uses_critic(cfg: RunConfig) -> bool:
 
 def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     """The rollout, trainer and (for GAE) critic worker groups, inline or as Ray actors."""
-    from ascent.cluster import init_ray, make_worker_group
+    from ascent.cluster import make_worker_group
     from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
 
     c = cfg.cluster
     if c.backend == "ray":
+        from ascent.cluster import init_ray  # imports Ray: only for the Ray backend (inline runs without it)
+
         init_ray(c.address)
     steps = cfg.iterations * optimizer_steps_per_iteration(cfg)
-    common: dict[str, Any] = {"backend": c.backend, "run_dir": cfg.run_dir, "timeout_s": c.worker_timeout_s}
+    common: dict[str, Any] = {
+        "backend": c.backend,
+        "run_dir": cfg.run_dir,
+        "timeout_s": c.worker_timeout_s,
+        "num_cpus_per_worker": c.cpus_per_worker,
+    }
     train_kw = trainer_kwargs(cfg, steps) | {"need_reference": needs_reference(cfg)}
 
     def trainer_group(cls: Any, name: str) -> Any:

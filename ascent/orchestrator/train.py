@@ -209,7 +209,7 @@ def update_policy(ctx: LoopContext, samples: list[Any], it: int) -> dict[str, fl
 def publish_weights(ctx: LoopContext) -> float:
     """Send the trainer's current weights to every rollout replica; returns the seconds it took."""
     t0 = time.perf_counter()
-    weights = ctx.trainer.call_rank0("named_weights", to_cpu=ctx.cfg.cluster.backend != "inline")
+    weights = ctx.trainer.call("named_weights", to_cpu=ctx.cfg.cluster.backend != "inline")[0]
     ctx.rollout.call("update_weights", weights)
     return time.perf_counter() - t0
 

@@ -5,6 +5,7 @@ Layout of one checkpoint, `<run_dir>/checkpoints/iter_000005/`:
     config.json, model.safetensors, ...   Hugging Face weights (loadable by `from_pretrained`), tokenizer too
     adapter/                              LoRA adapter (peft format), only for LoRA runs
     trainer_state.pt                      optimizer, scheduler, RNG states (python, numpy, torch, cuda)
+    optimizer_rank00000.pt, ...           sharded runs (train.sharding=fsdp): each rank's optimizer shard + RNG
     state.json                            iteration, data position, config, metrics (the `extra` dict)
 
 Everything is written into a hidden staging directory `.tmp-iter_000005-<pid>` next to the final one and

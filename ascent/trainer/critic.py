@@ -17,14 +17,14 @@ share, so the gradient does not depend on how the mini-batch is split. Missing `
 data (old = values, no clipping).
 
 Precision and data parallelism follow `PolicyWorker`: fp32 master weights (`master_fp32`), forward under
-`torch.autocast(dtype)`, a GradScaler for fp16, gradients SUMMED over workers (`ascent.trainer.distributed`).
+`torch.autocast(dtype)`, a GradScaler for fp16, gradients SUMMED over workers (`ascent.trainer.distributed`),
+`sharding="fsdp"` (FSDP2, lock-step forwards, `save` a collective) and `optim.offload` (AdamW on the CPU).
 The value head always runs in fp32. No LoRA: the critic is trained in full.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -36,14 +36,24 @@ from torch import Tensor, nn
 from ascent.algorithms import LOSS_AGGREGATIONS
 from ascent.algorithms.value import value_clipfrac, value_loss
 from ascent.models.loading import load_model, resolve_device, torch_dtype
+from ascent.models.parallel import full_state_dict, is_sharded, load_full_state_dict
 from ascent.trainer.checkpoint import read_trainer_state, write_trainer_state
 from ascent.trainer.distributed import all_reduce_grads, all_reduce_max, all_reduce_sum, world_size
 from ascent.trainer.logprobs import unwrap_model
 from ascent.trainer.loss import MetricSums
-from ascent.trainer.optim import build_optimizer, build_scheduler
+from ascent.trainer.offload import OffloadedAdamW
+from ascent.trainer.optim import build_optimizer, build_scheduler, optimizer_step
 from ascent.trainer.packing import PackedBatch, pack, plan_micro_batches
 from ascent.trainer.policy import TrainerOutOfMemory
 from ascent.trainer.settings import OptimSettings
+from ascent.trainer.sharded import (
+    filler_sample,
+    missing_micro_batches,
+    read_optimizer_shard,
+    replicated_optimizer_state,
+    sharding_parallelize,
+    write_optimizer_shard,
+)
 from ascent.types import TrainSample
 
 if TYPE_CHECKING:
@@ -108,6 +118,7 @@ class CriticWorker:
         value_clip: float | None = 0.2,
         max_tokens_per_micro_batch: int = 8192,
         parallelize: Callable[[nn.Module], nn.Module] | None = None,
+        sharding: str = "none",
         seed: int | None = None,
     ) -> None:
         self.device = resolve_device(device)
@@ -123,8 +134,12 @@ class CriticWorker:
             model_path, param_dtype, self.device, gradient_checkpointing, trust_remote_code
         )
         # Seam for FSDP2: a wrapper that shards the model and reduces (sums) gradients in backward.
+        parallelize = parallelize or sharding_parallelize(
+            sharding, param_dtype=param_dtype, compute_dtype=self.compute_dtype, lora=False
+        )
         self.grads_synced_by_wrapper = parallelize is not None
         self.model: nn.Module = parallelize(self.value_model) if parallelize else self.value_model
+        self.sharded = is_sharded(self.model)
         self.optimizer = build_optimizer(self.model, **self.optim_settings.optimizer_kwargs())
         self.scheduler = build_scheduler(self.optimizer, **self.optim_settings.scheduler_kwargs())
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.compute_dtype == torch.float16)
@@ -154,6 +169,7 @@ class CriticWorker:
             min_lr_ratio=t.min_lr_ratio,
             total_steps=total_optimizer_steps,
             max_grad_norm=t.max_grad_norm,
+            offload=t.offload_optimizer,
         )
         return cls(
             critic_path or model_cfg.path,
@@ -164,6 +180,7 @@ class CriticWorker:
             optim=optim,
             value_clip=algo_cfg.value_clip,
             max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
+            sharding=t.sharding,
             **kwargs,
         )
 
@@ -183,10 +200,14 @@ class CriticWorker:
         out: list[list[float]] = [[] for _ in samples]
         try:
             with self._autocast(), self._oom_guard(samples):
-                for idx in plan_micro_batches([s.num_tokens for s in samples], self.max_tokens):
+                plan = plan_micro_batches([s.num_tokens for s in samples], self.max_tokens)
+                fillers = missing_micro_batches(len(plan), self.device, self.sharded)
+                for idx in plan:
                     packed = pack([samples[i] for i in idx], self.device)
                     for i, values in zip(idx, packed.split(self.model(packed)), strict=True):
                         out[i] = values
+                for _ in range(fillers):  # lock-step forwards of a sharded model
+                    self.model(pack([filler_sample()], self.device))
         finally:
             self.model.train(was_training)
         return out
@@ -242,6 +263,7 @@ class CriticWorker:
         `ev_sums` [5] float64, if given, accumulates the sums of `explained_variance` (this worker's).
         """
         metrics = MetricSums()
+        fillers = missing_micro_batches(len(micro_batches), self.device, self.sharded)
         for idx in micro_batches:
             packed = pack([samples[i] for i in idx], self.device)
             returns = _require_returns(packed, idx)
@@ -261,23 +283,23 @@ class CriticWorker:
             metrics.add("critic/clipfrac", (clipped * mask).sum(), count)
             if ev_sums is not None:
                 ev_sums += explained_variance_sums(values.detach(), returns, mask)
+        for _ in range(fillers):
+            with self._autocast():  # lock-step filler for FSDP: a zero-gradient forward + backward
+                filler = self.model(pack([filler_sample()], self.device))
+            (filler.sum() * 0.0).backward()
         return metrics
 
     def _optimizer_step(self) -> tuple[float, bool]:
-        """Unscale, clip, step optimizer and scheduler; skip the optimizer step on a non-finite grad norm."""
-        self.scaler.unscale_(self.optimizer)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        max_norm = self.optim_settings.max_grad_norm or math.inf
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        skipped = not math.isfinite(norm)
-        if skipped and not self.scaler.is_enabled():
-            self.optimizer.zero_grad(set_to_none=True)
-        else:
-            self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.scheduler.step()
+        """Unscale, clip (global norm), step optimizer and scheduler; skip the step on a non-finite norm."""
+        out = optimizer_step(
+            self.optimizer,
+            self.scheduler,
+            self.scaler,
+            self.model.parameters(),
+            self.optim_settings.max_grad_norm,
+        )
         self.step += 1
-        return norm, skipped
+        return out
 
     @contextlib.contextmanager
     def _oom_guard(self, samples: Sequence[TrainSample]) -> Iterator[None]:
@@ -295,17 +317,26 @@ class CriticWorker:
 
     # ------------------------------------------------------------------------------------ checkpoints
     def save(self, directory: str | Path) -> None:
-        """Write `<directory>/critic/`: model.safetensors (backbone + head), config.json, trainer_state.pt."""
-        if world_size() > 1 and torch.distributed.get_rank() != 0:
-            return  # replicated data parallelism: rank 0 holds everything
+        """Write `<directory>/critic/`: model.safetensors (backbone + head), config.json, trainer_state.pt.
+
+        Sharded: a collective; rank 0 writes the gathered weights, every rank its optimizer shard.
+        """
         out = Path(directory) / CRITIC_DIR
         out.mkdir(parents=True, exist_ok=True)
-        st.save_model(self.value_model, str(out / WEIGHTS_FILE))
+        weights = full_state_dict(self.value_model) if self.sharded else {}
+        if self.sharded:
+            write_optimizer_shard(out, self.optimizer)
+        if world_size() > 1 and torch.distributed.get_rank() != 0:
+            return  # rank 0 holds (or has gathered) the weights
+        if self.sharded:
+            st.save_file({k: v.contiguous() for k, v in weights.items()}, str(out / WEIGHTS_FILE))
+        else:
+            st.save_model(self.value_model, str(out / WEIGHTS_FILE))
         backbone = cast("PreTrainedModel", self.value_model.backbone)  # an HF decoder stack
         backbone.config.save_pretrained(str(out))
         write_trainer_state(
             out,
-            optimizer_state=self.optimizer.state_dict(),
+            optimizer_state=None if self.sharded else self.optimizer.state_dict(),
             scheduler_state=self.scheduler.state_dict(),
             scaler=self.scaler.state_dict(),
             step=self.step,
@@ -316,21 +347,23 @@ class CriticWorker:
         src = Path(directory) / CRITIC_DIR
         if not (src / WEIGHTS_FILE).is_file():
             raise FileNotFoundError(f"{str(src)!r} holds no critic ({WEIGHTS_FILE}); was it saved with one?")
-        missing, unexpected = st.load_model(
-            self.value_model, str(src / WEIGHTS_FILE), strict=False, device=str(self.device)
-        )
-        if missing or unexpected:
-            raise ValueError(
-                f"{str(src)!r}: critic weights do not match (missing {missing}, extra {unexpected})."
-            )
+        try:
+            load_full_state_dict(self.value_model, st.load_file(str(src / WEIGHTS_FILE)))
+        except ValueError as e:
+            raise ValueError(f"{str(src)!r}: critic weights do not match: {e}") from e
+        if isinstance(self.optimizer, OffloadedAdamW):
+            self.optimizer.refresh_masters()
         state = read_trainer_state(src, map_location="cpu")
-        if state.get("optimizer") is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+        optimizer_state = None if self.sharded else replicated_optimizer_state(state, src)
+        if optimizer_state is not None:
+            self.optimizer.load_state_dict(optimizer_state)
         if state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step = int(state.get("step", 0))
+        if self.sharded:
+            read_optimizer_shard(src, self.optimizer)  # and this rank's RNG
 
 
 def _require_returns(packed: PackedBatch, idx: Sequence[int]) -> Tensor:

@@ -5,8 +5,9 @@ the mini-batch gradient is the SUM of the workers' gradients: `all_reduce_grads`
 
 The seam for sharded training (FSDP2, `ascent/models/parallel.py`): a parallelize function wraps the model
 and then reduces gradients itself during backward; `PolicyWorker` is told so (`grads_synced_by_wrapper`)
-and skips `all_reduce_grads`. The wrapper must SUM as well (FSDP2: `set_gradient_divide_factor(1.0)` on the
-root module; its default averages over the mesh, which would divide the step by the world size).
+and skips `all_reduce_grads`. The wrapper must SUM as well (FSDP2 averages over the mesh by default, which
+would divide the step by the world size; `ascent.models.parallel.sum_gradients` turns that off).
+`clip_grad_norm` clips to the norm of the whole gradient, sharded (DTensor) gradients included.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 BUCKET_ELEMS = 32 * 1024 * 1024
 
@@ -54,6 +56,21 @@ def _reduce_bucket(grads: list[Tensor]) -> None:
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
+
+
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Scale the grads of `params` so that their GLOBAL L2 norm is at most `max_norm`; return that norm.
+
+    Sharded (DTensor) gradients: each rank's norm is of its shard; `full_tensor()` all-reduces the squares
+    into the norm of the whole gradient, so every rank clips by the same factor. Plain gradients: as
+    `torch.nn.utils.clip_grad_norm_` (replicated data parallelism has already summed them).
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return float(norm)
 
 
 def all_reduce_sum(x: Tensor) -> Tensor:

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ascent.algorithms import entropy_from_logits
+from ascent.models.parallel import run_as_forward
 from ascent.trainer.packing import PackedBatch
 
 if TYPE_CHECKING:
@@ -105,8 +106,16 @@ def token_logprobs(
     """Logprobs [M] (fp32) of the packed batch's response tokens under `model`, and entropy [M] if asked.
 
     Differentiable when grad is enabled. Equal to `log_softmax(model(...).logits / T)` gathered at the
-    targets, computed without ever holding more than [chunk_tokens, vocab] logits.
+    targets, computed without ever holding more than [chunk_tokens, vocab] logits. A model sharded by
+    `ascent.models.parallel` runs this as a forward of its FSDP root (see `run_as_forward`).
     """
+    kwargs = {"temperature": temperature, "chunk_tokens": chunk_tokens, "with_entropy": with_entropy}
+    return run_as_forward(model, _token_logprobs, model, packed, **kwargs)
+
+
+def _token_logprobs(
+    model: nn.Module, packed: PackedBatch, *, temperature: float, chunk_tokens: int, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
     _, head = backbone_and_head(model)
     hidden = hidden_states(model, packed).index_select(0, packed.logit_index)
     return logprobs_from_hidden(

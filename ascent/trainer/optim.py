@@ -9,7 +9,8 @@ factor is indexed by optimizer step s = 0, 1, ... (the factor of step s is the o
     cosine    s >= W: r + (1 - r) * (1 + cos(pi * p)) / 2,  p = (s - W) / (total - W - 1) clamped to [0, 1]
 
 so with cosine the first post-warm-up step runs at the peak lr and the last step (s = total - 1) at
-`min_lr_ratio * lr`.
+`min_lr_ratio * lr`. `optimizer_step` is the step both trainer workers share: unscale, clip to the GLOBAL
+gradient norm (sharded gradients included), step, schedule.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
+
+from ascent.trainer.distributed import clip_grad_norm
+from ascent.trainer.offload import OffloadedAdamW
 
 
 def param_groups(params: Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:
@@ -40,11 +44,17 @@ def build_optimizer(
     weight_decay: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
-) -> torch.optim.AdamW:
-    """AdamW over the model's trainable parameters; fused when they live on CUDA, foreach otherwise."""
+    offload: bool = False,
+) -> torch.optim.Optimizer:
+    """AdamW over the model's trainable parameters; fused when they live on CUDA, foreach otherwise.
+
+    `offload`: keep the AdamW state and fp32 master weights on the CPU (`OffloadedAdamW`).
+    """
     groups = param_groups(model.named_parameters(), weight_decay)
     if not groups:
         raise ValueError("the model has no trainable parameters (all requires_grad=False).")
+    if offload:
+        return OffloadedAdamW(groups, lr=lr, betas=(betas[0], betas[1]), eps=eps)
     on_cuda = groups[0]["params"][0].is_cuda
     kind = {"fused": True} if on_cuda else {"foreach": True}
     return torch.optim.AdamW(groups, lr=lr, betas=(betas[0], betas[1]), eps=eps, **kind)
@@ -92,3 +102,27 @@ def build_scheduler(
 
     fn: Callable[[int], float] = factor
     return LambdaLR(optimizer, fn)
+
+
+def optimizer_step(
+    optimizer: torch.optim.Optimizer,
+    scheduler: LambdaLR,
+    scaler: torch.amp.GradScaler,
+    params: Iterable[nn.Parameter],
+    max_grad_norm: float | None,
+) -> tuple[float, bool]:
+    """Unscale, clip, step optimizer and scheduler -> (grad norm before clipping, skipped).
+
+    The optimizer step is skipped on a non-finite grad norm (the fp16 scaler then lowers its scale).
+    """
+    scaler.unscale_(optimizer)
+    trainable = [p for p in params if p.requires_grad]
+    norm = clip_grad_norm(trainable, max_grad_norm or math.inf)
+    skipped = not math.isfinite(norm)
+    if skipped and not scaler.is_enabled():
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        scaler.step(optimizer)
+    scaler.update()
+    scheduler.step()
+    return norm, skipped

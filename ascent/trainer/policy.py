@@ -13,13 +13,15 @@ the frozen base is held in `dtype`, the adapters in fp32 (peft), and the referen
 (adapters switched off), never a copy.
 
 Data parallelism: each worker gets a shard of the mini-batch plus the GLOBAL totals, so its loss is its share
-of the global loss and gradients are SUMMED over workers (`ascent.trainer.distributed`).
+of the global loss and gradients are SUMMED over workers (`ascent.trainer.distributed`). With
+`sharding="fsdp"` and several ranks the policy is sharded with FSDP2 (`ascent.models.parallel`): ranks run
+forwards in lock-step (`ascent.trainer.sharded`), `named_weights` and `save` are collectives (call them on
+every rank) and checkpoints add one optimizer shard per rank. `optim.offload` keeps AdamW on the CPU.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -29,14 +31,24 @@ from torch import Tensor, nn
 
 from ascent.errors import AscentError
 from ascent.models.loading import load_model, load_tokenizer, resolve_device, torch_dtype
+from ascent.models.parallel import full_parameters, full_state_dict, is_sharded, load_full_state_dict
 from ascent.trainer import lora as lora_lib
 from ascent.trainer.checkpoint import read_trainer_state, rng_state, set_rng_state, write_trainer_state
 from ascent.trainer.distributed import all_reduce_grads, all_reduce_max, all_reduce_sum, world_size
 from ascent.trainer.logprobs import token_logprobs, unwrap_model
 from ascent.trainer.loss import LossSettings, MetricSums, micro_batch_loss
-from ascent.trainer.optim import build_optimizer, build_scheduler
+from ascent.trainer.offload import OffloadedAdamW
+from ascent.trainer.optim import build_optimizer, build_scheduler, optimizer_step
 from ascent.trainer.packing import pack, plan_micro_batches
 from ascent.trainer.settings import LoraSettings, OptimSettings, settings_from_config
+from ascent.trainer.sharded import (
+    filler_sample,
+    missing_micro_batches,
+    read_optimizer_shard,
+    replicated_optimizer_state,
+    sharding_parallelize,
+    write_optimizer_shard,
+)
 from ascent.types import TrainSample
 
 
@@ -65,6 +77,7 @@ class PolicyWorker:
         temperature: float = 1.0,
         need_reference: bool | None = None,
         parallelize: Callable[[nn.Module], nn.Module] | None = None,
+        sharding: str = "none",
         seed: int | None = None,
     ) -> None:
         self.device = resolve_device(device)
@@ -83,9 +96,13 @@ class PolicyWorker:
         self.model = self._load_policy(model_path, param_dtype, gradient_checkpointing, trust_remote_code)
         self.param_dtype = param_dtype
         # Seam for FSDP2: a wrapper that shards the model and reduces (sums) gradients in backward.
+        parallelize = parallelize or sharding_parallelize(
+            sharding, param_dtype=param_dtype, compute_dtype=self.compute_dtype, lora=self.lora is not None
+        )
         self.grads_synced_by_wrapper = parallelize is not None
         if parallelize is not None:
             self.model = parallelize(self.model)
+        self.sharded = is_sharded(self.model)
         self.reference = self._load_reference(model_path, need_reference, trust_remote_code)
         self.optimizer = build_optimizer(self.model, **self.optim_settings.optimizer_kwargs())
         self.scheduler = build_scheduler(self.optimizer, **self.optim_settings.scheduler_kwargs())
@@ -162,11 +179,15 @@ class PolicyWorker:
         out: list[list[float]] = [[] for _ in samples]
         try:
             with ctx, self._autocast(), self._oom_guard(samples):
-                for idx in plan_micro_batches([s.num_tokens for s in samples], self.max_tokens):
+                plan = plan_micro_batches([s.num_tokens for s in samples], self.max_tokens)
+                fillers = missing_micro_batches(len(plan), self.device, self.sharded and which == "policy")
+                for idx in plan:
                     packed = pack([samples[i] for i in idx], self.device)
                     lp, _ = token_logprobs(model, packed, temperature=temp, chunk_tokens=self.chunk_tokens)
                     for i, values in zip(idx, packed.split(lp), strict=True):
                         out[i] = values
+                for _ in range(fillers):  # lock-step forwards of a sharded model
+                    token_logprobs(model, pack([filler_sample()], self.device), temperature=temp)
         finally:
             model.train(was_training)
         return out
@@ -211,6 +232,7 @@ class PolicyWorker:
         settings = self.loss_settings
         max_len = settings.max_len or max((len(s.response_ids) for s in samples), default=1)
         want_entropy = True  # reported as a metric; it joins the loss only when entropy_coef != 0
+        fillers = missing_micro_batches(len(micro_batches), self.device, self.sharded)
         for idx in micro_batches:
             packed = pack([samples[i] for i in idx], self.device)
             with self._autocast():
@@ -236,23 +258,27 @@ class PolicyWorker:
             metrics.add("tokens", one * packed.num_tokens)
             metrics.add("response_tokens", packed.loss_mask.sum())
             metrics.add("micro_batches", one)
+        for _ in range(fillers):
+            self._filler_backward()
         return metrics
 
+    def _filler_backward(self) -> None:
+        """A zero-gradient forward + backward that keeps this rank in lock-step with the others (FSDP)."""
+        with self._autocast():
+            lp, _ = token_logprobs(self.model, pack([filler_sample()], self.device))
+        (lp.sum() * 0.0).backward()
+
     def _optimizer_step(self) -> tuple[float, bool]:
-        """Unscale, clip, step optimizer and scheduler; skip the optimizer step on a non-finite grad norm."""
-        self.scaler.unscale_(self.optimizer)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        max_norm = self.optim_settings.max_grad_norm or math.inf
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        skipped = not math.isfinite(norm)
-        if skipped and not self.scaler.is_enabled():
-            self.optimizer.zero_grad(set_to_none=True)
-        else:
-            self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.scheduler.step()
+        """Unscale, clip (global norm), step optimizer and scheduler; skip the step on a non-finite norm."""
+        out = optimizer_step(
+            self.optimizer,
+            self.scheduler,
+            self.scaler,
+            self.model.parameters(),
+            self.optim_settings.max_grad_norm,
+        )
         self.step += 1
-        return norm, skipped
+        return out
 
     @contextlib.contextmanager
     def _oom_guard(self, samples: Sequence[TrainSample]) -> Iterator[None]:
@@ -275,7 +301,12 @@ class PolicyWorker:
 
         Tied parameters appear once (e.g. `model.embed_tokens.weight`, not `lm_head.weight`). Tensors are
         detached views of live weights unless `dtype` asks for a cast; the consumer copies what it keeps.
+        Sharded: full tensors gathered in buckets (cast before the gather), a collective: every rank must
+        iterate to the end (ranks other than the publisher can drop what they get).
         """
+        if self.sharded:
+            yield from full_parameters(unwrap_model(self.model), dtype)
+            return
         items = lora_lib.merged_named_weights(self.model) if self.lora else self._plain_named_weights()
         for name, t in items:
             yield name, (t if dtype is None else t.to(dtype))
@@ -291,22 +322,29 @@ class PolicyWorker:
         set_rng_state(state)
 
     def save(self, directory: str | Path) -> None:
-        """Write HF weights (merged for LoRA when `save_merged`), the adapter, tokenizer, trainer_state.pt."""
-        if world_size() > 1 and torch.distributed.get_rank() != 0:
-            return  # replicated data parallelism: rank 0 holds everything (sharded FSDP will write per rank)
+        """Write HF weights (merged for LoRA when `save_merged`), the adapter, tokenizer, trainer_state.pt.
+
+        Sharded: a collective; rank 0 writes the gathered weights, every rank its optimizer shard.
+        """
         out = Path(directory)
+        weights = full_state_dict(unwrap_model(self.model)) if self.sharded else None
+        if self.sharded:
+            out.mkdir(parents=True, exist_ok=True)
+            write_optimizer_shard(out, self.optimizer)
+        if world_size() > 1 and torch.distributed.get_rank() != 0:
+            return  # rank 0 writes the rest: unsharded, its state is every rank's; sharded, it gathered
         out.mkdir(parents=True, exist_ok=True)
         if self.lora is not None:
             lora_lib.write_adapter(self.model, out / lora_lib.ADAPTER_DIR)
             if self.lora.save_merged:
                 lora_lib.write_merged(self.model, out)
         else:
-            unwrap_model(self.model).save_pretrained(str(out))
+            unwrap_model(self.model).save_pretrained(str(out), state_dict=weights)
         with contextlib.suppress(OSError, ValueError):
             load_tokenizer(self.tokenizer_path).save_pretrained(str(out))
         write_trainer_state(
             out,
-            optimizer_state=self.optimizer.state_dict(),
+            optimizer_state=None if self.sharded else self.optimizer.state_dict(),
             scheduler_state=self.scheduler.state_dict(),
             scaler=self.scaler.state_dict(),
             step=self.step,
@@ -319,13 +357,18 @@ class PolicyWorker:
             lora_lib.load_adapter_weights(self.model, src / lora_lib.ADAPTER_DIR)
         else:
             fresh = load_model(src, self.param_dtype, "cpu")
-            unwrap_model(self.model).load_state_dict(fresh.state_dict())
+            load_full_state_dict(unwrap_model(self.model), fresh.state_dict())
+        if isinstance(self.optimizer, OffloadedAdamW):
+            self.optimizer.refresh_masters()
         state = read_trainer_state(src, map_location="cpu")
-        if state.get("optimizer") is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+        optimizer_state = None if self.sharded else replicated_optimizer_state(state, src)
+        if optimizer_state is not None:
+            self.optimizer.load_state_dict(optimizer_state)
         if state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step = int(state.get("step", 0))
         set_rng_state(state["rng"])
+        if self.sharded:
+            read_optimizer_shard(src, self.optimizer)  # and this rank's RNG

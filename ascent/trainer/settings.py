@@ -40,7 +40,10 @@ class LoraSettings:
 
 @dataclass(frozen=True)
 class OptimSettings:
-    """AdamW and LR schedule; `total_steps` = optimizer steps of the whole run (needed by cosine)."""
+    """AdamW and LR schedule; `total_steps` = optimizer steps of the whole run (needed by cosine).
+
+    `offload`: AdamW state and fp32 masters on the CPU (`ascent.trainer.offload`).
+    """
 
     lr: float = 1e-6
     weight_decay: float = 0.0
@@ -51,9 +54,16 @@ class OptimSettings:
     min_lr_ratio: float = 0.0
     total_steps: int = 0
     max_grad_norm: float | None = 1.0
+    offload: bool = False
 
     def optimizer_kwargs(self) -> dict[str, Any]:
-        return {"lr": self.lr, "weight_decay": self.weight_decay, "betas": tuple(self.betas), "eps": self.eps}
+        return {
+            "lr": self.lr,
+            "weight_decay": self.weight_decay,
+            "betas": tuple(self.betas),
+            "eps": self.eps,
+            "offload": self.offload,
+        }
 
     def scheduler_kwargs(self) -> dict[str, Any]:
         return {
@@ -115,8 +125,10 @@ def settings_from_config(
             min_lr_ratio=t.min_lr_ratio,
             total_steps=total_optimizer_steps,
             max_grad_norm=t.max_grad_norm,
+            offload=t.offload_optimizer,
         ),
         "loss": loss_settings_from_config(algo_cfg, max_new_tokens),
         "max_tokens_per_micro_batch": t.max_tokens_per_micro_batch,
         "logprob_chunk_tokens": t.logprob_chunk_tokens,
+        "sharding": t.sharding,
     }

@@ -48,3 +48,18 @@ def test_train_ray_backend(tmp_path, tiny_model, arithmetic_data):
     ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), timeout=600)
     check_run(tmp_path / "run", 2)
     assert list((tmp_path / "run" / "logs").glob("trainer*.log"))
+
+
+@pytest.mark.slow
+def test_train_ray_two_sharded_trainer_ranks(tmp_path, tiny_model, arithmetic_data):
+    """Two trainer ranks (FSDP2 over gloo) and a rollout actor: the multi-process path of a cluster run."""
+    cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=2)
+    cfg["cluster"] = {"backend": "ray", "num_trainer_workers": 2, "cpus_per_worker": 0.5}
+    cfg["train"]["sharding"] = "fsdp"
+    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), timeout=600)
+    check_run(tmp_path / "run", 2)
+    ckpt = sorted((tmp_path / "run" / "checkpoints").glob("iter_*"))[-1]
+    assert {p.name for p in ckpt.glob("optimizer_rank*")} == {
+        "optimizer_rank00000.pt",
+        "optimizer_rank00001.pt",
+    }
