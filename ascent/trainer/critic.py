@@ -25,7 +25,7 @@ The value head always runs in fp32. No LoRA: the critic is trained in full.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -36,24 +36,14 @@ from torch import Tensor, nn
 from ascent.algorithms import LOSS_AGGREGATIONS
 from ascent.algorithms.value import value_clipfrac, value_loss
 from ascent.models.loading import load_model, resolve_device, torch_dtype
-from ascent.models.parallel import full_state_dict, is_sharded, load_full_state_dict
-from ascent.trainer.checkpoint import read_trainer_state, write_trainer_state
-from ascent.trainer.distributed import all_reduce_grads, all_reduce_max, all_reduce_sum, world_size
+from ascent.models.parallel import full_state_dict, load_full_state_dict
+from ascent.trainer import common
+from ascent.trainer.distributed import all_reduce_sum
 from ascent.trainer.logprobs import unwrap_model
 from ascent.trainer.loss import MetricSums
-from ascent.trainer.offload import OffloadedAdamW
-from ascent.trainer.optim import build_optimizer, build_scheduler, optimizer_step
-from ascent.trainer.packing import PackedBatch, pack, plan_micro_batches
-from ascent.trainer.policy import TrainerOutOfMemory
-from ascent.trainer.settings import OptimSettings
-from ascent.trainer.sharded import (
-    filler_sample,
-    missing_micro_batches,
-    read_optimizer_shard,
-    replicated_optimizer_state,
-    sharding_parallelize,
-    write_optimizer_shard,
-)
+from ascent.trainer.packing import PackedBatch, pack
+from ascent.trainer.settings import OptimSettings, model_settings_from_config, optim_settings_from_config
+from ascent.trainer.sharded import missing_micro_batches
 from ascent.types import TrainSample
 
 if TYPE_CHECKING:
@@ -133,16 +123,18 @@ class CriticWorker:
         self.value_model = load_value_model(
             model_path, param_dtype, self.device, gradient_checkpointing, trust_remote_code
         )
-        # Seam for FSDP2: a wrapper that shards the model and reduces (sums) gradients in backward.
-        parallelize = parallelize or sharding_parallelize(
-            sharding, param_dtype=param_dtype, compute_dtype=self.compute_dtype, lora=False
+        self.model: nn.Module
+        self.model, self.grads_synced_by_wrapper, self.sharded = common.wrap_model(
+            self.value_model,
+            parallelize,
+            sharding,
+            param_dtype=param_dtype,
+            compute_dtype=self.compute_dtype,
+            lora=False,
         )
-        self.grads_synced_by_wrapper = parallelize is not None
-        self.model: nn.Module = parallelize(self.value_model) if parallelize else self.value_model
-        self.sharded = is_sharded(self.model)
-        self.optimizer = build_optimizer(self.model, **self.optim_settings.optimizer_kwargs())
-        self.scheduler = build_scheduler(self.optimizer, **self.optim_settings.scheduler_kwargs())
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.compute_dtype == torch.float16)
+        self.optimizer, self.scheduler, self.scaler = common.build_training(
+            self.model, self.optim_settings, self.device, self.compute_dtype
+        )
 
     @classmethod
     def from_config(
@@ -158,35 +150,19 @@ class CriticWorker:
     ) -> CriticWorker:
         """Build from ModelConfig, TrainConfig, AlgorithmConfig (critic_lr, value_clip); `critic_path`
         overrides the backbone checkpoint (default: the policy's `model_cfg.path`)."""
-        t = train_cfg
-        optim = OptimSettings(
-            lr=algo_cfg.critic_lr,
-            weight_decay=t.weight_decay,
-            betas=tuple(t.betas),
-            eps=t.eps,
-            warmup_steps=t.warmup_steps,
-            schedule=t.schedule,
-            min_lr_ratio=t.min_lr_ratio,
-            total_steps=total_optimizer_steps,
-            max_grad_norm=t.max_grad_norm,
-            offload=t.offload_optimizer,
-        )
         return cls(
             critic_path or model_cfg.path,
             device=device,
-            dtype=model_cfg.dtype,
-            gradient_checkpointing=model_cfg.gradient_checkpointing,
-            trust_remote_code=model_cfg.trust_remote_code,
-            optim=optim,
+            optim=optim_settings_from_config(train_cfg, total_optimizer_steps, lr=algo_cfg.critic_lr),
             value_clip=algo_cfg.value_clip,
-            max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
-            sharding=t.sharding,
+            max_tokens_per_micro_batch=train_cfg.max_tokens_per_micro_batch,
+            sharding=train_cfg.sharding,
+            **model_settings_from_config(model_cfg),
             **kwargs,
         )
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        enabled = self.compute_dtype != torch.float32
-        return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=enabled)
+        return common.autocast(self.device, self.compute_dtype)
 
     # ------------------------------------------------------------------------------------------ values
     @torch.no_grad()
@@ -195,22 +171,8 @@ class CriticWorker:
 
         Samples are packed into micro-batches of at most `max_tokens_per_micro_batch` tokens.
         """
-        was_training = self.model.training
-        self.model.eval()
-        out: list[list[float]] = [[] for _ in samples]
-        try:
-            with self._autocast(), self._oom_guard(samples):
-                plan = plan_micro_batches([s.num_tokens for s in samples], self.max_tokens)
-                fillers = missing_micro_batches(len(plan), self.device, self.sharded)
-                for idx in plan:
-                    packed = pack([samples[i] for i in idx], self.device)
-                    for i, values in zip(idx, packed.split(self.model(packed)), strict=True):
-                        out[i] = values
-                for _ in range(fillers):  # lock-step forwards of a sharded model
-                    self.model(pack([filler_sample()], self.device))
-        finally:
-            self.model.train(was_training)
-        return out
+        with common.eval_mode(self.model), self._autocast(), self._oom_guard(samples):
+            return common.forward_per_sample(self, samples, self.model, self.model, self.sharded)
 
     # ------------------------------------------------------------------------------------------ update
     def update(
@@ -222,23 +184,14 @@ class CriticWorker:
         (`minibatch_totals`). Every sample needs `returns`. Metrics: critic/loss, critic/value_mean,
         critic/clipfrac, critic/explained_variance, critic/grad_norm, critic/lr, critic/skipped.
         """
-        self.model.train()
-        micro = plan_micro_batches([s.num_tokens for s in samples], self.max_tokens)
         ev_sums = torch.zeros(5, dtype=torch.float64, device=self.device)
-        try:
-            with self._oom_guard(samples):
-                metrics = self.accumulate(
-                    samples, micro, total_tokens=total_tokens, total_seqs=total_seqs, ev_sums=ev_sums
-                )
-                if not self.grads_synced_by_wrapper:
-                    all_reduce_grads(self.model.parameters())
-                # optimizer lrs are floats (build_optimizer); torch types them float | Tensor
-                lr = cast(float, self.scheduler.get_last_lr()[0])
-                grad_norm, skipped = self._optimizer_step()
-        finally:
-            self.optimizer.zero_grad(set_to_none=True)
-        metrics.reduce(all_reduce_sum, all_reduce_max)
-        out = metrics.result()
+
+        def accumulate(micro: list[list[int]]) -> MetricSums:
+            return self.accumulate(
+                samples, micro, total_tokens=total_tokens, total_seqs=total_seqs, ev_sums=ev_sums
+            )
+
+        out, lr, grad_norm, skipped = common.run_update(self, samples, accumulate, self._oom_guard(samples))
         out.update(
             {
                 "critic/explained_variance": explained_variance(all_reduce_sum(ev_sums)),
@@ -283,37 +236,18 @@ class CriticWorker:
             metrics.add("critic/clipfrac", (clipped * mask).sum(), count)
             if ev_sums is not None:
                 ev_sums += explained_variance_sums(values.detach(), returns, mask)
-        for _ in range(fillers):
-            with self._autocast():  # lock-step filler for FSDP: a zero-gradient forward + backward
-                filler = self.model(pack([filler_sample()], self.device))
-            (filler.sum() * 0.0).backward()
+        for _ in range(fillers):  # lock-step filler for FSDP: a zero-gradient forward + backward
+            common.filler_backward(self, self.model)
         return metrics
 
     def _optimizer_step(self) -> tuple[float, bool]:
         """Unscale, clip (global norm), step optimizer and scheduler; skip the step on a non-finite norm."""
-        out = optimizer_step(
-            self.optimizer,
-            self.scheduler,
-            self.scaler,
-            self.model.parameters(),
-            self.optim_settings.max_grad_norm,
-        )
-        self.step += 1
-        return out
+        return common.step_optimizer(self)
 
-    @contextlib.contextmanager
-    def _oom_guard(self, samples: Sequence[TrainSample]) -> Iterator[None]:
-        try:
-            yield
-        except torch.OutOfMemoryError as e:
-            self.optimizer.zero_grad(set_to_none=True)
-            longest = max((s.num_tokens for s in samples), default=0)
-            raise TrainerOutOfMemory(
-                f"out of accelerator memory in the critic worker (micro-batches of up to "
-                f"train.max_tokens_per_micro_batch={self.max_tokens} tokens; longest sequence {longest}). "
-                "Lower train.max_tokens_per_micro_batch (not below the longest sequence), set "
-                "model.gradient_checkpointing=true, use model.dtype=bf16, or use a smaller critic checkpoint."
-            ) from e
+    def _oom_guard(self, samples: Sequence[TrainSample]) -> contextlib.AbstractContextManager:
+        return common.oom_guard(
+            self, samples, "critic", "use model.dtype=bf16, or use a smaller critic checkpoint."
+        )
 
     # ------------------------------------------------------------------------------------ checkpoints
     def save(self, directory: str | Path) -> None:
@@ -324,9 +258,7 @@ class CriticWorker:
         out = Path(directory) / CRITIC_DIR
         out.mkdir(parents=True, exist_ok=True)
         weights = full_state_dict(self.value_model) if self.sharded else {}
-        if self.sharded:
-            write_optimizer_shard(out, self.optimizer)
-        if world_size() > 1 and torch.distributed.get_rank() != 0:
+        if not common.write_shard(self, out):
             return  # rank 0 holds (or has gathered) the weights
         if self.sharded:
             st.save_file({k: v.contiguous() for k, v in weights.items()}, str(out / WEIGHTS_FILE))
@@ -334,13 +266,7 @@ class CriticWorker:
             st.save_model(self.value_model, str(out / WEIGHTS_FILE))
         backbone = cast("PreTrainedModel", self.value_model.backbone)  # an HF decoder stack
         backbone.config.save_pretrained(str(out))
-        write_trainer_state(
-            out,
-            optimizer_state=None if self.sharded else self.optimizer.state_dict(),
-            scheduler_state=self.scheduler.state_dict(),
-            scaler=self.scaler.state_dict(),
-            step=self.step,
-        )
+        common.write_state(self, out)
 
     def load(self, directory: str | Path) -> None:
         """Restore weights, optimizer, scheduler, scaler and step from `save(directory)` (RNG: the policy's)."""
@@ -351,19 +277,7 @@ class CriticWorker:
             load_full_state_dict(self.value_model, st.load_file(str(src / WEIGHTS_FILE)))
         except ValueError as e:
             raise ValueError(f"{str(src)!r}: critic weights do not match: {e}") from e
-        if isinstance(self.optimizer, OffloadedAdamW):
-            self.optimizer.refresh_masters()
-        state = read_trainer_state(src, map_location="cpu")
-        optimizer_state = None if self.sharded else replicated_optimizer_state(state, src)
-        if optimizer_state is not None:
-            self.optimizer.load_state_dict(optimizer_state)
-        if state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        if state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.step = int(state.get("step", 0))
-        if self.sharded:
-            read_optimizer_shard(src, self.optimizer)  # and this rank's RNG
+        common.load_state(self, src, rng=False)
 
 
 def _require_returns(packed: PackedBatch, idx: Sequence[int]) -> Tensor:

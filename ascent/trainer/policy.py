@@ -24,36 +24,30 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ascent.errors import AscentError
 from ascent.models.loading import load_model, load_tokenizer, resolve_device, torch_dtype
-from ascent.models.parallel import full_parameters, full_state_dict, is_sharded, load_full_state_dict
+from ascent.models.parallel import full_parameters, full_state_dict, load_full_state_dict
+from ascent.trainer import common
 from ascent.trainer import lora as lora_lib
-from ascent.trainer.checkpoint import read_trainer_state, rng_state, set_rng_state, write_trainer_state
-from ascent.trainer.distributed import all_reduce_grads, all_reduce_max, all_reduce_sum, world_size
+from ascent.trainer.checkpoint import rng_state, set_rng_state
+from ascent.trainer.common import TrainerOutOfMemory
 from ascent.trainer.logprobs import token_logprobs, unwrap_model
 from ascent.trainer.loss import LossSettings, MetricSums, micro_batch_loss
-from ascent.trainer.offload import OffloadedAdamW
-from ascent.trainer.optim import build_optimizer, build_scheduler, optimizer_step
-from ascent.trainer.packing import pack, plan_micro_batches
+from ascent.trainer.packing import PackedBatch, pack
 from ascent.trainer.settings import LoraSettings, OptimSettings, settings_from_config
-from ascent.trainer.sharded import (
-    filler_sample,
-    missing_micro_batches,
-    read_optimizer_shard,
-    replicated_optimizer_state,
-    sharding_parallelize,
-    write_optimizer_shard,
-)
+from ascent.trainer.sharded import missing_micro_batches
 from ascent.types import TrainSample
 
+__all__ = ["PolicyWorker", "TrainerOutOfMemory"]
 
-class TrainerOutOfMemory(AscentError, RuntimeError):
-    """The accelerator ran out of memory in the policy worker; the message says which settings to lower."""
+_OOM_ADVICE = (
+    "lower train.logprob_chunk_tokens, use model.dtype=bf16, use LoRA (model.lora.rank > 0), or add trainer "
+    "GPUs (cluster.num_trainer_workers)."
+)
 
 
 class PolicyWorker:
@@ -95,18 +89,18 @@ class PolicyWorker:
         param_dtype = torch.float32 if master_fp32 and self.lora is None else self.compute_dtype
         self.model = self._load_policy(model_path, param_dtype, gradient_checkpointing, trust_remote_code)
         self.param_dtype = param_dtype
-        # Seam for FSDP2: a wrapper that shards the model and reduces (sums) gradients in backward.
-        parallelize = parallelize or sharding_parallelize(
-            sharding, param_dtype=param_dtype, compute_dtype=self.compute_dtype, lora=self.lora is not None
+        self.model, self.grads_synced_by_wrapper, self.sharded = common.wrap_model(
+            self.model,
+            parallelize,
+            sharding,
+            param_dtype=param_dtype,
+            compute_dtype=self.compute_dtype,
+            lora=self.lora is not None,
         )
-        self.grads_synced_by_wrapper = parallelize is not None
-        if parallelize is not None:
-            self.model = parallelize(self.model)
-        self.sharded = is_sharded(self.model)
         self.reference = self._load_reference(model_path, need_reference, trust_remote_code)
-        self.optimizer = build_optimizer(self.model, **self.optim_settings.optimizer_kwargs())
-        self.scheduler = build_scheduler(self.optimizer, **self.optim_settings.scheduler_kwargs())
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.compute_dtype == torch.float16)
+        self.optimizer, self.scheduler, self.scaler = common.build_training(
+            self.model, self.optim_settings, self.device, self.compute_dtype
+        )
 
     @classmethod
     def from_config(
@@ -148,8 +142,7 @@ class PolicyWorker:
 
     # ----------------------------------------------------------------------------------------- forward
     def _autocast(self) -> contextlib.AbstractContextManager:
-        enabled = self.compute_dtype != torch.float32
-        return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=enabled)
+        return common.autocast(self.device, self.compute_dtype)
 
     def _reference_module(self) -> tuple[nn.Module, contextlib.AbstractContextManager]:
         if self.lora is not None:
@@ -174,23 +167,17 @@ class PolicyWorker:
             raise ValueError(f"which={which!r}: use 'policy' or 'reference'.")
         model, ctx = (self.model, contextlib.nullcontext()) if which == "policy" else self._reference_module()
         temp = self.temperature if temperature is None else temperature
-        was_training = model.training
-        model.eval()
-        out: list[list[float]] = [[] for _ in samples]
-        try:
-            with ctx, self._autocast(), self._oom_guard(samples):
-                plan = plan_micro_batches([s.num_tokens for s in samples], self.max_tokens)
-                fillers = missing_micro_batches(len(plan), self.device, self.sharded and which == "policy")
-                for idx in plan:
-                    packed = pack([samples[i] for i in idx], self.device)
-                    lp, _ = token_logprobs(model, packed, temperature=temp, chunk_tokens=self.chunk_tokens)
-                    for i, values in zip(idx, packed.split(lp), strict=True):
-                        out[i] = values
-                for _ in range(fillers):  # lock-step forwards of a sharded model
-                    token_logprobs(model, pack([filler_sample()], self.device), temperature=temp)
-        finally:
-            model.train(was_training)
-        return out
+
+        def forward(packed: PackedBatch) -> Tensor:
+            return token_logprobs(model, packed, temperature=temp, chunk_tokens=self.chunk_tokens)[0]
+
+        def filler(packed: PackedBatch) -> Any:
+            return token_logprobs(model, packed, temperature=temp)
+
+        with common.eval_mode(model), ctx, self._autocast(), self._oom_guard(samples):
+            return common.forward_per_sample(
+                self, samples, forward, filler, self.sharded and which == "policy"
+            )
 
     # ------------------------------------------------------------------------------------------ update
     def update(
@@ -202,20 +189,12 @@ class PolicyWorker:
         (see `minibatch_totals`). Metrics: loss/policy, loss/kl, loss/total, entropy, clipfrac, approx_kl,
         ratio, grad_norm, lr, tokens, response_tokens, micro_batches, skipped (1 if the grad was not finite).
         """
-        self.model.train()
-        micro = plan_micro_batches([s.num_tokens for s in samples], self.max_tokens)
-        try:
-            with self._oom_guard(samples):
-                metrics = self.accumulate(samples, micro, total_tokens=total_tokens, total_seqs=total_seqs)
-                if not self.grads_synced_by_wrapper:
-                    all_reduce_grads(self.model.parameters())
-                # optimizer lrs are floats (build_optimizer); torch types them float | Tensor
-                lr = cast(float, self.scheduler.get_last_lr()[0])
-                grad_norm, skipped = self._optimizer_step()
-        finally:
-            self.optimizer.zero_grad(set_to_none=True)
-        metrics.reduce(all_reduce_sum, all_reduce_max)
-        out = metrics.result()
+        out, lr, grad_norm, skipped = common.run_update(
+            self,
+            samples,
+            lambda micro: self.accumulate(samples, micro, total_tokens=total_tokens, total_seqs=total_seqs),
+            self._oom_guard(samples),
+        )
         out.update({"grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)})
         return out
 
@@ -264,36 +243,14 @@ class PolicyWorker:
 
     def _filler_backward(self) -> None:
         """A zero-gradient forward + backward that keeps this rank in lock-step with the others (FSDP)."""
-        with self._autocast():
-            lp, _ = token_logprobs(self.model, pack([filler_sample()], self.device))
-        (lp.sum() * 0.0).backward()
+        common.filler_backward(self, lambda packed: token_logprobs(self.model, packed)[0])
 
     def _optimizer_step(self) -> tuple[float, bool]:
         """Unscale, clip (global norm), step optimizer and scheduler; skip the step on a non-finite norm."""
-        out = optimizer_step(
-            self.optimizer,
-            self.scheduler,
-            self.scaler,
-            self.model.parameters(),
-            self.optim_settings.max_grad_norm,
-        )
-        self.step += 1
-        return out
+        return common.step_optimizer(self)
 
-    @contextlib.contextmanager
-    def _oom_guard(self, samples: Sequence[TrainSample]) -> Iterator[None]:
-        try:
-            yield
-        except torch.OutOfMemoryError as e:
-            self.optimizer.zero_grad(set_to_none=True)
-            longest = max((s.num_tokens for s in samples), default=0)
-            raise TrainerOutOfMemory(
-                f"out of accelerator memory in the policy worker (micro-batches of up to "
-                f"train.max_tokens_per_micro_batch={self.max_tokens} tokens; longest sequence {longest}). "
-                "Lower train.max_tokens_per_micro_batch (not below the longest sequence), set "
-                "model.gradient_checkpointing=true, lower train.logprob_chunk_tokens, use model.dtype=bf16, "
-                "use LoRA (model.lora.rank > 0), or add trainer GPUs (cluster.num_trainer_workers)."
-            ) from e
+    def _oom_guard(self, samples: Sequence[TrainSample]) -> contextlib.AbstractContextManager:
+        return common.oom_guard(self, samples, "policy", _OOM_ADVICE)
 
     # --------------------------------------------------------------------------------- weights, state
     def named_weights(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
@@ -328,10 +285,7 @@ class PolicyWorker:
         """
         out = Path(directory)
         weights = full_state_dict(unwrap_model(self.model)) if self.sharded else None
-        if self.sharded:
-            out.mkdir(parents=True, exist_ok=True)
-            write_optimizer_shard(out, self.optimizer)
-        if world_size() > 1 and torch.distributed.get_rank() != 0:
+        if not common.write_shard(self, out):
             return  # rank 0 writes the rest: unsharded, its state is every rank's; sharded, it gathered
         out.mkdir(parents=True, exist_ok=True)
         if self.lora is not None:
@@ -342,13 +296,7 @@ class PolicyWorker:
             unwrap_model(self.model).save_pretrained(str(out), state_dict=weights)
         with contextlib.suppress(OSError, ValueError):
             load_tokenizer(self.tokenizer_path).save_pretrained(str(out))
-        write_trainer_state(
-            out,
-            optimizer_state=None if self.sharded else self.optimizer.state_dict(),
-            scheduler_state=self.scheduler.state_dict(),
-            scaler=self.scaler.state_dict(),
-            step=self.step,
-        )
+        common.write_state(self, out)
 
     def load(self, directory: str | Path) -> None:
         """Restore weights (adapter for LoRA), optimizer, scheduler, scaler, step and RNG from `save(dir)`."""
@@ -358,17 +306,4 @@ class PolicyWorker:
         else:
             fresh = load_model(src, self.param_dtype, "cpu")
             load_full_state_dict(unwrap_model(self.model), fresh.state_dict())
-        if isinstance(self.optimizer, OffloadedAdamW):
-            self.optimizer.refresh_masters()
-        state = read_trainer_state(src, map_location="cpu")
-        optimizer_state = None if self.sharded else replicated_optimizer_state(state, src)
-        if optimizer_state is not None:
-            self.optimizer.load_state_dict(optimizer_state)
-        if state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        if state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.step = int(state.get("step", 0))
-        set_rng_state(state["rng"])
-        if self.sharded:
-            read_optimizer_shard(src, self.optimizer)  # and this rank's RNG
+        common.load_state(self, src, rng=True)

@@ -74,6 +74,34 @@ class OptimSettings:
         }
 
 
+def model_settings_from_config(model_cfg: Any) -> dict[str, Any]:
+    """ModelConfig -> the loading keywords both workers take: dtype, gradient_checkpointing, trust_remote_code."""
+    return {
+        "dtype": model_cfg.dtype,
+        "gradient_checkpointing": model_cfg.gradient_checkpointing,
+        "trust_remote_code": model_cfg.trust_remote_code,
+    }
+
+
+def optim_settings_from_config(
+    train_cfg: Any, total_optimizer_steps: int, lr: float | None = None
+) -> OptimSettings:
+    """TrainConfig -> OptimSettings; `lr` overrides `train_cfg.lr` (the critic's `algorithm.critic_lr`)."""
+    t = train_cfg
+    return OptimSettings(
+        lr=t.lr if lr is None else lr,
+        weight_decay=t.weight_decay,
+        betas=tuple(t.betas),
+        eps=t.eps,
+        warmup_steps=t.warmup_steps,
+        schedule=t.schedule,
+        min_lr_ratio=t.min_lr_ratio,
+        total_steps=total_optimizer_steps,
+        max_grad_norm=t.max_grad_norm,
+        offload=t.offload_optimizer,
+    )
+
+
 def loss_settings_from_config(algo_cfg: Any, max_new_tokens: int | None = None) -> LossSettings:
     """AlgorithmConfig -> LossSettings (policy-loss options, KL, entropy, Dr. GRPO divisor, correction).
 
@@ -110,23 +138,10 @@ def settings_from_config(
     lo = model_cfg.lora
     t = train_cfg
     return {
-        "dtype": model_cfg.dtype,
-        "gradient_checkpointing": model_cfg.gradient_checkpointing,
-        "trust_remote_code": model_cfg.trust_remote_code,
+        **model_settings_from_config(model_cfg),
         "tokenizer_path": model_cfg.tokenizer_path,
         "lora": LoraSettings(lo.rank, lo.alpha, lo.dropout, tuple(lo.target_modules), lo.save_merged),
-        "optim": OptimSettings(
-            lr=t.lr,
-            weight_decay=t.weight_decay,
-            betas=tuple(t.betas),
-            eps=t.eps,
-            warmup_steps=t.warmup_steps,
-            schedule=t.schedule,
-            min_lr_ratio=t.min_lr_ratio,
-            total_steps=total_optimizer_steps,
-            max_grad_norm=t.max_grad_norm,
-            offload=t.offload_optimizer,
-        ),
+        "optim": optim_settings_from_config(t, total_optimizer_steps),
         "loss": loss_settings_from_config(algo_cfg, max_new_tokens),
         "max_tokens_per_micro_batch": t.max_tokens_per_micro_batch,
         "logprob_chunk_tokens": t.logprob_chunk_tokens,
