@@ -52,6 +52,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     from ascent.config import write_resolved_config
     from ascent.data import PromptSampler
     from ascent.models.loading import load_tokenizer, resolve_device
+    from ascent.models.varlen import enable_for_training
     from ascent.tracking import MetricsLogger, Progress, setup_logging
     from ascent.trainer.policy import PolicyWorker
 
@@ -71,6 +72,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
         temperature=1.0,
         device=resolve_device("auto"),
     )
+    enable_for_training(policy.model, policy.device, policy.compute_dtype)  # flash varlen on CUDA bf16/fp16
     sampler = PromptSampler(len(train), cfg.batch_size, seed=cfg.seed, shuffle=cfg.data.shuffle)
     start = _resume(cfg, policy, sampler) if cfg.resume else 0
     metrics_log = MetricsLogger(str(run_dir), tensorboard=cfg.tracking.tensorboard, purge_step=start + 1)

@@ -60,7 +60,12 @@ class RolloutWorker:
         return self.engine.generate(requests)
 
     def update_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
+        """Copy the new weights in; returns once they are in place (the copies are asynchronous on a GPU,
+        so without the sync `time/publish` would measure only their launch)."""
         self.engine.update_weights(named_tensors.items())
+        device = getattr(self.engine, "device", None)
+        if isinstance(device, torch.device) and device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     def sleep(self) -> None:
         self.engine.sleep()
@@ -74,6 +79,7 @@ class TrainerWorker:
 
     def __init__(self, trainer_kwargs: dict[str, Any], seed: int, run_dir: str | None = None) -> None:
         from ascent.models.loading import resolve_device
+        from ascent.models.varlen import enable_for_training
         from ascent.trainer.policy import PolicyWorker
 
         rank = int(os.environ.get("RANK", "0"))
@@ -82,6 +88,8 @@ class TrainerWorker:
         self.world_size = init_distributed(device)
         _seed_everything(seed + rank)
         self.policy = PolicyWorker.from_config(device=device, **kwargs)
+        # packed micro-batches through flash varlen kernels instead of a dense [N, N] mask (CUDA, bf16/fp16)
+        enable_for_training(self.policy.model, self.policy.device, self.policy.compute_dtype)
 
     def compute_logprobs(
         self, samples: list[TrainSample], temperature: float, which: str
@@ -92,10 +100,21 @@ class TrainerWorker:
         return self.policy.update(samples, total_tokens=total_tokens, total_seqs=total_seqs)
 
     def named_weights(self, to_cpu: bool = True) -> dict[str, torch.Tensor]:
-        """The policy's weights in HF naming; kept on the device when the engine lives in this process."""
+        """The policy's weights in HF naming, from rank 0 (other ranks return {}).
+
+        Every rank is called: with FSDP the gather is a collective all ranks join. Tensors stay on the
+        device when the engine lives in this process (`to_cpu=False`).
+        """
+        rank = int(os.environ.get("RANK", "0"))
+        weights = self.policy.named_weights()
+        if rank != 0:
+            if getattr(self.policy, "sharded", False):
+                for _ in weights:  # take part in each bucket's all-gather
+                    pass
+            return {}
         if to_cpu:
-            return {name: t.detach().to("cpu") for name, t in self.policy.named_weights()}
-        return {name: t.detach() for name, t in self.policy.named_weights()}
+            return {name: t.detach().to("cpu") for name, t in weights}
+        return {name: t.detach() for name, t in weights}
 
     def save(self, path: str) -> None:
         self.policy.save(path)

@@ -1,0 +1,155 @@
+"""Packed-sequence attention for the trainer on CUDA: flash-attention varlen kernels instead of a dense mask.
+
+The trainer packs a micro-batch's sequences back to back in one row, position_ids restarting at 0 for each
+(`ascent.trainer.packing`). transformers' SDPA path turns that into a dense [N, N] block-causal mask, so the
+kernel visits every block of the N x N score matrix (the cost grows with the square of the micro-batch, not
+with the sequences' own lengths) and repeats K/V for grouped-query attention. With N = 16k tokens of 768-token
+sequences that is about 20x the attention work actually needed.
+
+`enable_varlen_attention(model)` registers `varlen_attention` with transformers' AttentionInterface under
+the name "ascent_varlen" and switches the model to it. No mask function is registered for that name, so
+transformers builds no mask; the function reads the sequence boundaries off position_ids (once per forward,
+cached on the tensor) and calls `torch.nn.attention.varlen.varlen_attn`, which computes only each
+sequence's own causal triangle. Calls it cannot serve exactly (a padding mask, a KV cache, several rows)
+raise instead of silently attending across sequences.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+NAME = "ascent_varlen"
+_CACHE_ATTR = "_ascent_varlen_offsets"
+
+
+def _kernel() -> Callable[..., Any] | None:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def available() -> bool:
+    """True where the varlen kernel can run: CUDA present and torch ships `varlen_attn`."""
+    return torch.cuda.is_available() and _kernel() is not None
+
+
+def sequence_offsets(position_ids: Tensor) -> tuple[Tensor, int]:
+    """position_ids [1, N], restarting at 0 per sequence -> (cu_seqlens [S+1] int32, longest sequence).
+
+    Cached on the tensor: every layer of one forward (and its recomputation in backward) gets the same
+    position_ids object, so the host sync for the longest length happens once per forward.
+    """
+    cached = getattr(position_ids, _CACHE_ATTR, None)
+    if cached is not None:
+        return cached
+    pos = position_ids[0]
+    starts = torch.nonzero(pos == 0).flatten()
+    if starts.numel() == 0 or int(starts[0]) != 0:
+        raise ValueError("ascent_varlen attention: position_ids must start at 0 (one packed row).")
+    ends = torch.cat([starts[1:], starts.new_tensor([pos.numel()])])
+    cu = torch.cat([starts, ends[-1:]]).to(torch.int32)
+    result = (cu, int((ends - starts).max()))
+    setattr(position_ids, _CACHE_ATTR, result)
+    return result
+
+
+def _call_kernel(kernel: Callable[..., Any], q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int,
+                 scaling: float) -> Tensor:  # fmt: skip
+    """q [N, nh, d], k/v [N, kvh, d] -> [N, nh, d], causal per sequence; adapts to the torch version's API."""
+    params = inspect.signature(kernel).parameters
+    kwargs: dict[str, Any] = {}
+    if "window_size" in params:  # torch >= 2.12: causal is the window (-1, 0)
+        kwargs["window_size"] = (-1, 0)
+    else:
+        kwargs["is_causal"] = True
+    if "scale" in params:
+        kwargs["scale"] = scaling
+    elif abs(scaling - q.shape[-1] ** -0.5) > 1e-12:
+        q = q * (scaling * q.shape[-1] ** 0.5)
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:  # torch 2.11 has no GQA argument: repeat each K/V head for its query heads
+            group = q.shape[1] // k.shape[1]
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+    return kernel(q, k, v, cu, cu, max_len, max_len, **kwargs)
+
+
+def _compute_dtype(value: Tensor) -> torch.dtype:
+    """The half-precision dtype the kernel runs in: value's own, or autocast's (q/k leave RoPE in fp32)."""
+    if value.dtype in (torch.float16, torch.bfloat16):
+        return value.dtype
+    device = value.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    raise ValueError("ascent_varlen attention runs in bf16/fp16: use model.dtype=bf16 (autocast) with it.")
+
+
+def varlen_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    position_ids: Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers attention function: query [1, nh, N, d], key/value [1, kvh, N, d] -> ([1, N, nh, d], None)."""
+    if attention_mask is not None or position_ids is None or query.shape[0] != 1:
+        raise ValueError(
+            "ascent_varlen attention serves one packed row with position_ids and no attention mask (the "
+            "trainer's layout); load the model with attn_implementation='sdpa' for other uses."
+        )
+    if query.shape[2] != key.shape[2] or kwargs.get("sliding_window"):
+        raise ValueError(
+            "ascent_varlen attention: no KV cache and no sliding window (training forward only)."
+        )
+    if dropout:
+        raise ValueError("ascent_varlen attention has no dropout; set the model's attention_dropout to 0.")
+    kernel = _kernel()
+    if kernel is None:
+        raise RuntimeError("torch.nn.attention.varlen.varlen_attn is missing in this torch build.")
+    cu, max_len = sequence_offsets(position_ids)
+    dtype = _compute_dtype(value)
+    q, k, v = (t[0].transpose(0, 1).to(dtype).contiguous() for t in (query, key, value))
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = _call_kernel(kernel, q, k, v, cu, max_len, scale)
+    return out.unsqueeze(0), None
+
+
+def register() -> None:
+    """Make "ascent_varlen" a known attention implementation (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, varlen_attention)
+
+
+def enable_varlen_attention(model: nn.Module) -> bool:
+    """Switch a Hugging Face causal LM (peft-wrapped too) to varlen attention; False where unavailable."""
+    if not available():
+        return False
+    register()
+    get_base = getattr(model, "get_base_model", None)
+    lm: Any = get_base() if callable(get_base) else model
+    try:
+        lm.set_attn_implementation(NAME)
+    except (AttributeError, KeyError, ValueError):
+        lm.config._attn_implementation = NAME
+    return lm.config._attn_implementation == NAME
+
+
+def enable_for_training(model: nn.Module, device: torch.device, compute_dtype: torch.dtype) -> bool:
+    """What the trainer workers call: varlen attention on CUDA with bf16/fp16 compute, SDPA otherwise."""
+    if device.type != "cuda" or compute_dtype not in (torch.bfloat16, torch.float16):
+        return False
+    return enable_varlen_attention(model)

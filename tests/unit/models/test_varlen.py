@@ -1,0 +1,88 @@
+"""ascent.models.varlen on CPU: a reference kernel stands in for flash varlen_attn (both torch API shapes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ascent.models import varlen
+
+
+def _reference_kernel(new_api: bool):
+    """Per-sequence causal SDPA with the signature of torch 2.11 (is_causal) or >= 2.12 (window_size, gqa)."""
+
+    def run(q, k, v, cu_q, cu_k, max_q, max_k, scale, gqa):
+        if not gqa:
+            assert k.shape[1] == q.shape[1], "2.11 API: K/V must be repeated by the caller"
+        out = torch.empty_like(q)
+        for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True):
+            qs, ks, vs = (t[a:b].transpose(0, 1) for t in (q, k, v))
+            o = torch.nn.functional.scaled_dot_product_attention(
+                qs, ks, vs, is_causal=True, scale=scale, enable_gqa=gqa
+            )
+            out[a:b] = o.transpose(0, 1)
+        return out
+
+    if new_api:
+
+        def kernel(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+            assert window_size == (-1, 0)
+            return run(q, k, v, cu_q, cu_k, max_q, max_k, scale, enable_gqa)
+
+        return kernel
+
+    def old_kernel(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, return_aux=None):
+        assert is_causal
+        return run(q, k, v, cu_q, cu_k, max_q, max_k, None, False)
+
+    return old_kernel
+
+
+def test_sequence_offsets_cached():
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
+    cu, longest = varlen.sequence_offsets(pos)
+    assert cu.tolist() == [0, 3, 5, 9] and cu.dtype == torch.int32 and longest == 4
+    assert varlen.sequence_offsets(pos)[0] is cu
+
+
+@pytest.mark.parametrize("new_api", [False, True])
+def test_matches_sdpa_on_packed_rows(tmp_path, monkeypatch, new_api):
+    from transformers import AutoModelForCausalLM
+
+    from ascent.models.tiny import make_tiny_checkpoint
+    from ascent.trainer.logprobs import hidden_states
+    from ascent.trainer.packing import pack
+    from ascent.types import TrainSample
+
+    path = make_tiny_checkpoint(tmp_path / "m", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+    model = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa").eval()
+    g = torch.Generator().manual_seed(0)
+    samples = [
+        TrainSample(
+            prompt_ids=torch.randint(3, 80, (p,), generator=g).tolist(),
+            response_ids=torch.randint(3, 80, (r,), generator=g).tolist(),
+            loss_mask=[1] * r,
+            advantages=[0.0] * r,
+        )
+        for p, r in ((5, 7), (3, 2), (9, 11))
+    ]
+    packed = pack(samples)
+    with torch.no_grad():
+        want = hidden_states(model, packed)
+    monkeypatch.setattr(varlen, "_kernel", lambda: _reference_kernel(new_api))
+    monkeypatch.setattr(varlen, "available", lambda: True)
+    assert varlen.enable_varlen_attention(model)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = hidden_states(model, pack(samples))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model.set_attn_implementation("sdpa")
+        ref_bf16 = hidden_states(model, pack(samples))
+    err = (got.float() - ref_bf16.float()).norm() / ref_bf16.float().norm()
+    assert err < 2e-2, err
+    assert (got.float() - want).norm() / want.norm() < 5e-2
+
+
+def test_refuses_a_padding_mask():
+    q = torch.zeros(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="packed row"):
+        varlen.varlen_attention(None, q, q, q, torch.ones(1, 1, 3, 3, dtype=torch.bool), position_ids=None)
