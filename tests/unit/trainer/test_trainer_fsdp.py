@@ -43,17 +43,17 @@ def _totals(mb):
     return dict(zip(("total_tokens", "total_seqs"), minibatch_totals(mb), strict=True))
 
 
-def _policy(path, sharding, offload=False):
+def _policy(path, sharding, offload=False, device="cpu"):
     loss = LossSettings(loss_aggregation="seq-mean-token-mean")
     optim = OptimSettings(lr=1e-2, eps=1e-4, offload=offload)
     kw = {"max_tokens_per_micro_batch": MAX_TOKENS, "sharding": sharding, "seed": 0}
-    return PolicyWorker(path, device="cpu", optim=optim, loss=loss, **kw)
+    return PolicyWorker(path, device=device, optim=optim, loss=loss, **kw)
 
 
-def _critic(path, sharding, offload=False):
+def _critic(path, sharding, offload=False, device="cpu"):
     optim = OptimSettings(lr=1e-2, eps=1e-4, offload=offload)
     kw = {"max_tokens_per_micro_batch": MAX_TOKENS, "sharding": sharding, "seed": 0}
-    return CriticWorker(path, device="cpu", optim=optim, **kw)
+    return CriticWorker(path, device=device, optim=optim, **kw)
 
 
 def _run(make, share, ckpt, forward):
@@ -66,7 +66,8 @@ def _run(make, share, ckpt, forward):
     resumed.load(ckpt)
     metrics.append(resumed.update(share(_mini_batches()[2]), **_totals(_mini_batches()[2])))
     model = getattr(resumed, "value_model", resumed.model)
-    return {"out": out, "metrics": metrics, "weights": full_state_dict(model, rank0_only=False)}
+    weights = {k: v.cpu() for k, v in full_state_dict(model, rank0_only=False).items()}
+    return {"out": out, "metrics": metrics, "weights": weights}
 
 
 def _policy_logprobs(worker, samples):
@@ -87,19 +88,26 @@ def _check_gather(rank):
         torch.testing.assert_close(full, dict(params)[name].full_tensor(), atol=0, rtol=0)
 
 
-def _run_rank(rank, world, port, path, out_dir):
+def _run_rank(rank, world, port, path, out_dir, device_type="cpu"):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    device = "cpu"
+    if device_type == "cuda":
+        torch.cuda.set_device(rank)
+        device = f"cuda:{rank}"
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", rank=rank, world_size=world)
     try:
 
         def share(samples):
             return samples[:CUT] if rank == 0 else samples[CUT:]
 
-        _check_gather(rank)
-        policy = _run(lambda: _policy(path, "fsdp"), share, os.path.join(out_dir, "ckpt"), _policy_logprobs)
+        if device_type == "cpu":
+            _check_gather(rank)
+        ckpt = os.path.join(out_dir, "ckpt")
+        policy = _run(lambda: _policy(path, "fsdp", device=device), share, ckpt, _policy_logprobs)
         critic_ckpt = os.path.join(out_dir, "ckpt_critic")
-        critic = _run(lambda: _critic(path, "fsdp", offload=True), share, critic_ckpt, _critic_values)
+        make_critic = lambda: _critic(path, "fsdp", offload=True, device=device)  # noqa: E731
+        critic = _run(make_critic, share, critic_ckpt, _critic_values)
         torch.save({"policy": policy, "critic": critic}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -111,17 +119,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _assert_match(single, ranks):
+def _assert_match(single, ranks, atol=1e-5):
     got_out = ranks[0]["out"] + ranks[1]["out"]  # rank 0 had the first CUT samples, rank 1 the rest
     for a, b in zip(got_out, single["out"], strict=True):
-        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=atol, rtol=0)
     for got, want in zip(ranks[0]["metrics"], single["metrics"], strict=True):
         for key in want.keys() - {"micro_batches"}:  # the only split-dependent metric
             assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6, nan_ok=True), key
     assert ranks[0]["weights"].keys() == single["weights"].keys()
     for name, t in single["weights"].items():
         for r in ranks:
-            torch.testing.assert_close(r["weights"][name], t, atol=1e-5, rtol=0, msg=name)
+            torch.testing.assert_close(r["weights"][name], t, atol=atol, rtol=0, msg=name)
+
+
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices (nvidia-h200-x2)")
+
+
+@pytest.mark.gpu
+@TWO_GPUS
+def test_fsdp_two_gpus_nccl_match_one_gpu(tiny_path, tmp_path):
+    """The same equivalence over NCCL on two GPUs (fp32 compute; GPU reduction order allows 1e-4)."""
+    mp.spawn(_run_rank, args=(2, _free_port(), str(tiny_path), str(tmp_path), "cuda"), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    single = _run(
+        lambda: _policy(tiny_path, "none", device="cuda:0"),
+        lambda s: s,
+        tmp_path / "single",
+        _policy_logprobs,
+    )
+    _assert_match(single, [r["policy"] for r in ranks], atol=1e-4)
 
 
 def test_fsdp_two_ranks_match_one_process(tiny_path, tmp_path):
