@@ -2,7 +2,7 @@
 
 Every step runs the real `ascent` CLI (the commands are printed), so this file doubles as a walkthrough:
 
-    python examples/arithmetic/run_demo.py            # about 5-8 minutes on a 2-core CPU
+    python examples/arithmetic/run_demo.py            # about 3-5 minutes on a 2-core CPU
 
 It ends by printing held-out accuracy (greedy decoding, exact match) before and after RL.
 """
