@@ -16,6 +16,7 @@ from ascent.algorithms import AdaptiveKLController, FixedKLController, kl_penalt
 from ascent.algorithms.dapo import filter_groups_with_variance, overlong_penalty
 from ascent.errors import AscentError
 from ascent.orchestrator import batch as B
+from ascent.orchestrator.sampling import generate, score
 
 
 class DynamicSamplingError(AscentError):
@@ -24,8 +25,6 @@ class DynamicSamplingError(AscentError):
 
 def collect_groups(ctx: Any, sampler: Any, it: int) -> tuple[list[Any], dict[str, float]]:
     """Sample, score and shape the trajectories of one iteration; returns them and rollout/reward metrics."""
-    from ascent.orchestrator.train import generate, score
-
     cfg, a = ctx.cfg, ctx.cfg.algorithm
     want = cfg.rollout.prompts_per_step
     kept: list[list[Any]] = []
@@ -78,8 +77,6 @@ def shape_rewards(ctx: Any, trajs: list[Any]) -> None:
 def attach_greedy_baseline(ctx: Any, items: list[Any], trajs: list[Any], seed: int) -> None:
     """ReMax: score one greedy response per prompt and store it as each trajectory's baseline reward."""
     from dataclasses import replace
-
-    from ascent.orchestrator.train import generate, score
 
     params = replace(B.sampling_params(ctx.cfg.rollout), temperature=0.0, n=1)
     greedy = generate(ctx, items, params, seed=seed, version=-1)

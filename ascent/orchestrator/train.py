@@ -136,42 +136,6 @@ def critic_values(ctx: LoopContext, samples: list[Any]) -> torch.Tensor | None:
     return B.padded(rows, max(1, max(len(r) for r in rows)))
 
 
-def generate(ctx: LoopContext, items: list[Any], params: Any, *, seed: int, version: int) -> list[Any]:
-    """Sample `params.n` trajectories per prompt, spread over the rollout workers."""
-    requests = B.make_requests([i.prompt_ids for i in items], params, seed)
-    n = ctx.rollout.num_workers
-    per = -(-len(requests) // n)
-    shards = [requests[i * per : (i + 1) * per] for i in range(n)]
-    results = ctx.rollout.call_split("generate", shards)
-    generations = [g for shard in results for g in shard]
-    return B.to_trajectories(items, generations, decode=ctx.decode, policy_version=version)
-
-
-def score(ctx: LoopContext, trajs: list[Any]) -> dict[str, float]:
-    """Score every trajectory in place; return reward metrics."""
-    from ascent.rewards import RewardInput
-
-    inputs = [
-        RewardInput(
-            prompt=ctx.decode(t.prompt_ids),
-            response=t.response_text,
-            response_ids=t.response_ids,
-            metadata=t.metadata,
-            row_id=t.row_id,
-        )
-        for t in trajs
-    ]
-    result = ctx.rewards.score(inputs)
-    for t, r, comp in zip(trajs, result.rewards, result.components, strict=True):
-        t.reward, t.reward_components = r, comp
-    rewards = torch.tensor(result.rewards)
-    return {
-        **result.metrics,
-        "reward/mean": rewards.mean().item(),
-        "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
-    }
-
-
 def _logprobs(ctx: LoopContext, samples: list[Any], which: str) -> list[list[float]]:
     shards = B.shard(samples, ctx.trainer.num_workers)
     results = ctx.trainer.call_split("compute_logprobs", shards, temperature=ctx.temperature, which=which)

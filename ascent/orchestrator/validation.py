@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ascent.orchestrator import batch as B
+from ascent.orchestrator.sampling import generate, score
+
 log = logging.getLogger("ascent")
 
 CORRECT_AT = 1.0 - 1e-6  # a response counts as correct when its reward is at least 1 (the 0/1 built-ins)
@@ -12,9 +15,6 @@ CORRECT_AT = 1.0 - 1e-6  # a response counts as correct when its reward is at le
 
 def validate(ctx: Any, iteration: int) -> dict[str, float]:
     """Score the validation set with the current policy; returns `val/*` metrics and logs a few samples."""
-    from ascent.orchestrator import batch as B
-    from ascent.orchestrator.train import generate, score
-
     cfg = ctx.cfg
     params = B.sampling_params(cfg.rollout, validation=True)
     trajs = generate(ctx, ctx.data.val, params, seed=cfg.seed + 12345, version=iteration)
