@@ -103,7 +103,9 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
         filter_metrics = B.filter_zero_advantage(samples) if cfg.algorithm.filter_zero_advantage else {}
     with tl.phase("update", iteration=it):
         if ctx.colocated:
-            ctx.rollout.call("sleep")  # the engine frees its KV cache while the trainer needs the memory
+            # the engine frees its KV cache and weights while the trainer needs the memory (a full set of
+            # weights is published before "wake")
+            ctx.rollout.call("sleep", release_weights=True)
         update_metrics = update_policy(ctx, samples, it)
     with tl.phase("publish", iteration=it):
         publish_seconds = publish_weights(ctx)

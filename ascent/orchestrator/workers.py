@@ -67,8 +67,12 @@ class RolloutWorker:
         if isinstance(device, torch.device) and device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def sleep(self) -> None:
-        self.engine.sleep()
+    def sleep(self, release_weights: bool = False) -> None:
+        """Free the engine's cache (and its weights with `release_weights`: publish a full set before wake)."""
+        if release_weights:
+            self.engine.sleep(release_weights=True)
+        else:
+            self.engine.sleep()  # engines written for the plain protocol still work
 
     def wake(self) -> None:
         self.engine.wake()

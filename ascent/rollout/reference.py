@@ -131,8 +131,10 @@ class ReferenceEngine:
                     )
                 target.data.copy_(tensor.to(device=target.device, dtype=target.dtype))
 
-    def sleep(self) -> None:
-        """No-op: the KV cache lives only inside `generate`, so there is nothing to free between calls."""
+    def sleep(self, release_weights: bool = False) -> None:
+        """No-op: the KV cache lives only inside `generate`, so there is nothing to free between calls.
+
+        `release_weights` is ignored: this engine keeps its model (colocated runs use the fast engine)."""
 
     def wake(self) -> None:
         """No-op (see `sleep`)."""

@@ -92,28 +92,59 @@ class FastEngine:
         return out  # type: ignore[return-value]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Copy new weights in place (HF names, any device/dtype, any bucketing); drops cached sessions."""
+        """Copy new weights in place (HF names, any device/dtype, any bucketing); drops cached sessions.
+
+        After `sleep(release_weights=True)` the first call re-allocates the weights; `wake`/`generate` then
+        wait for every weight to have arrived (over one or several calls).
+        """
         self.weights.update(named_tensors)
         self.sessions.clear()
 
-    def sleep(self) -> None:
-        """Free the KV cache and the decode graphs (cached sessions are lost)."""
-        if self.asleep:
-            return
-        if self.graphs is not None:
-            self.graphs.clear()
-        self.sessions.clear()
-        self.alloc.reset()
-        self.cache.free()
+    def sleep(self, release_weights: bool = False) -> None:
+        """Free the KV cache and the decode graphs (cached sessions are lost).
+
+        `release_weights=True` also frees the engine's own weight copy (its storages shrink to 0 bytes; the
+        tensors stay), for a colocated trainer's update. The engine then needs a full set of weights through
+        `update_weights` before `wake`/`generate`, which raise until it has one. Weights shared with a
+        trainer's module are never freed. Calling it while asleep can still release the weights.
+        """
+        if not self.asleep:
+            if self.graphs is not None:
+                self.graphs.clear()
+            self.sessions.clear()
+            self.alloc.reset()
+            self.cache.free()
+            self.asleep = True
+        if release_weights:
+            self.weights.release()
         if self.device.type == "cuda":
+            _clear_cublas_workspaces()
             torch.cuda.empty_cache()
-        self.asleep = True
 
     def wake(self) -> None:
-        """Reallocate the KV cache (graphs are recaptured by the next generate)."""
+        """Reallocate the KV cache (graphs are recaptured by the next generate).
+
+        Raises when the weights were released by `sleep(release_weights=True)` and not all sent since.
+        """
+        self._check_weights()
         if self.asleep:
             self.cache.allocate()
             self.asleep = False
+
+    def memory(self) -> dict[str, int]:
+        """Device bytes the engine holds now: {"weights": own weight copy (0 released or shared),
+        "kv_cache": K and V (0 asleep)}. CUDA graph pools and activations are not counted."""
+        return {"weights": self.weights.nbytes, "kv_cache": self.cache.nbytes}
+
+    def _check_weights(self) -> None:
+        """Raise unless every weight released by `sleep(release_weights=True)` has been written since."""
+        missing = self.weights.missing()
+        if missing:
+            raise RuntimeError(
+                f"rollout engine: sleep(release_weights=True) freed the weights and {len(missing)} of them "
+                f"were not sent again since (e.g. {missing[:3]}); publish a full set of weights with "
+                "update_weights before wake/generate, or sleep without release_weights."
+            )
 
     def _abort_all(self) -> None:
         """After an error inside generate: drop queued work, free every row and page (no stale state)."""
@@ -337,6 +368,13 @@ class FastEngine:
         self.rows = moved + [None] * (self.max_rows - len(moved))
         self.free_rows = list(range(len(moved), self.max_rows))
         self.stats["compactions"] += 1
+
+
+def _clear_cublas_workspaces() -> None:
+    """Free cuBLAS's per-stream workspaces (tens of MiB per stream that ran a matmul; rebuilt on next use)."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
 
 
 def _unzip(pairs: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:

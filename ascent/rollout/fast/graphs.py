@@ -3,7 +3,8 @@
 A step over b active rows runs the graph of the smallest bucket >= b; rows past b in that bucket are idle.
 Graphs read and write only persistent tensors (DecodeState, KV cache, weights), so a replay needs no
 input copies. Capture happens while every row is idle (at the start of `generate`), because warm-up and
-capture execute the step for real. Larger buckets are captured first and all share one memory pool.
+capture execute the step for real. Larger buckets are captured first and all share one memory pool, and
+one side stream: cuBLAS keeps a workspace per stream it ran on, so a fresh stream per graph would pile them up.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class GraphRunner(Generic[K]):
         self.step, self.buckets = step, buckets
         self.graphs: dict[tuple[int, K], torch.cuda.CUDAGraph] = {}
         self.pool: torch.cuda._POOL_HANDLE | None = None  # shared by every graph once the first is captured
+        self.stream: torch.cuda.Stream | None = None  # warm-up and capture stream, shared by every graph
 
     def capture(self, key: K, up_to: int) -> None:
         """Capture the graphs of `key` for every bucket needed by up to `up_to` rows (rows must be idle)."""
@@ -47,14 +49,14 @@ class GraphRunner(Generic[K]):
         for b in sorted((b for b in self.buckets if b <= top), reverse=True):
             if (b, key) in self.graphs:
                 continue
-            side = torch.cuda.Stream()
+            side = self.stream = self.stream or torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):
                     self.step(b, key)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=self.pool, stream=side):
                 self.step(b, key)
             if self.pool is None:
                 self.pool = graph.pool()

@@ -59,8 +59,10 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        k, _ = self.tensors()
-        return 2 * self.spec.num_layers * self.num_slots * self.spec.kv_size * k.element_size()
+        """Bytes of K and V allocated now (0 between `free()` and `allocate()`)."""
+        if self.k is None or self.v is None:
+            return 0
+        return self.k.nbytes + self.v.nbytes
 
     def tensors(self) -> tuple[Tensor, Tensor]:
         """(k, v) of an allocated cache (not between `free()` and `allocate()`)."""

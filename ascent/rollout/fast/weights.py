@@ -9,12 +9,17 @@ Two ways to hold them:
 Either way `targets` maps every HF parameter name to the tensor (or the slice of a fused tensor) that holds
 it, so `update_weights` is one `copy_` per incoming tensor and never moves an address a captured CUDA graph
 reads.
+
+Owned weights can be **released** while the engine sleeps (`release()`): every distinct storage shrinks to 0
+bytes, the tensor objects and their views stay. The next `update` re-allocates them (new addresses: the
+engine drops its CUDA graphs on sleep anyway) and records which memory regions it wrote; `missing()` names
+those still unwritten, so the engine refuses to run on half-refreshed weights.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, overload
 
 import torch
@@ -49,13 +54,20 @@ class ModelWeights:
     targets: dict[str, Tensor]
     shared: bool
 
+    released: bool = False  # storages are 0 bytes (between `release()` and the next `update`)
+    _storages: list[tuple[torch.UntypedStorage, int]] = field(default_factory=list, repr=False)
+    _region_of: dict[str, int] = field(default_factory=dict, repr=False)  # name -> memory region id
+    _pending: set[int] = field(default_factory=set, repr=False)  # regions not written since `release()`
+
     def update(self, named_tensors: Iterable[tuple[str, Tensor]] | Mapping[str, Tensor]) -> int:
         """Copy new values in place, tensor by tensor (any device or dtype); -> number of tensors copied.
 
         An unknown name is an error (rotary buffers are skipped); a tensor that already is the engine's
-        storage (shared weights) is not copied.
+        storage (shared weights) is not copied. Released weights are re-allocated first (uninitialised
+        until written: see `missing`).
         """
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        self._reallocate()
         copied = 0
         with torch.no_grad():
             for name, tensor in items:
@@ -77,7 +89,68 @@ class ModelWeights:
                     continue
                 target.copy_(tensor, non_blocking=True)
                 copied += 1
+                if self._pending:
+                    self._pending.discard(self._region_of[name])
         return copied
+
+    def release(self) -> int:
+        """Free the memory of the owned weights (each distinct storage resized to 0 bytes); -> bytes freed.
+
+        Tensor objects, views and fused slices stay (shape, dtype, device); reading them is an error until
+        `update` writes every region again. Shared weights are the trainer's tensors: never freed (-> 0).
+        """
+        if self.shared:
+            return 0
+        freed = 0
+        if not self.released:
+            self._region_of = _regions(self.targets)
+            self._storages = [(s, s.nbytes()) for s in _distinct_storages(self.targets.values())]
+            for s, nbytes in self._storages:
+                s.resize_(0)
+                freed += nbytes
+            self.released = True
+        self._pending = set(self._region_of.values())
+        return freed
+
+    def _reallocate(self) -> None:
+        """Give released storages their bytes back (contents undefined until `update` writes them)."""
+        if self.released:
+            for s, nbytes in self._storages:
+                s.resize_(nbytes)
+            self.released = False
+
+    def missing(self) -> list[str]:
+        """HF names of the regions not written since `release()` (one name per tied region); [] when whole."""
+        seen: set[int] = set()
+        out = []
+        for name, region in self._region_of.items():
+            if region in self._pending and region not in seen:
+                seen.add(region)
+                out.append(name)
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of owned weight storage allocated now (0 when released or when the weights are shared)."""
+        if self.shared:
+            return 0
+        return sum(s.nbytes() for s in _distinct_storages(self.targets.values()))
+
+
+def _distinct_storages(tensors: Iterable[Tensor]) -> list[torch.UntypedStorage]:
+    """Each storage behind `tensors` once (fused q/k/v slices, tied embedding and head share one)."""
+    by_ptr = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in tensors}
+    return list(by_ptr.values())
+
+
+def _regions(targets: dict[str, Tensor]) -> dict[str, int]:
+    """HF name -> id of the memory region it covers; names aliasing the same region (tied) share an id."""
+    ids: dict[tuple, int] = {}
+    out = {}
+    for name, t in targets.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        out[name] = ids.setdefault(key, len(ids))
+    return out
 
 
 def _prefix(i: int) -> str:
