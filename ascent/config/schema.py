@@ -205,6 +205,13 @@ class TrainConfig(Section):
         False,
         description="Keep AdamW moments and fp32 master weights on the CPU (less GPU memory, slower step).",
     )
+    old_logprobs: Literal["auto", "recompute"] = Field(
+        "auto",
+        description="`auto`: when an iteration takes exactly one optimizer step on fresh samples (one epoch, "
+        "one mini-batch, no KL penalty in the reward), the update's own logprobs (detached) are the old "
+        "logprobs and the separate forward pass is skipped (the same math: ratio 1). `recompute`: always "
+        "run that pass first.",
+    )
 
 
 class CheckpointConfig(Section):

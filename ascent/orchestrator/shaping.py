@@ -117,11 +117,12 @@ def make_kl_controller(algo_cfg: Any) -> FixedKLController | AdaptiveKLControlle
 
 
 def kl_penalty(
-    ctx: Any, trajs: list[Any], old_lp: list[list[float]], ref_lp: list[list[float]] | None
+    ctx: Any, trajs: list[Any], old_lp: list[list[float]] | None, ref_lp: list[list[float]] | None
 ) -> tuple[torch.Tensor | None, dict[str, float]]:
     """Per-token KL-penalty rewards [B, T] (None when off) and the KL metrics; updates the controller."""
     if ctx.kl_controller is None or ref_lp is None:
         return None, {}
+    assert old_lp is not None  # run_iteration computes them whenever a KL penalty is on
     width = max(1, max(len(t.response_ids) for t in trajs))
     lp, ref = B.padded(old_lp, width), B.padded(ref_lp, width)
     mask = B.padded([t.loss_mask for t in trajs], width)

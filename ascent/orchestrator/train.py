@@ -92,8 +92,9 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
         trajs, collect_metrics = shaping.collect_groups(ctx, sampler, it)
     width = max(len(t.response_ids) for t in trajs)
     samples = B.train_samples(trajs, torch.zeros(len(trajs), width), None, None)
+    reuse = update_gives_old_logprobs(ctx, len(trajs), it)
     with tl.phase("logprobs", iteration=it):
-        old_lp = _logprobs(ctx, samples, "policy")
+        old_lp = None if reuse else _logprobs(ctx, samples, "policy")
         ref_lp = _logprobs(ctx, samples, "reference") if ctx.needs_reference else None
         values = critic_values(ctx, samples)
     with tl.phase("advantages", iteration=it):
@@ -112,7 +113,9 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
         if ctx.colocated:
             ctx.rollout.call("wake")
     elapsed = time.perf_counter() - t0
-    diff_mean, diff_max = B.logprob_diff(old_lp, [t.sampler_logprobs for t in trajs])
+    if old_lp is not None:  # else the update reported the sampler/trainer mismatch from its own logprobs
+        diff = B.logprob_diff(old_lp, [t.sampler_logprobs for t in trajs])
+        update_metrics |= {"rollout/logprob_diff_mean": diff[0], "rollout/logprob_diff_max": diff[1]}
     tokens = sum(t.num_tokens for t in trajs)
     return {
         **collect_metrics,
@@ -120,13 +123,30 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
         **filter_metrics,
         **update_metrics,
         **rollout_metrics(trajs),
-        "rollout/logprob_diff_mean": diff_mean,
-        "rollout/logprob_diff_max": diff_max,
+        "train/old_logprob_pass": float(old_lp is not None),
         "time/iteration": elapsed,
         "time/publish": publish_seconds,
         "perf/tokens_per_s": tokens / max(elapsed, 1e-9),
         **{f"time/{k}": v for k, v in tl.last_durations().items()},
     }
+
+
+def update_gives_old_logprobs(ctx: LoopContext, num_trajectories: int, it: int) -> bool:
+    """True when the separate old-logprob forward can be skipped (`train.old_logprobs=auto`).
+
+    That holds when this iteration takes exactly ONE policy optimizer step on its fresh samples (one epoch,
+    one mini-batch, the actor trains) and nothing needs the old logprobs before the update (no KL penalty
+    in the reward): the update's own logprobs, detached, are then exactly the old logprobs (ratio 1), and
+    the trainer reports the sampler/trainer mismatch from them.
+    """
+    t, a = ctx.cfg.train, ctx.cfg.algorithm
+    return (
+        t.old_logprobs == "auto"
+        and t.epochs_per_rollout == 1
+        and num_trajectories <= t.trajectories_per_update
+        and it > a.critic_warmup_iterations
+        and ctx.kl_controller is None
+    )
 
 
 def critic_values(ctx: LoopContext, samples: list[Any]) -> torch.Tensor | None:

@@ -121,6 +121,8 @@ def micro_batch_loss(
     """
     mask, seq_ids = packed.loss_mask, packed.seq_ids
     old = packed.old_logprobs if packed.old_logprobs is not None else logprobs.detach()
+    if packed.old_logprobs is None and packed.sampler_logprobs is not None:
+        _sampler_mismatch(old, packed.sampler_logprobs, metrics)
     policy_fn = resolve(POLICY_LOSSES, settings.policy_loss)
     per_token, loss_metrics = policy_fn(logprobs, old, packed.advantages, mask, seq_ids, **settings.loss_opts)
     if settings.rollout_correction:
@@ -144,6 +146,15 @@ def micro_batch_loss(
             loss = loss - settings.entropy_coef * agg(entropy)
     metrics.add("loss/total", loss)
     return loss
+
+
+def _sampler_mismatch(trainer: Tensor, sampler: Tensor, metrics: MetricSums) -> None:
+    """trainer, sampler [M] -> `rollout/logprob_diff_mean|max` over all response tokens (on-policy updates
+    report the sampler/trainer mismatch here when no separate old-logprob pass ran)."""
+    diff = (trainer.detach() - sampler).abs()
+    metrics.add("rollout/logprob_diff_mean", diff.sum(), float(diff.numel()))
+    if diff.numel():
+        metrics.add_max("rollout/logprob_diff_max", diff.max())
 
 
 def _kl_share(

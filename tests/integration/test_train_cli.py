@@ -63,3 +63,26 @@ def test_train_ray_two_sharded_trainer_ranks(tmp_path, tiny_model, arithmetic_da
         "optimizer_rank00000.pt",
         "optimizer_rank00001.pt",
     }
+
+
+def _metric_lines(run_dir) -> list[dict]:
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [x for x in lines if "loss/policy" in x]
+
+
+def test_single_step_iterations_skip_the_old_logprob_pass(tmp_path, tiny_model, arithmetic_data):
+    """One optimizer step per iteration: `auto` reuses the update's logprobs, `recompute` runs the separate
+    pass; both give the same run (same math, ratio 1) and both report the sampler/trainer mismatch."""
+    runs = {}
+    for mode in ("auto", "recompute"):
+        cfg = run_config(tmp_path / mode, tiny_model, arithmetic_data, iterations=2, val_every=0)
+        cfg["train"] |= {"trajectories_per_update": 8, "old_logprobs": mode}
+        cfg["checkpoint"] = {"every": 0}
+        ascent("train", str(write_yaml(tmp_path / f"{mode}.yaml", cfg)))
+        runs[mode] = _metric_lines(tmp_path / mode / "run")
+    for fused, separate in zip(runs["auto"], runs["recompute"], strict=True):
+        assert fused["train/old_logprob_pass"] == 0.0 and separate["train/old_logprob_pass"] == 1.0
+        assert fused["train/optimizer_steps"] == separate["train/optimizer_steps"] == 1.0
+        for key in ("reward/mean", "loss/policy", "grad_norm", "entropy", "rollout/logprob_diff_mean"):
+            assert fused[key] == pytest.approx(separate[key], rel=1e-4, abs=1e-6), key
+        assert fused["rollout/logprob_diff_max"] < 1e-3

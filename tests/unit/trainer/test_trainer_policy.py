@@ -83,6 +83,28 @@ def test_update_metrics_and_token_budget_split(tiny_path):
     assert all(p.grad is None for p in worker.model.parameters())
 
 
+def test_on_policy_update_reports_the_sampler_mismatch_from_its_own_logprobs(tiny_path):
+    """No old logprobs: the update's detached logprobs are the old ones (ratio 1) and it reports
+    |trainer - sampler| over all response tokens, split over micro-batches like any mean."""
+    worker = _worker(tiny_path)
+    samples = make_samples(8, seed=5, with_old=False)
+    worker.max_tokens = max(s.num_tokens for s in samples + make_samples(8, seed=5))
+    current = worker.compute_logprobs(samples, 1.0)
+    diffs = [
+        abs(a - b)
+        for s, lp in zip(samples, current, strict=True)
+        for a, b in zip(lp, s.sampler_logprobs, strict=True)
+    ]
+    totals = dict(zip(("total_tokens", "total_seqs"), minibatch_totals(samples), strict=True))
+    m = worker.update(samples, **totals)
+    assert m["micro_batches"] > 1
+    assert m["rollout/logprob_diff_mean"] == pytest.approx(sum(diffs) / len(diffs), rel=1e-5)
+    assert m["rollout/logprob_diff_max"] == pytest.approx(max(diffs), rel=1e-5)
+    assert m["clipfrac"] == 0.0 and m["ratio"] == pytest.approx(1.0)
+    with_old = make_samples(8, seed=5)  # given old logprobs, the mismatch is the controller's to report
+    assert "rollout/logprob_diff_mean" not in worker.update(with_old, **totals)
+
+
 def test_kl_loss_uses_a_frozen_reference(tiny_path):
     worker = _worker(tiny_path, kl_loss_coef=0.1, kl_estimator="k3")
     assert worker.reference is not None and not any(p.requires_grad for p in worker.reference.parameters())
