@@ -212,6 +212,11 @@ class TrainConfig(Section):
         "logprobs and the separate forward pass is skipped (the same math: ratio 1). `recompute`: always "
         "run that pass first.",
     )
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="torch.compile each decoder layer and the logprob head of the trainer (fuses the "
+        "elementwise work around the matmuls). `auto`: on for CUDA, off on CPU.",
+    )
 
 
 class CheckpointConfig(Section):

@@ -93,6 +93,7 @@ def _compute_dtype(value: Tensor) -> torch.dtype:
     raise ValueError("ascent_varlen attention runs in bf16/fp16: use model.dtype=bf16 (autocast) with it.")
 
 
+@torch.compiler.disable  # reads sequence boundaries on the host; compiled layers call it eagerly
 def varlen_attention(
     module: nn.Module,
     query: Tensor,

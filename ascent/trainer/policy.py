@@ -35,6 +35,7 @@ from ascent.trainer import common
 from ascent.trainer import lora as lora_lib
 from ascent.trainer.checkpoint import rng_state, set_rng_state
 from ascent.trainer.common import TrainerOutOfMemory
+from ascent.trainer.compiled import compile_decoder_layers, compile_enabled
 from ascent.trainer.logprobs import token_logprobs, unwrap_model
 from ascent.trainer.loss import LossSettings, MetricSums, micro_batch_loss
 from ascent.trainer.packing import PackedBatch, pack
@@ -72,6 +73,7 @@ class PolicyWorker:
         need_reference: bool | None = None,
         parallelize: Callable[[nn.Module], nn.Module] | None = None,
         sharding: str = "none",
+        compile: str = "off",
         seed: int | None = None,
     ) -> None:
         self.device = resolve_device(device)
@@ -98,6 +100,11 @@ class PolicyWorker:
             lora=self.lora is not None,
         )
         self.reference = self._load_reference(model_path, need_reference, trust_remote_code)
+        self.compiled = compile_enabled(compile, self.device)
+        if self.compiled:  # fused elementwise work around the matmuls (see ascent.trainer.compiled)
+            for m in (self.model, self.reference):
+                if m is not None:
+                    compile_decoder_layers(m)
         self.optimizer, self.scheduler, self.scaler = common.build_training(
             self.model, self.optim_settings, self.device, self.compute_dtype
         )
@@ -169,7 +176,8 @@ class PolicyWorker:
         temp = self.temperature if temperature is None else temperature
 
         def forward(packed: PackedBatch) -> Tensor:
-            return token_logprobs(model, packed, temperature=temp, chunk_tokens=self.chunk_tokens)[0]
+            chunk, compiled = self.chunk_tokens, self.compiled
+            return token_logprobs(model, packed, temperature=temp, chunk_tokens=chunk, compiled=compiled)[0]
 
         def filler(packed: PackedBatch) -> Any:
             return token_logprobs(model, packed, temperature=temp)
@@ -221,6 +229,8 @@ class PolicyWorker:
                     temperature=self.temperature,
                     chunk_tokens=self.chunk_tokens,
                     with_entropy=want_entropy,
+                    compiled=self.compiled,
+                    entropy_grad=settings.entropy_coef != 0,
                 )
             loss = micro_batch_loss(
                 lp,

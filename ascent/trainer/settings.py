@@ -146,4 +146,5 @@ def settings_from_config(
         "max_tokens_per_micro_batch": t.max_tokens_per_micro_batch,
         "logprob_chunk_tokens": t.logprob_chunk_tokens,
         "sharding": t.sharding,
+        "compile": t.compile,
     }
