@@ -13,7 +13,9 @@ Reports per phase (seconds, peak GiB allocated), completions/s, tokens/s, and th
 6 * params * tokens / update time / peak bf16 FLOP/s, against both the 8192^3 matmul rate measured in this
 run and the nominal 790 TFLOP/s. Results go to --json after every iteration, so a run cut short keeps them.
 `--profile` adds one iteration with the trainer's calls under torch.profiler (bench/e2e_profile.py);
-`--compile-elementwise`, `--no-grad-ckpt`, `--micro-batch-tokens`, `--trainer-attn sdpa` are experiments.
+`--trainer-compile off`, `--old-logprobs recompute` (the eager trainer with a separate old-logprob pass:
+the same-run baseline of those two features), `--no-grad-ckpt`, `--micro-batch-tokens` and `--trainer-attn
+sdpa` are experiments.
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ def run_config(args: argparse.Namespace, model: Path, data: Path, run_dir: Path,
         "reward": {"fn": "bench_coin"},
         "train": {"lr": 1e-6, "trajectories_per_update": args.prompts * args.samples // args.updates,
                   "max_tokens_per_micro_batch": args.micro_batch_tokens,
-                  "logprob_chunk_tokens": args.logprob_chunk},
+                  "logprob_chunk_tokens": args.logprob_chunk, "compile": args.trainer_compile,
+                  "old_logprobs": args.old_logprobs},
         "cluster": {"device": args.device, "backend": "inline", "placement": "colocated"},
         "tracking": {"tensorboard": False, "progress": False},
     })  # fmt: skip
@@ -127,8 +130,7 @@ def build_loop(args: argparse.Namespace, root: Path) -> tuple[Any, Any, dict[str
     if args.trainer_attn == "sdpa":  # the trainer workers switch to varlen on CUDA; undo it to compare
         policy_model.set_attn_implementation("sdpa")
     facts["trainer_attention"] = policy_model.config._attn_implementation
-    if args.compile_elementwise:
-        facts["compiled_modules"] = P.compile_elementwise(policy_model)
+    facts["trainer_compiled"] = groups.trainer._worker.policy.compiled
     facts["capture_clock"] = P.CaptureClock(engine)
     timeline = PeakTimeline(str(root / f"trace_{args.shape}.json"), cuda)
     ctx = LoopContext(cfg, datasets, rewards, groups, timeline)
@@ -152,6 +154,8 @@ def iteration_row(
         rollout_new_tokens_per_s=new / metrics["time/generate"], response_len_mean=metrics["rollout/response_len_mean"],
         optimizer_steps=metrics.get("train/optimizer_steps"), peaks_gib=dict(ctx.timeline.peaks),
         graph_capture_s=ctx.capture_clock.take(),
+        logprob_diff_mean=metrics.get("rollout/logprob_diff_mean"),
+        logprob_diff_max=metrics.get("rollout/logprob_diff_max"),
     )  # fmt: skip
     flops = 6 * W.num_params(args.shape) * tokens
     row["update_tflops"] = flops / metrics["time/update"] / 1e12
@@ -173,6 +177,21 @@ def profile_iteration(ctx: Any, sampler: Any, it: int) -> dict[str, Any]:
     return out
 
 
+def snapshot_iteration(ctx: Any, sampler: Any, it: int, path: Path) -> None:
+    """One more iteration with the CUDA caching allocator's history recorded; the snapshot (a pickle that
+    pytorch.org/memory_viz or `bench/memory_peak.py` reads) goes to `path`."""
+    from ascent.orchestrator.train import run_iteration
+
+    torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
+    base = torch.cuda.memory_allocated()
+    try:
+        run_iteration(ctx, it, sampler)
+        torch.cuda.memory._dump_snapshot(str(path))
+        path.with_suffix(".base").write_text(str(base))  # allocated before recording (weights, AdamW)
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Median over the timed iterations of every numeric field."""
     keys = [k for k, v in rows[0].items() if isinstance(v, int | float)]
@@ -186,12 +205,14 @@ def report(res: dict[str, Any]) -> str:
     lines = [
         f"{res['facts'].get('device', 'cpu')}  shape {a['shape']}  {a['prompts']}x{a['samples']}  "
         f"prompt {a['prompt_len']}  new {a['new_tokens']}  micro-batch {a['micro_batch_tokens']} tokens  "
-        f"grad-ckpt {a['grad_ckpt']}  attn {a['trainer_attn']}",
+        f"grad-ckpt {a['grad_ckpt']}  attn {a['trainer_attn']}  compile {a['trainer_compile']}  "
+        f"old-logprobs {a['old_logprobs']}",
         f"iteration {s['iteration_s']:.2f} s  ->  {s['completions_per_s']:.1f} completions/s, "
         f"{s['tokens_per_s']:.0f} tokens/s (median of {len(res['iterations'])})",
         "phases (s): " + "  ".join(f"{k} {s[k]:.3f}" for k in PHASES if k in s),
         f"rollout {s['rollout_new_tokens_per_s']:.0f} new tok/s (CUDA-graph recapture {s['graph_capture_s']:.2f} s); "
-        f"publish copy {1e3 * s['publish_copy_s']:.1f} ms",
+        f"publish copy {1e3 * s['publish_copy_s']:.1f} ms; sampler/trainer |logprob diff| mean "
+        f"{s.get('logprob_diff_mean', float('nan')):.2e} max {s.get('logprob_diff_max', float('nan')):.2e}",
         f"update {s['update_tflops']:.0f} TFLOP/s (6ND): MFU {100 * s['mfu_update_nominal_790']:.1f}% of 790 "
         f"TFLOP/s" + (f", {100 * s['mfu_update_measured_peak']:.1f}% of measured "
                       f"{res['facts']['matmul_peak_tflops']:.0f}" if s.get("mfu_update_measured_peak") else ""),
@@ -216,7 +237,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--grad-ckpt", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--trainer-attn", choices=["varlen", "sdpa"], default="varlen")
     ap.add_argument("--profile", action="store_true", help="one more iteration under torch.profiler")
-    ap.add_argument("--compile-elementwise", action="store_true", help="experiment: compile MLPs + norms")
+    ap.add_argument("--trainer-compile", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument("--old-logprobs", choices=["auto", "recompute"], default="auto")
+    ap.add_argument(
+        "--memory-snapshot", type=Path, default=None, help="one more iteration, allocator history"
+    )
     ap.add_argument("--kv-gib", type=float, default=None, help="engine KV cache size (default: workload)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--iterations", type=int, default=3)
@@ -255,6 +280,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(json.dumps(res["profile"], indent=1), flush=True)
         if args.json:
             args.json.write_text(json.dumps(res, indent=1, default=str))
+    if args.memory_snapshot:
+        snapshot_iteration(ctx, sampler, args.warmup + args.iterations + 2, args.memory_snapshot)
     ctx.rollout.shutdown()
     ctx.trainer.shutdown()
     print(report(res), flush=True)

@@ -123,18 +123,3 @@ class CaptureClock:
     def take(self) -> float:
         seconds, self.seconds = self.seconds, 0.0
         return seconds
-
-
-def compile_elementwise(model: Any) -> int:
-    """Bench experiment: torch.compile each decoder layer's MLP and RMSNorms (SwiGLU and norm fusion).
-    Returns the number of modules compiled."""
-    from ascent.trainer.logprobs import backbone_and_head
-
-    decoder, _ = backbone_and_head(model)
-    count = 0
-    for layer in decoder.layers:
-        for mod in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm):
-            mod.compile(dynamic=True)
-            count += 1
-    decoder.norm.compile(dynamic=True)
-    return count + 1
