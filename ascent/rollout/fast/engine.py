@@ -128,6 +128,8 @@ class FastEngine:
         """
         self._check_weights()
         if self.asleep:
+            if self.device.type == "cuda":  # hand the trainer's cached free blocks back first, so the
+                torch.cuda.empty_cache()  # cache's new segments do not stack on top of them (reserved peak)
             self.cache.allocate()
             self.asleep = False
 

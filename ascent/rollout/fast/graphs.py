@@ -3,8 +3,9 @@
 A step over b active rows runs the graph of the smallest bucket >= b; rows past b in that bucket are idle.
 Graphs read and write only persistent tensors (DecodeState, KV cache, weights), so a replay needs no
 input copies. Capture happens while every row is idle (at the start of `generate`), because warm-up and
-capture execute the step for real. Larger buckets are captured first and all share one memory pool, and
-one side stream: cuBLAS keeps a workspace per stream it ran on, so a fresh stream per graph would pile them up.
+capture execute the step for real. A recapture after sleep warms up only its first bucket (the steps are
+compiled and tuned by then). Larger buckets are captured first and all share one memory pool, and one side
+stream: cuBLAS keeps a workspace per stream it ran on, so a fresh stream per graph would pile them up.
 """
 
 from __future__ import annotations
@@ -42,18 +43,24 @@ class GraphRunner(Generic[K]):
         self.graphs: dict[tuple[int, K], torch.cuda.CUDAGraph] = {}
         self.pool: torch.cuda._POOL_HANDLE | None = None  # shared by every graph once the first is captured
         self.stream: torch.cuda.Stream | None = None  # warm-up and capture stream, shared by every graph
+        self.warmed: set[tuple[int, K]] = set()  # graphs captured before: their step is compiled and tuned
 
     def capture(self, key: K, up_to: int) -> None:
         """Capture the graphs of `key` for every bucket needed by up to `up_to` rows (rows must be idle)."""
         top = pick_bucket(self.buckets, up_to)
+        first = True
         for b in sorted((b for b in self.buckets if b <= top), reverse=True):
             if (b, key) in self.graphs:
                 continue
             side = self.stream = self.stream or torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
+            # a step seen before (a recapture after sleep) is compiled and tuned already: one warm-up run
+            # per call re-creates what sleep freed (cuBLAS workspace), the other buckets capture directly
+            warmups = 2 if (b, key) not in self.warmed else int(first)
             with torch.cuda.stream(side):
-                for _ in range(2):
+                for _ in range(warmups):
                     self.step(b, key)
+            first = False
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=side):
@@ -61,6 +68,7 @@ class GraphRunner(Generic[K]):
             if self.pool is None:
                 self.pool = graph.pool()
             self.graphs[(b, key)] = graph
+            self.warmed.add((b, key))
 
     def replay(self, b: int, key: K) -> None:
         self.graphs[(b, key)].replay()
