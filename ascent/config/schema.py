@@ -212,6 +212,12 @@ class TrainConfig(Section):
         "logprobs and the separate forward pass is skipped (the same math: ratio 1). `recompute`: always "
         "run that pass first.",
     )
+    attention: Literal["auto", "varlen", "sdpa"] = Field(
+        "auto",
+        description="Attention of the trainer's packed micro-batches: `varlen` (flash varlen kernels, only "
+        "each sequence's own causal triangle; CUDA with bf16/fp16), `sdpa` (transformers' SDPA with a dense "
+        "block-causal mask). `auto`: varlen where it can run, else sdpa.",
+    )
     compile: Literal["auto", "on", "off"] = Field(
         "auto",
         description="torch.compile each decoder layer and the logprob head of the trainer (fuses the "

@@ -149,8 +149,19 @@ def enable_varlen_attention(model: nn.Module) -> bool:
     return lm.config._attn_implementation == NAME
 
 
-def enable_for_training(model: nn.Module, device: torch.device, compute_dtype: torch.dtype) -> bool:
-    """What the trainer workers call: varlen attention on CUDA with bf16/fp16 compute, SDPA otherwise."""
-    if device.type != "cuda" or compute_dtype not in (torch.bfloat16, torch.float16):
+def enable_for_training(
+    model: nn.Module, device: torch.device, compute_dtype: torch.dtype, setting: str = "auto"
+) -> bool:
+    """What the trainer workers call (`train.attention`): varlen attention on CUDA with bf16/fp16 compute
+    for `auto`/`varlen`, SDPA otherwise; `varlen` where it cannot run is an error. -> whether varlen is on."""
+    if setting not in ("auto", "varlen", "sdpa"):
+        raise ValueError(f"train.attention={setting!r}: use auto, varlen or sdpa.")
+    usable = device.type == "cuda" and compute_dtype in (torch.bfloat16, torch.float16) and available()
+    if setting == "varlen" and not usable:
+        raise ValueError(
+            "train.attention=varlen needs CUDA, model.dtype=bf16 (or fp16) and torch's varlen_attn; use "
+            "train.attention=auto or sdpa here."
+        )
+    if setting == "sdpa" or not usable:
         return False
     return enable_varlen_attention(model)

@@ -72,7 +72,8 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
         temperature=1.0,
         device=resolve_device("auto"),
     )
-    enable_for_training(policy.model, policy.device, policy.compute_dtype)  # flash varlen on CUDA bf16/fp16
+    # flash varlen on CUDA bf16/fp16 unless train.attention says otherwise
+    enable_for_training(policy.model, policy.device, policy.compute_dtype, cfg.train.attention)
     sampler = PromptSampler(len(train), cfg.batch_size, seed=cfg.seed, shuffle=cfg.data.shuffle)
     start = _resume(cfg, policy, sampler) if cfg.resume else 0
     metrics_log = MetricsLogger(str(run_dir), tensorboard=cfg.tracking.tensorboard, purge_step=start + 1)

@@ -93,7 +93,8 @@ class TrainerWorker:
         _seed_everything(seed + rank)
         self.policy = PolicyWorker.from_config(device=device, **kwargs)
         # packed micro-batches through flash varlen kernels instead of a dense [N, N] mask (CUDA, bf16/fp16)
-        enable_for_training(self.policy.model, self.policy.device, self.policy.compute_dtype)
+        attention = kwargs["train_cfg"].attention
+        enable_for_training(self.policy.model, self.policy.device, self.policy.compute_dtype, attention)
 
     def compute_logprobs(
         self, samples: list[TrainSample], temperature: float, which: str

@@ -86,3 +86,19 @@ def test_refuses_a_padding_mask():
     q = torch.zeros(1, 2, 3, 4)
     with pytest.raises(ValueError, match="packed row"):
         varlen.varlen_attention(None, q, q, q, torch.ones(1, 1, 3, 3, dtype=torch.bool), position_ids=None)
+
+
+def test_train_attention_setting_on_cpu(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from ascent.models.tiny import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint(tmp_path / "m", hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2)
+    tiny_model = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa")
+    cpu = torch.device("cpu")
+    assert not varlen.enable_for_training(tiny_model, cpu, torch.bfloat16, "auto")  # falls back to SDPA
+    assert not varlen.enable_for_training(tiny_model, cpu, torch.bfloat16, "sdpa")
+    with pytest.raises(ValueError, match="train.attention=varlen needs CUDA"):
+        varlen.enable_for_training(tiny_model, cpu, torch.bfloat16, "varlen")
+    with pytest.raises(ValueError, match="train.attention='flash'"):
+        varlen.enable_for_training(tiny_model, cpu, torch.bfloat16, "flash")
