@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -53,6 +54,10 @@ def main() -> None:
     a = p.parse_args()
     root = Path(a.root)
     t0 = time.time()
+    for old in ("sft", "grpo"):  # a second demo run starts over (train refuses to overwrite checkpoints)
+        if (root / old).exists():
+            print(f"   removing the previous demo run {root / old}")
+            shutil.rmtree(root / old)
     sys.path.insert(0, str(HERE))
     from make_data import make
 
