@@ -93,6 +93,10 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
     width = max(len(t.response_ids) for t in trajs)
     samples = B.train_samples(trajs, torch.zeros(len(trajs), width), None, None)
     reuse = update_gives_old_logprobs(ctx, len(trajs), it)
+    if ctx.colocated:
+        # the engine is idle until the next publish: free its KV cache and weights before the trainer's
+        # logprob passes and update (a full set of weights is published before "wake")
+        ctx.rollout.call("sleep", release_weights=True)
     with tl.phase("logprobs", iteration=it):
         old_lp = None if reuse else _logprobs(ctx, samples, "policy")
         ref_lp = _logprobs(ctx, samples, "reference") if ctx.needs_reference else None
@@ -103,10 +107,6 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
         samples = B.train_samples(trajs, adv, old_lp, ref_lp, returns=returns, values=values)
         filter_metrics = B.filter_zero_advantage(samples) if cfg.algorithm.filter_zero_advantage else {}
     with tl.phase("update", iteration=it):
-        if ctx.colocated:
-            # the engine frees its KV cache and weights while the trainer needs the memory (a full set of
-            # weights is published before "wake")
-            ctx.rollout.call("sleep", release_weights=True)
         update_metrics = update_policy(ctx, samples, it)
     with tl.phase("publish", iteration=it):
         publish_seconds = publish_weights(ctx)

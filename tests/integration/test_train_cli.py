@@ -86,3 +86,21 @@ def test_single_step_iterations_skip_the_old_logprob_pass(tmp_path, tiny_model, 
         for key in ("reward/mean", "loss/policy", "grad_norm", "entropy", "rollout/logprob_diff_mean"):
             assert fused[key] == pytest.approx(separate[key], rel=1e-4, abs=1e-6), key
         assert fused["rollout/logprob_diff_max"] < 1e-3
+
+
+def test_colocated_fast_engine_round_trip(tmp_path, tiny_model, arithmetic_data):
+    """The colocated loop with the fast engine (CPU, fp32): after each rollout the engine sleeps and frees
+    its weights, the trainer runs the old-logprob pass and two updates, a full set of weights is published
+    and the engine wakes. Iterations 2 and 3 sample with the published weights, so sampler and trainer must
+    still agree on every token's logprob."""
+    cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=3, val_every=0)
+    cfg["rollout"] |= {"engine": "fast"}
+    cfg["train"] |= {"old_logprobs": "recompute"}  # 2 optimizer steps per iteration: the pass runs anyway
+    cfg["cluster"] = {"device": "cpu", "placement": "colocated"}
+    cfg["checkpoint"] = {"every": 0}
+    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
+    lines = _metric_lines(tmp_path / "run")
+    assert [x["step"] for x in lines] == [1, 2, 3]
+    for x in lines:
+        assert x["train/old_logprob_pass"] == 1.0 and x["train/optimizer_steps"] == 2.0
+        assert x["rollout/logprob_diff_max"] < 1e-3, x["step"]
