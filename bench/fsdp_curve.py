@@ -73,7 +73,8 @@ SHORT = {
 }
 
 # Per device: data, model, SFT warm start and GRPO overrides. CUDA follows examples/arithmetic/run_gpu.sh
-# (3-digit addition, 13.0M parameters; that SFT leaves the model at ~69% held-out accuracy).
+# (3-digit addition, 13.0M parameters; its full SFT ends near 89% held-out accuracy: this comparison starts
+# from the final weights, not from the checkpoint run_gpu.sh picks, since it compares curves, not learning).
 PRESETS: dict[str, dict[str, Any]] = {
     "cpu": {
         "data": {"digits": 1, "sft": 60, "train": 30, "val": 10},
@@ -96,7 +97,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "data": {"digits": 3, "sft": 30000, "train": 20000, "val": 500},
         "model": {"hidden_size": 384, "num_layers": 6, "num_heads": 6, "num_kv_heads": 2},
         "sft_yaml": "sft_gpu.yaml",
-        "sft": ["tracking.tensorboard=false"],
+        "sft": ["tracking.tensorboard=false", "checkpoint.every=0"],
         "train_yaml": "grpo_gpu.yaml",
         "iterations": 20,
         "train": [
