@@ -37,3 +37,38 @@ def test_sft_then_eval(tmp_path, tiny_model, arithmetic_data):
     assert "accuracy" in proc.stdout
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 16 and all(r["reward"] in (0.0, 1.0) for r in rows)
+
+
+def test_pick_warm_start_scans_sft_checkpoints_in_order(tmp_path, tiny_model, arithmetic_data):
+    """examples/arithmetic/pick_warm_start.py (run_gpu.sh): the first SFT checkpoint at or above the accuracy
+    bar, scored on the given prompts; the final weights when none reaches it."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    cfg = {
+        "run_dir": str(tmp_path / "sft"),
+        "epochs": 1.0,  # 40 pairs / 8 = 5 steps: checkpoints at 2 and 4, then final
+        "batch_size": 8,
+        "model": {"path": str(tiny_model)},
+        "data": {"train_path": str(arithmetic_data / "sft.jsonl"), "max_prompt_tokens": 32},
+        "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 128},
+        "checkpoint": {"every": 2, "keep_last": 10},
+        "tracking": {"progress": False},
+    }
+    ascent("sft", str(write_yaml(tmp_path / "sft.yaml", cfg)))
+
+    def pick(bar: float) -> subprocess.CompletedProcess:
+        script = ROOT / "examples" / "arithmetic" / "pick_warm_start.py"
+        args = ["--sft", str(tmp_path / "sft"), "--data", str(arithmetic_data / "train.jsonl")]
+        return subprocess.run([sys.executable, str(script), *args, "--min-accuracy", str(bar), "--prompts", "8"],
+                              capture_output=True, text=True, check=True, timeout=300)  # fmt: skip
+
+    first = pick(0.0)
+    assert first.stdout.strip() == str(tmp_path / "sft" / "checkpoints" / "iter_000002")
+    assert "iter_000004" not in first.stderr
+    none = pick(1.01)
+    assert none.stdout.strip() == str(tmp_path / "sft" / "final")
+    scanned = [line.split(":")[0] for line in none.stderr.splitlines() if "accuracy" in line]
+    assert scanned == ["iter_000002", "iter_000004", "final"]
