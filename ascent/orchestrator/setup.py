@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ascent.config.schema import RunConfig
+from ascent.config.schema import RunConfig, SFTConfig
 
 log = logging.getLogger("ascent")
 
@@ -167,8 +167,9 @@ def build_reward_runner(cfg: RunConfig) -> Any:
     )
 
 
-def prepare_run_dir(cfg: RunConfig) -> Path:
-    """Create the run directory, write the resolved config, refuse to clobber a finished run by accident."""
+def prepare_run_dir(cfg: RunConfig | SFTConfig) -> Path:
+    """Create the run directory, write the resolved config, refuse to clobber a run's checkpoints by accident
+    (`ascent train` and `ascent sft` alike)."""
     from ascent.config import write_resolved_config
 
     run_dir = Path(cfg.run_dir)

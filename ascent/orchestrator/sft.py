@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-from pathlib import Path
 from typing import Any
 
 from ascent.config.schema import AlgorithmConfig, SFTConfig
@@ -49,16 +48,14 @@ def _load(cfg: SFTConfig, path: str | None, tok: Any) -> list[TrainSample]:
 
 def run_sft(cfg: SFTConfig) -> dict[str, float]:
     """Fine-tune `cfg.model` on the pairs of `cfg.data`; write `<run_dir>/final` (HF format). Returns metrics."""
-    from ascent.config import write_resolved_config
     from ascent.data import PromptSampler
     from ascent.models.loading import load_tokenizer, resolve_device
     from ascent.models.varlen import enable_for_training
+    from ascent.orchestrator.setup import prepare_run_dir
     from ascent.tracking import MetricsLogger, Progress, setup_logging
     from ascent.trainer.policy import PolicyWorker
 
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_resolved_config(cfg, run_dir)
+    run_dir = prepare_run_dir(cfg)
     setup_logging(str(run_dir), "controller")
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
     train, val = _load(cfg, cfg.data.train_path, tok), _load(cfg, cfg.data.val_path, tok)

@@ -8,6 +8,7 @@ root=${1:-runs/arithmetic_gpu}
 shift || true
 here=$(dirname "$0")
 start=$(date +%s)
+rm -rf "$root/sft" "$root/grpo"  # a second run starts over (sft and train refuse to overwrite checkpoints)
 python3 -c "from ascent.models.tiny import make_tiny_checkpoint as m; m('$root/base', hidden_size=384, \
 num_layers=6, num_heads=6, num_kv_heads=2, seed=0)"
 python3 "$here/make_data.py" --out "$root/data" --digits 3 --sft 30000 --train 50000 --val 500

@@ -41,7 +41,8 @@ def test_sft_then_eval(tmp_path, tiny_model, arithmetic_data):
 
 def test_pick_warm_start_scans_sft_checkpoints_in_order(tmp_path, tiny_model, arithmetic_data):
     """examples/arithmetic/pick_warm_start.py (run_gpu.sh): the first SFT checkpoint at or above the accuracy
-    bar, scored on the given prompts; the final weights when none reaches it."""
+    bar, scored on the given prompts; the final weights when none reaches it. Then a second `ascent sft` into
+    the same run_dir is refused."""
     import subprocess
     import sys
 
@@ -72,3 +73,9 @@ def test_pick_warm_start_scans_sft_checkpoints_in_order(tmp_path, tiny_model, ar
     assert none.stdout.strip() == str(tmp_path / "sft" / "final")
     scanned = [line.split(":")[0] for line in none.stderr.splitlines() if "accuracy" in line]
     assert scanned == ["iter_000002", "iter_000004", "final"]
+
+    # like `ascent train`, a second SFT into a run_dir with checkpoints refuses instead of mixing two runs
+    again = ascent("sft", str(tmp_path / "sft.yaml"), check=False)
+    assert (
+        again.returncode == 2 and "already holds checkpoints" in again.stderr and "--resume" in again.stderr
+    )
