@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import ascent, write_yaml
+from conftest import ROOT, ascent, write_yaml
 
 
 def test_sft_then_eval(tmp_path, tiny_model, arithmetic_data):
@@ -45,8 +45,6 @@ def test_pick_warm_start_scans_sft_checkpoints_in_order(tmp_path, tiny_model, ar
     the same run_dir is refused."""
     import subprocess
     import sys
-
-    from conftest import ROOT
 
     cfg = {
         "run_dir": str(tmp_path / "sft"),
