@@ -29,19 +29,14 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU only the sdpa 
 
 def _samples(tok, n: int, seed: int):
     from ascent.data import render_sft_examples
-    from ascent.types import TrainSample
+    from ascent.orchestrator.sft import sft_samples
 
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
         a, b = rng.randrange(1000), rng.randrange(1000)
         rows.append({"prompt": f"{a}+{b}=", "response": str(a + b)})
-    examples = render_sft_examples(rows, tok, max_prompt_tokens=32)
-    return [
-        TrainSample(prompt_ids=e.prompt_ids, response_ids=e.response_ids,
-                    loss_mask=[1] * len(e.response_ids), advantages=[1.0] * len(e.response_ids))
-        for e in examples
-    ]  # fmt: skip
+    return sft_samples(render_sft_examples(rows, tok, max_prompt_tokens=32))
 
 
 def _run(path: Path, samples, attention: str, dtype: str, grad_ckpt: bool):

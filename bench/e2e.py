@@ -256,8 +256,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     args = parse(argv)
     args.root.mkdir(parents=True, exist_ok=True)
-    res: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
-    res["facts"] = W.device_facts()
+    res = W.report_header(args)
     peak = W.matmul_peak_flops() if args.device == "cuda" else 0.0
     res["facts"]["matmul_peak_tflops"] = peak / 1e12
     ctx, sampler, facts = build_loop(args, args.root)

@@ -114,3 +114,11 @@ def device_facts() -> dict[str, Any]:
         facts["device"] = torch.cuda.get_device_name()
         facts["total_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
     return facts
+
+
+def report_header(args: Any) -> dict[str, Any]:
+    """The start of a benchmark's JSON report: its arguments (paths as strings) and the device facts."""
+    return {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "facts": device_facts(),
+    }

@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
     args.root.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, float]] = []
-    res: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
-    res["facts"] = W.device_facts()
+    res = W.report_header(args)
     trainer = build_trainer(args, rows)
     trainer.train()
     timed = rows[args.warmup :] or rows

@@ -18,7 +18,8 @@ from ascent.types import TrainSample
 log = logging.getLogger("ascent")
 
 
-def _samples(examples: list[Any]) -> list[TrainSample]:
+def sft_samples(examples: list[Any]) -> list[TrainSample]:
+    """Rendered prompt/response pairs -> TrainSamples: every response token in the loss, advantage 1."""
     return [
         TrainSample(
             prompt_ids=e.prompt_ids,
@@ -43,7 +44,7 @@ def _load(cfg: SFTConfig, path: str | None, tok: Any) -> list[TrainSample]:
         max_prompt_tokens=cfg.data.max_prompt_tokens,
         chat_template=cfg.data.chat_template,
     )
-    return _samples(examples)
+    return sft_samples(examples)
 
 
 def run_sft(cfg: SFTConfig) -> dict[str, float]:
