@@ -8,10 +8,15 @@ sequences that is about 20x the attention work actually needed.
 
 `enable_varlen_attention(model)` registers `varlen_attention` with transformers' AttentionInterface under
 the name "ascent_varlen" and switches the model to it. No mask function is registered for that name, so
-transformers builds no mask; the function reads the sequence boundaries off position_ids (once per forward,
-cached on the tensor) and calls `torch.nn.attention.varlen.varlen_attn`, which computes only each
-sequence's own causal triangle. Calls it cannot serve exactly (a padding mask, a KV cache, several rows)
-raise instead of silently attending across sequences.
+transformers builds no mask; the function calls `torch.nn.attention.varlen.varlen_attn`, which computes only
+each sequence's own causal triangle. Calls it cannot serve exactly (a padding mask, a KV cache, several
+rows) raise instead of silently attending across sequences.
+
+Sequence boundaries: the trainer's packer knows them on the host and passes them down as transformers'
+flash-attention keywords (`attention_kwargs`: `cu_seq_lens_q`, `max_length_q`), so the function reads no
+GPU value and a compiled decoder layer traces straight through it (one graph per layer, no graph break).
+Without them it reads the boundaries off position_ids (a host sync, once per forward, cached on the tensor;
+that part runs outside the compiler).
 """
 
 from __future__ import annotations
@@ -35,11 +40,25 @@ def _kernel() -> Callable[..., Any] | None:
     return varlen_attn
 
 
+_CALL: Callable[..., Tensor] | None = None  # the kernel bound to this torch's keywords (`register`)
+
+
 def available() -> bool:
     """True where the varlen kernel can run: CUDA present and torch ships `varlen_attn`."""
     return torch.cuda.is_available() and _kernel() is not None
 
 
+def attention_kwargs(model: nn.Module, cu_seqlens: Tensor | None, max_seqlen: int) -> dict[str, Any]:
+    """Keywords for a packed forward of `model`: the host-known sequence offsets when it runs varlen
+    attention (transformers passes them down to the attention function), else none."""
+    config: Any = getattr(model, "config", None)
+    if cu_seqlens is None or getattr(config, "_attn_implementation", None) != NAME:
+        return {}
+    return {"cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens,
+            "max_length_q": max_seqlen, "max_length_k": max_seqlen}  # fmt: skip
+
+
+@torch.compiler.disable  # reads the boundaries on the host; compiled layers call it eagerly
 def sequence_offsets(position_ids: Tensor) -> tuple[Tensor, int]:
     """position_ids [1, N], restarting at 0 per sequence -> (cu_seqlens [S+1] int32, longest sequence).
 
@@ -60,27 +79,29 @@ def sequence_offsets(position_ids: Tensor) -> tuple[Tensor, int]:
     return result
 
 
-def _call_kernel(kernel: Callable[..., Any], q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int,
-                 scaling: float) -> Tensor:  # fmt: skip
-    """q [N, nh, d], k/v [N, kvh, d] -> [N, nh, d], causal per sequence; adapts to the torch version's API."""
+def _bind(kernel: Callable[..., Any]) -> Callable[..., Tensor]:
+    """kernel -> call(q [N, nh, d], k/v [N, kvh, d], cu, max_len, scale) -> [N, nh, d], causal per sequence,
+    adapted once to the torch version's keywords (no signature inspection while a compiler traces it)."""
     params = inspect.signature(kernel).parameters
-    kwargs: dict[str, Any] = {}
-    if "window_size" in params:  # torch >= 2.12: causal is the window (-1, 0)
-        kwargs["window_size"] = (-1, 0)
-    else:
-        kwargs["is_causal"] = True
-    if "scale" in params:
-        kwargs["scale"] = scaling
-    elif abs(scaling - q.shape[-1] ** -0.5) > 1e-12:
-        q = q * (scaling * q.shape[-1] ** 0.5)
-    if k.shape[1] != q.shape[1]:
-        if "enable_gqa" in params:
-            kwargs["enable_gqa"] = True
-        else:  # torch 2.11 has no GQA argument: repeat each K/V head for its query heads
-            group = q.shape[1] // k.shape[1]
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
-    return kernel(q, k, v, cu, cu, max_len, max_len, **kwargs)
+    window = "window_size" in params  # torch >= 2.12: causal is the window (-1, 0)
+    has_scale, has_gqa = "scale" in params, "enable_gqa" in params
+
+    def call(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, scaling: float) -> Tensor:
+        kwargs: dict[str, Any] = {"window_size": (-1, 0)} if window else {"is_causal": True}
+        if has_scale:
+            kwargs["scale"] = scaling
+        elif abs(scaling - q.shape[-1] ** -0.5) > 1e-12:
+            q = q * (scaling * q.shape[-1] ** 0.5)
+        if k.shape[1] != q.shape[1]:
+            if has_gqa:
+                kwargs["enable_gqa"] = True
+            else:  # torch 2.11 has no GQA argument: repeat each K/V head for its query heads
+                group = q.shape[1] // k.shape[1]
+                k = k.repeat_interleave(group, dim=1)
+                v = v.repeat_interleave(group, dim=1)
+        return kernel(q, k, v, cu, cu, max_len, max_len, **kwargs)
+
+    return call
 
 
 def _compute_dtype(value: Tensor) -> torch.dtype:
@@ -93,7 +114,6 @@ def _compute_dtype(value: Tensor) -> torch.dtype:
     raise ValueError("ascent_varlen attention runs in bf16/fp16: use model.dtype=bf16 (autocast) with it.")
 
 
-@torch.compiler.disable  # reads sequence boundaries on the host; compiled layers call it eagerly
 def varlen_attention(
     module: nn.Module,
     query: Tensor,
@@ -117,14 +137,15 @@ def varlen_attention(
         )
     if dropout:
         raise ValueError("ascent_varlen attention has no dropout; set the model's attention_dropout to 0.")
-    kernel = _kernel()
-    if kernel is None:
-        raise RuntimeError("torch.nn.attention.varlen.varlen_attn is missing in this torch build.")
-    cu, max_len = sequence_offsets(position_ids)
+    if _CALL is None:
+        raise RuntimeError("ascent_varlen attention: call enable_varlen_attention(model) first.")
+    cu, max_len = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+    if cu is None or max_len is None:
+        cu, max_len = sequence_offsets(position_ids)
     dtype = _compute_dtype(value)
     q, k, v = (t[0].transpose(0, 1).to(dtype).contiguous() for t in (query, key, value))
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = _call_kernel(kernel, q, k, v, cu, max_len, scale)
+    out = _CALL(q, k, v, cu, max_len, scale)
     return out.unsqueeze(0), None
 
 
@@ -132,6 +153,11 @@ def register() -> None:
     """Make "ascent_varlen" a known attention implementation (idempotent)."""
     from transformers import AttentionInterface
 
+    global _CALL
+    kernel = _kernel()
+    if kernel is None:
+        raise RuntimeError("torch.nn.attention.varlen.varlen_attn is missing in this torch build.")
+    _CALL = _bind(kernel)
     AttentionInterface.register(NAME, varlen_attention)
 
 

@@ -39,7 +39,7 @@ from ascent.models.loading import load_model, resolve_device, torch_dtype
 from ascent.models.parallel import full_state_dict, load_full_state_dict
 from ascent.trainer import common
 from ascent.trainer.distributed import all_reduce_sum
-from ascent.trainer.logprobs import unwrap_model
+from ascent.trainer.logprobs import packed_forward, unwrap_model
 from ascent.trainer.loss import MetricSums
 from ascent.trainer.packing import PackedBatch, pack
 from ascent.trainer.settings import OptimSettings, model_settings_from_config, optim_settings_from_config
@@ -69,10 +69,7 @@ class ValueModel(nn.Module):
 
         `attention_mask=None` and `use_cache=False` are both required for transformers to detect packing.
         """
-        out = self.backbone(
-            input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False
-        )
-        hidden = out.last_hidden_state[0].index_select(0, packed.logit_index)  # [M, H]
+        hidden = packed_forward(self.backbone, packed).index_select(0, packed.logit_index)  # [M, H]
         with torch.autocast(hidden.device.type, enabled=False):
             return self.value_head(hidden.float()).squeeze(-1)
 

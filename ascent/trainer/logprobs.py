@@ -2,10 +2,12 @@
 
 A [tokens, vocab] fp32 logits tensor is the largest activation of an LLM update (8k tokens x 152k vocab x 4 B
 = 5 GB). So we run only the backbone (`model.get_decoder()`), keep the M hidden rows that predict response
-tokens, and apply the LM head + `log_softmax(logits / T)` in chunks of `chunk_tokens` rows. Under autograd
-each chunk is wrapped in `torch.utils.checkpoint`, so backward saves only the [chunk, hidden] input and
-recomputes the chunk's logits. Temperature follows the rollout contract: the sampler reports
-`log_softmax(logits / T)` of the sampled token and so do we.
+tokens, and apply the LM head + `log_softmax(logits / T)` in chunks of `chunk_tokens` rows, recomputing each
+chunk's logits in backward. A plain bias-free Linear head (every causal LM we load) runs as one autograd
+function (`ascent.trainer.head`: one weight cast per micro-batch, the weight gradient summed in fp32 by the
+matmuls); any other head (LoRA on the head, a bias) wraps each chunk in `torch.utils.checkpoint`.
+Temperature follows the rollout contract: the sampler reports `log_softmax(logits / T)` of the sampled token
+and so do we.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ascent.algorithms import entropy_from_logits
 from ascent.models.parallel import run_as_forward
+from ascent.models.varlen import attention_kwargs
+from ascent.trainer.head import fusable_head, head_logprobs
 from ascent.trainer.packing import PackedBatch
 
 if TYPE_CHECKING:
@@ -48,9 +52,16 @@ def hidden_states(model: nn.Module, packed: PackedBatch) -> Tensor:
     `attention_mask=None` and `use_cache=False` are both required for transformers to detect packing.
     """
     decoder, _ = backbone_and_head(model)
+    return packed_forward(decoder, packed)
+
+
+def packed_forward(decoder: nn.Module, packed: PackedBatch) -> Tensor:
+    """A decoder stack over one packed row -> last hidden states [N, H]; varlen attention gets the packer's
+    sequence offsets (`ascent.models.varlen.attention_kwargs`)."""
     out = decoder(
-        input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False
-    )
+        input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False,
+        **attention_kwargs(decoder, packed.cu_seqlens, packed.max_seqlen),
+    )  # fmt: skip
     return out.last_hidden_state[0]
 
 
@@ -105,12 +116,22 @@ def logprobs_from_hidden(
 ) -> tuple[Tensor, Tensor | None]:
     """hidden [M, H], targets [M] -> (logprobs [M], entropy [M] | None), chunked over rows (see module doc).
 
-    `compiled`: each chunk runs a torch.compile'd fused kernel set (`_fused_chunk_logprobs`) unless the
-    entropy must carry a gradient (`entropy_grad` and `with_entropy`), which stays on the eager path.
+    `compiled`: the per-chunk math runs as torch.compile'd fused kernels. On the checkpointed path (heads
+    other than a plain Linear) an entropy that must carry a gradient (`entropy_grad` and `with_entropy`)
+    stays eager.
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature}: the trainer needs T > 0 (greedy rollouts use T = 1).")
-    use_ckpt = torch.is_grad_enabled() and hidden.requires_grad and hidden.shape[0] > 0
+    if hidden.shape[0] == 0:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    if fusable_head(head):
+        lp, ent = head_logprobs(
+            head, hidden, targets, temperature=temperature, chunk_tokens=chunk_tokens,
+            with_entropy=with_entropy, entropy_grad=entropy_grad, compiled=compiled,
+        )  # fmt: skip
+        return lp, (ent if with_entropy else None)
+    use_ckpt = torch.is_grad_enabled() and hidden.requires_grad
     fused = compiled and not (with_entropy and entropy_grad and use_ckpt)
     fn = _compiled_chunk_logprobs() if fused else _chunk_logprobs
     logps, ents = [], []
@@ -119,9 +140,6 @@ def logprobs_from_hidden(
         lp, ent = checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args)
         logps.append(lp)
         ents.append(ent)
-    if not logps:
-        empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, (empty if with_entropy else None)
     return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
 
 

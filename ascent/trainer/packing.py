@@ -63,7 +63,9 @@ class PackedBatch:
     position in the row of the logit that predicts the token), `targets` (long), `loss_mask` (float 0/1),
     `advantages` (float), `seq_ids` (long 0..S-1); `old_logprobs`, `ref_logprobs`, `sampler_logprobs` and the
     critic's targets `returns`, `old_values` are float [M] or None when any sample lacks them.
-    `response_lens`: S ints, to split [M] back per sequence.
+    `response_lens`: S ints, to split [M] back per sequence. `cu_seqlens` [S+1] int32 (sequence starts in the
+    row, then N) and `max_seqlen` (longest sequence) are the boundaries varlen attention needs, known here on
+    the host so the GPU never has to be asked for them.
     """
 
     input_ids: Tensor
@@ -79,6 +81,8 @@ class PackedBatch:
     response_lens: list[int]
     returns: Tensor | None = None
     old_values: Tensor | None = None
+    cu_seqlens: Tensor | None = None
+    max_seqlen: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -130,8 +134,10 @@ def pack(samples: Sequence[TrainSample], device: torch.device | str = "cpu") -> 
     pos: list[int] = []
     logit_index: list[int] = []
     seq_ids: list[int] = []
+    starts: list[int] = []
     for i, s in enumerate(samples):
         _check_sample(i, s)
+        starts.append(len(ids))
         start = len(ids) + len(s.prompt_ids)
         ids.extend(s.prompt_ids)
         ids.extend(s.response_ids)
@@ -159,4 +165,6 @@ def pack(samples: Sequence[TrainSample], device: torch.device | str = "cpu") -> 
         response_lens=[len(s.response_ids) for s in samples],
         returns=_optional_flat(samples, "returns", device),
         old_values=_optional_flat(samples, "old_values", device),
+        cu_seqlens=torch.tensor(starts + [len(ids)], dtype=torch.int32, device=device),
+        max_seqlen=max((s.num_tokens for s in samples), default=0),
     )

@@ -1,5 +1,6 @@
 """GPU check of ascent.models.varlen (skipped without CUDA): flash varlen attention on packed rows gives the
-same hidden states and gradients as transformers' SDPA path with its dense block-causal mask."""
+same logprobs and gradients as transformers' SDPA path with its dense block-causal mask: each bf16 path is
+compared with the fp32 SDPA reference, and varlen may not be further from it than SDPA is."""
 
 from __future__ import annotations
 
@@ -37,17 +38,21 @@ def test_varlen_matches_sdpa_forward_and_backward(tmp_path, heads, kv_heads, hid
         for p, r in ((100, 300), (7, 1), (256, 512), (33, 90))
     ]  # fmt: skip
 
-    def run(attn: str):
+    def run(attn: str, dtype: torch.dtype):
         model = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa").cuda()
         if attn == "varlen":
             assert varlen.enable_varlen_attention(model)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
             lp, _ = token_logprobs(model, pack(samples, "cuda"))
         lp.sum().backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         return lp.detach(), grads
 
-    lp_ref, g_ref = run("sdpa")
-    lp, g_var = run("varlen")
-    assert (lp - lp_ref).abs().mean() < 2e-2
-    assert _rel(g_var, g_ref) < 5e-2
+    lp_32, g_32 = run("sdpa", torch.float32)  # the reference: dense block-causal mask, fp32
+    lp_sdpa, g_sdpa = run("sdpa", torch.bfloat16)
+    lp_var, g_var = run("varlen", torch.bfloat16)
+    # varlen in bf16 is as close to fp32 as SDPA in bf16 is (measured: equal to 3 digits)
+    err_sdpa, err_var = (lp_sdpa - lp_32).abs().mean(), (lp_var - lp_32).abs().mean()
+    assert err_var <= 1.25 * err_sdpa + 1e-4, (err_var, err_sdpa)
+    assert _rel(g_var, g_32) <= 1.25 * _rel(g_sdpa, g_32) + 1e-4, (_rel(g_var, g_32), _rel(g_sdpa, g_32))
+    assert _rel(g_var, g_32) < 2e-2

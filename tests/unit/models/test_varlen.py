@@ -71,15 +71,88 @@ def test_matches_sdpa_on_packed_rows(tmp_path, monkeypatch, new_api):
         want = hidden_states(model, packed)
     monkeypatch.setattr(varlen, "_kernel", lambda: _reference_kernel(new_api))
     monkeypatch.setattr(varlen, "available", lambda: True)
+    monkeypatch.setattr(varlen, "_CALL", None)
     assert varlen.enable_varlen_attention(model)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         got = hidden_states(model, pack(samples))
+        packed = pack(samples)
+        packed.cu_seqlens = None  # the other source of the boundaries: read off position_ids
+        from_positions = hidden_states(model, packed)
+    torch.testing.assert_close(from_positions, got, rtol=0, atol=0)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         model.set_attn_implementation("sdpa")
         ref_bf16 = hidden_states(model, pack(samples))
     err = (got.float() - ref_bf16.float()).norm() / ref_bf16.float().norm()
     assert err < 2e-2, err
     assert (got.float() - want).norm() / want.norm() < 5e-2
+
+
+def _packed_tiny(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from ascent.models.tiny import make_tiny_checkpoint
+    from ascent.trainer.packing import pack
+    from ascent.types import TrainSample
+
+    path = make_tiny_checkpoint(tmp_path / "m", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+    model = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa").eval()
+    samples = [TrainSample(prompt_ids=[5] * p, response_ids=[7] * r, loss_mask=[1] * r, advantages=[0.0] * r)
+               for p, r in ((5, 7), (3, 2), (9, 11))]  # fmt: skip
+    return model, pack(samples)
+
+
+def test_packer_offsets_reach_the_kernel_without_a_host_read(tmp_path, monkeypatch):
+    """pack() knows the boundaries; they travel as keywords, equal what position_ids say, and the
+    position_ids reader (a GPU sync on CUDA) is never called."""
+    from ascent.trainer.logprobs import hidden_states
+
+    model, packed = _packed_tiny(tmp_path)
+    seen = []
+    ref = _reference_kernel(False)
+
+    def kernel(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False):
+        seen.append((cu_q.tolist(), max_q))
+        return ref(q, k, v, cu_q, cu_k, max_q, max_k, is_causal)
+
+    monkeypatch.setattr(varlen, "_kernel", lambda: kernel)
+    monkeypatch.setattr(varlen, "available", lambda: True)
+    monkeypatch.setattr(varlen, "_CALL", None)
+    assert varlen.enable_varlen_attention(model)
+    want = varlen.sequence_offsets(packed.position_ids.clone())
+    monkeypatch.setattr(varlen, "sequence_offsets", lambda pos: pytest.fail("read offsets on the host"))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden_states(model, packed)
+    assert seen == [(want[0].tolist(), want[1])] * 2  # one call per layer
+    assert packed.cu_seqlens.tolist() == [0, 12, 17, 37] and packed.max_seqlen == 20
+
+
+def test_compiled_layer_traces_through_varlen_attention(tmp_path, monkeypatch):
+    """With the packer's offsets, a compiled decoder layer is ONE graph (fullgraph=True raises on a break)."""
+    from ascent.trainer.logprobs import hidden_states
+
+    model, packed = _packed_tiny(tmp_path)
+    ref = _reference_kernel(False)
+
+    @torch.library.custom_op("ascent_test::varlen_ref", mutates_args=())
+    def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int) -> torch.Tensor:
+        return ref(q, k, v, cu, cu, max_len, max_len, True)
+
+    op.register_fake(lambda q, k, v, cu, max_len: torch.empty_like(q))
+
+    def kernel(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False):
+        return op(q, k, v, cu_q, max_q)
+
+    monkeypatch.setattr(varlen, "_kernel", lambda: kernel)
+    monkeypatch.setattr(varlen, "available", lambda: True)
+    monkeypatch.setattr(varlen, "_CALL", None)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert varlen.enable_varlen_attention(model)
+        eager = hidden_states(model, packed)
+        torch._dynamo.reset()
+        for layer in model.model.layers:
+            layer.forward = torch.compile(layer.forward, backend="eager", fullgraph=True)
+        compiled = hidden_states(model, packed)
+    torch.testing.assert_close(compiled, eager)
 
 
 def test_refuses_a_padding_mask():

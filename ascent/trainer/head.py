@@ -1,0 +1,181 @@
+"""LM head + log-softmax over the response rows as ONE autograd function, chunked over rows.
+
+The plain way (`ascent.trainer.logprobs._chunk_logprobs` under `torch.utils.checkpoint`) costs, for every
+chunk of rows: a cast of the fp32 head weight to bf16 in forward and again in the recomputation, a bf16
+[V, H] weight gradient, its cast to fp32, and an fp32 add into `.grad`. With a tied 152k-token vocabulary
+that is ~3 GB of memory traffic per chunk, and the profile of a 0.5B update put it at ~10% of the GPU time
+(BENCHMARKS.md). `head_logprobs` does the same math with:
+
+- one cast of the weight per micro-batch (forward; backward reuses it);
+- the weight gradient of every chunk accumulated straight into ONE fp32 [V, H] buffer by the matmul itself
+  (`addmm(..., out_dtype=float32)` on CUDA: no bf16 rounding of partial sums, fewer bytes moved);
+- the logits gradient written in place over the recomputed logits (one [chunk, V] buffer in backward);
+- no checkpoint hooks: forward keeps only the [M, H] input, per-row logsumexp and entropy.
+
+Math (z = logits / T, p = softmax(z), lse = logsumexp(z), H = lse - sum p z):
+    logp_t = z_t - lse,   d logp_t / d logits = (onehot_t - p) / T,
+    d H / d logits = -p * (log p + H) / T.
+Exact against autograd through `log_softmax` (tests/unit/trainer/test_trainer_head.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+
+
+def chunk_stats(z: Tensor, targets: Tensor, temperature: float, with_entropy: bool) -> tuple[Tensor, ...]:
+    """z [n, V] logits (compute dtype), targets [n] -> (logp [n], lse [n], entropy [n] or [0]), all fp32.
+
+    Written in place where it can be, so the eager form holds two fp32 [n, V] buffers at most."""
+    zf = z.float()
+    if temperature != 1.0:
+        zf.div_(temperature)
+    lse = torch.logsumexp(zf, dim=-1)
+    logp = zf.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return logp, lse, zf.new_zeros(0)
+    ent = lse - zf.sub(lse.unsqueeze(-1)).exp_().mul_(zf).sum(-1)
+    return logp, lse, ent
+
+
+def logits_grad_(
+    z: Tensor,
+    targets: Tensor,
+    lse: Tensor,
+    ent: Tensor,
+    g_logp: Tensor,
+    g_ent: Tensor,
+    temperature: float,
+) -> None:
+    """In place: logits z [n, V] -> dL/dlogits, given lse, entropy, dL/dlogp and dL/dentropy (all [n]).
+
+    -p (g_logp + g_ent (log p + H)) / T everywhere, then + g_logp / T at the target: one pointwise pass that
+    the compiler fuses into a single kernel writing z, and an [n]-element scatter."""
+    t = z.float()
+    if temperature != 1.0:
+        t.div_(temperature)
+    t.sub_(lse.unsqueeze(-1))  # log p
+    p = t.exp()
+    t.add_(ent.unsqueeze(-1)).mul_(g_ent.unsqueeze(-1)).add_(g_logp.unsqueeze(-1)).mul_(p).neg_()
+    if temperature != 1.0:
+        t.div_(temperature)
+    z.copy_(t)
+    z.scatter_add_(-1, targets.unsqueeze(-1), (g_logp / temperature).unsqueeze(-1).to(z.dtype))
+
+
+@functools.cache
+def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` compiled with automatic dynamic shapes: the row count turns dynamic when it first changes, the
+    vocabulary stays static (a dynamic V was measured 6x slower in the reductions on an H100)."""
+    return cast(Callable[..., Any], torch.compile(fn))
+
+
+@functools.cache
+def _fp32_out_matmul(device_type: str) -> bool:
+    """Whether `addmm(acc_fp32, a_bf16, b_bf16, out_dtype=float32, out=acc)` runs here (CUDA, torch >= 2.9)."""
+    if device_type != "cuda":
+        return False
+    try:
+        a = torch.ones(2, 2, dtype=torch.bfloat16, device=device_type)
+        acc = torch.ones(2, 2, device=device_type)
+        torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)  # type: ignore[call-overload]
+        return bool(acc[0, 0].item() == 3.0)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+def _accumulate(acc: Tensor, a: Tensor, b: Tensor) -> None:
+    """acc [V, H] fp32 += a [V, n] @ b [n, H] (a, b in the compute dtype), summed in fp32."""
+    if a.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    elif _fp32_out_matmul(acc.device.type):
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)  # type: ignore[call-overload]
+    else:  # CPU half precision: the chunk's product rounds to `a.dtype` before the fp32 sum
+        acc.add_(a @ b)
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        targets: Tensor,
+        temperature: float,
+        chunk: int,
+        with_entropy: bool,
+        entropy_grad: bool,
+        dtype: torch.dtype,
+        compiled: bool,
+    ) -> tuple[Tensor, Tensor]:
+        h, w = hidden.to(dtype), weight.to(dtype)
+        stats = _compiled(chunk_stats) if compiled else chunk_stats
+        parts = [stats(hc @ w.T, tc, temperature, with_entropy) for hc, tc in
+                 zip(h.split(chunk), targets.split(chunk), strict=True)]  # fmt: skip
+        logp, lse, ent = (torch.cat(x) for x in zip(*parts, strict=True))
+        ctx.save_for_backward(h, w, targets, lse, ent)
+        ctx.args = (temperature, chunk, entropy_grad and with_entropy, compiled, hidden.dtype, weight.dtype)
+        if not ctx.args[2]:
+            ctx.mark_non_differentiable(ent)
+        ctx.set_materialize_grads(False)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx: Any, g_logp: Tensor | None, g_ent: Tensor | None) -> tuple[Tensor | None, ...]:
+        h, w, targets, lse, ent = ctx.saved_tensors
+        temperature, chunk, ent_grad, compiled, h_dtype, w_dtype = ctx.args
+        n = h.shape[0]
+        g_logp = lse.new_zeros(n) if g_logp is None else g_logp.float()
+        g_ent = g_ent.float() if ent_grad and g_ent is not None else lse.new_zeros(n)
+        ent = ent if ent.numel() else lse.new_zeros(n)
+        grad_fn = _compiled(logits_grad_) if compiled else logits_grad_
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(h) if need_h else None
+        grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None
+        for s in range(0, n, chunk):
+            e = min(n, s + chunk)
+            z = h[s:e] @ w.T
+            grad_fn(z, targets[s:e], lse[s:e], ent[s:e], g_logp[s:e], g_ent[s:e], temperature)
+            if grad_h is not None:
+                torch.mm(z, w, out=grad_h[s:e])
+            if grad_w is not None:
+                _accumulate(grad_w, z.T, h[s:e])
+        return (
+            None if grad_h is None else grad_h.to(h_dtype),
+            None if grad_w is None else grad_w.to(w_dtype),
+            *([None] * 7),
+        )
+
+
+def fusable_head(head: nn.Module) -> bool:
+    """Whether `head` is a plain bias-free Linear (the LM head of every causal LM we load; a LoRA-wrapped
+    or biased head takes the per-chunk checkpointed path instead)."""
+    return type(head) is nn.Linear and head.bias is None
+
+
+def head_logprobs(
+    head: nn.Module,
+    hidden: Tensor,
+    targets: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = 1024,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+    compiled: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """hidden [M, H], targets [M] -> (logprobs [M], entropy [M] or [0]), fp32, through a bias-free Linear
+    head (see module doc). Runs in autocast's dtype when autocast is on, else in `hidden`'s dtype.
+
+    `entropy_grad=False` returns the entropy as a metric without a gradient."""
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    weight = cast(Tensor, head.weight)
+    args = (temperature, chunk_tokens, with_entropy, entropy_grad, dtype, compiled)
+    logp, ent = _HeadLogprobs.apply(hidden, weight, targets, *args)
+    return logp, ent
