@@ -32,6 +32,11 @@ VARIANTS = {
     "grpo+cispo": {"algorithm": {"advantage": "grpo", "policy_loss": "cispo"}},
 }
 ITERATIONS, WINDOW = 15, 4
+# ReMax's baseline is one greedy rollout, so its reward curve is the noisiest: at 15 iterations its margin was
+# 0.17 against the 0.15 bar, and a rounding-level change elsewhere once left it 0.02 short. It gets more
+# iterations. More for every variant would not do: DAPO's dynamic sampling then runs out of prompts whose
+# group rewards differ (the policy solves 7 of the 8 fixed prompts), which is its documented error.
+MORE_ITERATIONS = {"remax": 24}
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +67,7 @@ def test_variant_improves_reward(name, tmp_path, warm_model, arithmetic_data):
     cfg = {
         "run_dir": str(tmp_path / "run"),
         "seed": 1,
-        "iterations": ITERATIONS,
+        "iterations": MORE_ITERATIONS.get(name, ITERATIONS),
         "model": {"path": str(warm_model)},
         "data": {"train_path": str(prompts), "max_prompt_tokens": 32},
         "rollout": {"prompts_per_step": 8, "samples_per_prompt": 8, "max_new_tokens": 4},
