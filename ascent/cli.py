@@ -3,8 +3,10 @@
 Every command loads and validates its configuration first (fast, no torch) and imports the heavy
 orchestrator lazily, so a bad config fails in a fraction of a second. Errors the user can fix
 (`AscentError` and subclasses such as ConfigError, plus the data package's DataError) print as
-`error: <message>` and exit with code 2, without a traceback (`ASCENT_DEBUG=1` adds it). Ctrl-C exits
-with 130. Anything else is a bug: a normal traceback and exit code 1.
+`error: <message>` and exit with code 2, without a traceback (`ascent --debug ...` or `ASCENT_DEBUG=1` adds
+it); so do the environment's errors that name a file (OSError: no space, no permission) and out-of-memory.
+A run stopped by SIGTERM/SIGINT at a safe point exits with 128 + the signal number (143, 130) and says
+which checkpoint holds it. Anything else is a bug: a normal traceback and exit code 1.
 """
 
 from __future__ import annotations
@@ -59,6 +61,22 @@ OverridesArg = Annotated[
     ),
 ]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint in run_dir.")]
+ResumeFromOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--resume-from",
+        help="Resume from this checkpoint (a name like iter_000004, or a path) instead of the newest.",
+        show_default=False,
+    ),
+]
+AcceptChangesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--accept-changes",
+        help="Resume even though settings that break an exact continuation changed (model, data, seed, "
+        "batch sizes, algorithm); they are listed in the log.",
+    ),
+]
 
 
 # ---------------------------------------------------------------- error handling
@@ -73,14 +91,31 @@ def is_user_error(exc: BaseException) -> bool:
     return isinstance(exc, AscentError) or any(c.__name__ in USER_ERROR_NAMES for c in type(exc).__mro__)
 
 
-def print_error(exc: BaseException) -> None:
+def debug_enabled() -> bool:
+    return os.environ.get("ASCENT_DEBUG", "") not in ("", "0")
+
+
+def print_error(exc: BaseException, label: str = "error: ") -> None:
     """`error: <message>` on stderr; a ConfigError's problems get one `error:` line each."""
     console = _stderr()
-    if os.environ.get("ASCENT_DEBUG", "") not in ("", "0"):
+    if debug_enabled():
         console.print(Text("".join(traceback.format_exception(exc)).rstrip()))
     problems = exc.problems if isinstance(exc, ConfigError) else [str(exc) or type(exc).__name__]
     for problem in problems:
-        console.print(Text("error: ", style="bold red") + Text(problem))
+        console.print(Text(label, style="bold red") + Text(problem))
+
+
+def environment_error(exc: BaseException) -> str | None:
+    """A one-line message for the machine's errors a user fixes (a file's OSError, out of memory), else None."""
+    if type(exc).__name__ == "OutOfMemoryError":
+        return (
+            f"out of memory ({str(exc).splitlines()[0] if str(exc) else 'no details'}). Lower "
+            "train.max_tokens_per_micro_batch or train.logprob_chunk_tokens, set "
+            "model.gradient_checkpointing=true, or lower rollout.gpu_memory_fraction."
+        )
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.strerror or exc}: {exc.filename} (add --debug for the traceback)"
+    return None
 
 
 class ErrorGuard:
@@ -101,20 +136,32 @@ class ErrorGuard:
     ) -> Literal[False]:
         if exc is None:
             return False
-        if isinstance(exc, KeyboardInterrupt):
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or a signal that could not wait for a safe point
             _stderr().print(Text("interrupted. ", style="bold yellow") + Text(self._resume_hint()))
-            raise typer.Exit(130)
+            raise typer.Exit(128 + getattr(exc, "signum", 2))
+        if type(exc).__name__ == "Interrupted":  # stopped at a safe point after SIGTERM/SIGINT
+            print_error(exc, label="interrupted: ")
+            raise typer.Exit(getattr(exc, "exit_code", 130))
         if is_user_error(exc):
             print_error(exc)
             raise typer.Exit(getattr(exc, "exit_code", 2) or 2)
+        message = environment_error(exc)
+        if message is not None:
+            print_error(AscentError(message))
+            raise typer.Exit(2)
         return False
 
     def _resume_hint(self) -> str:
+        """Only what is true: the newest checkpoint that exists, or that none does."""
         if not (self.resumable and self.run_dir):
             return ""
+        ckpts = Path(self.run_dir) / "checkpoints"
+        done = sorted(p.name for p in ckpts.glob("iter_*") if (p / "state.json").is_file())
+        if not done:
+            return f"No checkpoint of this run exists yet under {self.run_dir}; a new run starts over."
         return (
-            f"The last checkpoint under {self.run_dir} is intact; run the same command with --resume to "
-            "continue from it."
+            f"The newest checkpoint is {ckpts / done[-1]}; run the same command with --resume to continue "
+            "from it."
         )
 
 
@@ -157,40 +204,57 @@ def _sft_hint(config: str | None, overrides: list[str] | None, err: ConfigError)
 @app.callback(invoke_without_command=True)
 def _root(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks with error messages (same as ASCENT_DEBUG=1).")
+    ] = False,
 ) -> None:
+    if debug:
+        os.environ["ASCENT_DEBUG"] = "1"
     if version:
         typer.echo(f"ascent {package_version()}")
         raise typer.Exit()
 
 
 @app.command()
-def train(config: ConfigArg, overrides: OverridesArg = None, resume: ResumeOpt = False) -> None:
+def train(
+    config: ConfigArg,
+    overrides: OverridesArg = None,
+    resume: ResumeOpt = False,
+    resume_from: ResumeFromOpt = None,
+    accept_changes: AcceptChangesOpt = False,
+) -> None:
     """Run RL training (GRPO, PPO, ...).
 
     Example: ascent train run.yaml rollout.samples_per_prompt=8 train.lr=1e-6
     """
     with ErrorGuard(resumable=True) as guard:
-        cfg = load_for_command(config, overrides, RunConfig, resume)
+        cfg = load_for_command(config, overrides, RunConfig, resume or resume_from is not None)
         require_model_path(cfg)
         guard.run_dir = cfg.run_dir
         from ascent.orchestrator.train import run_training
 
-        run_training(cfg)
+        run_training(cfg, resume_from=resume_from, accept_changes=accept_changes)
 
 
 @app.command()
-def sft(config: ConfigArg, overrides: OverridesArg = None, resume: ResumeOpt = False) -> None:
+def sft(
+    config: ConfigArg,
+    overrides: OverridesArg = None,
+    resume: ResumeOpt = False,
+    resume_from: ResumeFromOpt = None,
+    accept_changes: AcceptChangesOpt = False,
+) -> None:
     """Supervised fine-tuning on prompt/response pairs.
 
     Example: ascent sft sft.yaml train.lr=1e-5 epochs=2
     """
     with ErrorGuard(resumable=True) as guard:
-        cfg = load_for_command(config, overrides, SFTConfig, resume)
+        cfg = load_for_command(config, overrides, SFTConfig, resume or resume_from is not None)
         require_model_path(cfg)
         guard.run_dir = cfg.run_dir
         from ascent.orchestrator.sft import run_sft
 
-        run_sft(cfg)
+        run_sft(cfg, resume_from=resume_from, accept_changes=accept_changes)
 
 
 @app.command("eval")

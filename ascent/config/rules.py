@@ -21,6 +21,7 @@ ADVANTAGE_ESTIMATORS = GROUP_ESTIMATORS | TOKEN_REWARD_ESTIMATORS
 POLICY_LOSSES = {"ppo", "gspo", "cispo", "sapo", "reinforce"}
 LOSS_AGGREGATIONS = {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
 KL_ESTIMATORS = {"k1", "k2", "k3", "k1+", "k3+"}
+ENGINES = {"reference", "fast"}
 
 
 def check_run_config(cfg: RunConfig) -> None:
@@ -70,8 +71,15 @@ def _unknown(field: str, value: str, names: set[str]) -> list[str]:
 
 def _name_rules(cfg: RunConfig) -> list[str]:
     a = cfg.algorithm
+    engine = cfg.rollout.engine
+    engine_rule = (
+        []
+        if engine in ENGINES
+        else [f"rollout.engine={engine!r}: unknown; use one of {', '.join(sorted(ENGINES))}."]
+    )
     return (
-        _unknown("algorithm.advantage", a.advantage, ADVANTAGE_ESTIMATORS)
+        engine_rule
+        + _unknown("algorithm.advantage", a.advantage, ADVANTAGE_ESTIMATORS)
         + _unknown("algorithm.policy_loss", a.policy_loss, POLICY_LOSSES)
         + _unknown("algorithm.loss_aggregation", a.loss_aggregation, LOSS_AGGREGATIONS)
         + _unknown("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
@@ -96,6 +104,12 @@ def _estimator_rules(cfg: RunConfig) -> list[str]:
         out.append(
             f"algorithm.use_critic=true: advantage={a.advantage} does not use a critic; set advantage=gae "
             "or use_critic to null."
+        )
+    if a.advantage in GROUP_ESTIMATORS and r.temperature == 0:
+        out.append(
+            f"rollout.temperature=0: greedy decoding gives every sample of a group the same response and reward, "
+            f"so {a.advantage.upper()}'s advantages (and the gradient) are all 0; sample with a temperature "
+            "above 0 (1.0 is usual)."
         )
     if a.advantage == "remax" and r.temperature == 0:
         out.append(

@@ -229,6 +229,11 @@ class CheckpointConfig(Section):
     every: int = Field(0, ge=0, description="Save every K iterations (0: only at the end).")
     keep_last: int = Field(2, gt=0, description="How many checkpoints to keep.")
     save_optimizer: bool = Field(True, description="Save optimizer state (needed for exact resume).")
+    on_interrupt: bool = Field(
+        True,
+        description="On SIGTERM/SIGINT (preemption, Ctrl-C), finish the current iteration or step, write a "
+        "checkpoint and exit with 128 + the signal number; false: exit there without one.",
+    )
 
 
 class TrackingConfig(Section):

@@ -33,10 +33,24 @@ def load_rows(path: str | Path, *, source: str | None = None) -> list[dict[str, 
         raise DataError(f"{label}: file not found ({file.resolve()}); check the path.")
     if suffix == ".parquet":
         return _read_parquet(file, label)
-    text = file.read_text(encoding="utf-8")
+    text = _read_utf8(file, label)
     if suffix == ".json" and text.lstrip().startswith("["):
         return _read_json_array(text, label)
     return _read_json_lines(text, label)
+
+
+def _read_utf8(file: Path, label: str) -> str:
+    """The file's text; a byte that is not UTF-8 is reported with its line and column."""
+    data = file.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        raise DataError(
+            f"{label} line {line}, column {column}: byte 0x{data[err.start]:02x} is not UTF-8 ({err.reason}); "
+            "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)."
+        ) from err
 
 
 def _read_json_lines(text: str, label: str) -> list[dict[str, Any]]:

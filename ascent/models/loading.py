@@ -17,11 +17,13 @@ from typing import Any
 import torch
 
 from ascent.errors import AscentError
+from ascent.models.files import damaged_weight_file
 
 logger = logging.getLogger(__name__)
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEVICE_NAMES = ("auto", "cpu", "cuda")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
 class ModelLoadError(AscentError, ValueError):
@@ -92,9 +94,20 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
 
     p = _check_checkpoint_dir(path, "tokenizer")
-    tokenizer = AutoTokenizer.from_pretrained(
-        str(p), local_files_only=True, trust_remote_code=trust_remote_code
-    )
+    if not any((p / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(
+            f"model.tokenizer_path={str(path)!r} holds no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...); "
+            "point model.tokenizer_path (or model.path) at the directory `tokenizer.save_pretrained` wrote."
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(p), local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ModelLoadError(
+            f"model.tokenizer_path={str(path)!r}: the tokenizer does not load ({type(err).__name__}: {err}); "
+            "check its tokenizer files (or copy them again from the original checkpoint)."
+        ) from err
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelLoadError(
@@ -138,13 +151,25 @@ def load_model(
         )
     dt, dev = torch_dtype(dtype), resolve_device(device)
     check_dtype_supported(dt, dev)
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        str(p),
-        dtype=dt,
-        local_files_only=True,
-        attn_implementation="sdpa",
-        trust_remote_code=trust_remote_code,
-    )
+    damaged = damaged_weight_file(p)
+    if damaged:
+        raise ModelLoadError(
+            f"model.path={str(path)!r}: {damaged[0].name} is {damaged[1]}; the weights are damaged (an "
+            "interrupted copy or save?). Copy the checkpoint again."
+        )
+    try:
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            str(p),
+            dtype=dt,
+            local_files_only=True,
+            attn_implementation="sdpa",
+            trust_remote_code=trust_remote_code,
+        )
+    except (OSError, ValueError, KeyError) as err:
+        raise ModelLoadError(
+            f"model.path={str(path)!r}: the checkpoint does not load ({type(err).__name__}: {err}); check "
+            "config.json and that the weight files are complete."
+        ) from err
     model.to(dev)
     if gradient_checkpointing:
         _enable_activation_checkpointing(model)

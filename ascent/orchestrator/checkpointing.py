@@ -15,6 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ascent.errors import AscentError
+from ascent.orchestrator import resume as R
+
 log = logging.getLogger("ascent")
 
 PREFIX = "iter_"
@@ -46,12 +49,18 @@ def commit(
     root = Path(run_dir) / "checkpoints"
     final = root / f"{PREFIX}{iteration:06d}"
     tmp = root / f".tmp_{PREFIX}{iteration:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for write in writers:
-        write(str(tmp))
-    (tmp / "state.json").write_text(json.dumps({"iteration": iteration, **state}, indent=1))
-    _fsync_dir(tmp)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for write in writers:
+            write(str(tmp))
+        (tmp / "state.json").write_text(json.dumps({"iteration": iteration, **state}, indent=1))
+        _fsync_dir(tmp)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-written .tmp_* behind
+        if isinstance(err, OSError):
+            raise CheckpointWriteError(_write_failure(final, err)) from err
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -61,13 +70,44 @@ def commit(
     return final
 
 
-def latest(run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest complete checkpoint and its state.json, or None."""
-    dirs = checkpoint_dirs(run_dir)
-    if not dirs:
+class CheckpointWriteError(AscentError):
+    """A checkpoint could not be written (disk full, permissions); the previous ones are intact."""
+
+
+def _write_failure(final: Path, err: OSError) -> str:
+    previous = checkpoint_dirs(final.parent.parent)
+    intact = (
+        f"the previous checkpoint {previous[-1].name} is intact"
+        if previous
+        else "no earlier checkpoint exists"
+    )
+    return (
+        f"checkpoint {str(final)!r} could not be written ({err.strerror or err}: {err.filename or final}); "
+        f"nothing half-written was left behind and {intact}. Free space or fix permissions under "
+        f"{str(final.parent)!r}, then run the same command with --resume."
+    )
+
+
+def latest(run_dir: str | Path, resume_from: str | None = None) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint to resume (the newest, or `resume_from`), verified, and its state.json; or None."""
+    path = R.pick_checkpoint(checkpoint_dirs(run_dir), resume_from)
+    if path is None:
         log.warning("resume=true but %s has no checkpoint yet: starting from the beginning", run_dir)
         return None
-    return dirs[-1], json.loads((dirs[-1] / "state.json").read_text())
+    return path, json.loads((path / "state.json").read_text())
+
+
+def resume_state(
+    cfg: Any, total: int, what: str, resume_from: str | None, accept: bool
+) -> tuple[Path, dict[str, Any]] | None:
+    """Find, verify and vet the checkpoint to resume: the same run (or `accept`), not past `total` (`what`)."""
+    found = latest(cfg.run_dir, resume_from)
+    if found is None:
+        return None
+    path, state = found
+    R.check_same_run(state, cfg.model_dump(mode="json"), accept, path)
+    R.check_iterations(int(state["iteration"]), total, what, path)
+    return path, state
 
 
 def save(ctx: Any, iteration: int, sampler: Any) -> Path:
@@ -80,15 +120,13 @@ def save(ctx: Any, iteration: int, sampler: Any) -> Path:
         "sampler": sampler.state_dict(),
         "kl_coef": None if ctx.kl_controller is None else ctx.kl_controller.coef,
         "config": cfg.model_dump(mode="json"),
+        "fingerprints": R.fingerprints(cfg.model_dump(mode="json")),
     }
     return commit(cfg.run_dir, iteration, writers, state, cfg.checkpoint.keep_last)
 
 
-def restore(ctx: Any, sampler: Any) -> int:
-    """Load the newest checkpoint of the run into the workers and the sampler; return its iteration."""
-    found = latest(ctx.cfg.run_dir)
-    if found is None:
-        return 0
+def restore(ctx: Any, sampler: Any, found: tuple[Path, dict[str, Any]]) -> int:
+    """Load the checkpoint `resume_state` found into the workers and the sampler; return its iteration."""
     path, state = found
     ctx.trainer.call("load", str(path))
     if ctx.critic is not None:

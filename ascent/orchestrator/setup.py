@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from ascent.config.schema import RunConfig, SFTConfig
+from ascent.config.schema import RunConfig
 
 log = logging.getLogger("ascent")
 
@@ -165,22 +164,3 @@ def build_reward_runner(cfg: RunConfig) -> Any:
     return RewardRunner(
         resolve_reward_fn(r.fn), kwargs=r.kwargs, max_failure_rate=r.max_failure_rate, logger=log
     )
-
-
-def prepare_run_dir(cfg: RunConfig | SFTConfig) -> Path:
-    """Create the run directory, write the resolved config, refuse to clobber a run's checkpoints by accident
-    (`ascent train` and `ascent sft` alike)."""
-    from ascent.config import write_resolved_config
-
-    run_dir = Path(cfg.run_dir)
-    ckpts = run_dir / "checkpoints"
-    if not cfg.resume and ckpts.exists() and any(p.name.startswith("iter_") for p in ckpts.iterdir()):
-        from ascent.errors import AscentError
-
-        raise AscentError(
-            f"run_dir={cfg.run_dir!r} already holds checkpoints; pass --resume (resume=true) to continue "
-            "that run, or choose a new run_dir."
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_resolved_config(cfg, run_dir)
-    return run_dir

@@ -15,20 +15,52 @@ import torch
 
 from ascent.config.schema import RunConfig
 from ascent.orchestrator import batch as B
-from ascent.orchestrator import checkpointing, setup, shaping
+from ascent.orchestrator import checkpointing, preflight, rundir, setup, shaping
+from ascent.orchestrator.interrupt import graceful_stop, stopped_message
 from ascent.orchestrator.validation import validate
 
 log = logging.getLogger("ascent")
 
 
-def run_training(cfg: RunConfig) -> dict[str, float]:
-    """Train the policy per `cfg`; returns the final validation metrics (empty without a val set)."""
+def run_training(
+    cfg: RunConfig, resume_from: str | None = None, accept_changes: bool = False
+) -> dict[str, float]:
+    """Train the policy per `cfg`; returns the final validation metrics (empty without a val set).
+
+    `resume_from` (a checkpoint name or path) and `accept_changes` refine `cfg.resume` (see resume.py).
+    """
+    run_dir, lock = rundir.open_run_dir(cfg)
+    try:
+        with graceful_stop() as stop:
+            return _train(cfg, run_dir, stop, resume_from, accept_changes)
+    finally:
+        lock.release()
+
+
+def _train(
+    cfg: RunConfig, run_dir: Any, stop: Any, resume_from: str | None, accept_changes: bool
+) -> dict[str, float]:
     from ascent.data import PromptSampler
     from ascent.tracking import MetricsLogger, Progress, Timeline, setup_logging
 
-    run_dir = setup.prepare_run_dir(cfg)
     setup_logging(str(run_dir), "controller")
+    # a damaged checkpoint, a changed config or a lower iteration count is refused before anything heavy loads
+    found = (
+        checkpointing.resume_state(
+            cfg, cfg.iterations, f"iterations={cfg.iterations}", resume_from, accept_changes
+        )
+        if cfg.resume
+        else None
+    )
+    if found and int(found[1]["iteration"]) == cfg.iterations:
+        log.warning(
+            "the run in %s already finished all %d iterations; nothing to do", run_dir, cfg.iterations
+        )
+        return {}
+    rundir.write_config(cfg)
+    preflight.model_config(cfg.model.path)
     data = setup.build_datasets(cfg)
+    preflight.check_run(cfg, data.tokenizer, data.train)
     rewards = setup.build_reward_runner(cfg)
     rewards.prepare(item.metadata for item in data.train + data.val)
     groups = setup.build_worker_groups(cfg)
@@ -37,37 +69,51 @@ def run_training(cfg: RunConfig) -> dict[str, float]:
     )
     timeline = Timeline(str(run_dir / "trace.json"))
     ctx = LoopContext(cfg, data, rewards, groups, timeline)
-    start = checkpointing.restore(ctx, sampler) if cfg.resume else 0
-    metrics_log = MetricsLogger(
-        str(run_dir),
-        tensorboard=cfg.tracking.tensorboard,
-        wandb_project=cfg.tracking.wandb_project,
-        purge_step=start + 1,
-    )
-    publish_weights(ctx)  # the engine starts from the trainer's weights (fresh or resumed)
     final: dict[str, float] = {}
     try:
-        if start == 0 and data.val:
-            metrics_log.log(validate(ctx, iteration=0), step=0)
-        with Progress(cfg.iterations, enabled=cfg.tracking.progress, start_iteration=start) as progress:
-            for it in range(start + 1, cfg.iterations + 1):
-                metrics = run_iteration(ctx, it, sampler)
-                if data.val and (it == cfg.iterations or (cfg.val_every and it % cfg.val_every == 0)):
-                    with timeline.phase("validation", iteration=it):
-                        final = validate(ctx, iteration=it)
-                    metrics.update(final)
-                metrics_log.log(metrics, step=it)
-                progress.update(it, metrics)
-                log.info(progress.summary_line(it, metrics))
-                timeline.flush()
-                if it == cfg.iterations or (cfg.checkpoint.every and it % cfg.checkpoint.every == 0):
-                    with timeline.phase("checkpoint", iteration=it):
-                        checkpointing.save(ctx, it, sampler)
+        start = checkpointing.restore(ctx, sampler, found) if found else 0
+        metrics_log = MetricsLogger(
+            str(run_dir),
+            tensorboard=cfg.tracking.tensorboard,
+            wandb_project=cfg.tracking.wandb_project,
+            purge_step=start + 1,
+        )
+        try:
+            publish_weights(ctx)  # the engine starts from the trainer's weights (fresh or resumed)
+            if start == 0 and data.val:
+                metrics_log.log(validate(ctx, iteration=0), step=0)
+            stop.arm()  # from here a signal waits for the end of the iteration and its checkpoint
+            with Progress(cfg.iterations, enabled=cfg.tracking.progress, start_iteration=start) as progress:
+                for it in range(start + 1, cfg.iterations + 1):
+                    metrics = run_iteration(ctx, it, sampler)
+                    if data.val and (it == cfg.iterations or (cfg.val_every and it % cfg.val_every == 0)):
+                        with timeline.phase("validation", iteration=it):
+                            final = validate(ctx, iteration=it)
+                        metrics.update(final)
+                    metrics_log.log(metrics, step=it)
+                    progress.update(it, metrics)
+                    log.info(progress.summary_line(it, metrics))
+                    timeline.flush()
+                    _checkpoint_or_stop(ctx, it, sampler, stop)
+        finally:
+            metrics_log.close()
     finally:
-        metrics_log.close()
         timeline.flush()
         groups.shutdown()
     return final
+
+
+def _checkpoint_or_stop(ctx: LoopContext, it: int, sampler: Any, stop: Any) -> None:
+    """Checkpoint when due (or when a signal asks to stop and `checkpoint.on_interrupt`); then obey the signal."""
+    cfg = ctx.cfg
+    due = it == cfg.iterations or (cfg.checkpoint.every and it % cfg.checkpoint.every == 0)
+    interrupt = stop.requested and it < cfg.iterations
+    path = None
+    if due or (interrupt and cfg.checkpoint.on_interrupt):
+        with ctx.timeline.phase("checkpoint", iteration=it):
+            path = checkpointing.save(ctx, it, sampler)
+    if interrupt:
+        raise stopped_message(stop.signum, "iteration", str(path) if path else None, it, cfg.iterations)
 
 
 class LoopContext:

@@ -116,16 +116,27 @@ def test_user_errors_exit_2(
 
 def test_train_calls_the_orchestrator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[RunConfig] = []
-    fake_module(monkeypatch, "ascent.orchestrator.train", run_training=lambda cfg: seen.append(cfg) or {})
+    options: list[dict[str, Any]] = []
+
+    def run_training(cfg: RunConfig, **kwargs: Any) -> dict:
+        seen.append(cfg)
+        options.append(kwargs)
+        return {}
+
+    fake_module(monkeypatch, "ascent.orchestrator.train", run_training=run_training)
     path = write_config(tmp_path, {"model": {"path": "m"}})
     result = runner.invoke(app, ["train", str(path), "seed=5", "--resume"])
     assert result.exit_code == 0, result.output
     assert seen[0].seed == 5 and seen[0].resume and seen[0].model.path == "m"
+    assert options[0] == {"resume_from": None, "accept_changes": False}
+    result = runner.invoke(app, ["train", str(path), "--resume-from", "iter_000002", "--accept-changes"])
+    assert result.exit_code == 0, result.output
+    assert seen[1].resume and options[1] == {"resume_from": "iter_000002", "accept_changes": True}
 
 
 def test_train_accepts_overrides_only(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[RunConfig] = []
-    fake_module(monkeypatch, "ascent.orchestrator.train", run_training=seen.append)
+    fake_module(monkeypatch, "ascent.orchestrator.train", run_training=lambda cfg, **kw: seen.append(cfg))
     result = runner.invoke(app, ["train", "model.path=m", "seed=2"])
     assert result.exit_code == 0, result.output
     assert (seen[0].model.path, seen[0].seed) == ("m", 2)
@@ -133,7 +144,7 @@ def test_train_accepts_overrides_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_sft_calls_the_orchestrator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Any] = []
-    fake_module(monkeypatch, "ascent.orchestrator.sft", run_sft=seen.append)
+    fake_module(monkeypatch, "ascent.orchestrator.sft", run_sft=lambda cfg, **kw: seen.append(cfg))
     path = write_config(tmp_path, {"model": {"path": "m"}, "epochs": 2})
     result = runner.invoke(app, ["sft", str(path), "--resume"])
     assert result.exit_code == 0, result.output
@@ -147,11 +158,20 @@ def _raise(exc: BaseException) -> Any:
     return fn
 
 
-def test_interrupt_exits_130_with_a_resume_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupt_exits_130_and_promises_only_an_existing_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
     fake_module(monkeypatch, "ascent.orchestrator.train", run_training=_raise(KeyboardInterrupt()))
     result = runner.invoke(app, ["train", "model.path=m", "run_dir=runs/x"])
     assert result.exit_code == 130
-    assert "runs/x" in result.stderr and "--resume" in result.stderr
+    assert "No checkpoint of this run exists yet" in result.stderr and "--resume" not in result.stderr
+    ckpt = tmp_path / "runs" / "x" / "checkpoints" / "iter_000003"
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.json").write_text("{}")
+    result = runner.invoke(app, ["train", "model.path=m", "run_dir=runs/x"])
+    assert result.exit_code == 130
+    assert "iter_000003" in result.stderr and "--resume" in result.stderr
 
 
 def test_errors_from_deeper_layers(monkeypatch: pytest.MonkeyPatch) -> None:

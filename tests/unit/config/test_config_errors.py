@@ -37,7 +37,10 @@ def test_unknown_key_in_the_wrong_section_points_to_the_right_one() -> None:
 
 def test_unknown_key_without_a_match_lists_the_section() -> None:
     (msg,) = problems(["checkpoint.zzz=1"])
-    assert msg == "unknown key 'checkpoint.zzz'; section 'checkpoint' has: every, keep_last, save_optimizer."
+    assert (
+        msg
+        == "unknown key 'checkpoint.zzz'; section 'checkpoint' has: every, keep_last, save_optimizer, on_interrupt."
+    )
 
 
 def test_constraint_error_names_path_value_and_description() -> None:

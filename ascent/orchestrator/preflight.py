@@ -1,0 +1,143 @@
+"""Checks before a run loads anything heavy: each catches a mistake that would otherwise surface as a raw
+traceback deep inside a worker, or not at all (a run that trains on nonsense without a word).
+
+Called by `run_training` (and partly by `run_sft` and `ascent eval`) right after the data is rendered: the
+model directory and its weight files are whole, the tokenizer fits the model's vocabulary, stop tokens
+exist, prompts plus responses fit the model's context, plug-in import paths resolve, and the trackers that
+were asked for are installed. Every failure names the field or file and the fix.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ascent.config import ConfigError
+from ascent.models.files import damaged_weight_file
+from ascent.models.loading import ModelLoadError
+
+log = logging.getLogger("ascent")
+
+
+def model_config(path: str | Path, field: str = "model.path") -> dict[str, Any]:
+    """The checkpoint's config.json as a dict; errors name the directory and what is missing."""
+    p = Path(path)
+    if p.is_dir() and not any(p.iterdir()):
+        raise ModelLoadError(
+            f"{field}={str(path)!r} is an empty directory; point it at a Hugging Face checkpoint (config.json, "
+            "*.safetensors and the tokenizer files), e.g. one written by `save_pretrained`."
+        )
+    file = p / "config.json"
+    if not file.is_file():
+        return {}  # load_model / load_tokenizer say what is missing, in their own words
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"{field}={str(path)!r}: config.json is not valid JSON ({err}).") from err
+
+
+def check_weight_files(path: str | Path, field: str = "model.path") -> None:
+    """Raise naming the first truncated or corrupt *.safetensors file of a checkpoint directory."""
+    damaged = damaged_weight_file(Path(path))
+    if damaged:
+        raise ModelLoadError(
+            f"{field}={str(path)!r}: {damaged[0].name} is {damaged[1]}; the weights are damaged (an "
+            "interrupted copy or save?). Copy the checkpoint again."
+        )
+
+
+def check_vocab(tokenizer: Any, config: dict[str, Any], path: str) -> int:
+    """The model's vocabulary size; raise if the tokenizer has ids the model's embedding cannot look up."""
+    vocab = int(config.get("vocab_size") or len(tokenizer))
+    if len(tokenizer) > vocab:
+        raise ModelLoadError(
+            f"model.tokenizer_path: the tokenizer has {len(tokenizer)} tokens but the model at {path!r} has "
+            f"vocab_size={vocab}, so ids {vocab}..{len(tokenizer) - 1} would index past its embedding; use the "
+            "tokenizer that came with the model (or resize the model's embeddings and save it)."
+        )
+    return vocab
+
+
+def check_stop_tokens(stop_token_ids: list[int], vocab: int) -> None:
+    bad = [t for t in stop_token_ids if not 0 <= t < vocab]
+    if bad:
+        raise ConfigError(
+            f"rollout.stop_token_ids={stop_token_ids}: {bad} outside the vocabulary (0..{vocab - 1}); "
+            "use ids of real tokens (e.g. tokenizer.convert_tokens_to_ids('<|im_end|>'))."
+        )
+
+
+def check_context(config: dict[str, Any], longest_prompt: int, max_new_tokens: int, prompt_cap: int) -> None:
+    """Raise when the longest prompt plus `max_new_tokens` exceeds the model's position limit; warn when the
+    configured caps could (positions past the limit are extrapolated: the model's outputs are garbage)."""
+    limit = config.get("max_position_embeddings")
+    if not limit:
+        return
+    if longest_prompt + max_new_tokens > limit:
+        raise ConfigError(
+            f"rollout.max_new_tokens={max_new_tokens}: the longest prompt has {longest_prompt} tokens, and "
+            f"together they exceed the model's max_position_embeddings={limit}; lower rollout.max_new_tokens "
+            f"to {max(limit - longest_prompt, 1)} or less, or lower data.max_prompt_tokens."
+        )
+    if prompt_cap + max_new_tokens > limit:
+        log.warning(
+            "data.max_prompt_tokens=%d + rollout.max_new_tokens=%d exceed the model's max_position_embeddings="
+            "%d; today's prompts fit (longest %d tokens), longer ones would not.",
+            prompt_cap,
+            max_new_tokens,
+            limit,
+            longest_prompt,
+        )
+
+
+def check_plugins(algorithm: Any) -> None:
+    """Resolve every algorithm name or import path now, so a typo fails at start-up with the field named."""
+    from ascent import algorithms as A
+
+    registries: dict[str, Mapping[str, Callable[..., Any]]] = {
+        "advantage": A.ADVANTAGE_ESTIMATORS,
+        "policy_loss": A.POLICY_LOSSES,
+        "loss_aggregation": A.LOSS_AGGREGATIONS,
+        "kl_estimator": A.KL_ESTIMATORS,
+        "kl_penalty_estimator": A.KL_ESTIMATORS,
+    }
+    problems = []
+    for name, registry in registries.items():
+        value = getattr(algorithm, name)
+        try:
+            A.resolve(registry, value)
+        except ValueError as err:
+            problems.append(f"algorithm.{name}={value!r}: {err}")
+    if problems:
+        raise ConfigError(problems)
+
+
+def check_trackers(tracking: Any) -> None:
+    if tracking.wandb_project and importlib.util.find_spec("wandb") is None:
+        raise ConfigError(
+            f"tracking.wandb_project={tracking.wandb_project!r}: the `wandb` package is not installed; "
+            "`pip install wandb` (and `wandb login`), or remove tracking.wandb_project."
+        )
+
+
+def check_model(path: str, tokenizer: Any) -> int:
+    """Model directory, weight files and vocabulary together; returns the model's vocabulary size."""
+    config = model_config(path)
+    check_weight_files(path)
+    return check_vocab(tokenizer, config, path)
+
+
+def check_run(cfg: Any, tokenizer: Any, prompts: list[Any]) -> None:
+    """Every pre-flight check of `ascent train`, given the tokenizer and the rendered training prompts."""
+    vocab = check_model(cfg.model.path, tokenizer)
+    check_stop_tokens(list(cfg.rollout.stop_token_ids), vocab)
+    longest = max((len(p.prompt_ids) for p in prompts), default=0)
+    check_context(
+        model_config(cfg.model.path), longest, cfg.rollout.max_new_tokens, cfg.data.max_prompt_tokens
+    )
+    check_plugins(cfg.algorithm)
+    check_trackers(cfg.tracking)

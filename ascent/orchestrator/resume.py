@@ -1,0 +1,220 @@
+"""What `--resume` checks before it continues a run: the checkpoint is whole, and the run is the same run.
+
+- `verify_checkpoint` reads the cheap parts of every file of a checkpoint (state.json, the safetensors
+  headers against the file sizes, the zip directory of each torch file) and names the first damaged file.
+- `pick_checkpoint` takes the newest checkpoint (or the one `--resume-from` names); a damaged one is refused
+  with the file named and the previous complete checkpoint offered.
+- `config_changes` compares the checkpoint's saved config with the new one. Changes that break an exact
+  continuation (model, data, seed, batch sizes, algorithm, optimizer) are refused with every field named,
+  unless the user passes `--accept-changes`; harmless ones (iterations, logging, timeouts) pass.
+- `fingerprint` identifies the model and data files, so swapping a model of the same shape under the same
+  path is noticed too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from ascent.errors import AscentError
+from ascent.models.files import safetensors_problem
+
+log = logging.getLogger("ascent")
+
+# Fields whose change keeps a resumed run an exact continuation (dotted prefixes). Everything else counts.
+HARMLESS = (
+    "iterations",
+    "resume",
+    "run_dir",
+    "val_every",
+    "data.val_path",
+    "data.max_val_prompts",
+    "rollout.val_temperature",
+    "rollout.val_samples_per_prompt",
+    "checkpoint.",
+    "tracking.",
+    "cluster.worker_timeout_s",
+    "cluster.address",
+    "reward.timeout_s",
+    "reward.num_workers",
+    "reward.isolation",
+    "reward.max_failure_rate",
+    "epochs",  # SFT: the schedule was fixed at the start, more epochs only extend the data pass
+)
+SAMPLE = 1 << 20  # bytes hashed at each end of a file for its fingerprint
+
+
+class ResumeError(AscentError):
+    """The checkpoint cannot be resumed as asked; the message names the file or the fields and the fix."""
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}: leaves of a nested config dict by dotted path."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key not in ("kwargs", "options"):
+            out |= flatten(value, path + ".")
+        else:
+            out[path] = value
+    return out
+
+
+def config_changes(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """`field: old -> new` for every field that differs and is not harmless, sorted by field."""
+    old_flat, new_flat = flatten(saved), flatten(new)
+    changed = []
+    for key in sorted(set(old_flat) | set(new_flat)):
+        if key.startswith(HARMLESS) or key in HARMLESS:
+            continue
+        before, after = old_flat.get(key, "(absent)"), new_flat.get(key, "(absent)")
+        if before != after:
+            changed.append(f"{key}: {before!r} -> {after!r}")
+    return changed
+
+
+def check_same_run(state: dict[str, Any], cfg_dict: dict[str, Any], accept: bool, where: Path) -> None:
+    """Refuse a resume whose config or input files differ from the checkpoint's, unless `accept`."""
+    changes = config_changes(state.get("config") or {}, cfg_dict)
+    saved_prints = state.get("fingerprints") or {}
+    for name, value in fingerprints(cfg_dict).items():
+        if name in saved_prints and saved_prints[name] != value:
+            changes.append(f"{name}: the files changed since the checkpoint (same path, other contents)")
+    if not changes:
+        return
+    listing = "; ".join(changes)
+    if accept:
+        log.warning("resuming %s with changed settings (--accept-changes): %s", where, listing)
+        return
+    raise ResumeError(
+        f"--resume: the run in {str(where)!r} was started with other settings, so it would not continue "
+        f"exactly: {listing}. Resume with the settings it was started with (the run_dir's config.yaml), or "
+        "pass --accept-changes to continue with the new ones."
+    )
+
+
+def check_iterations(done: int, total: int, what: str, where: Path) -> None:
+    """Refuse to resume a checkpoint at `done` when the run now asks for `total` < done (`what` names it)."""
+    if total < done:
+        raise ResumeError(
+            f"{what}: the checkpoint {where.name} is already at {done} of them; set it to {done} or more "
+            "(it is the run's total, not the number still to run), or start a new run_dir."
+        )
+
+
+# ---------------------------------------------------------------- fingerprints
+
+
+def fingerprint(path: str | Path) -> str:
+    """A cheap identity of a file or of a checkpoint directory's weight/config files: sizes + sampled bytes."""
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(f for f in p.glob("*") if f.suffix in (".json", ".safetensors"))
+    digest = hashlib.sha256()
+    for f in files:
+        if not f.is_file():
+            continue
+        size = f.stat().st_size
+        digest.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            digest.update(fh.read(SAMPLE))
+            if size > 2 * SAMPLE:
+                fh.seek(size - SAMPLE)
+                digest.update(fh.read(SAMPLE))
+    return digest.hexdigest()[:16]
+
+
+def fingerprints(cfg_dict: dict[str, Any]) -> dict[str, str]:
+    """Fingerprints of model.path and data.train_path (those that exist) of a config dict."""
+    found = {}
+    for key, path in (
+        ("model.path", cfg_dict["model"]["path"]),
+        ("data.train_path", cfg_dict["data"]["train_path"]),
+    ):
+        if path and Path(path).exists():
+            found[key] = fingerprint(path)
+    return found
+
+
+# ---------------------------------------------------------------- checkpoint integrity
+
+
+def verify_checkpoint(path: Path, earlier: list[Path] | None = None) -> None:
+    """Raise ResumeError naming the first damaged file of checkpoint `path` (cheap: headers and sizes).
+
+    `earlier`: the complete checkpoints before it, oldest first; the error offers the newest of them.
+    """
+    earlier = earlier or []
+    state_file = path / "state.json"
+    try:
+        state = json.loads(state_file.read_text())
+        int(state["iteration"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise _damaged(path, state_file, f"unreadable ({type(err).__name__}: {err})", earlier) from None
+    for f in sorted(path.rglob("*")):
+        if not f.is_file():
+            continue
+        problem = None
+        if f.suffix == ".safetensors":
+            problem = safetensors_problem(f)
+        elif f.suffix in (".pt", ".bin"):
+            problem = _zip_problem(f)
+        elif f.suffix == ".json":
+            problem = _json_problem(f)
+        if problem:
+            raise _damaged(path, f, problem, earlier)
+
+
+def _zip_problem(f: Path) -> str | None:
+    if f.stat().st_size == 0:
+        return "empty (0 bytes)"
+    try:
+        with zipfile.ZipFile(f) as z:
+            z.infolist()
+    except (zipfile.BadZipFile, OSError) as err:
+        return f"truncated or corrupt ({err})"
+    return None
+
+
+def _json_problem(f: Path) -> str | None:
+    try:
+        json.loads(f.read_text())
+    except (OSError, ValueError) as err:
+        return f"not valid JSON ({err})"
+    return None
+
+
+def _damaged(ckpt: Path, file: Path, problem: str, earlier: list[Path]) -> ResumeError:
+    offer = (
+        f" The previous complete checkpoint is {earlier[-1].name}: resume from it with --resume-from "
+        f"{earlier[-1].name}."
+        if earlier
+        else " There is no earlier checkpoint; start over in a new run_dir."
+    )
+    return ResumeError(f"checkpoint {str(ckpt)!r} is damaged: {file.name} is {problem}.{offer}")
+
+
+def pick_checkpoint(complete: list[Path], resume_from: str | None) -> Path | None:
+    """The checkpoint to resume, verified: `resume_from` (a name like iter_000004 or a path) or the newest.
+
+    `complete`: the run's complete checkpoints, oldest first (`checkpointing.checkpoint_dirs`).
+    """
+    if resume_from:
+        path = Path(resume_from)
+        if not path.is_dir():
+            path = complete[0].parent / resume_from if complete else path
+        if not (path / "state.json").is_file():
+            names = ", ".join(p.name for p in complete) or "none"
+            raise ResumeError(
+                f"--resume-from {resume_from}: not a complete checkpoint (no state.json in {str(path)!r}); "
+                f"the checkpoints of this run are: {names}."
+            )
+    elif not complete:
+        return None
+    else:
+        path = complete[-1]
+    verify_checkpoint(path, [p for p in complete if p.name < path.name])
+    return path

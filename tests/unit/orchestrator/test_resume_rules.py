@@ -1,0 +1,113 @@
+"""Resume's rules: which config changes break an exact continuation, checkpoint integrity, fingerprints."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from ascent.config import RunConfig
+from ascent.orchestrator import resume as R
+
+
+def cfg_dict(**changes) -> dict:
+    cfg = RunConfig(model={"path": "m"}, data={"train_path": "d.jsonl"})
+    data = cfg.model_dump(mode="json")
+    for key, value in changes.items():
+        node = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("model.path", "other"),
+        ("seed", 5),
+        ("rollout.samples_per_prompt", 4),
+        ("algorithm.advantage", "rloo"),
+        ("train.lr", 0.5),
+        ("data.train_path", "x.jsonl"),
+        ("reward.kwargs", {"answer_key": "y"}),
+    ],
+)
+def test_changes_that_break_exactness_are_listed(key, value):
+    changes = R.config_changes(cfg_dict(), cfg_dict(**{key: value}))
+    assert len(changes) == 1 and changes[0].startswith(f"{key}:"), changes
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("iterations", 99),
+        ("val_every", 3),
+        ("tracking.tensorboard", False),
+        ("checkpoint.every", 7),
+        ("cluster.worker_timeout_s", 5.0),
+        ("data.val_path", "v.jsonl"),
+        ("resume", True),
+    ],
+)
+def test_harmless_changes_pass(key, value):
+    assert R.config_changes(cfg_dict(), cfg_dict(**{key: value})) == []
+
+
+def test_check_same_run_refuses_unless_accepted(tmp_path):
+    state = {"config": cfg_dict()}
+    with pytest.raises(R.ResumeError, match=r"train\.lr.*--accept-changes"):
+        R.check_same_run(state, cfg_dict(**{"train.lr": 0.1}), accept=False, where=tmp_path)
+    R.check_same_run(state, cfg_dict(**{"train.lr": 0.1}), accept=True, where=tmp_path)
+
+
+def test_iterations_below_the_checkpoint_are_refused(tmp_path):
+    R.check_iterations(5, 5, "iterations=5", tmp_path / "iter_000005")
+    with pytest.raises(R.ResumeError, match="iterations=4.*already at 5"):
+        R.check_iterations(5, 4, "iterations=4", tmp_path / "iter_000005")
+
+
+def test_fingerprint_sees_other_contents_of_the_same_size(tmp_path):
+    f = tmp_path / "w.safetensors"
+    save_file({"w": torch.zeros(4)}, str(f))
+    before = R.fingerprint(tmp_path)
+    save_file({"w": torch.ones(4)}, str(f))
+    assert R.fingerprint(tmp_path) != before
+    assert R.fingerprint(tmp_path) == R.fingerprint(tmp_path)
+
+
+def make_checkpoint(path: Path, iteration: int) -> Path:
+    path.mkdir(parents=True)
+    save_file({"w": torch.arange(1000, dtype=torch.float32)}, str(path / "model.safetensors"))
+    torch.save({"x": torch.ones(3)}, path / "trainer_state.pt")
+    (path / "state.json").write_text(json.dumps({"iteration": iteration}))
+    return path
+
+
+def test_verify_accepts_a_whole_checkpoint_and_names_each_kind_of_damage(tmp_path):
+    root = tmp_path / "checkpoints"
+    old, new = make_checkpoint(root / "iter_000001", 1), make_checkpoint(root / "iter_000002", 2)
+    assert R.pick_checkpoint([old, new], None) == new
+    weights = new / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(R.ResumeError, match=r"model\.safetensors is truncated.*--resume-from iter_000001"):
+        R.pick_checkpoint([old, new], None)
+    assert R.pick_checkpoint([old, new], "iter_000001") == old
+    (old / "trainer_state.pt").write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(R.ResumeError, match=r"trainer_state\.pt.*no earlier checkpoint"):
+        R.verify_checkpoint(old, [])
+    assert zipfile.is_zipfile(new / "trainer_state.pt")
+
+
+def test_unreadable_state_json_and_unknown_resume_from(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "checkpoints" / "iter_000003", 3)
+    (ckpt / "state.json").write_text('{"iteration": ')
+    with pytest.raises(R.ResumeError, match=r"state\.json is unreadable"):
+        R.verify_checkpoint(ckpt)
+    with pytest.raises(R.ResumeError, match="iter_000009.*iter_000003"):
+        R.pick_checkpoint([ckpt], "iter_000009")
