@@ -96,6 +96,20 @@ class RewardConfig(Section):
     max_failure_rate: float = Field(
         0.05, ge=0, le=1, description="Abort when more than this share of one iteration's rewards raise."
     )
+    isolation: Literal["process", "inline"] = Field(
+        "process",
+        description="`process`: reward functions run in worker processes with a per-call timeout, so one that "
+        "raises, exits, hangs or crashes costs that sample only. `inline`: in the controller's process (no "
+        "timeout; `breakpoint()` works), for debugging.",
+    )
+    timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds one reward call may take (isolation=process); past it, the sample gets 0.",
+    )
+    num_workers: int | None = Field(
+        None, gt=0, description="Reward worker processes (isolation=process); null: min(4, CPU count)."
+    )
 
 
 class AlgorithmConfig(Section):

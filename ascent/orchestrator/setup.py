@@ -158,9 +158,23 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
 
 
 def build_reward_runner(cfg: RunConfig) -> Any:
-    from ascent.rewards import RewardRunner, resolve_reward_fn
+    """The reward runner of `cfg.reward`: isolated worker processes with a timeout unless isolation=inline."""
+    from ascent.rewards import RewardRunner
 
     r = cfg.reward
     return RewardRunner(
-        resolve_reward_fn(r.fn), kwargs=r.kwargs, max_failure_rate=r.max_failure_rate, logger=log
+        r.fn,
+        kwargs=r.kwargs,
+        max_failure_rate=r.max_failure_rate,
+        logger=log,
+        executor=reward_executor(r.isolation, r.timeout_s, r.num_workers),
     )
+
+
+def reward_executor(isolation: str, timeout_s: float, num_workers: int | None) -> Any:
+    """A pool of processes for reward calls (None: inline, in this process)."""
+    if isolation == "inline":
+        return None
+    from ascent.cluster.isolated import IsolatedRunner, default_workers
+
+    return IsolatedRunner(default_workers(num_workers), timeout_s, preload=["ascent.rewards"], what="reward")

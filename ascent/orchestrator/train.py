@@ -100,6 +100,7 @@ def _train(
     finally:
         timeline.flush()
         groups.shutdown()
+        rewards.close()
     return final
 
 

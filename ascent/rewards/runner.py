@@ -1,10 +1,14 @@
 """The reward runner: score a batch of responses, one reward function per row, and never fail silently.
 
 The orchestrator hands it one iteration's responses as `RewardInput`s. Each row uses its own `reward_fn` field
-when it has one (resolved once, then cached), else the run's default. An exception, a non-numeric or a
-non-finite return costs that sample a 0.0 reward and is logged with its row id; the call's failure count and
-rate go into the metrics, and past `max_failure_rate` the whole call raises `RewardFailureError` rather than
-train on broken rewards.
+when it has one, else the run's default. The calls go through an executor (`map(fn, items) -> outcomes`):
+the orchestrator injects a pool of isolated processes with a per-call timeout (`reward.isolation=process`,
+ascent.cluster.isolated), so a function that raises, exits, hangs or kills its process costs that sample;
+without one they run in this process. A failed call, a non-numeric or a non-finite return costs that
+sample a 0.0 reward and is logged with its row id; the call's failure count and rate go into the metrics,
+and past `max_failure_rate` the whole call raises `RewardFailureError` rather than train on broken rewards.
+The functions are named by spec (built-in name or import path) and resolved once per process, so worker
+processes import them themselves.
 """
 
 from __future__ import annotations
@@ -12,15 +16,13 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import Any, Protocol
 
 from ascent.errors import AscentError
 from ascent.rewards.registry import RewardConfigError, RewardFn, check_reward_signature, resolve_reward_fn
-
-if TYPE_CHECKING:
-    from ascent.config.schema import RewardConfig
 
 MAX_LOGGED_FAILURES = 5
 
@@ -71,8 +73,33 @@ def _finite(value: Any, what: str) -> float:
     return number
 
 
-def _name(fn: RewardFn) -> str:
+def _name(fn: RewardFn | str) -> str:
+    if isinstance(fn, str):
+        return fn
     return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+_RESOLVED: dict[str, RewardFn] = {}  # per process: worker processes resolve each spec once
+
+
+def score_task(
+    kwargs: dict[str, Any], task: tuple[str | RewardFn, RewardInput]
+) -> tuple[float, dict[str, float]]:
+    """One reward call, as the executor runs it (in a worker process or inline): (reward, components)."""
+    fn, item = task
+    if isinstance(fn, str):
+        if fn not in _RESOLVED:
+            _RESOLVED[fn] = resolve_reward_fn(fn)
+        fn = _RESOLVED[fn]
+    return to_reward(fn(item.prompt, item.response, item.response_ids, item.metadata, **kwargs))
+
+
+class Executor(Protocol):
+    """Runs `fn` on every item -> one outcome per item with `.ok`, `.value`, `.error` (cluster.isolated)."""
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Sequence[Any]: ...
+
+    def close(self) -> None: ...
 
 
 class RewardRunner:
@@ -85,6 +112,7 @@ class RewardRunner:
         kwargs: dict[str, Any] | None = None,
         max_failure_rate: float = 0.05,
         logger: logging.Logger | None = None,
+        executor: Executor | None = None,
     ):
         if not 0.0 <= max_failure_rate <= 1.0:
             raise RewardConfigError(
@@ -94,16 +122,14 @@ class RewardRunner:
         self.max_failure_rate = max_failure_rate
         self.logger = logger or logging.getLogger(__name__)
         self._fns: dict[str, RewardFn] = {}
+        self.executor = executor
+        self.default_spec: str | RewardFn
         if callable(default_fn):
             check_reward_signature(default_fn, self.kwargs, f"reward function {_name(default_fn)}")
-            self.default_fn = default_fn
+            self.default_fn = self.default_spec = default_fn
         else:
             self.default_fn = self.resolve(default_fn, "reward.fn")
-
-    @classmethod
-    def from_config(cls, reward: RewardConfig, logger: logging.Logger | None = None) -> RewardRunner:
-        """Build from the `reward` config section."""
-        return cls(reward.fn, kwargs=reward.kwargs, max_failure_rate=reward.max_failure_rate, logger=logger)
+            self.default_spec = default_fn
 
     def resolve(self, spec: str, field: str = "reward_fn") -> RewardFn:
         """Resolve and signature-check `spec` once; later calls hit the cache."""
@@ -119,39 +145,42 @@ class RewardRunner:
             if metadata.get("reward_fn"):
                 self.resolve(metadata["reward_fn"], f"row {index + 1} reward_fn")
 
-    def fn_for(self, item: RewardInput) -> RewardFn:
+    def spec_for(self, item: RewardInput) -> str | RewardFn:
+        """What a call of `item` needs: the function itself inline, its spec for a worker process (which
+        resolves it there); a row's `reward_fn` is checked here first either way."""
         spec = item.metadata.get("reward_fn")
-        return self.resolve(spec, f"row_id {item.row_id} reward_fn") if spec else self.default_fn
+        fn = self.resolve(spec, f"row_id {item.row_id} reward_fn") if spec else self.default_fn
+        if self.executor is None:
+            return fn
+        return str(spec) if spec else self.default_spec
 
     def score(self, items: list[RewardInput]) -> RewardResult:
         """Score every item; raise RewardFailureError if the failure share exceeds max_failure_rate."""
+        specs = [self.spec_for(item) for item in items]
+        executor = self.executor or _INLINE
+        outcomes = executor.map(partial(score_task, self.kwargs), list(zip(specs, items, strict=True)))
         rewards: list[float] = []
         components: list[dict[str, float]] = []
-        failures: list[tuple[RewardInput, BaseException]] = []
-        for item in items:
-            fn = self.fn_for(item)
-            try:
-                value = fn(item.prompt, item.response, item.response_ids, item.metadata, **self.kwargs)
-                reward, extras = to_reward(value)
-            except Exception as err:
-                failures.append((item, err))
-                self._log_failure(fn, item, err, len(failures))
-                reward, extras = 0.0, {}
+        failures: list[tuple[RewardInput, str]] = []
+        for spec, item, outcome in zip(specs, items, outcomes, strict=True):
+            reward, extras = outcome.value if outcome.ok else (0.0, {})
+            if not outcome.ok:
+                failures.append((item, outcome.error))
+                self._log_failure(spec, item, outcome.error, len(failures))
             rewards.append(reward)
             components.append(extras)
         metrics = self._metrics(rewards, components, len(failures))
         self._check_failure_rate(failures, len(items))
         return RewardResult(rewards=rewards, components=components, metrics=metrics)
 
-    def _log_failure(self, fn: RewardFn, item: RewardInput, err: BaseException, count: int) -> None:
+    def close(self) -> None:
+        """Stop the executor's worker processes (the runner still works; they restart on the next score)."""
+        if self.executor is not None:
+            self.executor.close()
+
+    def _log_failure(self, fn: RewardFn | str, item: RewardInput, error: str, count: int) -> None:
         if count <= MAX_LOGGED_FAILURES:
-            self.logger.warning(
-                "reward function %s failed on row_id %s: %s: %s",
-                _name(fn),
-                item.row_id,
-                type(err).__name__,
-                err,
-            )
+            self.logger.warning("reward function %s failed on row_id %s: %s", _name(fn), item.row_id, error)
         elif count == MAX_LOGGED_FAILURES + 1:
             self.logger.warning("more reward failures in this batch; see reward/failures in the metrics")
 
@@ -171,12 +200,42 @@ class RewardRunner:
             metrics[key] = statistics.fmean(values)
         return metrics
 
-    def _check_failure_rate(self, failures: list[tuple[RewardInput, BaseException]], total: int) -> None:
+    def _check_failure_rate(self, failures: list[tuple[RewardInput, str]], total: int) -> None:
         if not failures or len(failures) / total <= self.max_failure_rate:
             return
-        item, err = failures[0]
+        item, error = failures[0]
         raise RewardFailureError(
             f"{len(failures)} of {total} reward calls failed ({len(failures) / total:.1%}, over "
             f"reward.max_failure_rate={self.max_failure_rate}); first error on row_id {item.row_id}: "
-            f"{type(err).__name__}: {err}. Fix the reward function or raise reward.max_failure_rate."
-        ) from err
+            f"{error}. Fix the reward function or raise reward.max_failure_rate."
+        )
+
+
+class _InlineExecutor:
+    """Calls in this process, each failure caught (what runs without an injected executor)."""
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        return [_call(fn, item) for item in items]
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    value: Any = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _call(fn: Callable[[Any], Any], item: Any) -> _Outcome:
+    try:
+        return _Outcome(value=fn(item))
+    except Exception as err:
+        return _Outcome(error=f"{type(err).__name__}: {err}")
+
+
+_INLINE = _InlineExecutor()
