@@ -70,6 +70,13 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables.")
     min_p: float = Field(0.0, ge=0, lt=1, description="Drop tokens below min_p times the top probability.")
+    repetition_penalty: float = Field(
+        1.0,
+        gt=0,
+        description="Divide positive (multiply negative) logits of tokens already in the prompt or response by "
+        "this; 1.0 is off. The sampler's logprobs are of the penalised distribution, so keep it at 1.0 when "
+        "the trainer's logprobs must match the sampler's.",
+    )
     stop_token_ids: list[int] = Field(default_factory=list, description="Extra stop tokens besides EOS.")
     stop_strings: list[str] = Field(
         default_factory=list, description="Stop when the response ends with these."

@@ -23,6 +23,7 @@ def sampling_params(rollout_cfg: Any, *, validation: bool = False) -> SamplingPa
         top_p=1.0 if validation else r.top_p,
         top_k=0 if validation else r.top_k,
         min_p=0.0 if validation else r.min_p,
+        repetition_penalty=1.0 if validation else r.repetition_penalty,
         max_new_tokens=r.max_new_tokens,
         stop_token_ids=tuple(r.stop_token_ids),
         stop_strings=tuple(r.stop_strings),

@@ -113,9 +113,10 @@ def resume_state(
 def save(ctx: Any, iteration: int, sampler: Any) -> Path:
     """Checkpoint `iteration` of an RL run: trainer (and critic) weights and optimizer, data position, KL."""
     cfg = ctx.cfg
-    writers = [lambda d: ctx.trainer.call("save", d), ctx.data.tokenizer.save_pretrained]
+    optimizer = cfg.checkpoint.save_optimizer
+    writers = [lambda d: ctx.trainer.call("save", d, optimizer), ctx.data.tokenizer.save_pretrained]
     if ctx.critic is not None:
-        writers.append(lambda d: ctx.critic.call("save", d))
+        writers.append(lambda d: ctx.critic.call("save", d, optimizer))
     state = {
         "sampler": sampler.state_dict(),
         "kl_coef": None if ctx.kl_controller is None else ctx.kl_controller.coef,

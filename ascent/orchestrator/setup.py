@@ -26,7 +26,7 @@ def build_datasets(cfg: RunConfig) -> Datasets:
     from ascent.data import load_rows, render_prompts, validate_rows
     from ascent.models.loading import load_tokenizer
 
-    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
+    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code)
     d = cfg.data
     sets: dict[str, list[Any]] = {}
     for name, path in (("train", d.train_path), ("val", d.val_path)):
@@ -66,6 +66,7 @@ def engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
         "tokenizer_path": cfg.model.tokenizer_path or cfg.model.path,
         "dtype": cfg.model.dtype,
         "device": cfg.cluster.device,
+        "trust_remote_code": cfg.model.trust_remote_code,
     }
     if cfg.rollout.engine == "reference":
         kw["generation_batch_size"] = cfg.rollout.generation_batch_size
@@ -83,6 +84,9 @@ def trainer_kwargs(cfg: RunConfig, total_optimizer_steps: int) -> dict[str, Any]
         "total_optimizer_steps": total_optimizer_steps,
         "temperature": cfg.rollout.temperature or 1.0,
         "device": cfg.cluster.device,
+        # the Dr. GRPO length divisor (algorithm.max_response_tokens_norm defaults to it): one constant for
+        # every worker and micro-batch, so the gradient does not depend on how a mini-batch is split
+        "max_new_tokens": cfg.rollout.max_new_tokens,
     }
 
 

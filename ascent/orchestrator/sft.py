@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from functools import partial
 from typing import Any
 
 from ascent.config.schema import AlgorithmConfig, SFTConfig
@@ -130,7 +131,11 @@ def _checkpoint_or_stop(
             "fingerprints": fingerprints(cfg.model_dump(mode="json")),
         }
         path = checkpointing.commit(
-            run_dir, step, [policy.save, tok.save_pretrained], state, cfg.checkpoint.keep_last
+            run_dir,
+            step,
+            [partial(policy.save, optimizer=cfg.checkpoint.save_optimizer), tok.save_pretrained],
+            state,
+            cfg.checkpoint.keep_last,
         )
     if interrupt:
         raise stopped_message(stop.signum, "step", str(path) if path else None, step, steps)

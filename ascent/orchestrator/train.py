@@ -67,7 +67,7 @@ def _train(
     sampler = PromptSampler(
         len(data.train), cfg.rollout.prompts_per_step, seed=cfg.seed, shuffle=cfg.data.shuffle
     )
-    timeline = Timeline(str(run_dir / "trace.json"))
+    timeline = Timeline(str(run_dir / "trace.json") if cfg.tracking.trace else None)
     ctx = LoopContext(cfg, data, rewards, groups, timeline)
     final: dict[str, float] = {}
     try:

@@ -50,7 +50,7 @@ class RolloutWorker:
         tokenizer_path = kwargs.pop("tokenizer_path")
         from ascent.models.loading import load_tokenizer
 
-        tok = load_tokenizer(tokenizer_path)
+        tok = load_tokenizer(tokenizer_path, kwargs.get("trust_remote_code", False))
         kwargs.setdefault("eos_token_ids", [tok.eos_token_id])
         kwargs.setdefault("pad_token_id", tok.pad_token_id)
         kwargs.setdefault("decode", lambda ids: tok.decode(ids, skip_special_tokens=False))
@@ -121,8 +121,8 @@ class TrainerWorker:
             return {name: t.detach().to("cpu") for name, t in weights}
         return {name: t.detach() for name, t in weights}
 
-    def save(self, path: str) -> None:
-        self.policy.save(path)
+    def save(self, path: str, optimizer: bool = True) -> None:
+        self.policy.save(path, optimizer)
 
     def load(self, path: str) -> None:
         self.policy.load(path)
@@ -135,7 +135,8 @@ class CriticWorkerActor:
         from ascent.models.loading import resolve_device
         from ascent.trainer.critic import CriticWorker
 
-        kwargs = {k: v for k, v in trainer_kwargs.items() if k not in ("temperature", "need_reference")}
+        skip = ("temperature", "need_reference", "max_new_tokens")
+        kwargs = {k: v for k, v in trainer_kwargs.items() if k not in skip}
         device = resolve_device(kwargs.pop("device", "auto"))
         init_distributed(device)
         _seed_everything(seed + 7 + int(os.environ.get("RANK", "0")))
@@ -147,8 +148,8 @@ class CriticWorkerActor:
     def update(self, samples: list[TrainSample], total_tokens: float, total_seqs: float) -> dict[str, float]:
         return self.critic.update(samples, total_tokens=total_tokens, total_seqs=total_seqs)
 
-    def save(self, path: str) -> None:
-        self.critic.save(path)
+    def save(self, path: str, optimizer: bool = True) -> None:
+        self.critic.save(path, optimizer)
 
     def load(self, path: str) -> None:
         self.critic.load(path)

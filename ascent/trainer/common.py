@@ -18,6 +18,7 @@ counter, sharding flags) and differ only in what a micro-batch computes. The fun
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -44,6 +45,8 @@ from ascent.trainer.sharded import (
     write_optimizer_shard,
 )
 from ascent.types import TrainSample
+
+log = logging.getLogger("ascent")
 
 
 class TrainerOutOfMemory(AscentError, RuntimeError):
@@ -202,23 +205,26 @@ def step_optimizer(parts: TrainerParts) -> tuple[float, bool]:
 
 
 # ------------------------------------------------------------------------------------------- checkpoints
-def write_shard(parts: TrainerParts, out: Path) -> bool:
-    """Sharded: write this rank's optimizer shard into `out` (a collective save). -> whether this rank writes
-    the rest (rank 0: unsharded, its state is every rank's; sharded, it gathered the weights)."""
-    if parts.sharded:
+def write_shard(parts: TrainerParts, out: Path, optimizer: bool = True) -> bool:
+    """Sharded: write this rank's optimizer shard into `out` (a collective save; skipped without `optimizer`).
+    -> whether this rank writes the rest (rank 0: unsharded, its state is every rank's; sharded, it gathered
+    the weights)."""
+    if parts.sharded and optimizer:
         out.mkdir(parents=True, exist_ok=True)
         write_optimizer_shard(out, parts.optimizer)
     return not (world_size() > 1 and torch.distributed.get_rank() != 0)
 
 
-def write_state(parts: TrainerParts, out: Path) -> None:
-    """trainer_state.pt: optimizer (unless sharded: see `write_shard`), scheduler, scaler, step, RNG."""
+def write_state(parts: TrainerParts, out: Path, optimizer: bool = True) -> None:
+    """trainer_state.pt: optimizer (unless sharded: see `write_shard`; none without `optimizer`), scheduler,
+    scaler, step, RNG. `optimizer_saved` records whether a resume will find AdamW's moments."""
     write_trainer_state(
         out,
-        optimizer_state=None if parts.sharded else parts.optimizer.state_dict(),
+        optimizer_state=None if parts.sharded or not optimizer else parts.optimizer.state_dict(),
         scheduler_state=parts.scheduler.state_dict(),
         scaler=parts.scaler.state_dict(),
         step=parts.step,
+        optimizer_saved=optimizer,
     )
 
 
@@ -228,7 +234,14 @@ def load_state(parts: TrainerParts, src: Path, *, rng: bool) -> None:
     if isinstance(parts.optimizer, OffloadedAdamW):
         parts.optimizer.refresh_masters()
     state = read_trainer_state(src, map_location="cpu")
-    optimizer_state = None if parts.sharded else replicated_optimizer_state(state, src)
+    saved = state.get("optimizer_saved", True)
+    if not saved:
+        log.warning(
+            "%s has no optimizer state (saved with checkpoint.save_optimizer=false): AdamW restarts from zero "
+            "moments, so this resume is not an exact continuation.",
+            src,
+        )
+    optimizer_state = None if parts.sharded or not saved else replicated_optimizer_state(state, src)
     if optimizer_state is not None:
         parts.optimizer.load_state_dict(optimizer_state)
     if state.get("scheduler") is not None:
@@ -238,5 +251,5 @@ def load_state(parts: TrainerParts, src: Path, *, rng: bool) -> None:
     parts.step = int(state.get("step", 0))
     if rng:
         set_rng_state(state["rng"])
-    if parts.sharded:
+    if parts.sharded and saved:
         read_optimizer_shard(src, parts.optimizer)  # and this rank's RNG

@@ -247,7 +247,7 @@ class CriticWorker:
         )
 
     # ------------------------------------------------------------------------------------ checkpoints
-    def save(self, directory: str | Path) -> None:
+    def save(self, directory: str | Path, optimizer: bool = True) -> None:
         """Write `<directory>/critic/`: model.safetensors (backbone + head), config.json, trainer_state.pt.
 
         Sharded: a collective; rank 0 writes the gathered weights, every rank its optimizer shard.
@@ -255,7 +255,7 @@ class CriticWorker:
         out = Path(directory) / CRITIC_DIR
         out.mkdir(parents=True, exist_ok=True)
         weights = full_state_dict(self.value_model) if self.sharded else {}
-        if not common.write_shard(self, out):
+        if not common.write_shard(self, out, optimizer):
             return  # rank 0 holds (or has gathered) the weights
         if self.sharded:
             st.save_file({k: v.contiguous() for k, v in weights.items()}, str(out / WEIGHTS_FILE))
@@ -263,7 +263,7 @@ class CriticWorker:
             st.save_model(self.value_model, str(out / WEIGHTS_FILE))
         backbone = cast("PreTrainedModel", self.value_model.backbone)  # an HF decoder stack
         backbone.config.save_pretrained(str(out))
-        common.write_state(self, out)
+        common.write_state(self, out, optimizer)
 
     def load(self, directory: str | Path) -> None:
         """Restore weights, optimizer, scheduler, scaler and step from `save(directory)` (RNG: the policy's)."""

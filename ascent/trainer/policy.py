@@ -288,14 +288,14 @@ class PolicyWorker:
     def set_rng_state(self, state: dict[str, Any]) -> None:
         set_rng_state(state)
 
-    def save(self, directory: str | Path) -> None:
+    def save(self, directory: str | Path, optimizer: bool = True) -> None:
         """Write HF weights (merged for LoRA when `save_merged`), the adapter, tokenizer, trainer_state.pt.
 
         Sharded: a collective; rank 0 writes the gathered weights, every rank its optimizer shard.
         """
         out = Path(directory)
         weights = full_state_dict(unwrap_model(self.model)) if self.sharded else None
-        if not common.write_shard(self, out):
+        if not common.write_shard(self, out, optimizer):
             return  # rank 0 writes the rest: unsharded, its state is every rank's; sharded, it gathered
         out.mkdir(parents=True, exist_ok=True)
         if self.lora is not None:
@@ -306,7 +306,7 @@ class PolicyWorker:
             unwrap_model(self.model).save_pretrained(str(out), state_dict=weights)
         with contextlib.suppress(OSError, ValueError):
             load_tokenizer(self.tokenizer_path).save_pretrained(str(out))
-        common.write_state(self, out)
+        common.write_state(self, out, optimizer)
 
     def load(self, directory: str | Path) -> None:
         """Restore weights (adapter for LoRA), optimizer, scheduler, scaler, step and RNG from `save(dir)`."""

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import torch
 from conftest import ascent, run_config, write_yaml
 from safetensors.torch import load_file
 
@@ -90,3 +91,19 @@ def test_sft_sigkill_then_resume_matches_uninterrupted(tmp_path, tiny_model, ari
     wb = load_file(str(tmp_path / "b" / "final" / "model.safetensors"))
     for k in wa:
         assert (wa[k] == wb[k]).all(), k
+
+
+def test_resume_without_optimizer_state_says_so(tmp_path, tiny_model, arithmetic_data):
+    cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=1, val_every=0)
+    cfg["data"]["val_path"] = None
+    cfg["checkpoint"] = {"save_optimizer": False}
+    cfg["tracking"] = {"progress": False, "trace": False}
+    ascent("train", str(write_yaml(tmp_path / "r.yaml", cfg)))
+    run = tmp_path / "run"
+    assert not (run / "trace.json").exists()
+    state = torch.load(run / "checkpoints" / "iter_000001" / "trainer_state.pt", weights_only=True)
+    assert state["optimizer"] is None and state["optimizer_saved"] is False
+    cfg["iterations"] = 2
+    proc = ascent("train", str(write_yaml(tmp_path / "r.yaml", cfg)), "--resume")
+    assert "no optimizer state" in proc.stdout + proc.stderr
+    assert (run / "checkpoints" / "iter_000002").is_dir()

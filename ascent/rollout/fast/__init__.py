@@ -23,7 +23,7 @@ from ascent.rollout.fast.spec import ModelSpec, rope_tables, spec_from_config
 from ascent.rollout.fast.weights import build_weights, load_state_dict, state_dict_of
 
 
-def _tokenizer_facts(path, eos_token_ids, pad_token_id, decode):
+def _tokenizer_facts(path, eos_token_ids, pad_token_id, decode, trust_remote_code=False):
     """Fill EOS ids, pad id and decode from the tokenizer at `path` where not given."""
     if path is None or (eos_token_ids is not None and decode is not None):
         return eos_token_ids, pad_token_id, decode
@@ -31,7 +31,7 @@ def _tokenizer_facts(path, eos_token_ids, pad_token_id, decode):
         return eos_token_ids, pad_token_id, decode
     from ascent.models.loading import load_tokenizer
 
-    tok = load_tokenizer(path)
+    tok = load_tokenizer(path, trust_remote_code)
     eos_token_ids = eos_token_ids if eos_token_ids is not None else [tok.eos_token_id]
     pad_token_id = pad_token_id if pad_token_id is not None else tok.pad_token_id
     return eos_token_ids, pad_token_id, decode or tok.decode
@@ -58,7 +58,7 @@ def _num_pages(spec, dtype, device, page_size, kv_cache_tokens, fraction, max_ba
     return max_batch * -(-max_len // page_size) + 1
 
 
-def _weights_source(model_path, model, dt, dev, share_weights):
+def _weights_source(model_path, model, dt, dev, share_weights, trust_remote_code=False):
     """-> (HF config, state dict by HF name, whether to share the tensors instead of copying them)."""
     if model is None and model_path is None:
         raise ValueError("rollout.engine=fast needs model.path (or a model module) to load weights from.")
@@ -68,7 +68,9 @@ def _weights_source(model_path, model, dt, dev, share_weights):
         return model.config, sd, can_share if share_weights is None else (share_weights and can_share)
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(str(model_path), local_files_only=True)
+    config = AutoConfig.from_pretrained(
+        str(model_path), local_files_only=True, trust_remote_code=trust_remote_code
+    )
     return config, load_state_dict(str(model_path)), False
 
 
@@ -96,6 +98,7 @@ def build_fast_engine(
     max_prefill_tokens: int = 16384,
     stop_check_interval: int = 8,
     share_weights: bool | None = None,
+    trust_remote_code: bool = False,
     **unused: Any,
 ) -> FastEngine:
     """A FastEngine on `model` (weights shared when dtype and device match) or the checkpoint at `model_path`.
@@ -105,16 +108,17 @@ def build_fast_engine(
     `cuda_graphs`/`compile` default to on for CUDA; `attention` and `sampler` are "triton" (CUDA) or
     "torch"; `attn_options` (splits, block_n, num_warps, num_stages) tune the Triton decode kernel.
     `share_weights=False` copies a given module's weights (fused q/k/v and gate/up) even when they could
-    be shared; `unused` swallows options meant for other engines.
+    be shared; `trust_remote_code` lets the config and tokenizer run code shipped in the checkpoint
+    (model.trust_remote_code); `unused` swallows options meant for other engines.
     """
     from ascent.models.loading import resolve_device, torch_dtype
 
     dt, dev = torch_dtype(dtype), resolve_device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    config, sd, share = _weights_source(model_path, model, dt, dev, share_weights)
+    config, sd, share = _weights_source(model_path, model, dt, dev, share_weights, trust_remote_code)
     eos_token_ids, pad_token_id, decode = _tokenizer_facts(
-        tokenizer_path or model_path, eos_token_ids, pad_token_id, decode
+        tokenizer_path or model_path, eos_token_ids, pad_token_id, decode, trust_remote_code
     )
     spec = spec_from_config(config)
     max_len = int(max_model_len or spec.max_position_embeddings)
