@@ -170,6 +170,31 @@ def logprob_diff(trainer_lp: Sequence[list[float]], sampler_lp: Sequence[list[fl
     return sum(diffs) / len(diffs), max(diffs)
 
 
+OUTLIER_NATS, MAX_OUTLIERS = 0.5, 20
+
+
+def record_logprob_outliers(
+    run_dir: str, iteration: int, trajs: Sequence[Trajectory], trainer_lp: Sequence[list[float]]
+) -> int:
+    """Append the tokens whose |trainer - sampler| logprob exceeds 0.5 nat to `logprob_outliers.jsonl`
+    (at most 20 an iteration): where a mismatch sits, for a user or a bug report. Returns how many."""
+    import json
+    from pathlib import Path
+
+    rows: list[dict[str, Any]] = []
+    for t, lp in zip(trajs, trainer_lp, strict=True):
+        for pos, (a, b) in enumerate(zip(t.sampler_logprobs, lp, strict=True)):
+            if abs(a - b) > OUTLIER_NATS and len(rows) < MAX_OUTLIERS:
+                rows.append({"iteration": iteration, "row_id": t.row_id, "position": pos,
+                             "response_len": len(t.response_ids), "finish": t.finish_reason,
+                             "token": t.response_ids[pos], "sampler": a, "trainer": b,
+                             "prompt_len": len(t.prompt_ids), "response_ids": t.response_ids})  # fmt: skip
+    if rows:
+        with open(Path(run_dir) / "logprob_outliers.jsonl", "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    return len(rows)
+
+
 def mini_batches(n: int, size: int, generator: torch.Generator | None) -> list[list[int]]:
     """Split indices 0..n-1 into mini-batches of `size` (shuffled when a generator is given)."""
     order = torch.randperm(n, generator=generator).tolist() if generator is not None else list(range(n))

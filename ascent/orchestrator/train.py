@@ -163,6 +163,7 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
     if old_lp is not None:  # else the update reported the sampler/trainer mismatch from its own logprobs
         diff = B.logprob_diff(old_lp, [t.sampler_logprobs for t in trajs])
         update_metrics |= {"rollout/logprob_diff_mean": diff[0], "rollout/logprob_diff_max": diff[1]}
+        B.record_logprob_outliers(ctx.cfg.run_dir, it, trajs, old_lp)
     tokens = sum(t.num_tokens for t in trajs)
     return {
         **collect_metrics,
