@@ -134,9 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=6 if cuda else 2)
     p.add_argument("--head-scale", type=float, default=10.0)
     p.add_argument("--stop-tokens", type=int, default=6, help="how many frequent tokens stop a row")
+    p.add_argument("--dtype", default=None, help="bf16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     a = p.parse_args(argv)
     dtype, device = ("bf16", "cuda") if cuda else ("fp32", "cpu")
+    dtype = a.dtype or dtype
     root = Path(tempfile.mkdtemp(prefix="logprob_check_"))
     path = build_model(root, a.hidden, a.layers, a.head_scale)
     reqs = requests(a.requests, a.samples, 60, seed=0)

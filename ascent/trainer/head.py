@@ -27,6 +27,8 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from ascent.models.logits import logits_fp32
+
 
 def chunk_stats(z: Tensor, targets: Tensor, temperature: float, with_entropy: bool) -> tuple[Tensor, ...]:
     """z [n, V] logits (compute dtype), targets [n] -> (logp [n], lse [n], entropy [n] or [0]), all fp32.
@@ -115,7 +117,7 @@ class _HeadLogprobs(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         h, w = hidden.to(dtype), weight.to(dtype)
         stats = _compiled(chunk_stats) if compiled else chunk_stats
-        parts = [stats(hc @ w.T, tc, temperature, with_entropy) for hc, tc in
+        parts = [stats(logits_fp32(hc, w), tc, temperature, with_entropy) for hc, tc in
                  zip(h.split(chunk), targets.split(chunk), strict=True)]  # fmt: skip
         logp, lse, ent = (torch.cat(x) for x in zip(*parts, strict=True))
         ctx.save_for_backward(h, w, targets, lse, ent)

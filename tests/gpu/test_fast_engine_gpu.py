@@ -95,12 +95,15 @@ def _teacher_forced_logprobs(model, prompt, response):
 
 
 def test_bf16_greedy_prefix_and_logprobs(ckpt):
-    """Greedy prefixes match the reference (sharpened head); logprobs match a teacher-forced HF forward.
+    """Greedy prefixes match the reference (sharpened head); logprobs are at least as close to the exact
+    (fp32) teacher-forced logprobs as the bf16 reference engine's, and within a bound.
 
-    Our bf16 forward rounds differently from HF's (fused residual adds, SiLU and RoPE round once, in fp32),
-    so hidden states differ by about one bf16 ulp and logits by ~|logit| / 256: with the sharpened head
-    (|logit| ~ 5) logprobs differ by ~1e-2, with the natural head (|logit| < 1) by < 1e-3.
+    Our bf16 forward keeps the residual stream and norms in fp32 and the logits unrounded, as the trainer
+    does under autocast; HF's bf16 model rounds the residual stream to bf16 after every add. So it is compared
+    with the fp32 forward of the same (bf16-rounded) weights, the value both approximate.
     """
+    import copy
+
     for scale, bound in ((HEAD_SCALE, 3e-2), (1.0, 1e-3)):
         ref, fast = _engines(ckpt, "bf16", max_batch_size=8, head_scale=scale)
         assert fast.runner.attention == "triton" and fast.runner.sampler == "triton"
@@ -110,9 +113,12 @@ def test_bf16_greedy_prefix_and_logprobs(ckpt):
             for ga, gb in zip(got, want, strict=True):
                 for a, b in zip(ga, gb, strict=True):
                     assert a.token_ids[:8] == b.token_ids[:8]
-        ours, floor = _logprob_diff(ref.model, reqs, got), _logprob_diff(ref.model, reqs, want)
-        print(f"head x{scale}: mean |logprob - teacher-forced| fast {ours:.2e}, reference engine {floor:.2e}")
-        assert ours < bound
+        exact = copy.deepcopy(ref.model).float()
+        ours, floor = _logprob_diff(exact, reqs, got), _logprob_diff(exact, reqs, want)
+        print(
+            f"head x{scale}: mean |logprob - fp32 teacher-forced| fast {ours:.2e}, bf16 reference {floor:.2e}"
+        )
+        assert ours < bound and ours <= floor * 1.1
 
 
 def _logprob_diff(model, reqs, outs) -> float:

@@ -8,6 +8,8 @@ builder registered as `ENGINES["fast"]`. On CPU the same engine runs eagerly (sl
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -113,6 +115,13 @@ def build_fast_engine(
     """
     from ascent.models.loading import resolve_device, torch_dtype
 
+    overrides = json.loads(
+        os.environ.get("ASCENT_FAST_ENGINE", "{}")
+    )  # debugging: e.g. {"cuda_graphs": false}
+    cuda_graphs = overrides.get("cuda_graphs", cuda_graphs)
+    compile = overrides.get("compile", compile)
+    attention = overrides.get("attention", attention)
+    sampler = overrides.get("sampler", sampler)
     dt, dev = torch_dtype(dtype), resolve_device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())

@@ -4,7 +4,11 @@ Every function works on flat token batches x [T, H] (T = decode rows, or padded 
 weights as arguments, and makes no host sync, so one `torch.compile` of each serves all layers and every
 batch size, and the results can be captured in a CUDA graph. Attention itself lives in attention.py.
 The arithmetic follows transformers' Qwen2/Qwen3/Llama modules (RMSNorm in fp32, RoPE in the model dtype),
-so fp32 results agree with HF to rounding.
+so fp32 results agree with HF to rounding. In half precision it follows what the trainer computes under
+autocast: the residual stream `x` stays fp32 (the trainer's embedding and residual adds are fp32), norms
+run in fp32 with fp32 scales, and only the matmul inputs are cast to the weights' dtype. A bf16 residual
+stream instead drifts from the trainer's through the layers; in the GPU learning run that drift moved
+single tokens' logprobs by up to 7.6 nats (max |logit| 12.8), where fp32 on both sides agreed to 1e-4.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ascent.models.logits import logits_fp32
 from ascent.rollout.fast.spec import ModelSpec
 
 
@@ -58,7 +63,7 @@ class LayerMath:
         k_norm: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """x [T, H] -> q [T, nh, d], k [T, kvh, d], v [T, kvh, d] (normed, projected, rotated)."""
-        h = rms_norm(x, ln_w, self.eps)
+        h = rms_norm(x, ln_w, self.eps).to(qkv_w[0].dtype)
         qkv = _linear_parts(h, qkv_w, qkv_b if qkv_b[0] is not None else None)
         t, nq = qkv.shape[0], self.nh + self.kvh
         v = qkv[:, nq * self.d :].view(t, self.kvh, self.d)
@@ -82,11 +87,15 @@ class LayerMath:
     ) -> Tensor:
         """x [T, H] residual, attn [T, nh*d] -> x after o_proj, residual add and the SwiGLU MLP."""
         x = x + F.linear(attn, o_w)
-        h = rms_norm(x, ln_w, self.eps)
+        h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
         gu = _linear_parts(h, gate_up_w, None)
         gate, up = gu.split(self.inter, dim=-1)
         return x + F.linear(F.silu(gate) * up, down_w)
 
+    def final_norm(self, x: Tensor, norm_w: Tensor) -> Tensor:
+        """x [T, H] fp32 residual -> the final RMSNorm's output (fp32)."""
+        return rms_norm(x, norm_w, self.eps)
+
     def logits(self, x: Tensor, norm_w: Tensor, lm_head: Tensor) -> Tensor:
-        """x [T, H] -> logits [T, V] in the model dtype."""
-        return F.linear(rms_norm(x, norm_w, self.eps), lm_head)
+        """x [T, H] -> logits [T, V] in fp32, computed as the trainer computes them (ascent.models.logits)."""
+        return logits_fp32(self.final_norm(x, norm_w).to(lm_head.dtype), lm_head)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ascent.models.logits import logits_fp32
 from ascent.rollout.fast.attention import decode_attention_torch, prefill_attention, slots_for
 from ascent.rollout.fast.kv_cache import KVCache
 from ascent.rollout.fast.layers import LayerMath
@@ -60,9 +61,13 @@ class ModelRunner:
             self.math.logits,
             sample,
         )
-        if compile:
+        self.final_norm = self.math.final_norm
+        if compile:  # the fp32-output head matmul stays outside the compiled region
             self.attn_in, self.attn_out = _compile(self.attn_in), _compile(self.attn_out)
-            self.logits, self.sample = _compile(self.logits), _compile(sample)
+            self.final_norm, self.sample = _compile(self.final_norm), _compile(sample)
+            self.logits = lambda x, norm_w, lm_head: logits_fp32(
+                self.final_norm(x, norm_w).to(lm_head.dtype), lm_head
+            )
 
     def head_sample(self, x: Tensor, st: SamplingTensors, steps: Tensor, seen: Tensor | None):
         """x [B, H] -> (tokens [B], logprobs [B]) through the final norm, the LM head and the sampler.
@@ -78,7 +83,8 @@ class ModelRunner:
 
     def _layers(self, x: Tensor, cos: Tensor, sin: Tensor, slots: Tensor | None, attend: Callable) -> Tensor:
         """x [T, H] through every layer; K/V of the T tokens are written to `slots` [T] first (None: the
-        attention kernel writes them itself)."""
+        attention kernel writes them itself). The residual stream runs in fp32 (see layers.py)."""
+        x = x.float()
         for i, lw in enumerate(self.w.layers):
             q, k, v = self.attn_in(x, cos, sin, lw.ln1, lw.qkv_w, lw.qkv_b, lw.q_norm, lw.k_norm)
             if slots is not None:

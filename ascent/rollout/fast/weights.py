@@ -199,13 +199,18 @@ def _fused(parts: list[tuple[str, Tensor]], dtype, device, targets: dict[str, Te
     return fused
 
 
+# The residual stream runs in fp32 (layers.py) and the RMSNorm scales stay fp32 like the trainer's master
+# weights: [H] per norm, nothing next to the matrices.
+NORM_DTYPE = torch.float32
+
+
 def _owned_layer(sd: Mapping[str, Tensor], i: int, dtype, device, targets: dict[str, Tensor]) -> LayerWeights:
     """Layer i copied into `dtype` on `device`, with q/k/v and gate/up fused."""
     p = _prefix(i)
     att, mlp = p + "self_attn.", p + "mlp."
 
-    def own(name: str) -> Tensor:
-        targets[name] = _get(sd, name).to(device=device, dtype=dtype).clone()
+    def own(name: str, dt: torch.dtype = dtype) -> Tensor:
+        targets[name] = _get(sd, name).to(device=device, dtype=dt).clone()
         return targets[name]
 
     def own_optional(name: str) -> Tensor | None:
@@ -219,8 +224,8 @@ def _owned_layer(sd: Mapping[str, Tensor], i: int, dtype, device, targets: dict[
         qkv_b = _fused([(n, sd[n]) for n in bias_names], dtype, device, targets)
     gu_names = [mlp + "gate_proj.weight", mlp + "up_proj.weight"]
     return LayerWeights(
-        ln1=own(p + "input_layernorm.weight"),
-        ln2=own(p + "post_attention_layernorm.weight"),
+        ln1=own(p + "input_layernorm.weight", NORM_DTYPE),  # fp32, as the trainer's master weights
+        ln2=own(p + "post_attention_layernorm.weight", NORM_DTYPE),
         qkv_w=(qkv_w,),
         qkv_b=(qkv_b,),
         o_w=own(att + "o_proj.weight"),
@@ -265,7 +270,7 @@ def build_weights(
         embed = targets["model.embed_tokens.weight"] = (
             sd["model.embed_tokens.weight"].to(device, dtype).clone()
         )
-        norm = targets["model.norm.weight"] = sd["model.norm.weight"].to(device, dtype).clone()
+        norm = targets["model.norm.weight"] = sd["model.norm.weight"].to(device, NORM_DTYPE).clone()
     if spec.tie_word_embeddings or "lm_head.weight" not in sd:
         lm_head = embed
     elif share:
