@@ -270,6 +270,16 @@ def evaluate(
     ] = None,
     max_prompts: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N prompts.")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    engine: Annotated[
+        str,
+        typer.Option(help="Rollout engine: reference (transformers, any device) or fast (the GPU engine)."),
+    ] = "reference",
+    dtype: Annotated[
+        str, typer.Option(help="fp32, bf16 or fp16: the dtype you train and sample with.")
+    ] = "fp32",
+    reward_timeout_s: Annotated[
+        float, typer.Option(min=0.001, help="Seconds one reward call may take (it then scores 0).")
+    ] = 30.0,
 ) -> None:
     """Score a checkpoint on a prompt dataset: accuracy and mean reward."""
     with ErrorGuard():
@@ -285,6 +295,9 @@ def evaluate(
             out=out,
             max_prompts=max_prompts,
             device=device,
+            engine=_choice("--engine", engine, ("reference", "fast")),
+            dtype=_choice("--dtype", dtype, ("fp32", "bf16", "fp16")),
+            reward_timeout_s=reward_timeout_s,
         )
         for name, value in (metrics or {}).items():
             typer.echo(f"{name}: {_fmt_metric(value)}")
@@ -354,6 +367,12 @@ def package_version() -> str:
             return f"{project['version']} (source checkout, not installed)"
         except (OSError, KeyError, tomllib.TOMLDecodeError):
             return "unknown (not installed)"
+
+
+def _choice(option: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise AscentError(f"{option} {value}: unknown; use one of {', '.join(choices)}.")
+    return value
 
 
 def _fmt_metric(value: Any) -> str:

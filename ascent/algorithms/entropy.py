@@ -19,10 +19,12 @@ DEFAULT_CHUNK_ROWS = 256
 
 
 def _entropy_chunk(z: Tensor) -> Tensor:
-    """z [c, V] fp32 -> [c]: logsumexp(z) - sum(softmax(z) * z)."""
-    lse = torch.logsumexp(z, dim=-1)
-    p = torch.exp(z - lse.unsqueeze(-1))
-    return lse - _expected(p, z)
+    """z [c, V] fp32 -> [c]: -sum(p * log p) with log p = z - logsumexp(z) <= 0, a sum of terms >= 0.
+
+    (The equal form logsumexp(z) - sum(p * z) subtracts two large numbers when the logits are large and
+    confident, and came out slightly negative.)"""
+    logp = z - torch.logsumexp(z, dim=-1).unsqueeze(-1)
+    return -_expected(torch.exp(logp), logp)
 
 
 def _expected(p: Tensor, z: Tensor) -> Tensor:

@@ -15,6 +15,7 @@ from ascent.orchestrator.validation import CORRECT_AT
 from ascent.types import SamplingParams
 
 log = logging.getLogger("ascent")
+ALL_BUT_NONE = 1.0 - 1e-9  # the reward runner raises only when every call failed
 
 
 def run_eval(
@@ -30,12 +31,17 @@ def run_eval(
     max_prompt_tokens: int = 1024,
     seed: int = 0,
     batch_size: int = 64,
+    engine: str = "reference",
+    dtype: str = "fp32",
+    reward_timeout_s: float = 30.0,
 ) -> dict[str, float]:
     """Generate for every prompt of `data` with the checkpoint at `model`; return accuracy and mean reward."""
     from ascent.data import load_rows, render_prompts, validate_rows
+    from ascent.errors import AscentError
     from ascent.models.loading import load_tokenizer, resolve_device
     from ascent.orchestrator.batch import make_requests, to_trajectories
-    from ascent.rewards import RewardInput, RewardRunner, resolve_reward_fn
+    from ascent.orchestrator.setup import reward_executor
+    from ascent.rewards import RewardFailureError, RewardInput, RewardRunner
     from ascent.rollout import build_engine
 
     tok = load_tokenizer(model)
@@ -44,10 +50,16 @@ def run_eval(
     rows = rows[:max_prompts] if max_prompts else rows
     items, _ = render_prompts(rows, tok, max_prompt_tokens=max_prompt_tokens, overlong="truncate")
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
-    engine = build_engine(
-        "reference",
+    runner = RewardRunner(  # resolved before any generation: a bad --reward fails in a second
+        reward,
+        max_failure_rate=ALL_BUT_NONE,
+        logger=log,
+        executor=reward_executor("process", reward_timeout_s, None),
+    )
+    rollout = build_engine(
+        engine,
         model_path=model,
-        dtype="fp32",
+        dtype=dtype,
         device=resolve_device(device),
         eos_token_ids=[tok.eos_token_id],
         pad_token_id=tok.pad_token_id,
@@ -55,21 +67,32 @@ def run_eval(
         generation_batch_size=batch_size,
     )
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples)
-    gens = engine.generate(make_requests([i.prompt_ids for i in items], params, seed))
+    gens = rollout.generate(make_requests([i.prompt_ids for i in items], params, seed))
     trajs = to_trajectories(items, gens, decode=decode, policy_version=0)
-    runner = RewardRunner(resolve_reward_fn(reward), max_failure_rate=1.0, logger=log)
-    result = runner.score(
-        [
-            RewardInput(decode(t.prompt_ids), t.response_text, t.response_ids, t.metadata, t.row_id)
-            for t in trajs
-        ]
-    )
+    try:
+        result = runner.score(
+            [
+                RewardInput(decode(t.prompt_ids), t.response_text, t.response_ids, t.metadata, t.row_id)
+                for t in trajs
+            ]
+        )
+    except RewardFailureError as err:
+        raise AscentError(
+            f"--reward {reward}: every reward call failed, so there is no accuracy to report ({err})"
+        ) from err
+    finally:
+        runner.close()
+    if result.metrics["reward/failures"]:
+        log.warning(
+            "%d of %d reward calls failed and count as 0", result.metrics["reward/failures"], len(trajs)
+        )
     n = len(trajs)
     metrics = {
         "accuracy": sum(r >= CORRECT_AT for r in result.rewards) / n,
         "reward_mean": sum(result.rewards) / n,
         "response_len_mean": sum(len(t.response_ids) for t in trajs) / n,
         "responses": float(n),
+        "reward_failures": result.metrics["reward/failures"],
     }
     if out:
         _write_responses(out, trajs, result.rewards)

@@ -41,7 +41,8 @@ def chunk_stats(z: Tensor, targets: Tensor, temperature: float, with_entropy: bo
     logp = zf.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     if not with_entropy:
         return logp, lse, zf.new_zeros(0)
-    ent = lse - zf.sub(lse.unsqueeze(-1)).exp_().mul_(zf).sum(-1)
+    lp = zf.sub_(lse.unsqueeze(-1))  # log p, every entry <= 0: the entropy below is a sum of terms >= 0
+    ent = -lp.exp().mul_(lp).sum(-1)
     return logp, lse, ent
 
 

@@ -94,7 +94,8 @@ def _fused_chunk_logprobs(
     if not with_entropy:
         return logp, z.new_zeros(0)
     zd, lsed = z.detach(), lse.detach()
-    ent = lsed - (torch.exp(zd - lsed.unsqueeze(-1)) * zd).sum(-1)
+    lpd = zd - lsed.unsqueeze(-1)  # log p <= 0: -sum p log p is a sum of terms >= 0 (no cancellation)
+    ent = -(torch.exp(lpd) * lpd).sum(-1)
     return logp, ent
 
 

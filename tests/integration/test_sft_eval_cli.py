@@ -77,3 +77,27 @@ def test_pick_warm_start_scans_sft_checkpoints_in_order(tmp_path, tiny_model, ar
     assert (
         again.returncode == 2 and "already holds checkpoints" in again.stderr and "--resume" in again.stderr
     )
+
+
+def test_eval_refuses_when_every_reward_call_fails(tmp_path, tiny_model):
+    rows = tmp_path / "no_answers.jsonl"
+    rows.write_text("".join(f'{{"prompt": "{i}+1="}}\n' for i in range(4)))  # exact_match needs `answer`
+    proc = ascent(
+        "eval", "--model", str(tiny_model), "--data", str(rows), "--max-new-tokens", "2", check=False
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "every reward call failed" in out and "answer" in out and "Traceback" not in out
+    bad = ascent(
+        "eval", "--model", str(tiny_model), "--data", str(rows), "--reward", "nosuch.mod:fn", check=False
+    )
+    assert bad.returncode == 2 and "nosuch" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_eval_with_the_fast_engine_and_a_dtype(tmp_path, tiny_model, arithmetic_data):
+    args = ["--model", str(tiny_model), "--data", str(arithmetic_data / "val.jsonl"), "--max-new-tokens", "3"]
+    ref = ascent("eval", *args)
+    fast = ascent("eval", *args, "--engine", "fast", "--dtype", "fp32")
+    assert "accuracy" in fast.stdout and ref.stdout.splitlines()[0] == fast.stdout.splitlines()[0]
+    bad = ascent("eval", *args, "--dtype", "fp8", check=False)
+    assert bad.returncode == 2 and "--dtype fp8" in bad.stderr
