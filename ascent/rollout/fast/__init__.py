@@ -115,13 +115,7 @@ def build_fast_engine(
     """
     from ascent.models.loading import resolve_device, torch_dtype
 
-    overrides = json.loads(
-        os.environ.get("ASCENT_FAST_ENGINE", "{}")
-    )  # debugging: e.g. {"cuda_graphs": false}
-    cuda_graphs = overrides.get("cuda_graphs", cuda_graphs)
-    compile = overrides.get("compile", compile)
-    attention = overrides.get("attention", attention)
-    sampler = overrides.get("sampler", sampler)
+    cuda_graphs, compile, attention, sampler = _debug_overrides(cuda_graphs, compile, attention, sampler)
     dt, dev = torch_dtype(dtype), resolve_device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -160,6 +154,14 @@ def build_fast_engine(
         max_prefill_tokens=max_prefill_tokens,
         stop_check_interval=stop_check_interval,
     )
+
+
+def _debug_overrides(cuda_graphs: Any, compile: Any, attention: Any, sampler: Any) -> tuple[Any, ...]:
+    """ASCENT_FAST_ENGINE='{"cuda_graphs": false, "compile": false, "attention": "torch", "sampler": "torch"}'
+    switches engine parts off for a whole run, to locate a problem (BENCHMARKS.md, logprob agreement)."""
+    o = json.loads(os.environ.get("ASCENT_FAST_ENGINE", "{}"))
+    return (o.get("cuda_graphs", cuda_graphs), o.get("compile", compile), o.get("attention", attention),
+            o.get("sampler", sampler))  # fmt: skip
 
 
 def _has_triton() -> bool:
