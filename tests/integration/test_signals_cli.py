@@ -15,7 +15,9 @@ from conftest import ascent, run_config, write_yaml
 from safetensors.torch import load_file
 
 HERE = Path(__file__).resolve().parent
-SLOW = {"reward": {"fn": "slow_reward:score"}}  # exact match; sleeps only where SLOW_REWARD_S is set
+# exact match; sleeps only where SLOW_REWARD_S is set; one reward worker, so an iteration's 8 calls take
+# 8 x the sleep on any machine
+SLOW = {"reward": {"fn": "slow_reward:score", "num_workers": 1}}
 
 
 def start(cfg_yaml, *extra, slow_s=0.0):
@@ -45,7 +47,7 @@ def wait_for(predicate, proc, seconds=240):
 
 def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path, tiny_model, arithmetic_data):
     base = {
-        "iterations": 12,
+        "iterations": 20,
         "val_every": 0,
         "data.val_path": None,
         "checkpoint": {"every": 0, "keep_last": 2},
@@ -56,7 +58,7 @@ def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path, tiny_mod
 
     b = run_config(tmp_path / "b", tiny_model, arithmetic_data, **base)
     b_yaml = write_yaml(tmp_path / "b.yaml", b)
-    proc = start(b_yaml, slow_s=0.2)  # about 2 s an iteration: still running when the second run starts
+    proc = start(b_yaml, slow_s=0.2)  # 1.6 s an iteration: still running when the second run starts
     metrics = tmp_path / "b" / "run" / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, proc)
 
@@ -69,12 +71,12 @@ def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path, tiny_mod
     assert proc.returncode == 128 + signal.SIGTERM, out
     assert "stopped by SIGTERM after iteration" in out and "Traceback" not in out
     ckpts = sorted((tmp_path / "b" / "run" / "checkpoints").glob("iter_*"))
-    assert len(ckpts) == 1 and ckpts[0].name != "iter_000012", ckpts  # only the interrupt's checkpoint
+    assert len(ckpts) == 1 and ckpts[0].name != "iter_000020", ckpts  # only the interrupt's checkpoint
     assert ckpts[0].name in out
 
     finish(b_yaml, "--resume")
-    wa = load_file(str(tmp_path / "a" / "run" / "checkpoints" / "iter_000012" / "model.safetensors"))
-    wb = load_file(str(tmp_path / "b" / "run" / "checkpoints" / "iter_000012" / "model.safetensors"))
+    wa = load_file(str(tmp_path / "a" / "run" / "checkpoints" / "iter_000020" / "model.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "run" / "checkpoints" / "iter_000020" / "model.safetensors"))
     for k in wa:
         assert (wa[k] == wb[k]).all(), k
 
