@@ -1,16 +1,24 @@
 """Sampler vs trainer logprobs, token by token, on a workload with early stops and refilled rows.
 
-    python bench/logprob_check.py                       # CUDA: bf16, each engine variant; CPU: fp32, small
-    python bench/logprob_check.py --variants default,no_graphs --requests 256
+    python bench/logprob_check.py                        # CUDA: Qwen2.5-0.5B shape, bf16; CPU: tiny, fp32
+    python bench/logprob_check.py --variants default,plain --requests 256 --out logprob_05b.json
+    python bench/logprob_check.py --shape tiny --dtype bf16   # on the CPU too
 
-A tiny Qwen2-architecture model (`ascent.models.tiny`, its LM head sharpened so outputs are peaked and
+A random-weight model (the Qwen2.5-0.5B shape of bench/e2e_workload.py on CUDA, the 64-wide tiny Qwen2 of
+`ascent.models.tiny` on the CPU; its final-norm scale multiplied by --head-scale so outputs are peaked and
 varied) generates with the fast engine: many requests with n samples, fewer decode rows than samples (freed
-rows are refilled), random budgets, and a set of frequent tokens as stop tokens (rows stop early). Each
-response is then scored by the trainer's own logprob pass (`PolicyWorker.compute_logprobs`, the packed
-varlen path of `ascent train`) on the same weights. Prints mean and max |sampler - trainer| per variant,
-where the worst tokens sit (position in the response, finish reason), and the same against a plain fp32
-forward. Variants switch one engine part each (CUDA graphs, torch.compile, Triton attention, Triton
-sampler), to locate a mismatch. `main(argv)` is what `ascent bench logprob_check` would call.
+rows are refilled), per-request budgets, and as each request's stop tokens the ones its samples produced
+most often in a first unconstrained run (rows stop early, at different steps). Each response is then scored by the trainer's own logprob pass
+(`PolicyWorker.compute_logprobs`: packed sequences, varlen attention on CUDA, autocast over fp32 master
+weights, as `ascent train` runs it) in the same dtype and in fp32. Prints, per engine variant, mean and max
+|sampler - trainer| and |sampler - fp32|, |trainer - fp32|, how many tokens differ by more than 0.5 nat and
+the worst ones (position in the response, length, finish reason). Variants switch engine parts (CUDA graphs,
+torch.compile, Triton attention and sampler) to locate a mismatch.
+
+Random weights show only small half-precision gaps (an SFT'd model amplifies the same gaps at single tokens);
+what this bench guards is that the engine computes what the trainer computes: in fp32 both agree to ~1e-6,
+and in bf16 the sampler sits far closer to the bf16 trainer than either sits to fp32 (BENCHMARKS.md,
+"Sampler/trainer logprob agreement"). `main(argv)` is what `ascent bench logprob_check` would call.
 """
 
 from __future__ import annotations
@@ -19,9 +27,14 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import e2e_workload as W  # noqa: E402
 
 VARIANTS = {
     "default": {},
@@ -31,46 +44,54 @@ VARIANTS = {
     "torch_sampler": {"sampler": "torch"},
     "plain": {"cuda_graphs": False, "compile": False, "attention": "torch", "sampler": "torch"},
 }
+PROMPT_TOKENS = (4, 40)  # prompt ids are drawn from this range (the char tokenizer's characters)
 
 
-def build_model(root: Path, hidden: int, layers: int, head_scale: float) -> Path:
+def build_model(root: Path, shape: str, head_scale: float, device: str) -> Path:
+    """A random-weight checkpoint of `shape` (W.SHAPES; tied head) with its final norm scaled by head_scale."""
     from safetensors.torch import load_file, save_file
 
-    from ascent.models.tiny import make_tiny_checkpoint
-
-    path = make_tiny_checkpoint(root / "model", hidden_size=hidden, num_layers=layers, num_heads=max(2, hidden // 64),
-                                num_kv_heads=2, tie_word_embeddings=False, seed=1)  # fmt: skip
-    weights = load_file(str(path / "model.safetensors"))
-    weights["lm_head.weight"] = weights["lm_head.weight"] * head_scale
-    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    path = W.make_checkpoint(root, shape, device)
+    file = path / "model.safetensors"
+    weights = load_file(str(file))
+    weights["model.norm.weight"] = weights["model.norm.weight"] * head_scale  # logits x head_scale
+    save_file(weights, str(file), metadata={"format": "pt"})
     return path
 
 
-def requests(n_requests: int, samples: int, vocab: int, seed: int):
+def make_requests(n_requests: int, samples: int, seed: int) -> list:
+    """Requests with random prompts (4-47 tokens), budgets (2-39 new tokens) and seeds, n samples each."""
     from ascent.types import GenerationRequest, SamplingParams
 
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n_requests):
         length = int(torch.randint(4, 48, (1,), generator=g))
-        prompt = torch.randint(4, vocab, (length,), generator=g).tolist()
+        prompt = torch.randint(*PROMPT_TOKENS, (length,), generator=g).tolist()
         params = SamplingParams(max_new_tokens=int(torch.randint(2, 40, (1,), generator=g)), n=samples,
                                 seed=1000 + i, temperature=1.0)  # fmt: skip
         out.append(GenerationRequest(prompt, params, request_id=i))
     return out
 
 
-def frequent_tokens(engine, reqs, k: int) -> list[int]:
-    """The k tokens sampled most often in a short unconstrained run: good stop tokens for early stops."""
-    counts: dict[int, int] = {}
-    for gens in engine.generate(reqs[:16]):
-        for gen in gens:
-            for t in gen.token_ids:
-                counts[t] = counts.get(t, 0) + 1
-    return sorted(counts, key=counts.get, reverse=True)[:k]  # type: ignore[arg-type]
+def with_stop_tokens(engine: Any, reqs: list, k: int) -> list:
+    """reqs with, as stop tokens, the k tokens each request's samples produce most often in an unconstrained
+    run (same seeds): the rerun stops most rows early, each at its own step."""
+    from dataclasses import replace
+
+    out = []
+    for req, gens in zip(reqs, engine.generate(reqs), strict=True):
+        counts: dict[int, int] = {}
+        for t in (t for g in gens for t in g.token_ids[1:]):
+            counts[t] = counts.get(t, 0) + 1
+        stops = tuple(sorted(counts, key=counts.__getitem__, reverse=True)[:k])
+        out.append(replace(req, params=replace(req.params, stop_token_ids=stops)))
+    return out
 
 
-def trainer_logprobs(path: Path, dtype: str, device: str, reqs, outs) -> list[list[float]]:
+def trainer_logprobs(path: Path, dtype: str, device: str, runs: list[list]) -> list[list[list[float]]]:
+    """runs: lists of (request, generation) pairs -> the trainer's logprobs of every response of each run,
+    scored as `ascent train` scores them (one trainer for all runs)."""
     from ascent.config import AlgorithmConfig, ModelConfig, TrainConfig
     from ascent.models.varlen import enable_for_training
     from ascent.trainer.policy import PolicyWorker
@@ -81,88 +102,114 @@ def trainer_logprobs(path: Path, dtype: str, device: str, reqs, outs) -> list[li
         algo_cfg=AlgorithmConfig(), total_optimizer_steps=1, temperature=1.0, device=torch.device(device),
     )  # fmt: skip
     enable_for_training(policy.model, policy.device, policy.compute_dtype, "auto")
-    samples = [
-        TrainSample(
-            prompt_ids=r.prompt_ids,
-            response_ids=g.token_ids,
-            loss_mask=[1] * len(g.token_ids),
-            advantages=[0.0] * len(g.token_ids),
-        )  # fmt: skip
-        for r, gens in zip(reqs, outs, strict=True)
-        for g in gens
-        if g.token_ids
+    out = []
+    for pairs in runs:
+        samples = [
+            TrainSample(
+                prompt_ids=r.prompt_ids,
+                response_ids=g.token_ids,
+                loss_mask=[1] * len(g.token_ids),
+                advantages=[0.0] * len(g.token_ids),
+            )  # fmt: skip
+            for r, g in pairs
+        ]
+        out.append(policy.compute_logprobs(samples, temperature=1.0, which="policy"))
+    del policy
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def diff_stats(a: list[list[float]], b: list[list[float]]) -> dict[str, float]:
+    """Per-token |a - b| over ragged rows -> mean, max and how many exceed 0.5 nat."""
+    d = torch.tensor([abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)])
+    return {"mean": d.mean().item(), "max": d.max().item(), "over_0.5": int((d > 0.5).sum())}
+
+
+def worst_tokens(pairs: list, trainer: list[list[float]], k: int = 5) -> list[dict[str, Any]]:
+    """The k tokens where sampler and trainer differ most: position, response length, finish reason."""
+    rows = [
+        (abs(a - b), pos, len(g.token_ids), g.finish_reason, a, b)
+        for (_, g), lp in zip(pairs, trainer, strict=True)
+        for pos, (a, b) in enumerate(zip(g.logprobs, lp, strict=True))
     ]
-    return policy.compute_logprobs(samples, temperature=1.0, which="policy")
+    rows.sort(reverse=True)
+    return [dict(diff=float(f"{d:.3g}"), pos=p, length=n, finish=f, sampler=round(a, 3), trainer=round(b, 3))
+            for d, p, n, f, a, b in rows[:k]]  # fmt: skip
 
 
-def compare(reqs, outs, trainer: list[list[float]]) -> dict:
-    diffs, worst = [], []
-    gens = [(r, g) for r, gs in zip(reqs, outs, strict=True) for g in gs if g.token_ids]
-    for (_, g), lp in zip(gens, trainer, strict=True):
-        for pos, (a, b) in enumerate(zip(g.logprobs, lp, strict=True)):
-            d = abs(a - b)
-            diffs.append(d)
-            worst.append((d, pos, len(g.token_ids), g.finish_reason, a, b))
-    worst.sort(reverse=True)
-    t = torch.tensor(diffs)
-    return {
-        "tokens": len(diffs),
-        "mean": t.mean().item(),
-        "max": t.max().item(),
-        "over_0.5": int((t > 0.5).sum()),
-        "worst": [
-            dict(diff=round(d, 4), pos=p, length=n, finish=f, sampler=round(a, 3), trainer=round(b, 3))
-            for d, p, n, f, a, b in worst[:5]
-        ],  # fmt: skip
-        "stops": sum(g.finish_reason == "stop" for _, g in gens),
-        "sequences": len(gens),
-    }
-
-
-def main(argv: list[str] | None = None) -> int:
+def run_variant(name: str, a: argparse.Namespace, path: Path, reqs: list, stopping: list | None) -> tuple:
+    """Generate with one engine variant -> ((request, generation) pairs, requests with stops, engine stats)."""
     from ascent.rollout.fast import build_fast_engine
 
+    engine = build_fast_engine(model_path=path, dtype=a.dtype, device=a.device, max_batch_size=a.rows,
+                               max_model_len=256, page_size=16, kv_cache_tokens=a.rows * 256, **VARIANTS[name])  # fmt: skip
+    stopping = stopping or with_stop_tokens(engine, reqs, a.stop_tokens)
+    engine.stats.update(steps=0, prefills=0, compactions=0)
+    t0 = time.perf_counter()
+    outs = engine.generate(stopping)
+    stats = {k: round(v, 3) for k, v in engine.stats.items()} | {
+        "generate_s": round(time.perf_counter() - t0, 2)
+    }
+    engine.sleep(release_weights=True)
+    del engine
+    pairs = [(r, g) for r, gens in zip(stopping, outs, strict=True) for g in gens if g.token_ids]
+    return pairs, stopping, stats
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cuda = torch.cuda.is_available()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--variants", default=",".join(VARIANTS) if cuda else "plain")
-    p.add_argument("--requests", type=int, default=192 if cuda else 24)
+    p.add_argument("--shape", choices=sorted(W.SHAPES), default="0.5b" if cuda else "tiny")
+    p.add_argument("--variants", default="default,plain" if cuda else "plain")
+    p.add_argument("--requests", type=int, default=256 if cuda else 24)
     p.add_argument("--samples", type=int, default=8 if cuda else 4)
     p.add_argument(
         "--rows", type=int, default=64 if cuda else 6, help="decode rows (fewer than samples: refills)"
     )
-    p.add_argument("--hidden", type=int, default=384 if cuda else 64)
-    p.add_argument("--layers", type=int, default=6 if cuda else 2)
-    p.add_argument("--head-scale", type=float, default=10.0)
-    p.add_argument("--stop-tokens", type=int, default=6, help="how many frequent tokens stop a row")
-    p.add_argument("--dtype", default=None, help="bf16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--head-scale", type=float, default=10.0, help="final-norm scale: sharper outputs")
+    p.add_argument("--stop-tokens", type=int, default=2, help="stop tokens per request (its frequent ones)")
+    p.add_argument("--dtype", default="bf16" if cuda else "fp32", help="bf16 | fp32 (engine and trainer)")
+    p.add_argument("--device", default="cuda" if cuda else "cpu")
     p.add_argument("--out", default=None, help="write the results as JSON here")
-    a = p.parse_args(argv)
-    dtype, device = ("bf16", "cuda") if cuda else ("fp32", "cpu")
-    dtype = a.dtype or dtype
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = parse_args(argv)
+    res: dict[str, Any] = W.report_header(a) | {"variants": {}}
     root = Path(tempfile.mkdtemp(prefix="logprob_check_"))
-    path = build_model(root, a.hidden, a.layers, a.head_scale)
-    reqs = requests(a.requests, a.samples, 60, seed=0)
-    results = {}
-    stops = None
-    for name in a.variants.split(","):
-        engine = build_fast_engine(model_path=path, dtype=dtype, device=device, max_batch_size=a.rows,
-                                   max_model_len=256, page_size=16, kv_cache_tokens=a.rows * 256, **VARIANTS[name])  # fmt: skip
-        stops = stops or frequent_tokens(engine, reqs, a.stop_tokens)
-        engine.eos = frozenset(stops)
-        outs = engine.generate(reqs)
-        results[name] = compare(reqs, outs, trainer_logprobs(path, dtype, device, reqs, outs))
-        results[name]["engine_stats"] = {k: round(v, 3) for k, v in engine.stats.items()}
-        engine.sleep(release_weights=True)
-        del engine
-        r = results[name]
-        print(f"{name:16s} tokens {r['tokens']:6d}  stops {r['stops']:5d}/{r['sequences']:5d}  mean {r['mean']:.2e}  "
-              f"max {r['max']:.3f}  >0.5 nat: {r['over_0.5']}", flush=True)  # fmt: skip
+    path = build_model(root, a.shape, a.head_scale, a.device)
+    reqs = make_requests(a.requests, a.samples, seed=0)
+    names, runs, stats, stopping = a.variants.split(","), [], [], None
+    for name in names:
+        pairs, stopping, st = run_variant(name, a, path, reqs, stopping)
+        runs.append(pairs)
+        stats.append(st)
+    trainers = trainer_logprobs(path, a.dtype, a.device, runs)
+    fp32s = trainers if a.dtype == "fp32" else trainer_logprobs(path, "fp32", a.device, runs)
+    for name, pairs, st, trainer, fp32 in zip(names, runs, stats, trainers, fp32s, strict=True):
+        sampler = [g.logprobs for _, g in pairs]
+        r = res["variants"][name] = {
+            "tokens": sum(len(s) for s in sampler), "sequences": len(pairs),
+            "stops": sum(g.finish_reason == "stop" for _, g in pairs), "engine": st,
+            "sampler_vs_trainer": diff_stats(sampler, trainer), "sampler_vs_fp32": diff_stats(sampler, fp32),
+            "trainer_vs_fp32": diff_stats(trainer, fp32), "worst": worst_tokens(pairs, trainer),
+        }  # fmt: skip
+        print(f"{name:16s} {a.shape} {a.dtype}: tokens {r['tokens']}, stops {r['stops']}/{r['sequences']}, "
+              f"prefills {st['prefills']}, compactions {st['compactions']}", flush=True)  # fmt: skip
+        for key in ("sampler_vs_trainer", "sampler_vs_fp32", "trainer_vs_fp32"):
+            s = r[key]
+            print(
+                f"    {key:20s} mean {s['mean']:.2e}  max {s['max']:.2e}  >0.5 nat: {s['over_0.5']}",
+                flush=True,
+            )
         for w in r["worst"][:3]:
             print("    worst:", w, flush=True)
     if a.out:
-        Path(a.out).write_text(json.dumps(results, indent=1))
-    return 0
+        Path(a.out).write_text(json.dumps(res, indent=1))
+    return res
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ascent.config.schema import RunConfig
+    from ascent.config.schema import RunConfig, SFTConfig
 
 # Registry names of ascent.algorithms, repeated here because config imports without torch
 # (tests/unit/algorithms/test_alg_config.py checks they match the registries).
@@ -27,6 +27,28 @@ ENGINES = {"reference", "fast"}
 def check_run_config(cfg: RunConfig) -> None:
     """Raise ValueError listing every broken cross-field rule of `cfg` (nothing when all hold)."""
     problems = _batch_rules(cfg) + _algorithm_rules(cfg)
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
+# `train` fields that only the RL loop reads: an SFT step is `batch_size` pairs, one pass, no old logprobs.
+RL_ONLY_TRAIN_FIELDS = (
+    "epochs_per_rollout",
+    "trajectories_per_update",
+    "shuffle_mini_batches",
+    "old_logprobs",
+)
+
+
+def check_sft_config(cfg: SFTConfig) -> None:
+    """Raise ValueError naming every RL-only `train` field an `ascent sft` config changes (SFT ignores them)."""
+    fields = type(cfg.train).model_fields
+    problems = [
+        f"train.{name}={getattr(cfg.train, name)!r}: `ascent sft` does not read this RL field (an SFT "
+        "optimizer step is `batch_size` pairs, `epochs` passes over the data); remove it."
+        for name in RL_ONLY_TRAIN_FIELDS
+        if getattr(cfg.train, name) != fields[name].default  # a resolved config.yaml lists the defaults
+    ]
     if problems:
         raise ValueError("\n".join(problems))
 

@@ -330,3 +330,10 @@ class SFTConfig(Section):
     )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Metrics and logs.")
+
+    @model_validator(mode="after")
+    def _no_rl_fields(self) -> SFTConfig:
+        from ascent.config.rules import check_sft_config
+
+        check_sft_config(self)
+        return self

@@ -138,7 +138,8 @@ def build_fast_engine(
     on_cuda = dev.type == "cuda"
     fast_default = "triton" if on_cuda and _has_triton() else "torch"
     attention, sampler = attention or fast_default, sampler or fast_default
-    runner = ModelRunner(spec, weights, cache, rope_tables(config, spec, max_len, dt, dev), max_len,
+    rope = rope_tables(config, spec, max_len, weights.embed.dtype, dev)  # the residual stream's dtype
+    runner = ModelRunner(spec, weights, cache, rope, max_len,
                          attention=attention, compile=on_cuda if compile is None else compile,
                          attn_options=attn_options, sampler=sampler)  # fmt: skip
     use_graphs = on_cuda if cuda_graphs is None else cuda_graphs

@@ -3,12 +3,14 @@
 Every function works on flat token batches x [T, H] (T = decode rows, or padded prefill tokens), takes the
 weights as arguments, and makes no host sync, so one `torch.compile` of each serves all layers and every
 batch size, and the results can be captured in a CUDA graph. Attention itself lives in attention.py.
-The arithmetic follows transformers' Qwen2/Qwen3/Llama modules (RMSNorm in fp32, RoPE in the model dtype),
-so fp32 results agree with HF to rounding. In half precision it follows what the trainer computes under
-autocast: the residual stream `x` stays fp32 (the trainer's embedding and residual adds are fp32), norms
-run in fp32 with fp32 scales, and only the matmul inputs are cast to the weights' dtype. A bf16 residual
-stream instead drifts from the trainer's through the layers; in the GPU learning run that drift moved
-single tokens' logprobs by up to 7.6 nats (max |logit| 12.8), where fp32 on both sides agreed to 1e-4.
+The arithmetic follows transformers' Qwen2/Qwen3/Llama modules, so fp32 results agree with HF to rounding.
+In half precision it follows what the trainer computes under autocast over fp32 master weights, operation
+for operation: the residual stream `x` starts from the fp32 embedding and stays fp32, norms run in fp32
+with fp32 scales, RoPE rotates q and k in fp32 with fp32 cos/sin (HF builds cos/sin in the hidden states'
+dtype, fp32 there, and `bf16 * fp32` promotes), and only matmul and attention inputs are cast to the
+weights' dtype. Each half-precision shortcut (a bf16 residual stream, a bf16 embedding table, bf16 RoPE)
+moves the engine's logprobs away from the trainer's: small on average, but a trained model amplifies them
+at single tokens by up to nats (BENCHMARKS.md, "Sampler/trainer logprob agreement").
 """
 
 from __future__ import annotations
@@ -28,11 +30,15 @@ def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
     return w * x32.to(x.dtype)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [T, heads, d], cos/sin [T, d] -> x rotated (rotate-half convention)."""
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """x [T, heads, d], cos/sin [T, d] -> x rotated (rotate-half convention) in `out_dtype`.
+
+    Computed in cos/sin's dtype (fp32 tables: as HF under autocast, where bf16 q times fp32 cos is fp32),
+    then rounded once to `out_dtype`, the attention kernel's input dtype."""
     c, s = cos[:, None, :], sin[:, None, :]
+    x = x.to(cos.dtype)
     x1, x2 = x.chunk(2, dim=-1)
-    return x * c + torch.cat((-x2, x1), dim=-1) * s
+    return (x * c + torch.cat((-x2, x1), dim=-1) * s).to(out_dtype)
 
 
 def _linear_parts(x: Tensor, ws: tuple[Tensor, ...], bs: tuple[Tensor | None, ...] | None) -> Tensor:
@@ -62,19 +68,20 @@ class LayerMath:
         q_norm: Tensor | None,
         k_norm: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """x [T, H] -> q [T, nh, d], k [T, kvh, d], v [T, kvh, d] (normed, projected, rotated)."""
+        """x [T, H] -> q [T, nh, d], k [T, kvh, d], v [T, kvh, d] (normed, projected, rotated), in the
+        weights' dtype; cos/sin [T, d] (fp32 tables: the rotation runs in fp32, see `apply_rope`)."""
         h = rms_norm(x, ln_w, self.eps).to(qkv_w[0].dtype)
         qkv = _linear_parts(h, qkv_w, qkv_b if qkv_b[0] is not None else None)
-        t, nq = qkv.shape[0], self.nh + self.kvh
+        t, nq, dt = qkv.shape[0], self.nh + self.kvh, qkv.dtype
         v = qkv[:, nq * self.d :].view(t, self.kvh, self.d)
         if q_norm is None:  # rotate q and k together: one fused kernel, q and k are views of its output
-            qk = apply_rope(qkv[:, : nq * self.d].view(t, nq, self.d), cos, sin)
+            qk = apply_rope(qkv[:, : nq * self.d].view(t, nq, self.d), cos, sin, dt)
             return qk[:, : self.nh], qk[:, self.nh :], v
         assert k_norm is not None  # q_norm and k_norm come together (Qwen3)
         q, k, _ = qkv.split(self.splits, dim=-1)
         q = rms_norm(q.reshape(t, self.nh, self.d), q_norm, self.eps)
         k = rms_norm(k.reshape(t, self.kvh, self.d), k_norm, self.eps)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return apply_rope(q, cos, sin, dt), apply_rope(k, cos, sin, dt), v
 
     def attn_out(
         self,

@@ -2,7 +2,8 @@
 
 `spec_from_config` reads a transformers config (Qwen2, Qwen3, Llama, Mistral) into a flat `ModelSpec`;
 `rope_tables` turns the config's `rope_parameters` into cos/sin tables indexed by position, computed the
-way transformers computes them (fp32 angles, cast to the model dtype), so our forward matches HF's.
+way transformers computes them (fp32 angles, cast to the hidden states' dtype: the embedding table's, fp32 for
+the engine's own weights), so our forward matches HF's.
 """
 
 from __future__ import annotations
@@ -112,7 +113,10 @@ def _inv_freq(config: Any, spec: ModelSpec) -> tuple[Tensor, float]:
 def rope_tables(
     config: Any, spec: ModelSpec, max_len: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[Tensor, Tensor]:
-    """-> cos, sin [max_len, head_dim] in `dtype`: angles in fp32 (position * inv_freq), then cast."""
+    """-> cos, sin [max_len, head_dim] in `dtype`: angles in fp32 (position * inv_freq), then cast.
+
+    HF casts them to the hidden states' dtype, which is the embedding table's: pass that (fp32 for the
+    engine's own weights, as for a trainer under autocast over fp32 master weights)."""
     inv_freq, scaling = _inv_freq(config, spec)
     pos = torch.arange(max_len, dtype=torch.float32)
     freqs = pos[:, None] * inv_freq[None, :]

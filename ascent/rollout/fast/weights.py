@@ -6,6 +6,10 @@ Two ways to hold them:
 - **owned**: a private copy in the engine's dtype, with q/k/v fused into one matrix and gate/up into another
   (fewer, larger matrix products per decode step).
 
+Owned weights keep what the trainer keeps in fp32 under autocast in fp32: the RMSNorm scales and the
+embedding table (the residual stream starts from its rows). A tied LM head then gets its own copy in the
+engine's dtype for the head matmul, refreshed whenever the embedding is written.
+
 Either way `targets` maps every HF parameter name to the tensor (or the slice of a fused tensor) that holds
 it, so `update_weights` is one `copy_` per incoming tensor and never moves an address a captured CUDA graph
 reads.
@@ -53,6 +57,7 @@ class ModelWeights:
     layers: list[LayerWeights]
     targets: dict[str, Tensor]
     shared: bool
+    head_copy: bool = False  # lm_head is a rounded copy of the tied (fp32) embedding, refreshed by `update`
 
     released: bool = False  # storages are 0 bytes (between `release()` and the next `update`)
     _storages: list[tuple[torch.UntypedStorage, int]] = field(default_factory=list, repr=False)
@@ -68,7 +73,7 @@ class ModelWeights:
         """
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         self._reallocate()
-        copied = 0
+        copied, embed_written = 0, False
         with torch.no_grad():
             for name, tensor in items:
                 target = self.targets.get(name)
@@ -89,8 +94,11 @@ class ModelWeights:
                     continue
                 target.copy_(tensor, non_blocking=True)
                 copied += 1
+                embed_written |= target is self.embed
                 if self._pending:
                     self._pending.discard(self._region_of[name])
+            if self.head_copy and embed_written:
+                self.lm_head.copy_(self.embed)
         return copied
 
     def release(self) -> int:
@@ -104,7 +112,7 @@ class ModelWeights:
         freed = 0
         if not self.released:
             self._region_of = _regions(self.targets)
-            self._storages = [(s, s.nbytes()) for s in _distinct_storages(self.targets.values())]
+            self._storages = [(s, s.nbytes()) for s in _distinct_storages(self._tensors())]
             for s, nbytes in self._storages:
                 s.resize_(0)
                 freed += nbytes
@@ -134,7 +142,11 @@ class ModelWeights:
         """Bytes of owned weight storage allocated now (0 when released or when the weights are shared)."""
         if self.shared:
             return 0
-        return sum(s.nbytes() for s in _distinct_storages(self.targets.values()))
+        return sum(s.nbytes() for s in _distinct_storages(self._tensors()))
+
+    def _tensors(self) -> list[Tensor]:
+        """Every weight tensor: the update targets and the tied head's copy."""
+        return [*self.targets.values(), self.lm_head]
 
 
 def _distinct_storages(tensors: Iterable[Tensor]) -> list[torch.UntypedStorage]:
@@ -200,8 +212,12 @@ def _fused(parts: list[tuple[str, Tensor]], dtype, device, targets: dict[str, Te
 
 
 # The residual stream runs in fp32 (layers.py) and the RMSNorm scales stay fp32 like the trainer's master
-# weights: [H] per norm, nothing next to the matrices.
+# weights: [H] per norm, nothing next to the matrices. The embedding table stays fp32 too: the trainer's
+# residual stream starts from fp32 rows, and rounding them to bf16 moved single logprobs by up to 0.8 nat
+# on an SFT'd model (BENCHMARKS.md). It costs vocab x hidden x 2 more bytes than a bf16 table (a tied head
+# adds a bf16 copy for the head matmul).
 NORM_DTYPE = torch.float32
+EMBED_DTYPE = torch.float32
 
 
 def _owned_layer(sd: Mapping[str, Tensor], i: int, dtype, device, targets: dict[str, Tensor]) -> LayerWeights:
@@ -213,8 +229,8 @@ def _owned_layer(sd: Mapping[str, Tensor], i: int, dtype, device, targets: dict[
         targets[name] = _get(sd, name).to(device=device, dtype=dt).clone()
         return targets[name]
 
-    def own_optional(name: str) -> Tensor | None:
-        return own(name) if name in sd else None
+    def own_optional(name: str, dt: torch.dtype = dtype) -> Tensor | None:
+        return own(name, dt) if name in sd else None
 
     qkv_names = [f"{att}{x}_proj.weight" for x in "qkv"]
     qkv_w = _fused([(n, _get(sd, n)) for n in qkv_names], dtype, device, targets)
@@ -229,8 +245,8 @@ def _owned_layer(sd: Mapping[str, Tensor], i: int, dtype, device, targets: dict[
         qkv_w=(qkv_w,),
         qkv_b=(qkv_b,),
         o_w=own(att + "o_proj.weight"),
-        q_norm=own_optional(att + "q_norm.weight"),
-        k_norm=own_optional(att + "k_norm.weight"),
+        q_norm=own_optional(att + "q_norm.weight", NORM_DTYPE),  # fp32 * bf16 q -> fp32, as HF under autocast
+        k_norm=own_optional(att + "k_norm.weight", NORM_DTYPE),
         gate_up_w=(_fused([(n, _get(sd, n)) for n in gu_names], dtype, device, targets),),
         down_w=own(mlp + "down_proj.weight"),
     )
@@ -268,17 +284,18 @@ def build_weights(
     else:
         layers = [_owned_layer(sd, i, dtype, device, targets) for i in range(spec.num_layers)]
         embed = targets["model.embed_tokens.weight"] = (
-            sd["model.embed_tokens.weight"].to(device, dtype).clone()
+            sd["model.embed_tokens.weight"].to(device, EMBED_DTYPE).clone()
         )
         norm = targets["model.norm.weight"] = sd["model.norm.weight"].to(device, NORM_DTYPE).clone()
-    if spec.tie_word_embeddings or "lm_head.weight" not in sd:
-        lm_head = embed
-    elif share:
-        lm_head = sd["lm_head.weight"]
+    tied = spec.tie_word_embeddings or "lm_head.weight" not in sd
+    if tied:  # both names write the embedding; a head in another dtype is a copy of it
+        lm_head = embed if share or dtype == embed.dtype else embed.to(dtype)
+        targets["lm_head.weight"] = embed
     else:
-        lm_head = sd["lm_head.weight"].to(device, dtype).clone()
-    targets["lm_head.weight"] = lm_head
-    return ModelWeights(embed=embed, norm=norm, lm_head=lm_head, layers=layers, targets=targets, shared=share)
+        lm_head = sd["lm_head.weight"] if share else sd["lm_head.weight"].to(device, dtype).clone()
+        targets["lm_head.weight"] = lm_head
+    return ModelWeights(embed=embed, norm=norm, lm_head=lm_head, layers=layers, targets=targets, shared=share,
+                        head_copy=tied and lm_head is not embed)  # fmt: skip
 
 
 def state_dict_of(model: torch.nn.Module) -> dict[str, Tensor]:

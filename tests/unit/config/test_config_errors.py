@@ -104,3 +104,13 @@ def test_sft_schema_errors() -> None:
     assert problems(["batch_size=0"], SFTConfig) == [
         "batch_size=0: must be > 0 (Prompt/response pairs per optimizer step)."
     ]
+
+
+def test_sft_refuses_rl_only_train_fields() -> None:
+    """An SFT config that sets a field only the RL loop reads is refused, naming it; defaults pass."""
+    with pytest.raises(ValueError) as err:
+        SFTConfig.model_validate({"train": {"trajectories_per_update": 3, "old_logprobs": "recompute"}})
+    text = str(err.value)
+    assert "train.trajectories_per_update=3: `ascent sft` does not read this RL field" in text
+    assert "train.old_logprobs='recompute'" in text
+    SFTConfig.model_validate({"train": {"lr": 1e-3, "max_tokens_per_micro_batch": 1024}})
