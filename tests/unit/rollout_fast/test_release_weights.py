@@ -138,3 +138,25 @@ def test_reference_engine_accepts_release_weights(untied_path: Path) -> None:
     ref.sleep(release_weights=True)
     ref.wake()
     assert _run(ref) == before
+
+
+def test_half_precision_keeps_an_fp32_embedding_and_refreshes_the_tied_head_copy(tied_path: Path) -> None:
+    """bf16 owned weights: the embedding (residual stream source) and norm scales stay fp32 like the trainer's
+    master weights; the tied head is a bf16 copy that every update of the embedding refreshes, and release
+    frees the copy too."""
+    from transformers import AutoConfig
+
+    from ascent.rollout.fast.spec import spec_from_config
+    from ascent.rollout.fast.weights import build_weights
+
+    sd, spec = load_state_dict(str(tied_path)), spec_from_config(AutoConfig.from_pretrained(tied_path))
+    w = build_weights(sd, spec, torch.bfloat16, torch.device("cpu"), share=False)
+    assert w.embed.dtype == torch.float32 and w.norm.dtype == torch.float32
+    assert w.lm_head.dtype == torch.bfloat16 and w.head_copy
+    assert w.layers[0].o_w.dtype == torch.bfloat16
+    new_embed = torch.randn_like(sd["model.embed_tokens.weight"])
+    w.update([("model.embed_tokens.weight", new_embed)])
+    assert torch.equal(w.embed, new_embed.float()) and torch.equal(w.lm_head, new_embed.to(torch.bfloat16))
+    nbytes = w.nbytes
+    assert w.release() == nbytes and w.nbytes == 0
+    assert w.lm_head.untyped_storage().nbytes() == 0
