@@ -44,11 +44,28 @@ class GenerationRequest:
 
 @dataclass
 class Generation:
-    """One sampled continuation: token ids, the sampler's logprob of each, and why it ended."""
+    """One sampled continuation: token ids, the sampler's logprob of each, and why it ended.
+
+    `token_versions` holds the policy version each token was sampled with (filled by the rollout worker from
+    the weights it held; an engine that swaps weights between decode steps fills it per token)."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
+    token_versions: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """What one rollout replica returns for one `generate` call.
+
+    `generations[i]` are the samples of request i; `policy_version` is the version of the weights the
+    replica held for the call; `idle_s` is how long the replica had no generation work before the call
+    (since its previous call ended; 0 for its first)."""
+
+    generations: list[list[Generation]]
+    policy_version: int
+    idle_s: float
 
 
 @dataclass
@@ -66,7 +83,8 @@ class Trajectory:
     finish_reason: FinishReason
     group_id: int
     row_id: int
-    policy_version: int = 0
+    policy_version: int = 0  # the oldest token's version (what staleness is measured from)
+    token_versions: list[int] = field(default_factory=list)  # per response token (empty: all policy_version)
     reward: float = 0.0
     reward_components: dict[str, float] = field(default_factory=dict)
     baseline_reward: float | None = None  # ReMax: the reward of the greedy response to the same prompt

@@ -2,7 +2,8 @@
 
 A worker group runs N copies of a plain Python class (rank 0..N-1). The controller calls a method on all of
 them (`call`), on each with its own shard (`call_split`) or on rank 0 only (`call_rank0`); results come back
-in rank order. The `_async` variants return a `PendingCall` at once so two groups can work at the same time.
+in rank order. A call names the method itself (`group.call(TrainerWorker.save, path)`), a typed handle:
+mypy checks its arguments and result type, and a reader can jump to the definition. The `_async` variants return a `PendingCall` at once so two groups can work at the same time.
 Backends (inline, Ray) implement `_submit` and `shutdown` and must behave the same.
 
 Before a worker's class is constructed, the group sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
@@ -17,8 +18,13 @@ from __future__ import annotations
 
 import socket
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+
+W = TypeVar("W")  # the worker class of a group
+R = TypeVar("R")  # a method's result
+S = TypeVar("S")  # the shard type of a split call
+P = ParamSpec("P")  # a method's other arguments
 
 
 def find_free_port() -> int:
@@ -51,19 +57,24 @@ def rank_env(
     return env
 
 
-class PendingCall(ABC):
+class PendingCall(ABC, Generic[R]):
     """A call in flight on some ranks of a group; `get()` waits and returns the results in rank order."""
 
     @abstractmethod
-    def get(self) -> list[Any]: ...
+    def get(self) -> list[R]: ...
 
 
-class WorkerGroup(ABC):
-    """N workers of one class, driven from the controller. Build one with `make_worker_group`."""
+class WorkerGroup(ABC, Generic[W]):
+    """N workers of class `W`, driven from the controller. Build one with `make_worker_group`.
+
+    Calls name a method of the worker class itself, not a string: `group.call(TrainerWorker.save, path)`
+    runs `save(path)` on every worker and is typed `list[None]`, so a reader (and mypy) can follow the call
+    to its definition, and a misspelt or private method fails before anything is sent.
+    """
 
     backend: str = ""
 
-    def __init__(self, cls: type, *, name: str, num_workers: int, timeout_s: float) -> None:
+    def __init__(self, cls: type[W], *, name: str, num_workers: int, timeout_s: float) -> None:
         if num_workers < 1:
             raise ValueError(f"worker group '{name}': num_workers={num_workers}; it needs at least 1 worker.")
         self.cls = cls
@@ -73,50 +84,67 @@ class WorkerGroup(ABC):
 
     # what a backend implements ---------------------------------------------------------------------
     @abstractmethod
-    def _submit(self, method: str, calls: Sequence[tuple[int, tuple, dict]]) -> PendingCall:
-        """Start `method(*args, **kwargs)` on each (rank, args, kwargs) of `calls`."""
+    def _submit(self, method: str, calls: Sequence[tuple[int, tuple, dict]]) -> PendingCall[Any]:
+        """Start the worker method named `method` with (*args, **kwargs) on each (rank, args, kwargs)."""
 
     @abstractmethod
     def shutdown(self) -> None:
         """Stop the workers and free their resources. Safe to call twice."""
 
     # the interface ---------------------------------------------------------------------------------
-    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def call(self, method: Callable[Concatenate[W, P], R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
         """`method(*args, **kwargs)` on every worker; results in rank order."""
         return self.call_async(method, *args, **kwargs).get()
 
-    def call_split(self, method: str, shards: Sequence[Any], **kwargs: Any) -> list[Any]:
-        """`method(shards[i], **kwargs)` on worker i; results in rank order."""
-        return self.call_split_async(method, shards, **kwargs).get()
+    def call_split(
+        self,
+        method: Callable[Concatenate[W, S, P], R],
+        shards: Sequence[S],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> list[R]:
+        """`method(shards[i], *args, **kwargs)` on worker i; results in rank order."""
+        return self.call_split_async(method, shards, *args, **kwargs).get()
 
-    def call_rank0(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def call_rank0(self, method: Callable[Concatenate[W, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
         """`method(*args, **kwargs)` on rank 0 only; its result."""
         return self._submit(self._check_method(method), [(0, args, kwargs)]).get()[0]
 
-    def call_async(self, method: str, *args: Any, **kwargs: Any) -> PendingCall:
+    def call_async(
+        self, method: Callable[Concatenate[W, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> PendingCall[R]:
         """Like `call`, but returns at once; `.get()` the result."""
-        method = self._check_method(method)
-        return self._submit(method, [(rank, args, kwargs) for rank in range(self.num_workers)])
+        name = self._check_method(method)
+        return self._submit(name, [(rank, args, kwargs) for rank in range(self.num_workers)])
 
-    def call_split_async(self, method: str, shards: Sequence[Any], **kwargs: Any) -> PendingCall:
+    def call_split_async(
+        self,
+        method: Callable[Concatenate[W, S, P], R],
+        shards: Sequence[S],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> PendingCall[R]:
         """Like `call_split`, but returns at once; `.get()` the result."""
-        method = self._check_method(method)
+        name = self._check_method(method)
         if len(shards) != self.num_workers:
             raise ValueError(
-                f"worker group '{self.name}': call_split('{method}') got {len(shards)} shards for "
-                f"{self.num_workers} workers; pass exactly one shard per worker (e.g. split the batch "
+                f"worker group '{self.name}': call_split({self.cls.__name__}.{name}) got {len(shards)} shards "
+                f"for {self.num_workers} workers; pass exactly one shard per worker (e.g. split the batch "
                 f"with {self.num_workers} parts)."
             )
-        return self._submit(method, [(rank, (shard,), kwargs) for rank, shard in enumerate(shards)])
+        return self._submit(name, [(rank, (shard, *args), kwargs) for rank, shard in enumerate(shards)])
 
-    def _check_method(self, method: str) -> str:
-        if method.startswith("_") or not callable(getattr(self.cls, method, None)):
+    def _check_method(self, method: Callable[..., Any]) -> str:
+        """The name of `method` if it is a public method of the worker class; else AttributeError."""
+        name = getattr(method, "__name__", "")
+        if not name or name.startswith("_") or getattr(self.cls, name, None) is not method:
             raise AttributeError(
-                f"worker group '{self.name}': {self.cls.__name__} has no public method '{method}'."
+                f"worker group '{self.name}': {method!r} is not a public method of {self.cls.__name__}; "
+                f"pass one of its methods, e.g. group.call({self.cls.__name__}.<method>, ...)."
             )
-        return method
+        return name
 
-    def __enter__(self) -> WorkerGroup:
+    def __enter__(self) -> WorkerGroup[W]:
         return self
 
     def __exit__(self, *exc: object) -> None:

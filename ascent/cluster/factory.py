@@ -9,14 +9,14 @@ import os
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from ascent.cluster.base import WorkerGroup
+from ascent.cluster.base import W, WorkerGroup
 from ascent.cluster.errors import ClusterConfigError
 
 BACKENDS = ("inline", "ray")
 
 
 def make_worker_group(
-    cls: type,
+    cls: type[W],
     *,
     num_workers: int,
     backend: Literal["inline", "ray"],
@@ -29,7 +29,7 @@ def make_worker_group(
     timeout_s: float = 1800.0,
     env: dict[str, str] | None = None,
     placement_group: Any = None,
-) -> WorkerGroup:
+) -> WorkerGroup[W]:
     """Start `num_workers` instances of `cls(*init_args, **init_kwargs)`, named `name`, on `backend`.
 
     - inline: one worker in this process (`num_workers` must be 1; use backend="ray" for more).

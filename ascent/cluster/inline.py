@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ascent.cluster.base import PendingCall, WorkerGroup, find_free_port, rank_env
+from ascent.cluster.base import PendingCall, W, WorkerGroup, find_free_port, rank_env
 from ascent.cluster.errors import ClusterConfigError, WorkerError, WorkerTimeoutError
 from ascent.errors import AscentError
 
@@ -60,7 +60,7 @@ def _deadline(timeout_s: float, make_error: Callable[[], BaseException]) -> Iter
         signal.signal(signal.SIGALRM, previous)
 
 
-class _DonePending(PendingCall):
+class _DonePending(PendingCall[Any]):
     """An inline call that already ran: its results, or the error to raise on `get()`."""
 
     def __init__(self, results: list[Any], error: BaseException | None) -> None:
@@ -72,14 +72,14 @@ class _DonePending(PendingCall):
         return self._results
 
 
-class InlineWorkerGroup(WorkerGroup):
+class InlineWorkerGroup(WorkerGroup[W]):
     """One worker constructed in this process; methods are plain calls."""
 
     backend = "inline"
 
     def __init__(
         self,
-        cls: type,
+        cls: type[W],
         *,
         name: str,
         num_workers: int = 1,
@@ -123,7 +123,7 @@ class InlineWorkerGroup(WorkerGroup):
             error.__cause__ = e
             return None, error
 
-    def _submit(self, method: str, calls: Sequence[tuple[int, tuple, dict]]) -> PendingCall:
+    def _submit(self, method: str, calls: Sequence[tuple[int, tuple, dict]]) -> PendingCall[Any]:
         if self._worker is None:
             raise RuntimeError(f"worker group '{self.name}' is shut down; {method} cannot run.")
         results = []
@@ -140,6 +140,6 @@ class InlineWorkerGroup(WorkerGroup):
         self._worker = None
 
     @property
-    def worker(self) -> Any:
+    def worker(self) -> W:
         """The worker object itself (inline only: handy in tests and in a debugger)."""
         return self._worker

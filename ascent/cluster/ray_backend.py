@@ -27,7 +27,7 @@ from ray.exceptions import RayError, RayTaskError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ascent.cluster.base import PendingCall, WorkerGroup, rank_env
+from ascent.cluster.base import PendingCall, W, WorkerGroup, rank_env
 from ascent.cluster.errors import ClusterConfigError, WorkerDiedError, WorkerError, WorkerTimeoutError
 from ascent.cluster.ray_worker import RayWorkerHost
 from ascent.errors import AscentError
@@ -95,7 +95,7 @@ def make_placement_group(
     return group
 
 
-class _RayPending(PendingCall):
+class _RayPending(PendingCall[Any]):
     def __init__(self, group: RayWorkerGroup, method: str, refs: list[Any], ranks: list[int]) -> None:
         self._group, self._method, self._refs, self._ranks = group, method, refs, ranks
 
@@ -103,14 +103,14 @@ class _RayPending(PendingCall):
         return self._group._gather(self._method, self._refs, self._ranks)
 
 
-class RayWorkerGroup(WorkerGroup):
+class RayWorkerGroup(WorkerGroup[W]):
     """N Ray actors, each hosting one instance of `cls` (see the module docstring)."""
 
     backend = "ray"
 
     def __init__(
         self,
-        cls: type,
+        cls: type[W],
         *,
         name: str,
         num_workers: int,
@@ -219,7 +219,7 @@ class RayWorkerGroup(WorkerGroup):
         """The log file of worker `rank` (None without a run_dir)."""
         return worker_log_path(self.run_dir, f"{self.name}_{rank}") if self.run_dir else None
 
-    def _submit(self, method: str, calls: Sequence[tuple[int, tuple, dict]]) -> PendingCall:
+    def _submit(self, method: str, calls: Sequence[tuple[int, tuple, dict]]) -> PendingCall[Any]:
         if not self._actors:
             raise RuntimeError(f"worker group '{self.name}' is shut down; {method} cannot run.")
         first = calls[0]

@@ -89,6 +89,19 @@ class RolloutConfig(Section):
     )
     val_temperature: float = Field(0.0, ge=0, description="Temperature during validation (0 = greedy).")
     val_samples_per_prompt: int = Field(1, gt=0, description="Samples per validation prompt.")
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="Most policy versions (weight publications) an episode's oldest token may lag the trainer's "
+        "weights when it is trained on. 0: synchronous RL, each iteration samples with the latest weights. "
+        "k >= 1: the replicas sample the next k iterations' prompts while the trainer updates (they overlap "
+        "on Ray with cluster.placement=split); importance correction (algorithm.rollout_correction) covers the gap.",
+    )
+    stale_groups: Literal["drop", "regenerate"] = Field(
+        "drop",
+        description="A group with an episode over max_staleness: `drop` replaces it with fresh prompts, "
+        "`regenerate` samples the same prompts again with the current weights.",
+    )
 
 
 class RewardConfig(Section):
@@ -263,6 +276,11 @@ class TrackingConfig(Section):
     progress: bool = Field(True, description="Show a live progress bar.")
     trace: bool = Field(True, description="Write a Chrome-trace timeline of each iteration's phases.")
     log_samples: int = Field(2, ge=0, description="Print this many sample responses at every validation.")
+    episodes: bool = Field(
+        True,
+        description="Append one line per trained episode to episodes.jsonl: iteration, group, row, the policy "
+        "versions its tokens were sampled with, staleness, reward, finish reason, length.",
+    )
 
 
 class ClusterConfig(Section):

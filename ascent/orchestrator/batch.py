@@ -52,10 +52,13 @@ def to_trajectories(
     generations: Sequence[list[Generation]],
     *,
     decode: Callable[[list[int]], str],
-    policy_version: int,
+    policy_version: int = 0,
     first_group_id: int = 0,
 ) -> list[Trajectory]:
-    """Flatten per-prompt generations into trajectories; the trajectories of one prompt share a group id."""
+    """Flatten per-prompt generations into trajectories; the trajectories of one prompt share a group id.
+
+    Each trajectory keeps its tokens' policy versions; `policy_version` (its oldest token's) falls back to
+    the argument for generations that carry none (an engine called directly, as `ascent eval` does)."""
     out = []
     for g, (item, gens) in enumerate(zip(items, generations, strict=True)):
         for gen in gens:
@@ -68,7 +71,8 @@ def to_trajectories(
                     finish_reason=gen.finish_reason,
                     group_id=first_group_id + g,
                     row_id=item.row_id,
-                    policy_version=policy_version,
+                    policy_version=min(gen.token_versions, default=policy_version),
+                    token_versions=list(gen.token_versions),
                     response_text=decode(gen.token_ids),
                     metadata=item.metadata,
                 )

@@ -105,20 +105,25 @@ def resume_state(
     if found is None:
         return None
     path, state = found
-    R.check_same_run(state, cfg.model_dump(mode="json"), accept, path)
+    R.check_same_run(state, cfg.model_dump(mode="json"), accept, path, type(cfg)().model_dump(mode="json"))
     R.check_iterations(int(state["iteration"]), total, what, path)
     return path, state
 
 
 def save(ctx: Any, iteration: int, sampler: Any) -> Path:
     """Checkpoint `iteration` of an RL run: trainer (and critic) weights and optimizer, data position, KL."""
+    from ascent.orchestrator.workers import CriticWorkerActor, TrainerWorker
+
     cfg = ctx.cfg
     optimizer = cfg.checkpoint.save_optimizer
-    writers = [lambda d: ctx.trainer.call("save", d, optimizer), ctx.data.tokenizer.save_pretrained]
+    writers = [
+        lambda d: ctx.trainer.call(TrainerWorker.save, d, optimizer),
+        ctx.data.tokenizer.save_pretrained,
+    ]
     if ctx.critic is not None:
-        writers.append(lambda d: ctx.critic.call("save", d, optimizer))
+        writers.append(lambda d: ctx.critic.call(CriticWorkerActor.save, d, optimizer))
     state = {
-        "sampler": sampler.state_dict(),
+        "sampler": ctx.collector.sampler_state(sampler, iteration),  # before draws prefetched for later
         "kl_coef": None if ctx.kl_controller is None else ctx.kl_controller.coef,
         "config": cfg.model_dump(mode="json"),
         "fingerprints": R.fingerprints(cfg.model_dump(mode="json")),
@@ -128,13 +133,18 @@ def save(ctx: Any, iteration: int, sampler: Any) -> Path:
 
 def restore(ctx: Any, sampler: Any, found: tuple[Path, dict[str, Any]]) -> int:
     """Load the checkpoint `resume_state` found into the workers and the sampler; return its iteration."""
+    from ascent.orchestrator.workers import CriticWorkerActor, TrainerWorker
+
     path, state = found
-    ctx.trainer.call("load", str(path))
+    ctx.trainer.call(TrainerWorker.load, str(path))
     if ctx.critic is not None:
-        ctx.critic.call("load", str(path))
+        ctx.critic.call(CriticWorkerActor.load, str(path))
     sampler.load_state_dict(state["sampler"])
     if ctx.kl_controller is not None and state.get("kl_coef") is not None:
         ctx.kl_controller.coef = state["kl_coef"]
+    from ascent.orchestrator.collector import trim_after
+
+    trim_after(ctx.cfg.run_dir, int(state["iteration"]))
     log.info("resumed from %s (iteration %d)", path, state["iteration"])
     return int(state["iteration"])
 

@@ -64,12 +64,19 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_changes(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """`field: old -> new` for every field that differs and is not harmless, sorted by field."""
-    old_flat, new_flat = flatten(saved), flatten(new)
+def config_changes(
+    saved: dict[str, Any], new: dict[str, Any], defaults: dict[str, Any] | None = None
+) -> list[str]:
+    """`field: old -> new` for every field that differs and is not harmless, sorted by field.
+
+    A field the saved config lacks (added to the schema since the checkpoint) counts as unchanged while the
+    new config holds its value in `defaults`: the old run behaved as that default."""
+    old_flat, new_flat, default_flat = flatten(saved), flatten(new), flatten(defaults or {})
     changed = []
     for key in sorted(set(old_flat) | set(new_flat)):
         if key.startswith(HARMLESS) or key in HARMLESS:
+            continue
+        if key not in old_flat and key in default_flat and new_flat.get(key) == default_flat[key]:
             continue
         before, after = old_flat.get(key, "(absent)"), new_flat.get(key, "(absent)")
         if before != after:
@@ -77,9 +84,16 @@ def config_changes(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return changed
 
 
-def check_same_run(state: dict[str, Any], cfg_dict: dict[str, Any], accept: bool, where: Path) -> None:
-    """Refuse a resume whose config or input files differ from the checkpoint's, unless `accept`."""
-    changes = config_changes(state.get("config") or {}, cfg_dict)
+def check_same_run(
+    state: dict[str, Any],
+    cfg_dict: dict[str, Any],
+    accept: bool,
+    where: Path,
+    defaults: dict[str, Any] | None = None,
+) -> None:
+    """Refuse a resume whose config or input files differ from the checkpoint's, unless `accept`
+    (`defaults`: the schema's defaults, for fields newer than the checkpoint)."""
+    changes = config_changes(state.get("config") or {}, cfg_dict, defaults)
     saved_prints = state.get("fingerprints") or {}
     for name, value in fingerprints(cfg_dict).items():
         if name in saved_prints and saved_prints[name] != value:

@@ -1,25 +1,63 @@
 """Sampling and scoring one batch of prompts: the two steps that training, DAPO collection and validation share.
 
-`generate` spreads requests over the rollout workers and returns trajectories; `score` runs the reward
-function on them in place. Both take the loop context (`ascent.orchestrator.train.LoopContext`).
+`submit` spreads requests over the rollout replicas and returns at once; `finish` waits for them and turns
+their generations into trajectories, each token stamped with the policy version it was sampled with;
+`generate` is the two in a row. `score` runs the reward function on trajectories in place. All take the
+loop context (`ascent.orchestrator.train.LoopContext`).
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any
 
+from ascent.cluster.base import PendingCall
 from ascent.orchestrator import batch as B
+from ascent.orchestrator.workers import RolloutWorker
+from ascent.types import Rollout, SamplingParams, Trajectory
 
 
-def generate(ctx: Any, items: list[Any], params: Any, *, seed: int, version: int) -> list[Any]:
-    """Sample `params.n` trajectories per prompt, spread over the rollout workers."""
+@dataclass(frozen=True)
+class Submitted:
+    """Generation in flight: the prompts and the replicas' pending results."""
+
+    items: list[Any]
+    pending: PendingCall[Rollout]
+
+
+@dataclass(frozen=True)
+class RolloutStats:
+    """How one batch's generation went: seconds the controller waited for it, and the replicas' idle time
+    before it (mean over replicas)."""
+
+    waited_s: float
+    engine_idle_s: float
+
+
+def submit(ctx: Any, items: list[Any], params: SamplingParams, *, seed: int) -> Submitted:
+    """Start sampling `params.n` responses per prompt on the rollout replicas (contiguous shards)."""
     requests = B.make_requests([i.prompt_ids for i in items], params, seed)
     n = ctx.rollout.num_workers
     per = -(-len(requests) // n)
     shards = [requests[i * per : (i + 1) * per] for i in range(n)]
-    results = ctx.rollout.call_split("generate", shards)
-    generations = [g for shard in results for g in shard]
-    return B.to_trajectories(items, generations, decode=ctx.decode, policy_version=version)
+    return Submitted(items, ctx.rollout.call_split_async(RolloutWorker.generate, shards))
+
+
+def finish(ctx: Any, sub: Submitted) -> tuple[list[Trajectory], RolloutStats]:
+    """Wait for a submitted batch -> its trajectories (per prompt, in order) and how the wait went."""
+    t0 = time.perf_counter()
+    rollouts = sub.pending.get()
+    waited = time.perf_counter() - t0
+    generations = [g for r in rollouts for g in r.generations]
+    trajs = B.to_trajectories(sub.items, generations, decode=ctx.decode)
+    idle = sum(r.idle_s for r in rollouts) / len(rollouts)
+    return trajs, RolloutStats(waited_s=waited, engine_idle_s=idle)
+
+
+def generate(ctx: Any, items: list[Any], params: SamplingParams, *, seed: int) -> list[Trajectory]:
+    """Sample `params.n` trajectories per prompt with the weights the replicas hold now."""
+    return finish(ctx, submit(ctx, items, params, seed=seed))[0]
 
 
 def score(ctx: Any, trajs: list[Any]) -> dict[str, float]:

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ascent.config.schema import RunConfig
+
+if TYPE_CHECKING:
+    from ascent.cluster.base import WorkerGroup
+    from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
 
 log = logging.getLogger("ascent")
 
@@ -96,9 +100,9 @@ def optimizer_steps_per_iteration(cfg: RunConfig) -> int:
 
 @dataclass
 class WorkerGroups:
-    rollout: Any
-    trainer: Any
-    critic: Any | None
+    rollout: WorkerGroup[RolloutWorker]
+    trainer: WorkerGroup[TrainerWorker]
+    critic: WorkerGroup[CriticWorkerActor] | None
 
     def shutdown(self) -> None:
         for group in (self.rollout, self.trainer, self.critic):
@@ -119,6 +123,7 @@ def uses_critic(cfg: RunConfig) -> bool:
 def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     """The rollout, trainer and (for GAE) critic worker groups, inline or as Ray actors."""
     from ascent.cluster import make_worker_group
+    from ascent.cluster.base import W
     from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
 
     c = cfg.cluster
@@ -135,7 +140,7 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     }
     train_kw = trainer_kwargs(cfg, steps) | {"need_reference": needs_reference(cfg)}
 
-    def trainer_group(cls: Any, name: str) -> Any:
+    def trainer_group(cls: type[W], name: str) -> WorkerGroup[W]:
         return make_worker_group(
             cls,
             num_workers=c.num_trainer_workers,

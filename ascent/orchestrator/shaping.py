@@ -24,39 +24,49 @@ class DynamicSamplingError(AscentError):
 
 
 def collect_groups(ctx: Any, sampler: Any, it: int) -> tuple[list[Any], dict[str, float]]:
-    """Sample, score and shape the trajectories of one iteration; returns them and rollout/reward metrics."""
+    """Sample, score and shape the groups of one iteration; returns their trajectories and rollout/reward
+    metrics. Batches come from the collector (prefetched or fresh); groups over the staleness bound and,
+    with DAPO dynamic sampling, groups without reward signal are replaced until `prompts_per_step` remain."""
     cfg, a = ctx.cfg, ctx.cfg.algorithm
     want = cfg.rollout.prompts_per_step
     kept: list[list[Any]] = []
     metrics: dict[str, float] = {}
-    batches = 0
+    batches, dropped, idle = 0, 0, 0.0
     while len(kept) < want:
         if batches >= a.max_sample_batches:
-            raise DynamicSamplingError(
-                f"algorithm.dynamic_sampling: after algorithm.max_sample_batches={a.max_sample_batches} batches "
-                f"only {len(kept)} of rollout.prompts_per_step={want} prompts had rewards that differ within "
-                "their group; the task is too easy or too hard for the policy. Raise max_sample_batches, "
-                "raise rollout.samples_per_prompt, or turn dynamic sampling off."
-            )
-        items = [ctx.data.train[i] for i in sampler.next_batch()]
-        seed = cfg.seed * 1_000_003 + it * 10_007 + batches * 101
+            raise DynamicSamplingError(_too_many_batches(a.max_sample_batches, len(kept), want, dropped))
         with ctx.timeline.phase("generate", iteration=it):
-            trajs = generate(ctx, items, B.sampling_params(cfg.rollout), seed=seed, version=it - 1)
+            trajs, stats = ctx.collector.next_batch(ctx, sampler, it, batches)
+        idle += stats.engine_idle_s
         with ctx.timeline.phase("reward", iteration=it):
             metrics = _merge(metrics, score(ctx, trajs), batches)
         shape_rewards(ctx, trajs)
-        if a.advantage == "remax":
-            attach_greedy_baseline(ctx, items, trajs, seed)
         groups = _groups(trajs)
+        groups, stale = ctx.collector.split_stale(groups, trainer_version=it - 1)
+        dropped += stale
+        if a.advantage == "remax":
+            attach_greedy_baseline(ctx, [g[0] for g in groups], [t for g in groups for t in g], it, batches)
         if a.dynamic_sampling:
             groups = _groups_with_signal(groups)
         kept.extend(groups)
         batches += 1
-    trajs = [t for g in kept[:want] for t in g]
-    for new_id, t in enumerate(trajs):
-        t.group_id = new_id // cfg.rollout.samples_per_prompt
-    metrics["rollout/sample_batches"] = float(batches)
-    return trajs, metrics
+    kept = kept[:want]
+    for group_id, group in enumerate(kept):  # a group's identity is its place in this iteration's batch
+        for t in group:
+            t.group_id = group_id
+    metrics |= {"rollout/sample_batches": float(batches), "rollout/dropped_stale": float(dropped),
+                "time/engine_idle": idle}  # fmt: skip
+    return [t for g in kept for t in g], metrics
+
+
+def _too_many_batches(limit: int, have: int, want: int, dropped: int) -> str:
+    stale = f" ({dropped} episodes were over rollout.max_staleness)" if dropped else ""
+    return (
+        f"algorithm.max_sample_batches={limit}: after {limit} prompt batches only {have} of "
+        f"rollout.prompts_per_step={want} groups were usable{stale}. With algorithm.dynamic_sampling the "
+        "task may be too easy or too hard for the policy (groups whose rewards are all equal are replaced): "
+        "raise max_sample_batches or rollout.samples_per_prompt, or turn dynamic sampling off."
+    )
 
 
 def shape_rewards(ctx: Any, trajs: list[Any]) -> None:
@@ -74,15 +84,19 @@ def shape_rewards(ctx: Any, trajs: list[Any]) -> None:
                 t.loss_mask = [0] * len(t.response_ids)
 
 
-def attach_greedy_baseline(ctx: Any, items: list[Any], trajs: list[Any], seed: int) -> None:
-    """ReMax: score one greedy response per prompt and store it as each trajectory's baseline reward."""
+def attach_greedy_baseline(ctx: Any, firsts: list[Any], trajs: list[Any], it: int, batch: int) -> None:
+    """ReMax: score one greedy response per group (`firsts`: a trajectory of each) with the current weights,
+    and store it as the baseline reward of every trajectory of that group."""
     from dataclasses import replace
 
+    from ascent.orchestrator.collector import _item_of, batch_seed
+
     params = replace(B.sampling_params(ctx.cfg.rollout), temperature=0.0, n=1)
-    greedy = generate(ctx, items, params, seed=seed, version=-1)
+    items = [_item_of(t) for t in firsts]
+    greedy = generate(ctx, items, params, seed=batch_seed(ctx.cfg.seed, it, batch))
     score(ctx, greedy)
     shape_rewards(ctx, greedy)
-    baseline = {g.group_id: g.reward for g in greedy}
+    baseline = {t.group_id: g.reward for t, g in zip(firsts, greedy, strict=True)}
     for t in trajs:
         t.baseline_reward = baseline[t.group_id]
 

@@ -16,8 +16,10 @@ import torch
 from ascent.config.schema import RunConfig
 from ascent.orchestrator import batch as B
 from ascent.orchestrator import checkpointing, preflight, rundir, setup, shaping
+from ascent.orchestrator.collector import Collector, record_episodes, staleness_metrics
 from ascent.orchestrator.interrupt import graceful_stop, stopped_message
 from ascent.orchestrator.validation import validate
+from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
 
 log = logging.getLogger("ascent")
 
@@ -79,7 +81,7 @@ def _train(
             purge_step=start + 1,
         )
         try:
-            publish_weights(ctx)  # the engine starts from the trainer's weights (fresh or resumed)
+            publish_weights(ctx, version=start)  # the engines start from the trainer's weights
             if start == 0 and data.val:
                 metrics_log.log(validate(ctx, iteration=0), step=0)
             stop.arm()  # from here a signal waits for the end of the iteration and its checkpoint
@@ -120,13 +122,14 @@ def _checkpoint_or_stop(ctx: LoopContext, it: int, sampler: Any, stop: Any) -> N
 class LoopContext:
     """What one iteration needs: the config, the data, the reward runner, the worker groups, the timeline."""
 
-    def __init__(self, cfg: RunConfig, data: Any, rewards: Any, groups: Any, timeline: Any):
+    def __init__(self, cfg: RunConfig, data: Any, rewards: Any, groups: setup.WorkerGroups, timeline: Any):
         self.cfg, self.data, self.rewards, self.timeline = cfg, data, rewards, timeline
         self.rollout, self.trainer, self.critic = groups.rollout, groups.trainer, groups.critic
         self.decode = lambda ids: data.tokenizer.decode(ids, skip_special_tokens=True)
         self.needs_reference = setup.needs_reference(cfg)
         self.temperature = cfg.rollout.temperature or 1.0
         self.kl_controller = shaping.make_kl_controller(cfg.algorithm)
+        self.collector = Collector(cfg.rollout.max_staleness, cfg.rollout.stale_groups)
         # trainer and engine share the accelerator and take turns (design: colocated placement)
         self.colocated = cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast"
 
@@ -137,13 +140,19 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
     t0 = time.perf_counter()
     with tl.phase("rollout", iteration=it):
         trajs, collect_metrics = shaping.collect_groups(ctx, sampler, it)
+        # async (max_staleness >= 1): the replicas sample the next iterations while this one trains
+        ctx.collector.prefetch(ctx, sampler, it, last=cfg.iterations)
+    collect_metrics |= staleness_metrics(trajs, trainer_version=it - 1)
+    collect_metrics["time/trainer_idle"] = ctx.collector.take_waited()  # generation the trainer waited for
+    if cfg.tracking.episodes:
+        record_episodes(cfg.run_dir, it, trajs, trainer_version=it - 1)
     width = max(len(t.response_ids) for t in trajs)
     samples = B.train_samples(trajs, torch.zeros(len(trajs), width), None, None)
     reuse = update_gives_old_logprobs(ctx, len(trajs), it)
     if ctx.colocated:
         # the engine is idle until the next publish: free its KV cache and weights before the trainer's
         # logprob passes and update (a full set of weights is published before "wake")
-        ctx.rollout.call("sleep", release_weights=True)
+        ctx.rollout.call(RolloutWorker.sleep, release_weights=True)
     with tl.phase("logprobs", iteration=it):
         old_lp = None if reuse else _logprobs(ctx, samples, "policy")
         ref_lp = _logprobs(ctx, samples, "reference") if ctx.needs_reference else None
@@ -156,9 +165,9 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
     with tl.phase("update", iteration=it):
         update_metrics = update_policy(ctx, samples, it)
     with tl.phase("publish", iteration=it):
-        publish_seconds = publish_weights(ctx)
+        publish_seconds = publish_weights(ctx, version=it)
         if ctx.colocated:
-            ctx.rollout.call("wake")
+            ctx.rollout.call(RolloutWorker.wake)
     elapsed = time.perf_counter() - t0
     if old_lp is not None:  # else the update reported the sampler/trainer mismatch from its own logprobs
         diff = B.logprob_diff(old_lp, [t.sampler_logprobs for t in trajs])
@@ -202,13 +211,15 @@ def critic_values(ctx: LoopContext, samples: list[Any]) -> torch.Tensor | None:
     if ctx.critic is None:
         return None
     shards = B.shard(samples, ctx.critic.num_workers)
-    rows = [v for part in ctx.critic.call_split("compute_values", shards) for v in part]
+    rows = [v for part in ctx.critic.call_split(CriticWorkerActor.compute_values, shards) for v in part]
     return B.padded(rows, max(1, max(len(r) for r in rows)))
 
 
 def _logprobs(ctx: LoopContext, samples: list[Any], which: str) -> list[list[float]]:
     shards = B.shard(samples, ctx.trainer.num_workers)
-    results = ctx.trainer.call_split("compute_logprobs", shards, temperature=ctx.temperature, which=which)
+    results = ctx.trainer.call_split(
+        TrainerWorker.compute_logprobs, shards, temperature=ctx.temperature, which=which
+    )
     return [lp for part in results for lp in part]
 
 
@@ -229,9 +240,13 @@ def update_policy(ctx: LoopContext, samples: list[Any], it: int) -> dict[str, fl
             totals = {"total_tokens": float(sum(sum(s.loss_mask) for s in mb)), "total_seqs": float(len(mb))}
             results: list[dict[str, float]] = []
             if ctx.critic is not None:
-                results += ctx.critic.call_split("update", B.shard(mb, ctx.critic.num_workers), **totals)
+                results += ctx.critic.call_split(
+                    CriticWorkerActor.update, B.shard(mb, ctx.critic.num_workers), **totals
+                )
             if train_actor:
-                results += ctx.trainer.call_split("update", B.shard(mb, ctx.trainer.num_workers), **totals)
+                results += ctx.trainer.call_split(
+                    TrainerWorker.update, B.shard(mb, ctx.trainer.num_workers), **totals
+                )
             for k, v in _mean_dicts(results).items():
                 sums[k] = sums.get(k, 0.0) + v
             steps += 1
@@ -240,11 +255,15 @@ def update_policy(ctx: LoopContext, samples: list[Any], it: int) -> dict[str, fl
     }
 
 
-def publish_weights(ctx: LoopContext) -> float:
-    """Send the trainer's current weights to every rollout replica; returns the seconds it took."""
+def publish_weights(ctx: LoopContext, version: int) -> float:
+    """Send the trainer's current weights, as policy `version`, to every rollout replica; returns the seconds
+    it took. Each replica applies them after the generate calls queued before (none are lost) and reports the
+    version it then holds."""
     t0 = time.perf_counter()
-    weights = ctx.trainer.call("named_weights", to_cpu=ctx.cfg.cluster.backend != "inline")[0]
-    ctx.rollout.call("update_weights", weights)
+    weights = ctx.trainer.call(TrainerWorker.named_weights, to_cpu=ctx.cfg.cluster.backend != "inline")[0]
+    held = ctx.rollout.call(RolloutWorker.update_weights, weights, version)
+    if any(v != version for v in held):
+        raise RuntimeError(f"weight publication of version {version}: the rollout replicas report {held}.")
     return time.perf_counter() - t0
 
 

@@ -17,7 +17,7 @@ def validate(ctx: Any, iteration: int) -> dict[str, float]:
     """Score the validation set with the current policy; returns `val/*` metrics and logs a few samples."""
     cfg = ctx.cfg
     params = B.sampling_params(cfg.rollout, validation=True)
-    trajs = generate(ctx, ctx.data.val, params, seed=cfg.seed + 12345, version=iteration)
+    trajs = generate(ctx, ctx.data.val, params, seed=cfg.seed + 12345)
     score(ctx, trajs)
     n = len(trajs)
     metrics = {

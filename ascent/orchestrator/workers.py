@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 import torch
 
-from ascent.types import Generation, GenerationRequest, TrainSample
+from ascent.types import GenerationRequest, Rollout, TrainSample
 
 log = logging.getLogger("ascent.workers")
 
@@ -55,17 +56,32 @@ class RolloutWorker:
         kwargs.setdefault("pad_token_id", tok.pad_token_id)
         kwargs.setdefault("decode", lambda ids: tok.decode(ids, skip_special_tokens=False))
         self.engine = build_engine(engine_name, **kwargs)
+        self.version = 0  # the policy version of the weights the engine holds (set by every publication)
+        self._last_end: float | None = None  # when the previous generate call ended (engine idle time)
 
-    def generate(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
-        return self.engine.generate(requests)
+    def generate(self, requests: list[GenerationRequest]) -> Rollout:
+        """Sample every request with the weights held now; each token is stamped with their version."""
+        start = time.perf_counter()
+        idle = 0.0 if self._last_end is None else start - self._last_end
+        generations = self.engine.generate(requests)
+        for row in generations:
+            for gen in row:
+                if not gen.token_versions:  # the engine kept one set of weights for the whole call
+                    gen.token_versions = [self.version] * len(gen.token_ids)
+        self._last_end = time.perf_counter()
+        return Rollout(generations, self.version, idle)
 
-    def update_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
-        """Copy the new weights in; returns once they are in place (the copies are asynchronous on a GPU,
-        so without the sync `time/publish` would measure only their launch)."""
+    def update_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> int:
+        """Copy in the weights of policy `version`; returns the version now held, once they are in place
+        (the copies are asynchronous on a GPU, so without the sync `time/publish` would measure only their
+        launch). Requests in flight on other threads do not exist: a replica runs one call at a time, so a
+        generate call finishes with the weights it started with."""
         self.engine.update_weights(named_tensors.items())
         device = getattr(self.engine, "device", None)
         if isinstance(device, torch.device) and device.type == "cuda":
             torch.cuda.synchronize(device)
+        self.version = version
+        return self.version
 
     def sleep(self, release_weights: bool = False) -> None:
         """Free the engine's cache (and its weights with `release_weights`: publish a full set before wake)."""

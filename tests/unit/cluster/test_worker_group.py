@@ -55,17 +55,17 @@ def group(request, tmp_path_factory):
 
 
 def test_call_returns_results_in_rank_order(group):
-    before = group.call("get")
+    before = group.call(Counter.get)
     assert len(before) == group.num_workers
     assert [b - before[0] for b in before] == [100 * r for r in range(group.num_workers)]
-    assert group.call("add", 3) == [b + 3 for b in before]
-    assert group.call("add") == [b + 5 for b in before]  # init_kwargs step=2
+    assert group.call(Counter.add, 3) == [b + 3 for b in before]
+    assert group.call(Counter.add) == [b + 5 for b in before]  # init_kwargs step=2
 
 
 def test_call_split_gives_each_worker_its_shard(group):
-    before = group.call("get")
+    before = group.call(Counter.get)
     shards = [[rank + 1, rank + 1] for rank in range(group.num_workers)]
-    after = group.call_split("add_all", shards, scale=10)
+    after = group.call_split(Counter.add_all, shards, scale=10)
     assert after == [b + 10 * 2 * (r + 1) for r, b in enumerate(before)]
 
 
@@ -73,11 +73,11 @@ def test_call_split_needs_one_shard_per_worker(group):
     with pytest.raises(
         ValueError, match=f"got {group.num_workers + 1} shards for {group.num_workers} workers"
     ):
-        group.call_split("add_all", [[1]] * (group.num_workers + 1))
+        group.call_split(Counter.add_all, [[1]] * (group.num_workers + 1))
 
 
 def test_rank_env_is_set_before_construction(group):
-    envs = group.call("env")
+    envs = group.call(Counter.env)
     n = group.num_workers
     assert [e["RANK"] for e in envs] == [str(r) for r in range(n)]
     assert {e["WORLD_SIZE"] for e in envs} == {str(n)}
@@ -87,25 +87,27 @@ def test_rank_env_is_set_before_construction(group):
 
 
 def test_call_rank0_and_async(group):
-    assert group.call_rank0("env", "RANK") == {"RANK": "0"}
-    pending = group.call_async("get")
-    assert pending.get() == group.call("get")
+    assert group.call_rank0(Counter.env, "RANK") == {"RANK": "0"}
+    pending = group.call_async(Counter.get)
+    assert pending.get() == group.call(Counter.get)
 
 
 def test_worker_exception_propagates_with_its_message(group):
     last = group.num_workers - 1
     with pytest.raises(WorkerError, match="no such key") as info:
-        group.call("fail_on_rank", last, "no such key")
+        group.call(Counter.fail_on_rank, last, "no such key")
     assert info.value.rank == last
     assert "KeyError" in str(info.value) and group.name in str(info.value)
     with pytest.raises(WorkerError, match="ValueError: rank 0: boom"):
-        group.call_rank0("fail", "boom")
-    assert len(group.call("get")) == group.num_workers  # the workers survive an exception
+        group.call_rank0(Counter.fail, "boom")
+    assert len(group.call(Counter.get)) == group.num_workers  # the workers survive an exception
 
 
-def test_unknown_method_is_a_clear_error(group):
-    with pytest.raises(AttributeError, match="Counter has no public method 'nope'"):
-        group.call("nope")
+def test_a_method_of_another_class_or_a_string_is_a_clear_error(group):
+    """Calls name the worker class's method itself; anything else fails before it is sent."""
+    for wrong in (BrokenInit.get, "get", Counter._private, lambda self: 0):
+        with pytest.raises(AttributeError, match="is not a public method of Counter"):
+            group.call(wrong)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -120,7 +122,7 @@ def test_call_timeout(request, backend):
     with make(request, backend, num_workers=1, name="sleepy") as g:
         g.timeout_s = 1.0  # after start-up, which on Ray takes about a second
         with pytest.raises(WorkerTimeoutError) as info:
-            g.call("sleep", 30)
+            g.call(Counter.sleep, 30)
     message = str(info.value)
     for part in ("'sleepy'", "sleep", "1s", "cluster.worker_timeout_s", "NCCL_SOCKET_IFNAME"):
         assert part in message
@@ -147,7 +149,7 @@ def test_ray_worker_logs_to_its_file(group):
     if group.backend != "ray":
         pytest.skip("per-worker log files are a Ray feature (inline workers use the controller's log)")
     with pytest.raises(WorkerError) as info:
-        group.call("fail_on_rank", 1, "logged failure")
+        group.call(Counter.fail_on_rank, 1, "logged failure")
     log_file = group.test_run_dir / "logs" / f"{group.name}_1.log"
     assert str(log_file) in str(info.value)
     assert "logged failure" in log_file.read_text()
@@ -156,7 +158,7 @@ def test_ray_worker_logs_to_its_file(group):
 def test_ray_worker_death_points_at_its_log(request, tmp_path):
     g = make(request, "ray", num_workers=1, name="crasher", run_dir=tmp_path)
     with g, pytest.raises(WorkerDiedError) as info:
-        g.call("crash")
+        g.call(Counter.crash)
     message = str(info.value)
     assert "'crasher' rank 0 died during crash" in message
     assert str(tmp_path / "logs" / "crasher_0.log") in message
@@ -179,7 +181,7 @@ def test_ray_colocated_groups_share_a_placement_group(request):
             make(request, "ray", num_workers=1, name=name, num_cpus_per_worker=0.5, placement_group=bundle)
             for name in ("trainer", "rollout")
         ]
-        assert [g.call("get") for g in groups] == [[0], [0]]
+        assert [g.call(Counter.get) for g in groups] == [[0], [0]]
         for g in groups:
             g.shutdown()
     finally:
@@ -192,7 +194,7 @@ def test_inline_timeout_waits_while_a_debugger_is_stopped(request, monkeypatch):
     monkeypatch.setattr(inline, "_debugger_active", lambda: True)
     monkeypatch.setattr(inline, "_DEBUGGER_RECHECK_S", 0.1)
     with make(request, "inline", timeout_s=0.2) as g:
-        assert g.call("sleep", 0.6) == [0.6]
+        assert g.call(Counter.sleep, 0.6) == [0.6]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -46,6 +46,9 @@ class Counter:
     def crash(self) -> None:
         os._exit(3)
 
+    def _private(self) -> int:
+        return self.value
+
 
 class BrokenInit:
     """A worker whose constructor raises."""

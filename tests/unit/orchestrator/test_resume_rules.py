@@ -111,3 +111,14 @@ def test_unreadable_state_json_and_unknown_resume_from(tmp_path):
         R.verify_checkpoint(ckpt)
     with pytest.raises(R.ResumeError, match="iter_000009.*iter_000003"):
         R.pick_checkpoint([ckpt], "iter_000009")
+
+
+def test_fields_newer_than_the_checkpoint_count_as_unchanged_at_their_default() -> None:
+    """A checkpoint saved before a field existed resumes when the field holds its default; not otherwise."""
+    saved = cfg_dict()
+    del saved["rollout"]["max_staleness"]
+    defaults = RunConfig().model_dump(mode="json")
+    assert R.config_changes(saved, cfg_dict(), defaults) == []
+    assert R.config_changes(saved, cfg_dict(**{"rollout.max_staleness": 2}), defaults) == [
+        "rollout.max_staleness: '(absent)' -> 2"
+    ]

@@ -1,0 +1,162 @@
+"""The collector: each iteration's prompt batches, generated ahead of training within a per-episode staleness bound.
+
+Policy versions count weight publications: the trainer's weights after iteration `it` are version `it`, and
+the engines get them at the end of that iteration. An episode sampled with version `v` and trained on in
+iteration `it` (trainer at version `it - 1`) is `it - 1 - v` versions stale; its oldest token counts.
+
+`rollout.max_staleness=0` is synchronous RL: an iteration samples its prompts when it starts, with the
+weights of the previous iteration. With a bound k >= 1 the collector submits the first prompt batch of the
+next k iterations as soon as an iteration's groups are in, so the replicas sample while the trainer computes
+logprobs, updates and publishes (on Ray with `cluster.placement=split` the two overlap; inline, or
+colocated, the same schedule runs one step after the other). A replica runs one call at a time, so a
+generate call in flight finishes with the weights it started with, and a publication waits for it: every
+token's version is exact. When an iteration takes a batch, a group with any episode more than k versions
+behind is stale: `drop` replaces it with fresh prompts, `regenerate` samples the same prompts again with the
+current weights. Importance correction (TIS/MIS, against the sampler's own logprobs) covers the gap kept.
+
+The prompt sampler is drawn in the same order as in synchronous RL (prefetching happens after an iteration's
+own draws), and a checkpoint saves the sampler as it was before the prefetched draws, so a resumed run
+draws them again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ascent.orchestrator import batch as B
+from ascent.orchestrator.sampling import RolloutStats, Submitted, finish, submit
+from ascent.types import Trajectory
+
+
+def batch_seed(seed: int, it: int, batch: int) -> int:
+    """The sampling seed of prompt batch `batch` of iteration `it` (the same in sync and async runs)."""
+    return seed * 1_000_003 + it * 10_007 + batch * 101
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    """A first batch submitted before its iteration, and the sampler's state before it was drawn."""
+
+    submitted: Submitted
+    sampler_state: dict[str, Any]
+
+
+class Collector:
+    """Hands each iteration its prompt batches: prefetched, fresh, or regenerated (see module docstring)."""
+
+    def __init__(self, max_staleness: int, stale_groups: str) -> None:
+        self.max_staleness, self.stale_groups = max_staleness, stale_groups
+        self._ahead: dict[int, _Ahead] = {}
+        self._redo: list[Any] = []  # prompts of stale groups to sample again (stale_groups=regenerate)
+        self._waited = 0.0  # controller seconds spent starting and awaiting generation (take_waited)
+
+    def next_batch(
+        self, ctx: Any, sampler: Any, it: int, batch: int
+    ) -> tuple[list[Trajectory], RolloutStats]:
+        """Batch `batch` of iteration `it`: the prefetched one if there is one, else sampled now."""
+        t0 = time.perf_counter()
+        ahead = self._ahead.pop(it, None) if batch == 0 else None
+        if ahead is not None:
+            sub = ahead.submitted
+        else:
+            items = self._redo or [ctx.data.train[i] for i in sampler.next_batch()]
+            self._redo = []
+            params = B.sampling_params(ctx.cfg.rollout)
+            sub = submit(ctx, items, params, seed=batch_seed(ctx.cfg.seed, it, batch))
+        out = finish(ctx, sub)
+        self._waited += time.perf_counter() - t0
+        return out
+
+    def prefetch(self, ctx: Any, sampler: Any, it: int, last: int) -> None:
+        """After iteration `it` has its groups: submit the first batch of iterations it+1..it+k (<= last).
+
+        On Ray this returns at once; inline, the generation runs here (nothing overlaps in one process)."""
+        t0 = time.perf_counter()
+        params = B.sampling_params(ctx.cfg.rollout)
+        for ahead in range(it + 1, min(it + self.max_staleness, last) + 1):
+            if ahead not in self._ahead:
+                state = sampler.state_dict()
+                items = [ctx.data.train[i] for i in sampler.next_batch()]
+                sub = submit(ctx, items, params, seed=batch_seed(ctx.cfg.seed, ahead, 0))
+                self._ahead[ahead] = _Ahead(sub, state)
+        self._waited += time.perf_counter() - t0
+
+    def take_waited(self) -> float:
+        """Seconds the controller (so the trainer) waited on generation since the last call; resets."""
+        waited, self._waited = self._waited, 0.0
+        return waited
+
+    def sampler_state(self, sampler: Any, it: int) -> dict[str, Any]:
+        """The sampler as a checkpoint after iteration `it` saves it: before any prefetched draw."""
+        ahead = self._ahead.get(it + 1)
+        return ahead.sampler_state if ahead is not None else sampler.state_dict()
+
+    def split_stale(
+        self, groups: list[list[Trajectory]], trainer_version: int
+    ) -> tuple[list[list[Trajectory]], int]:
+        """Groups within the bound, and how many episodes were in stale ones (queued again for `regenerate`)."""
+        fresh, dropped = [], 0
+        for group in groups:
+            if max(staleness(t, trainer_version) for t in group) > self.max_staleness:
+                dropped += len(group)
+                if self.stale_groups == "regenerate":
+                    self._redo.append(_item_of(group[0]))
+            else:
+                fresh.append(group)
+        return fresh, dropped
+
+
+def staleness(t: Trajectory, trainer_version: int) -> int:
+    """Versions between the trainer's weights and the oldest weights that sampled a token of `t`."""
+    return trainer_version - min(t.token_versions, default=t.policy_version)
+
+
+@dataclass(frozen=True)
+class _Item:
+    """A prompt to sample again: what `submit` and `to_trajectories` read of a data item."""
+
+    prompt_ids: list[int]
+    row_id: int
+    metadata: dict[str, Any]
+
+
+def _item_of(t: Trajectory) -> _Item:
+    return _Item(list(t.prompt_ids), t.row_id, t.metadata)
+
+
+def staleness_metrics(trajs: list[Trajectory], trainer_version: int) -> dict[str, float]:
+    """rollout/staleness_mean|max over the episodes an iteration trains on."""
+    s = [staleness(t, trainer_version) for t in trajs]
+    return {"rollout/staleness_mean": sum(s) / len(s), "rollout/staleness_max": float(max(s))}
+
+
+def record_episodes(run_dir: str, iteration: int, trajs: list[Trajectory], trainer_version: int) -> None:
+    """Append one line per trained episode to `episodes.jsonl`: where it came from, the versions its tokens
+    were sampled with, its staleness, reward, finish reason and length (no text: see the samples log)."""
+    rows = [
+        {"iteration": iteration, "group": t.group_id, "row_id": t.row_id,
+         "version_min": min(t.token_versions, default=t.policy_version),
+         "version_max": max(t.token_versions, default=t.policy_version),
+         "trainer_version": trainer_version, "staleness": staleness(t, trainer_version),
+         "reward": t.reward, "finish": t.finish_reason, "response_len": len(t.response_ids)}
+        for t in trajs
+    ]  # fmt: skip
+    with open(Path(run_dir) / "episodes.jsonl", "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def trim_after(run_dir: str, iteration: int) -> None:
+    """On resume from `iteration`: drop the lines of later iterations from the per-iteration JSONL logs
+    (`episodes.jsonl`, `logprob_outliers.jsonl`), which the resumed run writes again."""
+    for name in ("episodes.jsonl", "logprob_outliers.jsonl"):
+        path = Path(run_dir) / name
+        if path.exists():
+            keep = [line for line in path.read_text().splitlines(keepends=True)
+                    if line.strip() and json.loads(line)["iteration"] <= iteration]  # fmt: skip
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(keep))
+            tmp.replace(path)
