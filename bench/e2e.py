@@ -96,7 +96,7 @@ def run_config(args: argparse.Namespace, model: Path, data: Path, run_dir: Path,
         "data": {"train_path": str(data), "max_prompt_tokens": args.prompt_len, "chat_template": False},
         "rollout": {"engine": "fast", "prompts_per_step": args.prompts, "samples_per_prompt": args.samples,
                     "max_new_tokens": args.new_tokens, "temperature": 1.0, "gpu_memory_fraction": frac},
-        "reward": {"fn": "bench_coin"},
+        "reward": {"fn": "bench_coin", "isolation": "inline"},  # registered in this process (below)
         "train": {"lr": 1e-6, "trajectories_per_update": args.prompts * args.samples // args.updates,
                   "max_tokens_per_micro_batch": args.micro_batch_tokens,
                   "logprob_chunk_tokens": args.logprob_chunk, "compile": args.trainer_compile,
@@ -135,7 +135,7 @@ def build_loop(args: argparse.Namespace, root: Path) -> tuple[Any, Any, dict[str
     timeline = PeakTimeline(str(root / f"trace_{args.shape}.json"), cuda)
     ctx = LoopContext(cfg, datasets, rewards, groups, timeline)
     sampler = PromptSampler(len(datasets.train), args.prompts, seed=0, shuffle=True)
-    publish_weights(ctx)
+    publish_weights(ctx, version=0)
     facts["setup_s"] = time.perf_counter() - t0
     return ctx, sampler, facts
 

@@ -46,10 +46,18 @@ def _make_ascent_importable_by_local_workers() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(_SOURCE_ROOT), *filter(None, paths)])
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None, *, log_to_driver: bool = True) -> None:
-    """Join the Ray cluster at `address` (`auto`: the running one), or start a local one (`num_cpus` CPUs).
+def init_ray(
+    address: str | None = None,
+    num_cpus: int | None = None,
+    *,
+    temp_dir: str | None = None,
+    log_to_driver: bool = True,
+) -> None:
+    """Join the Ray cluster at `address` (`auto`: the one running on this node), or start a local one with
+    `num_cpus` CPUs and its session and spill files under `temp_dir`.
 
-    Does nothing when Ray is already initialized. Nodes of a real cluster need ascent installed.
+    Does nothing when Ray is already initialized. Nodes of a real cluster need ascent installed. A cluster
+    that does not answer is a `ClusterConfigError` naming `cluster.address` and how to fix it.
     """
     if ray.is_initialized():
         return
@@ -57,13 +65,43 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, *, log_to_
     if not address:
         _make_ascent_importable_by_local_workers()
         kwargs["num_cpus"] = num_cpus
-    ray.init(
-        address=address or None,
-        include_dashboard=False,
-        ignore_reinit_error=True,
-        log_to_driver=log_to_driver,
-        **kwargs,
-    )
+        if temp_dir:
+            Path(temp_dir).mkdir(parents=True, exist_ok=True)
+            kwargs["_temp_dir"] = str(Path(temp_dir).resolve())
+    if address and address != "auto":
+        _check_reachable(address)  # Ray itself retries an unreachable head for many minutes
+    try:
+        ray.init(
+            address=address or None,
+            include_dashboard=False,
+            ignore_reinit_error=True,
+            log_to_driver=log_to_driver,
+            **kwargs,
+        )
+    except ConnectionError as e:
+        raise ClusterConfigError(
+            f"cluster.address={address!r}: no Ray cluster answered ({e}). Start one first (`ray start --head` "
+            "on the head node, `ray start --address=HEAD_IP:6379` on the others; examples/slurm does both), "
+            "check that this node reaches the head's port 6379, or leave cluster.address unset to start a "
+            "local cluster."
+        ) from None
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Raise ClusterConfigError unless a TCP connection to the Ray head at `address` (host:port) opens."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError) as e:
+        raise ClusterConfigError(
+            f"cluster.address={address!r}: the Ray head does not answer ({type(e).__name__}: {e}). Start it "
+            "(`ray start --head --port=6379`; examples/slurm does it), check the host and port (a node with "
+            "several network interfaces may need `ray start --node-ip-address=...`), or leave cluster.address "
+            "unset to start a local cluster."
+        ) from None
 
 
 def make_placement_group(

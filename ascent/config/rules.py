@@ -69,6 +69,13 @@ def _batch_rules(cfg: RunConfig) -> list[str]:
             f"train.trajectories_per_update={t.trajectories_per_update} trajectories is split evenly over "
             "the trainer workers; make the worker count a divisor of it."
         )
+    colocated_gpus = c.backend == "ray" and c.placement == "colocated" and c.gpus_per_worker > 0
+    if colocated_gpus and c.num_rollout_workers != c.num_trainer_workers:
+        out.append(
+            f"cluster.num_rollout_workers={c.num_rollout_workers}: with cluster.placement=colocated each "
+            "rollout replica shares a GPU bundle with one trainer rank; set it to "
+            f"cluster.num_trainer_workers={c.num_trainer_workers}, or use cluster.placement=split."
+        )
     needed = cfg.data.max_prompt_tokens + r.max_new_tokens
     if t.max_tokens_per_micro_batch < needed:
         out.append(

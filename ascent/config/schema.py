@@ -285,13 +285,29 @@ class TrackingConfig(Section):
 
 class ClusterConfig(Section):
     backend: Literal["inline", "ray"] = Field("inline", description="Run workers inline or as Ray actors.")
-    address: str | None = Field(None, description="Ray address; `auto` joins a running cluster.")
+    address: str | None = Field(
+        None,
+        description="Ray cluster to join: `auto` (the one started on this node, e.g. by the Slurm example) or "
+        "`host:port` of its head; null starts a local one.",
+    )
+    num_cpus: int | None = Field(
+        None, gt=0, description="CPUs of the local Ray cluster ascent starts (null: all of this machine's)."
+    )
+    ray_temp_dir: str | None = Field(
+        None,
+        description="Ray's session and object-spill directory for the local cluster ascent starts (null: "
+        "/tmp/ray); put it on a large local disk on clusters with a small /tmp.",
+    )
     num_trainer_workers: int = Field(1, gt=0, description="Trainer processes (data parallel, FSDP on GPUs).")
     num_rollout_workers: int = Field(1, gt=0, description="Rollout engine replicas.")
     gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each worker asks for (0 on CPU).")
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each Ray actor asks for.")
     placement: Literal["colocated", "split"] = Field(
-        "colocated", description="Share GPUs or use separate ones."
+        "colocated",
+        description="`colocated`: trainer rank i and rollout replica i share GPU bundle i (gpus_per_worker "
+        "GPUs) and take turns, the engine asleep during the update (Ray: one placement group; "
+        "num_rollout_workers must equal num_trainer_workers). `split`: every worker gets its own "
+        "gpus_per_worker GPUs, so rollout can run ahead of training (rollout.max_staleness).",
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of the workers.")
     worker_timeout_s: float = Field(

@@ -145,6 +145,7 @@ def record_episodes(run_dir: str, iteration: int, trajs: list[Trajectory], train
          "reward": t.reward, "finish": t.finish_reason, "response_len": len(t.response_ids)}
         for t in trajs
     ]  # fmt: skip
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
     with open(Path(run_dir) / "episodes.jsonl", "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
 

@@ -120,6 +120,40 @@ def uses_critic(cfg: RunConfig) -> bool:
     return a.use_critic if a.use_critic is not None else a.advantage == "gae"
 
 
+@dataclass(frozen=True)
+class Placement:
+    """GPUs each worker of a group asks Ray for, and the bundles colocated groups share (0: none)."""
+
+    trainer_gpus: float
+    rollout_gpus: float
+    shared_bundles: int = 0
+    bundle_gpus: float = 0.0
+    bundle_cpus: float = 0.0
+
+
+def plan_placement(
+    backend: str,
+    placement: str,
+    gpus_per_worker: float,
+    cpus_per_worker: float,
+    num_trainers: int,
+    groups: int,
+) -> Placement:
+    """Where the worker groups go (`groups`: how many groups train on the GPUs, 1 or 2 with a critic).
+
+    - split: every worker of every group gets `gpus_per_worker` of its own.
+    - colocated on Ray with GPUs: bundle i holds `gpus_per_worker` GPUs and is shared by trainer rank i,
+      rollout replica i (and critic rank i), each asking an equal fraction, so each pair takes turns on
+      the same GPU (the engine sleeps through the update); `cluster.num_rollout_workers` equals
+      `num_trainer_workers` (a config rule).
+    - inline or CPU-only: nothing to place; the engine shares the trainer's device.
+    """
+    if placement == "split" or backend != "ray" or gpus_per_worker == 0:
+        return Placement(gpus_per_worker, gpus_per_worker if placement == "split" else 0.0)
+    share = gpus_per_worker / (groups + 1)
+    return Placement(share, share, num_trainers, gpus_per_worker, cpus_per_worker * (groups + 1))
+
+
 def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     """The rollout, trainer and (for GAE) critic worker groups, inline or as Ray actors."""
     from ascent.cluster import make_worker_group
@@ -127,16 +161,26 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
 
     c = cfg.cluster
+    plan = plan_placement(c.backend, c.placement, c.gpus_per_worker, c.cpus_per_worker,
+                          c.num_trainer_workers, 2 if uses_critic(cfg) else 1)  # fmt: skip
+    shared = None
     if c.backend == "ray":
         from ascent.cluster import init_ray  # imports Ray: only for the Ray backend (inline runs without it)
 
-        init_ray(c.address)
+        init_ray(c.address, c.num_cpus, temp_dir=c.ray_temp_dir)
+        if plan.shared_bundles:
+            from ascent.cluster import make_placement_group
+
+            shared = make_placement_group(plan.shared_bundles, gpus_per_bundle=plan.bundle_gpus,
+                                          cpus_per_bundle=plan.bundle_cpus, placement="colocated",
+                                          timeout_s=c.worker_timeout_s)  # fmt: skip
     steps = cfg.iterations * optimizer_steps_per_iteration(cfg)
     common: dict[str, Any] = {
         "backend": c.backend,
         "run_dir": cfg.run_dir,
         "timeout_s": c.worker_timeout_s,
         "num_cpus_per_worker": c.cpus_per_worker,
+        **({"placement_group": shared} if shared is not None else {}),
     }
     train_kw = trainer_kwargs(cfg, steps) | {"need_reference": needs_reference(cfg)}
 
@@ -146,7 +190,7 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
             num_workers=c.num_trainer_workers,
             init_kwargs={"trainer_kwargs": train_kw, "seed": cfg.seed, "run_dir": cfg.run_dir},
             name=name,
-            num_gpus_per_worker=c.gpus_per_worker,
+            num_gpus_per_worker=plan.trainer_gpus,
             **common,
         )
 
@@ -159,7 +203,7 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
             "run_dir": cfg.run_dir,
         },
         name="rollout",
-        num_gpus_per_worker=c.gpus_per_worker if c.placement == "split" else 0.0,
+        num_gpus_per_worker=plan.rollout_gpus,
         **common,
     )
     critic = trainer_group(CriticWorkerActor, "critic") if uses_critic(cfg) else None

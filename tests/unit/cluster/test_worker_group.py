@@ -204,3 +204,23 @@ def test_user_errors_keep_their_type(request, backend):
 
     with pytest.raises(AscentError, match=r"^model.path='/nope': no such directory"):
         make(request, backend, UserErrorInit, init_args=("/nope",))
+
+
+def test_an_unreachable_ray_head_is_refused_at_once_naming_the_field():
+    """Ray retries an unreachable head for many minutes; ascent probes it first and names cluster.address."""
+    pytest.importorskip("ray")
+    import socket
+    import time
+
+    from ascent.cluster.errors import ClusterConfigError
+    from ascent.cluster.ray_backend import _check_reachable
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(
+        ClusterConfigError, match=rf"cluster.address='127.0.0.1:{port}': the Ray head does not"
+    ):
+        _check_reachable(f"127.0.0.1:{port}")  # what init_ray runs before ray.init
+    assert time.monotonic() - t0 < 15

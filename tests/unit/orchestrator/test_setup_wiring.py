@@ -37,3 +37,41 @@ def test_reward_isolation_settings_build_the_pool():
     runner = setup.build_reward_runner(cfg(reward={"timeout_s": 2.5, "num_workers": 3}))
     assert runner.executor.timeout_s == 2.5 and runner.executor.num_workers == 3
     assert setup.build_reward_runner(cfg(reward={"isolation": "inline"})).executor is None
+
+
+def test_placement_plans_split_colocated_and_inline():
+    """split: own GPUs per worker; colocated on Ray: bundle i shared by trainer rank i and replica i (and
+    critic rank i), equal fractions; inline or CPU: nothing to place."""
+    split = setup.plan_placement("ray", "split", 1.0, 2.0, num_trainers=2, groups=1)
+    assert (split.trainer_gpus, split.rollout_gpus, split.shared_bundles) == (1.0, 1.0, 0)
+    col = setup.plan_placement("ray", "colocated", 1.0, 2.0, num_trainers=4, groups=1)
+    assert (col.trainer_gpus, col.rollout_gpus) == (0.5, 0.5)
+    assert (col.shared_bundles, col.bundle_gpus, col.bundle_cpus) == (4, 1.0, 4.0)
+    critic = setup.plan_placement("ray", "colocated", 1.0, 1.0, num_trainers=2, groups=2)
+    assert critic.trainer_gpus == critic.rollout_gpus == 1 / 3 and critic.bundle_cpus == 3.0
+    for backend, gpus in (("inline", 1.0), ("ray", 0.0)):
+        plan = setup.plan_placement(backend, "colocated", gpus, 1.0, num_trainers=1, groups=1)
+        assert (plan.rollout_gpus, plan.shared_bundles) == (0.0, 0)
+
+
+def test_colocated_replicas_must_pair_with_trainer_ranks():
+    import pytest
+
+    from ascent.config import ConfigError, load_config
+
+    base = ["cluster.backend=ray", "cluster.gpus_per_worker=1", "cluster.num_trainer_workers=2"]
+    with pytest.raises(ConfigError, match=r"cluster.num_rollout_workers=1: with cluster.placement=colocated"):
+        load_config(None, [*base, "train.trajectories_per_update=8", "rollout.prompts_per_step=4"])
+    load_config(
+        None,
+        [
+            *base,
+            "cluster.num_rollout_workers=2",
+            "train.trajectories_per_update=8",
+            "rollout.prompts_per_step=4",
+        ],
+    )
+    load_config(
+        None,
+        [*base, "cluster.placement=split", "train.trajectories_per_update=8", "rollout.prompts_per_step=4"],
+    )
