@@ -38,17 +38,30 @@ RL_ONLY_TRAIN_FIELDS = (
     "shuffle_mini_batches",
     "old_logprobs",
 )
+RL_ONLY_CLUSTER_FIELDS = ("num_rollout_workers", "placement")
 
 
 def check_sft_config(cfg: SFTConfig) -> None:
     """Raise ValueError naming every RL-only `train` field an `ascent sft` config changes (SFT ignores them)."""
-    fields = type(cfg.train).model_fields
     problems = [
-        f"train.{name}={getattr(cfg.train, name)!r}: `ascent sft` does not read this RL field (an SFT "
-        "optimizer step is `batch_size` pairs, `epochs` passes over the data); remove it."
-        for name in RL_ONLY_TRAIN_FIELDS
-        if getattr(cfg.train, name) != fields[name].default  # a resolved config.yaml lists the defaults
+        f"{section}.{name}={getattr(getattr(cfg, section), name)!r}: `ascent sft` does not read this RL "
+        "field (an SFT optimizer step is `batch_size` pairs over the trainer ranks, `epochs` passes over the "
+        "data); remove it."
+        for section, names in (("train", RL_ONLY_TRAIN_FIELDS), ("cluster", RL_ONLY_CLUSTER_FIELDS))
+        for name in names
+        # a resolved config.yaml lists the defaults
+        if getattr(getattr(cfg, section), name) != type(getattr(cfg, section)).model_fields[name].default
     ]
+    if cfg.cluster.backend == "inline" and cfg.cluster.num_trainer_workers > 1:
+        problems.append(
+            f"cluster.num_trainer_workers={cfg.cluster.num_trainer_workers}: several trainer ranks run as Ray "
+            "actors; set cluster.backend=ray (a local Ray cluster works on one machine)."
+        )
+    if cfg.batch_size % cfg.cluster.num_trainer_workers:
+        problems.append(
+            f"batch_size={cfg.batch_size}: each batch is split evenly over "
+            f"cluster.num_trainer_workers={cfg.cluster.num_trainer_workers} ranks; make it a multiple of that."
+        )
     if problems:
         raise ValueError("\n".join(problems))
 

@@ -364,6 +364,10 @@ class SFTConfig(Section):
     )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Metrics and logs.")
+    cluster: ClusterConfig = Field(
+        default_factory=ClusterConfig,
+        description="Trainer ranks: num_trainer_workers on Ray (gpus_per_worker each), inline: one.",
+    )
 
     @model_validator(mode="after")
     def _no_rl_fields(self) -> SFTConfig:

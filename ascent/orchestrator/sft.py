@@ -3,6 +3,9 @@
 SFT reuses the policy trainer unchanged: the negative log-likelihood of the response is the `reinforce`
 policy loss with advantage 1 on every response token, aggregated by `token-mean`. So packing, micro-batching,
 precision, LoRA and checkpoints behave exactly as in RL, and the output is a checkpoint `ascent train` reads.
+The trainer is the RL loop's trainer worker group: `cluster.num_trainer_workers=N` on Ray (each rank
+`cluster.gpus_per_worker` GPUs) splits every batch over N data-parallel ranks, FSDP2-sharded with
+`train.sharding=fsdp`; the default is one inline rank.
 """
 
 from __future__ import annotations
@@ -12,10 +15,13 @@ import math
 from functools import partial
 from typing import Any
 
+from ascent.cluster.base import WorkerGroup
 from ascent.config.schema import AlgorithmConfig, SFTConfig
+from ascent.orchestrator import batch as B
 from ascent.orchestrator import checkpointing
 from ascent.orchestrator.interrupt import graceful_stop, stopped_message
 from ascent.orchestrator.resume import fingerprints
+from ascent.orchestrator.workers import TrainerWorker
 from ascent.types import TrainSample
 
 log = logging.getLogger("ascent")
@@ -63,13 +69,10 @@ def run_sft(cfg: SFTConfig, resume_from: str | None = None, accept_changes: bool
 
 
 def _sft(cfg: SFTConfig, run_dir: Any, stop: Any, resume_from: str | None, accept: bool) -> dict[str, float]:
-    from ascent.data import PromptSampler
-    from ascent.models.loading import load_tokenizer, resolve_device
-    from ascent.models.varlen import enable_for_training
+    from ascent.models.loading import load_tokenizer
     from ascent.orchestrator import preflight
     from ascent.orchestrator.rundir import write_config
-    from ascent.tracking import MetricsLogger, Progress, setup_logging
-    from ascent.trainer.policy import PolicyWorker
+    from ascent.tracking import setup_logging
 
     setup_logging(str(run_dir), "controller")
     preflight.model_config(cfg.model.path)
@@ -80,19 +83,42 @@ def _sft(cfg: SFTConfig, run_dir: Any, stop: Any, resume_from: str | None, accep
     what = f"epochs={cfg.epochs} ({steps} optimizer steps of batch_size={cfg.batch_size})"
     found = checkpointing.resume_state(cfg, steps, what, resume_from, accept) if cfg.resume else None
     write_config(cfg)
+    trainer = _trainer_group(cfg, steps)
+    try:
+        return _train(cfg, run_dir, stop, trainer, train, val, tok, steps, found)
+    finally:
+        trainer.shutdown()
+
+
+def _trainer_group(cfg: SFTConfig, steps: int) -> WorkerGroup[TrainerWorker]:
+    """The trainer ranks (inline: one, in this process; Ray: `cluster.num_trainer_workers`)."""
+    from ascent.cluster import make_worker_group
+
+    c = cfg.cluster
+    if c.backend == "ray":
+        from ascent.cluster import init_ray
+
+        init_ray(c.address, c.num_cpus, temp_dir=c.ray_temp_dir)
     algo = AlgorithmConfig(advantage="grpo", policy_loss="reinforce", loss_aggregation="token-mean")
-    policy = PolicyWorker.from_config(
-        model_cfg=cfg.model,
-        train_cfg=cfg.train,
-        algo_cfg=algo,
-        total_optimizer_steps=steps,
-        temperature=1.0,
-        device=resolve_device("auto"),
-    )
-    # flash varlen on CUDA bf16/fp16 unless train.attention says otherwise
-    enable_for_training(policy.model, policy.device, policy.compute_dtype, cfg.train.attention)
+    kwargs = {"model_cfg": cfg.model, "train_cfg": cfg.train, "algo_cfg": algo, "total_optimizer_steps": steps,
+              "temperature": 1.0, "device": c.device, "need_reference": False}  # fmt: skip
+    return make_worker_group(
+        TrainerWorker, num_workers=c.num_trainer_workers, backend=c.backend, name="trainer",
+        init_kwargs={"trainer_kwargs": kwargs, "seed": cfg.seed, "run_dir": cfg.run_dir}, run_dir=cfg.run_dir,
+        num_gpus_per_worker=c.gpus_per_worker, num_cpus_per_worker=c.cpus_per_worker, timeout_s=c.worker_timeout_s,
+    )  # fmt: skip
+
+
+def _train(
+    cfg: SFTConfig, run_dir: Any, stop: Any, trainer: WorkerGroup[TrainerWorker], train: list[TrainSample],
+    val: list[TrainSample], tok: Any, steps: int, found: Any,
+) -> dict[str, float]:  # fmt: skip
+    """The SFT steps: each batch split over the ranks, a checkpoint when due, the final weights at the end."""
+    from ascent.data import PromptSampler
+    from ascent.tracking import MetricsLogger, Progress
+
     sampler = PromptSampler(len(train), cfg.batch_size, seed=cfg.seed, shuffle=cfg.data.shuffle)
-    start = _resume(policy, sampler, found) if found else 0
+    start = _resume(trainer, sampler, found) if found else 0
     metrics_log = MetricsLogger(str(run_dir), tensorboard=cfg.tracking.tensorboard, purge_step=start + 1)
     metrics: dict[str, float] = {}
     stop.arm()  # from here a signal waits for the end of the step and its checkpoint
@@ -101,24 +127,28 @@ def _sft(cfg: SFTConfig, run_dir: Any, stop: Any, resume_from: str | None, accep
             for step in range(start + 1, steps + 1):
                 mb = [train[i] for i in sampler.next_batch()]
                 tokens = float(sum(len(s.response_ids) for s in mb))
-                metrics = policy.update(mb, total_tokens=tokens, total_seqs=float(len(mb)))
+                shards = B.shard(mb, trainer.num_workers)
+                results = trainer.call_split(TrainerWorker.update, shards, total_tokens=tokens,
+                                             total_seqs=float(len(mb)))  # fmt: skip
+                metrics = {k: sum(r[k] for r in results) / len(results) for k in results[0]}
                 metrics["sft/nll"] = metrics.get("loss/policy", float("nan"))
                 if val and (step == steps or (cfg.val_every and step % cfg.val_every == 0)):
-                    metrics["val/nll"] = _nll(policy, val)
+                    metrics["val/nll"] = _nll(trainer, val)
                 metrics_log.log(metrics, step=step)
                 progress.update(step, metrics)
-                _checkpoint_or_stop(cfg, run_dir, step, steps, policy, tok, sampler, stop)
+                _checkpoint_or_stop(cfg, run_dir, step, steps, trainer, tok, sampler, stop)
     finally:
         metrics_log.close()
     final = run_dir / "final"
-    policy.save(str(final))  # HF weights + tokenizer (+ optimizer state, so the warm-start can be resumed)
+    # HF weights + tokenizer (+ optimizer state, so the warm-start can be resumed)
+    trainer.call(TrainerWorker.save, str(final), True)
     tok.save_pretrained(str(final))
     log.info("SFT finished: %s (train nll %.4f)", final, metrics.get("sft/nll", float("nan")))
     return metrics
 
 
 def _checkpoint_or_stop(
-    cfg: SFTConfig, run_dir: Any, step: int, steps: int, policy: Any, tok: Any, sampler: Any, stop: Any
+    cfg: SFTConfig, run_dir: Any, step: int, steps: int, trainer: Any, tok: Any, sampler: Any, stop: Any
 ) -> None:
     """Checkpoint every `checkpoint.every` steps (and on a signal with `checkpoint.on_interrupt`); obey it."""
     interrupt = stop.requested and step < steps
@@ -133,7 +163,7 @@ def _checkpoint_or_stop(
         path = checkpointing.commit(
             run_dir,
             step,
-            [partial(policy.save, optimizer=cfg.checkpoint.save_optimizer), tok.save_pretrained],
+            [partial(_save, trainer, optimizer=cfg.checkpoint.save_optimizer), tok.save_pretrained],
             state,
             cfg.checkpoint.keep_last,
         )
@@ -141,16 +171,24 @@ def _checkpoint_or_stop(
         raise stopped_message(stop.signum, "step", str(path) if path else None, step, steps)
 
 
-def _resume(policy: Any, sampler: Any, found: tuple[Any, dict[str, Any]]) -> int:
+def _save(trainer: WorkerGroup[TrainerWorker], directory: str, optimizer: bool) -> None:
+    trainer.call(TrainerWorker.save, directory, optimizer)
+
+
+def _resume(trainer: WorkerGroup[TrainerWorker], sampler: Any, found: tuple[Any, dict[str, Any]]) -> int:
     """Continue from the SFT checkpoint `resume_state` found; returns its optimizer step."""
     path, state = found
-    policy.load(str(path))
+    trainer.call(TrainerWorker.load, str(path))
     sampler.load_state_dict(state["sampler"])
     log.info("resumed SFT from %s (step %d)", path, state["iteration"])
     return int(state["iteration"])
 
 
-def _nll(policy: Any, samples: list[TrainSample]) -> float:
-    logprobs = policy.compute_logprobs(samples, temperature=1.0, which="policy")
-    flat = [x for row in logprobs for x in row]
+def _nll(trainer: WorkerGroup[TrainerWorker], samples: list[TrainSample]) -> float:
+    """Mean negative log-likelihood per response token, the samples spread over the ranks."""
+    n = trainer.num_workers
+    per = -(-len(samples) // n)
+    shards = [samples[i * per : (i + 1) * per] for i in range(n)]
+    logprobs = trainer.call_split(TrainerWorker.compute_logprobs, shards, temperature=1.0, which="policy")
+    flat = [x for part in logprobs for row in part for x in row]
     return -sum(flat) / max(len(flat), 1)

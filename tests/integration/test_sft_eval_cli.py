@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import ROOT, ascent, write_yaml
 
 
@@ -101,3 +102,39 @@ def test_eval_with_the_fast_engine_and_a_dtype(tmp_path, tiny_model, arithmetic_
     assert "accuracy" in fast.stdout and ref.stdout.splitlines()[0] == fast.stdout.splitlines()[0]
     bad = ascent("eval", *args, "--dtype", "fp8", check=False)
     assert bad.returncode == 2 and "--dtype fp8" in bad.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding", ["none", "fsdp"])
+def test_sft_on_two_trainer_ranks_equals_one(tmp_path, tiny_model, arithmetic_data, sharding):
+    """`cluster.num_trainer_workers=2` on a local Ray cluster (gloo): each batch split over two data-parallel
+    ranks (replicated or FSDP2-sharded) gives the weights one inline rank gives, to fp32 rounding."""
+    import torch
+    from safetensors.torch import load_file
+
+    def run(name: str, **extra) -> dict:
+        cfg = {
+            "run_dir": str(tmp_path / name),
+            "epochs": 1.0,
+            "batch_size": 8,
+            "model": {"path": str(tiny_model)},
+            "data": {"train_path": str(arithmetic_data / "sft.jsonl"), "max_prompt_tokens": 32},
+            "train": {
+                "lr": 3e-3,
+                "max_tokens_per_micro_batch": 128,
+                "sharding": extra.pop("sharding", "none"),
+            },
+            "tracking": {"progress": False},
+            **extra,
+        }
+        ascent("sft", str(write_yaml(tmp_path / f"{name}.yaml", cfg)), timeout=600)
+        return load_file(tmp_path / name / "final" / "model.safetensors")
+
+    one = run("one")
+    two = run("two", sharding=sharding,
+              cluster={"backend": "ray", "num_trainer_workers": 2, "cpus_per_worker": 0.5})  # fmt: skip
+    assert one.keys() == two.keys()
+    start = load_file(tiny_model / "model.safetensors")
+    for name, w in one.items():
+        assert not torch.equal(w, start[name]) or "norm" in name  # training moved the weights
+        torch.testing.assert_close(two[name], w, rtol=1e-4, atol=1e-5, msg=name)
