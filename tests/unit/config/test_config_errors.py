@@ -114,3 +114,13 @@ def test_sft_refuses_rl_only_train_fields() -> None:
     assert "train.trajectories_per_update=3: `ascent sft` does not read this RL field" in text
     assert "train.old_logprobs='recompute'" in text
     SFTConfig.model_validate({"train": {"lr": 1e-3, "max_tokens_per_micro_batch": 1024}})
+
+
+def test_sft_refuses_rl_cluster_fields_and_ranks_it_cannot_run() -> None:
+    with pytest.raises(ValueError) as err:
+        SFTConfig.model_validate({"cluster": {"num_rollout_workers": 2, "num_trainer_workers": 3}})
+    text = str(err.value)
+    assert "cluster.num_rollout_workers=2: `ascent sft` does not read this RL field" in text
+    assert "cluster.num_trainer_workers=3: several trainer ranks run as Ray actors" in text
+    assert "batch_size=32: each batch is split evenly over cluster.num_trainer_workers=3" in text
+    SFTConfig.model_validate({"cluster": {"backend": "ray", "num_trainer_workers": 2}})
