@@ -58,10 +58,20 @@ def rank_env(
 
 
 class PendingCall(ABC, Generic[R]):
-    """A call in flight on some ranks of a group; `get()` waits and returns the results in rank order."""
+    """A call in flight on some ranks of a group; `get()` waits and returns the results in rank order.
+
+    `forward(i)` hands result i to another group's call without bringing it to the controller (weights go
+    trainer -> engine directly): on Ray an object reference that the receiving worker resolves, inline the
+    value itself. `others(i)` then waits for the remaining results (and raises their errors)."""
 
     @abstractmethod
     def get(self) -> list[R]: ...
+
+    @abstractmethod
+    def forward(self, index: int = 0) -> R: ...
+
+    @abstractmethod
+    def others(self, index: int = 0) -> list[R]: ...
 
 
 class WorkerGroup(ABC, Generic[W]):

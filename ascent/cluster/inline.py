@@ -71,6 +71,12 @@ class _DonePending(PendingCall[Any]):
             raise self._error
         return self._results
 
+    def forward(self, index: int = 0) -> Any:
+        return self.get()[index]
+
+    def others(self, index: int = 0) -> list[Any]:
+        return [r for i, r in enumerate(self.get()) if i != index]
+
 
 class InlineWorkerGroup(WorkerGroup[W]):
     """One worker constructed in this process; methods are plain calls."""

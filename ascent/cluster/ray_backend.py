@@ -140,6 +140,15 @@ class _RayPending(PendingCall[Any]):
     def get(self) -> list[Any]:
         return self._group._gather(self._method, self._refs, self._ranks)
 
+    def forward(self, index: int = 0) -> Any:
+        return self._refs[index]  # resolved by the receiving worker (RayWorkerHost.execute)
+
+    def others(self, index: int = 0) -> list[Any]:
+        keep = [i for i in range(len(self._refs)) if i != index]
+        return self._group._gather(
+            self._method, [self._refs[i] for i in keep], [self._ranks[i] for i in keep]
+        )
+
 
 class RayWorkerGroup(WorkerGroup[W]):
     """N Ray actors, each hosting one instance of `cls` (see the module docstring)."""

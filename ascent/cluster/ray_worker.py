@@ -45,8 +45,13 @@ class RayWorkerHost:
 
     def execute(self, method: str, payload: tuple[tuple, dict[str, Any]]) -> Any:
         """`worker.method(*args, **kwargs)`; errors are logged to the worker's log, then raised."""
+        import ray
+
         args, kwargs = payload
         try:
+            # results another group forwarded (PendingCall.forward) arrive as object references
+            args = tuple(ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args)
+            kwargs = {k: ray.get(v) if isinstance(v, ray.ObjectRef) else v for k, v in kwargs.items()}
             return getattr(self.worker, method)(*args, **kwargs)
         except Exception:
             self.log.exception("%s failed", method)

@@ -258,10 +258,16 @@ def update_policy(ctx: LoopContext, samples: list[Any], it: int) -> dict[str, fl
 def publish_weights(ctx: LoopContext, version: int) -> float:
     """Send the trainer's current weights, as policy `version`, to every rollout replica; returns the seconds
     it took. Each replica applies them after the generate calls queued before (none are lost) and reports the
-    version it then holds."""
+    version it then holds. On Ray the weights go from trainer rank 0 through the object store to the
+    replicas without passing through the controller."""
     t0 = time.perf_counter()
-    weights = ctx.trainer.call(TrainerWorker.named_weights, to_cpu=ctx.cfg.cluster.backend != "inline")[0]
-    held = ctx.rollout.call(RolloutWorker.update_weights, weights, version)
+    pending = ctx.trainer.call_async(TrainerWorker.named_weights, to_cpu=ctx.cfg.cluster.backend != "inline")
+    try:  # rank 0's weights go to the replicas directly (on Ray the controller never holds them)
+        held = ctx.rollout.call(RolloutWorker.update_weights, pending.forward(0), version)
+    except Exception:
+        pending.get()  # the trainer's own error, when it failed first
+        raise
+    pending.others(0)  # the other ranks took part in the gather (FSDP); their errors surface here
     if any(v != version for v in held):
         raise RuntimeError(f"weight publication of version {version}: the rollout replicas report {held}.")
     return time.perf_counter() - t0

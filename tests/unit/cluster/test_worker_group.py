@@ -224,3 +224,15 @@ def test_an_unreachable_ray_head_is_refused_at_once_naming_the_field():
     ):
         _check_reachable(f"127.0.0.1:{port}")  # what init_ray runs before ray.init
     assert time.monotonic() - t0 < 15
+
+
+def test_forward_hands_a_result_to_another_group_without_the_controller(request, group):
+    """Result i of one call becomes an argument of another group's call (Ray: an object reference the
+    receiving worker resolves; inline: the value); `others` collects the rest."""
+    other = make(request, group.backend, num_workers=group.num_workers, name=f"receiver_{group.backend}")
+    with other:
+        before = other.call(Counter.get)
+        pending = group.call_async(Counter.get)
+        sent = group.call(Counter.get)[0]
+        assert other.call(Counter.add, pending.forward(0)) == [b + sent for b in before]
+        assert pending.others(0) == group.call(Counter.get)[1:]
