@@ -104,7 +104,7 @@ class Collector:
             if max(staleness(t, trainer_version) for t in group) > self.max_staleness:
                 dropped += len(group)
                 if self.stale_groups == "regenerate":
-                    self._redo.append(_item_of(group[0]))
+                    self._redo.append(item_of(group[0]))
             else:
                 fresh.append(group)
         return fresh, dropped
@@ -124,7 +124,8 @@ class _Item:
     metadata: dict[str, Any]
 
 
-def _item_of(t: Trajectory) -> _Item:
+def item_of(t: Trajectory) -> _Item:
+    """The prompt `t` answered, as a data item to sample again (regenerate, ReMax's greedy baseline)."""
     return _Item(list(t.prompt_ids), t.row_id, t.metadata)
 
 

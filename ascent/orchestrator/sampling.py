@@ -8,7 +8,6 @@ loop context (`ascent.orchestrator.train.LoopContext`).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +27,9 @@ class Submitted:
 
 @dataclass(frozen=True)
 class RolloutStats:
-    """How one batch's generation went: seconds the controller waited for it, and the replicas' idle time
-    before it (mean over replicas)."""
+    """How one batch's generation went: the replicas' idle time before it (mean over replicas). The time the
+    controller waited for it is the collector's (`Collector.take_waited`)."""
 
-    waited_s: float
     engine_idle_s: float
 
 
@@ -45,14 +43,12 @@ def submit(ctx: Any, items: list[Any], params: SamplingParams, *, seed: int) -> 
 
 
 def finish(ctx: Any, sub: Submitted) -> tuple[list[Trajectory], RolloutStats]:
-    """Wait for a submitted batch -> its trajectories (per prompt, in order) and how the wait went."""
-    t0 = time.perf_counter()
+    """Wait for a submitted batch -> its trajectories (per prompt, in order) and the replicas' idle time."""
     rollouts = sub.pending.get()
-    waited = time.perf_counter() - t0
     generations = [g for r in rollouts for g in r.generations]
     trajs = B.to_trajectories(sub.items, generations, decode=ctx.decode)
     idle = sum(r.idle_s for r in rollouts) / len(rollouts)
-    return trajs, RolloutStats(waited_s=waited, engine_idle_s=idle)
+    return trajs, RolloutStats(engine_idle_s=idle)
 
 
 def generate(ctx: Any, items: list[Any], params: SamplingParams, *, seed: int) -> list[Trajectory]:

@@ -89,10 +89,10 @@ def attach_greedy_baseline(ctx: Any, firsts: list[Any], trajs: list[Any], it: in
     and store it as the baseline reward of every trajectory of that group."""
     from dataclasses import replace
 
-    from ascent.orchestrator.collector import _item_of, batch_seed
+    from ascent.orchestrator.collector import batch_seed, item_of
 
     params = replace(B.sampling_params(ctx.cfg.rollout), temperature=0.0, n=1)
-    items = [_item_of(t) for t in firsts]
+    items = [item_of(t) for t in firsts]
     greedy = generate(ctx, items, params, seed=batch_seed(ctx.cfg.seed, it, batch))
     score(ctx, greedy)
     shape_rewards(ctx, greedy)

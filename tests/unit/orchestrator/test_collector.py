@@ -106,7 +106,7 @@ def test_prefetch_runs_ahead_and_a_checkpoint_saves_the_sampler_before_it(ctx: A
     assert sorted(col._ahead) == [2, 3]
     ctx.rollout.call(RolloutWorker.update_weights, {}, 1)
     trajs, stats = col.next_batch(ctx, sampler, it=2, batch=0)
-    assert {C.staleness(t, trainer_version=1) for t in trajs} == {1} and stats.waited_s >= 0
+    assert {C.staleness(t, trainer_version=1) for t in trajs} == {1} and stats.engine_idle_s >= 0
     assert col.take_waited() > 0 and col.take_waited() == 0.0
     col.prefetch(ctx, sampler, it=9, last=10)  # never past the last iteration
     assert 11 not in col._ahead and 10 in col._ahead
