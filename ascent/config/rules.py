@@ -38,7 +38,13 @@ RL_ONLY_TRAIN_FIELDS = (
     "shuffle_mini_batches",
     "old_logprobs",
 )
-RL_ONLY_CLUSTER_FIELDS = ("num_rollout_workers", "placement")
+RL_ONLY_CLUSTER_FIELDS = (
+    "num_rollout_workers",
+    "placement",
+    "weight_transport",
+    "weight_bucket_mb",
+    "weight_sync_timeout_s",
+)
 
 
 def check_sft_config(cfg: SFTConfig) -> None:
@@ -89,6 +95,7 @@ def _batch_rules(cfg: RunConfig) -> list[str]:
             "rollout replica shares a GPU bundle with one trainer rank; set it to "
             f"cluster.num_trainer_workers={c.num_trainer_workers}, or use cluster.placement=split."
         )
+    out += _transport_rules(cfg)
     needed = cfg.data.max_prompt_tokens + r.max_new_tokens
     if t.max_tokens_per_micro_batch < needed:
         out.append(
@@ -97,6 +104,24 @@ def _batch_rules(cfg: RunConfig) -> list[str]:
             f"raise it to at least {needed}."
         )
     return out
+
+
+def _transport_rules(cfg: RunConfig) -> list[str]:
+    c = cfg.cluster
+    if c.weight_transport != "cuda_ipc":
+        return []
+    if c.backend != "ray" or c.gpus_per_worker == 0 or c.device == "cpu":
+        return [
+            "cluster.weight_transport=cuda_ipc: CUDA IPC links Ray actors on GPUs (cluster.backend=ray, "
+            "cluster.gpus_per_worker > 0); use broadcast or auto."
+        ]
+    if c.num_rollout_workers != c.num_trainer_workers:
+        return [
+            f"cluster.weight_transport=cuda_ipc: trainer rank i serves replica i, so "
+            f"cluster.num_rollout_workers={c.num_rollout_workers} must equal "
+            f"cluster.num_trainer_workers={c.num_trainer_workers}; use broadcast for other counts."
+        ]
+    return []
 
 
 def _algorithm_rules(cfg: RunConfig) -> list[str]:

@@ -313,6 +313,22 @@ class ClusterConfig(Section):
     worker_timeout_s: float = Field(
         1800.0, gt=0, description="Fail a worker call that takes longer than this."
     )
+    weight_transport: Literal["auto", "broadcast", "cuda_ipc", "object_store"] = Field(
+        "auto",
+        description="How a publication moves the trainer's weights to the replicas on Ray (inline: shared "
+        "tensors). `broadcast`: a process group of trainer rank 0 and the replicas (NCCL on GPUs, gloo on "
+        "CPU), bucket by bucket; `cuda_ipc`: trainer rank i hands replica i its GPU memory (colocated, one "
+        "node); `object_store`: through Ray's object store (slowest; the fallback). `auto`: cuda_ipc when "
+        "colocated on GPUs, else broadcast.",
+    )
+    weight_bucket_mb: int = Field(
+        512, gt=0, description="Size of one weight bucket of a publication (the most any side holds extra)."
+    )
+    weight_sync_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Fail a weight publication step (join, a bucket) that waits longer than this.",
+    )
 
 
 class RunConfig(Section):

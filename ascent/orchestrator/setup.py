@@ -103,11 +103,19 @@ class WorkerGroups:
     rollout: WorkerGroup[RolloutWorker]
     trainer: WorkerGroup[TrainerWorker]
     critic: WorkerGroup[CriticWorkerActor] | None
+    transport: str = "inline"  # how publications move weights: inline, broadcast, cuda_ipc, object_store
+    placement_group: Any = None  # the colocated groups' shared Ray placement group, released at shutdown
 
     def shutdown(self) -> None:
+        """Stop every worker, then free the shared bundles (a second build in this process can reuse them)."""
         for group in (self.rollout, self.trainer, self.critic):
             if group is not None:
                 group.shutdown()
+        if self.placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement_group)
+            self.placement_group = None
 
 
 def needs_reference(cfg: RunConfig) -> bool:
@@ -207,7 +215,50 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
         **common,
     )
     critic = trainer_group(CriticWorkerActor, "critic") if uses_critic(cfg) else None
-    return WorkerGroups(rollout=rollout, trainer=trainer_group(TrainerWorker, "trainer"), critic=critic)
+    groups = WorkerGroups(rollout=rollout, trainer=trainer_group(TrainerWorker, "trainer"), critic=critic,
+                          placement_group=shared)  # fmt: skip
+    try:
+        groups.transport = connect_weight_transport(cfg, groups)
+    except BaseException:
+        groups.shutdown()
+        raise
+    return groups
+
+
+def weight_transport_kind(cfg: RunConfig) -> str:
+    """The transport `cluster.weight_transport` resolves to (`auto`: see its description)."""
+    c = cfg.cluster
+    if c.backend == "inline":
+        return "inline"
+    if c.weight_transport != "auto":
+        return c.weight_transport
+    gpus = c.gpus_per_worker > 0 and c.device != "cpu"
+    same_gpu = gpus and (c.placement == "colocated" or c.gpus_per_worker < 1)  # NCCL needs distinct GPUs
+    if same_gpu:
+        return "cuda_ipc" if c.num_rollout_workers == c.num_trainer_workers else "object_store"
+    return "broadcast"
+
+
+def connect_weight_transport(cfg: RunConfig, groups: WorkerGroups) -> str:
+    """Form the links of the resolved transport between the trainer and the replicas; returns its name.
+
+    Both sides join at once (each blocks until the other arrives, at most `weight_sync_timeout_s`)."""
+    from ascent.orchestrator.workers import RolloutWorker, TrainerWorker
+    from ascent.transport.weights import Rendezvous
+
+    kind = weight_transport_kind(cfg)
+    if kind in ("inline", "object_store"):
+        log.info("weight transport: %s", kind)
+        return kind
+    c = cfg.cluster
+    host, port = groups.trainer.call_rank0(TrainerWorker.weight_transport_address)
+    rv = Rendezvous(kind, host, port, c.num_rollout_workers, c.weight_sync_timeout_s,  # type: ignore[arg-type]
+                    c.weight_bucket_mb << 20)  # fmt: skip
+    senders = groups.trainer.call_async(TrainerWorker.join_weight_transport, rv)
+    groups.rollout.call(RolloutWorker.join_weight_transport, rv)
+    senders.get()
+    log.info("weight transport: %s (rendezvous %s:%d, %d MiB buckets)", kind, host, port, c.weight_bucket_mb)
+    return kind
 
 
 def build_reward_runner(cfg: RunConfig) -> Any:

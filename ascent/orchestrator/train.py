@@ -125,6 +125,7 @@ class LoopContext:
     def __init__(self, cfg: RunConfig, data: Any, rewards: Any, groups: setup.WorkerGroups, timeline: Any):
         self.cfg, self.data, self.rewards, self.timeline = cfg, data, rewards, timeline
         self.rollout, self.trainer, self.critic = groups.rollout, groups.trainer, groups.critic
+        self.transport = groups.transport
         self.decode = lambda ids: data.tokenizer.decode(ids, skip_special_tokens=True)
         self.needs_reference = setup.needs_reference(cfg)
         self.temperature = cfg.rollout.temperature or 1.0
@@ -258,16 +259,25 @@ def update_policy(ctx: LoopContext, samples: list[Any], it: int) -> dict[str, fl
 def publish_weights(ctx: LoopContext, version: int) -> float:
     """Send the trainer's current weights, as policy `version`, to every rollout replica; returns the seconds
     it took. Each replica applies them after the generate calls queued before (none are lost) and reports the
-    version it then holds. On Ray the weights go from trainer rank 0 through the object store to the
-    replicas without passing through the controller."""
+    version it then holds. Inline the replicas copy the trainer's tensors; on Ray they travel trainer ->
+    replica over the run's weight transport (ascent.transport.weights) or, as the fallback, from trainer
+    rank 0 through the object store. The controller never holds them."""
     t0 = time.perf_counter()
-    pending = ctx.trainer.call_async(TrainerWorker.named_weights, to_cpu=ctx.cfg.cluster.backend != "inline")
-    try:  # rank 0's weights go to the replicas directly (on Ray the controller never holds them)
-        held = ctx.rollout.call(RolloutWorker.update_weights, pending.forward(0), version)
-    except Exception:
-        pending.get()  # the trainer's own error, when it failed first
-        raise
-    pending.others(0)  # the other ranks took part in the gather (FSDP); their errors surface here
+    if ctx.transport in ("broadcast", "cuda_ipc"):
+        receivers = ctx.rollout.call_async(RolloutWorker.receive_weights, version)
+        senders = ctx.trainer.call_async(TrainerWorker.send_weights, version)
+        try:
+            held = receivers.get()
+        finally:
+            senders.get()  # the trainer's own error, when it failed first
+    else:
+        pending = ctx.trainer.call_async(TrainerWorker.named_weights, to_cpu=ctx.transport != "inline")
+        try:  # rank 0's weights go to the replicas directly (on Ray the controller never holds them)
+            held = ctx.rollout.call(RolloutWorker.update_weights, pending.forward(0), version)
+        except Exception:
+            pending.get()  # the trainer's own error, when it failed first
+            raise
+        pending.others(0)  # the other ranks took part in the gather (FSDP); their errors surface here
     if any(v != version for v in held):
         raise RuntimeError(f"weight publication of version {version}: the rollout replicas report {held}.")
     return time.perf_counter() - t0

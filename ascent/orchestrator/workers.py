@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ascent.transport.weights import Rendezvous
 from ascent.types import GenerationRequest, Rollout, TrainSample
 
 log = logging.getLogger("ascent.workers")
@@ -58,6 +59,7 @@ class RolloutWorker:
         self.engine = build_engine(engine_name, **kwargs)
         self.version = 0  # the policy version of the weights the engine holds (set by every publication)
         self._last_end: float | None = None  # when the previous generate call ended (engine idle time)
+        self.link: Any = None  # the weight transport's receiving link, once joined
 
     def generate(self, requests: list[GenerationRequest]) -> Rollout:
         """Sample every request with the weights held now; each token is stamped with their version."""
@@ -77,6 +79,23 @@ class RolloutWorker:
         launch). Requests in flight on other threads do not exist: a replica runs one call at a time, so a
         generate call finishes with the weights it started with."""
         self.engine.update_weights(named_tensors.items())
+        device = getattr(self.engine, "device", None)
+        if isinstance(device, torch.device) and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.version = version
+        return self.version
+
+    def join_weight_transport(self, rv: Rendezvous) -> None:
+        """Join the publication links of `rv` as replica RANK (see `ascent.transport.weights`)."""
+        from ascent.transport.weights import receiver_link
+
+        device = getattr(self.engine, "device", torch.device("cpu"))
+        self.link = receiver_link(rv, int(os.environ.get("RANK", "0")), device)
+
+    def receive_weights(self, version: int) -> int:
+        """Take policy `version` bucket by bucket from the trainer over the joined link; returns the version
+        now held (as `update_weights`)."""
+        self.link.receive(lambda part: self.engine.update_weights(part), version)
         device = getattr(self.engine, "device", None)
         if isinstance(device, torch.device) and device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -108,6 +127,7 @@ class TrainerWorker:
         self.world_size = init_distributed(device)
         _seed_everything(seed + rank)
         self.policy = PolicyWorker.from_config(device=device, **kwargs)
+        self.link: Any = None  # the weight transport's sending link (rank 0, or every rank for cuda_ipc)
         # packed micro-batches through flash varlen kernels instead of a dense [N, N] mask (CUDA, bf16/fp16)
         attention = kwargs["train_cfg"].attention
         enable_for_training(self.policy.model, self.policy.device, self.policy.compute_dtype, attention)
@@ -136,6 +156,30 @@ class TrainerWorker:
         if to_cpu:
             return {name: t.detach().to("cpu") for name, t in weights}
         return {name: t.detach() for name, t in weights}
+
+    def weight_transport_address(self) -> tuple[str, int]:
+        """(node IP, free port) where this rank would host the publication's rendezvous store."""
+        from ascent.cluster.base import find_free_port
+        from ascent.transport.weights import node_address
+
+        return node_address(), find_free_port()
+
+    def join_weight_transport(self, rv: Rendezvous) -> None:
+        """Join the publication links of `rv` (rank 0 hosts the store; see `ascent.transport.weights`)."""
+        from ascent.transport.weights import sender_link
+
+        self.link = sender_link(rv, int(os.environ.get("RANK", "0")), self.policy.device)
+
+    def send_weights(self, version: int) -> int:
+        """Publish the current weights as `version` over the joined link; returns the bytes sent by this rank.
+
+        Every rank is called (FSDP gathers each bucket with all ranks); a rank without a link only takes part."""
+        weights = self.policy.named_weights()
+        if self.link is None:
+            for _ in weights:
+                pass
+            return 0
+        return self.link.send(weights, version)
 
     def save(self, path: str, optimizer: bool = True) -> None:
         self.policy.save(path, optimizer)

@@ -83,3 +83,5 @@ def test_async_on_ray_with_two_replicas_and_two_trainer_ranks(tmp_path, tiny_mod
     check_bound(eps, 3, 8, bound=1)
     assert [{r["version_min"] for r in eps[it]} for it in (1, 2, 3)] == [{0}, {0}, {1}]
     assert list((tmp_path / "run" / "logs").glob("rollout_1.log"))  # the second replica ran
+    # weights went trainer rank 0 -> both replicas over a gloo process group (cluster.weight_transport=auto)
+    assert "weight transport: broadcast" in (tmp_path / "run" / "logs" / "controller.log").read_text()

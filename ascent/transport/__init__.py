@@ -1,0 +1,2 @@
+"""Weight transport: versioned publication of the trainer's weights to the rollout replicas (design.md,
+"One controller, plain workers"). `buckets` is the wire format, `weights` the process-to-process links."""
