@@ -231,7 +231,7 @@ def train(
         cfg = load_for_command(config, overrides, RunConfig, resume or resume_from is not None)
         require_model_path(cfg)
         guard.run_dir = cfg.run_dir
-        from ascent.orchestrator.train import run_training
+        from ascent.entrypoints.train import run_training
 
         run_training(cfg, resume_from=resume_from, accept_changes=accept_changes)
 
@@ -252,7 +252,7 @@ def sft(
         cfg = load_for_command(config, overrides, SFTConfig, resume or resume_from is not None)
         require_model_path(cfg)
         guard.run_dir = cfg.run_dir
-        from ascent.orchestrator.sft import run_sft
+        from ascent.entrypoints.sft import run_sft
 
         run_sft(cfg, resume_from=resume_from, accept_changes=accept_changes)
 
@@ -283,7 +283,7 @@ def evaluate(
 ) -> None:
     """Score a checkpoint on a prompt dataset: accuracy and mean reward."""
     with ErrorGuard():
-        from ascent.orchestrator.evaluate import run_eval
+        from ascent.entrypoints.evaluate import run_eval
 
         metrics = run_eval(
             model=model,

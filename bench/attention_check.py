@@ -29,7 +29,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU only the sdpa 
 
 def _samples(tok, n: int, seed: int):
     from ascent.data import render_sft_examples
-    from ascent.orchestrator.sft import sft_samples
+    from ascent.entrypoints.sft import sft_samples
 
     rng = random.Random(seed)
     rows = []

@@ -5,7 +5,7 @@
 The real components, colocated in one process exactly as `ascent train` builds them (`cluster.backend=inline`,
 `rollout.engine=fast`, `model.dtype=bf16`): the fast engine generates, the reward runner scores, the
 PolicyWorker computes old logprobs and takes the optimizer step while the engine sleeps (KV cache freed),
-then the weights are published to the engine. Each iteration is `ascent.orchestrator.train.run_iteration`.
+then the weights are published to the engine. Each iteration is `ascent.orchestrator.loop.run_iteration`.
 Workload (bench/e2e_workload.py, shared with bench/trl_baseline.py): random-weight Qwen2.5 shapes, 32
 prompts x 8 samples, 256-token prompts, exactly 512 new tokens (EOS off), a coin-flip reward.
 
@@ -110,7 +110,7 @@ def build_loop(args: argparse.Namespace, root: Path) -> tuple[Any, Any, dict[str
     """(LoopContext, PromptSampler, setup facts): the parts `run_training` builds, plus our bench tweaks."""
     from ascent.data import PromptSampler
     from ascent.orchestrator import setup
-    from ascent.orchestrator.train import LoopContext, publish_weights
+    from ascent.orchestrator.loop import LoopContext, publish_weights
     from ascent.rewards.registry import REWARD_FUNCTIONS
 
     REWARD_FUNCTIONS["bench_coin"] = W.coin_reward
@@ -169,7 +169,7 @@ def iteration_row(
 
 def profile_iteration(ctx: Any, sampler: Any, it: int) -> dict[str, Any]:
     """One more iteration with the trainer's logprobs and update calls under torch.profiler."""
-    from ascent.orchestrator.train import run_iteration
+    from ascent.orchestrator.loop import run_iteration
 
     out: dict[str, Any] = {}
     with P.profiled_methods(ctx.trainer._worker, ("compute_logprobs", "update"), out):
@@ -180,7 +180,7 @@ def profile_iteration(ctx: Any, sampler: Any, it: int) -> dict[str, Any]:
 def snapshot_iteration(ctx: Any, sampler: Any, it: int, path: Path) -> None:
     """One more iteration with the CUDA caching allocator's history recorded; the snapshot (a pickle that
     pytorch.org/memory_viz or `bench/memory_peak.py` reads) goes to `path`."""
-    from ascent.orchestrator.train import run_iteration
+    from ascent.orchestrator.loop import run_iteration
 
     torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
     base = torch.cuda.memory_allocated()
@@ -252,7 +252,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; print a summary and return (and write to --json) the numbers."""
-    from ascent.orchestrator.train import run_iteration
+    from ascent.orchestrator.loop import run_iteration
 
     args = parse(argv)
     args.root.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,9 @@ SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4),
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14),
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12),
-}
+    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, tie_word_embeddings=False),
+}  # fmt: skip
 CHARS = "0123456789abcdefghijklmnopqrstuvwxyz"
 
 
@@ -30,9 +32,9 @@ def qwen_config(shape: str) -> Any:
     from transformers import Qwen2Config
 
     return Qwen2Config(
-        vocab_size=VOCAB, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0,
-        rms_norm_eps=1e-6, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=None,
-        dtype="bfloat16", **SHAPES[shape],
+        vocab_size=VOCAB, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        pad_token_id=0, eos_token_id=1, bos_token_id=None, dtype="bfloat16",
+        **{"num_key_value_heads": 2, "tie_word_embeddings": True, **SHAPES[shape]},
     )  # fmt: skip
 
 
@@ -58,12 +60,12 @@ def make_checkpoint(root: str | Path, shape: str, device: str = "cuda") -> Path:
 
 
 def num_params(shape: str) -> int:
-    """Parameters of the model, the tied embedding counted once (the `N` of 6 * N * tokens)."""
+    """Parameters of the model, a tied embedding counted once (the `N` of 6 * N * tokens)."""
     c = qwen_config(shape)
     h, i, n = c.hidden_size, c.intermediate_size, c.num_hidden_layers
     kv = c.num_key_value_heads * (h // c.num_attention_heads)
     per_layer = h * h + 2 * h * kv + (h + 2 * kv) + h * h + 3 * h * i + 2 * h
-    return VOCAB * h + n * per_layer + h
+    return VOCAB * h * (1 if c.tie_word_embeddings else 2) + n * per_layer + h
 
 
 def prompt_rows(n: int, prompt_len: int, seed: int = 0) -> list[dict[str, str]]:

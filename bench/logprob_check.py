@@ -61,7 +61,7 @@ def build_model(root: Path, shape: str, head_scale: float, device: str) -> Path:
 
 def make_requests(n_requests: int, samples: int, seed: int) -> list:
     """Requests with random prompts (4-47 tokens), budgets (2-39 new tokens) and seeds, n samples each."""
-    from ascent.types import GenerationRequest, SamplingParams
+    from ascent.messages import GenerationRequest, SamplingParams
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -93,9 +93,9 @@ def trainer_logprobs(path: Path, dtype: str, device: str, runs: list[list]) -> l
     """runs: lists of (request, generation) pairs -> the trainer's logprobs of every response of each run,
     scored as `ascent train` scores them (one trainer for all runs)."""
     from ascent.config import AlgorithmConfig, ModelConfig, TrainConfig
+    from ascent.messages import TrainSample
     from ascent.models.varlen import enable_for_training
     from ascent.trainer.policy import PolicyWorker
-    from ascent.types import TrainSample
 
     policy = PolicyWorker.from_config(
         model_cfg=ModelConfig(path=str(path), dtype=dtype), train_cfg=TrainConfig(max_tokens_per_micro_batch=8192),

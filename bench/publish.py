@@ -47,10 +47,10 @@ def config(args: argparse.Namespace, model: Path, data: Path, transport: str) ->
 
 
 def measure(args: argparse.Namespace, model: Path, data: Path, transport: str) -> dict[str, Any]:
+    from ascent.messages import GenerationRequest, SamplingParams
     from ascent.orchestrator import setup
-    from ascent.orchestrator.train import publish_weights
+    from ascent.orchestrator.loop import publish_weights
     from ascent.orchestrator.workers import RolloutWorker
-    from ascent.types import GenerationRequest, SamplingParams
 
     cfg = config(args, model, data, transport)
     t0 = time.perf_counter()

@@ -60,7 +60,7 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
 
 def make_requests(args, rng: random.Random, new_tokens: int | None = None):
     """The workload: `prompts` prompts x `samples` samples (mixed: random lengths, budgets, stop tokens)."""
-    from ascent.types import GenerationRequest, SamplingParams
+    from ascent.messages import GenerationRequest, SamplingParams
 
     stop = tuple(rng.sample(range(151936), 600)) if args.mixed else ()
     reqs = []

@@ -44,7 +44,7 @@ NOMINAL_PEAK = 790e12
 
 def make_samples(n: int, prompt_len: int, new_tokens: int, vocab: int, seed: int = 0) -> list[Any]:
     """n trajectories of random tokens with +-1 advantages and sampler logprobs, as a rollout gives them."""
-    from ascent.types import TrainSample
+    from ascent.messages import TrainSample
 
     rng = random.Random(seed)
     return [

@@ -26,7 +26,7 @@ from ascent.algorithms.policy_losses import (
     reinforce_loss,
     sapo_loss,
 )
-from ascent.algorithms.registry import resolve
+from ascent.algorithms.registry import option_names, options_for, resolve
 from ascent.algorithms.returns import gae, reinforce_pp, reinforce_pp_baseline, remax
 from ascent.algorithms.value import value_clipfrac, value_loss
 
@@ -54,6 +54,8 @@ __all__ = [
     "reinforce_pp",
     "reinforce_pp_baseline",
     "remax",
+    "option_names",
+    "options_for",
     "resolve",
     "rloo",
     "rollout_correction_weights",

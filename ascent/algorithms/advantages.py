@@ -1,8 +1,8 @@
 """Advantage estimators (`ADVANTAGE_ESTIMATORS`): outcome rewards in, per-token advantages out.
 
 Contract: `ADVANTAGE_ESTIMATORS[name](inp: AdvantageInputs, **opts) -> AdvantageOutputs` in the padded layout
-(`advantages [B, T]`, `returns [B, T]`, both 0 where `mask` is 0). `opts` are the AlgorithmConfig fields
-(gamma, lam, scale_by_std, std_over_batch, adv_eps, gae_whiten, ...); each estimator ignores the rest.
+(`advantages [B, T]`, `returns [B, T]`, both 0 where `mask` is 0). `opts` are the AlgorithmConfig fields the
+estimator names as keyword parameters (gamma, lam, scale_by_std, ...), picked by `options_for`, no others.
 The group estimators here (grpo, rloo, opo) compare the trajectories of one prompt and broadcast one number
 per trajectory over its policy tokens; they ignore `token_rewards` (put the KL in the loss instead). The
 token-level ones (gae, reinforce_pp, reinforce_pp_baseline, remax) live in `returns.py`.
@@ -11,7 +11,6 @@ token-level ones (gae, reinforce_pp, reinforce_pp_baseline, remax) live in `retu
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -26,7 +25,6 @@ def grpo(
     scale_by_std: bool = True,
     std_over_batch: bool = False,
     adv_eps: float = 1e-6,
-    **_: Any,
 ) -> AdvantageOutputs:
     """GRPO (Shao et al. 2024, DeepSeekMath): A_i = (r_i - mean_g) / (std_g + eps) on every policy token.
 
@@ -44,7 +42,7 @@ def grpo(
     return outcome_outputs(adv, inp.float_mask())
 
 
-def rloo(inp: AdvantageInputs, **_: Any) -> AdvantageOutputs:
+def rloo(inp: AdvantageInputs) -> AdvantageOutputs:
     """RLOO, REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024).
 
     A_i = r_i - (sum_{j in g, j != i} r_j) / (n_g - 1) = n_g / (n_g - 1) * (r_i - mean_g); 0 for a group of one.
@@ -57,7 +55,7 @@ def rloo(inp: AdvantageInputs, **_: Any) -> AdvantageOutputs:
     return outcome_outputs(adv, inp.float_mask())
 
 
-def opo(inp: AdvantageInputs, **_: Any) -> AdvantageOutputs:
+def opo(inp: AdvantageInputs) -> AdvantageOutputs:
     """OPO, On-Policy RL with Optimal reward baseline (Hao et al. 2025): a length-weighted group baseline.
 
     b_g = sum_{i in g} len_i r_i / sum_{i in g} len_i, len_i = policy tokens of i;  A_i = r_i - b_g.

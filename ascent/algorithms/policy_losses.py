@@ -4,8 +4,8 @@ Contract (docs/contracts.md): `POLICY_LOSSES[name](logprobs [N], old_logprobs [N
 seq_ids [N], **opts) -> (per_token_loss [N], metrics)`. `logprobs` carries the gradient; `old_logprobs` are
 the trainer's logprobs under the policy that sampled the batch (no gradient); `advantages` are per token.
 `metrics` maps names to per-token tensors [N] (detached, 0 on masked tokens) that the trainer averages over
-the mask. Loss and metrics are 0 on masked tokens. Each loss reads only the options it knows (the
-AlgorithmConfig field names) and ignores the rest.
+the mask. Loss and metrics are 0 on masked tokens. A loss names its options as parameters with defaults
+(AlgorithmConfig field names); the trainer hands it those and no others (`options_for`).
 
 The per-token loss then goes through a `LOSS_AGGREGATIONS` rule; a rollout-correction weight
 (`ascent.algorithms.correction`) multiplies it first when enabled. Ratios are
@@ -15,7 +15,6 @@ The per-token loss then goes through a `LOSS_AGGREGATIONS` rule; a rollout-corre
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,7 +50,6 @@ def ppo_loss(
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
     dual_clip_c: float | None = None,
-    **_: Any,
 ) -> LossOutput:
     """PPO clipped surrogate (Schulman et al. 2017), asymmetric clip (DAPO "clip-higher", Yu et al. 2025),
     dual clip for negative advantages (Ye et al. 2020).
@@ -89,7 +87,6 @@ def gspo_loss(
     *,
     gspo_clip_low: float = 3e-4,
     gspo_clip_high: float = 4e-4,
-    **_: Any,
 ) -> LossOutput:
     """GSPO, Group Sequence Policy Optimization (Zheng et al. 2025, Qwen).
 
@@ -122,7 +119,6 @@ def cispo_loss(
     *,
     cispo_eps_low: float = 1.0,
     cispo_eps_high: float = 0.28,
-    **_: Any,
 ) -> LossOutput:
     """CISPO, clipped importance-sampling-weight policy optimisation (MiniMax-M1, MiniMax 2025).
 
@@ -149,7 +145,6 @@ def sapo_loss(
     *,
     sapo_tau_pos: float = 1.0,
     sapo_tau_neg: float = 1.05,
-    **_: Any,
 ) -> LossOutput:
     """SAPO, Soft Adaptive Policy Optimization (Gao et al. 2025, Qwen): a sigmoid gate instead of a hard clip.
 
@@ -178,7 +173,6 @@ def reinforce_loss(
     advantages: Tensor,
     mask: Tensor,
     seq_ids: Tensor,
-    **_: Any,
 ) -> LossOutput:
     """REINFORCE (Williams 1992): L_t = -A_t * logp_t, no ratio and no clip (strictly on-policy).
 

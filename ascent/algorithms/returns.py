@@ -8,8 +8,6 @@ tokens are ignored; the outcome reward lands on the last policy token.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
@@ -58,7 +56,6 @@ def gae(
     lam: float = 1.0,
     gae_whiten: bool = True,
     adv_eps: float = 1e-6,
-    **_: Any,
 ) -> AdvantageOutputs:
     """PPO with a critic (Schulman et al. 2016/2017; Ouyang et al. 2022). Needs inp.values [B, T].
 
@@ -84,9 +81,7 @@ def _whitened_returns(outcome: Tensor, inp: AdvantageInputs, gamma: float, eps: 
     return AdvantageOutputs(advantages=masked_whiten(returns, mask, eps), returns=returns)
 
 
-def reinforce_pp(
-    inp: AdvantageInputs, *, gamma: float = 1.0, adv_eps: float = 1e-6, **_: Any
-) -> AdvantageOutputs:
+def reinforce_pp(inp: AdvantageInputs, *, gamma: float = 1.0, adv_eps: float = 1e-6) -> AdvantageOutputs:
     """REINFORCE++ (Hu 2025): no critic, no group baseline; batch-normalised token returns.
 
     r_t = token_rewards_t (the KL penalty) + outcome on the last policy token; G_t = sum_{k>=t} gamma^(k-t) r_k
@@ -97,7 +92,7 @@ def reinforce_pp(
 
 
 def reinforce_pp_baseline(
-    inp: AdvantageInputs, *, gamma: float = 1.0, adv_eps: float = 1e-6, **_: Any
+    inp: AdvantageInputs, *, gamma: float = 1.0, adv_eps: float = 1e-6
 ) -> AdvantageOutputs:
     """REINFORCE++-baseline (Hu 2025): subtract the group mean reward first, then as reinforce_pp.
 
@@ -109,7 +104,7 @@ def reinforce_pp_baseline(
     return _whitened_returns(rewards - mean, inp, gamma, adv_eps)
 
 
-def remax(inp: AdvantageInputs, *, gamma: float = 1.0, **_: Any) -> AdvantageOutputs:
+def remax(inp: AdvantageInputs, *, gamma: float = 1.0) -> AdvantageOutputs:
     """ReMax (Li et al. 2023): the baseline is the reward of the greedy response to the same prompt.
 
     Needs inp.baseline_rewards [B]. r_t = token_rewards_t + (r_i - b_i) on the last policy token; A_t = G_t

@@ -263,6 +263,13 @@ class CheckpointConfig(Section):
     every: int = Field(0, ge=0, description="Save every K iterations (0: only at the end).")
     keep_last: int = Field(2, gt=0, description="How many checkpoints to keep.")
     save_optimizer: bool = Field(True, description="Save optimizer state (needed for exact resume).")
+    hf_weights: Literal["every", "last"] = Field(
+        "every",
+        description="Sharded runs (train.sharding=fsdp) resume from each rank's own shards (model_shards/, "
+        "written by torch.distributed.checkpoint, nothing gathered); the Hugging Face weights, which rank 0 "
+        "must gather, go into every checkpoint (every) or only the run's last one and `final` (last: for "
+        "large models). Unsharded runs always write them: they are their resume state.",
+    )
     on_interrupt: bool = Field(
         True,
         description="On SIGTERM/SIGINT (preemption, Ctrl-C), finish the current iteration or step, write a "

@@ -15,8 +15,10 @@ The trainer calls the decoder stack and the LM head directly (chunked logprobs),
 `forward`, so the root's hooks would not run; `run_as_forward(model, fn, ...)` runs `fn` as a registered
 FSDP forward method of the root (all-gather before, backward hooks on the outputs). The helpers below
 turn sharded parameters back into full tensors: `gather_full` (buckets of parameters, one all-gather per
-bucket, for the rollout engine), `full_state_dict` (rank 0, CPU, for checkpoints) and
-`load_full_state_dict` (each rank keeps its shard of a full state dict).
+bucket, for the rollout engine), `full_state_dict` (rank 0, CPU, for the Hugging Face export) and
+`load_full_state_dict` (each rank keeps its shard of a full state dict). `save_shards` / `load_shards` are
+the resume state of a sharded run: `torch.distributed.checkpoint` writes and reads each rank's own shards, so
+no rank ever holds the whole model.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -249,3 +252,30 @@ def load_full_state_dict(model: nn.Module, full: dict[str, Tensor]) -> None:
             target.to_local().copy_(shard.to_local())
         else:
             target.copy_(src)
+
+
+SHARDS_DIR = "model_shards"
+
+
+def save_shards(model: nn.Module, directory: str | Path) -> None:
+    """Write `model.state_dict()` to `directory/model_shards` with `torch.distributed.checkpoint`: every rank
+    its own shards of every DTensor, nothing gathered (a collective in a process group; plain tensors,
+    replicated on every rank, are written once)."""
+    import torch.distributed.checkpoint as dcp
+
+    reshard(model)
+    dcp.save(model.state_dict(), checkpoint_id=str(Path(directory) / SHARDS_DIR))
+
+
+@torch.no_grad()
+def load_shards(model: nn.Module, directory: str | Path) -> None:
+    """Read what `save_shards` wrote into `model` in place, each rank its own shards (a collective)."""
+    import torch.distributed.checkpoint as dcp
+
+    reshard(model)
+    state = model.state_dict()  # views of the parameters: the load fills them
+    dcp.load(state, checkpoint_id=str(Path(directory) / SHARDS_DIR))
+
+
+def has_shards(directory: str | Path) -> bool:
+    return (Path(directory) / SHARDS_DIR / ".metadata").is_file()

@@ -1,18 +1,27 @@
-"""Turning prompts into requests, generations into trajectories, and scored trajectories into train samples.
+"""Turning prompts into requests, generations into groups of episodes, and scored episodes into train samples.
 
-These are the data-shaping steps of one iteration, kept out of the loop so `train.py` reads as the loop only.
+These are the data-shaping steps of one iteration, kept out of the loop so `loop.py` reads as the loop only.
 Advantages are computed on the controller in padded [B, T] layout (small: one float per response token).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from ascent.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, resolve
-from ascent.types import Generation, GenerationRequest, SamplingParams, TrainSample, Trajectory
+from ascent.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, options_for, resolve
+from ascent.messages import (
+    Episode,
+    Generation,
+    GenerationRequest,
+    Group,
+    SamplingParams,
+    TrainSample,
+    flatten,
+)
 
 
 def sampling_params(rollout_cfg: Any, *, validation: bool = False) -> SamplingParams:
@@ -42,42 +51,44 @@ def make_requests(
 
 
 def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
-    from dataclasses import replace
-
     return replace(params, seed=seed)
 
 
-def to_trajectories(
+def to_groups(
     items: Sequence[Any],
     generations: Sequence[list[Generation]],
     *,
     decode: Callable[[list[int]], str],
     policy_version: int = 0,
-    first_group_id: int = 0,
-) -> list[Trajectory]:
-    """Flatten per-prompt generations into trajectories; the trajectories of one prompt share a group id.
+) -> list[Group]:
+    """One group per prompt: its generations as episodes, in the order the engine returned them.
 
-    Each trajectory keeps its tokens' policy versions; `policy_version` (its oldest token's) falls back to
+    Each episode keeps its tokens' policy versions; `policy_version` (its oldest token's) falls back to
     the argument for generations that carry none (an engine called directly, as `ascent eval` does)."""
-    out = []
-    for g, (item, gens) in enumerate(zip(items, generations, strict=True)):
-        for gen in gens:
-            out.append(
-                Trajectory(
-                    prompt_ids=list(item.prompt_ids),
-                    response_ids=list(gen.token_ids),
-                    sampler_logprobs=list(gen.logprobs),
-                    loss_mask=[1] * len(gen.token_ids),
-                    finish_reason=gen.finish_reason,
-                    group_id=first_group_id + g,
-                    row_id=item.row_id,
-                    policy_version=min(gen.token_versions, default=policy_version),
-                    token_versions=list(gen.token_versions),
-                    response_text=decode(gen.token_ids),
-                    metadata=item.metadata,
-                )
-            )
-    return out
+    return [
+        Group(tuple(_episode(item, gen, decode, policy_version) for gen in gens))
+        for item, gens in zip(items, generations, strict=True)
+    ]
+
+
+def _episode(item: Any, gen: Generation, decode: Callable[[list[int]], str], policy_version: int) -> Episode:
+    return Episode(
+        prompt_ids=list(item.prompt_ids),
+        response_ids=list(gen.token_ids),
+        sampler_logprobs=list(gen.logprobs),
+        loss_mask=[1] * len(gen.token_ids),
+        finish_reason=gen.finish_reason,
+        row_id=item.row_id,
+        policy_version=min(gen.token_versions, default=policy_version),
+        token_versions=list(gen.token_versions),
+        response_text=decode(gen.token_ids),
+        metadata=item.metadata,
+    )
+
+
+def group_ids(groups: Sequence[Group]) -> torch.Tensor:
+    """[N] long: for each episode of `flatten(groups)`, the place of its group in `groups`."""
+    return torch.tensor([g for g, group in enumerate(groups) for _ in group.episodes], dtype=torch.long)
 
 
 def padded(rows: Sequence[Sequence[float]], width: int, fill: float = 0.0) -> torch.Tensor:
@@ -90,15 +101,17 @@ def padded(rows: Sequence[Sequence[float]], width: int, fill: float = 0.0) -> to
 
 
 def advantage_inputs(
-    trajs: Sequence[Trajectory], token_rewards: torch.Tensor | None = None, values: torch.Tensor | None = None
+    groups: Sequence[Group], token_rewards: torch.Tensor | None = None, values: torch.Tensor | None = None
 ) -> AdvantageInputs:
-    """Pack trajectories into the estimators' padded layout (token_rewards and values are [B, T] or None)."""
-    width = max(1, max(len(t.response_ids) for t in trajs))
-    baselines = [t.baseline_reward for t in trajs]
+    """Pack groups into the estimators' padded layout, one row per episode of `flatten(groups)`
+    (token_rewards and values are [B, T] or None)."""
+    episodes = flatten(groups)
+    width = max(1, max(len(e.response_ids) for e in episodes))
+    baselines = [g.baseline_reward for g in groups for _ in g.episodes]
     return AdvantageInputs(
-        rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float32),
-        mask=padded([t.loss_mask for t in trajs], width),
-        group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long),
+        rewards=torch.tensor([e.reward for e in episodes], dtype=torch.float32),
+        mask=padded([e.loss_mask for e in episodes], width),
+        group_ids=group_ids(groups),
         values=None if values is None else values[:, :width],
         token_rewards=None if token_rewards is None else token_rewards[:, :width],
         baseline_rewards=None if None in baselines else torch.tensor(baselines, dtype=torch.float32),
@@ -106,21 +119,21 @@ def advantage_inputs(
 
 
 def compute_advantages(
-    trajs: Sequence[Trajectory],
+    groups: Sequence[Group],
     algo_cfg: Any,
     *,
     token_rewards: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the configured advantage estimator; returns (advantages [B, T], returns [B, T])."""
+    """Run the configured advantage estimator on the options it takes; returns (advantages [B, T], returns [B, T])."""
     estimator = resolve(ADVANTAGE_ESTIMATORS, algo_cfg.advantage)
-    opts = {**algo_cfg.model_dump(), **algo_cfg.options}
-    out = estimator(advantage_inputs(trajs, token_rewards, values), **opts)
+    opts = options_for(estimator, algo_cfg.model_dump(exclude={"options"}) | algo_cfg.options)
+    out = estimator(advantage_inputs(groups, token_rewards, values), **opts)
     return out.advantages, out.returns
 
 
 def train_samples(
-    trajs: Sequence[Trajectory],
+    episodes: Sequence[Episode],
     advantages: torch.Tensor,
     old_logprobs: Sequence[list[float]] | None,
     ref_logprobs: Sequence[list[float]] | None,
@@ -128,10 +141,10 @@ def train_samples(
     returns: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
 ) -> list[TrainSample]:
-    """Attach per-token training targets to each trajectory (returns/values [B, T] only with a critic)."""
+    """Attach per-token training targets to each episode (returns/values [B, T] only with a critic)."""
     out = []
     with_critic = values is not None and returns is not None
-    for i, t in enumerate(trajs):
+    for i, t in enumerate(episodes):
         n = len(t.response_ids)
         out.append(
             TrainSample(
@@ -144,24 +157,26 @@ def train_samples(
                 ref_logprobs=None if ref_logprobs is None else ref_logprobs[i],
                 returns=returns[i, :n].tolist() if returns is not None and with_critic else None,
                 old_values=values[i, :n].tolist() if values is not None and with_critic else None,
-                group_id=t.group_id,
             )
         )
     return out
 
 
-def filter_zero_advantage(samples: Sequence[TrainSample]) -> dict[str, float]:
-    """Drop trajectories whose advantage is zero on every token from the loss (mask zeroed, in place).
+def filter_zero_advantage(samples: Sequence[TrainSample]) -> tuple[list[TrainSample], dict[str, float]]:
+    """Take episodes whose advantage is zero on every token out of the loss (their mask zeroed).
 
     They carry no policy gradient but would dilute `token-mean`; zeroing the mask removes them from the
     mini-batch token count as well, so the batch shape (and divisibility) stays as configured.
+    Returns the samples (the filtered ones replaced by masked copies) and `filter/zero_advantage_frac`.
     """
-    dropped = 0
-    for s in samples:
-        if all(a == 0.0 for a, m in zip(s.advantages, s.loss_mask, strict=True) if m):
-            s.loss_mask = [0] * len(s.loss_mask)
-            dropped += 1
-    return {"filter/zero_advantage_frac": dropped / max(len(samples), 1)}
+    out = [
+        replace(s, loss_mask=[0] * len(s.loss_mask))
+        if all(a == 0.0 for a, m in zip(s.advantages, s.loss_mask, strict=True) if m)
+        else s
+        for s in samples
+    ]
+    dropped = sum(o is not s for o, s in zip(out, samples, strict=True))
+    return out, {"filter/zero_advantage_frac": dropped / max(len(samples), 1)}
 
 
 def logprob_diff(trainer_lp: Sequence[list[float]], sampler_lp: Sequence[list[float]]) -> tuple[float, float]:
@@ -178,7 +193,7 @@ OUTLIER_NATS, MAX_OUTLIERS = 0.5, 20
 
 
 def record_logprob_outliers(
-    run_dir: str, iteration: int, trajs: Sequence[Trajectory], trainer_lp: Sequence[list[float]]
+    run_dir: str, iteration: int, episodes: Sequence[Episode], trainer_lp: Sequence[list[float]]
 ) -> int:
     """Append the tokens whose |trainer - sampler| logprob exceeds 0.5 nat to `logprob_outliers.jsonl`
     (at most 20 an iteration): where a mismatch sits, for a user or a bug report. Returns how many."""
@@ -186,7 +201,7 @@ def record_logprob_outliers(
     from pathlib import Path
 
     rows: list[dict[str, Any]] = []
-    for t, lp in zip(trajs, trainer_lp, strict=True):
+    for t, lp in zip(episodes, trainer_lp, strict=True):
         for pos, (a, b) in enumerate(zip(t.sampler_logprobs, lp, strict=True)):
             if abs(a - b) > OUTLIER_NATS and len(rows) < MAX_OUTLIERS:
                 rows.append({"iteration": iteration, "row_id": t.row_id, "position": pos,

@@ -116,12 +116,13 @@ def save(ctx: Any, iteration: int, sampler: Any) -> Path:
 
     cfg = ctx.cfg
     optimizer = cfg.checkpoint.save_optimizer
+    hf = cfg.checkpoint.hf_weights == "every" or iteration == cfg.iterations
     writers = [
-        lambda d: ctx.trainer.call(TrainerWorker.save, d, optimizer),
+        lambda d: ctx.trainer.call(TrainerWorker.save, d, optimizer, hf),
         ctx.data.tokenizer.save_pretrained,
     ]
     if ctx.critic is not None:
-        writers.append(lambda d: ctx.critic.call(CriticWorkerActor.save, d, optimizer))
+        writers.append(lambda d: ctx.critic.call(CriticWorkerActor.save, d, optimizer, hf))
     state = {
         "sampler": ctx.collector.sampler_state(sampler, iteration),  # before draws prefetched for later
         "kl_coef": None if ctx.kl_controller is None else ctx.kl_controller.coef,

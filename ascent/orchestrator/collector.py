@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ascent.messages import Episode, Group
 from ascent.orchestrator import batch as B
 from ascent.orchestrator.sampling import RolloutStats, Submitted, finish, submit
-from ascent.types import Trajectory
 
 
 def batch_seed(seed: int, it: int, batch: int) -> int:
@@ -54,9 +54,7 @@ class Collector:
         self._redo: list[Any] = []  # prompts of stale groups to sample again (stale_groups=regenerate)
         self._waited = 0.0  # controller seconds spent starting and awaiting generation (take_waited)
 
-    def next_batch(
-        self, ctx: Any, sampler: Any, it: int, batch: int
-    ) -> tuple[list[Trajectory], RolloutStats]:
+    def next_batch(self, ctx: Any, sampler: Any, it: int, batch: int) -> tuple[list[Group], RolloutStats]:
         """Batch `batch` of iteration `it`: the prefetched one if there is one, else sampled now."""
         t0 = time.perf_counter()
         ahead = self._ahead.pop(it, None) if batch == 0 else None
@@ -95,56 +93,56 @@ class Collector:
         ahead = self._ahead.get(it + 1)
         return ahead.sampler_state if ahead is not None else sampler.state_dict()
 
-    def split_stale(
-        self, groups: list[list[Trajectory]], trainer_version: int
-    ) -> tuple[list[list[Trajectory]], int]:
+    def split_stale(self, groups: list[Group], trainer_version: int) -> tuple[list[Group], int]:
         """Groups within the bound, and how many episodes were in stale ones (queued again for `regenerate`)."""
         fresh, dropped = [], 0
         for group in groups:
-            if max(staleness(t, trainer_version) for t in group) > self.max_staleness:
-                dropped += len(group)
+            if max(staleness(e, trainer_version) for e in group.episodes) > self.max_staleness:
+                dropped += len(group.episodes)
                 if self.stale_groups == "regenerate":
-                    self._redo.append(item_of(group[0]))
+                    self._redo.append(item_of(group.episodes[0]))
             else:
                 fresh.append(group)
         return fresh, dropped
 
 
-def staleness(t: Trajectory, trainer_version: int) -> int:
+def staleness(t: Episode, trainer_version: int) -> int:
     """Versions between the trainer's weights and the oldest weights that sampled a token of `t`."""
     return trainer_version - min(t.token_versions, default=t.policy_version)
 
 
 @dataclass(frozen=True)
 class _Item:
-    """A prompt to sample again: what `submit` and `to_trajectories` read of a data item."""
+    """A prompt to sample again: what `submit` and `to_groups` read of a data item."""
 
     prompt_ids: list[int]
     row_id: int
     metadata: dict[str, Any]
 
 
-def item_of(t: Trajectory) -> _Item:
+def item_of(t: Episode) -> _Item:
     """The prompt `t` answered, as a data item to sample again (regenerate, ReMax's greedy baseline)."""
     return _Item(list(t.prompt_ids), t.row_id, t.metadata)
 
 
-def staleness_metrics(trajs: list[Trajectory], trainer_version: int) -> dict[str, float]:
+def staleness_metrics(episodes: list[Episode], trainer_version: int) -> dict[str, float]:
     """rollout/staleness_mean|max over the episodes an iteration trains on."""
-    s = [staleness(t, trainer_version) for t in trajs]
+    s = [staleness(t, trainer_version) for t in episodes]
     return {"rollout/staleness_mean": sum(s) / len(s), "rollout/staleness_max": float(max(s))}
 
 
-def record_episodes(run_dir: str, iteration: int, trajs: list[Trajectory], trainer_version: int) -> None:
-    """Append one line per trained episode to `episodes.jsonl`: where it came from, the versions its tokens
-    were sampled with, its staleness, reward, finish reason and length (no text: see the samples log)."""
+def record_episodes(run_dir: str, iteration: int, groups: list[Group], trainer_version: int) -> None:
+    """Append one line per trained episode to `episodes.jsonl`: its group (place in the iteration), where it
+    came from, the versions its tokens were sampled with, its staleness, reward, finish reason and length
+    (no text: see the samples log)."""
     rows = [
-        {"iteration": iteration, "group": t.group_id, "row_id": t.row_id,
+        {"iteration": iteration, "group": g, "row_id": t.row_id,
          "version_min": min(t.token_versions, default=t.policy_version),
          "version_max": max(t.token_versions, default=t.policy_version),
          "trainer_version": trainer_version, "staleness": staleness(t, trainer_version),
          "reward": t.reward, "finish": t.finish_reason, "response_len": len(t.response_ids)}
-        for t in trajs
+        for g, group in enumerate(groups)
+        for t in group.episodes
     ]  # fmt: skip
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     with open(Path(run_dir) / "episodes.jsonl", "a") as f:

@@ -105,15 +105,35 @@ def check_plugins(algorithm: Any) -> None:
         "kl_estimator": A.KL_ESTIMATORS,
         "kl_penalty_estimator": A.KL_ESTIMATORS,
     }
-    problems = []
+    problems, resolved = [], {}
     for name, registry in registries.items():
         value = getattr(algorithm, name)
         try:
-            A.resolve(registry, value)
+            resolved[name] = A.resolve(registry, value)
         except ValueError as err:
             problems.append(f"algorithm.{name}={value!r}: {err}")
+    if not problems:
+        problems = unused_options(algorithm, resolved["advantage"], resolved["policy_loss"])
     if problems:
         raise ConfigError(problems)
+
+
+def unused_options(algorithm: Any, estimator: Callable[..., Any], loss: Callable[..., Any]) -> list[str]:
+    """`algorithm.options` entries that neither the advantage estimator nor the policy loss takes (a typo
+    would otherwise be ignored silently)."""
+    from ascent.algorithms import option_names
+
+    names = [option_names(estimator), option_names(loss)]
+    if any(n is None for n in names):  # a plug-in takes **kwargs: anything may be meant for it
+        return []
+    known = sorted(set().union(*names))  # type: ignore[arg-type]
+    return [
+        f"algorithm.options.{key}={value!r}: neither advantage={algorithm.advantage!r} nor "
+        f"policy_loss={algorithm.policy_loss!r} takes {key!r}; they take {', '.join(known) or 'no options'}. "
+        "Fix the name, or drop it."
+        for key, value in algorithm.options.items()
+        if key not in known
+    ]
 
 
 def check_trackers(tracking: Any) -> None:

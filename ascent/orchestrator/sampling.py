@@ -1,20 +1,20 @@
 """Sampling and scoring one batch of prompts: the two steps that training, DAPO collection and validation share.
 
 `submit` spreads requests over the rollout replicas and returns at once; `finish` waits for them and turns
-their generations into trajectories, each token stamped with the policy version it was sampled with;
-`generate` is the two in a row. `score` runs the reward function on trajectories in place. All take the
-loop context (`ascent.orchestrator.train.LoopContext`).
+their generations into one group of episodes per prompt, each token stamped with the policy version it was
+sampled with; `generate` is the two in a row. `score` returns the groups with the reward function's rewards.
+All take the loop context (`ascent.orchestrator.loop.LoopContext`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ascent.cluster.base import PendingCall
+from ascent.messages import Group, Rollout, SamplingParams, flatten, regroup
 from ascent.orchestrator import batch as B
 from ascent.orchestrator.workers import RolloutWorker
-from ascent.types import Rollout, SamplingParams, Trajectory
 
 
 @dataclass(frozen=True)
@@ -42,24 +42,26 @@ def submit(ctx: Any, items: list[Any], params: SamplingParams, *, seed: int) -> 
     return Submitted(items, ctx.rollout.call_split_async(RolloutWorker.generate, shards))
 
 
-def finish(ctx: Any, sub: Submitted) -> tuple[list[Trajectory], RolloutStats]:
-    """Wait for a submitted batch -> its trajectories (per prompt, in order) and the replicas' idle time."""
+def finish(ctx: Any, sub: Submitted) -> tuple[list[Group], RolloutStats]:
+    """Wait for a submitted batch -> its groups (one per prompt, in order) and the replicas' idle time."""
     rollouts = sub.pending.get()
     generations = [g for r in rollouts for g in r.generations]
-    trajs = B.to_trajectories(sub.items, generations, decode=ctx.decode)
+    groups = B.to_groups(sub.items, generations, decode=ctx.decode)
     idle = sum(r.idle_s for r in rollouts) / len(rollouts)
-    return trajs, RolloutStats(engine_idle_s=idle)
+    return groups, RolloutStats(engine_idle_s=idle)
 
 
-def generate(ctx: Any, items: list[Any], params: SamplingParams, *, seed: int) -> list[Trajectory]:
-    """Sample `params.n` trajectories per prompt with the weights the replicas hold now."""
+def generate(ctx: Any, items: list[Any], params: SamplingParams, *, seed: int) -> list[Group]:
+    """Sample a group of `params.n` episodes per prompt with the weights the replicas hold now."""
     return finish(ctx, submit(ctx, items, params, seed=seed))[0]
 
 
-def score(ctx: Any, trajs: list[Any]) -> dict[str, float]:
-    """Score every trajectory in place; return the reward runner's metrics (reward/mean, /std, failures)."""
+def score(ctx: Any, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
+    """The groups with every episode's reward and reward components set, and the reward runner's metrics
+    (reward/mean, /std, failures)."""
     from ascent.rewards import RewardInput
 
+    trajs = flatten(groups)
     inputs = [
         RewardInput(
             prompt=ctx.decode(t.prompt_ids),
@@ -71,6 +73,6 @@ def score(ctx: Any, trajs: list[Any]) -> dict[str, float]:
         for t in trajs
     ]
     result = ctx.rewards.score(inputs)
-    for t, r, comp in zip(trajs, result.rewards, result.components, strict=True):
-        t.reward, t.reward_components = r, comp
-    return result.metrics
+    scored = [replace(t, reward=r, reward_components=dict(c))
+              for t, r, c in zip(trajs, result.rewards, result.components, strict=True)]  # fmt: skip
+    return regroup(groups, scored), result.metrics

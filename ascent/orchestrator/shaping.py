@@ -2,12 +2,14 @@
 
 `collect_groups` samples prompts until `prompts_per_step` usable groups exist (with DAPO dynamic sampling,
 groups whose rewards are all equal carry no signal and are replaced), scores them, applies the overlong
-penalty and truncation masking, and for ReMax scores a greedy baseline per prompt. `kl_penalty` turns
+penalty and truncation masking, and for ReMax scores a greedy baseline per prompt. Each step takes groups and
+returns new ones; a group's identity is its place in the list `collect_groups` returns. `kl_penalty` turns
 reference logprobs into per-token rewards with a fixed or adaptive coefficient.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -15,6 +17,7 @@ import torch
 from ascent.algorithms import AdaptiveKLController, FixedKLController, kl_penalty_rewards
 from ascent.algorithms.dapo import filter_groups_with_variance, overlong_penalty
 from ascent.errors import AscentError
+from ascent.messages import Group, flatten, regroup
 from ascent.orchestrator import batch as B
 from ascent.orchestrator.sampling import generate, score
 
@@ -23,40 +26,36 @@ class DynamicSamplingError(AscentError):
     """Dynamic sampling could not fill the batch within `algorithm.max_sample_batches`."""
 
 
-def collect_groups(ctx: Any, sampler: Any, it: int) -> tuple[list[Any], dict[str, float]]:
-    """Sample, score and shape the groups of one iteration; returns their trajectories and rollout/reward
-    metrics. Batches come from the collector (prefetched or fresh); groups over the staleness bound and,
-    with DAPO dynamic sampling, groups without reward signal are replaced until `prompts_per_step` remain."""
+def collect_groups(ctx: Any, sampler: Any, it: int) -> tuple[list[Group], dict[str, float]]:
+    """Sample, score and shape the groups of one iteration; returns them and the rollout/reward metrics.
+    Batches come from the collector (prefetched or fresh); groups over the staleness bound and, with DAPO
+    dynamic sampling, groups without reward signal are replaced until `prompts_per_step` remain."""
     cfg, a = ctx.cfg, ctx.cfg.algorithm
     want = cfg.rollout.prompts_per_step
-    kept: list[list[Any]] = []
+    kept: list[Group] = []
     metrics: dict[str, float] = {}
     batches, dropped, idle = 0, 0, 0.0
     while len(kept) < want:
         if batches >= a.max_sample_batches:
             raise DynamicSamplingError(_too_many_batches(a.max_sample_batches, len(kept), want, dropped))
         with ctx.timeline.phase("generate", iteration=it):
-            trajs, stats = ctx.collector.next_batch(ctx, sampler, it, batches)
+            groups, stats = ctx.collector.next_batch(ctx, sampler, it, batches)
         idle += stats.engine_idle_s
         with ctx.timeline.phase("reward", iteration=it):
-            metrics = _merge(metrics, score(ctx, trajs), batches)
-        shape_rewards(ctx, trajs)
-        groups = _groups(trajs)
+            groups, batch_metrics = score(ctx, groups)
+            metrics = _merge(metrics, batch_metrics, batches)
+        groups = shape_rewards(ctx, groups)
         groups, stale = ctx.collector.split_stale(groups, trainer_version=it - 1)
         dropped += stale
         if a.advantage == "remax":
-            attach_greedy_baseline(ctx, [g[0] for g in groups], [t for g in groups for t in g], it, batches)
+            groups = with_greedy_baseline(ctx, groups, it, batches)
         if a.dynamic_sampling:
             groups = _groups_with_signal(groups)
         kept.extend(groups)
         batches += 1
-    kept = kept[:want]
-    for group_id, group in enumerate(kept):  # a group's identity is its place in this iteration's batch
-        for t in group:
-            t.group_id = group_id
     metrics |= {"rollout/sample_batches": float(batches), "rollout/dropped_stale": float(dropped),
                 "time/engine_idle": idle}  # fmt: skip
-    return [t for g in kept for t in g], metrics
+    return kept[:want], metrics
 
 
 def _too_many_batches(limit: int, have: int, want: int, dropped: int) -> str:
@@ -69,52 +68,42 @@ def _too_many_batches(limit: int, have: int, want: int, dropped: int) -> str:
     )
 
 
-def shape_rewards(ctx: Any, trajs: list[Any]) -> None:
-    """DAPO overlong penalty (added to the reward) and truncation masking (loss mask zeroed), in place."""
+def shape_rewards(ctx: Any, groups: list[Group]) -> list[Group]:
+    """The groups after DAPO's overlong penalty (added to the reward) and truncation masking (loss mask
+    zeroed on responses cut at max_new_tokens)."""
     a, max_new = ctx.cfg.algorithm, ctx.cfg.rollout.max_new_tokens
+    episodes = flatten(groups)
     if a.overlong_buffer > 0:
-        lengths = torch.tensor([len(t.response_ids) for t in trajs])
-        penalty = overlong_penalty(lengths, max_new, a.overlong_buffer, a.overlong_penalty)
-        for t, p in zip(trajs, penalty.tolist(), strict=True):
-            t.reward += p
-            t.reward_components["overlong_penalty"] = p
+        lengths = torch.tensor([len(e.response_ids) for e in episodes])
+        penalty = overlong_penalty(lengths, max_new, a.overlong_buffer, a.overlong_penalty).tolist()
+        episodes = [replace(e, reward=e.reward + p, reward_components=e.reward_components | {"overlong_penalty": p})
+                    for e, p in zip(episodes, penalty, strict=True)]  # fmt: skip
     if a.mask_truncated:
-        for t in trajs:
-            if t.finish_reason == "length":
-                t.loss_mask = [0] * len(t.response_ids)
+        episodes = [replace(e, loss_mask=[0] * len(e.response_ids)) if e.finish_reason == "length" else e
+                    for e in episodes]  # fmt: skip
+    return regroup(groups, episodes)
 
 
-def attach_greedy_baseline(ctx: Any, firsts: list[Any], trajs: list[Any], it: int, batch: int) -> None:
-    """ReMax: score one greedy response per group (`firsts`: a trajectory of each) with the current weights,
-    and store it as the baseline reward of every trajectory of that group."""
-    from dataclasses import replace
-
+def with_greedy_baseline(ctx: Any, groups: list[Group], it: int, batch: int) -> list[Group]:
+    """ReMax: the groups, each with the (shaped) reward of one greedy response to its task, sampled with the
+    current weights, as its baseline."""
     from ascent.orchestrator.collector import batch_seed, item_of
 
     params = replace(B.sampling_params(ctx.cfg.rollout), temperature=0.0, n=1)
-    items = [item_of(t) for t in firsts]
+    items = [item_of(g.episodes[0]) for g in groups]
     greedy = generate(ctx, items, params, seed=batch_seed(ctx.cfg.seed, it, batch))
-    score(ctx, greedy)
-    shape_rewards(ctx, greedy)
-    baseline = {t.group_id: g.reward for t, g in zip(firsts, greedy, strict=True)}
-    for t in trajs:
-        t.baseline_reward = baseline[t.group_id]
+    greedy = shape_rewards(ctx, score(ctx, greedy)[0])
+    return [replace(g, baseline_reward=b.episodes[0].reward) for g, b in zip(groups, greedy, strict=True)]
 
 
-def _groups(trajs: list[Any]) -> list[list[Any]]:
-    groups: dict[int, list[Any]] = {}
-    for t in trajs:
-        groups.setdefault(t.group_id, []).append(t)
-    return list(groups.values())
-
-
-def _groups_with_signal(groups: list[list[Any]]) -> list[list[Any]]:
-    flat = [t for g in groups for t in g]
-    rewards = torch.tensor([t.reward for t in flat])
-    ids = torch.tensor([t.group_id for t in flat])
+def _groups_with_signal(groups: list[Group]) -> list[Group]:
+    if not groups:
+        return groups
+    rewards = torch.tensor([e.reward for e in flatten(groups)])
+    ids = B.group_ids(groups)
     keep = filter_groups_with_variance(rewards, ids)
     kept_ids = {int(i) for i, k in zip(ids.tolist(), keep.tolist(), strict=True) if k}
-    return [g for g in groups if g[0].group_id in kept_ids]
+    return [g for i, g in enumerate(groups) if i in kept_ids]
 
 
 def _merge(old: dict[str, float], new: dict[str, float], n_before: int) -> dict[str, float]:
@@ -131,17 +120,17 @@ def make_kl_controller(algo_cfg: Any) -> FixedKLController | AdaptiveKLControlle
 
 
 def kl_penalty(
-    ctx: Any, trajs: list[Any], old_lp: list[list[float]] | None, ref_lp: list[list[float]] | None
+    ctx: Any, episodes: list[Any], old_lp: list[list[float]] | None, ref_lp: list[list[float]] | None
 ) -> tuple[torch.Tensor | None, dict[str, float]]:
     """Per-token KL-penalty rewards [B, T] (None when off) and the KL metrics; updates the controller."""
     if ctx.kl_controller is None or ref_lp is None:
         return None, {}
     assert old_lp is not None  # run_iteration computes them whenever a KL penalty is on
-    width = max(1, max(len(t.response_ids) for t in trajs))
+    width = max(1, max(len(t.response_ids) for t in episodes))
     lp, ref = B.padded(old_lp, width), B.padded(ref_lp, width)
-    mask = B.padded([t.loss_mask for t in trajs], width)
+    mask = B.padded([t.loss_mask for t in episodes], width)
     coef = ctx.kl_controller.coef
     token_rewards = kl_penalty_rewards(lp, ref, mask, coef, ctx.cfg.algorithm.kl_penalty_estimator)
     kl = ((lp - ref) * mask).sum() / mask.sum().clamp(min=1)
-    ctx.kl_controller.update(kl.item(), len(trajs))
+    ctx.kl_controller.update(kl.item(), len(episodes))
     return token_rewards, {"kl/penalty_coef": coef, "kl/policy_vs_ref": kl.item()}

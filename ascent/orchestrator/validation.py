@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ascent.messages import flatten
 from ascent.orchestrator import batch as B
 from ascent.orchestrator.sampling import generate, score
 
@@ -17,8 +18,8 @@ def validate(ctx: Any, iteration: int) -> dict[str, float]:
     """Score the validation set with the current policy; returns `val/*` metrics and logs a few samples."""
     cfg = ctx.cfg
     params = B.sampling_params(cfg.rollout, validation=True)
-    trajs = generate(ctx, ctx.data.val, params, seed=cfg.seed + 12345)
-    score(ctx, trajs)
+    groups, _ = score(ctx, generate(ctx, ctx.data.val, params, seed=cfg.seed + 12345))
+    trajs = flatten(groups)
     n = len(trajs)
     metrics = {
         "val/reward_mean": sum(t.reward for t in trajs) / n,

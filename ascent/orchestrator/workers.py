@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from ascent.messages import Generation, GenerationRequest, Rollout, TrainSample
 from ascent.transport.weights import Rendezvous
-from ascent.types import GenerationRequest, Rollout, TrainSample
 
 log = logging.getLogger("ascent.workers")
 
@@ -65,13 +66,14 @@ class RolloutWorker:
         """Sample every request with the weights held now; each token is stamped with their version."""
         start = time.perf_counter()
         idle = 0.0 if self._last_end is None else start - self._last_end
-        generations = self.engine.generate(requests)
-        for row in generations:
-            for gen in row:
-                if not gen.token_versions:  # the engine kept one set of weights for the whole call
-                    gen.token_versions = [self.version] * len(gen.token_ids)
+        generations = [[self._stamped(g) for g in row] for row in self.engine.generate(requests)]
         self._last_end = time.perf_counter()
         return Rollout(generations, self.version, idle)
+
+    def _stamped(self, gen: Generation) -> Generation:
+        if gen.token_versions:  # the engine swapped weights within the call and stamped each token itself
+            return gen
+        return replace(gen, token_versions=[self.version] * len(gen.token_ids))
 
     def update_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> int:
         """Copy in the weights of policy `version`; returns the version now held, once they are in place
@@ -181,8 +183,8 @@ class TrainerWorker:
             return 0
         return self.link.send(weights, version)
 
-    def save(self, path: str, optimizer: bool = True) -> None:
-        self.policy.save(path, optimizer)
+    def save(self, path: str, optimizer: bool = True, hf_weights: bool = True) -> None:
+        self.policy.save(path, optimizer, hf_weights)
 
     def load(self, path: str) -> None:
         self.policy.load(path)
@@ -208,8 +210,8 @@ class CriticWorkerActor:
     def update(self, samples: list[TrainSample], total_tokens: float, total_seqs: float) -> dict[str, float]:
         return self.critic.update(samples, total_tokens=total_tokens, total_seqs=total_seqs)
 
-    def save(self, path: str, optimizer: bool = True) -> None:
-        self.critic.save(path, optimizer)
+    def save(self, path: str, optimizer: bool = True, hf_weights: bool = True) -> None:
+        self.critic.save(path, optimizer, hf_weights)
 
     def load(self, path: str) -> None:
         self.critic.load(path)

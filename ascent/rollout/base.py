@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
-from ascent.types import Generation, GenerationRequest
+from ascent.messages import Generation, GenerationRequest
 
 
 @runtime_checkable

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ascent.messages import FinishReason, Generation, GenerationRequest, SamplingParams
 from ascent.rollout.sampling import SamplingTensors, sample, split_seed, token_presence
-from ascent.types import FinishReason, Generation, GenerationRequest, SamplingParams
 
 
 @dataclass

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ascent.types import SamplingParams
+from ascent.messages import SamplingParams
 
 _M32 = 0xFFFFFFFF
 _M63 = (1 << 63) - 1

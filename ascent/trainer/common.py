@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from ascent.errors import AscentError
+from ascent.messages import TrainSample
 from ascent.models.parallel import is_sharded
 from ascent.trainer.checkpoint import read_trainer_state, set_rng_state, write_trainer_state
 from ascent.trainer.distributed import all_reduce_grads, all_reduce_max, all_reduce_sum, world_size
@@ -44,7 +45,6 @@ from ascent.trainer.sharded import (
     sharding_parallelize,
     write_optimizer_shard,
 )
-from ascent.types import TrainSample
 
 log = logging.getLogger("ascent")
 

@@ -35,8 +35,9 @@ from torch import Tensor, nn
 
 from ascent.algorithms import LOSS_AGGREGATIONS
 from ascent.algorithms.value import value_clipfrac, value_loss
+from ascent.messages import TrainSample
 from ascent.models.loading import load_model, resolve_device, torch_dtype
-from ascent.models.parallel import full_state_dict, load_full_state_dict
+from ascent.models.parallel import full_state_dict, has_shards, load_full_state_dict, load_shards, save_shards
 from ascent.trainer import common
 from ascent.trainer.distributed import all_reduce_sum
 from ascent.trainer.logprobs import packed_forward, unwrap_model
@@ -44,7 +45,6 @@ from ascent.trainer.loss import MetricSums
 from ascent.trainer.packing import PackedBatch, pack
 from ascent.trainer.settings import OptimSettings, model_settings_from_config, optim_settings_from_config
 from ascent.trainer.sharded import missing_micro_batches
-from ascent.types import TrainSample
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -247,18 +247,22 @@ class CriticWorker:
         )
 
     # ------------------------------------------------------------------------------------ checkpoints
-    def save(self, directory: str | Path, optimizer: bool = True) -> None:
+    def save(self, directory: str | Path, optimizer: bool = True, hf_weights: bool = True) -> None:
         """Write `<directory>/critic/`: model.safetensors (backbone + head), config.json, trainer_state.pt.
 
-        Sharded: a collective; rank 0 writes the gathered weights, every rank its optimizer shard.
+        Sharded (a collective): every rank writes its shards of the weights (`model_shards/`, the resume
+        state) and of the optimizer; rank 0 also writes the gathered weights when `hf_weights`.
         """
         out = Path(directory) / CRITIC_DIR
         out.mkdir(parents=True, exist_ok=True)
-        weights = full_state_dict(self.value_model) if self.sharded else {}
+        if self.sharded:
+            save_shards(self.value_model, out)
+        weights = full_state_dict(self.value_model) if self.sharded and hf_weights else {}
         if not common.write_shard(self, out, optimizer):
             return  # rank 0 holds (or has gathered) the weights
         if self.sharded:
-            st.save_file({k: v.contiguous() for k, v in weights.items()}, str(out / WEIGHTS_FILE))
+            if hf_weights:
+                st.save_file({k: v.contiguous() for k, v in weights.items()}, str(out / WEIGHTS_FILE))
         else:
             st.save_model(self.value_model, str(out / WEIGHTS_FILE))
         backbone = cast("PreTrainedModel", self.value_model.backbone)  # an HF decoder stack
@@ -268,6 +272,10 @@ class CriticWorker:
     def load(self, directory: str | Path) -> None:
         """Restore weights, optimizer, scheduler, scaler and step from `save(directory)` (RNG: the policy's)."""
         src = Path(directory) / CRITIC_DIR
+        if self.sharded and has_shards(src):
+            load_shards(self.value_model, src)  # each rank reads its own shards: no full copy
+            common.load_state(self, src, rng=False)
+            return
         if not (src / WEIGHTS_FILE).is_file():
             raise FileNotFoundError(f"{str(src)!r} holds no critic ({WEIGHTS_FILE}); was it saved with one?")
         try:

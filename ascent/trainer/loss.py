@@ -21,8 +21,8 @@ from torch import Tensor
 
 from ascent.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, resolve
 from ascent.algorithms.correction import rollout_correction_weights
+from ascent.messages import TrainSample
 from ascent.trainer.packing import PackedBatch
-from ascent.types import TrainSample
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ascent.messages import TrainSample
 from ascent.models.loading import load_model, load_tokenizer, resolve_device, torch_dtype
-from ascent.models.parallel import full_parameters, full_state_dict, load_full_state_dict
+from ascent.models.parallel import (
+    full_parameters,
+    full_state_dict,
+    has_shards,
+    load_full_state_dict,
+    load_shards,
+    save_shards,
+)
 from ascent.trainer import common
 from ascent.trainer import lora as lora_lib
 from ascent.trainer.checkpoint import rng_state, set_rng_state
@@ -41,7 +49,6 @@ from ascent.trainer.loss import LossSettings, MetricSums, micro_batch_loss
 from ascent.trainer.packing import PackedBatch, pack
 from ascent.trainer.settings import LoraSettings, OptimSettings, settings_from_config
 from ascent.trainer.sharded import missing_micro_batches
-from ascent.types import TrainSample
 
 __all__ = ["PolicyWorker", "TrainerOutOfMemory"]
 
@@ -288,13 +295,19 @@ class PolicyWorker:
     def set_rng_state(self, state: dict[str, Any]) -> None:
         set_rng_state(state)
 
-    def save(self, directory: str | Path, optimizer: bool = True) -> None:
+    def save(self, directory: str | Path, optimizer: bool = True, hf_weights: bool = True) -> None:
         """Write HF weights (merged for LoRA when `save_merged`), the adapter, tokenizer, trainer_state.pt.
 
-        Sharded: a collective; rank 0 writes the gathered weights, every rank its optimizer shard.
+        Sharded (a collective): every rank writes its shards of the weights (`model_shards/`, the resume
+        state) and of the optimizer; rank 0 also writes gathered HF weights when `hf_weights`, the only step
+        that gathers the model. Unsharded, the HF weights are the resume state and always written.
         """
         out = Path(directory)
-        weights = full_state_dict(unwrap_model(self.model)) if self.sharded else None
+        shards = self.sharded and self.lora is None
+        if shards:
+            save_shards(unwrap_model(self.model), out)
+        export = hf_weights or not shards
+        weights = full_state_dict(unwrap_model(self.model)) if self.sharded and export else None
         if not common.write_shard(self, out, optimizer):
             return  # rank 0 writes the rest: unsharded, its state is every rank's; sharded, it gathered
         out.mkdir(parents=True, exist_ok=True)
@@ -302,8 +315,10 @@ class PolicyWorker:
             lora_lib.write_adapter(self.model, out / lora_lib.ADAPTER_DIR)
             if self.lora.save_merged:
                 lora_lib.write_merged(self.model, out)
-        else:
+        elif export:
             unwrap_model(self.model).save_pretrained(str(out), state_dict=weights)
+        else:
+            unwrap_model(self.model).config.save_pretrained(str(out))  # what the shards are weights of
         with contextlib.suppress(OSError, ValueError):
             load_tokenizer(self.tokenizer_path).save_pretrained(str(out))
         common.write_state(self, out, optimizer)
@@ -313,6 +328,8 @@ class PolicyWorker:
         src = Path(directory)
         if self.lora is not None:
             lora_lib.load_adapter_weights(self.model, src / lora_lib.ADAPTER_DIR)
+        elif self.sharded and has_shards(src):
+            load_shards(unwrap_model(self.model), src)  # each rank reads its own shards: no full copy
         else:
             fresh = load_model(src, self.param_dtype, "cpu")
             load_full_state_dict(unwrap_model(self.model), fresh.state_dict())

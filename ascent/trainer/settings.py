@@ -105,11 +105,15 @@ def optim_settings_from_config(
 def loss_settings_from_config(algo_cfg: Any, max_new_tokens: int | None = None) -> LossSettings:
     """AlgorithmConfig -> LossSettings (policy-loss options, KL, entropy, Dr. GRPO divisor, correction).
 
-    Every AlgorithmConfig field (plus `options`) reaches the policy loss as a keyword; each loss reads the
-    ones it knows (clip ratios, dual-clip, gspo/cispo/sapo settings) and ignores the rest.
+    The policy loss gets the settings it names as parameters (clip ratios, dual-clip, gspo/cispo/sapo
+    settings, a plug-in's own `algorithm.options`), picked by `options_for`; a plug-in taking `**kwargs`
+    gets them all.
     """
+    from ascent.algorithms import POLICY_LOSSES, options_for, resolve
+
     fields = algo_cfg.model_dump()
-    loss_opts = {**{k: v for k, v in fields.items() if k != "options"}, **algo_cfg.options}
+    available = {k: v for k, v in fields.items() if k != "options"} | algo_cfg.options
+    loss_opts = options_for(resolve(POLICY_LOSSES, algo_cfg.policy_loss), available)
     mode = algo_cfg.rollout_correction
     correction = {
         short: fields[key] for key, short in _CORRECTION_KEYS.items() if fields.get(key) is not None

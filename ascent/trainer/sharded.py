@@ -21,10 +21,10 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from ascent.messages import TrainSample
 from ascent.models.parallel import fsdp_parallelize
 from ascent.trainer.checkpoint import rng_state, set_rng_state
 from ascent.trainer.distributed import all_reduce_max, world_size
-from ascent.types import TrainSample
 
 SHARDINGS = ("none", "fsdp")
 

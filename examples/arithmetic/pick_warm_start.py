@@ -27,8 +27,8 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=8)
     a = p.parse_args()
 
+    from ascent.entrypoints.evaluate import run_eval
     from ascent.orchestrator import checkpointing
-    from ascent.orchestrator.evaluate import run_eval
 
     run_dir = Path(a.sft)
     candidates = [*checkpointing.checkpoint_dirs(run_dir), run_dir / "final"]

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ascent.messages import GenerationRequest, SamplingParams
 from ascent.models import make_tiny_checkpoint
 from ascent.rollout import build_engine
 from ascent.rollout.fast import build_fast_engine
-from ascent.types import GenerationRequest, SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,

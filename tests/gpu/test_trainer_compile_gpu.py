@@ -15,9 +15,9 @@ pytestmark = [
 
 
 def test_compiled_trainer_matches_eager_on_gpu(tmp_path):
+    from ascent.messages import TrainSample
     from ascent.models.tiny import make_tiny_checkpoint
     from ascent.trainer import OptimSettings, PolicyWorker, minibatch_totals
-    from ascent.types import TrainSample
 
     path = make_tiny_checkpoint(tmp_path / "m", hidden_size=256, num_layers=3, num_heads=8, num_kv_heads=2,
                                 max_position_embeddings=1024)  # fmt: skip

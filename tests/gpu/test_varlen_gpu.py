@@ -23,10 +23,10 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_varlen_matches_sdpa_forward_and_backward(tmp_path, heads, kv_heads, hidden):
     from transformers import AutoModelForCausalLM
 
+    from ascent.messages import TrainSample
     from ascent.models.tiny import make_tiny_checkpoint
     from ascent.trainer.logprobs import token_logprobs
     from ascent.trainer.packing import pack
-    from ascent.types import TrainSample
 
     path = make_tiny_checkpoint(tmp_path / "m", hidden_size=hidden, num_layers=2, num_heads=heads,
                                 num_kv_heads=kv_heads, max_position_embeddings=1024)  # fmt: skip

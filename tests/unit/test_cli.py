@@ -123,7 +123,7 @@ def test_train_calls_the_orchestrator(tmp_path: Path, monkeypatch: pytest.Monkey
         options.append(kwargs)
         return {}
 
-    fake_module(monkeypatch, "ascent.orchestrator.train", run_training=run_training)
+    fake_module(monkeypatch, "ascent.entrypoints.train", run_training=run_training)
     path = write_config(tmp_path, {"model": {"path": "m"}})
     result = runner.invoke(app, ["train", str(path), "seed=5", "--resume"])
     assert result.exit_code == 0, result.output
@@ -136,7 +136,7 @@ def test_train_calls_the_orchestrator(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_train_accepts_overrides_only(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[RunConfig] = []
-    fake_module(monkeypatch, "ascent.orchestrator.train", run_training=lambda cfg, **kw: seen.append(cfg))
+    fake_module(monkeypatch, "ascent.entrypoints.train", run_training=lambda cfg, **kw: seen.append(cfg))
     result = runner.invoke(app, ["train", "model.path=m", "seed=2"])
     assert result.exit_code == 0, result.output
     assert (seen[0].model.path, seen[0].seed) == ("m", 2)
@@ -144,7 +144,7 @@ def test_train_accepts_overrides_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_sft_calls_the_orchestrator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Any] = []
-    fake_module(monkeypatch, "ascent.orchestrator.sft", run_sft=lambda cfg, **kw: seen.append(cfg))
+    fake_module(monkeypatch, "ascent.entrypoints.sft", run_sft=lambda cfg, **kw: seen.append(cfg))
     path = write_config(tmp_path, {"model": {"path": "m"}, "epochs": 2})
     result = runner.invoke(app, ["sft", str(path), "--resume"])
     assert result.exit_code == 0, result.output
@@ -162,7 +162,7 @@ def test_interrupt_exits_130_and_promises_only_an_existing_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    fake_module(monkeypatch, "ascent.orchestrator.train", run_training=_raise(KeyboardInterrupt()))
+    fake_module(monkeypatch, "ascent.entrypoints.train", run_training=_raise(KeyboardInterrupt()))
     result = runner.invoke(app, ["train", "model.path=m", "run_dir=runs/x"])
     assert result.exit_code == 130
     assert "No checkpoint of this run exists yet" in result.stderr and "--resume" not in result.stderr
@@ -179,12 +179,12 @@ def test_errors_from_deeper_layers(monkeypatch: pytest.MonkeyPatch) -> None:
         pass
 
     fake_module(
-        monkeypatch, "ascent.orchestrator.train", run_training=_raise(DataError("rows.jsonl: row 3: bad"))
+        monkeypatch, "ascent.entrypoints.train", run_training=_raise(DataError("rows.jsonl: row 3: bad"))
     )
     result = runner.invoke(app, ["train", "model.path=m"])
     assert result.exit_code == 2 and "error: rows.jsonl: row 3: bad" in result.stderr
 
-    fake_module(monkeypatch, "ascent.orchestrator.train", run_training=_raise(RuntimeError("a bug")))
+    fake_module(monkeypatch, "ascent.entrypoints.train", run_training=_raise(RuntimeError("a bug")))
     result = runner.invoke(app, ["train", "model.path=m"])
     assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)
 
@@ -203,7 +203,7 @@ def test_eval_forwards_options_and_prints_metrics(monkeypatch: pytest.MonkeyPatc
         seen.update(kwargs)
         return {"accuracy": 0.25, "reward_mean": 0.5, "responses": 8.0}
 
-    fake_module(monkeypatch, "ascent.orchestrator.evaluate", run_eval=run_eval)
+    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=run_eval)
     args = [
         "eval",
         "--model",

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ascent.messages import Generation, GenerationRequest
 from ascent.rollout.fast.graphs import GraphRunner, pick_bucket
 from ascent.rollout.fast.pages import PageAllocator, SessionStore
 from ascent.rollout.fast.runner import ModelRunner
@@ -28,7 +29,6 @@ from ascent.rollout.fast.sequence import Sequence, check_finished
 from ascent.rollout.fast.state import DecodeState, Flags
 from ascent.rollout.fast.weights import ModelWeights
 from ascent.rollout.sampling import SamplingTensors, split_seed, token_presence
-from ascent.types import Generation, GenerationRequest
 
 
 class FastEngine:

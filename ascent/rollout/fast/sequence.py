@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ascent.types import FinishReason, Generation, SamplingParams
+from ascent.messages import FinishReason, Generation, SamplingParams
 
 
 @dataclass

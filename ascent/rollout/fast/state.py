@@ -15,9 +15,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ascent.messages import SamplingParams
 from ascent.rollout.fast.sequence import Sequence
 from ascent.rollout.sampling import SamplingTensors, token_presence
-from ascent.types import SamplingParams
 
 
 class Flags(NamedTuple):

@@ -5,7 +5,15 @@ import math
 import pytest
 import torch
 
-from ascent.algorithms import POLICY_LOSSES, cispo_loss, gspo_loss, ppo_loss, reinforce_loss, sapo_loss
+from ascent.algorithms import (
+    POLICY_LOSSES,
+    cispo_loss,
+    gspo_loss,
+    options_for,
+    ppo_loss,
+    reinforce_loss,
+    sapo_loss,
+)
 
 
 def leaf(values):
@@ -121,7 +129,8 @@ def test_extreme_log_ratios_stay_finite(name):
     adv = torch.tensor([1.0, 1.0, -1.0, -1.0, 1e4, float("inf")])
     mask = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
     seq = torch.tensor([0, 1, 2, 3, 4, -1])
-    loss, metrics = POLICY_LOSSES[name](logp, old, adv, mask, seq, dual_clip_c=3.0)
+    fn = POLICY_LOSSES[name]
+    loss, metrics = fn(logp, old, adv, mask, seq, **options_for(fn, {"dual_clip_c": 3.0}))
     assert torch.isfinite(loss).all()
     assert torch.isfinite(grad_of(loss, logp)).all()
     for k, v in metrics.items():
@@ -131,19 +140,14 @@ def test_extreme_log_ratios_stay_finite(name):
 
 
 @pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
-def test_fully_masked_and_ignores_unknown_options(name):
+def test_fully_masked_and_refuses_options_it_does_not_name(name):
     logp = leaf([0.3, -0.2])
-    loss, _ = POLICY_LOSSES[name](
-        logp,
-        torch.zeros(2),
-        torch.ones(2),
-        torch.zeros(2),
-        torch.zeros(2, dtype=torch.long),
-        unknown=1,
-        gamma=0.5,
-    )
+    args = (logp, torch.zeros(2), torch.ones(2), torch.zeros(2), torch.zeros(2, dtype=torch.long))
+    loss, _ = POLICY_LOSSES[name](*args)
     assert torch.equal(loss.detach(), torch.zeros(2))
     assert torch.equal(grad_of(loss, logp), torch.zeros(2))
+    with pytest.raises(TypeError, match="gamma"):  # the builder hands a loss only its own options
+        POLICY_LOSSES[name](*args, gamma=0.5)
 
 
 @pytest.mark.parametrize("name", ["ppo", "gspo", "cispo", "sapo"])

@@ -35,13 +35,15 @@ def test_config_name_sets_match_registries():
     assert set(KL_ESTIMATORS) == rules.KL_ESTIMATORS
 
 
-def test_every_config_field_reaches_the_functions_as_opts():
-    """The orchestrator passes AlgorithmConfig.model_dump() as **opts: every estimator/loss must accept it."""
+def test_each_function_gets_only_the_settings_it_names_and_each_is_a_config_field():
+    """`options_for` hands an estimator or loss only its own parameters; every parameter a built-in names is an
+    AlgorithmConfig field, so renaming a field cannot silently stop it reaching its function (the way the
+    Dr. GRPO divisor once got lost)."""
     import torch
 
-    from ascent.algorithms import AdvantageInputs
+    from ascent.algorithms import AdvantageInputs, option_names, options_for
 
-    opts = AlgorithmConfig().model_dump()
+    fields = AlgorithmConfig().model_dump(exclude={"options"})
     inp = AdvantageInputs(
         torch.tensor([1.0, 0.0]),
         torch.ones(2, 2),
@@ -49,11 +51,39 @@ def test_every_config_field_reaches_the_functions_as_opts():
         values=torch.zeros(2, 2),
         baseline_rewards=torch.zeros(2),
     )
-    for fn in ADVANTAGE_ESTIMATORS.values():
-        fn(inp, **opts)
     x = torch.zeros(3)
-    for fn in POLICY_LOSSES.values():
-        fn(x, x, x, torch.ones(3), torch.zeros(3, dtype=torch.long), **opts)
+    for fn in list(ADVANTAGE_ESTIMATORS.values()) + list(POLICY_LOSSES.values()):
+        names = option_names(fn)
+        assert names is not None and names <= set(fields), (fn.__name__, names - set(fields))
+        opts = options_for(fn, fields)
+        assert set(opts) == names
+        if fn in ADVANTAGE_ESTIMATORS.values():
+            fn(inp, **opts)
+        else:
+            fn(x, x, x, torch.ones(3), torch.zeros(3, dtype=torch.long), **opts)
+    assert options_for(POLICY_LOSSES["ppo"], fields | {"gamma": 0.5}).keys() == {
+        "clip_ratio_low",
+        "clip_ratio_high",
+        "dual_clip_c",
+    }
+
+
+def test_a_plugin_with_kwargs_gets_every_option_and_a_stray_option_is_named():
+    from ascent.algorithms import option_names, options_for
+    from ascent.orchestrator.preflight import unused_options
+
+    def plugin(logprobs, old, adv, mask, seq_ids, *, my_temp=1.0, **kw):
+        return logprobs
+
+    def strict(logprobs, old, adv, mask, seq_ids, my_temp=1.0):
+        return logprobs
+
+    assert option_names(plugin) is None and options_for(plugin, {"a": 1, "b": 2}) == {"a": 1, "b": 2}
+    assert option_names(strict) == {"my_temp"}
+    algo = AlgorithmConfig(options={"my_temp": 0.7, "my_tmp": 0.7})
+    (problem,) = unused_options(algo, ADVANTAGE_ESTIMATORS["grpo"], strict)
+    assert "algorithm.options.my_tmp=0.7" in problem and "my_temp" in problem and "adv_eps" in problem
+    assert unused_options(algo, ADVANTAGE_ESTIMATORS["grpo"], plugin) == []
 
 
 def problems(**algorithm):

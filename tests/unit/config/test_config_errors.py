@@ -39,7 +39,7 @@ def test_unknown_key_without_a_match_lists_the_section() -> None:
     (msg,) = problems(["checkpoint.zzz=1"])
     assert (
         msg
-        == "unknown key 'checkpoint.zzz'; section 'checkpoint' has: every, keep_last, save_optimizer, on_interrupt."
+        == "unknown key 'checkpoint.zzz'; section 'checkpoint' has: every, keep_last, save_optimizer, hf_weights, on_interrupt."
     )
 
 

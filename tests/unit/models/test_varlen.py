@@ -49,10 +49,10 @@ def test_sequence_offsets_cached():
 def test_matches_sdpa_on_packed_rows(tmp_path, monkeypatch, new_api):
     from transformers import AutoModelForCausalLM
 
+    from ascent.messages import TrainSample
     from ascent.models.tiny import make_tiny_checkpoint
     from ascent.trainer.logprobs import hidden_states
     from ascent.trainer.packing import pack
-    from ascent.types import TrainSample
 
     path = make_tiny_checkpoint(tmp_path / "m", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
     model = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa").eval()
@@ -90,9 +90,9 @@ def test_matches_sdpa_on_packed_rows(tmp_path, monkeypatch, new_api):
 def _packed_tiny(tmp_path):
     from transformers import AutoModelForCausalLM
 
+    from ascent.messages import TrainSample
     from ascent.models.tiny import make_tiny_checkpoint
     from ascent.trainer.packing import pack
-    from ascent.types import TrainSample
 
     path = make_tiny_checkpoint(tmp_path / "m", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
     model = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa").eval()

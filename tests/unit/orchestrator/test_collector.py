@@ -12,9 +12,9 @@ import pytest
 from ascent.cluster import make_worker_group
 from ascent.config import RunConfig
 from ascent.data.sampler import PromptSampler
+from ascent.messages import Episode, Generation, GenerationRequest, Group, SamplingParams, flatten
 from ascent.orchestrator import collector as C
 from ascent.orchestrator.workers import RolloutWorker
-from ascent.types import Generation, GenerationRequest, SamplingParams, Trajectory
 
 
 class ScriptedEngine:
@@ -54,10 +54,10 @@ def ctx(monkeypatch: pytest.MonkeyPatch) -> Any:
     return SimpleNamespace(cfg=cfg, rollout=group, data=SimpleNamespace(train=train), decode=str)
 
 
-def episode(versions: list[int], group_id: int = 0) -> Trajectory:
-    return Trajectory(prompt_ids=[1], response_ids=[5] * len(versions), sampler_logprobs=[0.0] * len(versions),
-                      loss_mask=[1] * len(versions), finish_reason="stop", group_id=group_id, row_id=group_id,
-                      policy_version=min(versions), token_versions=versions)  # fmt: skip
+def episode(versions: list[int], row_id: int = 0) -> Episode:
+    return Episode(prompt_ids=[1], response_ids=[5] * len(versions), sampler_logprobs=[0.0] * len(versions),
+                   loss_mask=[1] * len(versions), finish_reason="stop", row_id=row_id,
+                   policy_version=min(versions), token_versions=versions)  # fmt: skip
 
 
 def test_staleness_counts_from_the_oldest_token() -> None:
@@ -70,8 +70,10 @@ def test_staleness_counts_from_the_oldest_token() -> None:
 @pytest.mark.parametrize("policy", ["drop", "regenerate"])
 def test_a_group_with_one_stale_episode_is_taken_out_whole(policy: str) -> None:
     col = C.Collector(max_staleness=1, stale_groups=policy)
-    fresh = [episode([4], 0), episode([4], 0)]
-    mixed = [episode([4], 1), episode([3, 4], 1)]  # one token sampled 2 versions behind the trainer (5)
+    fresh = Group((episode([4], 0), episode([4], 0)))
+    mixed = Group(
+        (episode([4], 1), episode([3, 4], 1))
+    )  # one token sampled 2 versions behind the trainer (5)
     kept, dropped = col.split_stale([fresh, mixed], trainer_version=5)
     assert kept == [fresh] and dropped == 2
     assert [i.row_id for i in col._redo] == ([1] if policy == "regenerate" else [])
@@ -80,16 +82,20 @@ def test_a_group_with_one_stale_episode_is_taken_out_whole(policy: str) -> None:
 def test_regenerate_samples_the_same_prompts_with_the_current_weights(ctx: Any) -> None:
     col = C.Collector(max_staleness=1, stale_groups="regenerate")
     sampler = PromptSampler(len(ctx.data.train), 2, seed=0)
-    trajs, _ = col.next_batch(ctx, sampler, it=1, batch=0)
-    rows = sorted({t.row_id for t in trajs})
+    groups, _ = col.next_batch(ctx, sampler, it=1, batch=0)
+    assert [len(g.episodes) for g in groups] == [2, 2] and all(
+        len({e.row_id for e in g.episodes}) == 1 for g in groups
+    )
+    rows = [g.row_id for g in groups]
     ctx.rollout.call(RolloutWorker.update_weights, {}, 3)  # three publications later
-    groups = [[t for t in trajs if t.row_id == r] for r in rows]
     kept, dropped = col.split_stale(groups, trainer_version=3)
     assert kept == [] and dropped == 4
     state = sampler.state_dict()
     again, _ = col.next_batch(ctx, sampler, it=4, batch=1)
-    assert sorted({t.row_id for t in again}) == rows and sampler.state_dict() == state  # no new draw
-    assert {t.policy_version for t in again} == {3} and all(t.token_versions == [3] for t in again)
+    assert [g.row_id for g in again] == rows and sampler.state_dict() == state  # no new draw
+    assert {t.policy_version for t in flatten(again)} == {3} and all(
+        t.token_versions == [3] for t in flatten(again)
+    )
 
 
 def test_prefetch_runs_ahead_and_a_checkpoint_saves_the_sampler_before_it(ctx: Any) -> None:
@@ -105,8 +111,8 @@ def test_prefetch_runs_ahead_and_a_checkpoint_saves_the_sampler_before_it(ctx: A
     col.prefetch(ctx, sampler, it=1, last=10)  # idempotent: nothing is submitted twice
     assert sorted(col._ahead) == [2, 3]
     ctx.rollout.call(RolloutWorker.update_weights, {}, 1)
-    trajs, stats = col.next_batch(ctx, sampler, it=2, batch=0)
-    assert {C.staleness(t, trainer_version=1) for t in trajs} == {1} and stats.engine_idle_s >= 0
+    groups, stats = col.next_batch(ctx, sampler, it=2, batch=0)
+    assert {C.staleness(t, trainer_version=1) for t in flatten(groups)} == {1} and stats.engine_idle_s >= 0
     assert col.take_waited() > 0 and col.take_waited() == 0.0
     col.prefetch(ctx, sampler, it=9, last=10)  # never past the last iteration
     assert 11 not in col._ahead and 10 in col._ahead

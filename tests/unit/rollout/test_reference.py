@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from ascent.messages import Generation, GenerationRequest, SamplingParams
 from ascent.rollout import ENGINES, ReferenceEngine, RolloutEngine, build_engine
-from ascent.types import Generation, GenerationRequest, SamplingParams
 
 PROMPTS = [[2, 5, 6, 7, 8, 9, 10], [3, 4], [2, 11, 12, 13, 14], [40, 41, 42, 43]]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)

@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from ascent.messages import SamplingParams
 from ascent.rollout.sampling import (
     SamplingTensors,
     apply_repetition_penalty,
@@ -17,7 +18,6 @@ from ascent.rollout.sampling import (
     top_k_top_p_mask,
     uniform_noise,
 )
-from ascent.types import SamplingParams
 
 
 def _logits_of(probs: list[float]) -> torch.Tensor:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ascent.messages import GenerationRequest, SamplingParams
 from ascent.rollout import ReferenceEngine
 from ascent.rollout.fast import build_fast_engine
-from ascent.types import GenerationRequest, SamplingParams
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip

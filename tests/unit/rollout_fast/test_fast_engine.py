@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ascent.messages import GenerationRequest, SamplingParams
 from ascent.rollout import ReferenceEngine
 from ascent.rollout.fast import build_fast_engine
-from ascent.types import GenerationRequest, SamplingParams
 
 
 def _requests(seed=0, lens=(5, 17, 26, 16, 3), n=(1, 3, 2, 1, 4), max_new=(12, 9, 16, 3, 10), **params):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 from ascent.config import AlgorithmConfig, ModelConfig, TrainConfig
+from ascent.messages import GenerationRequest, SamplingParams, TrainSample
 from ascent.rollout.fast import build_fast_engine
 from ascent.trainer.policy import PolicyWorker
-from ascent.types import GenerationRequest, SamplingParams, TrainSample
 
 
 def _requests(n: int) -> list[GenerationRequest]:

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
+from ascent.messages import SamplingParams
 from ascent.rollout.fast.pages import CachedSequence, PageAllocator, SessionStore, common_prefix
 from ascent.rollout.fast.scheduler import Scheduler, cdiv
 from ascent.rollout.fast.sequence import Sequence
-from ascent.types import SamplingParams
 
 
 def test_allocator_reserve_take_share_release():

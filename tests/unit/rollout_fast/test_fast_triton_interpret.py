@@ -52,9 +52,9 @@ def test_paged_decode_attention_matches_torch(ps, splits, block_n, write):
 
 
 def test_triton_sampler_matches_sampling_py():
+    from ascent.messages import SamplingParams
     from ascent.rollout.fast.triton_sample import triton_sample
     from ascent.rollout.sampling import SamplingTensors, sample
-    from ascent.types import SamplingParams
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 3000, generator=g) * 3

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from ascent.messages import Generation, GenerationRequest, SamplingParams
 from ascent.models import make_tiny_checkpoint
 from ascent.rollout import ReferenceEngine
 from ascent.rollout.fast import FastEngine, build_fast_engine
 from ascent.rollout.fast.weights import load_state_dict
-from ascent.types import Generation, GenerationRequest, SamplingParams
 
 HEAD_SCALE = 10.0  # random init is near-uniform; a sharper head gives varied, peaked outputs
 PROMPTS = [[2, 5, 6, 7, 8, 9, 10], [3, 4], [40, 41, 42, 43, 44]]

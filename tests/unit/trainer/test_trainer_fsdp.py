@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from dataclasses import replace
 
 import pytest
 import torch
@@ -29,9 +30,7 @@ CUT = 3  # rank 0 gets samples [:3] of each mini-batch, rank 1 the other 5: diff
 
 def _samples():
     samples = make_samples(24, seed=5)
-    for i, s in enumerate(samples):
-        s.returns = [1.0 if i % 2 else -1.0] * len(s.response_ids)
-    return samples
+    return [replace(s, returns=[1.0 if i % 2 else -1.0] * len(s.response_ids)) for i, s in enumerate(samples)]
 
 
 def _mini_batches():
@@ -56,12 +55,12 @@ def _critic(path, sharding, offload=False, device="cpu"):
     return CriticWorker(path, device=device, optim=optim, **kw)
 
 
-def _run(make, share, ckpt, forward):
+def _run(make, share, ckpt, forward, hf_weights=True):
     """forward on all samples, 2 updates, save, a fresh worker loads and does update 3 -> results."""
     worker = make()
     out = forward(worker, share(_samples()))
     metrics = [worker.update(share(mb), **_totals(mb)) for mb in _mini_batches()[:2]]
-    worker.save(ckpt)
+    worker.save(ckpt, hf_weights=hf_weights)
     resumed = make()
     resumed.load(ckpt)
     metrics.append(resumed.update(share(_mini_batches()[2]), **_totals(_mini_batches()[2])))
@@ -104,11 +103,22 @@ def _run_rank(rank, world, port, path, out_dir, device_type="cpu"):
         if device_type == "cpu":
             _check_gather(rank)
         ckpt = os.path.join(out_dir, "ckpt")
-        policy = _run(lambda: _policy(path, "fsdp", device=device), share, ckpt, _policy_logprobs)
+        make_policy = lambda: _policy(path, "fsdp", device=device)  # noqa: E731
+        policy = _run(make_policy, share, ckpt, _policy_logprobs)
+        shards_only = _run(make_policy, share, os.path.join(out_dir, "ckpt_shards"), _policy_logprobs, False)
         critic_ckpt = os.path.join(out_dir, "ckpt_critic")
         make_critic = lambda: _critic(path, "fsdp", offload=True, device=device)  # noqa: E731
         critic = _run(make_critic, share, critic_ckpt, _critic_values)
-        torch.save({"policy": policy, "critic": critic}, os.path.join(out_dir, f"rank{rank}.pt"))
+        critic_shards = _run(
+            make_critic, share, os.path.join(out_dir, "ckpt_critic_shards"), _critic_values, False
+        )
+        results = {
+            "policy": policy,
+            "policy_shards": shards_only,
+            "critic": critic,
+            "critic_shards": critic_shards,
+        }
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -166,7 +176,18 @@ def test_fsdp_two_ranks_match_one_process(tiny_path, tmp_path):
     single_critic = _run(lambda: _critic(tiny_path, "none"), whole, tmp_path / "single_c", _critic_values)
     _assert_match(single_policy, [r["policy"] for r in ranks])
     _assert_match(single_critic, [r["critic"] for r in ranks])
-    # the sharded checkpoint is a plain HF checkpoint (rank 0 wrote gathered weights) + one optimizer shard per rank
+    # checkpoint.hf_weights=last: each rank's shards alone (nothing gathered) resume the run just the same
+    _assert_match(single_policy, [r["policy_shards"] for r in ranks])
+    _assert_match(single_critic, [r["critic_shards"] for r in ranks])
+    for shards_only in (tmp_path / "ckpt_shards", tmp_path / "ckpt_critic_shards" / "critic"):
+        assert (shards_only / "model_shards" / ".metadata").is_file()
+        assert not list(shards_only.glob("*.safetensors"))  # no gathered weights were written
+    assert sorted(p.name for p in (tmp_path / "ckpt_shards" / "model_shards").glob("*.distcp")) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+    # the sharded checkpoint is also a plain HF checkpoint (rank 0 wrote gathered weights), + one optimizer shard
+    # per rank
     ckpt = tmp_path / "ckpt"
     assert json.loads((ckpt / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
     assert sorted(p.name for p in ckpt.glob("optimizer_rank*.pt")) == [

@@ -6,6 +6,8 @@ Marked `gpu`; skipped on machines without CUDA (CI). Run on the GPU machine with
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from trainer_helpers import make_samples
@@ -44,8 +46,8 @@ def test_bf16_update_uses_fused_adamw_and_fp32_master_weights(tiny_path):
     )
     assert worker.optimizer.defaults["fused"] is True
     samples = make_samples(8, seed=3)
-    for s, r in zip(samples, worker.compute_logprobs(samples, which="reference"), strict=True):
-        s.ref_logprobs = r
+    refs = worker.compute_logprobs(samples, which="reference")
+    samples = [replace(s, ref_logprobs=r) for s, r in zip(samples, refs, strict=True)]
     tokens, seqs = minibatch_totals(samples)
     m = worker.update(samples, total_tokens=tokens, total_seqs=seqs)
     assert all(torch.isfinite(torch.tensor(v)) for v in m.values()) and m["skipped"] == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from trainer_helpers import make_samples, naive_logprobs
@@ -28,8 +30,8 @@ def _lora_worker(path, save_merged=True):
 
 def _train(worker, steps=2):
     samples = make_samples(6, seed=4)
-    for s, r in zip(samples, worker.compute_logprobs(samples, 1.0, which="reference"), strict=True):
-        s.ref_logprobs = r
+    refs = worker.compute_logprobs(samples, 1.0, which="reference")
+    samples = [replace(s, ref_logprobs=r) for s, r in zip(samples, refs, strict=True)]
     tokens, seqs = minibatch_totals(samples)
     for _ in range(steps):
         worker.update(samples, total_tokens=tokens, total_seqs=seqs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from trainer_helpers import make_samples, naive_logprobs
@@ -52,12 +54,11 @@ def test_pack_missing_optional_field_gives_none():
 
 
 def test_pack_rejects_empty_prompt_and_misaligned_fields():
-    s = make_samples(1)[0]
-    s.prompt_ids = []
+    s = replace(make_samples(1)[0], prompt_ids=[])
     with pytest.raises(ValueError, match="empty prompt_ids"):
         pack([s])
     s = make_samples(1)[0]
-    s.advantages = s.advantages[:-1]
+    s = replace(s, advantages=s.advantages[:-1])
     with pytest.raises(ValueError, match="advantages has"):
         pack([s])
 

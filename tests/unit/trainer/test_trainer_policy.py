@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from trainer_helpers import make_samples, naive_logprobs
@@ -25,9 +27,10 @@ def _worker(path, aggregation="token-mean", lr=1e-3, eps=1e-8, **loss_kw):
 def _samples(worker, n=8, seed=11):
     samples = make_samples(n, seed=seed)
     # old logprobs near the current policy (a realistic ratio ~ 1, so some tokens clip and some do not)
-    for s, lp in zip(samples, worker.compute_logprobs(samples, 1.0), strict=True):
-        s.old_logprobs = [x + 0.1 * ((i % 5) - 2) for i, x in enumerate(lp)]
-    return samples
+    return [
+        replace(s, old_logprobs=[x + 0.1 * ((i % 5) - 2) for i, x in enumerate(lp)])
+        for s, lp in zip(samples, worker.compute_logprobs(samples, 1.0), strict=True)
+    ]
 
 
 def test_compute_logprobs_matches_separate_forwards(tiny_path):
@@ -112,8 +115,7 @@ def test_kl_loss_uses_a_frozen_reference(tiny_path):
     ref = worker.compute_logprobs(samples, 1.0, which="reference")
     pol = worker.compute_logprobs(samples, 1.0)
     assert ref == pol  # identical weights before any update
-    for s, r in zip(samples, ref, strict=True):
-        s.ref_logprobs = r
+    samples = [replace(s, ref_logprobs=r) for s, r in zip(samples, ref, strict=True)]
     tokens, seqs = minibatch_totals(samples)
     m = worker.update(samples, total_tokens=tokens, total_seqs=seqs)
     assert m["loss/kl"] == pytest.approx(0.0, abs=1e-6)
@@ -196,8 +198,8 @@ def test_bf16_autocast_keeps_fp32_master_weights(tiny_path):
         loss=LossSettings(kl_loss_coef=0.1),
     )
     samples = _samples(worker)
-    for s, r in zip(samples, worker.compute_logprobs(samples, which="reference"), strict=True):
-        s.ref_logprobs = r
+    refs = worker.compute_logprobs(samples, which="reference")
+    samples = [replace(s, ref_logprobs=r) for s, r in zip(samples, refs, strict=True)]
     m = worker.update(samples, total_tokens=50.0, total_seqs=8.0)
     assert all(torch.isfinite(torch.tensor(v)) for v in m.values())
     assert all(p.dtype == torch.float32 for p in worker.model.parameters())

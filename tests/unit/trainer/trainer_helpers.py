@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from ascent.types import TrainSample
+from ascent.messages import TrainSample
 
 
 def make_samples(n: int, seed: int = 0, vocab: int = 60, with_old: bool = True) -> list[TrainSample]:
@@ -27,7 +27,6 @@ def make_samples(n: int, seed: int = 0, vocab: int = 60, with_old: bool = True) 
                 old_logprobs=[rng.uniform(-5, -1) for _ in range(r)] if with_old else None,
                 sampler_logprobs=[rng.uniform(-5, -1) for _ in range(r)],
                 ref_logprobs=[rng.uniform(-5, -1) for _ in range(r)],
-                group_id=i // 2,
             )
         )
     return out

@@ -1,12 +1,16 @@
-"""The typed messages that move between workers (design: "Typed messages, not dicts").
+"""The messages that move between workers and between the stages of the loop (design: "Episodes and the
+collector"): requests and generations at the engine, episodes and groups in the loop, train samples at the
+trainer. All are frozen dataclasses: a stage returns new messages instead of editing the ones it was given.
 
 Everything here is plain Python (lists of ints and floats), so it pickles cheaply across Ray and imports
-without torch. Tokens go in and come out as ids: nothing generated is ever re-tokenized.
+without torch or anything else of ascent. Tokens go in and come out as ids: nothing generated is ever
+re-tokenized.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -28,7 +32,7 @@ class SamplingParams:
     seed: int | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class GenerationRequest:
     """One prompt to sample `params.n` continuations of.
 
@@ -42,12 +46,12 @@ class GenerationRequest:
     session_id: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Generation:
     """One sampled continuation: token ids, the sampler's logprob of each, and why it ended.
 
-    `token_versions` holds the policy version each token was sampled with (filled by the rollout worker from
-    the weights it held; an engine that swaps weights between decode steps fills it per token)."""
+    `token_versions` holds the policy version each token was sampled with (the rollout worker stamps a copy
+    with the weights it held; an engine that swaps weights between decode steps fills it per token)."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -68,12 +72,15 @@ class Rollout:
     idle_s: float
 
 
-@dataclass
-class Trajectory:
-    """One sampled response (or episode) for one prompt; the unit the algorithms and trainer consume.
+@dataclass(frozen=True)
+class Episode:
+    """One attempt at one task: the prompt, the sampled response (or the turns of a multi-turn episode),
+    the sampler's logprobs and the reward; the unit the algorithms and the trainer consume.
 
-    `response_ids`, `sampler_logprobs` and `loss_mask` have one entry per response token. `loss_mask` is 1 for
-    tokens the policy produced and 0 for tool or environment tokens spliced into a multi-turn response.
+    `response_ids`, `sampler_logprobs`, `loss_mask` and `token_versions` have one entry per response token.
+    `loss_mask` is 1 for tokens the policy produced and 0 for tool or environment tokens spliced into a
+    multi-turn response. A stage that changes an episode returns a new one (`dataclasses.replace`); the
+    lists are never edited in place.
     """
 
     prompt_ids: list[int]
@@ -81,13 +88,11 @@ class Trajectory:
     sampler_logprobs: list[float]
     loss_mask: list[int]
     finish_reason: FinishReason
-    group_id: int
     row_id: int
     policy_version: int = 0  # the oldest token's version (what staleness is measured from)
     token_versions: list[int] = field(default_factory=list)  # per response token (empty: all policy_version)
     reward: float = 0.0
     reward_components: dict[str, float] = field(default_factory=dict)
-    baseline_reward: float | None = None  # ReMax: the reward of the greedy response to the same prompt
     response_text: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -96,9 +101,43 @@ class Trajectory:
         return len(self.prompt_ids) + len(self.response_ids)
 
 
-@dataclass
+@dataclass(frozen=True)
+class Group:
+    """The episodes of one task, compared with each other by group-relative estimators (GRPO, RLOO, ...).
+
+    A group's size is its number of episodes (never recomputed from `samples_per_prompt`: a multi-turn or
+    partial group may differ); its identity within an iteration is its place in that iteration's list.
+    `baseline_reward` is ReMax's: the reward of the greedy response to the same task."""
+
+    episodes: tuple[Episode, ...]
+    baseline_reward: float | None = None
+
+    @property
+    def row_id(self) -> int:
+        return self.episodes[0].row_id
+
+
+def flatten(groups: Sequence[Group]) -> list[Episode]:
+    """The episodes of `groups`, group after group (the order every per-episode list of an iteration uses)."""
+    return [e for g in groups for e in g.episodes]
+
+
+def regroup(groups: Sequence[Group], episodes: Sequence[Episode]) -> list[Group]:
+    """`groups` with their episodes replaced, in order, by `episodes` (one per episode of `flatten(groups)`)."""
+    if len(episodes) != sum(len(g.episodes) for g in groups):
+        raise ValueError(
+            f"regroup: {len(episodes)} episodes for groups of {[len(g.episodes) for g in groups]}"
+        )
+    out, start = [], 0
+    for g in groups:
+        out.append(replace(g, episodes=tuple(episodes[start : start + len(g.episodes)])))
+        start += len(g.episodes)
+    return out
+
+
+@dataclass(frozen=True)
 class TrainSample:
-    """A trajectory prepared for the update: token ids plus per-response-token training targets.
+    """An episode prepared for the update: token ids plus per-response-token training targets.
 
     Per-token lists (`old_logprobs`, `advantages`, `loss_mask`, `ref_logprobs`, `sampler_logprobs`, `returns`,
     `old_values`) align with `response_ids`. `old_logprobs` are the trainer's own (recomputed) logprobs
@@ -114,7 +153,6 @@ class TrainSample:
     ref_logprobs: list[float] | None = None
     returns: list[float] | None = None
     old_values: list[float] | None = None
-    group_id: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -17,12 +17,12 @@ from typing import Any
 
 from ascent.cluster.base import WorkerGroup
 from ascent.config.schema import AlgorithmConfig, SFTConfig
+from ascent.messages import TrainSample
 from ascent.orchestrator import batch as B
 from ascent.orchestrator import checkpointing
 from ascent.orchestrator.interrupt import graceful_stop, stopped_message
 from ascent.orchestrator.resume import fingerprints
 from ascent.orchestrator.workers import TrainerWorker
-from ascent.types import TrainSample
 
 log = logging.getLogger("ascent")
 
@@ -163,7 +163,15 @@ def _checkpoint_or_stop(
         path = checkpointing.commit(
             run_dir,
             step,
-            [partial(_save, trainer, optimizer=cfg.checkpoint.save_optimizer), tok.save_pretrained],
+            [
+                partial(
+                    _save,
+                    trainer,
+                    optimizer=cfg.checkpoint.save_optimizer,
+                    hf_weights=cfg.checkpoint.hf_weights == "every",
+                ),
+                tok.save_pretrained,
+            ],  # fmt: skip
             state,
             cfg.checkpoint.keep_last,
         )
@@ -171,8 +179,8 @@ def _checkpoint_or_stop(
         raise stopped_message(stop.signum, "step", str(path) if path else None, step, steps)
 
 
-def _save(trainer: WorkerGroup[TrainerWorker], directory: str, optimizer: bool) -> None:
-    trainer.call(TrainerWorker.save, directory, optimizer)
+def _save(trainer: WorkerGroup[TrainerWorker], directory: str, optimizer: bool, hf_weights: bool) -> None:
+    trainer.call(TrainerWorker.save, directory, optimizer, hf_weights)
 
 
 def _resume(trainer: WorkerGroup[TrainerWorker], sampler: Any, found: tuple[Any, dict[str, Any]]) -> int:

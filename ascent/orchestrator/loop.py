@@ -1,8 +1,10 @@
-"""The RL loop: `ascent train` runs `run_training`, which reads top to bottom as one iteration does.
+"""The RL loop: `run_loop` runs the iterations (then validation and checkpoints); `run_iteration` reads top
+to bottom as one iteration does.
 
 rollout -> rewards -> old/reference logprobs -> advantages -> policy update -> weight publication ->
 metrics -> (validation) -> (checkpoint). The controller holds no model tensors; it calls worker groups,
-which are inline objects or Ray actors, the loop cannot tell which.
+which are inline objects or Ray actors, the loop cannot tell which. `ascent train`
+(`ascent.entrypoints.train`) builds what the loop needs and calls `run_loop`.
 """
 
 from __future__ import annotations
@@ -14,109 +16,15 @@ from typing import Any
 import torch
 
 from ascent.config.schema import RunConfig
+from ascent.messages import Episode, TrainSample, flatten
 from ascent.orchestrator import batch as B
-from ascent.orchestrator import checkpointing, preflight, rundir, setup, shaping
+from ascent.orchestrator import checkpointing, setup, shaping
 from ascent.orchestrator.collector import Collector, record_episodes, staleness_metrics
-from ascent.orchestrator.interrupt import graceful_stop, stopped_message
+from ascent.orchestrator.interrupt import stopped_message
 from ascent.orchestrator.validation import validate
 from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
 
 log = logging.getLogger("ascent")
-
-
-def run_training(
-    cfg: RunConfig, resume_from: str | None = None, accept_changes: bool = False
-) -> dict[str, float]:
-    """Train the policy per `cfg`; returns the final validation metrics (empty without a val set).
-
-    `resume_from` (a checkpoint name or path) and `accept_changes` refine `cfg.resume` (see resume.py).
-    """
-    run_dir, lock = rundir.open_run_dir(cfg)
-    try:
-        with graceful_stop() as stop:
-            return _train(cfg, run_dir, stop, resume_from, accept_changes)
-    finally:
-        lock.release()
-
-
-def _train(
-    cfg: RunConfig, run_dir: Any, stop: Any, resume_from: str | None, accept_changes: bool
-) -> dict[str, float]:
-    from ascent.data import PromptSampler
-    from ascent.tracking import MetricsLogger, Progress, Timeline, setup_logging
-
-    setup_logging(str(run_dir), "controller")
-    # a damaged checkpoint, a changed config or a lower iteration count is refused before anything heavy loads
-    found = (
-        checkpointing.resume_state(
-            cfg, cfg.iterations, f"iterations={cfg.iterations}", resume_from, accept_changes
-        )
-        if cfg.resume
-        else None
-    )
-    if found and int(found[1]["iteration"]) == cfg.iterations:
-        log.warning(
-            "the run in %s already finished all %d iterations; nothing to do", run_dir, cfg.iterations
-        )
-        return {}
-    rundir.write_config(cfg)
-    preflight.model_config(cfg.model.path)
-    data = setup.build_datasets(cfg)
-    preflight.check_run(cfg, data.tokenizer, data.train)
-    rewards = setup.build_reward_runner(cfg)
-    rewards.prepare(item.metadata for item in data.train + data.val)
-    groups = setup.build_worker_groups(cfg)
-    sampler = PromptSampler(
-        len(data.train), cfg.rollout.prompts_per_step, seed=cfg.seed, shuffle=cfg.data.shuffle
-    )
-    timeline = Timeline(str(run_dir / "trace.json") if cfg.tracking.trace else None)
-    ctx = LoopContext(cfg, data, rewards, groups, timeline)
-    final: dict[str, float] = {}
-    try:
-        start = checkpointing.restore(ctx, sampler, found) if found else 0
-        metrics_log = MetricsLogger(
-            str(run_dir),
-            tensorboard=cfg.tracking.tensorboard,
-            wandb_project=cfg.tracking.wandb_project,
-            purge_step=start + 1,
-        )
-        try:
-            publish_weights(ctx, version=start)  # the engines start from the trainer's weights
-            if start == 0 and data.val:
-                metrics_log.log(validate(ctx, iteration=0), step=0)
-            stop.arm()  # from here a signal waits for the end of the iteration and its checkpoint
-            with Progress(cfg.iterations, enabled=cfg.tracking.progress, start_iteration=start) as progress:
-                for it in range(start + 1, cfg.iterations + 1):
-                    metrics = run_iteration(ctx, it, sampler)
-                    if data.val and (it == cfg.iterations or (cfg.val_every and it % cfg.val_every == 0)):
-                        with timeline.phase("validation", iteration=it):
-                            final = validate(ctx, iteration=it)
-                        metrics.update(final)
-                    metrics_log.log(metrics, step=it)
-                    progress.update(it, metrics)
-                    log.info(progress.summary_line(it, metrics))
-                    timeline.flush()
-                    _checkpoint_or_stop(ctx, it, sampler, stop)
-        finally:
-            metrics_log.close()
-    finally:
-        timeline.flush()
-        groups.shutdown()
-        rewards.close()
-    return final
-
-
-def _checkpoint_or_stop(ctx: LoopContext, it: int, sampler: Any, stop: Any) -> None:
-    """Checkpoint when due (or when a signal asks to stop and `checkpoint.on_interrupt`); then obey the signal."""
-    cfg = ctx.cfg
-    due = it == cfg.iterations or (cfg.checkpoint.every and it % cfg.checkpoint.every == 0)
-    interrupt = stop.requested and it < cfg.iterations
-    path = None
-    if due or (interrupt and cfg.checkpoint.on_interrupt):
-        with ctx.timeline.phase("checkpoint", iteration=it):
-            path = checkpointing.save(ctx, it, sampler)
-    if interrupt:
-        raise stopped_message(stop.signum, "iteration", str(path) if path else None, it, cfg.iterations)
 
 
 class LoopContext:
@@ -135,21 +43,61 @@ class LoopContext:
         self.colocated = cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast"
 
 
+def run_loop(ctx: LoopContext, sampler: Any, start: int, stop: Any, metrics_log: Any) -> dict[str, float]:
+    """Iterations `start + 1 .. cfg.iterations`, each followed by its validation (when due), metrics, progress
+    line and checkpoint (when due, or when a signal asks to stop); returns the last validation metrics."""
+    from ascent.tracking import Progress
+
+    cfg, data, timeline = ctx.cfg, ctx.data, ctx.timeline
+    final: dict[str, float] = {}
+    publish_weights(ctx, version=start)  # the engines start from the trainer's weights
+    if start == 0 and data.val:
+        metrics_log.log(validate(ctx, iteration=0), step=0)
+    stop.arm()  # from here a signal waits for the end of the iteration and its checkpoint
+    with Progress(cfg.iterations, enabled=cfg.tracking.progress, start_iteration=start) as progress:
+        for it in range(start + 1, cfg.iterations + 1):
+            metrics = run_iteration(ctx, it, sampler)
+            if data.val and (it == cfg.iterations or (cfg.val_every and it % cfg.val_every == 0)):
+                with timeline.phase("validation", iteration=it):
+                    final = validate(ctx, iteration=it)
+                metrics.update(final)
+            metrics_log.log(metrics, step=it)
+            progress.update(it, metrics)
+            log.info(progress.summary_line(it, metrics))
+            timeline.flush()
+            _checkpoint_or_stop(ctx, it, sampler, stop)
+    return final
+
+
+def _checkpoint_or_stop(ctx: LoopContext, it: int, sampler: Any, stop: Any) -> None:
+    """Checkpoint when due (or when a signal asks to stop and `checkpoint.on_interrupt`); then obey the signal."""
+    cfg = ctx.cfg
+    due = it == cfg.iterations or (cfg.checkpoint.every and it % cfg.checkpoint.every == 0)
+    interrupt = stop.requested and it < cfg.iterations
+    path = None
+    if due or (interrupt and cfg.checkpoint.on_interrupt):
+        with ctx.timeline.phase("checkpoint", iteration=it):
+            path = checkpointing.save(ctx, it, sampler)
+    if interrupt:
+        raise stopped_message(stop.signum, "iteration", str(path) if path else None, it, cfg.iterations)
+
+
 def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
     """One iteration: sample and score, logprobs, advantages, update, publish. Returns its metrics."""
     cfg, tl = ctx.cfg, ctx.timeline
     t0 = time.perf_counter()
     with tl.phase("rollout", iteration=it):
-        trajs, collect_metrics = shaping.collect_groups(ctx, sampler, it)
+        groups, collect_metrics = shaping.collect_groups(ctx, sampler, it)
         # async (max_staleness >= 1): the replicas sample the next iterations while this one trains
         ctx.collector.prefetch(ctx, sampler, it, last=cfg.iterations)
-    collect_metrics |= staleness_metrics(trajs, trainer_version=it - 1)
+    episodes = flatten(groups)
+    collect_metrics |= staleness_metrics(episodes, trainer_version=it - 1)
     collect_metrics["time/trainer_idle"] = ctx.collector.take_waited()  # generation the trainer waited for
     if cfg.tracking.episodes:
-        record_episodes(cfg.run_dir, it, trajs, trainer_version=it - 1)
-    width = max(len(t.response_ids) for t in trajs)
-    samples = B.train_samples(trajs, torch.zeros(len(trajs), width), None, None)
-    reuse = update_gives_old_logprobs(ctx, len(trajs), it)
+        record_episodes(cfg.run_dir, it, groups, trainer_version=it - 1)
+    width = max(len(t.response_ids) for t in episodes)
+    samples = B.train_samples(episodes, torch.zeros(len(episodes), width), None, None)
+    reuse = update_gives_old_logprobs(ctx, len(episodes), it)
     if ctx.colocated:
         # the engine is idle until the next publish: free its KV cache and weights before the trainer's
         # logprob passes and update (a full set of weights is published before "wake")
@@ -159,10 +107,12 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
         ref_lp = _logprobs(ctx, samples, "reference") if ctx.needs_reference else None
         values = critic_values(ctx, samples)
     with tl.phase("advantages", iteration=it):
-        token_rewards, kl_metrics = shaping.kl_penalty(ctx, trajs, old_lp, ref_lp)
-        adv, returns = B.compute_advantages(trajs, cfg.algorithm, token_rewards=token_rewards, values=values)
-        samples = B.train_samples(trajs, adv, old_lp, ref_lp, returns=returns, values=values)
-        filter_metrics = B.filter_zero_advantage(samples) if cfg.algorithm.filter_zero_advantage else {}
+        token_rewards, kl_metrics = shaping.kl_penalty(ctx, episodes, old_lp, ref_lp)
+        adv, returns = B.compute_advantages(groups, cfg.algorithm, token_rewards=token_rewards, values=values)
+        samples = B.train_samples(episodes, adv, old_lp, ref_lp, returns=returns, values=values)
+        filter_metrics: dict[str, float] = {}
+        if cfg.algorithm.filter_zero_advantage:
+            samples, filter_metrics = B.filter_zero_advantage(samples)
     with tl.phase("update", iteration=it):
         update_metrics = update_policy(ctx, samples, it)
     with tl.phase("publish", iteration=it):
@@ -171,16 +121,16 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
             ctx.rollout.call(RolloutWorker.wake)
     elapsed = time.perf_counter() - t0
     if old_lp is not None:  # else the update reported the sampler/trainer mismatch from its own logprobs
-        diff = B.logprob_diff(old_lp, [t.sampler_logprobs for t in trajs])
+        diff = B.logprob_diff(old_lp, [t.sampler_logprobs for t in episodes])
         update_metrics |= {"rollout/logprob_diff_mean": diff[0], "rollout/logprob_diff_max": diff[1]}
-        B.record_logprob_outliers(ctx.cfg.run_dir, it, trajs, old_lp)
-    tokens = sum(t.num_tokens for t in trajs)
+        B.record_logprob_outliers(ctx.cfg.run_dir, it, episodes, old_lp)
+    tokens = sum(t.num_tokens for t in episodes)
     return {
         **collect_metrics,
         **kl_metrics,
         **filter_metrics,
         **update_metrics,
-        **rollout_metrics(trajs),
+        **rollout_metrics(episodes),
         "train/old_logprob_pass": float(old_lp is not None),
         "time/iteration": elapsed,
         "time/publish": publish_seconds,
@@ -207,7 +157,7 @@ def update_gives_old_logprobs(ctx: LoopContext, num_trajectories: int, it: int) 
     )
 
 
-def critic_values(ctx: LoopContext, samples: list[Any]) -> torch.Tensor | None:
+def critic_values(ctx: LoopContext, samples: list[TrainSample]) -> torch.Tensor | None:
     """The critic's value of every response token, padded [B, T]; None without a critic."""
     if ctx.critic is None:
         return None
@@ -216,7 +166,7 @@ def critic_values(ctx: LoopContext, samples: list[Any]) -> torch.Tensor | None:
     return B.padded(rows, max(1, max(len(r) for r in rows)))
 
 
-def _logprobs(ctx: LoopContext, samples: list[Any], which: str) -> list[list[float]]:
+def _logprobs(ctx: LoopContext, samples: list[TrainSample], which: str) -> list[list[float]]:
     shards = B.shard(samples, ctx.trainer.num_workers)
     results = ctx.trainer.call_split(
         TrainerWorker.compute_logprobs, shards, temperature=ctx.temperature, which=which
@@ -224,7 +174,7 @@ def _logprobs(ctx: LoopContext, samples: list[Any], which: str) -> list[list[flo
     return [lp for part in results for lp in part]
 
 
-def update_policy(ctx: LoopContext, samples: list[Any], it: int) -> dict[str, float]:
+def update_policy(ctx: LoopContext, samples: list[TrainSample], it: int) -> dict[str, float]:
     """`epochs_per_rollout` passes of mini-batches of `trajectories_per_update`; one optimizer step each.
 
     With a critic, each mini-batch also updates the critic; during `critic_warmup_iterations` only the
@@ -283,14 +233,14 @@ def publish_weights(ctx: LoopContext, version: int) -> float:
     return time.perf_counter() - t0
 
 
-def rollout_metrics(trajs: list[Any]) -> dict[str, float]:
-    lengths = torch.tensor([len(t.response_ids) for t in trajs], dtype=torch.float32)
-    truncated = sum(t.finish_reason == "length" for t in trajs)
+def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
+    lengths = torch.tensor([len(t.response_ids) for t in episodes], dtype=torch.float32)
+    truncated = sum(t.finish_reason == "length" for t in episodes)
     return {
         "rollout/response_len_mean": lengths.mean().item(),
         "rollout/response_len_max": lengths.max().item(),
-        "rollout/truncated_frac": truncated / len(trajs),
-        "rollout/trajectories": float(len(trajs)),
+        "rollout/truncated_frac": truncated / len(episodes),
+        "rollout/trajectories": float(len(episodes)),
     }
 
 

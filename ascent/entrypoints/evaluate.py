@@ -11,8 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ascent.messages import SamplingParams
 from ascent.orchestrator.validation import CORRECT_AT
-from ascent.types import SamplingParams
 
 log = logging.getLogger("ascent")
 ALL_BUT_NONE = 1.0 - 1e-9  # the reward runner raises only when every call failed
@@ -38,8 +38,9 @@ def run_eval(
     """Generate for every prompt of `data` with the checkpoint at `model`; return accuracy and mean reward."""
     from ascent.data import load_rows, render_prompts, validate_rows
     from ascent.errors import AscentError
+    from ascent.messages import flatten
     from ascent.models.loading import load_tokenizer, resolve_device
-    from ascent.orchestrator.batch import make_requests, to_trajectories
+    from ascent.orchestrator.batch import make_requests, to_groups
     from ascent.orchestrator.setup import reward_executor
     from ascent.rewards import RewardFailureError, RewardInput, RewardRunner
     from ascent.rollout import build_engine
@@ -68,7 +69,7 @@ def run_eval(
     )
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples)
     gens = rollout.generate(make_requests([i.prompt_ids for i in items], params, seed))
-    trajs = to_trajectories(items, gens, decode=decode, policy_version=0)
+    trajs = flatten(to_groups(items, gens, decode=decode, policy_version=0))
     try:
         result = runner.score(
             [

@@ -1,0 +1,119 @@
+"""The loop's stages on frozen messages: each returns new groups and leaves its input as it was; a group's
+identity is its place in the list, whatever its size (multi-turn, partial and regenerated groups differ)."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from ascent.config import RunConfig
+from ascent.messages import Episode, Generation, Group, TrainSample, flatten, regroup
+from ascent.orchestrator import batch as B
+from ascent.orchestrator import shaping
+from ascent.orchestrator.sampling import score
+from ascent.rewards import RewardRunner
+
+
+def ep(reward: float = 0.0, n: int = 3, finish: str = "stop", row_id: int = 0, text: str = "") -> Episode:
+    return Episode(prompt_ids=[1, 2], response_ids=[5] * n, sampler_logprobs=[-0.5] * n, loss_mask=[1] * n,
+                   finish_reason=finish, row_id=row_id, reward=reward, response_text=text,  # type: ignore[arg-type]
+                   metadata={"answer": "4"})  # fmt: skip
+
+
+def ctx_for(**algorithm: Any) -> Any:
+    cfg = RunConfig(
+        rollout={"prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 4},
+        train={"trajectories_per_update": 4},
+        algorithm=algorithm,
+    )
+    return SimpleNamespace(cfg=cfg, decode=lambda ids: "", rewards=RewardRunner("exact_match"))
+
+
+def test_messages_are_frozen() -> None:
+    e = ep()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        e.reward = 1.0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Group((e,)).baseline_reward = 0.5  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Generation([1], [0.0], "stop").token_versions = [3]  # type: ignore[misc]
+
+
+def test_regroup_keeps_each_groups_size_and_refuses_a_wrong_count() -> None:
+    groups = [Group((ep(0), ep(1), ep(2))), Group((ep(3),))]
+    again = regroup(groups, [dataclasses.replace(e, reward=e.reward + 10) for e in flatten(groups)])
+    assert [[e.reward for e in g.episodes] for g in again] == [[10, 11, 12], [13]]
+    with pytest.raises(ValueError, match="3 episodes for groups of"):
+        regroup(groups, flatten(groups)[:3])
+
+
+def test_score_returns_rewarded_groups_and_leaves_its_input() -> None:
+    groups = [Group((ep(text="4"), ep(text="5"))), Group((ep(text="four", row_id=1),))]
+    scored, metrics = score(ctx_for(), groups)
+    assert [[e.reward for e in g.episodes] for g in scored] == [[1.0, 0.0], [0.0]]
+    assert all(e.reward == 0.0 for e in flatten(groups))  # the input is untouched
+    assert metrics["reward/mean"] == pytest.approx(1 / 3)
+
+
+def test_shape_rewards_penalises_overlong_and_masks_truncated_in_new_groups() -> None:
+    ctx = ctx_for(overlong_buffer=2, overlong_penalty=1.0, mask_truncated=True)
+    groups = [Group((ep(1.0, n=2), ep(1.0, n=4, finish="length"))), Group((ep(0.0, n=3),))]
+    shaped = shaping.shape_rewards(ctx, groups)
+    (short, long), (mid,) = (g.episodes for g in shaped)
+    assert short.reward == 1.0 and short.loss_mask == [1, 1]
+    assert long.reward == pytest.approx(0.0) and long.loss_mask == [0] * 4  # -1 at the limit; masked
+    assert mid.reward == pytest.approx(-0.5) and mid.reward_components["overlong_penalty"] == -0.5
+    assert [e.reward for e in flatten(groups)] == [1.0, 1.0, 0.0]  # the input is untouched
+    assert flatten(groups)[1].loss_mask == [1] * 4 and flatten(groups)[2].reward_components == {}
+
+
+def test_advantages_group_by_place_whatever_the_group_sizes() -> None:
+    """Groups of 3, 1 and 2 episodes (an index // samples_per_prompt rule would mix them)."""
+    groups = [Group((ep(1.0), ep(0.0), ep(0.0))), Group((ep(1.0),)), Group((ep(0.0), ep(1.0)))]
+    adv, _ = B.compute_advantages(groups, RunConfig().algorithm)
+    first = adv[:, 0]
+    g0 = torch.tensor([1.0, 0.0, 0.0])
+    want0 = (g0 - g0.mean()) / (g0.std() + 1e-6)
+    assert torch.allclose(first[:3], want0, atol=1e-5)
+    assert first[3] == 0.0  # a group of one has no one to compare with
+    assert first[4] < 0 < first[5] and first[4] == pytest.approx(-first[5])
+    assert B.group_ids(groups).tolist() == [0, 0, 0, 1, 2, 2]
+
+
+def test_remax_baseline_is_the_groups() -> None:
+    groups = [Group((ep(1.0), ep(0.0)), baseline_reward=0.5), Group((ep(1.0),), baseline_reward=1.0)]
+    inp = B.advantage_inputs(groups)
+    assert inp.baseline_rewards is not None and inp.baseline_rewards.tolist() == [0.5, 0.5, 1.0]
+    assert B.advantage_inputs([Group((ep(),))]).baseline_rewards is None
+
+
+def test_dynamic_sampling_keeps_groups_with_signal() -> None:
+    flat, mixed, single = Group((ep(1.0), ep(1.0))), Group((ep(1.0), ep(0.0))), Group((ep(0.0),))
+    assert shaping._groups_with_signal([flat, mixed, single]) == [mixed]
+    assert shaping._groups_with_signal([]) == []
+
+
+def test_filter_zero_advantage_masks_copies() -> None:
+    samples = [TrainSample([1], [2, 3], [1, 1], [0.0, 0.0]), TrainSample([1], [2, 3], [1, 0], [0.5, 0.0])]
+    out, metrics = B.filter_zero_advantage(samples)
+    assert out[0].loss_mask == [0, 0] and out[1] is samples[1] and samples[0].loss_mask == [1, 1]
+    assert metrics == {"filter/zero_advantage_frac": 0.5}
+
+
+def test_to_groups_makes_one_group_per_prompt_in_engine_order() -> None:
+    items = [
+        SimpleNamespace(prompt_ids=[1], row_id=7, metadata={}),
+        SimpleNamespace(prompt_ids=[2], row_id=9, metadata={}),
+    ]
+    gens = [[Generation([4], [-0.1], "stop", [2]), Generation([5, 6], [-0.2, -0.3], "length", [1, 2])],
+            [Generation([8], [-0.4], "stop")]]  # fmt: skip
+    groups = B.to_groups(items, gens, decode=str, policy_version=3)
+    assert [g.row_id for g in groups] == [7, 9] and [len(g.episodes) for g in groups] == [2, 1]
+    a, b = groups[0].episodes
+    assert a.policy_version == 2 and b.policy_version == 1 and b.token_versions == [1, 2]
+    assert groups[1].episodes[0].policy_version == 3  # no versions from the engine: the argument
+    assert b.finish_reason == "length" and b.response_text == "[5, 6]"
