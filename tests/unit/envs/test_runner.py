@@ -1,0 +1,143 @@
+"""Multi-turn episodes: token-exactness (what the engine generated plus the observation ids, masks aligned),
+the ends of an episode (done, max_turns, token budget, a turn cut by length), an environment that raises costing
+only its episode, and the real reference engine driven turn by turn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ascent.envs import ChatTokens, GuessNumber, StepResult, Task, make_env, run_episodes
+from ascent.messages import Generation, GenerationRequest, SamplingParams
+from ascent.models import make_tiny_checkpoint
+from ascent.models.loading import load_tokenizer
+
+PARAMS = SamplingParams(temperature=1.0, max_new_tokens=4, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny_envs"), seed=3)
+
+
+@pytest.fixture(scope="module")
+def chat(tiny_path: Path) -> ChatTokens:
+    return ChatTokens(load_tokenizer(tiny_path))
+
+
+class ScriptedEngine:
+    """Answers request i of each call with the next guess of row i's script (its text + end of turn), and
+    records every request."""
+
+    def __init__(self, chat: ChatTokens, scripts: dict[int, list[str]], cut: bool = False) -> None:
+        self.chat, self.scripts, self.cut, self.seen = chat, scripts, cut, []
+        self.turn = {row: 0 for row in scripts}
+
+    def __call__(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
+        self.seen.append(requests)
+        out = []
+        for r in requests:
+            row = int(str(r.session_id).removeprefix("row"))
+            text = self.scripts[row][self.turn[row]]
+            self.turn[row] += 1
+            ids = self.chat._encode(text) + [self.chat.tok.eos_token_id]
+            if self.cut:
+                ids = ids[: r.params.max_new_tokens]
+            finish = "stop" if ids[-1] == self.chat.tok.eos_token_id else "length"
+            out.append([Generation(ids, [-0.25] * len(ids), finish, [5] * len(ids))])
+        return out
+
+
+def tasks(*targets: int) -> list[Task]:
+    return [Task(GuessNumber(), {"target": t}, row_id=i) for i, t in enumerate(targets)]
+
+
+def test_an_episode_is_the_generated_tokens_plus_the_observation_ids(chat: ChatTokens) -> None:
+    engine = ScriptedEngine(chat, {0: ["3", "9", "7"], 1: ["5"]})
+    ep0, ep1 = run_episodes(tasks(7, 5), engine, chat, PARAMS, max_turns=5, max_tokens=200)
+    assert (ep0.reward, ep0.finish_reason, ep0.metadata["turns"]) == (1.0, "stop", 3)
+    assert ep0.metadata["turn_rewards"] == [0.0, 0.0, 1.0] and ep1.reward == 1.0
+    assert [len(call) for call in engine.seen] == [2, 1, 1]  # one engine call per turn, open episodes only
+    # each request was the episode so far, and the episode ends with the last turn's tokens
+    last = engine.seen[-1][0]
+    eos = chat.tok.eos_token_id
+    higher, lower = (chat.continuation_ids([{"role": "user", "content": h}]) for h in ("higher", "lower"))
+    guess = [chat._encode(g) + [eos] for g in ("3", "9", "7")]
+    assert ep0.response_ids == guess[0] + higher + guess[1] + lower + guess[2]
+    assert ep0.loss_mask == [1] * 2 + [0] * len(higher) + [1] * 2 + [0] * len(lower) + [1] * 2
+    assert last.prompt_ids == ep0.prompt_ids + guess[0] + higher + guess[1] + lower
+    assert ep0.prompt_ids == chat.prompt_ids(GuessNumber().reset({"target": 7}))
+    sampled = [lp for lp, m in zip(ep0.sampler_logprobs, ep0.loss_mask, strict=True) if m]
+    assert sampled == [-0.25] * 6 and all(
+        lp == 0.0 for lp, m in zip(ep0.sampler_logprobs, ep0.loss_mask, strict=True) if not m
+    )
+    assert ep0.token_versions == [5] * len(ep0.response_ids) and ep0.policy_version == 5
+    assert "higher" in chat.decode(higher)
+    assert higher[-3:] == ep0.prompt_ids[-3:]  # an observation ends with the next generation prompt
+
+
+def test_max_turns_and_the_token_budget_end_an_episode(chat: ChatTokens) -> None:
+    ep = run_episodes(
+        tasks(7), ScriptedEngine(chat, {0: ["1", "2", "7"]}), chat, PARAMS, max_turns=2, max_tokens=200
+    )[0]
+    assert (ep.finish_reason, ep.reward, ep.metadata["turns"]) == ("length", 0.0, 2)
+    assert ep.loss_mask[-1] == 1  # it ends on the model's turn: the last observation is not appended
+    tight = run_episodes(
+        tasks(7), ScriptedEngine(chat, {0: ["1", "2"]}), chat, PARAMS, max_turns=5, max_tokens=8
+    )[0]
+    assert tight.finish_reason == "length" and len(tight.response_ids) <= 8
+    cut = run_episodes(tasks(7), ScriptedEngine(chat, {0: ["1234567"]}, cut=True), chat, PARAMS, max_turns=5,
+                       max_tokens=200)[0]  # fmt: skip
+    assert cut.finish_reason == "length" and cut.response_ids == chat._encode("1234")  # cut at max_new_tokens
+
+
+class Flaky(GuessNumber):
+    def step(self, action: str) -> StepResult:
+        raise RuntimeError("the tool crashed")
+
+
+def test_an_environment_that_raises_costs_only_its_episode(chat: ChatTokens) -> None:
+    batch = [Task(Flaky(), {"target": 1}, row_id=0), Task(GuessNumber(), {"target": 2}, row_id=1)]
+    bad, good = run_episodes(batch, ScriptedEngine(chat, {0: ["1"], 1: ["0", "2"]}), chat, PARAMS, max_turns=4,
+                             max_tokens=200)  # fmt: skip
+    assert bad.finish_reason == "abort" and bad.reward == 0.0
+    assert bad.metadata["env_error"] == "RuntimeError: the tool crashed"
+    assert good.reward == 1.0 and good.metadata["turns"] == 2
+
+
+def test_the_registry_and_import_paths() -> None:
+    assert isinstance(make_env("guess_number"), GuessNumber)
+    assert isinstance(make_env("ascent.envs.base:GuessNumber"), GuessNumber)
+    with pytest.raises(ValueError, match="guess_number"):
+        make_env("guess_numbr")
+    with pytest.raises(ValueError, match="cannot load"):
+        make_env("no_such_module_xyz:Env")
+
+
+def test_the_reference_engine_runs_episodes_turn_by_turn(tiny_path: Path, chat: ChatTokens) -> None:
+    from ascent.rollout import build_engine
+
+    engine: Any = build_engine("reference", model_path=tiny_path, device="cpu",
+                               eos_token_ids=[chat.tok.eos_token_id], pad_token_id=0)  # fmt: skip
+    # every ordinary token ends a turn, so the random model plays several one-token turns
+    one_token = SamplingParams(max_new_tokens=4, seed=0, stop_token_ids=tuple(range(4, len(chat.tok))))
+    episodes = run_episodes(tasks(3, 8, 5, 1), engine.generate, chat, one_token, max_turns=3, max_tokens=40)
+    assert max(ep.metadata["turns"] for ep in episodes) >= 2
+    hints = [
+        chat.continuation_ids([{"role": "user", "content": h}]) for h in ("higher", "lower", "not a number")
+    ]
+    for ep in episodes:
+        n = len(ep.response_ids)
+        assert len(ep.loss_mask) == len(ep.sampler_logprobs) == len(ep.token_versions) == n <= 40
+        spans, start = [], None  # the mask-0 runs must each be one observation's ids
+        for i, m in enumerate([*ep.loss_mask, 1]):
+            if m == 0 and start is None:
+                start = i
+            elif m == 1 and start is not None:
+                spans.append(ep.response_ids[start:i])
+                start = None
+        assert all(span in hints for span in spans)
+        assert len(spans) == ep.metadata["turns"] - 1  # one observation between two model turns
+        assert all(lp <= 0.0 for lp in ep.sampler_logprobs)
