@@ -1,4 +1,4 @@
-"""The `ascent` command: train, sft, eval, config show, bench, version.
+"""The `ascent` command: train, sft, eval, debug env, config show, bench, version.
 
 Every command loads and validates its configuration first (fast, no torch) and imports the heavy
 orchestrator lazily, so a bad config fails in a fraction of a second. Errors the user can fix
@@ -46,8 +46,10 @@ config_app = typer.Typer(help="Inspect configurations.", no_args_is_help=True, r
 bench_app = typer.Typer(
     help="Benchmarks from the source checkout's bench/ folder.", no_args_is_help=True, rich_markup_mode=None
 )
+debug_app = typer.Typer(help="Look inside before a long run.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(config_app, name="config")
 app.add_typer(bench_app, name="bench")
+app.add_typer(debug_app, name="debug")
 
 ConfigArg = Annotated[str, typer.Argument(help="Run config YAML file (run.yaml).", show_default=False)]
 OptionalConfigArg = Annotated[
@@ -303,6 +305,34 @@ def evaluate(
             typer.echo(f"{name}: {_fmt_metric(value)}")
         if out:
             typer.echo(f"responses written to {out}")
+
+
+@debug_app.command("env")
+def debug_env(
+    model: Annotated[str, typer.Option("--model", help="Checkpoint directory (Hugging Face format).")],
+    data: Annotated[str, typer.Option("--data", help="Rows: a .jsonl or .parquet file.")],
+    env: Annotated[
+        str | None, typer.Option(help="Environment name or pkg.module:Class (else each row's `env`).")
+    ] = None,
+    episodes: Annotated[int, typer.Option(min=1, help="Episodes to run (one per row, from the first).")] = 4,
+    max_turns: Annotated[int, typer.Option(min=1, help="Most model turns per episode.")] = 4,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Most response tokens per episode.")] = 256,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Most tokens per model turn.")] = 32,
+    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature; 0 is greedy.")] = 1.0,
+    out: Annotated[
+        str | None, typer.Option(help="Write the episodes (ids, masks, text) to this JSONL.")
+    ] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "cpu",
+) -> None:
+    """Run a few episodes of an environment inline and print them turn by turn."""
+    with ErrorGuard():
+        from ascent.entrypoints.debug_env import run_debug_env
+
+        run_debug_env(
+            model, data, env, episodes, max_turns, max_tokens, max_new_tokens, temperature, out, device
+        )
+        if out:
+            typer.echo(f"episodes written to {out}")
 
 
 @config_app.command("show")

@@ -7,7 +7,7 @@ of that turn, and whether the episode is over. The runner (`ascent.envs.runner`)
 token ids and drives the engine; an environment never sees or produces tokens.
 
 `ENVIRONMENTS` maps names to classes; `make_env(name)` also takes an import path `pkg.module:Class`.
-This module imports nothing else of ascent (design: envs import only messages and errors).
+Only `ascent.errors` is imported from ascent (design: envs import only messages and errors).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from ascent.errors import AscentError
 
 Message = Mapping[str, str]  # {"role": "user" | "tool" | ..., "content": "..."}
 
@@ -64,12 +66,16 @@ class GuessNumber:
 ENVIRONMENTS: dict[str, Callable[[], Environment]] = {"guess_number": GuessNumber}
 
 
+class EnvNotFoundError(AscentError):
+    """An environment name or import path that does not resolve."""
+
+
 def make_env(name_or_import_path: str) -> Environment:
     """A fresh environment: a registered name, or `pkg.module:Class` (any zero-argument callable)."""
     factory = ENVIRONMENTS.get(name_or_import_path)
     if factory is None:
         if ":" not in name_or_import_path:
-            raise ValueError(
+            raise EnvNotFoundError(
                 f"env {name_or_import_path!r} is not registered; choose one of {', '.join(sorted(ENVIRONMENTS))} "
                 "or give an import path `pkg.module:Class`."
             )
@@ -77,5 +83,7 @@ def make_env(name_or_import_path: str) -> Environment:
         try:
             factory = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:
-            raise ValueError(f"env {name_or_import_path!r}: cannot load it ({type(e).__name__}: {e}).") from e
+            raise EnvNotFoundError(
+                f"env {name_or_import_path!r}: cannot load it ({type(e).__name__}: {e})."
+            ) from e
     return factory()

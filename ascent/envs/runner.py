@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ascent.envs.base import Environment, Message
+from ascent.errors import AscentError
 from ascent.messages import Episode, FinishReason, Generation, GenerationRequest, SamplingParams
 
 log = logging.getLogger("ascent.envs")
@@ -140,7 +141,7 @@ def run_episodes(
     `params` sample each turn (`n` is taken as 1, `max_new_tokens` capped by what is left of `max_tokens`;
     request i of turn t gets seed `params.seed + 1000 * t + i` when a seed is set). `version`: the policy
     version stamped on tokens the engine returns without one."""
-    open_ = [_Open(t, chat.prompt_ids(t.env.reset(t.row))) for t in tasks]
+    open_ = [_Open(t, chat.prompt_ids(_reset(t))) for t in tasks]
     for turn in range(max_turns):
         active = [s for s in open_ if s.finish is None]
         if not active:
@@ -150,6 +151,20 @@ def run_episodes(
         for s, gens in zip(active, generate(requests), strict=True):
             _advance(s, gens[0], chat, max_tokens if not last else 0, version)
     return [s.episode(chat.decode) for s in open_]
+
+
+class EnvResetError(AscentError):
+    """An environment refused a row at reset (most often a missing or malformed column)."""
+
+
+def _reset(t: Task) -> list[Message]:
+    try:
+        return t.env.reset(t.row)
+    except Exception as e:
+        raise EnvResetError(
+            f"row {t.row_id}: {type(t.env).__name__}.reset failed ({type(e).__name__}: {e}); the row has "
+            f"fields {sorted(t.row)}. Fix the row or the environment."
+        ) from e
 
 
 def _request(s: _Open, params: SamplingParams, max_tokens: int, turn: int, i: int) -> GenerationRequest:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from ascent.envs import ChatTokens, GuessNumber, StepResult, Task, make_env, run_episodes
+from ascent.envs.base import EnvNotFoundError
 from ascent.messages import Generation, GenerationRequest, SamplingParams
 from ascent.models import make_tiny_checkpoint
 from ascent.models.loading import load_tokenizer
@@ -110,9 +111,9 @@ def test_an_environment_that_raises_costs_only_its_episode(chat: ChatTokens) -> 
 def test_the_registry_and_import_paths() -> None:
     assert isinstance(make_env("guess_number"), GuessNumber)
     assert isinstance(make_env("ascent.envs.base:GuessNumber"), GuessNumber)
-    with pytest.raises(ValueError, match="guess_number"):
+    with pytest.raises(EnvNotFoundError, match="guess_number"):
         make_env("guess_numbr")
-    with pytest.raises(ValueError, match="cannot load"):
+    with pytest.raises(EnvNotFoundError, match="cannot load"):
         make_env("no_such_module_xyz:Env")
 
 
