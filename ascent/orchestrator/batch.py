@@ -132,8 +132,18 @@ def compute_advantages(
     return out.advantages, out.returns
 
 
-def train_samples(
-    episodes: Sequence[Episode],
+def train_samples(episodes: Sequence[Episode]) -> list[TrainSample]:
+    """The episodes as trainer inputs: tokens, loss mask and sampler logprobs; no targets yet (advantages 0).
+    The logprob passes (old, reference, critic values) read these; `with_targets` completes them."""
+    return [
+        TrainSample(prompt_ids=e.prompt_ids, response_ids=e.response_ids, loss_mask=e.loss_mask,
+                    advantages=[0.0] * len(e.response_ids), sampler_logprobs=e.sampler_logprobs)
+        for e in episodes
+    ]  # fmt: skip
+
+
+def with_targets(
+    samples: Sequence[TrainSample],
     advantages: torch.Tensor,
     old_logprobs: Sequence[list[float]] | None,
     ref_logprobs: Sequence[list[float]] | None,
@@ -141,24 +151,20 @@ def train_samples(
     returns: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
 ) -> list[TrainSample]:
-    """Attach per-token training targets to each episode (returns/values [B, T] only with a critic)."""
+    """The samples with their per-token training targets: advantages [B, T], old/reference logprobs, and
+    returns/values [B, T] (only with a critic, when both are given)."""
+    critic = values is not None and returns is not None
     out = []
-    with_critic = values is not None and returns is not None
-    for i, t in enumerate(episodes):
-        n = len(t.response_ids)
-        out.append(
-            TrainSample(
-                prompt_ids=t.prompt_ids,
-                response_ids=t.response_ids,
-                loss_mask=t.loss_mask,
-                advantages=advantages[i, :n].tolist(),
-                old_logprobs=None if old_logprobs is None else old_logprobs[i],
-                sampler_logprobs=t.sampler_logprobs,
-                ref_logprobs=None if ref_logprobs is None else ref_logprobs[i],
-                returns=returns[i, :n].tolist() if returns is not None and with_critic else None,
-                old_values=values[i, :n].tolist() if values is not None and with_critic else None,
-            )
-        )
+    for i, s in enumerate(samples):
+        n = len(s.response_ids)
+        out.append(replace(
+            s,
+            advantages=advantages[i, :n].tolist(),
+            old_logprobs=None if old_logprobs is None else old_logprobs[i],
+            ref_logprobs=None if ref_logprobs is None else ref_logprobs[i],
+            returns=returns[i, :n].tolist() if critic and returns is not None else None,
+            old_values=values[i, :n].tolist() if critic and values is not None else None,
+        ))  # fmt: skip
     return out
 
 

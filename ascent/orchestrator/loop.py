@@ -95,8 +95,7 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
     collect_metrics["time/trainer_idle"] = ctx.collector.take_waited()  # generation the trainer waited for
     if cfg.tracking.episodes:
         record_episodes(cfg.run_dir, it, groups, trainer_version=it - 1)
-    width = max(len(t.response_ids) for t in episodes)
-    samples = B.train_samples(episodes, torch.zeros(len(episodes), width), None, None)
+    samples = B.train_samples(episodes)
     reuse = update_gives_old_logprobs(ctx, len(episodes), it)
     if ctx.colocated:
         # the engine is idle until the next publish: free its KV cache and weights before the trainer's
@@ -109,7 +108,7 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
     with tl.phase("advantages", iteration=it):
         token_rewards, kl_metrics = shaping.kl_penalty(ctx, episodes, old_lp, ref_lp)
         adv, returns = B.compute_advantages(groups, cfg.algorithm, token_rewards=token_rewards, values=values)
-        samples = B.train_samples(episodes, adv, old_lp, ref_lp, returns=returns, values=values)
+        samples = B.with_targets(samples, adv, old_lp, ref_lp, returns=returns, values=values)
         filter_metrics: dict[str, float] = {}
         if cfg.algorithm.filter_zero_advantage:
             samples, filter_metrics = B.filter_zero_advantage(samples)
