@@ -6,7 +6,11 @@ returns a `StepResult`: the messages the world answers with (a tool's output, a 
 of that turn, and whether the episode is over. The runner (`ascent.envs.runner`) turns the messages into
 token ids and drives the engine; an environment never sees or produces tokens.
 
-`ENVIRONMENTS` maps names to classes; `make_env(name)` also takes an import path `pkg.module:Class`.
+An environment may also have a `tools` attribute (function schemas, `ascent.envs.tools.function_tool`): the
+runner passes it to the chat template, which describes the tools to the model (`ascent.envs.agent.ToolEnv`).
+
+`ENVIRONMENTS` maps names to factories (`guess_number`, `python_math`); `make_env(name)` also takes an import
+path `pkg.module:Class`.
 Only `ascent.errors` is imported from ascent (design: envs import only messages and errors).
 """
 
@@ -63,7 +67,16 @@ class GuessNumber:
         return StepResult(({"role": "user", "content": hint},))
 
 
-ENVIRONMENTS: dict[str, Callable[[], Environment]] = {"guess_number": GuessNumber}
+def _python_math() -> Environment:
+    from ascent.envs.agent import python_math  # tools import pydantic: only when asked for
+
+    return python_math()
+
+
+ENVIRONMENTS: dict[str, Callable[[], Environment]] = {
+    "guess_number": GuessNumber,
+    "python_math": _python_math,
+}
 
 
 class EnvNotFoundError(AscentError):

@@ -37,18 +37,19 @@ class ChatTokens:
     def __init__(self, tokenizer: Any) -> None:
         self.tok = tokenizer
 
-    def _render(self, messages: Sequence[Message], generation_prompt: bool) -> str:
+    def _render(self, messages: Sequence[Message], generation_prompt: bool, tools: Any = None) -> str:
         out = self.tok.apply_chat_template(
-            [dict(m) for m in messages], tokenize=False, add_generation_prompt=generation_prompt
+            [dict(m) for m in messages], tools=tools, tokenize=False, add_generation_prompt=generation_prompt
         )
         return str(out)
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
 
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
-        """The conversation before the first model turn, ending with the assistant's generation prompt."""
-        return self._encode(self._render(messages, True))
+    def prompt_ids(self, messages: Sequence[Message], tools: Any = None) -> list[int]:
+        """The conversation before the first model turn, ending with the assistant's generation prompt
+        (`tools`: function schemas the template describes to the model)."""
+        return self._encode(self._render(messages, True, tools))
 
     def continuation_ids(self, messages: Sequence[Message]) -> list[int]:
         """The ids the chat template adds after a model turn that ended on the end-of-turn token: the
@@ -141,7 +142,7 @@ def run_episodes(
     `params` sample each turn (`n` is taken as 1, `max_new_tokens` capped by what is left of `max_tokens`;
     request i of turn t gets seed `params.seed + 1000 * t + i` when a seed is set). `version`: the policy
     version stamped on tokens the engine returns without one."""
-    open_ = [_Open(t, chat.prompt_ids(_reset(t))) for t in tasks]
+    open_ = [_Open(t, chat.prompt_ids(_reset(t), getattr(t.env, "tools", None))) for t in tasks]
     for turn in range(max_turns):
         active = [s for s in open_ if s.finish is None]
         if not active:
