@@ -96,11 +96,12 @@ def _batch_rules(cfg: RunConfig) -> list[str]:
             f"cluster.num_trainer_workers={c.num_trainer_workers}, or use cluster.placement=split."
         )
     out += _transport_rules(cfg)
-    needed = cfg.data.max_prompt_tokens + r.max_new_tokens
+    budget = "rollout.max_episode_tokens" if r.env is not None else "rollout.max_new_tokens"
+    needed = cfg.data.max_prompt_tokens + (r.max_episode_tokens if r.env is not None else r.max_new_tokens)
     if t.max_tokens_per_micro_batch < needed:
         out.append(
             f"train.max_tokens_per_micro_batch={t.max_tokens_per_micro_batch}: the longest trajectory can have "
-            f"data.max_prompt_tokens + rollout.max_new_tokens = {needed} tokens and must fit one micro-batch; "
+            f"data.max_prompt_tokens + {budget} = {needed} tokens and must fit one micro-batch; "
             f"raise it to at least {needed}."
         )
     return out
@@ -125,7 +126,32 @@ def _transport_rules(cfg: RunConfig) -> list[str]:
 
 
 def _algorithm_rules(cfg: RunConfig) -> list[str]:
-    return _name_rules(cfg) + _estimator_rules(cfg) + _kl_rules(cfg) + _loss_rules(cfg) + _sampling_rules(cfg)
+    return (_name_rules(cfg) + _estimator_rules(cfg) + _kl_rules(cfg) + _loss_rules(cfg) + _sampling_rules(cfg)
+            + _env_rules(cfg))  # fmt: skip
+
+
+def _env_rules(cfg: RunConfig) -> list[str]:
+    """What multi-turn episodes do not support yet (each says what to set instead)."""
+    r, a = cfg.rollout, cfg.algorithm
+    if r.env is None:
+        return []
+    out = []
+    if r.max_staleness:
+        out.append(f"rollout.max_staleness={r.max_staleness}: episodes through rollout.env are collected "
+                   "synchronously for now; set rollout.max_staleness=0.")  # fmt: skip
+    if r.engine != "reference":
+        out.append(f"rollout.engine={r.engine!r}: episodes through rollout.env run on the reference engine "
+                   "for now; set rollout.engine=reference.")  # fmt: skip
+    if a.advantage == "remax":
+        out.append("algorithm.advantage='remax': its greedy baseline is single-turn; with rollout.env pick "
+                   "grpo, rloo or another group estimator.")  # fmt: skip
+    if a.overlong_buffer:
+        out.append(f"algorithm.overlong_buffer={a.overlong_buffer}: the overlong penalty is single-turn; set "
+                   "it to 0 with rollout.env (rollout.max_episode_tokens bounds an episode).")  # fmt: skip
+    if r.max_episode_tokens < r.max_new_tokens:
+        out.append(f"rollout.max_episode_tokens={r.max_episode_tokens}: an episode must hold at least one "
+                   f"turn of rollout.max_new_tokens={r.max_new_tokens}; raise it.")  # fmt: skip
+    return out
 
 
 def _unknown(field: str, value: str, names: set[str]) -> list[str]:

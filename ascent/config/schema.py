@@ -102,6 +102,19 @@ class RolloutConfig(Section):
         description="A group with an episode over max_staleness: `drop` replaces it with fresh prompts, "
         "`regenerate` samples the same prompts again with the current weights.",
     )
+    env: str | None = Field(
+        None,
+        description="Multi-turn episodes through an environment (a name of ascent.envs.ENVIRONMENTS or "
+        "pkg.module:Class; a row's own `env` column wins): the environment gives the prompt and the rewards, "
+        "reward.fn is not used. null: one response per prompt, scored by reward.fn.",
+    )
+    max_turns: int = Field(4, gt=0, description="With rollout.env: most model turns per episode.")
+    max_episode_tokens: int = Field(
+        512,
+        gt=0,
+        description="With rollout.env: most response tokens per episode (model turns and observations); "
+        "each turn samples at most rollout.max_new_tokens of them.",
+    )
 
 
 class RewardConfig(Section):

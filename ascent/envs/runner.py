@@ -142,7 +142,7 @@ def run_episodes(
     `params` sample each turn (`n` is taken as 1, `max_new_tokens` capped by what is left of `max_tokens`;
     request i of turn t gets seed `params.seed + 1000 * t + i` when a seed is set). `version`: the policy
     version stamped on tokens the engine returns without one."""
-    open_ = [_Open(t, chat.prompt_ids(_reset(t), getattr(t.env, "tools", None))) for t in tasks]
+    open_ = [_Open(t, chat.prompt_ids(reset_checked(t), getattr(t.env, "tools", None))) for t in tasks]
     for turn in range(max_turns):
         active = [s for s in open_ if s.finish is None]
         if not active:
@@ -158,7 +158,8 @@ class EnvResetError(AscentError):
     """An environment refused a row at reset (most often a missing or malformed column)."""
 
 
-def _reset(t: Task) -> list[Message]:
+def reset_checked(t: Task) -> list[Message]:
+    """`t.env.reset(t.row)`, its failure an error that names the row and its fields."""
     try:
         return t.env.reset(t.row)
     except Exception as e:

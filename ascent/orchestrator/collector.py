@@ -64,6 +64,12 @@ class Collector:
             items = self._redo or [ctx.data.train[i] for i in sampler.next_batch()]
             self._redo = []
             params = B.sampling_params(ctx.cfg.rollout)
+            if ctx.cfg.rollout.env is not None:  # multi-turn: synchronous, one engine call per turn
+                from ascent.orchestrator.episodes import collect_env_groups
+
+                groups = collect_env_groups(ctx, items, params, seed=batch_seed(ctx.cfg.seed, it, batch))
+                self._waited += time.perf_counter() - t0
+                return groups, RolloutStats(engine_idle_s=0.0)
             sub = submit(ctx, items, params, seed=batch_seed(ctx.cfg.seed, it, batch))
         out = finish(ctx, sub)
         self._waited += time.perf_counter() - t0

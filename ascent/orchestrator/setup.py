@@ -39,18 +39,24 @@ def build_datasets(cfg: RunConfig) -> Datasets:
             continue
         source = f"data.{name}_path={path}"
         rows = load_rows(path, source=source)
-        validate_rows(rows, source, tokenizer_vocab_size=len(tok))
+        if cfg.rollout.env is None:  # with an environment, its reset(row) says what a row needs
+            validate_rows(rows, source, tokenizer_vocab_size=len(tok))
         if name == "val" and d.max_val_prompts:
             rows = rows[: d.max_val_prompts]
-        items, report = render_prompts(
-            rows,
-            tok,
-            max_prompt_tokens=d.max_prompt_tokens,
-            overlong=d.overlong_prompts,
-            truncation_side=d.truncation_side,
-            chat_template=d.chat_template,
-            source=source,
-        )
+        if cfg.rollout.env is not None:  # the environment gives each row's prompt
+            from ascent.orchestrator.episodes import env_items
+
+            items, report = env_items(rows, tok, cfg.rollout.env, d.max_prompt_tokens)
+        else:
+            items, report = render_prompts(
+                rows,
+                tok,
+                max_prompt_tokens=d.max_prompt_tokens,
+                overlong=d.overlong_prompts,
+                truncation_side=d.truncation_side,
+                chat_template=d.chat_template,
+                source=source,
+            )
         log.info("data.%s_path=%s: %d prompts (%s)", name, path, len(items), report)
         sets[name] = items
     if not sets["train"]:
@@ -90,8 +96,14 @@ def trainer_kwargs(cfg: RunConfig, total_optimizer_steps: int) -> dict[str, Any]
         "device": cfg.cluster.device,
         # the Dr. GRPO length divisor (algorithm.max_response_tokens_norm defaults to it): one constant for
         # every worker and micro-batch, so the gradient does not depend on how a mini-batch is split
-        "max_new_tokens": cfg.rollout.max_new_tokens,
+        "max_new_tokens": response_budget(cfg),
     }
+
+
+def response_budget(cfg: RunConfig) -> int:
+    """The most response tokens of one episode: rollout.max_episode_tokens with an environment (model turns
+    and observations), else rollout.max_new_tokens."""
+    return cfg.rollout.max_episode_tokens if cfg.rollout.env is not None else cfg.rollout.max_new_tokens
 
 
 def optimizer_steps_per_iteration(cfg: RunConfig) -> int:

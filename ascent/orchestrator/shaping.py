@@ -19,6 +19,7 @@ from ascent.algorithms.dapo import filter_groups_with_variance, overlong_penalty
 from ascent.errors import AscentError
 from ascent.messages import Group, flatten, regroup
 from ascent.orchestrator import batch as B
+from ascent.orchestrator.episodes import env_metrics
 from ascent.orchestrator.sampling import generate, score
 
 
@@ -42,7 +43,10 @@ def collect_groups(ctx: Any, sampler: Any, it: int) -> tuple[list[Group], dict[s
             groups, stats = ctx.collector.next_batch(ctx, sampler, it, batches)
         idle += stats.engine_idle_s
         with ctx.timeline.phase("reward", iteration=it):
-            groups, batch_metrics = score(ctx, groups)
+            if cfg.rollout.env is None:
+                groups, batch_metrics = score(ctx, groups)
+            else:  # the environment rewarded its episodes turn by turn
+                batch_metrics = env_metrics(groups, cfg.reward.max_failure_rate)
             metrics = _merge(metrics, batch_metrics, batches)
         groups = shape_rewards(ctx, groups)
         groups, stale = ctx.collector.split_stale(groups, trainer_version=it - 1)

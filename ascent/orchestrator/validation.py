@@ -18,7 +18,12 @@ def validate(ctx: Any, iteration: int) -> dict[str, float]:
     """Score the validation set with the current policy; returns `val/*` metrics and logs a few samples."""
     cfg = ctx.cfg
     params = B.sampling_params(cfg.rollout, validation=True)
-    groups, _ = score(ctx, generate(ctx, ctx.data.val, params, seed=cfg.seed + 12345))
+    if cfg.rollout.env is not None:
+        from ascent.orchestrator.episodes import collect_env_groups
+
+        groups = collect_env_groups(ctx, ctx.data.val, params, seed=cfg.seed + 12345)
+    else:
+        groups, _ = score(ctx, generate(ctx, ctx.data.val, params, seed=cfg.seed + 12345))
     trajs = flatten(groups)
     n = len(trajs)
     metrics = {

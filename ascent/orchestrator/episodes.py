@@ -1,0 +1,91 @@
+"""Multi-turn episodes in the RL loop (`rollout.env`): prompts from the environments, groups from the runner.
+
+`env_items` renders each row's prompt from its environment's `reset(row)` (so the length checks and the
+prompt report work as for single-turn data); `collect_env_groups` plays a batch of rows through
+`ascent.envs.run_episodes`, `samples_per_prompt` episodes per row, each turn one call spread over the rollout
+replicas (every token stamped with the version that sampled it); `env_metrics` reports rewards, turns and
+environment errors, which are bounded by `reward.max_failure_rate` like reward failures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from ascent.data.prompts import PromptItem, RenderReport
+from ascent.envs import ChatTokens, Task, make_env, run_episodes
+from ascent.envs.runner import reset_checked
+from ascent.errors import AscentError
+from ascent.messages import Generation, GenerationRequest, Group, SamplingParams, flatten
+from ascent.orchestrator.workers import RolloutWorker
+
+
+class EnvFailureError(AscentError):
+    """More episodes failed in their environment than `reward.max_failure_rate` allows."""
+
+
+def env_name(row: dict[str, Any], default: str | None) -> str:
+    return str(row.get("env") or default)
+
+
+def env_items(
+    rows: Sequence[dict[str, Any]], tok: Any, env: str | None, max_prompt_tokens: int
+) -> tuple[list[PromptItem], RenderReport]:
+    """Each row's prompt as its environment starts it; rows whose prompt is over `max_prompt_tokens` are left
+    out (reported)."""
+    chat, items, report = ChatTokens(tok), [], RenderReport(total=len(rows), max_tokens=max_prompt_tokens)
+    for i, row in enumerate(rows):
+        instance = make_env(env_name(row, env))
+        task = Task(instance, row, i)
+        ids = chat.prompt_ids(reset_checked(task), getattr(instance, "tools", None))
+        report.longest = max(report.longest, len(ids))
+        if len(ids) > max_prompt_tokens:
+            report.dropped += 1
+            continue
+        items.append(PromptItem(row_id=i, prompt_ids=ids, prompt_text="", metadata=dict(row)))
+    return items, report
+
+
+def collect_env_groups(ctx: Any, items: Sequence[Any], params: SamplingParams, *, seed: int) -> list[Group]:
+    """`params.n` episodes of every item's environment -> one group per item, in order."""
+    r = ctx.cfg.rollout
+    n = params.n
+    tasks = [
+        Task(make_env(env_name(it.metadata, r.env)), it.metadata, it.row_id) for it in items for _ in range(n)
+    ]
+
+    def generate(requests: list[GenerationRequest]) -> list[list[Generation]]:
+        workers = ctx.rollout.num_workers
+        per = -(-len(requests) // workers)
+        shards = [requests[i * per : (i + 1) * per] for i in range(workers)]
+        return [
+            g
+            for rollout in ctx.rollout.call_split(RolloutWorker.generate, shards)
+            for g in rollout.generations
+        ]
+
+    episodes = run_episodes(tasks, generate, ChatTokens(ctx.data.tokenizer), replace(params, seed=seed),
+                            max_turns=r.max_turns, max_tokens=r.max_episode_tokens)  # fmt: skip
+    return [Group(tuple(episodes[i * n : (i + 1) * n])) for i in range(len(items))]
+
+
+def env_metrics(groups: Sequence[Group], max_failure_rate: float) -> dict[str, float]:
+    """reward/mean|std, env/turns_mean, env/errors (episodes whose environment raised); raises when their
+    share is over `max_failure_rate`."""
+    episodes = flatten(groups)
+    rewards = [e.reward for e in episodes]
+    mean = sum(rewards) / len(rewards)
+    errors = [e for e in episodes if "env_error" in e.metadata]
+    if len(errors) > max_failure_rate * len(episodes):
+        raise EnvFailureError(
+            f"reward.max_failure_rate={max_failure_rate}: {len(errors)} of {len(episodes)} episodes failed in "
+            f"their environment (first: row {errors[0].row_id}: {errors[0].metadata['env_error']}). Fix the "
+            "environment (`ascent debug env` shows episodes turn by turn), or raise reward.max_failure_rate."
+        )
+    return {
+        "reward/mean": mean,
+        "reward/std": (sum((x - mean) ** 2 for x in rewards) / len(rewards)) ** 0.5,
+        "env/turns_mean": sum(e.metadata.get("turns", 0) for e in episodes) / len(episodes),
+        "env/errors": float(len(errors)),
+    }
