@@ -109,6 +109,19 @@ class RolloutConfig(Section):
         "reward.fn is not used. null: one response per prompt, scored by reward.fn.",
     )
     max_turns: int = Field(4, gt=0, description="With rollout.env: most model turns per episode.")
+    env_isolation: Literal["process", "inline"] = Field(
+        "process",
+        description="With rollout.env: `process` runs the environments in worker processes (a hang or crash "
+        "costs episodes, not the run); `inline` in the controller (breakpoint() works; a hang hangs the run).",
+    )
+    env_timeout_s: float = Field(
+        60.0, gt=0, description="With rollout.env_isolation=process: most seconds one reset or step may take."
+    )
+    env_workers: int | None = Field(
+        None,
+        gt=0,
+        description="With rollout.env_isolation=process: environment processes (null: min(4, CPUs)).",
+    )
     max_episode_tokens: int = Field(
         512,
         gt=0,

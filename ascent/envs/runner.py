@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ascent.envs.base import Environment, Message
+from ascent.envs.base import Environment, Message, StepResult, make_env
+from ascent.envs.hosts import EnvHosts, HostedEnvs, InProcessEnvs
 from ascent.errors import AscentError
 from ascent.messages import Episode, FinishReason, Generation, GenerationRequest, SamplingParams
 
@@ -75,7 +76,7 @@ class ChatTokens:
 class Task:
     """One episode to run: a fresh environment, the row it resets from, the row's id."""
 
-    env: Environment
+    env: Environment | str  # an instance, or a name / import path made where it runs (a host process)
     row: Mapping[str, Any]
     row_id: int
 
@@ -136,37 +137,57 @@ def run_episodes(
     max_turns: int,
     max_tokens: int,
     version: int = 0,
+    hosts: EnvHosts | None = None,
 ) -> list[Episode]:
     """Run every task's episode to its end, all open episodes batched into one engine call per turn.
 
     `params` sample each turn (`n` is taken as 1, `max_new_tokens` capped by what is left of `max_tokens`;
     request i of turn t gets seed `params.seed + 1000 * t + i` when a seed is set). `version`: the policy
-    version stamped on tokens the engine returns without one."""
-    open_ = [_Open(t, chat.prompt_ids(reset_checked(t), getattr(t.env, "tools", None))) for t in tasks]
+    version stamped on tokens the engine returns without one. `hosts`: run the environments in those
+    processes (tasks then name their environment); else in this one."""
+    envs = _envs(tasks, hosts)
+    resets = envs.reset([t.row for t in tasks])
+    open_ = [_Open(t, chat.prompt_ids(*started(t, out))) for t, out in zip(tasks, resets, strict=True)]
     for turn in range(max_turns):
-        active = [s for s in open_ if s.finish is None]
+        active = [(k, s) for k, s in enumerate(open_) if s.finish is None]
         if not active:
             break
-        requests = [_request(s, params, max_tokens, turn, i) for i, s in enumerate(active)]
+        requests = [_request(s, params, max_tokens, turn, i) for i, (_, s) in enumerate(active)]
+        to_step = []
+        for (k, s), gens in zip(active, generate(requests), strict=True):
+            s.add_model_turn(gens[0], version)
+            if (
+                gens[0].finish_reason != "stop"
+            ):  # cut by the token budget: the turn is unfinished, so is the episode
+                s.finish = gens[0].finish_reason
+            else:
+                to_step.append((k, chat.decode(gens[0].token_ids)))
         last = turn == max_turns - 1  # no observation after the last turn: nobody would answer it
-        for s, gens in zip(active, generate(requests), strict=True):
-            _advance(s, gens[0], chat, max_tokens if not last else 0, version)
+        for (k, _), result in zip(to_step, envs.step(to_step), strict=True):
+            _answer(open_[k], result, chat, 0 if last else max_tokens)
     return [s.episode(chat.decode) for s in open_]
+
+
+def _envs(tasks: Sequence[Task], hosts: EnvHosts | None) -> InProcessEnvs | HostedEnvs:
+    if hosts is None:
+        return InProcessEnvs([make_env(t.env) if isinstance(t.env, str) else t.env for t in tasks])
+    if not all(isinstance(t.env, str) for t in tasks):
+        raise TypeError("run_episodes(hosts=...): each Task must name its environment (a str), not hold one")
+    return HostedEnvs(hosts, [str(t.env) for t in tasks])
 
 
 class EnvResetError(AscentError):
     """An environment refused a row at reset (most often a missing or malformed column)."""
 
 
-def reset_checked(t: Task) -> list[Message]:
-    """`t.env.reset(t.row)`, its failure an error that names the row and its fields."""
-    try:
-        return t.env.reset(t.row)
-    except Exception as e:
+def started(t: Task, out: tuple[list[Message], Any] | str) -> tuple[list[Message], Any]:
+    if isinstance(out, str):
+        name = t.env if isinstance(t.env, str) else type(t.env).__name__
         raise EnvResetError(
-            f"row {t.row_id}: {type(t.env).__name__}.reset failed ({type(e).__name__}: {e}); the row has "
-            f"fields {sorted(t.row)}. Fix the row or the environment."
-        ) from e
+            f"row {t.row_id}: {name}.reset failed ({out}); the row has fields {sorted(t.row)}. Fix the row or "
+            "the environment (`ascent debug env` runs it where breakpoint() works)."
+        )
+    return out
 
 
 def _request(s: _Open, params: SamplingParams, max_tokens: int, turn: int, i: int) -> GenerationRequest:
@@ -178,17 +199,14 @@ def _request(s: _Open, params: SamplingParams, max_tokens: int, turn: int, i: in
     )
 
 
-def _advance(s: _Open, gen: Generation, chat: ChatTokens, max_tokens: int, version: int) -> None:
-    """Append one model turn; let the environment answer it; close the episode when it ends."""
-    s.add_model_turn(gen, version)
-    if gen.finish_reason != "stop":  # cut by the token budget: the turn is unfinished, so is the episode
-        s.finish = gen.finish_reason
-        return
+def _answer(s: _Open, result: StepResult | str, chat: ChatTokens, max_tokens: int) -> None:
+    """The environment's answer to the turn just added: end the episode, or append the observation."""
     try:
-        result = s.task.env.step(chat.decode(gen.token_ids))
+        if isinstance(result, str):
+            raise RuntimeError(result)
         observation = [] if result.done else chat.continuation_ids(result.observation)
-    except Exception as e:  # user code: it costs this episode, never the batch
-        s.finish, s.error = "abort", f"{type(e).__name__}: {e}"
+    except Exception as e:  # user code (or its process): it costs this episode, never the batch
+        s.finish, s.error = "abort", str(e) if isinstance(result, str) else f"{type(e).__name__}: {e}"
         log.warning("environment failed on row %d turn %d: %s", s.task.row_id, s.turns, s.error)
         return
     s.turn_rewards.append(float(result.reward))

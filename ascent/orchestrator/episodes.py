@@ -9,13 +9,16 @@ environment errors, which are bounded by `reward.max_failure_rate` like reward f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+from ascent.cluster.isolated import default_workers
 from ascent.data.prompts import PromptItem, RenderReport
 from ascent.envs import ChatTokens, Task, make_env, run_episodes
-from ascent.envs.runner import reset_checked
+from ascent.envs.hosts import EnvHosts, HostedEnvs, InProcessEnvs
+from ascent.envs.runner import started
 from ascent.errors import AscentError
 from ascent.messages import Generation, GenerationRequest, Group, SamplingParams, flatten
 from ascent.orchestrator.workers import RolloutWorker
@@ -29,31 +32,42 @@ def env_name(row: dict[str, Any], default: str | None) -> str:
     return str(row.get("env") or default)
 
 
-def env_items(
-    rows: Sequence[dict[str, Any]], tok: Any, env: str | None, max_prompt_tokens: int
-) -> tuple[list[PromptItem], RenderReport]:
-    """Each row's prompt as its environment starts it; rows whose prompt is over `max_prompt_tokens` are left
-    out (reported)."""
-    chat, items, report = ChatTokens(tok), [], RenderReport(total=len(rows), max_tokens=max_prompt_tokens)
-    for i, row in enumerate(rows):
-        instance = make_env(env_name(row, env))
-        task = Task(instance, row, i)
-        ids = chat.prompt_ids(reset_checked(task), getattr(instance, "tools", None))
-        report.longest = max(report.longest, len(ids))
-        if len(ids) > max_prompt_tokens:
-            report.dropped += 1
-            continue
-        items.append(PromptItem(row_id=i, prompt_ids=ids, prompt_text="", metadata=dict(row)))
+def env_items(rows: Sequence[dict[str, Any]], tok: Any, cfg: Any) -> tuple[list[PromptItem], RenderReport]:
+    """Each row's prompt as its environment starts it (reset in the environment processes unless
+    `rollout.env_isolation=inline`); rows whose prompt is over `data.max_prompt_tokens` are left out
+    (reported). A row an environment refuses is an error naming the row."""
+    limit, names = cfg.data.max_prompt_tokens, [env_name(row, cfg.rollout.env) for row in rows]
+    chat, items, report = ChatTokens(tok), [], RenderReport(total=len(rows), max_tokens=limit)
+    with env_hosts(cfg.rollout) as hosts:
+        envs = HostedEnvs(hosts, names) if hosts else InProcessEnvs([make_env(n) for n in names])
+        for i, (row, out) in enumerate(zip(rows, envs.reset(rows), strict=True)):
+            ids = chat.prompt_ids(*started(Task(names[i], row, i), out))
+            report.longest = max(report.longest, len(ids))
+            if len(ids) > limit:
+                report.dropped += 1
+                continue
+            items.append(PromptItem(row_id=i, prompt_ids=ids, prompt_text="", metadata=dict(row)))
     return items, report
+
+
+@contextmanager
+def env_hosts(r: Any) -> Iterator[EnvHosts | None]:
+    """The environment processes of `rollout.env_isolation=process` for one batch (None when inline)."""
+    if r.env_isolation == "inline":
+        yield None
+        return
+    hosts = EnvHosts(default_workers(r.env_workers), r.env_timeout_s)
+    try:
+        yield hosts
+    finally:
+        hosts.close()
 
 
 def collect_env_groups(ctx: Any, items: Sequence[Any], params: SamplingParams, *, seed: int) -> list[Group]:
     """`params.n` episodes of every item's environment -> one group per item, in order."""
     r = ctx.cfg.rollout
     n = params.n
-    tasks = [
-        Task(make_env(env_name(it.metadata, r.env)), it.metadata, it.row_id) for it in items for _ in range(n)
-    ]
+    tasks = [Task(env_name(it.metadata, r.env), it.metadata, it.row_id) for it in items for _ in range(n)]
 
     def generate(requests: list[GenerationRequest]) -> list[list[Generation]]:
         workers = ctx.rollout.num_workers
@@ -65,8 +79,9 @@ def collect_env_groups(ctx: Any, items: Sequence[Any], params: SamplingParams, *
             for g in rollout.generations
         ]
 
-    episodes = run_episodes(tasks, generate, ChatTokens(ctx.data.tokenizer), replace(params, seed=seed),
-                            max_turns=r.max_turns, max_tokens=r.max_episode_tokens)  # fmt: skip
+    with env_hosts(r) as hosts:
+        episodes = run_episodes(tasks, generate, ChatTokens(ctx.data.tokenizer), replace(params, seed=seed),
+                                max_turns=r.max_turns, max_tokens=r.max_episode_tokens, hosts=hosts)  # fmt: skip
     return [Group(tuple(episodes[i * n : (i + 1) * n])) for i in range(len(items))]
 
 

@@ -46,7 +46,7 @@ def build_datasets(cfg: RunConfig) -> Datasets:
         if cfg.rollout.env is not None:  # the environment gives each row's prompt
             from ascent.orchestrator.episodes import env_items
 
-            items, report = env_items(rows, tok, cfg.rollout.env, d.max_prompt_tokens)
+            items, report = env_items(rows, tok, cfg)
         else:
             items, report = render_prompts(
                 rows,

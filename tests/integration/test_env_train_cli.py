@@ -57,3 +57,26 @@ def test_unsupported_combinations_name_the_field(tmp_path: Path, tiny_model: Pat
         and "'no_such_env' is not registered" in proc.stderr
         and "Traceback" not in proc.stderr
     )
+
+
+def test_a_hanging_environment_costs_its_episodes_not_the_run(tmp_path: Path, tiny_model: Path) -> None:
+    """rollout.env_isolation=process (the default): one row's environment hangs at its first step; it is killed
+    after env_timeout_s, its episodes (and those sharing its process) count as env/errors, the run finishes."""
+    data = tmp_path / "data"
+    data.mkdir()
+    counter, hang = "tests.unit.envs.hostile:Counter", "tests.unit.envs.hostile:Hang"
+    lines = [{"env": hang if i == 0 else counter, "turns": 2} for i in range(4)]
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    cfg = run_config(tmp_path, tiny_model, data, iterations=1)
+    cfg["data"].pop("val_path")
+    cfg["data"]["shuffle"] = False
+    cfg["rollout"] |= {"env": counter, "max_turns": 3, "max_episode_tokens": 24, "env_timeout_s": 3.0,
+                       "env_workers": 2, "stop_token_ids": list(range(4, 40))}  # fmt: skip
+    cfg["reward"] = {"max_failure_rate": 0.9}
+    cfg["train"]["max_tokens_per_micro_batch"] = 64
+    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
+    (metrics,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert 1.0 <= metrics["env/errors"] < 8.0  # the hung row's episodes and its process-mates, not all
+    assert (
+        metrics["reward/mean"] > 0.0
+    )  # the Counter episodes on the other process finished and were rewarded

@@ -1,0 +1,162 @@
+"""Environments in their own processes: a hang, a crash or `sys.exit` in user code costs episodes, not the run.
+
+`EnvHosts(num_hosts, timeout_s)` starts `num_hosts` worker processes (forkserver: they never inherit the
+caller's threads). The episodes of a batch are spread over the hosts in contiguous blocks (a group's episodes
+together) and each lives in its host for its whole life, created there
+from its environment's name (`make_env`), so environments keep their state between turns as in-process.
+Hosts work in parallel, one command at a time each; every command has `timeout_s`. A command that times out
+or whose host dies ends that episode with the reason, the host is replaced, and the other episodes it held
+end too ("lost with its process"): an environment cannot be moved out of a process that is gone.
+`HostedEnvs` is the runner's view of them (`reset` / `step` for a batch), `InProcessEnvs` the same in this
+process (no isolation, `breakpoint()` works).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections import deque
+from collections.abc import Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any, cast
+
+from ascent.envs.base import Message, StepResult, make_env
+
+LOST = "its environment was lost when its process was replaced (another episode there hung or crashed)"
+
+
+def _host_main(conn: Connection) -> None:
+    """A host's loop: ("reset", key, (name, row)) | ("step", key, action) -> ("ok", value) | ("err", text)."""
+    envs: dict[int, Any] = {}
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        op, key, arg = msg
+        try:
+            if op == "reset":
+                env = envs[key] = make_env(arg[0])
+                out: tuple[str, Any] = ("ok", (env.reset(arg[1]), getattr(env, "tools", None)))
+            elif key not in envs:
+                out = ("err", LOST)
+            else:
+                out = ("ok", envs[key].step(arg))
+        except BaseException as e:  # noqa: BLE001 - user code: SystemExit costs the episode only
+            out = ("err", f"{type(e).__name__}: {e}")
+        conn.send(out)
+
+
+class EnvHosts:
+    """`num_hosts` processes holding environments; commands time out after `timeout_s` (see module doc)."""
+
+    def __init__(self, num_hosts: int, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._ctx = multiprocessing.get_context("forkserver")
+        self._hosts: list[tuple[Any, Connection]] = [self._start() for _ in range(num_hosts)]
+
+    def _start(self) -> tuple[Any, Connection]:
+        mine, theirs = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_host_main, args=(theirs,), daemon=True)
+        proc.start()
+        theirs.close()
+        return proc, mine
+
+    def _replace(self, h: int) -> None:
+        proc, conn = self._hosts[h]
+        proc.kill()
+        proc.join(5)
+        conn.close()
+        self._hosts[h] = self._start()
+
+    @property
+    def num_hosts(self) -> int:
+        return len(self._hosts)
+
+    def run(self, commands: Sequence[tuple[int, tuple[str, int, Any]]]) -> list[tuple[str, Any]]:
+        """(host, message) pairs -> one reply each, in order; hosts run in parallel, each in order."""
+        queues: dict[int, deque[tuple[int, tuple[str, int, Any]]]] = {}
+        for i, (h, msg) in enumerate(commands):
+            queues.setdefault(h, deque()).append((i, msg))
+        out: list[tuple[str, Any]] = [("err", "not run")] * len(commands)
+        busy: dict[int, tuple[int, float]] = {}  # host -> (command index, deadline)
+        while any(queues.values()) or busy:
+            for h, q in queues.items():
+                if h not in busy and q:
+                    i, msg = q.popleft()
+                    self._hosts[h][1].send(msg)
+                    busy[h] = (i, time.monotonic() + self.timeout_s)
+            conns = {self._hosts[h][1]: h for h in busy}
+            soonest = min(deadline for _, deadline in busy.values())
+            for ready in wait(list(conns), timeout=max(0.0, soonest - time.monotonic())):
+                conn = cast(Connection, ready)
+                h = conns[conn]
+                i, _ = busy.pop(h)
+                try:
+                    out[i] = conn.recv()
+                except (EOFError, OSError):
+                    self._hosts[h][0].join(1)  # reap it, for its exit code
+                    code = self._hosts[h][0].exitcode
+                    out[i] = ("err", f"its environment process died (exit code {code})")
+                    self._replace(h)
+            for h, (i, deadline) in list(busy.items()):
+                if time.monotonic() > deadline:
+                    out[i] = (
+                        "err",
+                        f"the environment timed out after {self.timeout_s:g} s (its process was killed)",
+                    )
+                    busy.pop(h)
+                    self._replace(h)
+        return out
+
+    def close(self) -> None:
+        for proc, conn in self._hosts:
+            conn.close()
+            proc.kill()
+            proc.join(5)
+        self._hosts = []
+
+
+class InProcessEnvs:
+    """The environments of a batch as given (instances), called in this process."""
+
+    def __init__(self, envs: Sequence[Any]) -> None:
+        self.envs = list(envs)
+
+    def reset(self, rows: Sequence[Any]) -> list[tuple[list[Message], Any] | str]:
+        out: list[tuple[list[Message], Any] | str] = []
+        for env, row in zip(self.envs, rows, strict=True):
+            try:
+                out.append((env.reset(row), getattr(env, "tools", None)))
+            except Exception as e:
+                out.append(f"{type(e).__name__}: {e}")
+        return out
+
+    def step(self, calls: Sequence[tuple[int, str]]) -> list[StepResult | str]:
+        out: list[StepResult | str] = []
+        for i, action in calls:
+            try:
+                out.append(self.envs[i].step(action))
+            except Exception as e:  # user code: it costs this episode, never the batch
+                out.append(f"{type(e).__name__}: {e}")
+        return out
+
+
+class HostedEnvs:
+    """The environments of a batch (by name) in `hosts`, in contiguous blocks: the episodes of one group
+    share a process, so an environment that hangs or crashes costs mostly its own group."""
+
+    def __init__(self, hosts: EnvHosts, names: Sequence[str]) -> None:
+        self.hosts, self.names = hosts, list(names)
+
+    def host(self, i: int) -> int:
+        return i * self.hosts.num_hosts // len(self.names)
+
+    def reset(self, rows: Sequence[Any]) -> list[tuple[list[Message], Any] | str]:
+        pairs = enumerate(zip(self.names, rows, strict=True))
+        replies = self.hosts.run([(self.host(i), ("reset", i, (name, row))) for i, (name, row) in pairs])
+        return [value for _, value in replies]
+
+    def step(self, calls: Sequence[tuple[int, str]]) -> list[StepResult | str]:
+        replies = self.hosts.run([(self.host(i), ("step", i, action)) for i, action in calls])
+        return [value for _, value in replies]

@@ -1,0 +1,41 @@
+"""Environments that misbehave, for the host-process tests (importable by name from a host process)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from ascent.envs import StepResult
+
+
+class Counter:
+    """Keeps state between turns: answers the number of turns so far; done after `row["turns"]`, rewarded with
+    that number, + 0.5 when it ran in another process than `row["parent"]`."""
+
+    def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
+        self.n, self.limit, self.parent = 0, int(row["turns"]), row.get("parent", os.getpid())
+        return [{"role": "user", "content": "count"}]
+
+    def step(self, action: str) -> StepResult:
+        self.n += 1
+        if self.n >= self.limit:
+            return StepResult(reward=float(self.n) + (0.5 if self.parent != os.getpid() else 0.0), done=True)
+        return StepResult(({"role": "user", "content": str(self.n)},))
+
+
+class Hang(Counter):
+    def step(self, action: str) -> StepResult:
+        time.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+class Crash(Counter):
+    def step(self, action: str) -> StepResult:
+        os._exit(3)
+
+
+class Exit(Counter):
+    def step(self, action: str) -> StepResult:
+        sys.exit("leaving")

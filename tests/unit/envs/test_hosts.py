@@ -1,0 +1,86 @@
+"""Environments in host processes: state kept between turns, and a hang, a crash or sys.exit costing only
+episodes (the hung or crashed one, and the others its process held), never the batch or the caller."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ascent.envs import ChatTokens, Task, run_episodes
+from ascent.envs.hosts import EnvHosts
+from ascent.messages import Generation, GenerationRequest, SamplingParams
+from ascent.models.tiny import make_char_tokenizer
+
+HOSTILE = "tests.unit.envs.hostile"
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory: pytest.TempPathFactory) -> ChatTokens:
+    return ChatTokens(make_char_tokenizer(tmp_path_factory.mktemp("tok")))
+
+
+def answer_one(chat: ChatTokens):
+    def generate(requests: list[GenerationRequest]) -> list[list[Generation]]:
+        ids = chat._encode("1") + [chat.tok.eos_token_id]
+        return [[Generation(ids, [-0.1] * len(ids), "stop")] for _ in requests]
+
+    return generate
+
+
+def run(chat: ChatTokens, envs: list[str], hosts: EnvHosts, turns: int = 3):
+    row = {"turns": turns, "parent": os.getpid()}
+    tasks = [Task(f"{HOSTILE}:{name}", row, i) for i, name in enumerate(envs)]
+    return run_episodes(tasks, answer_one(chat), chat, SamplingParams(max_new_tokens=4), max_turns=5,
+                        max_tokens=100, hosts=hosts)  # fmt: skip
+
+
+def test_state_lives_in_the_host_between_turns(chat: ChatTokens) -> None:
+    hosts = EnvHosts(2, timeout_s=30)
+    try:
+        episodes = run(chat, ["Counter"] * 4, hosts)
+    finally:
+        hosts.close()
+    assert [e.reward for e in episodes] == [3.5] * 4  # 3 turns counted, in another process (+0.5)
+    assert all(e.finish_reason == "stop" and e.metadata["turns"] == 3 for e in episodes)
+
+
+@pytest.mark.parametrize(("bad", "reason"), [("Hang", "timed out after 2 s"), ("Crash", "process died (exit code 3)"),
+                                             ("Exit", "SystemExit: leaving")])  # fmt: skip
+def test_a_misbehaving_environment_costs_episodes_not_the_batch(
+    chat: ChatTokens, bad: str, reason: str
+) -> None:
+    hosts = EnvHosts(2, timeout_s=2)
+    try:
+        t0 = time.monotonic()
+        # episode 0 misbehaves in host 0; episode 1 shares host 0; episodes 2 and 3 live in host 1
+        episodes = run(chat, [bad, "Counter", "Counter", "Counter"], hosts)
+        assert time.monotonic() - t0 < 20
+        assert episodes[0].finish_reason == "abort" and reason in episodes[0].metadata["env_error"]
+        assert episodes[0].reward == 0.0
+        assert [episodes[k].reward for k in (2, 3)] == [3.5, 3.5]  # the other host's episodes are untouched
+        if bad == "Exit":  # the process lives on: its other episode too
+            assert episodes[1].reward == 3.5
+        else:  # the replaced process took episode 1's environment with it
+            assert (
+                episodes[1].finish_reason == "abort"
+                and "lost when its process was replaced" in episodes[1].metadata["env_error"]
+            )
+        again = run(chat, ["Counter"] * 2, hosts)  # the replaced host serves the next batch
+        assert [e.reward for e in again] == [3.5, 3.5]
+    finally:
+        hosts.close()
+
+
+def test_hosts_need_environment_names(chat: ChatTokens, tmp_path: Path) -> None:
+    from ascent.envs import GuessNumber
+
+    hosts = EnvHosts(1, timeout_s=5)
+    try:
+        with pytest.raises(TypeError, match="must name its environment"):
+            run_episodes([Task(GuessNumber(), {"target": 1}, 0)], answer_one(chat), chat, SamplingParams(),
+                         max_turns=1, max_tokens=10, hosts=hosts)  # fmt: skip
+    finally:
+        hosts.close()
