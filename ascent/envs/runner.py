@@ -9,8 +9,8 @@ mask 1, the sampler's logprobs and their policy versions; observation tokens hav
 
 An episode ends when the environment says done, at `max_turns` model turns, when its response (model and
 observation tokens) would pass `max_tokens`, when a turn stops without a stop token (cut by length), or when
-the environment raises: that costs the episode (finish "abort", reward 0, the error in its metadata), never
-the batch. The episode's reward is the sum of its turns' rewards (`metadata["turn_rewards"]` keeps them).
+the environment fails (raises; or, in a host process of `ascent.envs.hosts`, hangs or dies): that costs the
+episode (finish "abort", reward 0, the error in its metadata), never the batch. The episode's reward is the sum of its turns' rewards (`metadata["turn_rewards"]` keeps them).
 """
 
 from __future__ import annotations
@@ -154,14 +154,12 @@ def run_episodes(
             break
         requests = [_request(s, params, max_tokens, turn, i) for i, (_, s) in enumerate(active)]
         to_step = []
-        for (k, s), gens in zip(active, generate(requests), strict=True):
-            s.add_model_turn(gens[0], version)
-            if (
-                gens[0].finish_reason != "stop"
-            ):  # cut by the token budget: the turn is unfinished, so is the episode
-                s.finish = gens[0].finish_reason
-            else:
-                to_step.append((k, chat.decode(gens[0].token_ids)))
+        for (k, s), (gen, *_) in zip(active, generate(requests), strict=True):
+            s.add_model_turn(gen, version)
+            if gen.finish_reason == "stop":
+                to_step.append((k, chat.decode(gen.token_ids)))
+            else:  # cut by the token budget: the turn is unfinished, so is the episode
+                s.finish = gen.finish_reason
         last = turn == max_turns - 1  # no observation after the last turn: nobody would answer it
         for (k, _), result in zip(to_step, envs.step(to_step), strict=True):
             _answer(open_[k], result, chat, 0 if last else max_tokens)
