@@ -97,7 +97,7 @@ def _batch_rules(cfg: RunConfig) -> list[str]:
         )
     out += _transport_rules(cfg)
     budget = "rollout.max_episode_tokens" if r.env is not None else "rollout.max_new_tokens"
-    needed = cfg.data.max_prompt_tokens + (r.max_episode_tokens if r.env is not None else r.max_new_tokens)
+    needed = cfg.data.max_prompt_tokens + r.response_budget
     if t.max_tokens_per_micro_batch < needed:
         out.append(
             f"train.max_tokens_per_micro_batch={t.max_tokens_per_micro_batch}: the longest trajectory can have "

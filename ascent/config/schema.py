@@ -109,6 +109,13 @@ class RolloutConfig(Section):
         "reward.fn is not used. null: one response per prompt, scored by reward.fn.",
     )
     max_turns: int = Field(4, gt=0, description="With rollout.env: most model turns per episode.")
+
+    @property
+    def response_budget(self) -> int:
+        """The most response tokens of one episode: max_episode_tokens with an environment (model turns and
+        observations), else max_new_tokens."""
+        return self.max_episode_tokens if self.env is not None else self.max_new_tokens
+
     env_isolation: Literal["process", "inline"] = Field(
         "process",
         description="With rollout.env: `process` runs the environments in worker processes (a hang or crash "

@@ -194,9 +194,7 @@ def _resume(trainer: WorkerGroup[TrainerWorker], sampler: Any, found: tuple[Any,
 
 def _nll(trainer: WorkerGroup[TrainerWorker], samples: list[TrainSample]) -> float:
     """Mean negative log-likelihood per response token, the samples spread over the ranks."""
-    n = trainer.num_workers
-    per = -(-len(samples) // n)
-    shards = [samples[i * per : (i + 1) * per] for i in range(n)]
+    shards = B.shard(samples, trainer.num_workers)
     logprobs = trainer.call_split(TrainerWorker.compute_logprobs, shards, temperature=1.0, which="policy")
     flat = [x for part in logprobs for row in part for x in row]
     return -sum(flat) / max(len(flat), 1)

@@ -227,6 +227,7 @@ def mini_batches(n: int, size: int, generator: torch.Generator | None) -> list[l
 
 
 def shard(items: Sequence[Any], num: int) -> list[list[Any]]:
-    """Split items into `num` contiguous shards of equal size (the caller checked divisibility)."""
-    per = len(items) // num
+    """Split items into `num` contiguous shards of ceil(len / num) (the last ones shorter or empty; equal
+    when `num` divides the length)."""
+    per = -(-len(items) // num)
     return [list(items[i * per : (i + 1) * per]) for i in range(num)]

@@ -21,6 +21,7 @@ from ascent.envs.hosts import EnvHosts, HostedEnvs, InProcessEnvs
 from ascent.envs.runner import started
 from ascent.errors import AscentError
 from ascent.messages import Generation, GenerationRequest, Group, SamplingParams, flatten
+from ascent.orchestrator import batch as B
 from ascent.orchestrator.workers import RolloutWorker
 
 
@@ -70,9 +71,7 @@ def collect_env_groups(ctx: Any, items: Sequence[Any], params: SamplingParams, *
     tasks = [Task(env_name(it.metadata, r.env), it.metadata, it.row_id) for it in items for _ in range(n)]
 
     def generate(requests: list[GenerationRequest]) -> list[list[Generation]]:
-        workers = ctx.rollout.num_workers
-        per = -(-len(requests) // workers)
-        shards = [requests[i * per : (i + 1) * per] for i in range(workers)]
+        shards = B.shard(requests, ctx.rollout.num_workers)
         return [
             g
             for rollout in ctx.rollout.call_split(RolloutWorker.generate, shards)

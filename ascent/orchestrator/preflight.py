@@ -156,7 +156,8 @@ def check_run(cfg: Any, tokenizer: Any, prompts: list[Any]) -> None:
     vocab = check_model(cfg.model.path, tokenizer)
     check_stop_tokens(list(cfg.rollout.stop_token_ids), vocab)
     longest = max((len(p.prompt_ids) for p in prompts), default=0)
-    budget = cfg.rollout.max_episode_tokens if cfg.rollout.env is not None else cfg.rollout.max_new_tokens
-    check_context(model_config(cfg.model.path), longest, budget, cfg.data.max_prompt_tokens)
+    check_context(
+        model_config(cfg.model.path), longest, cfg.rollout.response_budget, cfg.data.max_prompt_tokens
+    )
     check_plugins(cfg.algorithm)
     check_trackers(cfg.tracking)

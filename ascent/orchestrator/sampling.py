@@ -36,9 +36,7 @@ class RolloutStats:
 def submit(ctx: Any, items: list[Any], params: SamplingParams, *, seed: int) -> Submitted:
     """Start sampling `params.n` responses per prompt on the rollout replicas (contiguous shards)."""
     requests = B.make_requests([i.prompt_ids for i in items], params, seed)
-    n = ctx.rollout.num_workers
-    per = -(-len(requests) // n)
-    shards = [requests[i * per : (i + 1) * per] for i in range(n)]
+    shards = B.shard(requests, ctx.rollout.num_workers)
     return Submitted(items, ctx.rollout.call_split_async(RolloutWorker.generate, shards))
 
 

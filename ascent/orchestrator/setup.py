@@ -96,14 +96,8 @@ def trainer_kwargs(cfg: RunConfig, total_optimizer_steps: int) -> dict[str, Any]
         "device": cfg.cluster.device,
         # the Dr. GRPO length divisor (algorithm.max_response_tokens_norm defaults to it): one constant for
         # every worker and micro-batch, so the gradient does not depend on how a mini-batch is split
-        "max_new_tokens": response_budget(cfg),
+        "max_new_tokens": cfg.rollout.response_budget,
     }
-
-
-def response_budget(cfg: RunConfig) -> int:
-    """The most response tokens of one episode: rollout.max_episode_tokens with an environment (model turns
-    and observations), else rollout.max_new_tokens."""
-    return cfg.rollout.max_episode_tokens if cfg.rollout.env is not None else cfg.rollout.max_new_tokens
 
 
 def optimizer_steps_per_iteration(cfg: RunConfig) -> int:
