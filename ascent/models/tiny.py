@@ -9,11 +9,18 @@ template) that `ascent.models.load_model` / `load_tokenizer` then read through t
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 from pathlib import Path
 
 # Special tokens come first so their ids are stable: pad=0, eos=1 (<|im_end|>), bos=2 (<|im_start|>).
 SPECIAL_TOKENS = ["<|pad|>", "<|im_end|>", "<|im_start|>", "<|endoftext|>"]
 DEFAULT_CHARS = string.digits + string.ascii_letters + " +-*/=#.,:;?!()[]<>'\"\n_"
+
+# Qwen2's pre-tokenizer split (the same as Qwen2Tokenizer builds), so text splits alike on every load path.
+QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"""
+    r"""\s+(?!\S)|\s+"""
+)
 
 # A compact ChatML-style template (the one Qwen uses), kept short because every character is a token.
 CHAT_TEMPLATE = (
@@ -22,28 +29,45 @@ CHAT_TEMPLATE = (
 )
 
 
-def make_char_tokenizer(out_dir: str | Path, chars: str = DEFAULT_CHARS):
-    """Write a character-level fast tokenizer with a chat template to `out_dir`; return it.
+def byte_level_chars() -> dict[int, str]:
+    """Byte -> the printable character byte-level BPE writes it as (GPT-2's table: printable bytes stand for
+    themselves, the others are shifted past 255; space is 'Ġ', newline 'Ċ')."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    shifted = [b for b in range(256) if b not in keep]
+    return {**{b: chr(b) for b in keep}, **{b: chr(256 + i) for i, b in enumerate(shifted)}}
 
-    Every character of `chars` is one token; the special tokens are whole tokens. Characters outside
-    `chars` map to `<|endoftext|>` (the unknown token), so encoding never fails.
+
+def make_char_tokenizer(out_dir: str | Path, chars: str = DEFAULT_CHARS, words: Sequence[str] = ()):
+    """Write a character-level tokenizer with a chat template to `out_dir`; return it.
+
+    It is Qwen2's own format, a byte-level BPE, with one token per character of `chars` and no merges, so
+    every loader reads it the same way (transformers picks `Qwen2Tokenizer` for a qwen2 checkpoint and
+    rebuilds the pre-tokenizer; a tokenizer of another kind lost its spaces there). The special tokens are
+    whole tokens, and so is each of `words` (ordinary added tokens that decode as text, as Qwen's
+    `<tool_call>`). Characters outside `chars` are dropped, as Qwen2Tokenizer drops what its vocabulary lacks.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    byte_char = byte_level_chars()
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in dict.fromkeys(chars):
-        vocab.setdefault(ch, len(vocab))
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
+        vocab.setdefault("".join(byte_char[b] for b in ch.encode()), len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )  # fmt: skip
+    tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.add_tokens([AddedToken(w, normalized=False) for w in words])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="<|pad|>",
         eos_token="<|im_end|>",
         bos_token=None,
-        unk_token="<|endoftext|>",
+        unk_token=None,
         clean_up_tokenization_spaces=False,
     )
     fast.chat_template = CHAT_TEMPLATE
@@ -61,6 +85,7 @@ def make_tiny_checkpoint(
     intermediate_size: int | None = None,
     max_position_embeddings: int = 512,
     chars: str = DEFAULT_CHARS,
+    words: Sequence[str] = (),
     seed: int = 0,
     tie_word_embeddings: bool = True,
 ) -> Path:
@@ -74,7 +99,7 @@ def make_tiny_checkpoint(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = make_char_tokenizer(out, chars)
+    tokenizer = make_char_tokenizer(out, chars, words)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
