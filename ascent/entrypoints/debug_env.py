@@ -32,17 +32,18 @@ def run_debug_env(
     """Run and print `episodes` episodes (one per row, from the first); returns them."""
     from ascent.data import load_rows
     from ascent.envs import ChatTokens, Task, make_env, run_episodes
+    from ascent.envs.rows import row_env
     from ascent.errors import AscentError
     from ascent.messages import SamplingParams
     from ascent.models.loading import load_tokenizer, resolve_device
     from ascent.rollout import build_engine
 
     rows = load_rows(data)[:episodes]
-    if any(env is None and "env" not in r for r in rows):
+    if any(env is None and row_env(r) is None for r in rows):
         raise AscentError(f"--env is not set and a row of {data} has no `env` column: name the environment.")
     tok = load_tokenizer(model)
     chat = ChatTokens(tok)
-    tasks = [Task(make_env(str(r.get("env") or env)), r, row_id=i) for i, r in enumerate(rows)]
+    tasks = [Task(make_env(str(row_env(r) or env)), r, row_id=i) for i, r in enumerate(rows)]
     engine: Any = build_engine("reference", model_path=model, device=resolve_device(device),
                                eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)  # fmt: skip
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)

@@ -1,12 +1,16 @@
 """Environments and multi-turn episodes (design: "Environments and tools").
 
 `base`: the `Environment` protocol (`reset(row)`, `step(action) -> StepResult`), the registry
-(`ENVIRONMENTS`, `make_env`) and a built-in game; `runner`: `run_episodes` drives an engine and environments
-turn by turn into `Episode`s, tokens in and tokens out. Not yet wired into `ascent train` (issue #13).
+(`ENVIRONMENTS`, `make_env`) and a built-in game; `rows`: what environments read from a row, in ascent's shape
+or SkyRL-gym's (`row_env`, `row_answer`); `runner`: `run_episodes` drives an engine and environments turn by
+turn into `Episode`s, tokens in and tokens out; `agent`: `ToolEnv` and its scorers; `tasks`: built-in tasks
+whose data the project generates (`text_to_sql`, `search_qa`, rows for `guess_number`).
 """
 
 from ascent.envs.base import ENVIRONMENTS, Environment, GuessNumber, StepResult, make_env
-from ascent.envs.runner import ChatTokens, Task, run_episodes
+from ascent.envs.chat import ChatTokens
+from ascent.envs.rows import row_answer, row_env, row_field, row_messages
+from ascent.envs.runner import Task, run_episodes
 
 __all__ = [
     "ENVIRONMENTS",
@@ -16,5 +20,9 @@ __all__ = [
     "StepResult",
     "Task",
     "make_env",
+    "row_answer",
+    "row_env",
+    "row_field",
+    "row_messages",
     "run_episodes",
 ]

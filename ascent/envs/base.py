@@ -9,18 +9,21 @@ token ids and drives the engine; an environment never sees or produces tokens.
 An environment may also have a `tools` attribute (function schemas, `ascent.envs.tools.function_tool`): the
 runner passes it to the chat template, which describes the tools to the model (`ascent.envs.agent.ToolEnv`).
 
-`ENVIRONMENTS` maps names to factories (`guess_number`, `python_math`); `make_env(name)` also takes an import
-path `pkg.module:Class`.
+`ENVIRONMENTS` maps names to factories (`guess_number`, `python_math`, and the tasks of `ascent.envs.tasks`:
+`text_to_sql`, `search_qa`); `make_env(name)` also takes an import path `pkg.module:Class`. A row names its
+own environment with an `env` column (or SkyRL's `env_class`: `ascent.envs.rows.row_env`).
 Only `ascent.errors` is imported from ascent (design: envs import only messages and errors).
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ascent.envs.rows import RowFieldError, row_answer, row_field
 from ascent.errors import AscentError
 
 Message = Mapping[str, str]  # {"role": "user" | "tool" | ..., "content": "..."}
@@ -48,34 +51,68 @@ class Environment(Protocol):
 
 
 class GuessNumber:
-    """A multi-turn game with feedback: guess the row's `target` (an integer); each wrong guess is answered
-    "higher" or "lower" (or "not a number"); a right guess earns 1 and ends the episode."""
+    """A multi-turn game with feedback: guess the row's whole number `target` (or its `answer` /
+    `reward_spec.ground_truth`) from `low` to `high` (default 0 to 9). Each turn the model guesses (the last
+    integer of its turn counts); a wrong guess is answered "higher" or "lower" (where the number is, from the
+    guess), a turn without a number "not a number". A right guess earns 1 and ends the episode; with the
+    row's `max_guesses`, running out of guesses ends it with 0. `info` counts the guesses."""
 
     def reset(self, row: Mapping[str, Any]) -> list[Message]:
-        self.target = int(row["target"])
-        low, high = row.get("low", 0), row.get("high", 9)
-        return [{"role": "user", "content": f"Guess my number from {low} to {high}."}]
+        self.low, self.high = int(row_field(row, "low", 0)), int(row_field(row, "high", 9))
+        self.target = int(_target(row))
+        if not self.low <= self.target <= self.high:
+            raise ValueError(f"target {self.target} is outside low={self.low}..high={self.high}")
+        limit = row_field(row, "max_guesses", None)
+        self.max_guesses, self.guesses = None if limit is None else int(limit), 0
+        tries = f" in {self.max_guesses} tries" if self.max_guesses else ""
+        return [{"role": "user", "content": f"Guess my number from {self.low} to {self.high}{tries}."}]
 
     def step(self, action: str) -> StepResult:
-        text = action.strip()
-        if not text.lstrip("-").isdigit():
-            return StepResult(({"role": "user", "content": "not a number"},))
-        guess = int(text)
+        numbers = re.findall(r"-?\d+", action)
+        if not numbers:
+            return self._answer("not a number")
+        self.guesses += 1
+        guess = int(numbers[-1])
         if guess == self.target:
-            return StepResult(reward=1.0, done=True)
-        hint = "higher" if guess < self.target else "lower"
-        return StepResult(({"role": "user", "content": hint},))
+            return StepResult(reward=1.0, done=True, info={"guesses": self.guesses})
+        return self._answer("higher" if guess < self.target else "lower")
+
+    def _answer(self, hint: str) -> StepResult:
+        info = {"guesses": self.guesses}
+        if self.max_guesses is not None and self.guesses >= self.max_guesses:
+            return StepResult(done=True, info=info)  # out of guesses: reward 0
+        return StepResult(({"role": "user", "content": hint},), info=info)
 
 
-def _python_math() -> Environment:
-    from ascent.envs.agent import python_math  # tools import pydantic: only when asked for
+def _target(row: Mapping[str, Any]) -> Any:
+    try:
+        return row_field(row, "target")
+    except RowFieldError:
+        try:
+            return row_answer(row)
+        except RowFieldError:
+            raise RowFieldError(
+                f"the row has no `target` (nor `answer`, reward_spec.ground_truth); its fields: {sorted(row)}"
+            ) from None
 
-    return python_math()
+
+def _lazy(import_path: str) -> Callable[[], Environment]:
+    """A factory that imports `pkg.module:factory` when called (built-ins that need more than the stdlib,
+    such as pydantic for tools, load only when asked for)."""
+
+    def factory() -> Environment:
+        module, _, attr = import_path.partition(":")
+        made: Environment = getattr(importlib.import_module(module), attr)()
+        return made
+
+    return factory
 
 
 ENVIRONMENTS: dict[str, Callable[[], Environment]] = {
     "guess_number": GuessNumber,
-    "python_math": _python_math,
+    "python_math": _lazy("ascent.envs.agent:python_math"),
+    "text_to_sql": _lazy("ascent.envs.tasks.sql_task:TextToSql"),
+    "search_qa": _lazy("ascent.envs.tasks.search_task:SearchQa"),
 }
 
 

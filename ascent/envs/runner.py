@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ascent.envs.base import Environment, Message, StepResult, make_env
+from ascent.envs.chat import ChatTokens
 from ascent.envs.hosts import EnvHosts, HostedEnvs, InProcessEnvs
 from ascent.errors import AscentError
 from ascent.messages import Episode, FinishReason, Generation, GenerationRequest, SamplingParams
@@ -28,48 +29,6 @@ from ascent.messages import Episode, FinishReason, Generation, GenerationRequest
 log = logging.getLogger("ascent.envs")
 
 Generate = Callable[[list[GenerationRequest]], list[list[Generation]]]
-
-_PROBE = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
-
-
-class ChatTokens:
-    """Messages -> token ids with a tokenizer's chat template; turns' text back from ids."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tok = tokenizer
-
-    def _render(self, messages: Sequence[Message], generation_prompt: bool, tools: Any = None) -> str:
-        out = self.tok.apply_chat_template(
-            [dict(m) for m in messages], tools=tools, tokenize=False, add_generation_prompt=generation_prompt
-        )
-        return str(out)
-
-    def _encode(self, text: str) -> list[int]:
-        return list(self.tok.encode(text, add_special_tokens=False))
-
-    def prompt_ids(self, messages: Sequence[Message], tools: Any = None) -> list[int]:
-        """The conversation before the first model turn, ending with the assistant's generation prompt
-        (`tools`: function schemas the template describes to the model)."""
-        return self._encode(self._render(messages, True, tools))
-
-    def continuation_ids(self, messages: Sequence[Message]) -> list[int]:
-        """The ids the chat template adds after a model turn that ended on the end-of-turn token: the
-        observation `messages`, then the next generation prompt. Found by rendering a probe conversation
-        with and without them; an error if the template rewrites the earlier turns."""
-        end = str(self.tok.eos_token)
-        before = self._render(_PROBE, False)
-        after = self._render([*_PROBE, *messages], True)
-        cut = before.rfind(end) + len(end)
-        if cut < len(end) or not after.startswith(before[:cut]):
-            raise ValueError(
-                "the chat template renders earlier turns differently once an observation follows (or the "
-                f"assistant turn does not end with {end!r}); multi-turn episodes need a template that only "
-                "appends."
-            )
-        return self._encode(after[cut:])
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return str(self.tok.decode(list(ids), skip_special_tokens=True))
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from ascent.cluster.isolated import default_workers
 from ascent.data.prompts import PromptItem, RenderReport
 from ascent.envs import ChatTokens, Task, make_env, run_episodes
 from ascent.envs.hosts import EnvHosts, HostedEnvs, InProcessEnvs
+from ascent.envs.rows import row_env
 from ascent.envs.runner import started
 from ascent.errors import AscentError
 from ascent.messages import Generation, GenerationRequest, Group, SamplingParams, flatten
@@ -30,7 +31,8 @@ class EnvFailureError(AscentError):
 
 
 def env_name(row: dict[str, Any], default: str | None) -> str:
-    return str(row.get("env") or default)
+    """The row's own `env` (or SkyRL's `env_class`) column, else `rollout.env`."""
+    return str(row_env(row) or default)
 
 
 def env_items(rows: Sequence[dict[str, Any]], tok: Any, cfg: Any) -> tuple[list[PromptItem], RenderReport]:

@@ -1,0 +1,89 @@
+"""Chat messages <-> token ids for multi-turn episodes, with the tokenizer's own chat template.
+
+The runner (`ascent.envs.runner`) and supervised warm-start on conversations (`ascent.data.sft`) both build an
+episode's tokens here, so a demonstration trains on exactly the ids an episode of the same conversation
+samples: the prompt rendered once with its generation prompt, each model turn as its text's ids plus the
+end-of-turn token, each observation as the ids the template appends after a finished turn
+(`continuation_ids`), never a re-render of the history. Only the tokenizer is needed (no other ascent import).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+Message = Mapping[str, str]
+
+_PROBE = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
+
+
+class ChatTokens:
+    """Messages -> token ids with a tokenizer's chat template; turns' text back from ids."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+
+    def _render(self, messages: Sequence[Message], generation_prompt: bool, tools: Any = None) -> str:
+        out = self.tok.apply_chat_template(
+            [dict(m) for m in messages], tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+        )
+        return str(out)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, messages: Sequence[Message], tools: Any = None) -> list[int]:
+        """The conversation before the first model turn, ending with the assistant's generation prompt
+        (`tools`: function schemas the template describes to the model)."""
+        return self._encode(self._render(messages, True, tools))
+
+    def continuation_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The ids the chat template adds after a model turn that ended on the end-of-turn token: the
+        observation `messages`, then the next generation prompt. Found by rendering a probe conversation
+        with and without them; an error if the template rewrites the earlier turns."""
+        end = str(self.tok.eos_token)
+        before = self._render(_PROBE, False)
+        after = self._render([*_PROBE, *messages], True)
+        cut = before.rfind(end) + len(end)
+        if cut < len(end) or not after.startswith(before[:cut]):
+            raise ValueError(
+                "the chat template renders earlier turns differently once an observation follows (or the "
+                f"assistant turn does not end with {end!r}); multi-turn episodes need a template that only "
+                "appends."
+            )
+        return self._encode(after[cut:])
+
+    def turn_ids(self, text: str) -> list[int]:
+        """A model turn as the engine samples it: the text's ids, then the end-of-turn (EOS) token."""
+        return [*self._encode(text), int(self.tok.eos_token_id)]
+
+    def conversation_ids(
+        self, messages: Sequence[Message], tools: Any = None
+    ) -> tuple[list[int], list[int], list[int]]:
+        """A whole conversation -> (prompt ids, response ids, loss mask [len(response ids)]).
+
+        The prompt is every message before the first assistant turn; after it, assistant turns have mask 1
+        and the other messages (tool results, the world's answers) mask 0. It must end on an assistant turn.
+        """
+        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+        if first is None or first == 0 or messages[-1]["role"] != "assistant":
+            raise ValueError(
+                "a conversation needs at least one message before the first assistant turn and must end "
+                "with an assistant turn"
+            )
+        ids: list[int] = []
+        mask: list[int] = []
+        pending: list[Message] = []
+        for m in messages[first:]:
+            if m["role"] != "assistant":
+                pending.append(m)
+                continue
+            if pending:  # what the world said since the last model turn
+                obs = self.continuation_ids(pending)
+                ids, mask, pending = ids + obs, mask + [0] * len(obs), []
+            turn = self.turn_ids(str(m["content"]))
+            ids, mask = ids + turn, mask + [1] * len(turn)
+        return self.prompt_ids(messages[:first], tools), ids, mask
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.tok.decode(list(ids), skip_special_tokens=True))
