@@ -282,11 +282,28 @@ def evaluate(
     reward_timeout_s: Annotated[
         float, typer.Option(min=0.001, help="Seconds one reward call may take (it then scores 0).")
     ] = 30.0,
+    env: Annotated[
+        str | None, typer.Option(help="Play episodes of this environment (name or pkg.module:Class) instead.")
+    ] = None,
+    max_turns: Annotated[int, typer.Option(min=1, help="With --env: most model turns per episode.")] = 4,
+    max_episode_tokens: Annotated[
+        int, typer.Option(min=1, help="With --env: most response tokens per episode.")
+    ] = 512,
 ) -> None:
-    """Score a checkpoint on a prompt dataset: accuracy and mean reward."""
+    """Score a checkpoint on a prompt dataset (accuracy and mean reward), or on an environment's episodes."""
     with ErrorGuard():
-        from ascent.entrypoints.evaluate import run_eval
+        from ascent.entrypoints.evaluate import run_env_eval, run_eval
 
+        if env is not None:
+            metrics = run_env_eval(
+                model, data, env, max_turns=max_turns, max_episode_tokens=max_episode_tokens,
+                max_new_tokens=max_new_tokens, temperature=temperature, samples=samples, out=out,
+                max_prompts=max_prompts, device=device, engine=_choice("--engine", engine, ("reference", "fast")),
+                dtype=_choice("--dtype", dtype, ("fp32", "bf16", "fp16")),
+            )  # fmt: skip
+            for name, value in metrics.items():
+                typer.echo(f"{name}: {_fmt_metric(value)}")
+            return
         metrics = run_eval(
             model=model,
             data=data,

@@ -1,8 +1,13 @@
-"""Prompt/response pairs for supervised warm-start (`ascent sft`).
+"""Prompt/response pairs and whole conversations for supervised warm-start (`ascent sft`).
 
 The prompt renders exactly as for RL (`ascent.data.prompts`), so the SFT model sees the same template it will
 be sampled with. The response is encoded without special tokens and followed by the EOS token, so the model
 learns to stop; the loss later applies to `response_ids` only.
+
+A row with `messages` instead (a conversation: system/user messages, then assistant turns with tool results
+or the world's answers between them; optional `tools` schemas) is encoded the way a multi-turn episode is
+sampled (`ascent.envs.chat.ChatTokens.conversation_ids`, token for token), with loss on the assistant turns
+only: demonstrations of tool use train on exactly the ids RL will later sample.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class SFTExample:
     prompt_ids: list[int]
     response_ids: list[int]
     row_id: int = 0
+    loss_mask: list[int] | None = None  # conversations: 0 on tool and world tokens; None: all 1
 
     @property
     def num_tokens(self) -> int:
@@ -92,22 +98,27 @@ def render_sft_examples_and_report(
     Prompts over `max_prompt_tokens` follow `overlong` like `render_prompts`. A pair over `max_total_tokens`
     is dropped, has its response's tail cut ("truncate"), or is reported ("error").
     """
-    validate_rows(rows, source, tokenizer_vocab_size=len(tokenizer))
-    validate_responses(rows, source, response_key)
-    check_chat_template(tokenizer, rows, chat_template)
+    conversations = is_conversations(rows, source, response_key)
+    if not conversations:
+        validate_rows(rows, source, tokenizer_vocab_size=len(tokenizer))
+        validate_responses(rows, source, response_key)
+        check_chat_template(tokenizer, rows, chat_template)
     report = RenderReport(total=len(rows), max_tokens=max_prompt_tokens)
     examples: list[SFTExample] = []
     problems: list[str] = []
     for row_id, row in enumerate(rows):
-        prompt_ids, _ = row_prompt(row, tokenizer, chat_template=chat_template)
-        response_ids = encode_response(row[response_key], tokenizer)
+        if conversations:
+            prompt_ids, response_ids, mask = conversation_tokens(row, row_id, tokenizer, source)
+        else:
+            prompt_ids, _ = row_prompt(row, tokenizer, chat_template=chat_template)
+            response_ids, mask = encode_response(row[response_key], tokenizer), None
         report.longest = max(report.longest, len(prompt_ids))
         over_prompt = len(prompt_ids) > max_prompt_tokens
         total = len(prompt_ids if not over_prompt else cut(prompt_ids, max_prompt_tokens, truncation_side))
         room = None if max_total_tokens is None else max_total_tokens - total
         over_total = room is not None and len(response_ids) > room
         if not (over_prompt or over_total):
-            examples.append(SFTExample(prompt_ids, response_ids, row_id))
+            examples.append(SFTExample(prompt_ids, response_ids, row_id, mask))
             continue
         if overlong == "error":
             problems.append(
@@ -119,14 +130,48 @@ def render_sft_examples_and_report(
         else:
             prompt_ids = cut(prompt_ids, max_prompt_tokens, truncation_side) if over_prompt else prompt_ids
             response_ids = response_ids[:room] if over_total else response_ids
+            mask = None if mask is None else mask[: len(response_ids)]
             report.truncated += 1
-            examples.append(SFTExample(prompt_ids, response_ids, row_id))
+            examples.append(SFTExample(prompt_ids, response_ids, row_id, mask))
     raise_problems(source, problems, len(rows))
     if rows and not examples:
         raise DataError(
             f"{source}: every pair was dropped as too long ({report.summary()}); raise the token limits."
         )
     return examples, report
+
+
+def is_conversations(rows: Sequence[dict[str, Any]], source: str, response_key: str) -> bool:
+    """Whether the rows are conversations (`messages`) rather than prompt/response pairs; mixing is refused."""
+    chats = [i + 1 for i, r in enumerate(rows) if "messages" in r and response_key not in r]
+    if chats and len(chats) != len(rows):
+        pair = next(i + 1 for i, r in enumerate(rows) if i + 1 not in set(chats))
+        raise DataError(
+            f"{source}: row {chats[0]} is a conversation (`messages`) but row {pair} is a prompt/response "
+            "pair; an SFT file holds one kind. Split the file, or write the pairs as conversations."
+        )
+    return bool(chats)
+
+
+def conversation_tokens(
+    row: dict[str, Any], row_id: int, tokenizer: Any, source: str
+) -> tuple[list[int], list[int], list[int]]:
+    """A `messages` row -> (prompt ids, response ids, loss mask) as a multi-turn episode samples them."""
+    from ascent.envs.chat import ChatTokens  # tokenizer-only module: the episode's own encoding
+
+    messages = row["messages"]
+    where = f"{source}: row {row_id + 1}: field 'messages'"
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages
+    ):
+        raise DataError(f"{where} must be a list of {{role, content}} messages with string values.")
+    if tokenizer.eos_token_id is None or not getattr(tokenizer, "chat_template", None):
+        raise DataError(f"{where}: conversations need a tokenizer with an EOS token and a chat template.")
+    try:
+        return ChatTokens(tokenizer).conversation_ids(messages, row.get("tools"))
+    except ValueError as e:
+        raise DataError(f"{where}: {e}.") from e
 
 
 def _sft_problem(

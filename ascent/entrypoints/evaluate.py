@@ -106,3 +106,63 @@ def _write_responses(out: str, trajs: list[Any], rewards: list[float]) -> None:
     with path.open("w") as f:
         for t, r in zip(trajs, rewards, strict=True):
             f.write(json.dumps({"row_id": t.row_id, "response": t.response_text, "reward": r}) + "\n")
+
+
+def run_env_eval(
+    model: str,
+    data: str,
+    env: str,
+    *,
+    max_turns: int = 4,
+    max_episode_tokens: int = 512,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    samples: int = 1,
+    out: str | None = None,
+    max_prompts: int | None = None,
+    device: str = "auto",
+    seed: int = 0,
+    batch_size: int = 64,
+    engine: str = "reference",
+    dtype: str = "fp32",
+    env_timeout_s: float = 60.0,
+) -> dict[str, float]:
+    """Play `samples` episodes of every row of `data` in `env` (a row's own `env` column wins) with the
+    checkpoint at `model`, the environments in worker processes as in training; accuracy is the share of
+    episodes with reward >= 1."""
+    from ascent.cluster.isolated import default_workers
+    from ascent.data import load_rows
+    from ascent.entrypoints.debug_env import record
+    from ascent.envs import ChatTokens, Task, run_episodes
+    from ascent.envs.hosts import EnvHosts
+    from ascent.envs.rows import row_env
+    from ascent.models.loading import load_tokenizer, resolve_device
+    from ascent.rollout import build_engine
+
+    tok = load_tokenizer(model)
+    rows = load_rows(data)[:max_prompts] if max_prompts else load_rows(data)
+    chat = ChatTokens(tok)
+    tasks = [Task(row_env(r) or env, r, i) for i, r in enumerate(rows) for _ in range(samples)]
+    rollout = build_engine(engine, model_path=model, dtype=dtype, device=resolve_device(device),
+                           eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
+                           decode=chat.decode, generation_batch_size=batch_size)  # fmt: skip
+    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    hosts = EnvHosts(default_workers(None), env_timeout_s)
+    try:
+        episodes = run_episodes(tasks, rollout.generate, chat, params, max_turns=max_turns,
+                                max_tokens=max_episode_tokens, hosts=hosts)  # fmt: skip
+    finally:
+        hosts.close()
+    n = len(episodes)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "w") as f:
+            f.writelines(json.dumps(record(e, chat.decode)) + "\n" for e in episodes)
+    return {
+        "accuracy": sum(e.reward >= CORRECT_AT for e in episodes) / n,
+        "reward_mean": sum(e.reward for e in episodes) / n,
+        "turns_mean": sum(e.metadata.get("turns", 0) for e in episodes) / n,
+        "response_len_mean": sum(len(e.response_ids) for e in episodes) / n,
+        "episodes": float(n),
+        "env_errors": float(sum("env_error" in e.metadata for e in episodes)),
+    }

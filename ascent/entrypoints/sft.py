@@ -28,12 +28,13 @@ log = logging.getLogger("ascent")
 
 
 def sft_samples(examples: list[Any]) -> list[TrainSample]:
-    """Rendered prompt/response pairs -> TrainSamples: every response token in the loss, advantage 1."""
+    """Rendered pairs or conversations -> TrainSamples: response tokens in the loss (a conversation's assistant
+    turns only), advantage 1."""
     return [
         TrainSample(
             prompt_ids=e.prompt_ids,
             response_ids=e.response_ids,
-            loss_mask=[1] * len(e.response_ids),
+            loss_mask=e.loss_mask or [1] * len(e.response_ids),
             advantages=[1.0] * len(e.response_ids),
         )
         for e in examples

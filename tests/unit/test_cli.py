@@ -203,7 +203,10 @@ def test_eval_forwards_options_and_prints_metrics(monkeypatch: pytest.MonkeyPatc
         seen.update(kwargs)
         return {"accuracy": 0.25, "reward_mean": 0.5, "responses": 8.0}
 
-    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=run_eval)
+    def run_env_eval(*args: Any, **kwargs: Any) -> dict[str, float]:
+        raise AssertionError("no --env: the reward path runs")
+
+    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=run_eval, run_env_eval=run_env_eval)
     args = [
         "eval",
         "--model",
@@ -225,6 +228,25 @@ def test_eval_forwards_options_and_prints_metrics(monkeypatch: pytest.MonkeyPatc
         "reward_timeout_s": 30.0,
     }  # fmt: skip
     assert "accuracy: 0.2500" in result.stdout and "responses: 8" in result.stdout
+
+
+def test_eval_with_env_plays_episodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    def run_env_eval(model: str, data: str, env: str, **kwargs: Any) -> dict[str, float]:
+        seen.update(model=model, data=data, env=env, **kwargs)
+        return {"accuracy": 0.5, "turns_mean": 2.0}
+
+    def run_eval(**kwargs: Any) -> dict[str, float]:
+        raise AssertionError("--env: the episode path runs")
+
+    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=run_eval, run_env_eval=run_env_eval)
+    args = ["eval", "--model", "m", "--data", "d.jsonl", "--env", "python_math", "--max-turns", "3"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    got = (seen["env"], seen["max_turns"], seen["max_episode_tokens"], seen["temperature"])
+    assert got == ("python_math", 3, 512, 0.0)
+    assert "accuracy: 0.5000" in result.stdout and "turns_mean: 2" in result.stdout
 
 
 def test_bench_forwards_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
