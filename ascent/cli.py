@@ -1,4 +1,4 @@
-"""The `ascent` command: train, sft, eval, debug env, config show, bench, version.
+"""The `ascent` command: train, sft, eval, episodes, debug env, config show, bench, version.
 
 Every command loads and validates its configuration first (fast, no torch) and imports the heavy
 orchestrator lazily, so a bad config fails in a fraction of a second. Errors the user can fix
@@ -28,6 +28,7 @@ from rich.text import Text
 from ascent.config import ConfigError, RunConfig, SFTConfig, dump_config, load_config
 from ascent.config.errors import show_value
 from ascent.config.explain import explain_sections
+from ascent.entrypoints.episodes import episodes_command
 from ascent.errors import AscentError
 
 USER_ERROR_NAMES = {"AscentError", "ConfigError", "DataError"}  # caught by name too: no heavy imports
@@ -372,6 +373,9 @@ def config_show(
             print_explain(cfg)
         else:
             typer.echo(dump_config(cfg), nl=False)
+
+
+app.command("episodes")(episodes_command)  # the body: ascent/entrypoints/episodes.py
 
 
 @app.command()

@@ -321,6 +321,12 @@ class TrackingConfig(Section):
         description="Append one line per trained episode to episodes.jsonl: iteration, group, row, the policy "
         "versions its tokens were sampled with, staleness, reward, finish reason, length.",
     )
+    experience_store: bool = Field(
+        True,
+        description="Record every episode in <run_dir>/experience.db (SQLite): text, token ids, loss mask, "
+        "logprobs, versions, rewards and whether it was trained on or dropped (stale, filtered); written on "
+        "a background thread. Read it with `ascent episodes RUN_DIR` or ascent.transport.store.open_store.",
+    )
 
 
 class ClusterConfig(Section):

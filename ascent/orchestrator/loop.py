@@ -18,7 +18,7 @@ import torch
 from ascent.config.schema import RunConfig
 from ascent.messages import Episode, TrainSample, flatten
 from ascent.orchestrator import batch as B
-from ascent.orchestrator import checkpointing, setup, shaping
+from ascent.orchestrator import checkpointing, experience, setup, shaping
 from ascent.orchestrator.collector import Collector, record_episodes, staleness_metrics
 from ascent.orchestrator.interrupt import stopped_message
 from ascent.orchestrator.validation import validate
@@ -39,6 +39,7 @@ class LoopContext:
         self.temperature = cfg.rollout.temperature or 1.0
         self.kl_controller = shaping.make_kl_controller(cfg.algorithm)
         self.collector = Collector(cfg.rollout.max_staleness, cfg.rollout.stale_groups)
+        self.experience: Any = None  # the experience store's writer while `run_loop` records (experience.py)
         # trainer and engine share the accelerator and take turns (design: colocated placement)
         self.colocated = cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast"
 
@@ -54,7 +55,10 @@ def run_loop(ctx: LoopContext, sampler: Any, start: int, stop: Any, metrics_log:
     if start == 0 and data.val:
         metrics_log.log(validate(ctx, iteration=0), step=0)
     stop.arm()  # from here a signal waits for the end of the iteration and its checkpoint
-    with Progress(cfg.iterations, enabled=cfg.tracking.progress, start_iteration=start) as progress:
+    with (
+        experience.recording(ctx, start),
+        Progress(cfg.iterations, enabled=cfg.tracking.progress, start_iteration=start) as progress,
+    ):
         for it in range(start + 1, cfg.iterations + 1):
             metrics = run_iteration(ctx, it, sampler)
             if data.val and (it == cfg.iterations or (cfg.val_every and it % cfg.val_every == 0)):
@@ -112,6 +116,7 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
         filter_metrics: dict[str, float] = {}
         if cfg.algorithm.filter_zero_advantage:
             samples, filter_metrics = B.filter_zero_advantage(samples)
+        experience.record_trained(ctx, it, groups, samples)  # queued: written on the store's thread
     with tl.phase("update", iteration=it):
         update_metrics = update_policy(ctx, samples, it)
     with tl.phase("publish", iteration=it):

@@ -3,8 +3,9 @@
 `collect_groups` samples prompts until `prompts_per_step` usable groups exist (with DAPO dynamic sampling,
 groups whose rewards are all equal carry no signal and are replaced), scores them, applies the overlong
 penalty and truncation masking, and for ReMax scores a greedy baseline per prompt. Each step takes groups and
-returns new ones; a group's identity is its place in the list `collect_groups` returns. `kl_penalty` turns
-reference logprobs into per-token rewards with a fixed or adaptive coefficient.
+returns new ones; a group's identity is its place in the list `collect_groups` returns. The groups a step
+leaves out (stale, without reward signal, surplus) go to the experience store (`experience.record_left_out`).
+`kl_penalty` turns reference logprobs into per-token rewards with a fixed or adaptive coefficient.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ascent.algorithms.dapo import filter_groups_with_variance, overlong_penalty
 from ascent.errors import AscentError
 from ascent.messages import Group, flatten, regroup
 from ascent.orchestrator import batch as B
+from ascent.orchestrator import experience
 from ascent.orchestrator.episodes import env_metrics
 from ascent.orchestrator.sampling import generate, score
 
@@ -48,18 +50,25 @@ def collect_groups(ctx: Any, sampler: Any, it: int) -> tuple[list[Group], dict[s
             else:  # the environment rewarded its episodes turn by turn
                 batch_metrics = env_metrics(groups, cfg.reward.max_failure_rate)
             metrics = _merge(metrics, batch_metrics, batches)
-        groups = shape_rewards(ctx, groups)
-        groups, stale = ctx.collector.split_stale(groups, trainer_version=it - 1)
+        shaped = shape_rewards(ctx, groups)
+        groups, stale = ctx.collector.split_stale(shaped, trainer_version=it - 1)
+        experience.record_left_out(ctx, it, shaped, groups, "dropped_stale", _stale_reason(cfg.rollout))
         dropped += stale
         if a.advantage == "remax":
             groups = with_greedy_baseline(ctx, groups, it, batches)
         if a.dynamic_sampling:
-            groups = _groups_with_signal(groups)
+            before, groups = groups, _groups_with_signal(groups)
+            experience.record_left_out(ctx, it, before, groups, "filtered", "dynamic_sampling: equal rewards")
         kept.extend(groups)
         batches += 1
     metrics |= {"rollout/sample_batches": float(batches), "rollout/dropped_stale": float(dropped),
                 "time/engine_idle": idle}  # fmt: skip
+    experience.record_left_out(ctx, it, kept, kept[:want], "surplus", "prompts_per_step already filled")
     return kept[:want], metrics
+
+
+def _stale_reason(r: Any) -> str:
+    return f"older than rollout.max_staleness={r.max_staleness} (stale_groups={r.stale_groups})"
 
 
 def _too_many_batches(limit: int, have: int, want: int, dropped: int) -> str:

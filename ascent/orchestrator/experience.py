@@ -1,0 +1,96 @@
+"""The loop's side of the experience store (`ascent.transport.store`, `tracking.experience_store`): every
+episode an iteration sampled, with what became of it.
+
+`recording` opens the store for a run (keeping the iterations up to the one it starts after, so a resumed run
+drops what it samples again) and closes it however the run ends; `record_left_out` records the groups a
+stage of `collect_groups` took out (stale, without reward signal, surplus); `record_trained` the groups the
+update used, with their advantages (episodes that `algorithm.filter_zero_advantage` took out of the loss
+count as filtered). Each call only queues frozen episodes; decoding and disk writes happen on the writer's
+thread, which decodes with its own copy of the tokenizer.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ascent.messages import Episode, Group, TrainSample, flatten
+from ascent.orchestrator.episodes import env_name
+from ascent.transport.store import FILE_NAME
+from ascent.transport.store_writer import Decode, Entry, ExperienceWriter, prepare_store
+
+log = logging.getLogger("ascent")
+ZERO_ADVANTAGE = "zero_advantage: every advantage is 0 (algorithm.filter_zero_advantage)"
+
+
+@contextmanager
+def recording(ctx: Any, start: int) -> Iterator[None]:
+    """Record the episodes of iterations `start + 1 ..` in `<run_dir>/experience.db` (as `ctx.experience`)."""
+    cfg = ctx.cfg
+    if not cfg.tracking.experience_store:
+        yield
+        return
+    path = Path(cfg.run_dir) / FILE_NAME
+    prepare_store(path, keep_through=start, meta={"tokenizer": cfg.model.tokenizer_path or cfg.model.path})
+    ctx.experience = ExperienceWriter(path, decode=_decoder(ctx.data.tokenizer))
+    try:
+        yield
+    finally:
+        writer, ctx.experience = ctx.experience, None
+        writer.close()
+
+
+def _decoder(tokenizer: Any) -> Decode:
+    """Decoding for the writer's thread, on a copy of the tokenizer (the loop keeps using its own)."""
+    try:
+        tok = copy.deepcopy(tokenizer)
+    except Exception as err:  # a tokenizer that does not copy: share it (decoding does not change it)
+        log.debug("experience store: the tokenizer does not copy (%s); sharing it", err)
+        tok = tokenizer
+    return lambda ids: tok.decode(list(ids), skip_special_tokens=False)
+
+
+def record_left_out(
+    ctx: Any, it: int, before: Sequence[Group], after: Sequence[Group], status: str, reason: str
+) -> None:
+    """Record the groups of `before` that a stage left out of `after` (compared by identity)."""
+    if ctx.experience is None:
+        return
+    kept = {id(g) for g in after}
+    left = [e for g in before if id(g) not in kept for e in g.episodes]
+    ctx.experience.put(
+        Entry(e, it, status, trainer_version=it - 1, reason=reason, env=_env(ctx, e)) for e in left
+    )
+
+
+def record_trained(ctx: Any, it: int, groups: Sequence[Group], samples: Sequence[TrainSample]) -> None:
+    """Record the groups the update of iteration `it` used; `samples` are their train samples (advantages
+    set, masks as the update sees them), one per episode of `flatten(groups)`."""
+    if ctx.experience is None:
+        return
+    place = [g for g, group in enumerate(groups) for _ in group.episodes]
+    filtering = ctx.cfg.algorithm.filter_zero_advantage
+    entries = []
+    for g, e, s in zip(place, flatten(groups), samples, strict=True):
+        filtered = filtering and any(e.loss_mask) and not any(s.loss_mask)
+        entries.append(Entry(
+            e, it, "filtered" if filtered else "trained", trainer_version=it - 1, group_index=g,
+            reason=ZERO_ADVANTAGE if filtered else None, env=_env(ctx, e), advantage=_mean_advantage(e, s),
+        ))  # fmt: skip
+    ctx.experience.put(entries)
+
+
+def _mean_advantage(e: Episode, s: TrainSample) -> float | None:
+    """The mean advantage over the episode's loss-mask tokens (all tokens when none has mask 1)."""
+    values = [a for a, m in zip(s.advantages, e.loss_mask, strict=True) if m] or s.advantages
+    return sum(values) / len(values) if values else None
+
+
+def _env(ctx: Any, e: Episode) -> str | None:
+    """The environment an episode ran in (as `env_name` chose it); None for single-turn reward runs."""
+    default = ctx.cfg.rollout.env
+    return None if default is None else env_name(e.metadata, default)
