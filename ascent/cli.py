@@ -29,6 +29,7 @@ from ascent.config import ConfigError, RunConfig, SFTConfig, dump_config, load_c
 from ascent.config.errors import show_value
 from ascent.config.explain import explain_sections
 from ascent.entrypoints.episodes import episodes_command
+from ascent.entrypoints.serve import serve_command
 from ascent.errors import AscentError
 
 USER_ERROR_NAMES = {"AscentError", "ConfigError", "DataError"}  # caught by name too: no heavy imports
@@ -376,6 +377,7 @@ def config_show(
 
 
 app.command("episodes")(episodes_command)  # the body: ascent/entrypoints/episodes.py
+app.command("serve")(serve_command)  # the body: ascent/entrypoints/serve.py
 
 
 @app.command()

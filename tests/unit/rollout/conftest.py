@@ -28,3 +28,17 @@ def make_engine(tiny_path: Path) -> Callable[..., ReferenceEngine]:
         return engine
 
     return make
+
+
+@pytest.fixture(scope="session")
+def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny checkpoint whose tokenizer has Qwen's `<tool_call>` words and braces (for the HTTP server)."""
+    from ascent.models.tiny import DEFAULT_CHARS
+
+    return make_tiny_checkpoint(
+        tmp_path_factory.mktemp("tiny_chat") / "tiny-chat",
+        hidden_size=32,
+        words=["<tool_call>", "</tool_call>"],
+        chars=DEFAULT_CHARS + "{}",
+        seed=2,
+    )

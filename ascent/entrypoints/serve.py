@@ -1,0 +1,208 @@
+"""`ascent serve --model DIR`: the policy behind an OpenAI-compatible HTTP API (`ascent.rollout.server`).
+
+It loads the checkpoint into the fast engine on a GPU or the reference engine on a CPU (`--engine`),
+wraps it in an `OpenAIServer` and serves `/v1/chat/completions`, `/v1/completions`, `/v1/models` and
+`/health` until SIGTERM or Ctrl-C (exit 143 / 130 after a graceful shutdown). An API key is required
+(`--api-key` or ASCENT_API_KEY) unless `--no-api-key` is given, which is allowed only on a loopback
+address. `ascent.cli` registers `serve_command` as the command; heavy imports wait until it runs.
+"""
+
+from __future__ import annotations
+
+import errno
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ascent.errors import AscentError
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+ENGINES = ("auto", "reference", "fast")
+DTYPES = ("auto", "fp32", "bf16", "fp16")
+
+
+class ServeError(AscentError):
+    """A serve option the user can fix."""
+
+
+class _Stopped(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def serve_command(
+    model: Annotated[str, typer.Option(help="Local Hugging Face checkpoint directory.", show_default=False)],
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to bind (0: a free one).")] = 8000,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="ASCENT_API_KEY", help="Key clients must send as a Bearer token.")
+    ] = None,
+    no_api_key: Annotated[
+        bool, typer.Option("--no-api-key", help="Serve without a key (only on 127.0.0.1/localhost/::1).")
+    ] = False,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="Model id clients ask for (default: the directory name).")
+    ] = None,
+    engine: Annotated[
+        str, typer.Option(help="auto (fast on a GPU, reference on CPU), reference or fast.")
+    ] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    dtype: Annotated[
+        str, typer.Option(help="auto (bf16 on a GPU, fp32 on CPU), fp32, bf16 or fp16.")
+    ] = "auto",
+    max_batch_size: Annotated[
+        int, typer.Option(min=1, help="Most sequences the engine decodes together.")
+    ] = 64,
+    max_model_len: Annotated[
+        int | None, typer.Option(min=1, help="Context length (default: the model's max_position_embeddings).")
+    ] = None,
+    gpu_memory_fraction: Annotated[
+        float,
+        typer.Option(min=0.05, max=0.99, help="Fast engine: share of GPU memory for weights and KV cache."),
+    ] = 0.85,
+    max_tokens: Annotated[
+        int, typer.Option(min=1, help="Response tokens when a request gives no max_tokens.")
+    ] = 256,
+    temperature: Annotated[float, typer.Option(min=0.0, help="Default temperature (0: greedy).")] = 1.0,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Default top-p.")] = 1.0,
+    top_k: Annotated[int, typer.Option(min=0, help="Default top-k (0: off).")] = 0,
+    pause_timeout: Annotated[
+        float, typer.Option(min=0.0, help="Seconds a request waits out a weight update before a 503.")
+    ] = 30.0,
+    trust_remote_code: Annotated[bool, typer.Option(help="Let the checkpoint run its own code.")] = False,
+    log_level: Annotated[
+        str, typer.Option(help="uvicorn's log level: debug, info, warning, error.")
+    ] = "info",
+) -> None:
+    """Serve a checkpoint over an OpenAI-compatible API (chat, completions, tools, streaming).
+
+    Example: ascent serve --model models/Qwen2.5-0.5B-Instruct --port 8000 --api-key secret
+    """
+    from ascent.cli import ErrorGuard  # here: ascent.cli imports this module
+
+    with ErrorGuard():
+        settings = ServeSettings(
+            model=model, api_key=check_access(host, api_key, no_api_key), served_model_name=served_model_name,
+            engine=_choose("--engine", engine, ENGINES), device=device, dtype=_choose("--dtype", dtype, DTYPES),
+            max_batch_size=max_batch_size, max_model_len=max_model_len, gpu_memory_fraction=gpu_memory_fraction,
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            pause_timeout=pause_timeout, trust_remote_code=trust_remote_code,
+        )  # fmt: skip
+        previous = {s: signal.signal(s, _raise_stopped) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            serve(build_server(settings), host, port, log_level)
+        except _Stopped as stop:
+            typer.echo(f"ascent serve: stopped by {stop}.", err=True)
+            raise typer.Exit(128 + stop.signum) from None
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def serve(server: Any, host: str, port: int, log_level: str) -> None:
+    """Run `server` in the foreground; an address that cannot be bound is the user's to fix."""
+
+    def bound(url: str) -> None:
+        typer.echo(f"serving {server.options.model_name} at {url} (policy version {server.policy_version})")
+
+    try:
+        server.run(host, port, log_level, on_bound=bound)
+    except OSError as err:
+        if err.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise
+        raise ServeError(f"--host {host} --port {port}: cannot listen there ({err.strerror}); choose another "
+                         "--port (0 picks a free one) or --host.") from err  # fmt: skip
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise _Stopped(signum)
+
+
+def _choose(option: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ServeError(f"{option} {value}: unknown; use one of {', '.join(choices)}.")
+    return value
+
+
+def check_access(host: str, api_key: str | None, no_api_key: bool) -> str | None:
+    """The key to require (None: none), or a ServeError naming the option to set."""
+    if api_key and no_api_key:
+        raise ServeError("--api-key and --no-api-key: choose one (ASCENT_API_KEY counts as --api-key).")
+    if no_api_key:
+        if host not in LOOPBACK:
+            raise ServeError(
+                f"--no-api-key with --host {host}: a server without a key may only listen on a loopback address "
+                f"({', '.join(sorted(LOOPBACK))}); set --api-key (or ASCENT_API_KEY) to serve on {host}."
+            )
+        return None
+    if not api_key:
+        raise ServeError(
+            "--api-key is not set: clients must send a key (set --api-key KEY or ASCENT_API_KEY), or serve "
+            "without one on localhost with --no-api-key."
+        )
+    return api_key
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What `ascent serve` was asked for, checked: the model, access, engine and sampling defaults."""
+
+    model: str
+    api_key: str | None
+    served_model_name: str | None = None
+    engine: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    max_batch_size: int = 64
+    max_model_len: int | None = None
+    gpu_memory_fraction: float = 0.85
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    pause_timeout: float = 30.0
+    trust_remote_code: bool = False
+
+
+def build_server(s: ServeSettings) -> Any:
+    """Load the tokenizer, the model's limits and the engine; an OpenAIServer around them."""
+    from ascent.models.loading import load_tokenizer, resolve_device
+    from ascent.rollout import build_engine
+    from ascent.rollout.server import Limits, OpenAIServer, ServerOptions
+
+    tokenizer = load_tokenizer(s.model, trust_remote_code=s.trust_remote_code)
+    length, vocab = model_limits(s.model, s.max_model_len, s.trust_remote_code)
+    dev = resolve_device(s.device)
+    name = s.engine if s.engine != "auto" else ("fast" if dev.type == "cuda" else "reference")
+    dtype = s.dtype if s.dtype != "auto" else ("bf16" if dev.type == "cuda" else "fp32")
+    kwargs: dict[str, Any] = {"model_path": s.model, "dtype": dtype, "device": dev,
+                              "trust_remote_code": s.trust_remote_code}  # fmt: skip
+    if name == "fast":
+        kwargs |= {"max_batch_size": s.max_batch_size, "max_model_len": length,
+                   "gpu_memory_fraction": s.gpu_memory_fraction}  # fmt: skip
+    else:
+        kwargs |= {"generation_batch_size": s.max_batch_size}
+    limits = Limits(length, max(vocab, len(tokenizer)), s.max_tokens, s.temperature, s.top_p, s.top_k)
+    options = ServerOptions(s.served_model_name or Path(s.model).resolve().name, limits, s.api_key,
+                            max_batch_requests=s.max_batch_size, pause_timeout_s=s.pause_timeout)  # fmt: skip
+    return OpenAIServer(build_engine(name, **kwargs), tokenizer, options)
+
+
+def model_limits(model: str, max_model_len: int | None, trust_remote_code: bool = False) -> tuple[int, int]:
+    """(context length, vocab size): --max-model-len, at most the config's max_position_embeddings."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model, local_files_only=True, trust_remote_code=trust_remote_code)
+    config = getattr(config, "text_config", None) or config
+    context = getattr(config, "max_position_embeddings", None)
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    if context and max_model_len and max_model_len > context:
+        raise ServeError(f"--max-model-len {max_model_len}: over the model's max_position_embeddings ({context}); "
+                         f"set it to {context} or less.")  # fmt: skip
+    if not (max_model_len or context):
+        raise ServeError(f"--model {model}: config.json has no max_position_embeddings; set --max-model-len.")
+    return int(max_model_len or context or 0), vocab

@@ -1,0 +1,27 @@
+"""The OpenAI-compatible HTTP server of the rollout engines (design: "Agents written against the OpenAI API
+can be trained too"; `ascent serve` is its command, in `ascent.entrypoints.serve`).
+
+Map: `schemas` (request bodies) -> `prepare` (prompts, context limit, sampling params) -> `server`
+(`OpenAIServer`: lifecycle, pausing for weight updates, recording) -> `batcher` (the engine's own thread,
+batching concurrent requests) -> the engine; back through `handlers` (chat and completions bodies),
+`responses` (OpenAI shapes), `streaming` (tokens to SSE) and `chat` (messages and tool calls). `recorder`
+keeps every sample token-exact per session for training; `errors` gives every failure OpenAI's shape;
+`app` is the FastAPI wiring. FastAPI and uvicorn are imported only by this package.
+"""
+
+from ascent.rollout.server.batcher import Batcher, BatchResult, EnginePaused, StreamingEngine
+from ascent.rollout.server.prepare import Limits
+from ascent.rollout.server.recorder import CompletionRecord, Recorder
+from ascent.rollout.server.server import OpenAIServer, ServerOptions
+
+__all__ = [
+    "BatchResult",
+    "Batcher",
+    "CompletionRecord",
+    "EnginePaused",
+    "Limits",
+    "OpenAIServer",
+    "Recorder",
+    "ServerOptions",
+    "StreamingEngine",
+]

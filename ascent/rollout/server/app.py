@@ -1,0 +1,107 @@
+"""The FastAPI app of `OpenAIServer` (`ascent.rollout.server`): routes, API-key check, OpenAI-shaped errors.
+
+Routes: `POST /v1/chat/completions`, `POST /v1/completions` (bodies in `handlers.py`), `GET /v1/models`,
+`GET /health` (no key needed: it tells only that the server is up and its policy version). Every other
+route needs `Authorization: Bearer <key>` when the server has a key. The session a request's records are
+filed under is its `X-Session-Id` header, else the bearer token it sent, else "default".
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from ascent.rollout.server import handlers
+from ascent.rollout.server.errors import APIError, validation_error
+from ascent.rollout.server.schemas import ChatCompletionRequest, CompletionRequest
+
+if TYPE_CHECKING:
+    from ascent.rollout.server.server import OpenAIServer
+
+SESSION_HEADER = "x-session-id"
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return error_response(exc)
+
+
+async def _invalid(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    return error_response(validation_error(exc.errors()))
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return error_response(
+        APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind=kind)
+    )
+
+
+async def _internal(request: Request, exc: Exception) -> Response:
+    """A bug: the client gets a 500 in OpenAI's shape; Starlette then re-raises it for uvicorn's log."""
+    return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error"))
+
+
+def _bearer(request: Request) -> str | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+def session_checker(api_key: str | None) -> Any:
+    """A dependency: refuses a missing or wrong key with 401, returns the request's session key."""
+
+    def check(request: Request) -> str:
+        token = _bearer(request)
+        if api_key is not None:
+            if token is None:
+                raise APIError(401, "You didn't provide an API key: send it as `Authorization: Bearer <key>`.",
+                               code="invalid_api_key")  # fmt: skip
+            if not hmac.compare_digest(token.encode(), api_key.encode()):
+                raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+        return request.headers.get(SESSION_HEADER) or token or "default"
+
+    return check
+
+
+def build_app(server: OpenAIServer) -> FastAPI:
+    app = FastAPI(title="ascent", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal)
+    session = Depends(session_checker(server.options.api_key))
+    created = int(time.time())
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "policy_version": server.policy_version, "paused": server.batcher.paused}
+
+    @app.get("/v1/models")
+    async def models(_: str = session) -> dict[str, Any]:
+        card = {"id": server.options.model_name, "object": "model", "created": created, "owned_by": "ascent",
+                "max_model_len": server.options.limits.max_model_len}  # fmt: skip
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatCompletionRequest, key: str = session) -> Any:
+        return await handlers.chat_completions(server, body, key)
+
+    @app.post("/v1/completions", response_model=None)
+    async def complete(body: CompletionRequest, key: str = session) -> Any:
+        return await handlers.completions(server, body, key)
+
+    return app

@@ -1,0 +1,206 @@
+"""The bodies of `/v1/chat/completions` and `/v1/completions` (`ascent.rollout.server`; routes in `app.py`).
+
+Each handler renders the prompt, checks it against the context, queues one engine request per prompt (all
+queued before any is awaited, so they share a batch) and answers with a whole body or, with `stream=true`,
+server-sent chunks. Chat replies with tools are parsed for tool calls; a streamed reply with tools is sent
+when the sample ends (its raw `<tool_call>` text never reaches the client).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from ascent.messages import Generation, GenerationRequest
+from ascent.rollout.server.batcher import BatchResult
+from ascent.rollout.server.chat import cut_at_stop, split_tool_calls
+from ascent.rollout.server.errors import APIError
+from ascent.rollout.server.prepare import chat_prompt, completion_prompts, sampling_params, token_budget
+from ascent.rollout.server.responses import (
+    Meta,
+    chat_choice,
+    chat_chunk,
+    chat_logprobs,
+    completion_choice,
+    completion_logprobs,
+    new_id,
+    usage,
+    usage_chunk,
+)
+from ascent.rollout.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingBody
+from ascent.rollout.server.server import OpenAIServer, result_of
+from ascent.rollout.server.streaming import TextStream, TokenFeed, sse
+
+Chunks = AsyncIterator[dict[str, Any]]
+
+
+def check_model(server: OpenAIServer, body: SamplingBody) -> None:
+    name = server.options.model_name
+    if body.model != name:
+        raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{name}`.",
+                       param="model", code="model_not_found")  # fmt: skip
+
+
+def _streaming(chunks: Chunks) -> StreamingResponse:
+    return StreamingResponse(
+        sse(chunks), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
+
+
+def _wants_usage(body: SamplingBody) -> bool:
+    return body.stream_options is not None and body.stream_options.include_usage
+
+
+# ---- chat ------------------------------------------------------------------------------------------------
+
+
+def _uses_tools(body: ChatCompletionRequest) -> bool:
+    return bool(body.tools) and body.tool_choice != "none"
+
+
+def _chat_reply(
+    server: OpenAIServer, body: ChatCompletionRequest, gen: Generation
+) -> tuple[str | None, list[dict[str, Any]], str]:
+    """-> (content, tool_calls, finish_reason) of one sample."""
+    text, _ = cut_at_stop(server.decode(gen.token_ids), body.stop_strings())
+    content, calls = split_tool_calls(text) if _uses_tools(body) else (text, [])
+    return content, calls, "tool_calls" if calls else gen.finish_reason
+
+
+async def chat_completions(server: OpenAIServer, body: ChatCompletionRequest, session: str) -> Any:
+    check_model(server, body)
+    limits = server.options.limits
+    prompt_ids = chat_prompt(server.chat, body)
+    budget = token_budget(len(prompt_ids), body.token_budget(), limits, "messages")
+    request = GenerationRequest(prompt_ids, sampling_params(body, budget, limits))
+    meta = Meta(new_id("chatcmpl"), server.options.model_name)
+    if body.stream:
+        feed = TokenFeed()
+        feed.attach(await server.submit(request, session, "chat", meta.completion_id, feed.callback()))
+        return _streaming(_chat_chunks(server, body, meta, feed, len(prompt_ids)))
+    result = await server.generate(request, session, "chat", meta.completion_id)
+    return _chat_body(server, body, meta, prompt_ids, result)
+
+
+def _chat_body(server: OpenAIServer, body: ChatCompletionRequest, meta: Meta, prompt_ids: list[int],
+               result: BatchResult) -> dict[str, Any]:  # fmt: skip
+    choices = []
+    for i, gen in enumerate(result.generations):
+        content, calls, finish = _chat_reply(server, body, gen)
+        lp = chat_logprobs(gen.token_ids, gen.logprobs, server.piece) if body.logprobs else None
+        ids = list(gen.token_ids) if body.return_token_ids else None
+        choices.append(chat_choice(i, content, calls, finish, lp, ids))
+    out = {**meta.head("chat.completion"), "choices": choices, "system_fingerprint": None,
+           "usage": usage([len(prompt_ids)], result.generations)}  # fmt: skip
+    if body.return_token_ids:
+        out["prompt_token_ids"] = prompt_ids
+    return out
+
+
+async def _chat_chunks(server: OpenAIServer, body: ChatCompletionRequest, meta: Meta, feed: TokenFeed,
+                       prompt_len: int) -> Chunks:  # fmt: skip
+    tools = _uses_tools(body)
+    texts = [TextStream(server.decode, body.stop_strings()) for _ in range(body.n)]
+    for i in range(body.n):
+        yield chat_chunk(meta, i, {"role": "assistant", "content": ""})
+    async for index, token_id, logprob in feed.events():
+        delta = "" if tools else texts[index].push(token_id)
+        lp = chat_logprobs([token_id], [logprob], server.piece) if body.logprobs else None
+        if delta or lp:
+            yield chat_chunk(meta, index, {"content": delta}, logprobs=lp)
+    try:
+        result = await result_of(feed.futures[0])
+    except APIError as err:
+        yield err.body()
+        return
+    for i, gen in enumerate(result.generations):
+        content, calls, finish = _chat_reply(server, body, gen)
+        tail = content if tools else texts[i].finish()
+        if tail:
+            yield chat_chunk(meta, i, {"content": tail})
+        if calls:
+            yield chat_chunk(meta, i, {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]})
+        yield chat_chunk(meta, i, {}, finish_reason=finish)
+    if _wants_usage(body):
+        yield usage_chunk(meta, "chat.completion.chunk", usage([prompt_len], result.generations))
+
+
+# ---- completions -----------------------------------------------------------------------------------------
+
+
+async def completions(server: OpenAIServer, body: CompletionRequest, session: str) -> Any:
+    check_model(server, body)
+    limits = server.options.limits
+    prompts = completion_prompts(server.tokenizer, body, limits)
+    requests = [
+        GenerationRequest(
+            ids, sampling_params(body, token_budget(len(ids), body.max_tokens, limits, "prompt"), limits)
+        )
+        for ids in prompts
+    ]
+    meta = Meta(new_id("cmpl"), server.options.model_name)
+    feed = TokenFeed() if body.stream else None
+    futures = []
+    for p, request in enumerate(requests):
+        on_token = feed.callback(p * body.n) if feed is not None else None
+        futures.append(
+            await server.submit(request, session, "completions", meta.completion_id, on_token, p * body.n)
+        )
+    if feed is not None:
+        for future in futures:
+            feed.attach(future)
+        return _streaming(_completion_chunks(server, body, meta, feed, prompts))
+    results = [await result_of(f) for f in futures]
+    return _completion_body(server, body, meta, prompts, results)
+
+
+def _completion_body(server: OpenAIServer, body: CompletionRequest, meta: Meta, prompts: list[list[int]],
+                     results: list[BatchResult]) -> dict[str, Any]:  # fmt: skip
+    choices, samples = [], [g for r in results for g in r.generations]
+    for i, gen in enumerate(samples):
+        text, _ = cut_at_stop(server.decode(gen.token_ids), body.stop_strings())
+        lp = (
+            completion_logprobs(gen.token_ids, gen.logprobs, server.piece)
+            if body.logprobs is not None
+            else None
+        )
+        ids = list(gen.token_ids) if body.return_token_ids else None
+        choices.append(completion_choice(i, text, gen.finish_reason, lp, ids))
+    out = {**meta.head("text_completion"), "choices": choices, "system_fingerprint": None,
+           "usage": usage([len(p) for p in prompts], samples)}  # fmt: skip
+    if body.return_token_ids:
+        out["prompt_token_ids"] = prompts[0] if len(prompts) == 1 else prompts
+    return out
+
+
+def _text_chunk(meta: Meta, index: int, text: str, finish: str | None = None,
+                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+    return {**meta.head("text_completion"), "choices": [choice]}
+
+
+async def _completion_chunks(server: OpenAIServer, body: CompletionRequest, meta: Meta, feed: TokenFeed,
+                             prompts: list[list[int]]) -> Chunks:  # fmt: skip
+    texts = [TextStream(server.decode, body.stop_strings()) for _ in range(len(prompts) * body.n)]
+    async for index, token_id, logprob in feed.events():
+        start = texts[index].sent
+        delta = texts[index].push(token_id)
+        lp = (
+            completion_logprobs([token_id], [logprob], server.piece, start)
+            if body.logprobs is not None
+            else None
+        )
+        if delta or lp:
+            yield _text_chunk(meta, index, delta, logprobs=lp)
+    try:
+        results = [await result_of(f) for f in feed.futures]
+    except APIError as err:
+        yield err.body()
+        return
+    samples = [g for r in results for g in r.generations]
+    for i, gen in enumerate(samples):
+        yield _text_chunk(meta, i, texts[i].finish(), gen.finish_reason)
+    if _wants_usage(body):
+        yield usage_chunk(meta, "text_completion", usage([len(p) for p in prompts], samples))

@@ -1,0 +1,90 @@
+"""What the HTTP server generated, token-exact, per session (`ascent.rollout.server`; no HTTP in here).
+
+Every sample the server returns is recorded as a `CompletionRecord`: the prompt ids the engine saw, the
+response ids it sampled, the sampler's logprob of each, the policy version of the weights, the finish
+reason, keyed by a session (the `X-Session-Id` header, else the caller's API key). Training on an agent
+that talks to the server (design: "Agents written against the OpenAI API can be trained too") drains a
+session's records into episodes: nothing is re-tokenized from the text the agent saw.
+
+The recorder is bounded (`max_records`): past it, records of the session held longest are dropped, oldest
+first, and counted in `dropped`, so a server nobody drains cannot grow without limit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ascent.messages import FinishReason
+
+Endpoint = Literal["chat", "completions"]
+
+
+@dataclass(frozen=True)
+class CompletionRecord:
+    """One returned sample. `response_ids`, `logprobs` (and `token_versions` when the engine stamps them)
+    have one entry per sampled token, stop tokens included, exactly as the engine produced them."""
+
+    session_id: str
+    completion_id: str
+    index: int  # the choice's index within its completion (n > 1)
+    endpoint: Endpoint
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    policy_version: int
+    token_versions: list[int] = field(default_factory=list)
+    response_text: str = ""
+    created: float = field(default_factory=time.time)
+
+
+class Recorder:
+    """Thread-safe, in-memory store of `CompletionRecord`s by session, in the order they completed."""
+
+    def __init__(self, max_records: int = 100_000) -> None:
+        if max_records < 1:
+            raise ValueError(f"max_records={max_records}: set it to 1 or more.")
+        self.max_records = max_records
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._sessions: OrderedDict[str, deque[CompletionRecord]] = OrderedDict()
+        self._count = 0
+
+    def record(self, record: CompletionRecord) -> None:
+        with self._lock:
+            self._sessions.setdefault(record.session_id, deque()).append(record)
+            self._count += 1
+            while self._count > self.max_records:
+                self._drop_oldest()
+
+    def drain(self, session_id: str) -> list[CompletionRecord]:
+        """The session's records, oldest first; they are removed from the recorder."""
+        with self._lock:
+            records = list(self._sessions.pop(session_id, ()))
+            self._count -= len(records)
+            return records
+
+    def peek(self, session_id: str) -> list[CompletionRecord]:
+        """The session's records, oldest first, left in place."""
+        with self._lock:
+            return list(self._sessions.get(session_id, ()))
+
+    def sessions(self) -> list[str]:
+        """Sessions holding records, the one whose first record is oldest first."""
+        with self._lock:
+            return list(self._sessions)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _drop_oldest(self) -> None:
+        session, records = next(iter(self._sessions.items()))
+        records.popleft()
+        self._count -= 1
+        self.dropped += 1
+        if not records:
+            del self._sessions[session]

@@ -1,0 +1,231 @@
+"""`OpenAIServer`: the policy behind an OpenAI-compatible HTTP API (design: "Agents written against the OpenAI
+API can be trained too"; the package map's "HTTP server" in `ascent.rollout`).
+
+It ties together an engine (owned by the `Batcher` thread), a tokenizer, the `Recorder` and the FastAPI app
+(`app.py`). It runs in the foreground (`run`, what `ascent serve` does) or on a background thread (`start`,
+for tests and for a training loop that serves its own policy). Weight updates go through `paused()`: new
+requests wait (up to `pause_timeout_s`, then 503 with Retry-After) while the running ones finish and the
+weights are swapped; `update_weights` does all of it and bumps the policy version the records carry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from ascent.envs.chat import ChatTokens
+from ascent.messages import GenerationRequest
+from ascent.rollout.base import RolloutEngine
+from ascent.rollout.server.batcher import Batcher, BatchResult, EnginePaused, TokenCallback
+from ascent.rollout.server.errors import APIError
+from ascent.rollout.server.prepare import Limits
+from ascent.rollout.server.recorder import CompletionRecord, Endpoint, Recorder
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How the server answers. `api_key=None` accepts any caller (bind to localhost only: `ascent serve`
+    refuses anything else); `limits` holds the context length and sampling defaults."""
+
+    model_name: str
+    limits: Limits
+    api_key: str | None
+    max_batch_requests: int = 256
+    pause_timeout_s: float = 30.0  # how long a request waits for a weight update before a 503
+    retry_after_s: int = 5
+    max_records: int = 100_000
+
+
+class OpenAIServer:
+    """See the module docstring. `engine` is used only from the batcher thread once the server starts."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: Any,
+        options: ServerOptions,
+        *,
+        recorder: Recorder | None = None,
+        policy_version: int = 0,
+    ) -> None:
+        from ascent.rollout.server.app import build_app
+
+        self.options = options
+        self.tokenizer = tokenizer
+        self.chat = ChatTokens(tokenizer)
+        self.batcher = Batcher(engine, options.max_batch_requests, policy_version)
+        self.recorder = recorder if recorder is not None else Recorder(options.max_records)
+        self.app = build_app(self)
+        self.url: str | None = None
+        self._uvicorn: Any = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def policy_version(self) -> int:
+        return self.batcher.policy_version
+
+    # ---- text helpers (used on the event loop thread only) -----------------------------------------------
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def piece(self, ids: list[int]) -> str:
+        """A token's own text for logprobs, special tokens included."""
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    # ---- running -----------------------------------------------------------------------------------------
+
+    def _config(self, host: str, log_level: str) -> Any:
+        import uvicorn
+
+        return uvicorn.Config(self.app, host=host, log_level=log_level, timeout_graceful_shutdown=5,
+                              access_log=log_level == "debug")  # fmt: skip
+
+    def _bind(self, host: str, port: int) -> socket.socket:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.create_server((host, port), family=family)
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{sock.getsockname()[1]}/v1"
+        return sock
+
+    def start(self, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> str:
+        """Serve on a background thread (port 0: a free port); return the base URL once it accepts."""
+        import uvicorn
+
+        sock = self._bind(host, port)
+        self.batcher.start()
+        self._uvicorn = uvicorn.Server(self._config(host, log_level))
+        self._thread = threading.Thread(
+            target=self._uvicorn.run, kwargs={"sockets": [sock]}, name="ascent-http", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._uvicorn.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the HTTP server did not start on {host}:{port} within 30 s")
+            time.sleep(0.01)
+        assert self.url is not None
+        return self.url
+
+    def run(
+        self, host: str, port: int, log_level: str = "info", on_bound: Callable[[str], None] | None = None
+    ) -> None:
+        """Serve in the foreground until SIGINT/SIGTERM: uvicorn shuts down gracefully, then raises the signal
+        again for the previous handler. `on_bound(url)` is called once the port is bound."""
+        import uvicorn
+
+        sock = self._bind(host, port)
+        if on_bound is not None:
+            assert self.url is not None
+            on_bound(self.url)
+        self.batcher.start()
+        self._uvicorn = uvicorn.Server(self._config(host, log_level))
+        try:
+            self._uvicorn.run(sockets=[sock])
+        finally:
+            self.batcher.close()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the background server started by `start` and the batcher."""
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self.batcher.close()
+
+    # ---- weight updates ----------------------------------------------------------------------------------
+
+    def pause(self, timeout_s: float = 600.0) -> None:
+        """New requests wait (then 503); returns once running requests are done and the engine is idle."""
+        self.batcher.pause(timeout_s)
+
+    def resume(self) -> None:
+        self.batcher.resume()
+
+    @contextlib.contextmanager
+    def paused(self, timeout_s: float = 600.0) -> Iterator[None]:
+        self.pause(timeout_s)
+        try:
+            yield
+        finally:
+            self.resume()
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
+        """Pause, load the (name, tensor) pairs into the engine, set the policy version, resume."""
+        with self.paused():
+            self.batcher.engine.update_weights(named_tensors)
+            self.batcher.policy_version = version
+
+    # ---- generation (called by the HTTP handlers, on the event loop) -------------------------------------
+
+    async def submit(
+        self, request: GenerationRequest, session: str, endpoint: Endpoint, completion_id: str,
+        on_token: TokenCallback | None = None, first_index: int = 0,
+    ) -> Future[BatchResult]:  # fmt: skip
+        """Queue `request` (waiting out a weight update, up to pause_timeout_s); record it once it is done."""
+        deadline = time.monotonic() + self.options.pause_timeout_s
+        while True:
+            try:
+                future = self.batcher.submit(request, on_token)
+                break
+            except EnginePaused:
+                if time.monotonic() >= deadline:
+                    raise self._unavailable("the model's weights are being updated") from None
+                await asyncio.sleep(0.02)
+            except RuntimeError as err:  # shutting down
+                raise self._unavailable(str(err)) from None
+        loop = asyncio.get_running_loop()
+
+        def done(f: Future[BatchResult]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the server is stopping
+                loop.call_soon_threadsafe(
+                    self._record, f, request, session, endpoint, completion_id, first_index
+                )
+
+        future.add_done_callback(done)
+        return future
+
+    async def generate(
+        self, request: GenerationRequest, session: str, endpoint: Endpoint, completion_id: str
+    ) -> BatchResult:
+        future = await self.submit(request, session, endpoint, completion_id)
+        return await result_of(future)
+
+    def _unavailable(self, why: str) -> APIError:
+        retry = self.options.retry_after_s
+        return APIError(503, f"{why}; retry in {retry} s.", code="engine_paused", kind="server_error",
+                        headers={"Retry-After": str(retry)})  # fmt: skip
+
+    def _record(self, future: Future[BatchResult], request: GenerationRequest, session: str,
+                endpoint: Endpoint, completion_id: str, first_index: int) -> None:  # fmt: skip
+        if future.cancelled() or future.exception() is not None:
+            return
+        result = future.result()
+        for index, gen in enumerate(result.generations):
+            self.recorder.record(CompletionRecord(
+                session_id=session, completion_id=completion_id, index=first_index + index, endpoint=endpoint,
+                prompt_ids=list(request.prompt_ids), response_ids=list(gen.token_ids),
+                logprobs=list(gen.logprobs), finish_reason=gen.finish_reason,
+                policy_version=result.policy_version, token_versions=list(gen.token_versions),
+                response_text=self.decode(gen.token_ids),
+            ))  # fmt: skip
+
+
+async def result_of(future: Future[BatchResult]) -> BatchResult:
+    """Await the batcher's future; an engine failure is a 500 in OpenAI's shape."""
+    try:
+        return await asyncio.wrap_future(future)
+    except APIError:
+        raise
+    except Exception as err:
+        raise APIError(500, f"the engine failed: {type(err).__name__}: {err}", kind="server_error") from err

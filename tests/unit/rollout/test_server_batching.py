@@ -1,0 +1,147 @@
+"""The server under load and around weight updates, with scripted engines: 100 concurrent requests each get
+their own answer and share engine calls; a paused server holds requests (bounded) then answers 503 with
+Retry-After; a weight update bumps the policy version the records carry; a client that leaves mid-stream
+does not take the server down."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from ascent.messages import GenerationRequest, SamplingParams
+from ascent.rollout.server import Batcher
+from tests.unit.rollout.server_support import (
+    EOS,
+    ScriptedEngine,
+    StreamingScriptedEngine,
+    async_client,
+    chat_user_text,
+    client,
+    serving,
+)
+
+
+def echo(request: GenerationRequest) -> list[int]:
+    return [*chat_user_text(request), EOS]
+
+
+def test_100_concurrent_requests_get_their_own_answers_in_shared_batches(chat_model: Path) -> None:
+    engine = ScriptedEngine(echo, delay_s=0.05)
+    with serving(engine, chat_model) as server:
+        c = async_client(server)
+
+        async def ask(i: int) -> str:
+            out = await c.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": f"q{i}"}],
+                extra_headers={"X-Session-Id": f"s{i}"},
+            )
+            return out.choices[0].message.content or ""
+
+        async def main() -> list[str]:
+            try:
+                return await asyncio.gather(*(ask(i) for i in range(100)))
+            finally:
+                await c.close()
+
+        answers = asyncio.run(main())
+        assert answers == [f"q{i}" for i in range(100)]
+        assert sum(engine.batches) == 100 and len(engine.batches) < 50  # batched, nothing lost
+        for i in range(100):
+            (rec,) = server.recorder.drain(f"s{i}")
+            assert rec.response_text == f"q{i}" and rec.response_ids == [*rec.prompt_ids[2:-3], EOS]
+
+
+def test_paused_server_answers_503_with_retry_after_then_serves(chat_model: Path) -> None:
+    engine = ScriptedEngine(echo)
+    with serving(engine, chat_model, pause_timeout_s=0.3, retry_after_s=2) as server:
+        c = client(server)
+        server.pause()
+        start = time.monotonic()
+        with pytest.raises(openai.InternalServerError) as err:
+            c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+        assert err.value.status_code == 503 and err.value.response.headers["retry-after"] == "2"
+        assert time.monotonic() - start >= 0.3  # it waited for the update first
+        threading.Timer(0.1, server.resume).start()  # an update shorter than the bound: the request waits
+        out = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "y"}])
+        assert out.choices[0].message.content == "y"
+
+
+def test_weight_update_bumps_the_policy_version_of_records(chat_model: Path) -> None:
+    engine = ScriptedEngine(echo)
+    with serving(engine, chat_model) as server:
+        c = client(server)
+        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a"}])
+        server.update_weights([("lm_head.weight", None)], version=3)
+        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "b"}])
+        versions = [r.policy_version for r in server.recorder.drain("test-key")]
+        assert versions == [0, 3] and engine.weights == ["lm_head.weight"] and server.policy_version == 3
+
+
+def test_pause_waits_for_running_requests() -> None:
+    batcher = Batcher(ScriptedEngine(echo, delay_s=0.2))
+    batcher.start()
+    future = batcher.submit(GenerationRequest([2, 50, 1, 2, 40], SamplingParams(max_new_tokens=8)))
+    time.sleep(0.05)
+    batcher.pause(timeout_s=5)
+    assert future.done() and batcher.paused  # the running call finished before pause returned
+    with pytest.raises(RuntimeError, match="weights are being updated"):
+        batcher.submit(GenerationRequest([2, 50, 1, 2, 40], SamplingParams(max_new_tokens=8)))
+    batcher.resume()
+    batcher.close()
+
+
+def test_client_leaving_mid_stream_leaves_the_server_up(chat_model: Path) -> None:
+    engine = StreamingScriptedEngine(lambda r: [*([40] * 30), EOS], token_delay_s=0.02)
+    with serving(engine, chat_model, default_max_tokens=64) as server:
+        c = client(server)
+        stream = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "go"}], stream=True,
+                                           extra_headers={"X-Session-Id": "gone"})  # fmt: skip
+        chunks = iter(stream)
+        next(chunks)  # the role chunk
+        assert next(chunks).choices[0].delta.content and not engine.finished.is_set()  # tokens as they come
+        stream.close()
+        assert engine.finished.wait(5)
+        engine.token_delay_s = 0.0
+        out = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "ok"}])
+        assert out.choices[0].finish_reason == "stop"
+        deadline = time.monotonic() + 5
+        while not server.recorder.peek("gone") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (rec,) = server.recorder.drain("gone")  # the left stream's sample is still recorded
+        assert len(rec.response_ids) == 31
+
+
+def test_a_request_that_breaks_the_engine_fails_alone_with_500(chat_model: Path) -> None:
+    def reply(request: GenerationRequest) -> list[int]:
+        if len(chat_user_text(request)) == 4:  # "boom"
+            raise RuntimeError("engine exploded")
+        return echo(request)
+
+    with serving(ScriptedEngine(reply, delay_s=0.05), chat_model) as server:
+        c = async_client(server)
+
+        async def ask(text: str) -> str:
+            try:
+                out = await c.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": text}]
+                )
+                return out.choices[0].message.content or ""
+            except openai.InternalServerError as err:
+                return f"{err.status_code} {err.type}"
+
+        async def main() -> list[str]:
+            try:
+                return await asyncio.gather(*(ask(t) for t in ["a", "bb", "boom", "ccc"]))
+            finally:
+                await c.close()
+
+        assert asyncio.run(main()) == ["a", "bb", "500 server_error", "ccc"]
+        assert client(server).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "ok"}]
+        )

@@ -1,0 +1,84 @@
+"""The server's pieces without HTTP: text deltas with stop strings held back, OpenAI field names from
+pydantic locations, the context budget, tool-call parsing, the bounded recorder and the access rules of
+`ascent serve`."""
+
+from __future__ import annotations
+
+import pytest
+
+from ascent.entrypoints.serve import ServeError, check_access
+from ascent.rollout.server.chat import split_tool_calls
+from ascent.rollout.server.errors import APIError, field_path
+from ascent.rollout.server.prepare import Limits, token_budget
+from ascent.rollout.server.recorder import CompletionRecord, Recorder
+from ascent.rollout.server.streaming import TextStream
+
+BYTES = "héllo wörld".encode()
+
+
+def byte_decode(ids: list[int]) -> str:
+    """Token i is byte i of BYTES: multi-byte characters span two tokens."""
+    return bytes(BYTES[i] for i in ids).decode(errors="replace")
+
+
+def test_text_stream_never_splits_a_character_and_holds_back_stop_prefixes() -> None:
+    stream = TextStream(byte_decode, ["wör"])
+    deltas = [stream.push(i) for i in range(len(BYTES))]
+    assert "".join(deltas) + stream.finish() == "héllo " and stream.stopped
+    assert all("\ufffd" not in d for d in deltas)
+    plain = TextStream(byte_decode, [])
+    assert "".join(plain.push(i) for i in range(len(BYTES))) + plain.finish() == "héllo wörld"
+
+
+def test_field_path_reads_like_openai() -> None:
+    assert (
+        field_path(("body", "messages", 0, "content", "list[TextPart]", 1, "text"))
+        == "messages[0].content[1].text"
+    )
+    assert field_path(("body", "temperature")) == "temperature"
+    assert field_path(("body",)) is None
+
+
+def test_token_budget_fits_the_context() -> None:
+    limits = Limits(max_model_len=100, vocab_size=10, default_max_tokens=30)
+    assert token_budget(50, None, limits, "messages") == 30
+    assert token_budget(90, None, limits, "messages") == 10
+    assert token_budget(50, 50, limits, "messages") == 50
+    with pytest.raises(APIError, match="maximum context length is 100 tokens") as err:
+        token_budget(50, 51, limits, "messages")
+    assert err.value.param == "max_tokens" and err.value.code == "context_length_exceeded"
+    with pytest.raises(APIError) as err:
+        token_budget(100, None, limits, "prompt")
+    assert err.value.param == "prompt"
+
+
+def test_tool_calls_parse_only_when_every_block_is_valid() -> None:
+    content, calls = split_tool_calls('ok <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>')
+    assert content == "ok" and calls[0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
+    broken = 'a <tool_call>{"name": "f"}</tool_call> <tool_call>{nope</tool_call>'
+    assert split_tool_calls(broken) == (broken, [])
+
+
+def _record(session: str, i: int) -> CompletionRecord:
+    return CompletionRecord(session, f"c{i}", 0, "chat", [1], [2, 3], [-0.1, -0.2], "stop", 0)
+
+
+def test_recorder_drains_per_session_and_stays_bounded() -> None:
+    recorder = Recorder(max_records=3)
+    for i, session in enumerate(["a", "b", "a", "b"]):
+        recorder.record(_record(session, i))
+    assert len(recorder) == 3 and recorder.dropped == 1
+    assert [r.completion_id for r in recorder.drain("a")] == ["c2"]
+    assert [r.completion_id for r in recorder.drain("b")] == ["c1", "c3"]
+    assert recorder.sessions() == [] and len(recorder) == 0
+
+
+def test_serve_access_rules() -> None:
+    assert check_access("0.0.0.0", "k", False) == "k"
+    assert check_access("127.0.0.1", None, True) is None
+    with pytest.raises(ServeError, match="loopback"):
+        check_access("0.0.0.0", None, True)
+    with pytest.raises(ServeError, match="--api-key is not set"):
+        check_access("127.0.0.1", None, False)
+    with pytest.raises(ServeError, match="choose one"):
+        check_access("127.0.0.1", "k", True)

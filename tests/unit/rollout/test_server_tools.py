@@ -1,0 +1,99 @@
+"""Tool calls and stop strings through the server, with a scripted engine (a tiny random model writes no
+valid tool call): the reply's `<tool_call>` blocks come back as OpenAI `tool_calls`, whole and streamed; tool
+results and assistant tool calls in the input are rendered by the chat template; stop strings are cut off."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ascent.messages import GenerationRequest
+from ascent.models.loading import load_tokenizer
+from ascent.rollout.server import OpenAIServer
+from tests.unit.rollout.server_support import EOS, ScriptedEngine, client, serving
+
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two numbers.",
+          "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tok(chat_model: Path):
+    return load_tokenizer(chat_model)
+
+
+@pytest.fixture(scope="module")
+def server(chat_model: Path, tok) -> Iterator[OpenAIServer]:
+    """Replies with a tool call to the first question, and with the last tool result afterwards."""
+    call_ids = tok.encode("Let me add. " + CALL, add_special_tokens=False) + [EOS]
+
+    def reply(request: GenerationRequest) -> list[int]:
+        text = tok.decode(request.prompt_ids)
+        if "<|im_start|>t" in text:  # a tool message is in the conversation: echo its result
+            result = text.rsplit("<|im_start|>t", 1)[1].split("<|im_end|>")[0]
+            return tok.encode(f"It is {result}.", add_special_tokens=False) + [EOS]
+        if "stop here" in text:
+            return tok.encode("one two three four", add_special_tokens=False) + [EOS]
+        return call_ids
+
+    with serving(ScriptedEngine(reply), chat_model, default_max_tokens=200) as srv:
+        yield srv
+
+
+def test_tool_call_round_trip(server: OpenAIServer) -> None:
+    c = client(server)
+    messages: list = [{"role": "user", "content": "what is 2+3?"}]
+    first = c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me add."
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "add" and call.id.startswith("call_")
+    assert json.loads(call.function.arguments) == {"a": 2, "b": 3}
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "5"}]  # fmt: skip
+    second = c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS)
+    assert second.choices[0].message.content == "It is 5." and second.choices[0].finish_reason == "stop"
+    assert second.choices[0].message.tool_calls is None
+
+
+def test_streamed_tool_call(server: OpenAIServer) -> None:
+    stream = client(server).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "2+3?"}], tools=TOOLS, stream=True
+    )
+    chunks = list(stream)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+    calls = [tc for ch in chunks for tc in ch.choices[0].delta.tool_calls or []]
+    assert "<tool_call>" not in text and text == "Let me add."
+    assert len(calls) == 1 and calls[0].index == 0 and calls[0].function.name == "add"
+    assert json.loads(calls[0].function.arguments) == {"a": 2, "b": 3}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_without_tools_the_call_is_plain_text(server: OpenAIServer) -> None:
+    out = client(server).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "2+3?"}])
+    assert out.choices[0].message.content == "Let me add. " + CALL and out.choices[0].finish_reason == "stop"
+    assert out.choices[0].message.tool_calls is None
+
+
+def test_stop_strings_are_cut_whole_and_streamed(server: OpenAIServer) -> None:
+    c = client(server)
+    messages = [{"role": "user", "content": "stop here"}]
+    out = c.chat.completions.create(model="tiny", messages=messages, stop=["three", "xyz"])
+    assert out.choices[0].message.content == "one two "
+    stream = c.chat.completions.create(model="tiny", messages=messages, stop="three", stream=True)
+    assert "".join(ch.choices[0].delta.content or "" for ch in stream) == "one two "
+    text = c.completions.create(model="tiny", prompt="stop here", stop=[" t"], max_tokens=30)
+    assert text.choices[0].text.startswith("one") and " t" not in text.choices[0].text
+
+
+def test_tool_choice_required_is_refused(server: OpenAIServer) -> None:
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as err:
+        client(server).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], tools=TOOLS, tool_choice="required"
+        )
+    assert err.value.param == "tool_choice"
