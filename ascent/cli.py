@@ -1,4 +1,4 @@
-"""The `ascent` command: train, sft, eval, episodes, debug env, config show, bench, version.
+"""The `ascent` command: train, sft, eval, episodes, serve, debug env, config show, bench, version.
 
 Every command loads and validates its configuration first (fast, no torch) and imports the heavy
 orchestrator lazily, so a bad config fails in a fraction of a second. Errors the user can fix

@@ -122,7 +122,7 @@ def run_env_eval(
     max_prompts: int | None = None,
     device: str = "auto",
     seed: int = 0,
-    batch_size: int = 64,
+    batch_size: int = 256,
     engine: str = "reference",
     dtype: str = "fp32",
     env_timeout_s: float = 60.0,
