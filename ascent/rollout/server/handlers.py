@@ -1,6 +1,7 @@
 """The bodies of `/v1/chat/completions` and `/v1/completions` (`ascent.rollout.server`; routes in `app.py`).
 
-Each handler renders the prompt, checks it against the context, queues one engine request per prompt (all
+Each handler renders the prompt (a chat call that echoes an earlier reply of its session continues that
+reply's exact ids: `threads.py`), checks it against the context, queues one engine request per prompt (all
 queued before any is awaited, so they share a batch) and answers with a whole body or, with `stream=true`,
 server-sent chunks. Chat replies with tools are parsed for tool calls; a streamed reply with tools is sent
 when the sample ends (its raw `<tool_call>` text never reaches the client).
@@ -8,7 +9,9 @@ when the sample ends (its raw `<tool_call>` text never reaches the client).
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -17,7 +20,13 @@ from ascent.messages import Generation, GenerationRequest
 from ascent.rollout.server.batcher import BatchResult
 from ascent.rollout.server.chat import cut_at_stop, split_tool_calls
 from ascent.rollout.server.errors import APIError
-from ascent.rollout.server.prepare import chat_prompt, completion_prompts, sampling_params, token_budget
+from ascent.rollout.server.prepare import (
+    chat_inputs,
+    chat_prompt,
+    completion_prompts,
+    sampling_params,
+    token_budget,
+)
 from ascent.rollout.server.responses import (
     Meta,
     chat_choice,
@@ -38,7 +47,7 @@ Chunks = AsyncIterator[dict[str, Any]]
 
 def check_model(server: OpenAIServer, body: SamplingBody) -> None:
     name = server.options.model_name
-    if body.model != name:
+    if body.model != name and not server.options.any_model:
         raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{name}`.",
                        param="model", code="model_not_found")  # fmt: skip
 
@@ -69,18 +78,51 @@ def _chat_reply(
     return content, calls, "tool_calls" if calls else gen.finish_reason
 
 
+@dataclass(frozen=True)
+class _Chat:
+    """A chat call's session, its messages and tools as the template reads them, and its prompt ids."""
+
+    session: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    prompt_ids: list[int]
+
+
+def _remember(server: OpenAIServer, body: ChatCompletionRequest, call: _Chat, result: BatchResult) -> None:
+    """Keep each reply that ended on the end-of-turn token, so the call that echoes it continues its ids
+    (`threads.py`); a reply cut by length or by a stop string is not a finished turn."""
+    eos = server.tokenizer.eos_token_id
+    for gen in result.generations:
+        text, cut = cut_at_stop(server.decode(gen.token_ids), body.stop_strings())
+        if gen.finish_reason != "stop" or cut or not gen.token_ids or gen.token_ids[-1] != eos:
+            continue
+        content, calls = split_tool_calls(text) if _uses_tools(body) else (text, [])
+        reply = {"role": "assistant", "content": content or "", "tool_calls": [
+            {"function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}}
+            for c in calls
+        ]}  # fmt: skip
+        server.threads.remember(
+            call.session, call.messages, call.tools, reply, [*call.prompt_ids, *gen.token_ids]
+        )
+
+
 async def chat_completions(server: OpenAIServer, body: ChatCompletionRequest, session: str) -> Any:
     check_model(server, body)
     limits = server.options.limits
-    prompt_ids = chat_prompt(server.chat, body)
+    messages, tools = chat_inputs(body)
+    prompt_ids = server.threads.prompt_ids(session, messages, tools, server.chat)
+    if prompt_ids is None:
+        prompt_ids = chat_prompt(server.chat, messages, tools)
+    call = _Chat(session, messages, tools, prompt_ids)
     budget = token_budget(len(prompt_ids), body.token_budget(), limits, "messages")
     request = GenerationRequest(prompt_ids, sampling_params(body, budget, limits))
     meta = Meta(new_id("chatcmpl"), server.options.model_name)
     if body.stream:
         feed = TokenFeed()
         feed.attach(await server.submit(request, session, "chat", meta.completion_id, feed.callback()))
-        return _streaming(_chat_chunks(server, body, meta, feed, len(prompt_ids)))
+        return _streaming(_chat_chunks(server, body, meta, feed, call))
     result = await server.generate(request, session, "chat", meta.completion_id)
+    _remember(server, body, call, result)
     return _chat_body(server, body, meta, prompt_ids, result)
 
 
@@ -100,7 +142,7 @@ def _chat_body(server: OpenAIServer, body: ChatCompletionRequest, meta: Meta, pr
 
 
 async def _chat_chunks(server: OpenAIServer, body: ChatCompletionRequest, meta: Meta, feed: TokenFeed,
-                       prompt_len: int) -> Chunks:  # fmt: skip
+                       call: _Chat) -> Chunks:  # fmt: skip
     tools = _uses_tools(body)
     texts = [TextStream(server.decode, body.stop_strings()) for _ in range(body.n)]
     for i in range(body.n):
@@ -115,6 +157,7 @@ async def _chat_chunks(server: OpenAIServer, body: ChatCompletionRequest, meta: 
     except APIError as err:
         yield err.body()
         return
+    _remember(server, body, call, result)
     for i, gen in enumerate(result.generations):
         content, calls, finish = _chat_reply(server, body, gen)
         tail = content if tools else texts[i].finish()
@@ -124,7 +167,7 @@ async def _chat_chunks(server: OpenAIServer, body: ChatCompletionRequest, meta: 
             yield chat_chunk(meta, i, {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]})
         yield chat_chunk(meta, i, {}, finish_reason=finish)
     if _wants_usage(body):
-        yield usage_chunk(meta, "chat.completion.chunk", usage([prompt_len], result.generations))
+        yield usage_chunk(meta, "chat.completion.chunk", usage([len(call.prompt_ids)], result.generations))
 
 
 # ---- completions -----------------------------------------------------------------------------------------

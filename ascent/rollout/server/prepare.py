@@ -64,11 +64,16 @@ def sampling_params(body: SamplingBody, max_new_tokens: int, limits: Limits) -> 
     )
 
 
-def chat_prompt(chat: Any, body: ChatCompletionRequest) -> list[int]:
-    """The conversation rendered with the chat template and its generation prompt, as token ids."""
+def chat_inputs(body: ChatCompletionRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The request's messages and tools as the chat template reads them (tools None with tool_choice none)."""
     tools = template_tools(body.tools) if body.tool_choice != "none" else None
+    return template_messages(body.messages), tools
+
+
+def chat_prompt(chat: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    """The conversation rendered with the chat template and its generation prompt, as token ids."""
     try:
-        return list(chat.prompt_ids(template_messages(body.messages), tools=tools))
+        return list(chat.prompt_ids(messages, tools=tools))
     except Exception as err:  # jinja's TemplateError and friends: the messages do not fit the template
         raise bad_request(f"messages: the model's chat template refused them: {err}", "messages") from err
 

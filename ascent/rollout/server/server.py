@@ -2,7 +2,8 @@
 API can be trained too"; the package map's "HTTP server" in `ascent.rollout`).
 
 It ties together an engine (owned by the `Batcher` thread), a tokenizer, the `Recorder` and the FastAPI app
-(`app.py`). It runs in the foreground (`run`, what `ascent serve` does) or on a background thread (`start`,
+(`app.py`), and `Threads`, which lets an agent's next call continue the exact ids of the reply it echoes. It
+runs in the foreground (`run`, what `ascent serve` does) or on a background thread (`start`,
 for tests and for a training loop that serves its own policy). Weight updates go through `paused()`: new
 requests wait (up to `pause_timeout_s`, then 503 with Retry-After) while the running ones finish and the
 weights are swapped; `update_weights` does all of it and bumps the policy version the records carry.
@@ -28,6 +29,7 @@ from ascent.rollout.server.batcher import Batcher, BatchResult, EnginePaused, To
 from ascent.rollout.server.errors import APIError
 from ascent.rollout.server.prepare import Limits
 from ascent.rollout.server.recorder import CompletionRecord, Endpoint, Recorder
+from ascent.rollout.server.threads import Threads
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,7 @@ class ServerOptions:
     pause_timeout_s: float = 30.0  # how long a request waits for a weight update before a 503
     retry_after_s: int = 5
     max_records: int = 100_000
+    any_model: bool = False  # answer whatever model name a call asks for (a training run's own endpoint)
 
 
 class OpenAIServer:
@@ -65,6 +68,7 @@ class OpenAIServer:
         self.chat = ChatTokens(tokenizer)
         self.batcher = Batcher(engine, options.max_batch_requests, policy_version)
         self.recorder = recorder if recorder is not None else Recorder(options.max_records)
+        self.threads = Threads()  # finished replies, so a call that echoes one continues its exact ids
         self.app = build_app(self)
         self.url: str | None = None
         self._uvicorn: Any = None
@@ -142,6 +146,11 @@ class OpenAIServer:
         if self._thread is not None:
             self._thread.join(timeout_s)
         self.batcher.close()
+
+    def take(self, session: str) -> list[CompletionRecord]:
+        """Drain `session`'s records (oldest first) and forget its conversations: the session is over."""
+        self.threads.forget(session)
+        return self.recorder.drain(session)
 
     # ---- weight updates ----------------------------------------------------------------------------------
 

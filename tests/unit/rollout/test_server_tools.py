@@ -97,3 +97,41 @@ def test_tool_choice_required_is_refused(server: OpenAIServer) -> None:
             model="tiny", messages=[{"role": "user", "content": "x"}], tools=TOOLS, tool_choice="required"
         )
     assert err.value.param == "tool_choice"
+
+
+def _agent_turns(server: OpenAIServer, session: str) -> None:
+    """Ask, echo the tool call with its result, ask again: an agent loop over one session."""
+    c = client(server, default_headers={"X-Session-Id": session})
+    messages: list = [{"role": "user", "content": "what is 4+1?"}]
+    first = c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS)
+    (call,) = first.choices[0].message.tool_calls or []
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "5"}]  # fmt: skip
+    c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS)
+
+
+def test_an_echoed_reply_continues_its_exact_ids(chat_model: Path, tok) -> None:
+    """The model writes its call with its own JSON spacing and key order; a re-render of the history would
+    write other ids. The second call of the session starts with exactly the first call's prompt and reply."""
+    odd = '<tool_call>{"arguments":{"b":1,"a":4},"name":"add"}</tool_call>'
+    call_ids = tok.encode(odd, add_special_tokens=False) + [EOS]
+
+    def reply(request: GenerationRequest) -> list[int]:
+        text = tok.decode(request.prompt_ids)
+        return (
+            tok.encode("It is 5.", add_special_tokens=False) + [EOS] if "<|im_start|>t" in text else call_ids
+        )
+
+    with serving(ScriptedEngine(reply), chat_model, default_max_tokens=200) as srv:
+        _agent_turns(srv, "s1")
+        first, second = srv.take("s1")
+        assert first.response_ids == call_ids
+        assert second.prompt_ids[: len(first.prompt_ids) + len(call_ids)] == first.prompt_ids + call_ids
+        assert srv.threads.continued == 1 and srv.take("s1") == []
+        srv.threads.forget("s2")  # a fresh session renders the history again: the ids differ
+        rendered = srv.chat.prompt_ids(
+            [{"role": "user", "content": "what is 4+1?"},
+             {"role": "assistant", "content": "", "tool_calls": [
+                 {"type": "function", "function": {"name": "add", "arguments": {"a": 4, "b": 1}}}]},
+             {"role": "tool", "content": "5"}], tools=TOOLS)  # fmt: skip
+        assert rendered[: len(first.prompt_ids) + len(call_ids)] != first.prompt_ids + call_ids
