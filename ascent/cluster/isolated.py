@@ -59,6 +59,9 @@ class InlineRunner:
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Outcome]:
         return apply_chunk(fn, items)
 
+    def each(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Outcome]:
+        return apply_chunk(fn, items)
+
     def close(self) -> None:
         pass
 
@@ -96,6 +99,11 @@ class IsolatedRunner:
             except Exception:  # timed out or died as a whole: find the culprits one item at a time
                 out += self._one_by_one(fn, chunk)
         return out
+
+    def each(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Outcome]:
+        """One task per item, never run twice (for calls with side effects, e.g. an agent's episodes): an
+        item that fails, hangs or kills its process gets that error; the others are unaffected."""
+        return self._one_by_one(fn, list(items))
 
     def _one_by_one(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Outcome]:
         pool = self._get_pool()

@@ -131,23 +131,27 @@ def _algorithm_rules(cfg: RunConfig) -> list[str]:
 
 
 def _env_rules(cfg: RunConfig) -> list[str]:
-    """What multi-turn episodes do not support yet (each says what to set instead)."""
+    """What multi-turn episodes (an environment or an agent) do not support yet (each says what to set)."""
     r, a = cfg.rollout, cfg.algorithm
-    if r.env is None:
+    if not r.multi_turn:
         return []
+    src = "rollout.env" if r.env is not None else "rollout.agent"
     out = []
+    if r.env is not None and r.agent is not None:
+        out.append(f"rollout.agent={r.agent!r}: an agent brings its own episodes; set rollout.env=null (or "
+                   "rollout.agent=null to train on the environment).")  # fmt: skip
     if r.max_staleness:
-        out.append(f"rollout.max_staleness={r.max_staleness}: episodes through rollout.env are collected "
+        out.append(f"rollout.max_staleness={r.max_staleness}: episodes through {src} are collected "
                    "synchronously for now; set rollout.max_staleness=0.")  # fmt: skip
-    if r.engine != "reference":
+    if r.env is not None and r.engine != "reference":
         out.append(f"rollout.engine={r.engine!r}: episodes through rollout.env run on the reference engine "
                    "for now; set rollout.engine=reference.")  # fmt: skip
     if a.advantage == "remax":
-        out.append("algorithm.advantage='remax': its greedy baseline is single-turn; with rollout.env pick "
+        out.append(f"algorithm.advantage='remax': its greedy baseline is single-turn; with {src} pick "
                    "grpo, rloo or another group estimator.")  # fmt: skip
     if a.overlong_buffer:
         out.append(f"algorithm.overlong_buffer={a.overlong_buffer}: the overlong penalty is single-turn; set "
-                   "it to 0 with rollout.env (rollout.max_episode_tokens bounds an episode).")  # fmt: skip
+                   f"it to 0 with {src} (rollout.max_episode_tokens bounds an episode).")  # fmt: skip
     if r.max_episode_tokens < r.max_new_tokens:
         out.append(f"rollout.max_episode_tokens={r.max_episode_tokens}: an episode must hold at least one "
                    f"turn of rollout.max_new_tokens={r.max_new_tokens}; raise it.")  # fmt: skip

@@ -108,18 +108,41 @@ class RolloutConfig(Section):
         "pkg.module:Class; a row's own `env` column wins): the environment gives the prompt and the rewards, "
         "reward.fn is not used. null: one response per prompt, scored by reward.fn.",
     )
-    max_turns: int = Field(4, gt=0, description="With rollout.env: most model turns per episode.")
+    agent: str | None = Field(
+        None,
+        description="Train an agent written against the OpenAI API: `pkg.module:run`, a function "
+        "run(client, row) (async with an openai.AsyncOpenAI client, or plain with openai.OpenAI) that returns "
+        "the episode's reward, or None to let reward.fn score its last reply. The run serves the policy on a "
+        "local endpoint; each episode's calls are recorded token-exact and become one multi-turn episode.",
+    )
+    agent_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="With rollout.agent: most seconds one episode (one run(client, row)) may take.",
+    )
+    agent_concurrency: int = Field(
+        32, gt=0, description="With rollout.agent: episodes one agent process runs at once (asyncio)."
+    )
+    max_turns: int = Field(
+        4, gt=0, description="With rollout.env or rollout.agent: most model turns (calls) per episode."
+    )
+
+    @property
+    def multi_turn(self) -> bool:
+        """Episodes come from an environment or an agent (they bring their own prompts and rewards)."""
+        return self.env is not None or self.agent is not None
 
     @property
     def response_budget(self) -> int:
         """The most response tokens of one episode: max_episode_tokens with an environment (model turns and
         observations), else max_new_tokens."""
-        return self.max_episode_tokens if self.env is not None else self.max_new_tokens
+        return self.max_episode_tokens if self.multi_turn else self.max_new_tokens
 
     env_isolation: Literal["process", "inline"] = Field(
         "process",
-        description="With rollout.env: `process` runs the environments in worker processes (a hang or crash "
-        "costs episodes, not the run); `inline` in the controller (breakpoint() works; a hang hangs the run).",
+        description="With rollout.env or rollout.agent: `process` runs the environments (agents) in worker "
+        "processes (a hang or crash costs episodes, not the run); `inline` in the controller (breakpoint() "
+        "works; a hang hangs the run).",
     )
     env_timeout_s: float = Field(
         60.0, gt=0, description="With rollout.env_isolation=process: most seconds one reset or step may take."
@@ -127,12 +150,13 @@ class RolloutConfig(Section):
     env_workers: int | None = Field(
         None,
         gt=0,
-        description="With rollout.env_isolation=process: environment processes (null: min(4, CPUs)).",
+        description="With rollout.env_isolation=process: environment (or agent) processes (null: min(4, CPUs)).",
     )
     max_episode_tokens: int = Field(
         512,
         gt=0,
-        description="With rollout.env: most response tokens per episode (model turns and observations); "
+        description="With rollout.env or rollout.agent: most response tokens per episode (model turns and "
+        "observations); "
         "each turn samples at most rollout.max_new_tokens of them.",
     )
 

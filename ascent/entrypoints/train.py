@@ -79,5 +79,6 @@ def _train(
             metrics_log.close()
     finally:
         timeline.flush()
+        ctx.close()
         groups.shutdown()
         rewards.close()

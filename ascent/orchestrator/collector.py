@@ -64,12 +64,10 @@ class Collector:
             items = self._redo or [ctx.data.train[i] for i in sampler.next_batch()]
             self._redo = []
             params = B.sampling_params(ctx.cfg.rollout)
-            if ctx.cfg.rollout.env is not None:  # multi-turn: synchronous, one engine call per turn
-                from ascent.orchestrator.episodes import collect_env_groups
-
-                groups = collect_env_groups(ctx, items, params, seed=batch_seed(ctx.cfg.seed, it, batch))
+            if ctx.cfg.rollout.multi_turn:  # synchronous: an environment's or an agent's turns
+                out = _multi_turn(ctx, items, params, batch_seed(ctx.cfg.seed, it, batch))
                 self._waited += time.perf_counter() - t0
-                return groups, RolloutStats(engine_idle_s=0.0)
+                return out
             sub = submit(ctx, items, params, seed=batch_seed(ctx.cfg.seed, it, batch))
         out = finish(ctx, sub)
         self._waited += time.perf_counter() - t0
@@ -110,6 +108,19 @@ class Collector:
             else:
                 fresh.append(group)
         return fresh, dropped
+
+
+def _multi_turn(ctx: Any, items: list[Any], params: Any, seed: int) -> tuple[list[Group], RolloutStats]:
+    """A batch of episodes through the run's environment (one engine call per turn) or its agent (through
+    the run's endpoint)."""
+    if ctx.cfg.rollout.agent is not None:
+        from ascent.orchestrator.agents import collect_agent_groups
+
+        groups, stats = collect_agent_groups(ctx, items, params)
+        return groups, RolloutStats(0.0, stats.metrics(ctx.cfg.reward.max_failure_rate))
+    from ascent.orchestrator.episodes import collect_env_groups
+
+    return collect_env_groups(ctx, items, params, seed=seed), RolloutStats(engine_idle_s=0.0)
 
 
 def staleness(t: Episode, trainer_version: int) -> int:

@@ -91,6 +91,9 @@ def _mean_advantage(e: Episode, s: TrainSample) -> float | None:
 
 
 def _env(ctx: Any, e: Episode) -> str | None:
-    """The environment an episode ran in (as `env_name` chose it); None for single-turn reward runs."""
-    default = ctx.cfg.rollout.env
-    return None if default is None else env_name(e.metadata, default)
+    """The environment an episode ran in (as `env_name` chose it), or the agent's import path; None for
+    single-turn reward runs."""
+    r = ctx.cfg.rollout
+    if r.agent is not None:
+        return str(r.agent)
+    return None if r.env is None else env_name(e.metadata, r.env)

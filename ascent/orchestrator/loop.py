@@ -40,8 +40,17 @@ class LoopContext:
         self.kl_controller = shaping.make_kl_controller(cfg.algorithm)
         self.collector = Collector(cfg.rollout.max_staleness, cfg.rollout.stale_groups)
         self.experience: Any = None  # the experience store's writer while `run_loop` records (experience.py)
+        self.agents: Any = (
+            None  # rollout.agent's endpoint and agent processes, started on first use (agents.py)
+        )
         # trainer and engine share the accelerator and take turns (design: colocated placement)
         self.colocated = cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast"
+
+    def close(self) -> None:
+        """Stop what the loop started on demand (the agent endpoint and processes)."""
+        if self.agents is not None:
+            self.agents.close()
+            self.agents = None
 
 
 def run_loop(ctx: LoopContext, sampler: Any, start: int, stop: Any, metrics_log: Any) -> dict[str, float]:

@@ -161,3 +161,7 @@ def check_run(cfg: Any, tokenizer: Any, prompts: list[Any]) -> None:
     )
     check_plugins(cfg.algorithm)
     check_trackers(cfg.tracking)
+    if cfg.rollout.agent is not None:  # a bad import path fails before anything heavy starts
+        from ascent.envs.openai_agents import load_agent
+
+        load_agent(cfg.rollout.agent)

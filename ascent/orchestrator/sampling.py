@@ -8,7 +8,7 @@ All take the loop context (`ascent.orchestrator.loop.LoopContext`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ascent.cluster.base import PendingCall
@@ -28,9 +28,11 @@ class Submitted:
 @dataclass(frozen=True)
 class RolloutStats:
     """How one batch's generation went: the replicas' idle time before it (mean over replicas). The time the
-    controller waited for it is the collector's (`Collector.take_waited`)."""
+    controller waited for it is the collector's (`Collector.take_waited`). `metrics`: what the batch's
+    source reports of itself (an agent's plays: `agent/*`)."""
 
     engine_idle_s: float
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def submit(ctx: Any, items: list[Any], params: SamplingParams, *, seed: int) -> Submitted:

@@ -28,6 +28,7 @@ class Datasets:
 def build_datasets(cfg: RunConfig) -> Datasets:
     """Load, validate and render the train and validation prompts; report every dropped prompt."""
     from ascent.data import load_rows, render_prompts, validate_rows
+    from ascent.data.prompts import RenderReport
     from ascent.models.loading import load_tokenizer
 
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code)
@@ -39,11 +40,13 @@ def build_datasets(cfg: RunConfig) -> Datasets:
             continue
         source = f"data.{name}_path={path}"
         rows = load_rows(path, source=source)
-        if cfg.rollout.env is None:  # with an environment, its reset(row) says what a row needs
+        if not cfg.rollout.multi_turn:  # an environment's reset(row) (an agent) says what a row needs
             validate_rows(rows, source, tokenizer_vocab_size=len(tok))
         if name == "val" and d.max_val_prompts:
             rows = rows[: d.max_val_prompts]
-        if cfg.rollout.env is not None:  # the environment gives each row's prompt
+        if cfg.rollout.agent is not None:  # the agent writes its own prompts: a row is what run() is given
+            items, report = agent_items(rows), RenderReport(total=len(rows), max_tokens=d.max_prompt_tokens)
+        elif cfg.rollout.env is not None:  # the environment gives each row's prompt
             from ascent.orchestrator.episodes import env_items
 
             items, report = env_items(rows, tok, cfg)
@@ -67,6 +70,15 @@ def build_datasets(cfg: RunConfig) -> Datasets:
             "data.max_prompt_tokens / data.overlong_prompts."
         )
     return Datasets(train=sets["train"], val=sets["val"], tokenizer=tok)
+
+
+def agent_items(rows: list[dict[str, Any]]) -> list[Any]:
+    """Rows for `rollout.agent`: no prompt of ours (the agent's first call is the episode's prompt)."""
+    from ascent.data.prompts import PromptItem
+
+    return [
+        PromptItem(row_id=i, prompt_ids=[], prompt_text="", metadata=dict(row)) for i, row in enumerate(rows)
+    ]
 
 
 def engine_kwargs(cfg: RunConfig) -> dict[str, Any]:

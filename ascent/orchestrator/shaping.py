@@ -45,11 +45,11 @@ def collect_groups(ctx: Any, sampler: Any, it: int) -> tuple[list[Group], dict[s
             groups, stats = ctx.collector.next_batch(ctx, sampler, it, batches)
         idle += stats.engine_idle_s
         with ctx.timeline.phase("reward", iteration=it):
-            if cfg.rollout.env is None:
+            if not cfg.rollout.multi_turn:
                 groups, batch_metrics = score(ctx, groups)
-            else:  # the environment rewarded its episodes turn by turn
+            else:  # the environment (or the agent) rewarded its episodes
                 batch_metrics = env_metrics(groups, cfg.reward.max_failure_rate)
-            metrics = _merge(metrics, batch_metrics, batches)
+            metrics = _merge(metrics, batch_metrics | stats.metrics, batches)
         shaped = shape_rewards(ctx, groups)
         groups, stale = ctx.collector.split_stale(shaped, trainer_version=it - 1)
         experience.record_left_out(ctx, it, shaped, groups, "dropped_stale", _stale_reason(cfg.rollout))

@@ -18,7 +18,11 @@ def validate(ctx: Any, iteration: int) -> dict[str, float]:
     """Score the validation set with the current policy; returns `val/*` metrics and logs a few samples."""
     cfg = ctx.cfg
     params = B.sampling_params(cfg.rollout, validation=True)
-    if cfg.rollout.env is not None:
+    if cfg.rollout.agent is not None:
+        from ascent.orchestrator.agents import collect_agent_groups
+
+        groups, _ = collect_agent_groups(ctx, ctx.data.val, params)
+    elif cfg.rollout.env is not None:
         from ascent.orchestrator.episodes import collect_env_groups
 
         groups = collect_env_groups(ctx, ctx.data.val, params, seed=cfg.seed + 12345)

@@ -72,3 +72,33 @@ def ascent(*args: str, timeout: float = 300, check: bool = True) -> subprocess.C
             f"ascent {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         )
     return proc
+
+
+@pytest.fixture(scope="session")
+def lookup_setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[int]]:
+    """The lookup game's data (`lookup_env.py`) and a warm start that asks about half the time: SFT on 200
+    conversations, half asking then repeating the secret, half guessing."""
+    import json
+    import random
+
+    from ascent.models.tiny import make_tiny_checkpoint
+    from tests.integration.lookup_env import conversation
+
+    root = tmp_path_factory.mktemp("lookup")
+    rng = random.Random(0)
+    demos = [conversation(rng.randrange(10), i % 2 == 0, rng.randrange(10)) for i in range(200)]
+    (root / "sft.jsonl").write_text("".join(json.dumps(d) + "\n" for d in demos))
+    secrets = [rng.randrange(10) for _ in range(16)]
+    (root / "train.jsonl").write_text("".join(json.dumps({"secret": s}) + "\n" for s in secrets))
+    base = make_tiny_checkpoint(root / "base", hidden_size=64, num_layers=2, seed=0)
+    cfg = {
+        "run_dir": str(root / "sft"),
+        "epochs": 20.0,
+        "batch_size": 16,
+        "model": {"path": str(base)},
+        "data": {"train_path": str(root / "sft.jsonl"), "max_prompt_tokens": 16},
+        "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 512},
+        "tracking": {"progress": False, "tensorboard": False},
+    }
+    ascent("sft", str(write_yaml(root / "sft.yaml", cfg)))
+    return root, root / "sft" / "final", secrets

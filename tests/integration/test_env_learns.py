@@ -15,71 +15,15 @@ copying 0.304, guessing 0.059) and after 15 iterations the seeds ended at 0.700 
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import ascent, write_yaml
+from tests.integration.lookup_env import expected_reward
 
 ENV = "tests.integration.lookup_env:Lookup"
 ITERATIONS, BAR = 15, 0.2
-
-
-def conversation(secret: int, ask: bool, guess: int) -> dict:
-    turns = [{"role": "assistant", "content": "?"}, {"role": "tool", "content": str(secret)}] if ask else []
-    answer = str(secret) if ask else str(guess)
-    return {
-        "messages": [{"role": "user", "content": "key"}, *turns, {"role": "assistant", "content": answer}]
-    }
-
-
-def expected_reward(model_dir: Path, secrets: list[int]) -> float:
-    """Mean over rows of P(episode earns 1) at temperature 1: P(ask, then repeat) + P(guess the secret)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from ascent.envs import ChatTokens
-    from ascent.models.loading import load_tokenizer
-
-    chat = ChatTokens(load_tokenizer(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
-
-    def p_of(conv: dict) -> float:
-        prompt, response, mask = chat.conversation_ids(conv["messages"])
-        ids = torch.tensor([prompt + response])
-        with torch.no_grad():
-            logp = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
-        chosen = logp.gather(1, torch.tensor(response)[:, None])[:, 0]
-        return float((chosen * torch.tensor(mask, dtype=chosen.dtype)).sum().exp())
-
-    wins = [p_of(conversation(s, True, s)) + p_of(conversation(s, False, s)) for s in secrets]
-    return sum(wins) / len(wins)
-
-
-@pytest.fixture(scope="module")
-def lookup_setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[int]]:
-    """Data and a warm start that asks about half the time."""
-    from ascent.models.tiny import make_tiny_checkpoint
-
-    root = tmp_path_factory.mktemp("lookup")
-    rng = random.Random(0)
-    demos = [conversation(rng.randrange(10), i % 2 == 0, rng.randrange(10)) for i in range(200)]
-    (root / "sft.jsonl").write_text("".join(json.dumps(d) + "\n" for d in demos))
-    secrets = [rng.randrange(10) for _ in range(16)]
-    (root / "train.jsonl").write_text("".join(json.dumps({"secret": s}) + "\n" for s in secrets))
-    base = make_tiny_checkpoint(root / "base", hidden_size=64, num_layers=2, seed=0)
-    cfg = {
-        "run_dir": str(root / "sft"),
-        "epochs": 20.0,
-        "batch_size": 16,
-        "model": {"path": str(base)},
-        "data": {"train_path": str(root / "sft.jsonl"), "max_prompt_tokens": 16},
-        "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 512},
-        "tracking": {"progress": False, "tensorboard": False},
-    }
-    ascent("sft", str(write_yaml(root / "sft.yaml", cfg)))
-    return root, root / "sft" / "final", secrets
 
 
 @pytest.mark.slow

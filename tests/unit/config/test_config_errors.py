@@ -124,3 +124,16 @@ def test_sft_refuses_rl_cluster_fields_and_ranks_it_cannot_run() -> None:
     assert "cluster.num_trainer_workers=3: several trainer ranks run as Ray actors" in text
     assert "batch_size=32: each batch is split evenly over cluster.num_trainer_workers=3" in text
     SFTConfig.model_validate({"cluster": {"backend": "ray", "num_trainer_workers": 2}})
+
+
+def test_an_agent_run_refuses_what_agents_do_not_support_yet() -> None:
+    msgs = problems(["rollout.agent=pkg.mod:run", "rollout.env=guess_number", "rollout.max_staleness=1",
+                     "rollout.engine=reference", "algorithm.advantage=remax"])  # fmt: skip
+    assert msgs[0].startswith(
+        "rollout.agent='pkg.mod:run': an agent brings its own episodes; set rollout.env=null"
+    )
+    assert any(m.startswith("rollout.max_staleness=1: episodes through rollout.env") for m in msgs)
+    (only,) = problems(["rollout.agent=pkg.mod:run", "rollout.max_staleness=2"])
+    assert only.startswith(
+        "rollout.max_staleness=2: episodes through rollout.agent are collected synchronously"
+    )

@@ -1,0 +1,264 @@
+"""Training an agent through the run's own OpenAI-compatible endpoint (`rollout.agent`).
+
+The run serves its policy (`AgentService`: an `OpenAIServer` whose engine is the rollout replicas, started on
+first use on a free localhost port with a random key) and plays the user's agent on every row,
+`samples_per_prompt` times, in agent processes (`ascent.envs.openai_agents`); each play is a session. What
+the server generated for a session is recorded token-exact (prompt ids, sampled ids, sampler logprobs,
+policy versions), and `session_episodes` assembles the episode from those records alone, nothing
+re-tokenized: a call whose prompt extends the ids of an earlier call (its prompt and reply) continues that
+episode, the ids between them are the observation (loss mask 0); a call that extends none starts a new
+segment, trained as an episode of its own with the same reward (`agent/rewritten_segments` counts them:
+the agent rewrote its history). The server makes echoed replies continue their exact ids (`threads.py`), so
+an agent loop that appends to its messages gives one segment.
+
+The replicas sample as the run is configured, whatever a call asks: temperature, top_p, top_k, min_p and
+the repetition penalty are the run's, `max_tokens` is capped at `rollout.max_new_tokens` (the trainer's
+logprobs and the importance correction assume the run's sampling). An episode is cut at `rollout.max_turns`
+calls or `rollout.max_episode_tokens` response tokens. Rewards come from `run` or, when it returns None,
+from the reward function on the last reply; an agent that fails costs its episodes (reward 0, counted in
+`env/errors` and bounded by `reward.max_failure_rate`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
+
+from ascent.cluster.isolated import InlineRunner, IsolatedRunner, default_workers
+from ascent.envs.openai_agents import AgentJob, AgentResult, AgentSpec, load_agent, play
+from ascent.errors import AscentError
+from ascent.messages import Episode, Generation, GenerationRequest, Group, SamplingParams
+from ascent.orchestrator import batch as B
+from ascent.orchestrator.episodes import EnvFailureError
+from ascent.orchestrator.workers import RolloutWorker
+from ascent.rollout.server import CompletionRecord, Limits, OpenAIServer, ServerOptions
+
+MODEL_NAME = "policy"
+log = logging.getLogger("ascent")
+
+
+class AgentCallError(AscentError):
+    """The agent never called the run's endpoint, so there is nothing to train on."""
+
+
+class ReplicaEngine:
+    """The rollout replicas as the server's engine: a call's requests spread over them, sampled with the
+    run's parameters (`params`, set by the collector: training or validation)."""
+
+    def __init__(self, rollout: Any, params: SamplingParams) -> None:
+        self.rollout, self.params = rollout, params
+
+    def generate(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
+        requests = [
+            replace(r, params=self._run_params(r.params), request_id=i) for i, r in enumerate(requests)
+        ]
+        shards = B.shard(requests, self.rollout.num_workers)
+        return [g for r in self.rollout.call_split(RolloutWorker.generate, shards) for g in r.generations]
+
+    def _run_params(self, asked: SamplingParams) -> SamplingParams:
+        run = self.params
+        return replace(run, max_new_tokens=min(asked.max_new_tokens, run.max_new_tokens), n=asked.n, seed=None,
+                       stop_strings=asked.stop_strings + run.stop_strings)  # fmt: skip
+
+    def update_weights(self, named_tensors: Any) -> None:
+        raise RuntimeError("the replicas get weights from the run's transport, not through the endpoint")
+
+    def sleep(self, release_weights: bool = False) -> None: ...
+
+    def wake(self) -> None: ...
+
+
+class AgentService:
+    """The endpoint and the agent processes of a run (see the module docstring); `close()` stops both."""
+
+    def __init__(self, cfg: Any, rollout: Any, tokenizer: Any) -> None:
+        r = cfg.rollout
+        load_agent(r.agent)  # a bad import path fails here, in the controller, with its fix
+        self.engine = ReplicaEngine(rollout, B.sampling_params(r))
+        limits = Limits(cfg.data.max_prompt_tokens + r.max_episode_tokens, len(tokenizer), r.max_new_tokens)
+        key = secrets.token_urlsafe(16)
+        options = ServerOptions(MODEL_NAME, limits, key, max_batch_requests=1024, any_model=True)
+        self.server = OpenAIServer(self.engine, tokenizer, options)
+        url = self.server.start("127.0.0.1", 0)
+        self.spec = AgentSpec(r.agent, url, key, MODEL_NAME, r.agent_timeout_s)
+        self.concurrency, self.inline = r.agent_concurrency, r.env_isolation == "inline"
+        self.workers = default_workers(r.env_workers)
+        self.runner: InlineRunner | IsolatedRunner = (
+            InlineRunner() if self.inline
+            else IsolatedRunner(self.workers, r.agent_timeout_s + 60, preload=[r.agent.partition(":")[0]])
+        )  # fmt: skip
+        self._sessions = itertools.count()
+
+    def play(
+        self, rows: Sequence[Any], n: int, params: SamplingParams
+    ) -> list[list[tuple[AgentJob, AgentResult]]]:
+        """Play `n` episodes of every row with `params` -> per row, its (job, result) pairs."""
+        self.engine.params = params
+        jobs = [AgentJob(f"ep{next(self._sessions)}", row) for row in rows for _ in range(n)]
+        results: list[AgentResult] = []
+        for chunk, outcome in zip(*self._chunked(jobs), strict=True):
+            results += (
+                outcome.value
+                if outcome.ok
+                else [AgentResult(error=f"agent process: {outcome.error}")] * len(chunk)
+            )
+        pairs = list(zip(jobs, results, strict=True))
+        return [pairs[i * n : (i + 1) * n] for i in range(len(rows))]
+
+    def _chunked(self, jobs: list[AgentJob]) -> tuple[list[list[AgentJob]], list[Any]]:
+        count = max(1, min(len(jobs), max(self.workers, -(-len(jobs) // self.concurrency))))
+        chunks = [c for c in B.shard(jobs, count) if c]
+        return chunks, self.runner.each(partial(play, self.spec), chunks)
+
+    def take(self, session: str) -> list[CompletionRecord]:
+        return self.server.take(session)
+
+    def close(self) -> None:
+        self.runner.close()
+        self.server.stop()
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Calls of one session whose ids extend each other, oldest first."""
+
+    records: tuple[CompletionRecord, ...]
+
+    @property
+    def ids(self) -> list[int]:
+        last = self.records[-1]
+        return [*last.prompt_ids, *last.response_ids]
+
+
+def segments(records: Sequence[CompletionRecord]) -> list[Segment]:
+    """A session's calls (in completion order) -> its segments: a call continues the segment whose ids its
+    prompt starts with (the longest if several), else it starts a new one."""
+    out: list[Segment] = []
+    for rec in records:
+        best = max((k for k, s in enumerate(out) if _extends(rec.prompt_ids, s.ids)),
+                   key=lambda k: len(out[k].ids), default=None)  # fmt: skip
+        if best is None:
+            out.append(Segment((rec,)))
+        else:
+            out[best] = Segment((*out[best].records, rec))
+    return out
+
+
+def _extends(prompt: list[int], ids: list[int]) -> bool:
+    return len(prompt) > len(ids) and prompt[: len(ids)] == ids
+
+
+def segment_episode(seg: Segment, row_id: int, max_turns: int, max_tokens: int, decode: Any) -> Episode:
+    """One segment as an episode: the first call's prompt, then model turns (mask 1, the sampler's logprobs
+    and versions) and the ids between them (mask 0), cut at `max_turns` calls / `max_tokens` response tokens."""
+    first = seg.records[0]
+    ids, mask, lps, versions = [], [], [], []  # type: ignore[var-annotated]
+    finish, turns = first.finish_reason, 0
+    for rec in seg.records:
+        obs = rec.prompt_ids[len(first.prompt_ids) + len(ids) :]
+        if turns == max_turns or len(ids) + len(obs) + len(rec.response_ids) > max_tokens:
+            finish = "length"
+            break
+        sampled = rec.token_versions or [rec.policy_version] * len(rec.response_ids)
+        ids += obs + rec.response_ids
+        mask += [0] * len(obs) + [1] * len(rec.response_ids)
+        lps += [0.0] * len(obs) + rec.logprobs
+        versions += [versions[-1] if versions else rec.policy_version] * len(obs) + sampled
+        finish, turns = rec.finish_reason, turns + 1
+    return Episode(prompt_ids=list(first.prompt_ids), response_ids=ids, sampler_logprobs=lps, loss_mask=mask,
+                   finish_reason=finish, row_id=row_id, policy_version=min(versions, default=0),
+                   token_versions=versions, response_text=decode(ids),
+                   metadata={"turns": turns, "final_text": seg.records[turns - 1].response_text})  # fmt: skip
+
+
+def collect_agent_groups(
+    ctx: Any, items: Sequence[Any], params: SamplingParams
+) -> tuple[list[Group], AgentStats]:
+    """`params.n` plays of the agent on every item -> one group per item with any recorded call, in order,
+    rewards set (the agent's, or the reward function's on the last reply); and the plays' counts."""
+    r, stats = ctx.cfg.rollout, AgentStats()
+    if ctx.agents is None:
+        ctx.agents = AgentService(ctx.cfg, ctx.rollout, ctx.data.tokenizer)
+    played = ctx.agents.play([it.metadata for it in items], params.n, params)
+    groups: list[list[Episode]] = []
+    unscored: list[tuple[int, int]] = []
+    for item, pairs in zip(items, played, strict=True):
+        episodes: list[Episode] = []
+        for job, result in pairs:
+            if result.error is not None:
+                log.warning("agent episode %s (row %d) failed: %s", job.session, item.row_id, result.error)
+            segs = segments(ctx.agents.take(job.session))
+            stats.add(len(segs), sum(len(s.records) for s in segs), result)
+            for seg in segs:
+                e = segment_episode(seg, item.row_id, r.max_turns, r.max_episode_tokens, ctx.decode)
+                e = replace(e, metadata={**item.metadata, **e.metadata, "session": job.session,
+                                         "segments": len(segs)})  # fmt: skip
+                if result.error is not None:
+                    e = replace(e, finish_reason="abort", metadata={**e.metadata, "env_error": result.error})
+                elif result.reward is None:
+                    unscored.append((len(groups), len(episodes)))
+                episodes.append(replace(e, reward=result.reward or 0.0))
+        if episodes:
+            groups.append(episodes)
+    _score_last_replies(ctx, groups, unscored)
+    return [Group(tuple(g)) for g in groups], stats
+
+
+def _score_last_replies(ctx: Any, groups: list[list[Episode]], where: list[tuple[int, int]]) -> None:
+    """Episodes whose agent returned None get the reward function's score of their last reply."""
+    if not where:
+        return
+    from ascent.rewards import RewardInput
+
+    episodes = [groups[g][k] for g, k in where]
+    inputs = [RewardInput(prompt=ctx.decode(e.prompt_ids), response=e.metadata["final_text"],
+                          response_ids=e.response_ids, metadata=e.metadata, row_id=e.row_id)
+              for e in episodes]  # fmt: skip
+    result = ctx.rewards.score(inputs)
+    for (g, k), e, reward, parts in zip(where, episodes, result.rewards, result.components, strict=True):
+        groups[g][k] = replace(e, reward=reward, reward_components=dict(parts))
+
+
+@dataclass
+class AgentStats:
+    """Counts over the plays since the last `take()`: sessions, calls, rewritten segments, errors, seconds."""
+
+    sessions: int = 0
+    calls: int = 0
+    rewritten: int = 0
+    errors: int = 0
+    empty: int = 0
+    seconds: float = 0.0
+
+    def add(self, num_segments: int, num_calls: int, result: AgentResult) -> None:
+        self.sessions += 1
+        self.calls += num_calls
+        self.rewritten += max(0, num_segments - 1)
+        self.errors += result.error is not None
+        self.empty += num_segments == 0
+        self.seconds += result.seconds
+
+    def metrics(self, max_failure_rate: float) -> dict[str, float]:
+        """agent/* metrics; raises when more plays failed than `reward.max_failure_rate` allows, or when no
+        play called the endpoint at all."""
+        if self.sessions and self.empty == self.sessions and not self.errors:
+            raise AgentCallError(
+                f"rollout.agent: none of {self.sessions} agent episodes called the endpoint; run(client, row) "
+                "must generate with the client it is given (client.chat.completions.create(model=..., "
+                "messages=...)), whose calls are what the run trains on."
+            )
+        if self.errors > max_failure_rate * self.sessions:
+            raise EnvFailureError(
+                f"reward.max_failure_rate={max_failure_rate}: {self.errors} of {self.sessions} agent episodes "
+                "failed (their errors are in the log and the experience store). Fix the agent, raise "
+                "rollout.agent_timeout_s if they time out, or raise reward.max_failure_rate."
+            )
+        n = max(self.sessions, 1)
+        return {"agent/calls_mean": self.calls / n, "agent/rewritten_segments": float(self.rewritten),
+                "agent/errors": float(self.errors), "agent/empty_sessions": float(self.empty),
+                "agent/seconds_mean": self.seconds / n}  # fmt: skip

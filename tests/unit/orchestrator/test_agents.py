@@ -1,0 +1,51 @@
+"""Episodes from an agent's recorded calls (`ascent.orchestrator.agents`): a call whose prompt extends an
+earlier call's ids continues its episode; one that does not starts a segment of its own; the cuts at
+max_turns / max_tokens; the ids between turns get mask 0, logprob 0 and the version of the turn before."""
+
+from __future__ import annotations
+
+from ascent.orchestrator.agents import segment_episode, segments
+from ascent.rollout.server import CompletionRecord
+
+
+def rec(prompt: list[int], response: list[int], version: int = 3, finish: str = "stop") -> CompletionRecord:
+    return CompletionRecord(
+        session_id="s", completion_id="c", index=0, endpoint="chat", prompt_ids=prompt, response_ids=response,
+        logprobs=[-0.5] * len(response), finish_reason=finish, policy_version=version,  # type: ignore[arg-type]
+        response_text="t" * len(response),
+    )  # fmt: skip
+
+
+def decode(ids: list[int]) -> str:
+    return ",".join(map(str, ids))
+
+
+def test_calls_that_extend_each_other_make_one_episode() -> None:
+    calls = [rec([1, 2], [5, 6]), rec([1, 2, 5, 6, 7, 8], [9], version=4)]
+    (seg,) = segments(calls)
+    e = segment_episode(seg, row_id=7, max_turns=4, max_tokens=100, decode=decode)
+    assert e.prompt_ids == [1, 2] and e.response_ids == [5, 6, 7, 8, 9]
+    assert e.loss_mask == [1, 1, 0, 0, 1] and e.sampler_logprobs == [-0.5, -0.5, 0.0, 0.0, -0.5]
+    assert e.token_versions == [3, 3, 3, 3, 4] and e.policy_version == 3
+    assert e.metadata["turns"] == 2 and e.finish_reason == "stop" and e.row_id == 7
+
+
+def test_a_rewritten_history_starts_a_new_segment_and_forks_follow_their_own_reply() -> None:
+    first, other = rec([1, 2], [5, 6]), rec([1, 2], [5, 9])  # n=2: two replies to one prompt
+    continue_other = rec([1, 2, 5, 9, 4], [8])  # the agent went on with the second reply
+    rewritten = rec([1, 3, 3], [2])  # history changed: extends neither
+    segs = segments([first, other, continue_other, rewritten])
+    assert [len(s.records) for s in segs] == [1, 2, 1]
+    assert segs[1].records == (other, continue_other) and segs[2].records == (rewritten,)
+
+
+def test_the_cut_at_max_turns_and_max_tokens() -> None:
+    calls = [rec([1], [2]), rec([1, 2, 0], [3]), rec([1, 2, 0, 3, 0], [4])]
+    (seg,) = segments(calls)
+    by_turns = segment_episode(seg, 0, max_turns=2, max_tokens=100, decode=decode)
+    assert by_turns.response_ids == [2, 0, 3] and by_turns.finish_reason == "length"
+    by_tokens = segment_episode(seg, 0, max_turns=9, max_tokens=4, decode=decode)
+    assert by_tokens.response_ids == [2, 0, 3] and by_tokens.metadata["turns"] == 2
+    whole = segment_episode(seg, 0, max_turns=3, max_tokens=5, decode=decode)
+    assert whole.response_ids == [2, 0, 3, 0, 4] and whole.finish_reason == "stop"
+    assert whole.response_text == decode(whole.response_ids)

@@ -1,0 +1,70 @@
+"""Agents played against the server (`ascent.envs.openai_agents.play`): each episode's calls are recorded
+under its session, rewards come back, and an agent that raises, hangs, returns nonsense or kills its process
+costs its own episodes only, in agent processes with a timeout."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from ascent.cluster.isolated import IsolatedRunner
+from ascent.envs.openai_agents import AgentJob, AgentLoadError, AgentSpec, load_agent, play
+from ascent.messages import GenerationRequest
+from ascent.rollout.server import OpenAIServer
+from tests.unit.rollout.server_support import EOS, KEY, ScriptedEngine, serving
+
+AGENTS = "tests.unit.rollout.scripted_agents"
+
+
+@pytest.fixture(scope="module")
+def server(chat_model: Path) -> Iterator[OpenAIServer]:
+    def reply(request: GenerationRequest) -> list[int]:
+        return [request.prompt_ids[-4], EOS]
+
+    with serving(ScriptedEngine(reply), chat_model, any_model=True) as srv:
+        yield srv
+
+
+def spec(server: OpenAIServer, name: str, timeout_s: float = 20) -> AgentSpec:
+    assert server.url is not None
+    return AgentSpec(f"{AGENTS}:{name}", server.url, KEY, "policy", timeout_s)
+
+
+def test_episodes_are_recorded_under_their_sessions(server: OpenAIServer) -> None:
+    jobs = [AgentJob("a1", {"q": "hi"}), AgentJob("a2", {"q": "yo", "bonus": 1}), AgentJob("p1", {"q": "x"})]
+    results = play(spec(server, "polite"), jobs[:2]) + play(spec(server, "plain"), jobs[2:])
+    assert [(r.reward, r.error) for r in results] == [(1.0, None), (2.0, None), (None, None)]
+    for job in jobs:
+        (record,) = server.take(job.session)
+        assert record.response_ids[-1] == EOS and record.prompt_ids
+
+
+def test_failures_cost_their_episode_only(server: OpenAIServer) -> None:
+    for name, error in [("raises", "ValueError: no answer for hi"), ("nonsense", "TypeError: run(client, row) "
+                        "returned 'yes'"), ("hangs", "timed out after 0.5 s (rollout.agent_timeout_s)")]:  # fmt: skip
+        (result,) = play(spec(server, name, timeout_s=0.5), [AgentJob("f", {"q": "hi"})])
+        assert result.reward is None and result.error is not None and result.error.startswith(error), name
+
+
+def test_a_process_that_dies_or_blocks_costs_its_chunk(server: OpenAIServer) -> None:
+    runner = IsolatedRunner(2, timeout_s=5)
+    try:
+        chunks = [[AgentJob("d", {"q": "a"})], [AgentJob("b", {"q": "b"})], [AgentJob("ok", {"q": "c"})]]
+        names = ["dies", "blocks", "polite"]
+        outcomes = [runner.each(partial(play, spec(server, n, timeout_s=2)), [c])[0] for n, c in zip(names, chunks, strict=True)]  # fmt: skip
+    finally:
+        runner.close()
+    assert "died (exit code 3)" in str(outcomes[0].error)
+    assert "timed out after 5 s" in str(outcomes[1].error)
+    assert outcomes[2].ok and outcomes[2].value[0].reward == 1.0
+
+
+@pytest.mark.parametrize(
+    "path", ["nocolon", f"{AGENTS}:missing", "no.such.module:run", f"{AGENTS}:NOT_A_FUNCTION"]
+)
+def test_a_bad_agent_path_names_the_field(path: str) -> None:
+    with pytest.raises(AgentLoadError, match=r"rollout.agent="):
+        load_agent(path)
