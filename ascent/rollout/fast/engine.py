@@ -64,6 +64,7 @@ class FastEngine:
         self.rows: list[Sequence | None] = [None] * max_batch_size
         self.free_rows = list(range(max_batch_size))
         self.asleep, self._blocked = False, False
+        self._live: _Live | None = None  # the requests of a `generate_live` call in progress
         self._host = self._host_buffers()
         self._ring = 0
         self.stats = {"steps": 0, "prefills": 0, "compactions": 0, "launch_s": 0.0, "process_s": 0.0}
@@ -90,6 +91,53 @@ class FastEngine:
         for s in seqs:
             out[s.req][s.sample] = s.generation()
         return out  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def generate_live(self, requests: list[GenerationRequest], more: More, done: Done) -> None:
+        """`generate`, taking requests while it runs (continuous batching for a server): between decode
+        steps `more(fits)` returns requests queued since, those for which `fits(request)` holds (their
+        sampling needs no stage the call's graphs lack), and `done(i, generations)` is called as soon as
+        request i's samples are finished (requests numbered in arrival order, `requests` first). Returns
+        when nothing runs and `more` has nothing."""
+        self.wake()
+        flags = Flags.of([r.params for r in requests])
+        if flags.penalty:
+            self.state.ensure_seen()
+        self._live = _Live(more, done, lambda r: _fits(flags, r.params))
+        try:
+            self._feed(requests)
+            if self.graphs is not None:
+                self.graphs.capture(flags, self.max_rows)
+            self._run(flags)
+        except BaseException:
+            self._abort_all()
+            raise
+        finally:
+            self._live = None
+
+    def _feed(self, requests: list[GenerationRequest]) -> None:
+        """Queue a live call's new requests; answer at once those with no room to generate."""
+        live = self._live
+        assert live is not None
+        start = len(live.out)
+        live.out += [[None] * r.params.n for r in requests]
+        live.left += [r.params.n for r in requests]
+        self._expand(requests, live.out, offset=start)
+        for i in range(start, len(live.out)):
+            if all(g is not None for g in live.out[i]):
+                live.left[i] = 0
+                live.done(i, live.out[i])
+
+    def _finished(self, s: Sequence) -> None:
+        """A sequence is done: in a live call, answer its request once all its samples are."""
+        self.sched.finish(s)
+        live = self._live
+        if live is None:
+            return
+        live.out[s.req][s.sample] = s.generation()
+        live.left[s.req] -= 1
+        if live.left[s.req] == 0:
+            live.done(s.req, live.out[s.req])
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Copy new weights in place (HF names, any device/dtype, any bucketing); drops cached sessions.
@@ -162,10 +210,13 @@ class FastEngine:
 
     # ---- requests -> sequences ------------------------------------------------------------------------
 
-    def _expand(self, requests: list[GenerationRequest], out: list[list[Any]]) -> list[Sequence]:
-        """Validate requests, queue their samples in groups; finished-at-once samples go straight to out."""
+    def _expand(
+        self, requests: list[GenerationRequest], out: list[list[Any]], offset: int = 0
+    ) -> list[Sequence]:
+        """Validate requests, queue their samples in groups; finished-at-once samples go straight to out
+        (request i is `out[offset + i]`)."""
         seqs: list[Sequence] = []
-        for pos, req in enumerate(requests):
+        for pos, req in enumerate(requests, start=offset):
             p = req.params
             if not req.prompt_ids:
                 raise ValueError(f"request {req.request_id}: prompt_ids is empty; give at least one token.")
@@ -199,7 +250,11 @@ class FastEngine:
     def _run(self, flags: Flags) -> None:
         pending: deque = deque()
         self._blocked = False
-        while self.sched.waiting or self.running:
+        while True:
+            if self._live is not None:
+                self._feed(self._live.more(self._live.fits))
+            if not (self.sched.waiting or self.running):
+                break
             if self.sched.waiting and self._want_admit():
                 self._drain(pending)
                 self._admit(flags)
@@ -246,7 +301,7 @@ class FastEngine:
         for s, (tok, lp) in zip(seqs, first, strict=True):
             s.tokens, s.logprobs, s.launched = [tok], [lp], 1
             if check_finished(s, self.decode, self.interval):
-                self.sched.finish(s)
+                self._finished(s)
             else:
                 s.row = heapq.heappop(self.free_rows)
                 self.rows[s.row] = s
@@ -342,7 +397,7 @@ class FastEngine:
             s.tokens.append(toks[s.row])
             s.logprobs.append(lps[s.row])
             if check_finished(s, self.decode, self.interval):
-                self.sched.finish(s)
+                self._finished(s)
                 released.append(s.row)
                 self.rows[s.row] = None
                 heapq.heappush(self.free_rows, s.row)
@@ -370,6 +425,28 @@ class FastEngine:
         self.rows = moved + [None] * (self.max_rows - len(moved))
         self.free_rows = list(range(len(moved), self.max_rows))
         self.stats["compactions"] += 1
+
+
+More = Callable[[Callable[[GenerationRequest], bool]], list[GenerationRequest]]
+Done = Callable[[int, list[Generation]], None]
+
+
+@dataclasses.dataclass
+class _Live:
+    """A live call's callbacks and bookkeeping: each request's samples so far and how many are missing."""
+
+    more: More
+    done: Done
+    fits: Callable[[GenerationRequest], bool]
+    out: list[list[Any]] = dataclasses.field(default_factory=list)
+    left: list[int] = dataclasses.field(default_factory=list)
+
+
+def _fits(flags: Flags, p: Any) -> bool:
+    """Whether a request with sampling params `p` can join a call whose graphs were captured for `flags`."""
+    need = Flags.of([p])
+    return ((flags.top_k_top_p or not need.top_k_top_p) and (flags.min_p or not need.min_p)
+            and (flags.penalty or not need.penalty) and (need.all_greedy or not flags.all_greedy))  # fmt: skip
 
 
 def _clear_cublas_workspaces() -> None:

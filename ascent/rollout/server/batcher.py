@@ -1,12 +1,11 @@
 """The batcher: one thread owns the rollout engine; HTTP handlers queue requests for it (`ascent.rollout.server`).
 
 Requests from any number of handlers wait in one queue. The batcher thread takes everything queued (up to
-`max_batch_requests`) and runs one `engine.generate` call on it, so concurrent requests are served
-together: continuous batching at request granularity. A request that arrives while a call runs waits for
-that call to end, then goes into the next one. The reference engine decodes a call's rows in padded batches
-of `generation_batch_size`; the fast engine schedules a call's rows itself (paged KV cache, rows admitted as
-others finish), so it only needs to be handed everything that is waiting (feeding it new requests in the
-middle of a call is not done yet).
+`max_batch_requests`) and runs one engine call on it, so concurrent requests are served together. The
+reference engine decodes a call's rows in padded batches of `generation_batch_size`, and a request that
+arrives during its call waits for the next one. The fast engine (`LiveEngine`) takes requests in the middle
+of a call: between decode steps it asks the batcher for what was queued since (those whose sampling fits the
+call), and each request is answered as soon as its samples end (continuous batching).
 
 Streaming: an engine that implements `StreamingEngine.generate_streaming` reports each token as it is
 sampled and the batcher passes it straight on; for any other engine (the reference and fast engines today)
@@ -45,6 +44,19 @@ class StreamingEngine(Protocol):
     def generate_streaming(
         self, requests: list[GenerationRequest], on_token: Callable[[int, int, int, float], None]
     ) -> list[list[Generation]]: ...
+
+
+@runtime_checkable
+class LiveEngine(Protocol):
+    """An engine that takes requests while it generates (the fast engine): see
+    `ascent.rollout.fast.engine.FastEngine.generate_live`."""
+
+    def generate_live(
+        self,
+        requests: list[GenerationRequest],
+        more: Callable[[Callable[[GenerationRequest], bool]], list[GenerationRequest]],
+        done: Callable[[int, list[Generation]], None],
+    ) -> None: ...
 
 
 class EnginePaused(RuntimeError):
@@ -170,6 +182,9 @@ class Batcher:
     def _run(self, batch: list[_Job], version: int) -> None:
         if not batch:
             return
+        if isinstance(self.engine, LiveEngine) and not isinstance(self.engine, StreamingEngine):
+            self._run_live(batch, version)
+            return
         requests = [job.request for job in batch]
         live = isinstance(self.engine, StreamingEngine) and any(job.on_token for job in batch)
         try:
@@ -196,6 +211,40 @@ class Batcher:
                 _replay(job.on_token, samples)
             self.served += 1
             job.future.set_result(BatchResult(samples, version))
+
+    def _run_live(self, batch: list[_Job], version: int) -> None:
+        """One engine call that also takes the requests queued while it runs, answering each as it ends."""
+        assert isinstance(self.engine, LiveEngine)
+        jobs, answered = list(batch), [False] * len(batch)
+
+        def more(fits: Callable[[GenerationRequest], bool]) -> list[GenerationRequest]:
+            room = self.max_batch_requests - (len(jobs) - sum(answered))
+            if room <= 0 or not self._queue:
+                return []
+            with self._cond:
+                take = [job for job in self._queue if fits(job.request)][:room]
+                for job in take:
+                    self._queue.remove(job)
+            new = [job for job in take if job.future.set_running_or_notify_cancel()]
+            jobs.extend(new)
+            answered.extend([False] * len(new))
+            return [job.request for job in new]
+
+        def done(i: int, samples: list[Generation]) -> None:
+            answered[i] = True
+            if jobs[i].on_token is not None:
+                _replay(jobs[i].on_token, samples)  # type: ignore[arg-type]
+            self.served += 1
+            jobs[i].future.set_result(BatchResult(samples, version))
+
+        try:
+            self.engine.generate_live([job.request for job in batch], more, done)
+        except Exception as err:  # a failed call fails the requests it had not answered
+            logger.exception("engine.generate_live failed with %d requests unanswered", answered.count(False))
+            for job, ok in zip(jobs, answered, strict=True):
+                if not ok:
+                    job.future.set_exception(err)
+        self.calls += 1
 
 
 def _dispatcher(batch: list[_Job]) -> Callable[[int, int, int, float], None]:

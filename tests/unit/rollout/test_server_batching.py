@@ -145,3 +145,36 @@ def test_a_request_that_breaks_the_engine_fails_alone_with_500(chat_model: Path)
         assert client(server).chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "ok"}]
         )
+
+
+def test_the_fast_engine_takes_requests_mid_call_and_answers_each_as_it_ends(chat_model: Path) -> None:
+    """The fast engine (CPU) behind the server: 40 concurrent seeded requests over few live calls; each gets
+    exactly what a direct generate of its own request gives."""
+    from ascent.rollout.fast import build_fast_engine
+
+    engine = build_fast_engine(
+        model_path=chat_model, dtype="fp32", device="cpu", page_size=16, max_model_len=256
+    )
+    with serving(engine, chat_model, default_max_tokens=12) as server:
+        c = async_client(server)
+
+        async def ask(i: int) -> list[int]:
+            out = await c.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": f"q{i}"}], seed=i, max_tokens=4 + i % 9,
+                extra_body={"return_token_ids": True},
+            )  # fmt: skip
+            return list(out.choices[0].model_extra["token_ids"])  # type: ignore[index]
+
+        async def main() -> list[list[int]]:
+            try:
+                return await asyncio.gather(*(ask(i) for i in range(40)))
+            finally:
+                await c.close()
+
+        answers = asyncio.run(main())
+        assert server.batcher.served == 40 and server.batcher.calls < 40
+    prompts = [server.chat.prompt_ids([{"role": "user", "content": f"q{i}"}]) for i in range(40)]
+    direct = engine.generate([
+        GenerationRequest(p, SamplingParams(max_new_tokens=4 + i % 9, seed=i)) for i, p in enumerate(prompts)
+    ])  # fmt: skip
+    assert answers == [g[0].token_ids for g in direct]

@@ -152,3 +152,34 @@ def test_error_mid_generate_leaves_engine_usable(engines, monkeypatch):
         fast.generate(reqs)
     assert fast.alloc.available == fast.cache.num_pages - 1 and fast.running == 0
     assert _tokens(fast.generate(reqs)) == _tokens(ref.generate(reqs))
+
+
+@pytest.mark.parametrize("params", [{}, {"temperature": 1.0, "top_p": 0.9}])
+def test_requests_fed_into_a_running_call_get_the_same_samples(engines, params):
+    """generate_live: two requests start the call, three more arrive between decode steps (one of them
+    needing a sampling stage the call lacks waits for the next call); every request is answered as soon as it
+    ends, with the samples `generate` gives it (seeded, so batch composition does not matter)."""
+    ref, fast = engines(max_batch_size=4)
+    reqs = _requests(**params)
+    expected = _tokens(fast.generate(reqs))
+    penalised = GenerationRequest([5, 6, 7], SamplingParams(max_new_tokens=4, repetition_penalty=1.3, seed=1))
+    queued = [*reqs[2:], penalised]  # the call's graphs have no penalty stage: that one must stay queued
+    polls, answers = [0], {}
+
+    def more(fits):
+        polls[0] += 1
+        if polls[0] < 3:
+            return []
+        take = [r for r in queued if fits(r)]
+        for r in take:
+            queued.remove(r)
+        return take
+
+    def done(i, samples):
+        answers[i] = (polls[0], _tokens([samples])[0])
+
+    fast.generate_live(reqs[:2], more, done)
+    assert [answers[i][1] for i in range(5)] == expected
+    assert queued == [penalised] and len(answers) == 5
+    assert min(p for p, _ in answers.values()) < polls[0]  # early requests were answered before the end
+    assert fast.alloc.reserved == 0 and fast.alloc.available == fast.cache.num_pages - 1

@@ -1,0 +1,140 @@
+"""What the OpenAI endpoint costs: the same chat requests through `ascent serve`'s server and straight into
+the engine, in one process, alternating.
+
+    python bench/serve_overhead.py --device cuda --clients 256 --new-tokens 256 --repeats 3   # fast engine
+    python bench/serve_overhead.py --device cpu --clients 16 --new-tokens 32 --shape tiny      # a CPU smoke run
+
+A random-weight checkpoint is written to disk (`--shape 0.5b`: Qwen2.5-0.5B's layers with the character
+vocabulary; `tiny`: the test model) and loaded the way `ascent serve` loads one. Direct: one
+`engine.generate` call with every request (the prompts rendered by the same chat template, the same seeds).
+Endpoint: `--clients` concurrent `AsyncOpenAI` chat calls against the server on a background thread, sent
+from `--client-procs` processes (as agents in their own processes call it; 0: from the server's process,
+whose client work then competes with the server for one interpreter). Both
+report generated tokens per second; the ratio is the endpoint's overhead (HTTP, JSON, the batcher's
+request-granularity batching: requests that arrive during an engine call wait for the next one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SHAPES = {
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14, num_kv_heads=2),
+    "tiny": dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2),
+}
+
+
+def build(args: argparse.Namespace, root: Path):  # type: ignore[no-untyped-def]
+    from ascent.envs.chat import ChatTokens
+    from ascent.models.loading import load_tokenizer, resolve_device
+    from ascent.models.tiny import make_tiny_checkpoint
+    from ascent.rollout import build_engine
+    from ascent.rollout.server import Limits, OpenAIServer, ServerOptions
+
+    path = make_tiny_checkpoint(root / "model", max_position_embeddings=2048, seed=0, **SHAPES[args.shape])
+    tok = load_tokenizer(path)
+    dev = resolve_device(args.device)
+    fast = dev.type == "cuda"
+    kwargs = {"max_batch_size": args.clients, "max_model_len": 2048, "gpu_memory_fraction": 0.3} if fast else {
+        "generation_batch_size": args.clients}  # fmt: skip
+    engine = build_engine("fast" if fast else "reference", model_path=str(path), dtype="bf16" if fast else "fp32",
+                          device=dev, **kwargs)  # fmt: skip
+    limits = Limits(2048, len(tok), args.new_tokens)
+    server = OpenAIServer(engine, tok, ServerOptions("bench", limits, None, max_batch_requests=args.clients))
+    return engine, server, ChatTokens(tok)
+
+
+def messages(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"What is {100 + 7 * i}*{10 + i % 90}?"}]
+
+
+def direct(engine, chat, args: argparse.Namespace) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    from ascent.messages import GenerationRequest, SamplingParams
+
+    reqs = [GenerationRequest(chat.prompt_ids(messages(i)), SamplingParams(temperature=1.0,
+            max_new_tokens=args.new_tokens, seed=i), request_id=i) for i in range(args.clients)]  # fmt: skip
+    t = time.perf_counter()
+    gens = engine.generate(reqs)
+    return time.perf_counter() - t, sum(len(g[0].token_ids) for g in gens)
+
+
+async def ask_all(url: str, indices: list[int], new_tokens: int) -> int:
+    """Chat calls for `indices`, all at once; -> completion tokens."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
+
+    async def one(i: int) -> int:
+        out = await client.chat.completions.create(model="bench", messages=messages(i),  # type: ignore[arg-type]
+                                                   max_tokens=new_tokens, temperature=1.0, seed=i)  # fmt: skip
+        return out.usage.completion_tokens if out.usage else 0
+
+    tokens = await asyncio.gather(*(one(i) for i in indices))
+    await client.close()
+    return sum(tokens)
+
+
+def client_process(url: str, indices: list[int], new_tokens: int) -> int:
+    return asyncio.run(ask_all(url, indices, new_tokens))
+
+
+def endpoint(url: str, args: argparse.Namespace, pool: Any) -> tuple[float, int]:
+    """All clients' calls: from `pool`'s processes (as separate agents would call), or from this one."""
+    t = time.perf_counter()
+    if pool is None:
+        tokens = asyncio.run(ask_all(url, list(range(args.clients)), args.new_tokens))
+    else:
+        parts = [(url, list(range(k, args.clients, args.client_procs)), args.new_tokens)
+                 for k in range(args.client_procs)]  # fmt: skip
+        tokens = sum(pool.starmap(client_process, parts))
+    return time.perf_counter() - t, tokens
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
+    p.add_argument("--clients", type=int, default=256)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--client-procs", type=int, default=4, help="Client processes (0: the server's own).")
+    args = p.parse_args(argv)
+    pool = multiprocessing.get_context("spawn").Pool(args.client_procs) if args.client_procs else None
+    with tempfile.TemporaryDirectory() as tmp:
+        engine, server, chat = build(args, Path(tmp))
+        url = server.start()
+        try:
+            with server.paused():
+                direct(engine, chat, args)  # warm-up: compilation, CUDA graphs
+            endpoint(url, args, pool)
+            rows = []
+            for r in range(args.repeats):
+                with server.paused():  # the engine is idle: a direct call from this thread is safe
+                    d_s, d_tok = direct(engine, chat, args)
+                e_s, e_tok = endpoint(url, args, pool)
+                rows.append((d_tok / d_s, e_tok / e_s))
+                print(f"repeat {r + 1}: direct {d_tok} tokens in {d_s:.2f} s ({d_tok / d_s:,.0f}/s); endpoint "
+                      f"{e_tok} tokens in {e_s:.2f} s ({e_tok / e_s:,.0f}/s); endpoint/direct "
+                      f"{(e_tok / e_s) / (d_tok / d_s):.3f}", flush=True)  # fmt: skip
+        finally:
+            server.stop()
+            if pool is not None:
+                pool.close()
+    ratios = [e / d for d, e in rows]
+    print(
+        f"endpoint throughput / direct: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-"
+        f"{max(ratios):.3f} over {len(ratios)} repeats ({args.clients} clients in {args.client_procs or 1} "
+        f"processes, {args.new_tokens} new tokens)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
