@@ -140,9 +140,6 @@ def _env_rules(cfg: RunConfig) -> list[str]:
     if r.env is not None and r.agent is not None:
         out.append(f"rollout.agent={r.agent!r}: an agent brings its own episodes; set rollout.env=null (or "
                    "rollout.agent=null to train on the environment).")  # fmt: skip
-    if r.max_staleness:
-        out.append(f"rollout.max_staleness={r.max_staleness}: episodes through {src} are collected "
-                   "synchronously for now; set rollout.max_staleness=0.")  # fmt: skip
     if r.env is not None and r.engine != "reference":
         out.append(f"rollout.engine={r.engine!r}: episodes through rollout.env run on the reference engine "
                    "for now; set rollout.engine=reference.")  # fmt: skip

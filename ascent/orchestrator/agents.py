@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -93,11 +94,19 @@ class AgentService:
             else IsolatedRunner(self.workers, r.agent_timeout_s + 60, preload=[r.agent.partition(":")[0]])
         )  # fmt: skip
         self._sessions = itertools.count()
+        self._lock = threading.Lock()
 
     def play(
         self, rows: Sequence[Any], n: int, params: SamplingParams
     ) -> list[list[tuple[AgentJob, AgentResult]]]:
-        """Play `n` episodes of every row with `params` -> per row, its (job, result) pairs."""
+        """Play `n` episodes of every row with `params` -> per row, its (job, result) pairs. One play at a
+        time (validation waits for episodes played ahead): the replicas sample with this play's `params`."""
+        with self._lock:
+            return self._play(rows, n, params)
+
+    def _play(
+        self, rows: Sequence[Any], n: int, params: SamplingParams
+    ) -> list[list[tuple[AgentJob, AgentResult]]]:
         self.engine.params = params
         jobs = [AgentJob(f"ep{next(self._sessions)}", row) for row in rows for _ in range(n)]
         results: list[AgentResult] = []

@@ -14,6 +14,11 @@ token's version is exact. When an iteration takes a batch, a group with any epis
 behind is stale: `drop` replaces it with fresh prompts, `regenerate` samples the same prompts again with the
 current weights. Importance correction (TIS/MIS, against the sampler's own logprobs) covers the gap kept.
 
+Multi-turn episodes (an environment's or an agent's) are played ahead the same way, on a thread of the
+controller when the replicas have GPUs of their own (Ray, split placement); weights can then change between
+two turns of an episode, and each turn's tokens carry the version that sampled them. Inline or colocated, an
+iteration ahead is played when it is prefetched.
+
 The prompt sampler is drawn in the same order as in synchronous RL (prefetching happens after an iteration's
 own draws), and a checkpoint saves the sampler as it was before the prefetched draws, so a resumed run
 draws them again.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +47,9 @@ def batch_seed(seed: int, it: int, batch: int) -> int:
 class _Ahead:
     """A first batch submitted before its iteration, and the sampler's state before it was drawn."""
 
-    submitted: Submitted
+    submitted: (
+        Submitted | Future[Any]
+    )  # single-turn generation in flight, or multi-turn episodes being played
     sampler_state: dict[str, Any]
 
 
@@ -53,23 +61,23 @@ class Collector:
         self._ahead: dict[int, _Ahead] = {}
         self._redo: list[Any] = []  # prompts of stale groups to sample again (stale_groups=regenerate)
         self._waited = 0.0  # controller seconds spent starting and awaiting generation (take_waited)
+        self._thread: ThreadPoolExecutor | None = None  # plays multi-turn episodes ahead (`_play_ahead`)
 
     def next_batch(self, ctx: Any, sampler: Any, it: int, batch: int) -> tuple[list[Group], RolloutStats]:
         """Batch `batch` of iteration `it`: the prefetched one if there is one, else sampled now."""
         t0 = time.perf_counter()
         ahead = self._ahead.pop(it, None) if batch == 0 else None
         if ahead is not None:
-            sub = ahead.submitted
+            pending = ahead.submitted
         else:
             items = self._redo or [ctx.data.train[i] for i in sampler.next_batch()]
             self._redo = []
-            params = B.sampling_params(ctx.cfg.rollout)
-            if ctx.cfg.rollout.multi_turn:  # synchronous: an environment's or an agent's turns
-                out = _multi_turn(ctx, items, params, batch_seed(ctx.cfg.seed, it, batch))
-                self._waited += time.perf_counter() - t0
-                return out
-            sub = submit(ctx, items, params, seed=batch_seed(ctx.cfg.seed, it, batch))
-        out = finish(ctx, sub)
+            params, seed = B.sampling_params(ctx.cfg.rollout), batch_seed(ctx.cfg.seed, it, batch)
+            if ctx.cfg.rollout.multi_turn:  # an environment's or an agent's turns, played now
+                pending = _played(_multi_turn(ctx, items, params, seed))
+            else:
+                pending = submit(ctx, items, params, seed=seed)
+        out = pending.result() if isinstance(pending, Future) else finish(ctx, pending)
         self._waited += time.perf_counter() - t0
         return out
 
@@ -83,9 +91,27 @@ class Collector:
             if ahead not in self._ahead:
                 state = sampler.state_dict()
                 items = [ctx.data.train[i] for i in sampler.next_batch()]
-                sub = submit(ctx, items, params, seed=batch_seed(ctx.cfg.seed, ahead, 0))
-                self._ahead[ahead] = _Ahead(sub, state)
+                seed = batch_seed(ctx.cfg.seed, ahead, 0)
+                if ctx.cfg.rollout.multi_turn:
+                    self._ahead[ahead] = _Ahead(self._play_ahead(ctx, items, params, seed), state)
+                else:
+                    self._ahead[ahead] = _Ahead(submit(ctx, items, params, seed=seed), state)
         self._waited += time.perf_counter() - t0
+
+    def _play_ahead(self, ctx: Any, items: list[Any], params: Any, seed: int) -> Future[Any]:
+        """Multi-turn episodes of a later iteration: on a thread of the controller when the replicas have GPUs
+        of their own (Ray, split placement), so they play while the trainer updates; else played now."""
+        if ctx.rollout.backend == "ray" and ctx.cfg.cluster.placement == "split":
+            if self._thread is None:
+                self._thread = ThreadPoolExecutor(1, thread_name_prefix="ascent-collector")
+            return self._thread.submit(_multi_turn, ctx, items, params, seed)
+        return _played(_multi_turn(ctx, items, params, seed))
+
+    def close(self) -> None:
+        """Wait for episodes being played ahead, drop the ones not started."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True, cancel_futures=True)
+            self._thread = None
 
     def take_waited(self) -> float:
         """Seconds the controller (so the trainer) waited on generation since the last call; resets."""
@@ -108,6 +134,12 @@ class Collector:
             else:
                 fresh.append(group)
         return fresh, dropped
+
+
+def _played(out: tuple[list[Group], RolloutStats]) -> Future[tuple[list[Group], RolloutStats]]:
+    done: Future[tuple[list[Group], RolloutStats]] = Future()
+    done.set_result(out)
+    return done
 
 
 def _multi_turn(ctx: Any, items: list[Any], params: Any, seed: int) -> tuple[list[Group], RolloutStats]:

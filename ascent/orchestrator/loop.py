@@ -47,7 +47,8 @@ class LoopContext:
         self.colocated = cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast"
 
     def close(self) -> None:
-        """Stop what the loop started on demand (the agent endpoint and processes)."""
+        """Stop what the loop started on demand (episodes played ahead, the agent endpoint and processes)."""
+        self.collector.close()
         if self.agents is not None:
             self.agents.close()
             self.agents = None

@@ -85,3 +85,35 @@ def test_async_on_ray_with_two_replicas_and_two_trainer_ranks(tmp_path, tiny_mod
     assert list((tmp_path / "run" / "logs").glob("rollout_1.log"))  # the second replica ran
     # weights went trainer rank 0 -> both replicas over a gloo process group (cluster.weight_transport=auto)
     assert "weight transport: broadcast" in (tmp_path / "run" / "logs" / "controller.log").read_text()
+
+
+def env_config(tmp_path, tiny_model, iterations: int) -> dict:
+    """guess_number episodes of up to 3 one-token turns, played one iteration ahead."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text("".join(json.dumps({"target": t}) + "\n" for t in [3, 7, 1, 9, 5, 0]))
+    cfg = run_config(tmp_path, tiny_model, data, iterations=iterations, val_every=0)
+    cfg["data"] |= {"max_prompt_tokens": 40, "val_path": None}
+    cfg["rollout"] |= {"env": "guess_number", "max_turns": 3, "max_episode_tokens": 48, "max_staleness": 1,
+                       "stop_token_ids": list(range(4, 40)), "env_workers": 1}  # fmt: skip
+    cfg["train"]["max_tokens_per_micro_batch"] = 88
+    return cfg
+
+
+def test_multi_turn_episodes_played_ahead_inline(tmp_path, tiny_model):
+    ascent("train", str(write_yaml(tmp_path / "run.yaml", env_config(tmp_path, tiny_model, 3))))
+    eps = episodes(tmp_path / "run")
+    check_bound(eps, 3, 8, bound=1)
+    assert [{r["staleness"] for r in eps[it]} for it in (1, 2, 3)] == [{0}, {1}, {1}]
+
+
+@pytest.mark.slow
+def test_multi_turn_episodes_played_ahead_on_ray_split(tmp_path, tiny_model):
+    """On Ray with split placement a controller thread plays the next iteration's episodes while the trainer
+    updates; a publication can land between two turns of an episode, and each turn keeps its own version."""
+    cfg = env_config(tmp_path, tiny_model, 3)
+    cfg["cluster"] = {"backend": "ray", "placement": "split", "cpus_per_worker": 0.5}
+    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), timeout=600)
+    eps = episodes(tmp_path / "run")
+    check_bound(eps, 3, 8, bound=1)
+    assert {r["version_min"] for r in eps[2]} == {0} and {r["version_max"] for r in eps[3]} <= {1, 2}

@@ -47,10 +47,12 @@ def test_unsupported_combinations_name_the_field(tmp_path: Path, tiny_model: Pat
     rows(data / "train.jsonl", [3])
     cfg = run_config(tmp_path, tiny_model, data, iterations=1)
     cfg["data"].pop("val_path")
-    cfg["rollout"] |= {"env": "guess_number", "max_staleness": 1, "max_episode_tokens": 16}
+    cfg["rollout"] |= {"env": "guess_number", "max_episode_tokens": 16}
+    cfg["algorithm"] = {"advantage": "remax"}
     proc = ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), check=False)
-    assert proc.returncode == 2 and "rollout.max_staleness=1" in proc.stderr
-    cfg["rollout"] |= {"max_staleness": 0, "env": "no_such_env"}
+    assert proc.returncode == 2 and "algorithm.advantage='remax'" in proc.stderr
+    cfg.pop("algorithm")
+    cfg["rollout"] |= {"env": "no_such_env"}
     proc = ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), check=False)
     assert (
         proc.returncode == 2
