@@ -1,4 +1,4 @@
-"""The `ascent` command: train, sft, eval, episodes, serve, debug env, config show, bench, version.
+"""The `ascent` command: train, sft, eval, episodes, serve, doctor, debug env, config show, bench, version.
 
 Every command loads and validates its configuration first (fast, no torch) and imports the heavy
 orchestrator lazily, so a bad config fails in a fraction of a second. Errors the user can fix
@@ -28,6 +28,7 @@ from rich.text import Text
 from ascent.config import ConfigError, RunConfig, SFTConfig, dump_config, load_config
 from ascent.config.errors import show_value
 from ascent.config.explain import explain_sections
+from ascent.entrypoints.doctor import doctor_command
 from ascent.entrypoints.episodes import episodes_command
 from ascent.entrypoints.serve import serve_command
 from ascent.errors import AscentError
@@ -378,6 +379,7 @@ def config_show(
 
 app.command("episodes")(episodes_command)  # the body: ascent/entrypoints/episodes.py
 app.command("serve")(serve_command)  # the body: ascent/entrypoints/serve.py
+app.command("doctor")(doctor_command)  # the body: ascent/entrypoints/doctor.py; checks in ascent/doctor/
 
 
 @app.command()

@@ -1,0 +1,132 @@
+"""Doctor checks of Ray: installed, the cluster at `cluster.address` reachable, and resources enough for the
+placement the config asks for (`ascent.orchestrator.setup.plan_placement`, the same plan the run makes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from ascent.config.schema import RunConfig
+from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What the worker groups ask Ray for: GPUs and CPUs in all, the largest single request, one-node need."""
+
+    gpus: float
+    cpus: float
+    one_node: bool
+
+
+def demand(cfg: RunConfig) -> Demand:
+    """GPUs and CPUs of every worker (trainer, rollout, critic) as `build_worker_groups` places them."""
+    from ascent.orchestrator.setup import plan_placement, uses_critic
+
+    c = cfg.cluster
+    groups = 2 if uses_critic(cfg) else 1
+    plan = plan_placement(c.backend, c.placement, c.gpus_per_worker, c.cpus_per_worker,
+                          c.num_trainer_workers, groups)  # fmt: skip
+    if plan.shared_bundles:
+        return Demand(plan.shared_bundles * plan.bundle_gpus, plan.shared_bundles * plan.bundle_cpus, True)
+    workers = c.num_trainer_workers * groups + c.num_rollout_workers
+    gpus = c.num_trainer_workers * groups * plan.trainer_gpus + c.num_rollout_workers * plan.rollout_gpus
+    return Demand(gpus, workers * c.cpus_per_worker, False)
+
+
+def tcp_reachable(address: str, timeout_s: float = 5.0) -> str | None:
+    """None when a TCP connection to host:port opens, else the error."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return f"{address!r} is not host:port"
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return None
+    except OSError as err:
+        return str(err) or type(err).__name__
+
+
+def cluster_resources(address: str) -> dict[str, float]:
+    """Connect to the running cluster, read its total resources, disconnect."""
+    import ray
+
+    ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        return dict(ray.cluster_resources())
+    finally:
+        ray.shutdown()
+
+
+def local_resources(cfg: RunConfig, gpus_visible: int) -> dict[str, float]:
+    """What the local cluster ascent starts would have: cluster.num_cpus (or all CPUs) and the visible GPUs."""
+    return {"CPU": float(cfg.cluster.num_cpus or os.cpu_count() or 1), "GPU": float(gpus_visible)}
+
+
+def check_ray(cfg: RunConfig, gpus_visible: int) -> list[CheckResult]:
+    c = cfg.cluster
+    if c.backend != "ray":
+        return [skipped("Ray", "cluster.backend=inline: no Ray needed")]
+    if importlib.util.find_spec("ray") is None:
+        return [
+            fail(
+                "Ray",
+                "cluster.backend=ray but Ray is not installed",
+                "pip install 'ascent[ray]' (ray[default]).",
+            )
+        ]
+    results = [ok("Ray", f"ray {_ray_version()} installed")]
+    if c.address and c.address != "auto":
+        error = tcp_reachable(c.address)
+        if error is not None:
+            fix = ("start the head first (`ray start --head`; examples/slurm), check this node reaches its port, "
+                   "or leave cluster.address unset to start a local cluster.")  # fmt: skip
+            return [*results, fail("Ray cluster", f"cluster.address={c.address!r}: no answer ({error})", fix)]
+    if c.address:
+        try:
+            total = cluster_resources(c.address)
+        except Exception as err:  # Ray raises ConnectionError, RuntimeError, ... when it cannot join
+            return [
+                *results,
+                fail(
+                    "Ray cluster",
+                    f"cluster.address={c.address!r}: cannot join ({err})",
+                    "start the cluster (`ray start --head`) or leave cluster.address unset.",
+                ),
+            ]
+        where = f"cluster at {c.address}"
+    else:
+        total, where = local_resources(cfg, gpus_visible), "the local cluster ascent would start"
+    results.append(ok("Ray cluster", f"{where}: {total.get('CPU', 0):g} CPUs, {total.get('GPU', 0):g} GPUs"))
+    return [*results, check_resources(demand(cfg), total, where)]
+
+
+def check_resources(need: Demand, total: dict[str, Any], where: str) -> CheckResult:
+    name = "Ray resources"
+    have_gpu, have_cpu = float(total.get("GPU", 0)), float(total.get("CPU", 0))
+    text = f"the workers ask {need.gpus:g} GPUs and {need.cpus:g} CPUs; {where} has {have_gpu:g} and {have_cpu:g}"
+    if need.gpus > have_gpu:
+        return fail(name, text, "lower cluster.num_trainer_workers / num_rollout_workers or cluster.gpus_per_worker, "
+                    "or add GPU nodes.")  # fmt: skip
+    if need.cpus > have_cpu:
+        return fail(name, text, "lower cluster.cpus_per_worker or raise cluster.num_cpus (local cluster).")
+    if need.one_node and need.gpus > 0:
+        return (
+            warn(
+                name,
+                text + "; colocated bundles must fit on ONE node (STRICT_PACK)",
+                "check one node has that many GPUs, or use cluster.placement=split.",
+            )
+            if where != ("the local cluster ascent would start")
+            else ok(name, text)
+        )
+    return ok(name, text)
+
+
+def _ray_version() -> str:
+    from importlib.metadata import version
+
+    return version("ray")

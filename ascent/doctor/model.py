@@ -1,0 +1,182 @@
+"""Doctor checks of the model directory without loading its weights: the config loads, the parameter count
+and sizes (counted on the meta device), the tokenizer's pad/EOS and chat template, the fast engine's support
+for the architecture (`ascent.rollout.fast.spec`), and which environments of the config render.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ascent.config.schema import RunConfig
+from ascent.doctor.memory import ModelShape
+from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
+
+
+def load_hf_config(cfg: RunConfig) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(
+        cfg.model.path, local_files_only=True, trust_remote_code=cfg.model.trust_remote_code
+    )
+
+
+def count_params(hf_config: Any) -> int:
+    """Parameters of the model the config describes, built on the meta device (no memory, no weights);
+    a tied embedding counts once."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def model_shape(hf_config: Any, params: int) -> ModelShape:
+    text = getattr(hf_config, "get_text_config", lambda: hf_config)()
+    heads = int(text.num_attention_heads)
+    hidden = int(text.hidden_size)
+    return ModelShape(
+        params=params,
+        vocab=int(text.vocab_size),
+        hidden=hidden,
+        intermediate=int(getattr(text, "intermediate_size", None) or 4 * hidden),
+        layers=int(text.num_hidden_layers),
+        heads=heads,
+        kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(text, "head_dim", None) or hidden // heads),
+        tied=bool(getattr(hf_config, "tie_word_embeddings", False)),
+    )
+
+
+def check_model(cfg: RunConfig) -> tuple[CheckResult, ModelShape | None]:
+    """The checkpoint's config loads and describes a causal LM; -> (result, its shape or None)."""
+    name = "model"
+    if not cfg.model.path:
+        return fail(
+            name, "model.path is not set", "point model.path at a local Hugging Face checkpoint."
+        ), None
+    path = Path(cfg.model.path).expanduser()
+    if not (path / "config.json").is_file():
+        return fail(name, f"model.path={cfg.model.path!r} has no config.json",
+                    "point model.path at the directory `save_pretrained` wrote."), None  # fmt: skip
+    try:
+        hf = load_hf_config(cfg)
+        shape = model_shape(hf, count_params(hf))
+    except Exception as err:  # transformers raises many kinds for a config it cannot read
+        return fail(name, f"model.path={cfg.model.path!r}: the config does not load ({type(err).__name__}: "
+                    f"{err})", "use a transformers causal-LM checkpoint (or model.trust_remote_code=true)."), None  # fmt: skip
+    weights = sorted(p.name for p in path.glob("*.safetensors")) or sorted(p.name for p in path.glob("*.bin"))
+    detail = (f"{getattr(hf, 'model_type', '?')}, {shape.params / 1e6:,.1f}M parameters, {shape.layers} layers, "
+              f"hidden {shape.hidden}, vocab {shape.vocab}")  # fmt: skip
+    if not weights:
+        return warn(
+            name, detail + "; no weight files", "copy the *.safetensors files next to config.json."
+        ), shape
+    return ok(name, detail, params=shape.params, model_type=getattr(hf, "model_type", None)), shape
+
+
+def uses_chat(cfg: RunConfig) -> bool:
+    """Whether prompts go through the chat template: message-list rows, data.chat_template or an environment."""
+    if cfg.rollout.env is not None or cfg.data.chat_template:
+        return True
+    return any(isinstance(r.get("prompt"), list) for r in train_rows(cfg))
+
+
+def train_rows(cfg: RunConfig) -> list[dict[str, Any]]:
+    if not cfg.data.train_path or not Path(cfg.data.train_path).is_file():
+        return []
+    from ascent.data import load_rows
+
+    try:
+        return load_rows(cfg.data.train_path)
+    except Exception:  # the run's own data checks report bad files; here they only inform the chat check
+        return []
+
+
+def check_tokenizer(cfg: RunConfig) -> CheckResult:
+    name = "tokenizer"
+    path = cfg.model.tokenizer_path or cfg.model.path
+    if not path:
+        return skipped(name, "model.path is not set")
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True,
+                                            trust_remote_code=cfg.model.trust_remote_code)  # fmt: skip
+    except Exception as err:  # missing files, bad JSON, unknown class
+        return fail(name, f"{path}: the tokenizer does not load ({type(err).__name__}: {err})",
+                    "point model.tokenizer_path (or model.path) at the directory `tokenizer.save_pretrained` wrote.")  # fmt: skip
+    if tok.eos_token is None:
+        return fail(
+            name, f"{path}: no EOS token", "set `eos_token` in tokenizer_config.json: responses never end."
+        )
+    if uses_chat(cfg) and not getattr(tok, "chat_template", None):
+        return fail(name, f"{path}: no chat template, but prompts go through it (message lists, "
+                    "data.chat_template=true or rollout.env)", "use a chat/instruct tokenizer, or set "
+                    "data.chat_template=false for string prompts.")  # fmt: skip
+    if tok.pad_token is None:
+        return warn(name, f"EOS {tok.eos_token!r}, no pad token (EOS pads)",
+                    "set `pad_token` in tokenizer_config.json to silence the warning.")  # fmt: skip
+    chat = "chat template" if getattr(tok, "chat_template", None) else "no chat template (not needed)"
+    return ok(name, f"pad {tok.pad_token!r}, EOS {tok.eos_token!r}, {chat}")
+
+
+def check_engine_architecture(cfg: RunConfig) -> CheckResult:
+    name = "fast engine architecture"
+    if cfg.rollout.engine != "fast":
+        return skipped(name, f"rollout.engine={cfg.rollout.engine}")
+    from ascent.rollout.fast.spec import STATIC_ROPE_TYPES, SUPPORTED_MODEL_TYPES, spec_from_config
+
+    try:
+        hf = load_hf_config(cfg)
+        spec = spec_from_config(hf)
+    except ValueError as err:
+        return fail(name, str(err), "set rollout.engine=reference for this model.")
+    except Exception as err:  # the model check reports configs that do not load
+        return skipped(name, f"the model config does not load ({type(err).__name__})")
+    rope = dict(getattr(hf, "rope_parameters", None) or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in STATIC_ROPE_TYPES:
+        return fail(name, f"rope type {rope_type!r} is not one the engine supports ({list(STATIC_ROPE_TYPES)})",
+                    "set rollout.engine=reference for this model.")  # fmt: skip
+    return ok(name, f"{spec.model_type} is supported ({', '.join(SUPPORTED_MODEL_TYPES)})")
+
+
+def env_names(cfg: RunConfig) -> list[str]:
+    """rollout.env and every distinct `env` column value of the training rows."""
+    names = [cfg.rollout.env] if cfg.rollout.env else []
+    for row in train_rows(cfg) if cfg.rollout.env is not None else []:
+        env = row.get("env")
+        if isinstance(env, str) and env not in names:
+            names.append(env)
+    return names
+
+
+def renders(name: str) -> bool:
+    """Whether environment `name` (registered or pkg.module:Class) sets `needs_rendering = True` on its class."""
+    import importlib
+
+    from ascent.envs import ENVIRONMENTS, make_env
+
+    factory: Any = ENVIRONMENTS.get(name)
+    if factory is None and ":" in name:
+        module, _, attr = name.partition(":")
+        factory = getattr(importlib.import_module(module), attr)
+    if factory is None:
+        return False
+    target = factory if isinstance(factory, type) else make_env(name)
+    return bool(getattr(target, "needs_rendering", False))
+
+
+def rendering_envs(cfg: RunConfig) -> tuple[list[str], CheckResult | None]:
+    """-> (environments that render, a failure when one does not load)."""
+    out = []
+    for name in env_names(cfg):
+        try:
+            if renders(name):
+                out.append(name)
+        except Exception as err:  # an import path that does not resolve: the run would fail the same way
+            return out, fail("environment", f"env {name!r} does not load ({type(err).__name__}: {err})",
+                             "fix rollout.env (a registered name or pkg.module:Class).")  # fmt: skip
+    return out, None

@@ -1,0 +1,152 @@
+"""From a run config and the model's shape to the doctor's numbers: the flat `MemoryInputs` of
+`ascent.doctor.memory`, the memory check (fits the GPU or not, and which field to turn), what the run writes
+to disk, and how many GPUs it spans.
+"""
+
+from __future__ import annotations
+
+from ascent.config.schema import RunConfig
+from ascent.doctor.memory import CUDA_CONTEXT, GIB, Estimate, MemoryInputs, ModelShape, estimate, gib, knobs
+from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def on_gpu(cfg: RunConfig, gpus_visible: int) -> bool:
+    """Whether the workers run on CUDA: cluster.device=cuda, or auto with a GPU here or GPUs asked of Ray."""
+    device = cfg.cluster.device
+    return device == "cuda" or (device == "auto" and (gpus_visible > 0 or cfg.cluster.gpus_per_worker > 0))
+
+
+def trainer_attention(cfg: RunConfig, gpu: bool) -> str:
+    """`train.attention` resolved as the trainer resolves it: auto -> varlen on CUDA in half precision."""
+    a = cfg.train.attention
+    if a != "auto":
+        return a
+    return "varlen" if gpu and cfg.model.dtype in ("bf16", "fp16") else "sdpa"
+
+
+def micro_batch(cfg: RunConfig) -> tuple[int, int, int]:
+    """(tokens, response tokens, longest sequence) of the largest micro-batch one trainer rank packs."""
+    seq = cfg.data.max_prompt_tokens + cfg.rollout.response_budget
+    share = max(cfg.train.trajectories_per_update // cfg.cluster.num_trainer_workers, 1)
+    fit = max(min(share, cfg.train.max_tokens_per_micro_batch // seq), 1)
+    return fit * seq, fit * cfg.rollout.response_budget, seq
+
+
+def memory_inputs(cfg: RunConfig, shape: ModelShape, gpu_bytes: int, gpus_visible: int) -> MemoryInputs:
+    from ascent.orchestrator.setup import needs_reference, uses_critic
+
+    c, r, t = cfg.cluster, cfg.rollout, cfg.train
+    gpu = on_gpu(cfg, gpus_visible)
+    tokens, response, seq = micro_batch(cfg)
+    replicas = max(c.num_rollout_workers, 1)
+    prompts = -(-r.prompts_per_step // replicas)
+    return MemoryInputs(
+        shape=shape,
+        compute_bytes=DTYPE_BYTES[cfg.model.dtype],
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        compiled=t.compile == "on" or (t.compile == "auto" and gpu),
+        attention=trainer_attention(cfg, gpu),
+        micro_batch_tokens=tokens,
+        response_tokens=response,
+        logprob_chunk=t.logprob_chunk_tokens,
+        lora_rank=cfg.model.lora.rank,
+        lora_targets=tuple(cfg.model.lora.target_modules),
+        offload_optimizer=t.offload_optimizer,
+        fsdp_ranks=c.num_trainer_workers if t.sharding == "fsdp" else 1,
+        reference=needs_reference(cfg),
+        critic=uses_critic(cfg),
+        engine="fast" if r.engine == "fast" else "reference",
+        colocated=not (c.backend == "ray" and c.placement == "split" and c.gpus_per_worker > 0),
+        gpu_memory_fraction=r.gpu_memory_fraction,
+        gpu_bytes=gpu_bytes if gpu else 0,
+        rollout_rows=prompts * r.samples_per_prompt,
+        prefill_tokens=prompts * cfg.data.max_prompt_tokens,
+        sequence_tokens=seq,
+        generation_batch_size=r.generation_batch_size,
+    )
+
+
+def check_micro_batch(cfg: RunConfig) -> CheckResult | None:
+    _, _, seq = micro_batch(cfg)
+    budget = cfg.train.max_tokens_per_micro_batch
+    if seq > budget:
+        return warn("micro-batch", f"a sequence may reach {seq} tokens (data.max_prompt_tokens + the response "
+                    f"budget) but train.max_tokens_per_micro_batch={budget}; the trainer refuses longer ones",
+                    f"raise train.max_tokens_per_micro_batch to {seq} or more.")  # fmt: skip
+    return None
+
+
+def check_memory(m: MemoryInputs, est: Estimate, target: str) -> CheckResult:
+    """Whether the peak phase fits `m.gpu_bytes` (with allocator fragmentation and the CUDA context)."""
+    name = "memory per GPU"
+    peak, phase = est.peak, est.peak_phase()
+    text = f"estimated peak {gib(peak)} allocated ({phase})"
+    data = {"peak_bytes": peak, "peak_phase": phase, "needed_bytes": est.needed(), "kv_cache_bytes": est.kv_cache,
+            "phases": {p: dict(terms) for p, terms in est.phases.items()}}  # fmt: skip
+    if (
+        m.engine == "fast"
+        and m.gpu_bytes
+        and est.kv_cache < 2 * 64 * m.shape.kv_bytes_per_token(m.compute_bytes)
+    ):
+        return fail(name, f"rollout.gpu_memory_fraction={m.gpu_memory_fraction} of {target} leaves no KV cache "
+                    "after the engine's weights and activation reserve", "raise rollout.gpu_memory_fraction.", **data)  # fmt: skip
+    if not m.gpu_bytes:
+        return skipped(name, text + "; no GPU to compare with (pass --gpu-memory GIB)", **data)
+    tips = "; ".join(knobs(m, est))
+    if peak + CUDA_CONTEXT > m.gpu_bytes:
+        return fail(name, f"{text} does not fit {target}", f"{tips}.", **data)
+    if est.needed() > m.gpu_bytes:
+        return warn(
+            name, f"{text}: tight on {target} once the allocator's fragmentation counts", f"{tips}.", **data
+        )
+    kv = f"; KV cache {gib(est.kv_cache)} ({est.kv_tokens:,} tokens)" if m.engine == "fast" else ""
+    return ok(name, f"{text} of {target}{kv}", **data)
+
+
+def checkpoint_bytes(cfg: RunConfig, shape: ModelShape) -> int:
+    """One checkpoint: HF weights as the trainer saves them (fp32 masters; LoRA: merged in the compute dtype
+    plus the adapter) and AdamW's moments when `checkpoint.save_optimizer`."""
+    if cfg.model.lora.rank:
+        trainable = shape.lora_params(cfg.model.lora.rank, tuple(cfg.model.lora.target_modules))
+        weights = (
+            shape.params * DTYPE_BYTES[cfg.model.dtype] if cfg.model.lora.save_merged else 0
+        ) + 4 * trainable
+    else:
+        trainable, weights = shape.params, 4 * shape.params
+    return weights + (8 * trainable if cfg.checkpoint.save_optimizer else 0)
+
+
+def run_dir_bytes(cfg: RunConfig, shape: ModelShape) -> int:
+    """Checkpoints kept (+1 being written, + `final`) and the experience store (~24 B per token)."""
+    ckpt = checkpoint_bytes(cfg, shape) * (cfg.checkpoint.keep_last + 2)
+    _, _, seq = micro_batch(cfg)
+    episodes = cfg.iterations * cfg.trajectories_per_step * seq * 24 if cfg.tracking.experience_store else 0
+    return ckpt + episodes
+
+
+def ray_temp_bytes(cfg: RunConfig, shape: ModelShape) -> int:
+    """Ray's session files and object spilling: a weight publication through the object store, plus 1 GiB."""
+    return shape.params * DTYPE_BYTES[cfg.model.dtype] * 2 + GIB
+
+
+def gpus_needed(cfg: RunConfig) -> tuple[int, int]:
+    """(GPUs the run spans, GPUs it needs on this node): inline runs everything here."""
+    from ascent.doctor.cluster import demand
+
+    c = cfg.cluster
+    if c.backend == "inline":
+        n = c.num_trainer_workers if c.device != "cpu" else 0
+        return n, n
+    if c.gpus_per_worker == 0:
+        return 0, 0
+    total = int(-(-demand(cfg).gpus // 1))
+    return total, (total if not c.address else 0)
+
+
+def run_estimate(
+    cfg: RunConfig, shape: ModelShape, gpu_bytes: int, gpus_visible: int
+) -> tuple[MemoryInputs, Estimate]:
+    m = memory_inputs(cfg, shape, gpu_bytes, gpus_visible)
+    return m, estimate(m)

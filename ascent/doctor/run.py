@@ -1,0 +1,90 @@
+"""Run every doctor check of a config, in the order a user fixes things: machine, cluster, disk, trackers,
+model, memory. `run_checks` returns the results and the memory estimate (for the table and `--json`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ascent.config.schema import RunConfig
+from ascent.doctor import cluster, model, plan, system, tracking
+from ascent.doctor.memory import GIB, Estimate, MemoryInputs
+from ascent.doctor.report import CheckResult, skipped
+
+
+@dataclass
+class DoctorReport:
+    results: list[CheckResult] = field(default_factory=list)
+    inputs: MemoryInputs | None = None
+    estimate: Estimate | None = None
+
+
+def gpu_target(facts: system.GpuFacts, gpu_memory_gib: float | None) -> tuple[int, str]:
+    """(bytes of the GPU to check against, its name): --gpu-memory wins, else the smallest visible GPU."""
+    if gpu_memory_gib is not None:
+        return int(gpu_memory_gib * GIB), f"--gpu-memory {gpu_memory_gib:g} GiB"
+    if facts.count:
+        i = facts.total_bytes.index(min(facts.total_bytes))
+        return facts.total_bytes[i], f"{facts.names[i]} ({facts.total_bytes[i] / GIB:.1f} GiB)"
+    return 0, "no GPU"
+
+
+def machine_checks(cfg: RunConfig, facts: system.GpuFacts) -> list[CheckResult]:
+    gpu = plan.on_gpu(cfg, facts.count)
+    needs_gpu = cfg.cluster.device == "cuda" or cfg.rollout.engine == "fast"
+    total, here = plan.gpus_needed(cfg)
+    return [
+        system.check_python(),
+        system.check_torch(facts, system.torch_requirement()),
+        system.check_cuda(facts, needs_gpu),
+        *system.check_capability(
+            facts, cfg.model.dtype, cfg.rollout.engine == "fast", plan.trainer_attention(cfg, gpu)
+        ),  # fmt: skip
+        system.check_nccl(facts, total, here),
+    ]
+
+
+def disk_checks(cfg: RunConfig, shape: object) -> list[CheckResult]:
+    from ascent.doctor.memory import ModelShape
+
+    if not isinstance(shape, ModelShape):
+        return [skipped("disk", "the model's size is unknown (see the model check)")]
+    out = [system.check_disk("disk: run_dir", cfg.run_dir, plan.run_dir_bytes(cfg, shape),
+                             f"{cfg.checkpoint.keep_last} checkpoints kept + 1 being written + final, "
+                             "and the experience store", "run_dir")]  # fmt: skip
+    if cfg.cluster.backend == "ray" and not cfg.cluster.address:
+        out.append(system.check_disk("disk: Ray temp/spill", cfg.cluster.ray_temp_dir or "/tmp/ray",
+                                     plan.ray_temp_bytes(cfg, shape), "session files and spilled weights",
+                                     "cluster.ray_temp_dir"))  # fmt: skip
+    else:
+        out.append(skipped("disk: Ray temp/spill", "no local Ray cluster is started"))
+    return out
+
+
+def run_checks(
+    cfg: RunConfig, *, gpu_memory_gib: float | None = None, ports: list[int] | None = None
+) -> DoctorReport:
+    facts = system.gpu_facts()
+    report = DoctorReport(machine_checks(cfg, facts))
+    report.results += cluster.check_ray(cfg, facts.count)
+    report.results.append(system.check_ports(list(ports or [])))
+    report.results += tracking.check_trackers(cfg.tracking)
+    model_result, shape = model.check_model(cfg)
+    report.results += [model_result, model.check_tokenizer(cfg), model.check_engine_architecture(cfg)]
+    renderers, env_error = model.rendering_envs(cfg)
+    report.results += [env_error] if env_error else []
+    report.results.append(system.check_rendering(renderers))
+    report.results += disk_checks(cfg, shape)
+    micro = plan.check_micro_batch(cfg)
+    report.results += [micro] if micro else []
+    if shape is None:
+        report.results.append(skipped("memory per GPU", "the model's shape is unknown (see the model check)"))
+        return report
+    gpu_bytes, target = gpu_target(facts, gpu_memory_gib)
+    if cfg.cluster.device == "cpu":
+        gpu_bytes = 0  # a CPU run: no GPU size applies
+    report.inputs, report.estimate = plan.run_estimate(
+        cfg, shape, gpu_bytes, max(facts.count, 1 if gpu_bytes else 0)
+    )
+    report.results.append(plan.check_memory(report.inputs, report.estimate, target))
+    return report

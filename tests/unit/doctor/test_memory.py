@@ -1,0 +1,138 @@
+"""The memory arithmetic of `ascent doctor`, term by term, and against the H100 peaks in BENCHMARKS.md."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ascent.doctor import memory as M
+
+GIB = 2**30
+
+
+def qwen_shape(
+    hidden: int, inter: int, layers: int, heads: int, kv: int = 2, vocab: int = 151936
+) -> M.ModelShape:
+    """A tied Qwen2.5 shape (q/k/v biases), its parameters counted as bench/e2e_workload.py counts them."""
+    hd = hidden // heads
+    per_layer = (
+        2 * hidden * hidden + hidden + 2 * (hidden * kv * hd + kv * hd) + 3 * hidden * inter + 2 * hidden
+    )
+    return M.ModelShape(
+        vocab * hidden + layers * per_layer + hidden, vocab, hidden, inter, layers, heads, kv, hd, True
+    )
+
+
+SHAPE = M.ModelShape(params=1000, vocab=10, hidden=4, intermediate=8, layers=2, heads=2, kv_heads=1,
+                     head_dim=2, tied=True)  # fmt: skip
+BASE = M.MemoryInputs(
+    shape=SHAPE, compute_bytes=2, micro_batch_tokens=100, response_tokens=50, logprob_chunk=20
+)
+
+
+def test_trainer_state_is_16_bytes_per_parameter_with_fp32_masters():
+    assert M.weight_bytes(BASE) == 4000
+    assert M.gradient_bytes(BASE) == 4000
+    assert M.optimizer_bytes(BASE) == 8000
+
+
+def test_fsdp_divides_state_and_gathers_layers_in_the_compute_dtype():
+    m = replace(BASE, fsdp_ranks=4)
+    assert (M.weight_bytes(m), M.gradient_bytes(m), M.optimizer_bytes(m)) == (1000, 1000, 2000)
+    layer = (1000 - 40) // 2
+    assert M.fsdp_gather_bytes(m) == (2 * layer + 40) * 2
+    assert M.fsdp_gather_bytes(BASE) == 0
+
+
+def test_offload_moves_moments_to_the_host():
+    m = replace(BASE, offload_optimizer=True)
+    assert M.optimizer_bytes(m) == 0
+    assert M.offload_host_bytes(m) == 16 * 1000
+    assert M.estimate(m).host_bytes == 16000
+
+
+def test_lora_trains_only_adapters_over_a_half_precision_base():
+    m = replace(BASE, lora_rank=2, lora_targets=("q_proj", "down_proj"))
+    adapters = 2 * (2 * (4 + 4) + 2 * (8 + 4))  # layers x (q: 4->4, down: 8->4) x rank
+    assert M.trainable_params(m) == adapters
+    assert M.weight_bytes(m) == 1000 * 2 + 4 * adapters
+    assert M.gradient_bytes(m) == 4 * adapters
+    assert M.optimizer_bytes(m) == 8 * adapters
+    assert M.reference_bytes(replace(m, reference=True)) == 0  # the base with adapters off
+    assert M.head_bytes(m) < M.head_bytes(BASE)  # frozen head: no fp32 weight gradient, no cast
+
+
+def test_checkpointing_keeps_one_input_per_layer_and_one_working_set():
+    n = 100
+    work = n * (4 * 8 + 6 * 4) * 2
+    assert M.layer_working_set(BASE, n) == work
+    ckpt = replace(BASE, gradient_checkpointing=True)
+    assert M.body_activation_bytes(ckpt, n) == 2 * n * 4 * 4 + work
+    assert M.body_activation_bytes(BASE, n) == 2 * (n * 4 * 4 + work)
+
+
+def test_sdpa_adds_a_dense_mask():
+    assert M.attention_mask_bytes(replace(BASE, attention="sdpa"), 100) == 100 * 100
+    assert M.attention_mask_bytes(BASE, 100) == 0
+
+
+def test_head_terms():
+    cast, grad, rows, logits = 40 * 2, 4 * 40, 50 * 4 * (4 + 2), 20 * 10 * 2
+    assert M.head_bytes(BASE) == cast + grad + rows + logits
+    assert M.head_bytes(BASE, grad=False) == cast + rows + logits
+    eager = replace(BASE, compiled=False)
+    assert M.head_bytes(eager) - M.head_bytes(BASE) == 20 * 10 * 8  # two fp32 [chunk, V] buffers
+
+
+def test_reference_and_critic():
+    assert M.reference_bytes(replace(BASE, reference=True)) == 2000
+    assert M.critic_state_bytes(replace(BASE, critic=True)) == 16 * 1000  # tied: the embedding stays
+    untied = replace(BASE, shape=replace(SHAPE, tied=False), critic=True)
+    assert M.critic_state_bytes(untied) == 16 * (1000 - 40)
+
+
+def test_fast_engine_weights_keep_embedding_and_norms_in_fp32():
+    matrices = 1000 - 40 - (2 * 2 + 1) * 4
+    assert M.engine_weight_bytes(BASE) == matrices * 2 + 4 * (40 + 20) + 40 * 2
+    assert M.engine_weight_bytes(replace(BASE, engine="reference")) == 2000
+
+
+def test_kv_cache_is_the_fraction_less_weights_and_reserve():
+    gpu = 10 * GIB
+    m = replace(BASE, gpu_bytes=gpu, gpu_memory_fraction=0.5)
+    assert M.kv_cache_bytes(m) == int(0.5 * gpu) - M.engine_weight_bytes(m) - M.engine_reserve_bytes(m)
+    ref = replace(BASE, engine="reference", generation_batch_size=8, sequence_tokens=30)
+    assert M.kv_cache_bytes(ref) == 8 * 30 * SHAPE.kv_bytes_per_token(2)
+
+
+def test_colocated_update_frees_the_engine_split_does_not_share_a_gpu():
+    co = M.estimate(replace(BASE, gpu_bytes=GIB))
+    assert "KV cache" in co.phases["rollout"] and "weights" in co.phases["rollout"]
+    assert "KV cache" not in co.phases["update"]
+    split = M.estimate(replace(BASE, gpu_bytes=GIB, colocated=False))
+    assert "weights" not in split.phases["rollout GPU: generate"]
+
+
+def test_knobs_name_config_fields_for_the_largest_terms():
+    m = replace(BASE, micro_batch_tokens=10**6)
+    est = M.estimate(m)
+    tips = M.knobs(m, est)
+    assert "train.max_tokens_per_micro_batch" in tips[0] and "gradient_checkpointing" in tips[0]
+
+
+@pytest.mark.parametrize(
+    ("shape", "tokens", "chunk", "measured_gib"),
+    [
+        (qwen_shape(896, 4864, 24, 14), 16384, 1024, 10.23),
+        (qwen_shape(896, 4864, 24, 14), 24576, 1024, 11.24),
+        (qwen_shape(1536, 8960, 28, 12), 24576, 2048, 30.32),
+    ],
+)
+def test_update_peak_within_15_percent_of_the_h100_measurements(shape, tokens, chunk, measured_gib):
+    """BENCHMARKS.md, current figures: bench/e2e.py, 768-token sequences, 512 response tokens, grad ckpt,
+    compiled trainer, fp32 masters + bf16. The update is the peak phase there."""
+    seqs = tokens // 768
+    m = M.MemoryInputs(shape, 2, True, True, "varlen", seqs * 768, seqs * 512, chunk)
+    ratio = M.estimate(m).total("update") / GIB / measured_gib
+    assert 1.0 <= ratio < 1.05
