@@ -15,6 +15,7 @@ is the one the experience store holds, token for token, and each is one segment 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,14 @@ def test_the_update_trains_on_what_the_store_holds(
 
     monkeypatch.setattr(loop, "update_policy", spy)
     cfg = agent_config(tmp_path / "run", root / "train.jsonl", warm, seed=2, iterations=2)
-    run_training(load_config(str(write_yaml(tmp_path / "run.yaml", cfg))))
+    package = logging.getLogger("ascent")  # the run adds its log handlers here: leave none to later tests
+    handlers, level = list(package.handlers), package.level
+    try:
+        run_training(load_config(str(write_yaml(tmp_path / "run.yaml", cfg))))
+    finally:
+        for h in package.handlers[len(handlers) :]:
+            h.close()
+        package.handlers, package.level = handlers, level
     with open_store(tmp_path / "run") as store:
         stored = [r for r in store.iter_episodes() if r.status in ("trained", "filtered")]
     assert len(stored) == len(used) == 2 * 8 * 8
