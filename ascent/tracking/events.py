@@ -93,7 +93,7 @@ class EventBus:
     def __init__(self, sinks: list[Sink] | tuple[Sink, ...] = ()) -> None:
         self._sinks: list[Sink] = list(sinks)
         self._closed: list[Sink] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a handler may itself publish
 
     @property
     def sinks(self) -> tuple[Sink, ...]:
