@@ -29,6 +29,7 @@ def make_worker_group(
     timeout_s: float = 1800.0,
     env: dict[str, str] | None = None,
     placement_group: Any = None,
+    log_level: str = "info",
 ) -> WorkerGroup[W]:
     """Start `num_workers` instances of `cls(*init_args, **init_kwargs)`, named `name`, on `backend`.
 
@@ -36,7 +37,8 @@ def make_worker_group(
     - ray: one Ray actor per worker with `num_gpus_per_worker` GPUs and `num_cpus_per_worker` CPUs; logs go to
       `<run_dir>/logs/<name>_<rank>.log`; `placement_group` (from `make_placement_group`) shares GPUs
       between groups (colocated placement).
-    `timeout_s` bounds every call (cluster.worker_timeout_s); `env` adds environment variables.
+    `timeout_s` bounds every call (cluster.worker_timeout_s); `env` adds environment variables; `log_level`
+    is the Ray workers' log level (tracking.log_level; inline workers log with the controller).
     """
     if backend == "inline":
         from ascent.cluster.inline import InlineWorkerGroup
@@ -55,7 +57,7 @@ def make_worker_group(
         return RayWorkerGroup(
             cls, name=name, num_workers=num_workers, init_args=init_args, init_kwargs=init_kwargs,
             run_dir=run_dir, num_gpus_per_worker=num_gpus_per_worker, num_cpus_per_worker=num_cpus_per_worker,
-            timeout_s=timeout_s, env=env, placement_group=placement_group,
+            timeout_s=timeout_s, env=env, placement_group=placement_group, log_level=log_level,
         )  # fmt: skip
     raise ClusterConfigError(
         f"cluster.backend={backend!r}: unknown backend; use one of {', '.join(BACKENDS)}."

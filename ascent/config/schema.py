@@ -336,7 +336,33 @@ class CheckpointConfig(Section):
 
 class TrackingConfig(Section):
     tensorboard: bool = Field(True, description="Write TensorBoard event files under <run_dir>/tensorboard.")
-    wandb_project: str | None = Field(None, description="Also log to Weights & Biases (needs `wandb`).")
+    wandb_project: str | None = Field(
+        None,
+        description="Also log to this Weights & Biases project (needs `pip install wandb`; online mode needs "
+        "`wandb login` or WANDB_API_KEY). A resumed run continues the same W&B run.",
+    )
+    wandb_mode: Literal["online", "offline"] = Field(
+        "online",
+        description="W&B `offline` writes the run under <run_dir>/wandb without a key or network (upload it "
+        "later with `wandb sync`); `online` streams to the W&B server.",
+    )
+    mlflow_uri: str | None = Field(
+        None,
+        description="Also log to MLflow at this tracking URI: an http(s) server, or a local directory/file: URI "
+        "(needs `pip install mlflow-skinny`). Params are the flattened config; a resumed run continues the "
+        "same MLflow run. An unreachable URI stops the run at start-up.",
+    )
+    mlflow_experiment: str | None = Field(
+        None, description="MLflow experiment to log into (created if missing; null: MLflow's `Default`)."
+    )
+    http_proxy: str | None = Field(
+        None,
+        description="Proxy URL (e.g. http://proxy:3128) for the W&B and MLflow connections only; the rest of the "
+        "run does not use it.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Level of the `ascent` loggers: the console and <run_dir>/logs/*.log."
+    )
     progress: bool = Field(True, description="Show a live progress bar.")
     trace: bool = Field(True, description="Write a Chrome-trace timeline of each iteration's phases.")
     log_samples: int = Field(2, ge=0, description="Print this many sample responses at every validation.")

@@ -1,9 +1,5 @@
 """Doctor checks of the trackers a config asks for: Weights & Biases (installed; a key in WANDB_API_KEY or
-~/.netrc, or offline mode) and MLflow (installed; its tracking URI reachable).
-
-`tracking.mlflow_uri`, `tracking.wandb_mode` and `tracking.http_proxy` are read with getattr, so these checks
-work with configs from before those fields existed (they are then skipped / taken as online).
-"""
+~/.netrc, or offline mode) and MLflow (installed; its tracking URI reachable)."""
 
 from __future__ import annotations
 
@@ -35,10 +31,10 @@ def wandb_key_source(netrc_path: Path | None = None) -> str | None:
 
 def check_wandb(tracking: Any) -> CheckResult:
     name = "W&B"
-    project = getattr(tracking, "wandb_project", None)
+    project = tracking.wandb_project
     if not project:
         return skipped(name, "tracking.wandb_project is not set")
-    mode = getattr(tracking, "wandb_mode", None) or os.environ.get("WANDB_MODE") or "online"
+    mode = tracking.wandb_mode  # what the W&B sink passes to wandb.init
     if importlib.util.find_spec("wandb") is None:
         return fail(name, f"tracking.wandb_project={project!r} but wandb is not installed",
                     "pip install wandb, or unset tracking.wandb_project.")  # fmt: skip
@@ -48,7 +44,7 @@ def check_wandb(tracking: Any) -> CheckResult:
     if source is None:
         return fail(name, "wandb is online but no key: WANDB_API_KEY is unset and ~/.netrc has no api.wandb.ai",
                     "run `wandb login` (or export WANDB_API_KEY), or set tracking.wandb_mode=offline.")  # fmt: skip
-    proxy = getattr(tracking, "http_proxy", None)
+    proxy = tracking.http_proxy
     return ok(name, f"wandb installed, key from {source}" + (f", proxy {proxy}" if proxy else ""))
 
 
@@ -75,13 +71,13 @@ def uri_reachable(uri: str, proxy: str | None = None, timeout_s: float = 5.0) ->
 
 def check_mlflow(tracking: Any) -> CheckResult:
     name = "MLflow"
-    uri = getattr(tracking, "mlflow_uri", None)
+    uri = tracking.mlflow_uri
     if not uri:
         return skipped(name, "tracking.mlflow_uri is not set (or this ascent has no MLflow sink yet)")
     if importlib.util.find_spec("mlflow") is None:
         return fail(name, f"tracking.mlflow_uri={uri!r} but mlflow is not installed",
                     "pip install mlflow, or unset tracking.mlflow_uri.")  # fmt: skip
-    error = uri_reachable(uri, getattr(tracking, "http_proxy", None))
+    error = uri_reachable(uri, tracking.http_proxy)
     if error is not None:
         return fail(name, f"tracking.mlflow_uri={uri!r}: no answer ({error})",
                     "start the MLflow server (`mlflow server`), fix the URI, or set tracking.http_proxy.")  # fmt: skip

@@ -20,7 +20,7 @@ from ascent.config.schema import AlgorithmConfig, SFTConfig
 from ascent.messages import TrainSample
 from ascent.orchestrator import batch as B
 from ascent.orchestrator import checkpointing
-from ascent.orchestrator.interrupt import graceful_stop, stopped_message
+from ascent.orchestrator.interrupt import STOPS, graceful_stop, stopped_message
 from ascent.orchestrator.resume import fingerprints
 from ascent.orchestrator.workers import TrainerWorker
 
@@ -73,9 +73,9 @@ def _sft(cfg: SFTConfig, run_dir: Any, stop: Any, resume_from: str | None, accep
     from ascent.models.loading import load_tokenizer
     from ascent.orchestrator import preflight
     from ascent.orchestrator.rundir import write_config
-    from ascent.tracking import setup_logging
+    from ascent.tracking import RunStarted, open_tracking, setup_logging, tracked_run
 
-    setup_logging(str(run_dir), "controller")
+    setup_logging(str(run_dir), "controller", cfg.tracking.log_level)
     preflight.model_config(cfg.model.path)
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
     preflight.check_model(cfg.model.path, tok)
@@ -83,12 +83,18 @@ def _sft(cfg: SFTConfig, run_dir: Any, stop: Any, resume_from: str | None, accep
     steps = max(1, math.ceil(cfg.epochs * len(train) / cfg.batch_size))
     what = f"epochs={cfg.epochs} ({steps} optimizer steps of batch_size={cfg.batch_size})"
     found = checkpointing.resume_state(cfg, steps, what, resume_from, accept) if cfg.resume else None
-    write_config(cfg)
-    trainer = _trainer_group(cfg, steps)
-    try:
-        return _train(cfg, run_dir, stop, trainer, train, val, tok, steps, found)
-    finally:
-        trainer.shutdown()
+    config = cfg.model_dump(mode="json")
+    started = RunStarted(
+        str(run_dir), "sft", config, steps, resume_step=int(found[1]["iteration"]) if found else 0
+    )
+    # status.json says "running" from here, and how the run ended however it ends
+    with tracked_run(open_tracking(cfg.tracking, run_dir, config), started, STOPS) as bus:
+        write_config(cfg)
+        trainer = _trainer_group(cfg, steps)
+        try:
+            return _train(cfg, run_dir, stop, trainer, train, val, tok, steps, found, bus)
+        finally:
+            trainer.shutdown()
 
 
 def _trainer_group(cfg: SFTConfig, steps: int) -> WorkerGroup[TrainerWorker]:
@@ -107,39 +113,37 @@ def _trainer_group(cfg: SFTConfig, steps: int) -> WorkerGroup[TrainerWorker]:
         TrainerWorker, num_workers=c.num_trainer_workers, backend=c.backend, name="trainer",
         init_kwargs={"trainer_kwargs": kwargs, "seed": cfg.seed, "run_dir": cfg.run_dir}, run_dir=cfg.run_dir,
         num_gpus_per_worker=c.gpus_per_worker, num_cpus_per_worker=c.cpus_per_worker, timeout_s=c.worker_timeout_s,
+        log_level=cfg.tracking.log_level,
     )  # fmt: skip
 
 
 def _train(
     cfg: SFTConfig, run_dir: Any, stop: Any, trainer: WorkerGroup[TrainerWorker], train: list[TrainSample],
-    val: list[TrainSample], tok: Any, steps: int, found: Any,
+    val: list[TrainSample], tok: Any, steps: int, found: Any, bus: Any,
 ) -> dict[str, float]:  # fmt: skip
-    """The SFT steps: each batch split over the ranks, a checkpoint when due, the final weights at the end."""
+    """The SFT steps: each batch split over the ranks, its metrics on the tracking `bus`, a checkpoint when
+    due, the final weights at the end."""
     from ascent.data import PromptSampler
-    from ascent.tracking import MetricsLogger, Progress
+    from ascent.tracking import Metrics, Progress
 
     sampler = PromptSampler(len(train), cfg.batch_size, seed=cfg.seed, shuffle=cfg.data.shuffle)
     start = _resume(trainer, sampler, found) if found else 0
-    metrics_log = MetricsLogger(str(run_dir), tensorboard=cfg.tracking.tensorboard, purge_step=start + 1)
     metrics: dict[str, float] = {}
     stop.arm()  # from here a signal waits for the end of the step and its checkpoint
-    try:
-        with Progress(steps, enabled=cfg.tracking.progress, start_iteration=start) as progress:
-            for step in range(start + 1, steps + 1):
-                mb = [train[i] for i in sampler.next_batch()]
-                tokens = float(sum(len(s.response_ids) for s in mb))
-                shards = B.shard(mb, trainer.num_workers)
-                results = trainer.call_split(TrainerWorker.update, shards, total_tokens=tokens,
-                                             total_seqs=float(len(mb)))  # fmt: skip
-                metrics = {k: sum(r[k] for r in results) / len(results) for k in results[0]}
-                metrics["sft/nll"] = metrics.get("loss/policy", float("nan"))
-                if val and (step == steps or (cfg.val_every and step % cfg.val_every == 0)):
-                    metrics["val/nll"] = _nll(trainer, val)
-                metrics_log.log(metrics, step=step)
-                progress.update(step, metrics)
-                _checkpoint_or_stop(cfg, run_dir, step, steps, trainer, tok, sampler, stop)
-    finally:
-        metrics_log.close()
+    with Progress(steps, enabled=cfg.tracking.progress, start_iteration=start) as progress:
+        for step in range(start + 1, steps + 1):
+            mb = [train[i] for i in sampler.next_batch()]
+            tokens = float(sum(len(s.response_ids) for s in mb))
+            shards = B.shard(mb, trainer.num_workers)
+            results = trainer.call_split(TrainerWorker.update, shards, total_tokens=tokens,
+                                         total_seqs=float(len(mb)))  # fmt: skip
+            metrics = {k: sum(r[k] for r in results) / len(results) for k in results[0]}
+            metrics["sft/nll"] = metrics.get("loss/policy", float("nan"))
+            if val and (step == steps or (cfg.val_every and step % cfg.val_every == 0)):
+                metrics["val/nll"] = _nll(trainer, val)
+            bus.publish(Metrics.of(step, metrics))
+            progress.update(step, metrics)
+            _checkpoint_or_stop(cfg, run_dir, step, steps, trainer, tok, sampler, stop)
     final = run_dir / "final"
     # HF weights + tokenizer (+ optimizer state, so the warm-start can be resumed)
     trainer.call(TrainerWorker.save, str(final), True)

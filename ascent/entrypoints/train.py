@@ -1,8 +1,9 @@
 """`ascent train`: open the run directory, vet a resume, build the data, rewards and workers, run the RL loop.
 
 The loop itself (iterations, validation, checkpoints) is `ascent.orchestrator.loop.run_loop`; this module
-owns what lives for the whole run: the run-directory lock, the signal handler, the metrics sinks, and the
-shutdown of the workers and reward processes however the run ends.
+owns what lives for the whole run: the run-directory lock, the signal handler, the tracking bus (its sinks,
+and RunStarted/RunEnded, so status.json says how the run ended), and the shutdown of the workers and reward
+processes however the run ends.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from ascent.config.schema import RunConfig
 from ascent.orchestrator import checkpointing, preflight, rundir, setup
-from ascent.orchestrator.interrupt import graceful_stop
+from ascent.orchestrator.interrupt import STOPS, graceful_stop
 from ascent.orchestrator.loop import LoopContext, run_loop
 
 log = logging.getLogger("ascent")
@@ -36,10 +37,9 @@ def run_training(
 def _train(
     cfg: RunConfig, run_dir: Any, stop: Any, resume_from: str | None, accept_changes: bool
 ) -> dict[str, float]:
-    from ascent.data import PromptSampler
-    from ascent.tracking import MetricsLogger, Timeline, setup_logging
+    from ascent.tracking import RunStarted, open_tracking, setup_logging, tracked_run
 
-    setup_logging(str(run_dir), "controller")
+    setup_logging(str(run_dir), "controller", cfg.tracking.log_level)
     # a damaged checkpoint, a changed config or a lower iteration count is refused before anything heavy loads
     found = (
         checkpointing.resume_state(
@@ -53,6 +53,18 @@ def _train(
             "the run in %s already finished all %d iterations; nothing to do", run_dir, cfg.iterations
         )
         return {}
+    config = cfg.model_dump(mode="json")
+    resume_step = int(found[1]["iteration"]) if found else 0
+    started = RunStarted(str(run_dir), "train", config, cfg.iterations, resume_step=resume_step)
+    # status.json says "running" from here, and how the run ended however it ends
+    with tracked_run(open_tracking(cfg.tracking, run_dir, config), started, STOPS) as bus:
+        return _build_and_run(cfg, run_dir, stop, found, bus)
+
+
+def _build_and_run(cfg: RunConfig, run_dir: Any, stop: Any, found: Any, bus: Any) -> dict[str, float]:
+    from ascent.data import PromptSampler
+    from ascent.tracking import Timeline
+
     rundir.write_config(cfg)
     preflight.model_config(cfg.model.path)
     data = setup.build_datasets(cfg)
@@ -67,16 +79,7 @@ def _train(
     ctx = LoopContext(cfg, data, rewards, groups, timeline)
     try:
         start = checkpointing.restore(ctx, sampler, found) if found else 0
-        metrics_log = MetricsLogger(
-            str(run_dir),
-            tensorboard=cfg.tracking.tensorboard,
-            wandb_project=cfg.tracking.wandb_project,
-            purge_step=start + 1,
-        )
-        try:
-            return run_loop(ctx, sampler, start, stop, metrics_log)
-        finally:
-            metrics_log.close()
+        return run_loop(ctx, sampler, start, stop, bus)
     finally:
         timeline.flush()
         ctx.close()

@@ -39,6 +39,10 @@ class SignalStop(KeyboardInterrupt):
         self.signum = signum
 
 
+# what a stopped (not crashed) run raises: at a safe point, or at once on a second signal / Ctrl-C
+STOPS: tuple[type[BaseException], ...] = (Interrupted, KeyboardInterrupt)
+
+
 class StopFlag:
     """Set by the first SIGTERM/SIGINT once `arm()`ed (the loop has started); `signum` says which.
 

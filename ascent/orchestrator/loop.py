@@ -54,16 +54,17 @@ class LoopContext:
             self.agents = None
 
 
-def run_loop(ctx: LoopContext, sampler: Any, start: int, stop: Any, metrics_log: Any) -> dict[str, float]:
-    """Iterations `start + 1 .. cfg.iterations`, each followed by its validation (when due), metrics, progress
-    line and checkpoint (when due, or when a signal asks to stop); returns the last validation metrics."""
-    from ascent.tracking import Progress
+def run_loop(ctx: LoopContext, sampler: Any, start: int, stop: Any, bus: Any) -> dict[str, float]:
+    """Iterations `start + 1 .. cfg.iterations`, each followed by its validation (when due), metrics (one
+    `Metrics` event on the tracking `bus`), progress line and checkpoint (when due, or when a signal asks to
+    stop); returns the last validation metrics."""
+    from ascent.tracking import Metrics, Progress
 
     cfg, data, timeline = ctx.cfg, ctx.data, ctx.timeline
     final: dict[str, float] = {}
     publish_weights(ctx, version=start)  # the engines start from the trainer's weights
     if start == 0 and data.val:
-        metrics_log.log(validate(ctx, iteration=0), step=0)
+        bus.publish(Metrics.of(0, validate(ctx, iteration=0)))
     stop.arm()  # from here a signal waits for the end of the iteration and its checkpoint
     with (
         experience.recording(ctx, start),
@@ -75,7 +76,7 @@ def run_loop(ctx: LoopContext, sampler: Any, start: int, stop: Any, metrics_log:
                 with timeline.phase("validation", iteration=it):
                     final = validate(ctx, iteration=it)
                 metrics.update(final)
-            metrics_log.log(metrics, step=it)
+            bus.publish(Metrics.of(it, metrics))
             progress.update(it, metrics)
             log.info(progress.summary_line(it, metrics))
             timeline.flush()

@@ -3,13 +3,13 @@ traceback deep inside a worker, or not at all (a run that trains on nonsense wit
 
 Called by `run_training` (and partly by `run_sft` and `ascent eval`) right after the data is rendered: the
 model directory and its weight files are whole, the tokenizer fits the model's vocabulary, stop tokens
-exist, prompts plus responses fit the model's context, plug-in import paths resolve, and the trackers that
-were asked for are installed. Every failure names the field or file and the fix.
+exist, prompts plus responses fit the model's context, and plug-in import paths resolve. (The trackers are
+checked earlier, when `ascent.tracking.open_tracking` opens them.) Every failure names the field or file and
+the fix.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -136,14 +136,6 @@ def unused_options(algorithm: Any, estimator: Callable[..., Any], loss: Callable
     ]
 
 
-def check_trackers(tracking: Any) -> None:
-    if tracking.wandb_project and importlib.util.find_spec("wandb") is None:
-        raise ConfigError(
-            f"tracking.wandb_project={tracking.wandb_project!r}: the `wandb` package is not installed; "
-            "`pip install wandb` (and `wandb login`), or remove tracking.wandb_project."
-        )
-
-
 def check_model(path: str, tokenizer: Any) -> int:
     """Model directory, weight files and vocabulary together; returns the model's vocabulary size."""
     config = model_config(path)
@@ -160,7 +152,6 @@ def check_run(cfg: Any, tokenizer: Any, prompts: list[Any]) -> None:
         model_config(cfg.model.path), longest, cfg.rollout.response_budget, cfg.data.max_prompt_tokens
     )
     check_plugins(cfg.algorithm)
-    check_trackers(cfg.tracking)
     if cfg.rollout.agent is not None:  # a bad import path fails before anything heavy starts
         from ascent.envs.openai_agents import load_agent
 

@@ -206,6 +206,7 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
         "run_dir": cfg.run_dir,
         "timeout_s": c.worker_timeout_s,
         "num_cpus_per_worker": c.cpus_per_worker,
+        "log_level": cfg.tracking.log_level,
         **({"placement_group": shared} if shared is not None else {}),
     }
     train_kw = trainer_kwargs(cfg, steps) | {"need_reference": needs_reference(cfg)}

@@ -61,12 +61,13 @@ def setup_logging(
 ) -> logging.Logger:
     """Send the `ascent` loggers to `<run_dir>/logs/<worker_name>.log` (and the console for the controller).
 
-    `console` defaults to True for `worker_name == "controller"`. `run_dir=None` skips the file. Idempotent:
+    `level`: a logging level or its name in any case (`tracking.log_level`). `console` defaults to True for
+    `worker_name == "controller"`. `run_dir=None` skips the file. Idempotent:
     a handler already attached for the same file (or the console) is not added twice. Returns the logger
     `ascent.<worker_name>`.
     """
     package = logging.getLogger(PACKAGE_LOGGER)
-    package.setLevel(level)
+    package.setLevel(level.upper() if isinstance(level, str) else level)
     if run_dir is not None:
         path = worker_log_path(run_dir, worker_name).resolve()
         key = f"file:{path}"

@@ -9,6 +9,8 @@ import shutil
 import pytest
 from conftest import ascent, run_config, write_yaml
 
+from ascent.tracking import read_status
+
 
 def run_train(tmp_path, cfg, *extra, debug=False):
     args = ["--debug"] if debug else []
@@ -36,7 +38,14 @@ BAD_SETTINGS = {
         {"algorithm.policy_loss": "ascent.algorithms:no_such_loss"},
         ["algorithm.policy_loss", "no_such_loss"],
     ),
-    "wandb_missing": ({"tracking.wandb_project": "proj"}, ["tracking.wandb_project", "pip install wandb"]),
+    "wandb_without_key": (
+        {"tracking.wandb_project": "proj"},
+        ["tracking.wandb_project='proj'", "wandb login", "tracking.wandb_mode=offline"],
+    ),
+    "mlflow_unreachable": (
+        {"tracking.mlflow_uri": "http://127.0.0.1:9"},
+        ["tracking.mlflow_uri='http://127.0.0.1:9' cannot be reached"],
+    ),
     "stop_token_outside_vocab": (
         {"rollout.stop_token_ids": [10**6]},
         ["rollout.stop_token_ids", "vocabulary"],
@@ -49,8 +58,10 @@ BAD_SETTINGS = {
 
 
 @pytest.mark.parametrize("case", list(BAD_SETTINGS))
-def test_bad_setting_is_refused_with_its_field(case, tmp_path, tiny_model, arithmetic_data):
+def test_bad_setting_is_refused_with_its_field(case, tmp_path, tiny_model, arithmetic_data, monkeypatch):
     settings, needles = BAD_SETTINGS[case]
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)  # no W&B key on this machine, whatever the developer's
+    monkeypatch.setenv("NETRC", str(tmp_path / "no.netrc"))
     cfg = run_config(tmp_path, tiny_model, arithmetic_data)
     for key, value in settings.items():
         section, field = key.split(".")
@@ -58,6 +69,11 @@ def test_bad_setting_is_refused_with_its_field(case, tmp_path, tiny_model, arith
     code, out = run_train(tmp_path, cfg)
     assert_clean_refusal(code, out, *needles)
     assert not (tmp_path / "run" / "checkpoints").exists()
+    # refused before the run started (no status.json), or after: then status.json says crashed, and why
+    status = read_status(tmp_path / "run")
+    assert status is None or (status["state"] == "crashed" and needles[0] in status["error"]), status
+    if case == "stop_token_outside_vocab":  # checked once the tokenizer is loaded, after the run started
+        assert status is not None
 
 
 def test_debug_flag_adds_the_traceback(tmp_path, tiny_model, arithmetic_data):

@@ -7,6 +7,8 @@ import json
 import pytest
 from conftest import ROOT, ascent, write_yaml
 
+from ascent.tracking import read_status
+
 
 def test_sft_then_eval(tmp_path, tiny_model, arithmetic_data):
     cfg = {
@@ -21,6 +23,8 @@ def test_sft_then_eval(tmp_path, tiny_model, arithmetic_data):
     ascent("sft", str(write_yaml(tmp_path / "sft.yaml", cfg)))
     lines = [json.loads(x) for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["sft/nll"] < lines[0]["sft/nll"]
+    status = read_status(tmp_path / "sft")
+    assert (status["state"], status["kind"], status["step"]) == ("finished", "sft", lines[-1]["step"])
     final = tmp_path / "sft" / "final"
     assert (final / "model.safetensors").exists() and (final / "tokenizer.json").exists()
     out = tmp_path / "responses.jsonl"

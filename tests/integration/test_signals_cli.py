@@ -1,6 +1,7 @@
 """Preemption and concurrent use, through the real CLI: SIGTERM stops at the end of an iteration with a
-checkpoint, a message and exit 143, and the resumed run ends with the uninterrupted run's weights; a second
-run into a locked run_dir is refused with the owner's pid; Ctrl-C while loading promises no checkpoint."""
+checkpoint, a message, exit 143 and status.json `interrupted`, and the resumed run ends `finished` with the
+uninterrupted run's weights; a second run into a locked run_dir is refused with the owner's pid; Ctrl-C
+while loading promises no checkpoint."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 
 from conftest import ascent, run_config, write_yaml
 from safetensors.torch import load_file
+
+from ascent.tracking import read_status
 
 HERE = Path(__file__).resolve().parent
 # exact match; sleeps only where SLOW_REWARD_S is set; one reward worker, so an iteration's 8 calls take
@@ -73,8 +76,13 @@ def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path, tiny_mod
     ckpts = sorted((tmp_path / "b" / "run" / "checkpoints").glob("iter_*"))
     assert len(ckpts) == 1 and ckpts[0].name != "iter_000020", ckpts  # only the interrupt's checkpoint
     assert ckpts[0].name in out
+    status = read_status(tmp_path / "b" / "run")
+    assert status["state"] == "interrupted" and status["pid"] == proc.pid, status
+    assert status["step"] == int(ckpts[0].name.removeprefix("iter_")) and status["total_steps"] == 20
 
     finish(b_yaml, "--resume")
+    status = read_status(tmp_path / "b" / "run")
+    assert status["state"] == "finished" and status["step"] == 20 and status["pid"] != proc.pid
     wa = load_file(str(tmp_path / "a" / "run" / "checkpoints" / "iter_000020" / "model.safetensors"))
     wb = load_file(str(tmp_path / "b" / "run" / "checkpoints" / "iter_000020" / "model.safetensors"))
     for k in wa:

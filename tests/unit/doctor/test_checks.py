@@ -147,8 +147,8 @@ def test_wandb_needs_a_key_unless_offline(monkeypatch, tmp_path):
     (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password k3y\n")
     assert tracking.check_wandb(t).status == "ok"
     (tmp_path / "netrc").unlink()
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    assert tracking.check_wandb(t).status == "ok"
+    offline = cfg(tracking={"wandb_project": "p", "wandb_mode": "offline"}).tracking
+    assert tracking.check_wandb(offline).status == "ok"
 
 
 def test_wandb_not_installed(monkeypatch):

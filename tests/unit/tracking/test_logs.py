@@ -38,3 +38,17 @@ def test_setup_logging_is_idempotent(tmp_path, clean_package_logger):
     assert len(package.handlers) == before + 2  # one file, one console
     logging.getLogger("ascent.x").debug("once")
     assert (tmp_path / "logs" / "controller.log").read_text().count("once") == 1
+
+
+@pytest.mark.parametrize(
+    ("level", "shown"), [("debug", {"d", "i", "w"}), ("warning", {"w"}), ("error", set())]
+)
+def test_log_level_setting_filters_the_file(tmp_path, clean_package_logger, level, shown):
+    """`tracking.log_level` values are lower-case names; each level shows itself and above."""
+    setup_logging(tmp_path, "trainer_0", level)
+    log = logging.getLogger("ascent.trainer")
+    log.debug("msg-d")
+    log.info("msg-i")
+    log.warning("msg-w")
+    text = worker_log_path(tmp_path, "trainer_0").read_text()
+    assert {name for name in ("d", "i", "w") if f"msg-{name}" in text} == shown

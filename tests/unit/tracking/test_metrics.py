@@ -1,22 +1,32 @@
-"""MetricsLogger: JSONL lines, TensorBoard scalars, resume, wandb wiring."""
+"""metrics.jsonl through the tracking bus (JsonlSink) and TensorBoard scalars: lines, odd values, resume."""
 
 from __future__ import annotations
 
 import json
-import sys
-import types
 
-import pytest
 import torch
 
-from ascent.tracking import MetricsLogger, read_metrics
+from ascent.tracking import EventBus, JsonlSink, Metrics, RunStarted, TensorBoardSink, read_metrics
 
 
-def test_jsonl_one_line_per_call_with_step_and_time(tmp_path):
-    with MetricsLogger(tmp_path, tensorboard=False) as logger:
-        logger.log({"reward/mean": 0.5, "count": 3}, step=1)
-        logger.log({"reward/mean": 0.75}, step=2)
-        assert len(logger.path.read_text().splitlines()) == 2  # flushed before close
+def open_bus(run_dir, *, tensorboard=False, resume_step=0) -> EventBus:
+    """What a run does: the sinks, then RunStarted (which purges on resume)."""
+    sinks = [JsonlSink(run_dir)] + ([TensorBoardSink(run_dir)] if tensorboard else [])
+    bus = EventBus(sinks)
+    bus.publish(RunStarted(str(run_dir), "train", {}, total_steps=10, resume_step=resume_step))
+    return bus
+
+
+def log(bus: EventBus, values: dict, step: int) -> None:
+    bus.publish(Metrics.of(step, values))
+
+
+def test_jsonl_one_line_per_event_with_step_and_time(tmp_path):
+    bus = open_bus(tmp_path)
+    log(bus, {"reward/mean": 0.5, "count": 3}, step=1)
+    log(bus, {"reward/mean": 0.75}, step=2)
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2  # flushed before close
+    bus.close()
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == [1, 2]
     assert records[0]["reward/mean"] == 0.5 and records[0]["count"] == 3
@@ -24,18 +34,18 @@ def test_jsonl_one_line_per_call_with_step_and_time(tmp_path):
 
 
 def test_non_finite_and_odd_values_never_crash(tmp_path):
-    with MetricsLogger(tmp_path, tensorboard=True) as logger:
-        logger.log(
-            {
-                "nan": float("nan"),
-                "inf": float("inf"),
-                "t": torch.tensor(2.5),
-                "flag": True,
-                "none": None,
-                "s": "x",
-            },
-            step=0,
-        )
+    bus = open_bus(tmp_path, tensorboard=True)
+    values = {
+        "nan": float("nan"),
+        "inf": float("inf"),
+        "t": torch.tensor(2.5),
+        "flag": True,
+        "none": None,
+        "s": "x",
+    }
+    log(bus, values, step=0)
+    assert len(bus.sinks) == 2  # neither sink raised (a raising sink is dropped)
+    bus.close()
     line = (tmp_path / "metrics.jsonl").read_text().strip()
     assert "NaN" not in line and "Infinity" not in line
     record = json.loads(line)
@@ -44,14 +54,17 @@ def test_non_finite_and_odd_values_never_crash(tmp_path):
 
 
 def test_resume_appends_and_purges_what_came_after_the_checkpoint(tmp_path):
-    with MetricsLogger(tmp_path, tensorboard=False) as logger:
-        for step in range(4):
-            logger.log({"x": step}, step=step)
-    with MetricsLogger(tmp_path, tensorboard=False, purge_step=2) as logger:
-        logger.log({"x": 20}, step=2)
+    bus = open_bus(tmp_path)
+    for step in range(4):
+        log(bus, {"x": step}, step=step)
+    bus.close()
+    bus = open_bus(tmp_path, resume_step=1)  # resumed from the checkpoint of step 1: steps 2.. are redone
+    log(bus, {"x": 20}, step=2)
+    bus.close()
     assert [(r["step"], r["x"]) for r in read_metrics(tmp_path)] == [(0, 0), (1, 1), (2, 20)]
-    with MetricsLogger(tmp_path, tensorboard=False) as logger:
-        logger.log({"x": 30}, step=3)
+    bus = open_bus(tmp_path, resume_step=2)
+    log(bus, {"x": 30}, step=3)
+    bus.close()
     assert len(read_metrics(tmp_path / "metrics.jsonl")) == 4
 
 
@@ -64,9 +77,10 @@ def test_read_metrics_skips_a_truncated_last_line(tmp_path):
 def test_tensorboard_event_file_holds_the_scalar(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    with MetricsLogger(tmp_path) as logger:
-        logger.log({"reward/mean": 0.25, "bad": float("nan")}, step=3)
-        logger.log({"reward/mean": 0.5}, step=4)
+    bus = open_bus(tmp_path, tensorboard=True)
+    log(bus, {"reward/mean": 0.25, "bad": float("nan")}, step=3)
+    log(bus, {"reward/mean": 0.5}, step=4)
+    bus.close()
     tb_dir = tmp_path / "tensorboard"
     assert list(tb_dir.glob("events.out.tfevents.*"))
     events = EventAccumulator(str(tb_dir))
@@ -74,32 +88,3 @@ def test_tensorboard_event_file_holds_the_scalar(tmp_path):
     assert "bad" not in events.Tags()["scalars"]
     scalars = events.Scalars("reward/mean")
     assert [(s.step, s.value) for s in scalars] == [(3, 0.25), (4, 0.5)]
-
-
-def test_wandb_requested_but_missing_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
-    with pytest.raises(RuntimeError, match=r"tracking.wandb_project='proj'.*pip install wandb"):
-        MetricsLogger(tmp_path, tensorboard=False, wandb_project="proj")
-
-
-def test_wandb_gets_numbers_and_a_stable_run_id(tmp_path, monkeypatch):
-    calls: list[tuple] = []
-
-    class FakeRun:
-        def log(self, data, step):
-            calls.append(("log", data, step))
-
-        def finish(self):
-            calls.append(("finish",))
-
-    def init(**kwargs):
-        calls.append(("init", kwargs))
-        return FakeRun()
-
-    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
-    for _ in range(2):
-        with MetricsLogger(tmp_path, tensorboard=False, wandb_project="proj") as logger:
-            logger.log({"a": 1.0, "s": "text", "n": float("nan")}, step=5)
-    inits = [c[1] for c in calls if c[0] == "init"]
-    assert inits[0]["project"] == "proj" and inits[0]["id"] == inits[1]["id"]
-    assert ("log", {"a": 1.0}, 5) in calls and calls[-1] == ("finish",)
