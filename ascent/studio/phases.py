@@ -1,0 +1,56 @@
+"""The phases of one iteration, read from a run's Chrome-trace timeline, for the studio's Gantt chart.
+
+`ascent.tracking.timeline.Timeline` writes `<run_dir>/trace.json` (rewritten atomically at every flush):
+one complete event (`"ph": "X"`, microseconds) per phase, tagged `args.iteration`, on a process row per
+worker (`process_name` metadata). Phases nest (`rollout` holds `generate` and `reward`); `depth` says how
+deep each one sits among the phases of its row, so the chart can indent it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+TRACE_FILE = "trace.json"
+
+
+def read_trace(run_dir: Path) -> list[dict[str, Any]]:
+    """The trace's events ([] when the run has no trace or it does not parse)."""
+    try:
+        data = json.loads((run_dir / TRACE_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return []
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    return [e for e in events if isinstance(e, dict)] if isinstance(events, list) else []
+
+
+def iteration_phases(run_dir: Path, iteration: int | None = None) -> dict[str, Any]:
+    """{iterations: [...], iteration, phases: [{name, process, start_s, duration_s, depth, args}]}: the
+    phases of `iteration` (None: the latest), start times in seconds from the iteration's first phase."""
+    events = read_trace(run_dir)
+    processes = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
+                 if e.get("ph") == "M" and e.get("name") == "process_name"}  # fmt: skip
+    phases = [e for e in events if e.get("ph") == "X" and isinstance(e.get("ts"), int | float)]
+    iterations = sorted({it for e in phases if isinstance(it := e.get("args", {}).get("iteration"), int)})
+    if iteration is None and iterations:
+        iteration = iterations[-1]
+    chosen = sorted(
+        (e for e in phases if e.get("args", {}).get("iteration") == iteration),
+        key=lambda e: (e["ts"], -e.get("dur", 0)),
+    )
+    origin = chosen[0]["ts"] if chosen else 0
+    rows = []
+    open_ends: dict[tuple[Any, Any], list[float]] = {}
+    for e in chosen:
+        end = e["ts"] + e.get("dur", 0)
+        stack = open_ends.setdefault((e.get("pid"), e.get("tid")), [])
+        while stack and stack[-1] <= e["ts"]:
+            stack.pop()
+        rows.append({
+            "name": str(e.get("name", "?")), "process": processes.get(e.get("pid"), str(e.get("pid"))),
+            "start_s": (e["ts"] - origin) / 1e6, "duration_s": e.get("dur", 0) / 1e6, "depth": len(stack),
+            "args": e.get("args", {}),
+        })  # fmt: skip
+        stack.append(end)
+    return {"iterations": iterations, "iteration": iteration, "phases": rows}
