@@ -8,6 +8,7 @@ deep each one sits among the phases of its row, so the chart can indent it.
 
 from __future__ import annotations
 
+import bisect
 import json
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,12 @@ def iteration_phases(run_dir: Path, iteration: int | None = None) -> dict[str, A
     processes = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
                  if e.get("ph") == "M" and e.get("name") == "process_name"}  # fmt: skip
     phases = [e for e in events if e.get("ph") == "X" and isinstance(e.get("ts"), int | float)]
-    iterations = sorted({it for e in phases if isinstance(it := e.get("args", {}).get("iteration"), int)})
+    of = iteration_of(phases)
+    iterations = sorted({it for it in of.values() if it is not None})
     if iteration is None and iterations:
         iteration = iterations[-1]
     chosen = sorted(
-        (e for e in phases if e.get("args", {}).get("iteration") == iteration),
+        (e for e in phases if of[id(e)] == iteration),
         key=lambda e: (e["ts"], -e.get("dur", 0)),
     )
     origin = chosen[0]["ts"] if chosen else 0
@@ -54,3 +56,26 @@ def iteration_phases(run_dir: Path, iteration: int | None = None) -> dict[str, A
         })  # fmt: skip
         stack.append(end)
     return {"iterations": iterations, "iteration": iteration, "phases": rows}
+
+
+def iteration_of(phases: list[dict[str, Any]]) -> dict[int, int | None]:
+    """id(event) -> its iteration: `args.iteration`, else that of the tagged phase on the same row that
+    encloses it (a nested phase opened without `iteration=` inherits it but does not record it)."""
+    tagged: dict[tuple[Any, Any], list[tuple[float, float, int]]] = {}
+    out: dict[int, int | None] = {}
+    for e in phases:
+        it = e.get("args", {}).get("iteration")
+        out[id(e)] = it if isinstance(it, int) else None
+        if out[id(e)] is not None:
+            tagged.setdefault((e.get("pid"), e.get("tid")), []).append(
+                (e["ts"], e["ts"] + e.get("dur", 0), it)
+            )
+    for row in tagged.values():
+        row.sort()
+    for e in phases:
+        if out[id(e)] is None:
+            row = tagged.get((e.get("pid"), e.get("tid")), [])
+            i = bisect.bisect_right(row, (e["ts"], float("inf"), 0)) - 1
+            if i >= 0 and row[i][1] >= e["ts"] + e.get("dur", 0):
+                out[id(e)] = row[i][2]
+    return out
