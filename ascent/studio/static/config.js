@@ -97,8 +97,17 @@ async function renderEditor(view, runId) {
     problems.replaceChildren(...result.problems.map((p) => {
       const field = result.fields.find((f) => p.startsWith(f) || p.includes(`'${f}'`));
       const line = field ? lines.indexOf(field) + 1 : 0;
-      return h("li", { class: "error", dataset: { field: field || "" } }, p, line ? h("span", { class: "muted" }, ` (line ${line})`) : null);
+      return h("li", { class: "error", dataset: { field: field || "" }, title: line ? "click to go to the line" : null,
+        onclick: line ? () => goToLine(line) : null }, p, line ? h("span", { class: "muted" }, ` (line ${line})`) : null);
     }));
+  }
+  function goToLine(line) {
+    const lines = area.value.split("\n");
+    const start = lines.slice(0, line - 1).reduce((n, l) => n + l.length + 1, 0);
+    area.focus();
+    area.setSelectionRange(start, start + lines[line - 1].length);
+    area.scrollTop = Math.max(0, (line - 5) * parseFloat(getComputedStyle(area).lineHeight));
+    showHint();
   }
   function showHint() {
     const lineNo = area.value.slice(0, area.selectionStart).split("\n").length - 1;
