@@ -64,7 +64,12 @@ def build_runs(work: Path) -> Path:
     guess.mkdir(exist_ok=True)
     for split, targets in (("train", [3, 7, 1, 9, 5, 0]), ("val", [4, 6])):
         (guess / f"{split}.jsonl").write_text("".join(json.dumps({"target": t}) + "\n" for t in targets))
-    env = {"env": "guess_number", "max_turns": 3, "max_episode_tokens": 48, "stop_token_ids": list(range(4, 40))}
+    env = {
+        "env": "guess_number",
+        "max_turns": 3,
+        "max_episode_tokens": 48,
+        "stop_token_ids": list(range(4, 40)),
+    }
     cfg = base_config(runs / "guess_number", model, guess / "train.jsonl", guess / "val.jsonl",
                       rollout=env, iterations=4, val_every=2)  # fmt: skip
     train(cfg, work / "guess.yaml")
@@ -111,6 +116,7 @@ def shoot(runs: Path, out: Path) -> list[Path]:
             save("runs")
             page.locator("#compare").click()
             page.wait_for_function("() => document.querySelectorAll('.plot .main-svg').length >= 8")
+            page.evaluate("() => window.scrollTo(0, document.querySelector('details[data-group=train]').offsetTop - 60)")
             save("plots")
             page.goto(f"{url}#/run/addition%2Flr1e-3/timeline")
             page.locator("#gantt .main-svg").first.wait_for()
@@ -124,7 +130,9 @@ def shoot(runs: Path, out: Path) -> list[Path]:
             page.goto(f"{url}#/editor?run=addition%2Flr1e-3")
             page.locator("#verdict.ok").wait_for()
             text = page.locator("#yaml").input_value()
-            text = text.replace("  lr: 0.001\n", "  lr: -1\n").replace("  samples_per_prompt:", "  samples_per_promt:")
+            text = text.replace("  lr: 0.001\n", "  lr: -1\n").replace(
+                "  samples_per_prompt:", "  samples_per_promt:"
+            )
             page.locator("#yaml").fill(text)
             page.locator("#problems li").first.wait_for()
             page.locator("#yaml").evaluate("el => { el.focus(); el.setSelectionRange(el.value.indexOf('lr: -1'), "
