@@ -38,3 +38,19 @@ def test_every_static_file_ships_in_the_package_and_plotly_is_local() -> None:
     for file in STATIC_DIR.iterdir():  # nothing from the network: no CDN, no remote font
         text = file.read_text()
         assert "http://" not in text and "https://" not in text and "//cdn" not in text, file.name
+
+
+def test_the_studio_imports_only_what_design_md_allows_and_no_torch() -> None:
+    """design.md: studio imports tracking and config; plus the store's reader and the run-dir lock probe."""
+    import subprocess
+    import sys
+
+    code = "import sys, ascent.studio; print(' '.join(sorted(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            cwd=REPO).stdout.split()  # fmt: skip
+    assert "torch" not in loaded and "transformers" not in loaded
+    allowed = ("ascent.studio", "ascent.config", "ascent.tracking", "ascent.errors", "ascent.messages",
+               "ascent.transport.store", "ascent.orchestrator.rundir")  # fmt: skip
+    parents = {"ascent", "ascent.transport", "ascent.orchestrator"}  # packages on the way (no code of theirs)
+    ours = [m for m in loaded if m.startswith("ascent.") and m not in parents]
+    assert all(m.startswith(allowed) for m in ours), [m for m in ours if not m.startswith(allowed)]
