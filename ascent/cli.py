@@ -1,4 +1,5 @@
-"""The `ascent` command: train, sft, eval, episodes, serve, doctor, debug env, config show, bench, version.
+"""The `ascent` command: train, sft, eval, episodes, serve, studio, doctor, debug env, config show, bench,
+version.
 
 Every command loads and validates its configuration first (fast, no torch) and imports the heavy
 orchestrator lazily, so a bad config fails in a fraction of a second. Errors the user can fix
@@ -31,6 +32,7 @@ from ascent.config.explain import explain_sections
 from ascent.entrypoints.doctor import doctor_command
 from ascent.entrypoints.episodes import episodes_command
 from ascent.entrypoints.serve import serve_command
+from ascent.entrypoints.studio import studio_command
 from ascent.errors import AscentError
 
 USER_ERROR_NAMES = {"AscentError", "ConfigError", "DataError"}  # caught by name too: no heavy imports
@@ -379,6 +381,7 @@ def config_show(
 
 app.command("episodes")(episodes_command)  # the body: ascent/entrypoints/episodes.py
 app.command("serve")(serve_command)  # the body: ascent/entrypoints/serve.py
+app.command("studio")(studio_command)  # the body: ascent/entrypoints/studio.py
 app.command("doctor")(doctor_command)  # the body: ascent/entrypoints/doctor.py; checks in ascent/doctor/
 
 

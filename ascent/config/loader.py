@@ -119,16 +119,24 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not file.is_file():
         raise ConfigError(f"config path '{path}' is not a file; pass a YAML file such as run.yaml.")
     try:
-        data = yaml.load(file.read_text(encoding="utf-8"), Loader=ConfigYamlLoader)
+        text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file '{path}' is not UTF-8 text ({exc.reason}).") from exc
+    return parse_yaml(text, str(path))
+
+
+def parse_yaml(text: str, source: str) -> dict[str, Any]:
+    """The mapping in YAML `text` ({} when empty); ConfigError naming `source` (a file name) when malformed.
+    `read_yaml` reads files with it; `ascent studio`'s config editor validates what is typed with it."""
+    try:
+        data = yaml.load(text, Loader=ConfigYamlLoader)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file '{path}' is not valid YAML: {_yaml_problem(exc)}.") from exc
+        raise ConfigError(f"config file '{source}' is not valid YAML: {_yaml_problem(exc)}.") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(
-            f"config file '{path}': the top level must be a mapping of fields and sections "
+            f"config file '{source}': the top level must be a mapping of fields and sections "
             f"(run_dir: ..., model: ...), not a {type(data).__name__}."
         )
     return data

@@ -17,7 +17,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ascent.transport.store import STATUSES, EpisodeRecord, ExperienceStore, StoreError, export, open_store
+from ascent.transport.store import (
+    STATUSES,
+    EpisodeRecord,
+    ExperienceStore,
+    StoreError,
+    export,
+    labelled_segments,
+    open_store,
+)
 
 DEFAULT_LIMIT = 50
 
@@ -114,7 +122,7 @@ def print_episode(store: ExperienceStore, r: EpisodeRecord, tokens: bool) -> Non
         console.print(Text(line, style="bold"))
     console.print(Text(f"prompt ({r.prompt_len} tokens, loss mask 0)", style="cyan"))
     console.print(Text(r.prompt_text or str(r.prompt_ids)))
-    for label, seg in _labelled(r):
+    for label, seg in labelled_segments(r):
         console.print(Text(f"{label} ({seg['end'] - seg['start']} tokens, loss mask {seg['mask']})",
                            style="green" if seg["mask"] else "yellow"))  # fmt: skip
         console.print(Text(seg["text"] or str(r.response_ids[seg["start"] : seg["end"]])))
@@ -141,22 +149,6 @@ def _header(r: EpisodeRecord) -> list[str]:
         f"({sum(r.loss_mask)} with loss mask 1), token versions {low}..{high}, trainer {r.trainer_version}, "
         f"staleness {r.staleness}",
     ]
-
-
-def _labelled(r: EpisodeRecord) -> list[tuple[str, dict[str, Any]]]:
-    """Segments named: `model turn k` (mask 1, with its reward), `observation` (mask 0 between turns), or
-    one `response` when no token has loss mask 1 (masked out, e.g. truncated)."""
-    if not any(r.loss_mask):
-        return [("response, not trained on", seg) for seg in r.segments]
-    out, turn = [], 0
-    for seg in r.segments:
-        if seg["mask"]:
-            reward = f", reward {r.turn_rewards[turn]:.3g}" if turn < len(r.turn_rewards) else ""
-            out.append((f"model turn {turn + 1}{reward}", seg))
-            turn += 1
-        else:
-            out.append(("observation", seg))
-    return out
 
 
 def _token_table(r: EpisodeRecord, start: int, end: int, decode: Any) -> Table:

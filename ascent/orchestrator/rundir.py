@@ -62,6 +62,36 @@ class RunDirLock:
             self.handle = None
 
 
+def lock_is_held(run_dir: Path) -> bool | None:
+    """Whether a live process holds `<run_dir>/.ascent.lock` now (None: there is no lock file).
+
+    For readers such as `ascent studio`: it takes the lock without blocking and releases it at once, so a
+    run that starts meanwhile is never kept out for longer than that instant.
+    """
+    try:
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def lock_owner(run_dir: Path) -> dict[str, Any]:
+    """What the run that took the lock wrote in it (pid, host, started, command); {} when unreadable."""
+    try:
+        info = json.loads((run_dir / LOCK_NAME).read_text() or "{}")
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def _read_owner(handle: TextIO) -> str:
     handle.seek(0)
     try:

@@ -151,6 +151,22 @@ class EpisodeRecord:
         return asdict(self)
 
 
+def labelled_segments(r: EpisodeRecord) -> list[tuple[str, dict[str, Any]]]:
+    """The response's segments named: `model turn k` (mask 1, with its reward), `observation` (mask 0 between
+    turns), or one `response, not trained on` when no token has loss mask 1 (masked out, e.g. truncated)."""
+    if not any(r.loss_mask):
+        return [("response, not trained on", seg) for seg in r.segments]
+    out, turn = [], 0
+    for seg in r.segments:
+        if seg["mask"]:
+            reward = f", reward {r.turn_rewards[turn]:.3g}" if turn < len(r.turn_rewards) else ""
+            out.append((f"model turn {turn + 1}{reward}", seg))
+            turn += 1
+        else:
+            out.append(("observation", seg))
+    return out
+
+
 BLOBS = {
     "prompt_ids": "i",
     "response_ids": "i",
@@ -287,6 +303,13 @@ class ExperienceStore:
             have = f"ids {low}..{high}" if low is not None else "no episodes yet"
             raise StoreError(f"{self.path}: no episode with id {episode_id} ({have}).")
         return _record(found)
+
+    def distinct(self, column: str) -> list[Any]:
+        """The distinct values of `column` (iteration, env or status), sorted; for filter menus."""
+        if column not in ("iteration", "env", "status"):
+            raise StoreError(f"distinct {column!r}: only iteration, env and status are offered.")
+        rows = self.conn.execute(f"SELECT DISTINCT {column} FROM episodes ORDER BY {column}").fetchall()
+        return [value for (value,) in rows]
 
     def to_sft_rows(self, min_reward: float | None = None, status: str | None = None) -> list[dict[str, Any]]:
         """Rows `ascent sft` reads (`prompt`, `prompt_ids`, `response`): the best episode of every dataset

@@ -1,0 +1,200 @@
+"""The runs under a studio's RUNS_DIR: where they are, what state each is in, and their headline metrics.
+
+A run directory is a directory holding `metrics.jsonl` or `config.yaml`, found up to `MAX_DEPTH` levels
+below RUNS_DIR (a run's own subdirectories are not searched). Its state comes from `<run_dir>/status.json`
+(written by the run's status sink, see the contract in `status_state`), checked against the run-dir lock:
+a run that says "running" while no live process holds its lock was killed (SIGKILL, power loss) and counts
+as crashed. Older runs have no status.json; their state is inferred from the lock and metrics.jsonl.
+Run ids are paths relative to RUNS_DIR; `resolve_run` turns one back into a directory and refuses any id
+that would leave RUNS_DIR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ascent.errors import AscentError
+from ascent.orchestrator.rundir import lock_is_held, lock_owner
+from ascent.studio.metrics import MetricsCache
+
+MAX_DEPTH = 4
+STATUS_FILE = "status.json"
+RUN_MARKERS = ("metrics.jsonl", "config.yaml")
+SKIP_DIRS = {"checkpoints", "tensorboard", "logs", "__pycache__", "node_modules", "wandb", "mlruns"}
+HEADLINE_KEYS = ("reward/mean", "val/accuracy", "sft/nll", "val/nll")
+STATES = ("running", "finished", "crashed", "interrupted", "unknown")
+
+
+class RunNotFound(AscentError):
+    """A run id that names no run directory under RUNS_DIR."""
+
+
+@dataclass
+class RunStatus:
+    """A run's state and where it stands. `source` says how the state was found (status.json or inferred)."""
+
+    state: str
+    source: str
+    detail: str = ""
+    step: int | None = None
+    total_steps: int | None = None
+    kind: str | None = None
+    pid: int | None = None
+    started_at: float | None = None
+    updated_at: float | None = None
+    error: str | None = None
+    headline: dict[str, float] = field(default_factory=dict)
+
+
+def find_runs(root: Path, max_depth: int = MAX_DEPTH) -> list[Path]:
+    """Run directories under `root` (itself included), sorted by path; hidden and bulky folders skipped."""
+    found: list[Path] = []
+
+    def walk(path: Path, depth: int) -> None:
+        if any((path / marker).is_file() for marker in RUN_MARKERS):
+            found.append(path)
+            return
+        if depth >= max_depth:
+            return
+        try:
+            children = sorted(p for p in path.iterdir() if p.is_dir())
+        except OSError:  # unreadable or vanished meanwhile
+            return
+        for child in children:
+            if not child.name.startswith(".") and child.name not in SKIP_DIRS:
+                walk(child, depth + 1)
+
+    walk(root, 0)
+    return found
+
+
+def run_id(root: Path, run_dir: Path) -> str:
+    """The id the API uses for `run_dir`: its path relative to `root` ("." for root itself)."""
+    return run_dir.relative_to(root).as_posix() or "."
+
+
+def resolve_run(root: Path, rid: str) -> Path:
+    """The run directory `rid` names under `root`; RunNotFound when it is not a run dir inside root."""
+    path = (root / rid).resolve()
+    if path != root.resolve() and root.resolve() not in path.parents:
+        raise RunNotFound(f"run {rid!r} is outside the studio's runs directory {root}.")
+    if not path.is_dir() or not any((path / marker).is_file() for marker in RUN_MARKERS):
+        raise RunNotFound(f"run {rid!r}: no run directory (metrics.jsonl or config.yaml) at {path}.")
+    return path
+
+
+def read_status_file(run_dir: Path) -> dict[str, Any] | None:
+    """`<run_dir>/status.json` as a dict; None when absent or unreadable (it is replaced atomically, so a
+    partial file means a writer that does not follow the contract: treated as absent)."""
+    try:
+        data = json.loads((run_dir / STATUS_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) and data.get("state") in STATES else None
+
+
+def run_status(run_dir: Path, metrics: MetricsCache) -> RunStatus:
+    """The run's state, step and headline metrics, from status.json when there is one, else inferred."""
+    records = metrics.records(run_dir)
+    held = lock_is_held(run_dir)
+    status = read_status_file(run_dir)
+    out = status_state(status, held) if status is not None else inferred_state(run_dir, records, held)
+    if records:
+        out.step = out.step if out.step is not None else _int(records[-1].get("step"))
+        out.updated_at = out.updated_at or _float(records[-1].get("time"))
+    out.headline = headline(records)
+    return out
+
+
+def status_state(status: dict[str, Any], held: bool | None) -> RunStatus:
+    """State from status.json (schema 1: state, kind, pid, host, command, started_at, updated_at, step,
+    total_steps, error). "running" without a live lock holder means the process died without a word."""
+    state, detail = str(status["state"]), ""
+    if state == "running" and held is False:
+        state, detail = "crashed", "status.json says running, but no process holds the run's lock (killed?)"
+    elif state == "running" and held is None:
+        detail = "status.json says running; the run has no lock file to confirm it"
+    return RunStatus(
+        state=state, source=STATUS_FILE, detail=detail, step=_int(status.get("step")),
+        total_steps=_int(status.get("total_steps")), kind=status.get("kind"), pid=_int(status.get("pid")),
+        started_at=_float(status.get("started_at")), updated_at=_float(status.get("updated_at")),
+        error=status.get("error"),
+    )  # fmt: skip
+
+
+def inferred_state(run_dir: Path, records: list[dict[str, Any]], held: bool | None) -> RunStatus:
+    """A run without status.json (older ascent): running while its lock is held; otherwise finished when
+    metrics reached the configured iterations, else it stopped early (crashed or interrupted: unknown which)."""
+    total = configured_steps(run_dir)
+    owner = lock_owner(run_dir)
+    last = _int(records[-1].get("step")) if records else None
+    if held:
+        state, detail = "running", "a live process holds the run's lock"
+    elif total is not None and last is not None and last >= total:
+        state, detail = "finished", f"metrics reached step {last} of {total}"
+    elif last is None:
+        state, detail = "unknown", "no metrics yet, and no process holds the run"
+    elif total is None:
+        state, detail = "finished", "no process holds the run; its length is unknown"
+    else:
+        state, detail = "crashed", f"stopped at step {last} of {total} (no status.json: crash or interrupt)"
+    return RunStatus(state=state, source="inferred", detail=detail, total_steps=total,
+                     pid=_int(owner.get("pid")), started_at=_float(owner.get("started")))  # fmt: skip
+
+
+def configured_steps(run_dir: Path) -> int | None:
+    """`iterations` of the run's config.yaml (RL runs); None for SFT runs and unreadable configs."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    value = data.get("iterations") if isinstance(data, dict) else None
+    return value if isinstance(value, int) else None
+
+
+def headline(records: list[dict[str, Any]]) -> dict[str, float]:
+    """The latest value of each HEADLINE_KEYS metric present (validation metrics come every few steps)."""
+    out: dict[str, float] = {}
+    for record in reversed(records):
+        for key in HEADLINE_KEYS:
+            value = record.get(key)
+            if key not in out and isinstance(value, int | float):
+                out[key] = float(value)
+        if len(out) == len(HEADLINE_KEYS):
+            break
+    return {key: out[key] for key in HEADLINE_KEYS if key in out}
+
+
+def describe_runs(root: Path, metrics: MetricsCache) -> list[dict[str, Any]]:
+    """One JSON-ready entry per run: id, path, status fields, and which views it has data for."""
+    out = []
+    for run_dir in find_runs(root):
+        status = run_status(run_dir, metrics)
+        out.append({
+            "id": run_id(root, run_dir), "path": str(run_dir), **asdict(status),
+            "has_metrics": (run_dir / "metrics.jsonl").is_file(),
+            "has_trace": (run_dir / "trace.json").is_file(),
+            "has_episodes": (run_dir / "experience.db").is_file(),
+            "has_config": (run_dir / "config.yaml").is_file(),
+            "modified": _mtime(run_dir),
+        })  # fmt: skip
+    return out
+
+
+def _mtime(run_dir: Path) -> float:
+    times = [os.stat(p).st_mtime for name in (*RUN_MARKERS, STATUS_FILE) if (p := run_dir / name).exists()]
+    return max(times, default=0.0)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

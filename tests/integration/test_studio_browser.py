@@ -1,0 +1,212 @@
+"""`ascent studio` in a real browser: headless Chromium (Debian's `chromium` package, which scripts/test.sh
+installs) driven by Playwright, against the real CLI in a subprocess while a real `ascent train` on the
+tiny model writes the run it shows.
+
+One training run serves the module: the runs page lists it as running, a metric chart gains points while
+it trains (without the page or the chart being rebuilt), the episode browser opens one of its episodes
+token by token, and the config editor refuses a bad value naming the field. A studio bound to a wider
+address refuses requests without its token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import run_config, write_yaml
+
+RUN_ID = "live/run"
+CHROMIUM_NAMES = ("chromium", "chromium-browser")
+
+
+def chromium_path() -> str:
+    found = next((p for p in map(shutil.which, CHROMIUM_NAMES) if p), None)
+    if found is None:
+        pytest.fail("no Chromium: the studio's browser tests need Debian's `chromium` package; run "
+                    "scripts/test.sh (it installs it) or `apt-get install -y chromium`.")  # fmt: skip
+    return found
+
+
+def start_studio(root: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    """`ascent studio ROOT --port 0 ...` in a subprocess; returns it and the URL it printed."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "ascent", "studio", str(root), "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    assert proc.stdout is not None
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    seen = []
+    while True:
+        try:
+            line = lines.get(timeout=60)
+        except queue.Empty:
+            proc.kill()
+            raise AssertionError(f"ascent studio printed no URL within 60 s: {seen}") from None
+        seen.append(line)
+        match = re.search(r" at (http://\S+)", line)
+        if match:
+            return proc, match.group(1)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory, tiny_model, arithmetic_data) -> Iterator[Path]:
+    """RUNS_DIR with one run that trains (long enough to be watched) for the whole module."""
+    root = tmp_path_factory.mktemp("runs")
+    cfg = run_config(root / "live", tiny_model, arithmetic_data, iterations=400, val_every=0)
+    config = write_yaml(root.parent / "live.yaml", cfg)
+    log = (root.parent / "train.log").open("w")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    train = subprocess.Popen([sys.executable, "-m", "ascent", "train", str(config)], stdout=log,
+                             stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    yield root
+    stop(train)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def studio(runs_root: Path) -> Iterator[str]:
+    proc, url = start_studio(runs_root)
+    yield url
+    stop(proc)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox", "--disable-gpu"])
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    page.set_default_timeout(60_000)
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def plotted(page, metric: str) -> list[float]:
+    """The x values Plotly holds for the chart of `metric` (the first trace: the only run)."""
+    return page.evaluate("m => Array.from(document.getElementById('plot:' + m).data[0].x)", metric)
+
+
+def logged_steps(runs_root: Path, metric: str) -> list[int]:
+    lines = (runs_root / RUN_ID / "metrics.jsonl").read_text().splitlines()
+    return [r["step"] for r in map(json.loads, lines) if r.get(metric) is not None]
+
+
+def test_runs_page_lists_the_run_and_its_plot_grows_while_it_trains(
+    page, studio: str, runs_root: Path
+) -> None:
+    page.goto(studio)
+    row = page.locator(f'tr[data-run="{RUN_ID}"]')
+    row.wait_for()  # the runs table refreshes every 5 s until the run has written its config
+    assert row.locator(".badge").inner_text() == "running"
+    row.get_by_role("link", name=RUN_ID).click()
+    page.wait_for_function("() => document.getElementById('plot:reward/mean')?.data?.[0]?.x?.length >= 1")
+    page.evaluate(
+        "() => { window.__same_page = true; window.__chart = document.getElementById('plot:reward/mean'); }"
+    )
+    before = len(plotted(page, "reward/mean"))
+    page.wait_for_function(
+        "n => document.getElementById('plot:reward/mean').data[0].x.length >= n + 2",
+        arg=before,
+        timeout=90_000,
+    )
+    after = plotted(page, "reward/mean")
+    assert len(after) >= before + 2
+    assert after == logged_steps(runs_root, "reward/mean")[: len(after)]  # the run's own points, in order
+    assert page.evaluate("() => window.__same_page === true")  # new points came without a page reload ...
+    assert page.evaluate(
+        "() => window.__chart === document.getElementById('plot:reward/mean')"
+    )  # ... or a redraw
+    groups = page.locator("details.group").evaluate_all("els => els.map(e => e.dataset.group)")
+    assert groups[:3] == ["reward", "val", "rollout"] and "time" in groups
+
+
+def test_episode_browser_opens_an_episode_token_by_token(page, studio: str, runs_root: Path) -> None:
+    from ascent.transport.store import open_store
+
+    page.goto(f"{studio}#/run/live%2Frun/episodes?status=trained")
+    first = page.locator("#episodes tbody tr").first
+    first.wait_for()
+    episode_id = int(first.get_attribute("data-episode") or 0)
+    first.click()
+    page.locator("#episode .tok").first.wait_for()
+    assert page.locator("h2").inner_text() == f"Episode {episode_id}"
+    with open_store(runs_root / RUN_ID) as store:
+        record = store.episode(episode_id)
+    labels = page.locator(".segment .label").all_inner_texts()
+    assert labels[0].startswith(f"prompt · {record.prompt_len} tokens · loss mask 0")
+    assert page.locator("#episode .tok.m1").count() == sum(record.loss_mask)
+    assert page.locator("#episode .tok.m0").count() == record.prompt_len + len(record.loss_mask) - sum(
+        record.loss_mask
+    )
+    token = page.locator("#episode .tok.m1").first
+    token.hover()
+    tip = page.locator("#tip")
+    assert tip.is_visible()
+    assert f"logprob {record.sampler_logprobs[record.loss_mask.index(1)]:.4f}" in tip.inner_text()
+    assert token.evaluate("el => getComputedStyle(el).backgroundColor") != "rgba(0, 0, 0, 0)"
+
+
+def test_editor_refuses_a_bad_value_naming_the_field(page, studio: str) -> None:
+    page.goto(f"{studio}#/editor?run=live%2Frun")
+    verdict = page.locator("#verdict")
+    verdict.filter(has_text="valid: ascent would accept").wait_for()
+    text = page.locator("#yaml").input_value()
+    assert re.search(r"(?m)^  lr: 0\.001$", text)
+    page.locator("#yaml").fill(re.sub(r"(?m)^  lr: 0\.001$", "  lr: -1", text))
+    problem = page.locator("#problems li").first
+    problem.wait_for()
+    assert problem.inner_text().startswith("train.lr=-1: must be > 0 (Peak learning rate of AdamW).")
+    assert problem.get_attribute("data-field") == "train.lr"
+    assert page.locator("#save").is_disabled()
+    assert "1 problem" in verdict.inner_text()
+
+
+def test_a_studio_bound_wide_refuses_requests_without_its_token(browser, runs_root: Path) -> None:
+    proc, url = start_studio(runs_root, "--host", "0.0.0.0")
+    try:
+        token = re.search(r"\?token=(\S+)$", url)
+        assert token, f"no token in the printed URL {url}"
+        port = re.search(r":(\d+)/", url).group(1)  # type: ignore[union-attr]
+        context = browser.new_context()
+        page = context.new_page()
+        refused = page.goto(f"http://127.0.0.1:{port}/")
+        assert refused is not None and refused.status == 401
+        assert "needs its token" in page.inner_text("body")
+        assert page.goto(f"http://127.0.0.1:{port}/api/runs").status == 401  # type: ignore[union-attr]
+        page.goto(f"http://127.0.0.1:{port}/?token={token.group(1)}")
+        page.locator(f'tr[data-run="{RUN_ID}"]').wait_for(timeout=30_000)
+        assert page.url == f"http://127.0.0.1:{port}/"  # the token left the address bar for a cookie
+        context.close()
+    finally:
+        stop(proc)

@@ -1,0 +1,59 @@
+"""Reading metrics.jsonl while a run appends to it: only new bytes are parsed, a torn last line waits for
+its newline, a rewritten file starts a new generation, and metric names fall into plot groups."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ascent.studio.metrics import MetricsCache, group_of, metrics_payload
+
+
+def line(step: int, **metrics) -> str:
+    return json.dumps({"step": step, "time": 1.0 + step, **metrics}) + "\n"
+
+
+def test_appended_lines_arrive_and_a_torn_line_waits(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(line(0, **{"val/accuracy": 0.5}) + line(1, **{"reward/mean": 0.1}))
+    cache = MetricsCache()
+    gen, new = cache.since(tmp_path, 0)
+    assert [r["step"] for r in new] == [1]
+    half = line(2, **{"reward/mean": 0.2})
+    with path.open("a") as f:
+        f.write(half[:10])
+    assert [r["step"] for r in cache.records(tmp_path)] == [0, 1]
+    with path.open("a") as f:
+        f.write(half[10:] + line(3, **{"reward/mean": None}))
+    gen2, new = cache.since(tmp_path, 1)
+    assert gen2 == gen and [r["step"] for r in new] == [2, 3]
+
+
+def test_a_rewritten_file_is_read_again_under_a_new_generation(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(line(1, a=1) + line(2, a=2) + line(3, a=3))
+    cache = MetricsCache()
+    gen, _ = cache.since(tmp_path, -1)
+    tmp = tmp_path / "metrics.jsonl.tmp"
+    tmp.write_text(line(1, a=1))  # a resumed run purged the steps after its checkpoint
+    os.replace(tmp, path)
+    gen2, records = cache.since(tmp_path, -1)
+    assert gen2 == gen + 1 and [r["step"] for r in records] == [1]
+
+
+def test_payload_keeps_nulls_as_gaps_and_groups_by_prefix(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text(
+        line(1, **{"reward/mean": 0.5, "grad_norm": 2.0, "note": "text"}) + line(2, **{"reward/mean": None})
+    )
+    payload = metrics_payload(tmp_path, MetricsCache(), -1)
+    assert payload["last_step"] == 2
+    assert payload["series"]["reward/mean"] == {"step": [1, 2], "value": [0.5, None]}
+    assert "note" not in payload["series"]
+    assert payload["groups"] == {"reward/mean": "reward", "grad_norm": "train"}
+    assert metrics_payload(tmp_path, MetricsCache(), 2)["series"] == {}
+
+
+def test_groups() -> None:
+    names = ["loss/policy", "train/optimizer_steps", "entropy", "val/accuracy", "time/update", "custom/x"]
+    assert [group_of(n) for n in names] == ["train", "train", "train", "val", "time", "custom"]
