@@ -9,7 +9,7 @@ import pytest
 
 from ascent.config import RunConfig, write_resolved_config
 from ascent.messages import Episode
-from ascent.tracking import MetricsLogger, Timeline
+from ascent.tracking import EventBus, JsonlSink, Metrics, Timeline
 from ascent.transport.store_writer import Entry, ExperienceWriter, prepare_store
 
 WORDS = ["<pad>", "what", "is", "2+2", "?", "call", "calc", "result", "4", "answer", "<eos>"]
@@ -38,11 +38,12 @@ def multi_turn(row: int, reward: float) -> Episode:
 def make_run(run_dir: Path, steps: int = 3, iterations: int = 3, episodes: bool = True) -> Path:
     cfg = RunConfig.model_validate({"run_dir": str(run_dir), "iterations": iterations, "train": {"lr": 2e-5}})
     write_resolved_config(cfg, run_dir)
-    with MetricsLogger(run_dir, tensorboard=False) as log:
-        log.log({"val/accuracy": 0.25}, step=0)
-        for step in range(1, steps + 1):
-            log.log({"reward/mean": 0.1 * step, "loss/policy": -0.01 * step, "grad_norm": 1.0 / step,
-                     "time/update": 0.5}, step=step)  # fmt: skip
+    bus = EventBus([JsonlSink(run_dir)])
+    bus.publish(Metrics.of(0, {"val/accuracy": 0.25}))
+    for step in range(1, steps + 1):
+        bus.publish(Metrics.of(step, {"reward/mean": 0.1 * step, "loss/policy": -0.01 * step,
+                                      "grad_norm": 1.0 / step, "time/update": 0.5}))  # fmt: skip
+    bus.close()
     timeline = Timeline(run_dir / "trace.json")
     for it in range(1, steps + 1):
         with timeline.phase("rollout", iteration=it), timeline.phase("generate"):
