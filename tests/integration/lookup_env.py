@@ -55,3 +55,27 @@ def expected_reward(model_dir: Path, secrets: list[int]) -> float:
 
     wins = [p_of(conversation(s, True, s)) + p_of(conversation(s, False, s)) for s in secrets]
     return sum(wins) / len(wins)
+
+
+def lookup_run(
+    run_dir: Path, data: Path, model: Path, seed: int, iterations: int, **source: str
+) -> dict[str, Any]:
+    """The GRPO run of the lookup learning tests; `source` is `env=...` or `agent=...`."""
+    return {
+        "run_dir": str(run_dir),
+        "seed": seed,
+        "iterations": iterations,
+        "model": {"path": str(model)},
+        "data": {"train_path": str(data), "max_prompt_tokens": 16},
+        "rollout": {
+            **source,
+            "max_turns": 2,
+            "max_new_tokens": 4,
+            "max_episode_tokens": 16,
+            "prompts_per_step": 8,
+            "samples_per_prompt": 8,
+            "env_workers": 2,
+        },  # fmt: skip
+        "train": {"lr": 1e-3, "trajectories_per_update": 32, "max_tokens_per_micro_batch": 1024},
+        "tracking": {"progress": False, "tensorboard": False, "trace": False},
+    }

@@ -22,31 +22,14 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import ascent, write_yaml
-from tests.integration.lookup_env import expected_reward
+from tests.integration.lookup_env import expected_reward, lookup_run
 
 AGENT = "tests.integration.lookup_agent:run"
 ITERATIONS, BAR = 25, 0.2
 
 
 def agent_config(run_dir: Path, data: Path, model: Path, seed: int, iterations: int) -> dict[str, Any]:
-    return {
-        "run_dir": str(run_dir),
-        "seed": seed,
-        "iterations": iterations,
-        "model": {"path": str(model)},
-        "data": {"train_path": str(data), "max_prompt_tokens": 16},
-        "rollout": {
-            "agent": AGENT,
-            "max_turns": 2,
-            "max_new_tokens": 4,
-            "max_episode_tokens": 16,
-            "prompts_per_step": 8,
-            "samples_per_prompt": 8,
-            "env_workers": 2,
-        },  # fmt: skip
-        "train": {"lr": 1e-3, "trajectories_per_update": 32, "max_tokens_per_micro_batch": 1024},
-        "tracking": {"progress": False, "tensorboard": False, "trace": False},
-    }
+    return lookup_run(run_dir, data, model, seed, iterations, agent=AGENT)
 
 
 @pytest.mark.slow

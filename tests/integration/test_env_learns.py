@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import ascent, write_yaml
-from tests.integration.lookup_env import expected_reward
+from tests.integration.lookup_env import expected_reward, lookup_run
 
 ENV = "tests.integration.lookup_env:Lookup"
 ITERATIONS, BAR = 15, 0.2
@@ -32,24 +32,7 @@ def test_grpo_on_episodes_learns_to_use_the_tool(
     seed: int, tmp_path: Path, lookup_setup: tuple[Path, Path, list[int]]
 ) -> None:
     root, warm, secrets = lookup_setup
-    cfg = {
-        "run_dir": str(tmp_path / "run"),
-        "seed": seed,
-        "iterations": ITERATIONS,
-        "model": {"path": str(warm)},
-        "data": {"train_path": str(root / "train.jsonl"), "max_prompt_tokens": 16},
-        "rollout": {
-            "env": ENV,
-            "max_turns": 2,
-            "max_new_tokens": 4,
-            "max_episode_tokens": 16,
-            "prompts_per_step": 8,
-            "samples_per_prompt": 8,
-            "env_workers": 2,
-        },  # fmt: skip
-        "train": {"lr": 1e-3, "trajectories_per_update": 32, "max_tokens_per_micro_batch": 1024},
-        "tracking": {"progress": False, "tensorboard": False, "trace": False},
-    }
+    cfg = lookup_run(tmp_path / "run", root / "train.jsonl", warm, seed, ITERATIONS, env=ENV)
     ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
     final = sorted((tmp_path / "run" / "checkpoints").glob("iter_*"))[-1]
     before, after = expected_reward(warm, secrets), expected_reward(final, secrets)
