@@ -139,9 +139,6 @@ def _env_rules(cfg: RunConfig) -> list[str]:
     if r.max_staleness:
         out.append(f"rollout.max_staleness={r.max_staleness}: episodes through rollout.env are collected "
                    "synchronously for now; set rollout.max_staleness=0.")  # fmt: skip
-    if r.engine != "reference":
-        out.append(f"rollout.engine={r.engine!r}: episodes through rollout.env run on the reference engine "
-                   "for now; set rollout.engine=reference.")  # fmt: skip
     if a.advantage == "remax":
         out.append("algorithm.advantage='remax': its greedy baseline is single-turn; with rollout.env pick "
                    "grpo, rloo or another group estimator.")  # fmt: skip

@@ -104,4 +104,7 @@ def env_metrics(groups: Sequence[Group], max_failure_rate: float) -> dict[str, f
         "reward/std": (sum((x - mean) ** 2 for x in rewards) / len(rewards)) ** 0.5,
         "env/turns_mean": sum(e.metadata.get("turns", 0) for e in episodes) / len(episodes),
         "env/errors": float(len(errors)),
+        # prompt tokens the episodes' turns sent, and those the engine reused from its session cache
+        "rollout/prompt_tokens": float(sum(e.metadata.get("prompt_tokens", 0) for e in episodes)),
+        "rollout/prefix_reused_tokens": float(sum(e.metadata.get("cached_tokens", 0) for e in episodes)),
     }

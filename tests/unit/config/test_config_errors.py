@@ -124,3 +124,11 @@ def test_sft_refuses_rl_cluster_fields_and_ranks_it_cannot_run() -> None:
     assert "cluster.num_trainer_workers=3: several trainer ranks run as Ray actors" in text
     assert "batch_size=32: each batch is split evenly over cluster.num_trainer_workers=3" in text
     SFTConfig.model_validate({"cluster": {"backend": "ray", "num_trainer_workers": 2}})
+
+
+def test_episodes_run_on_either_engine_and_name_what_they_still_refuse() -> None:
+    for engine in ("reference", "fast"):
+        cfg = load_config(None, ["rollout.env=guess_number", f"rollout.engine={engine}"])
+        assert (cfg.rollout.env, cfg.rollout.engine) == ("guess_number", engine)
+    (msg,) = problems(["rollout.env=guess_number", "rollout.engine=fast", "rollout.max_staleness=1"])
+    assert msg.startswith("rollout.max_staleness=1: episodes through rollout.env")

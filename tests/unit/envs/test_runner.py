@@ -40,7 +40,7 @@ class ScriptedEngine:
         self.seen.append(requests)
         out = []
         for r in requests:
-            row = int(str(r.session_id).removeprefix("row"))
+            row = int(str(r.session_id).removeprefix("row").split(".")[0])
             text = self.scripts[row][self.turn[row]]
             self.turn[row] += 1
             ids = self.chat._encode(text) + [self.chat.tok.eos_token_id]
