@@ -73,12 +73,14 @@ def collect_env_groups(ctx: Any, items: Sequence[Any], params: SamplingParams, *
     tasks = [Task(env_name(it.metadata, r.env), it.metadata, it.row_id) for it in items for _ in range(n)]
 
     def generate(requests: list[GenerationRequest]) -> list[list[Generation]]:
-        shards = B.shard(requests, ctx.rollout.num_workers)
-        return [
+        # by request_id, the episode's index: each episode keeps its replica (and its cached history)
+        shards, positions = B.shard_requests(requests, ctx.rollout.num_workers)
+        flat = [
             g
             for rollout in ctx.rollout.call_split(RolloutWorker.generate, shards)
             for g in rollout.generations
         ]
+        return [flat[k] for k in positions]
 
     with env_hosts(r) as hosts:
         episodes = run_episodes(tasks, generate, ChatTokens(ctx.data.tokenizer), replace(params, seed=seed),
