@@ -408,6 +408,13 @@ def bench_e2e(ctx: typer.Context) -> None:
         run_bench("e2e", ctx.args)
 
 
+@bench_app.command("multiturn", context_settings=_FORWARD, add_help_option=False)
+def bench_multiturn(ctx: typer.Context) -> None:
+    """Multi-turn prefix-reuse benchmark of the fast engine: forwards all arguments to bench/multiturn.py."""
+    with ErrorGuard():
+        run_bench("multiturn", ctx.args)
+
+
 # ---------------------------------------------------------------- helpers
 
 

@@ -51,12 +51,15 @@ class Generation:
     """One sampled continuation: token ids, the sampler's logprob of each, and why it ended.
 
     `token_versions` holds the policy version each token was sampled with (the rollout worker stamps a copy
-    with the weights it held; an engine that swaps weights between decode steps fills it per token)."""
+    with the weights it held; an engine that swaps weights between decode steps fills it per token).
+    `cached_tokens` counts the prompt tokens whose keys and values the engine reused from a cached session
+    instead of computing them (prefix reuse of a multi-turn `session_id`; 0 for engines that keep none)."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
     token_versions: list[int] = field(default_factory=list)
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)

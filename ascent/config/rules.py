@@ -140,9 +140,6 @@ def _env_rules(cfg: RunConfig) -> list[str]:
     if r.env is not None and r.agent is not None:
         out.append(f"rollout.agent={r.agent!r}: an agent brings its own episodes; set rollout.env=null (or "
                    "rollout.agent=null to train on the environment).")  # fmt: skip
-    if r.env is not None and r.engine != "reference":
-        out.append(f"rollout.engine={r.engine!r}: episodes through rollout.env run on the reference engine "
-                   "for now; set rollout.engine=reference.")  # fmt: skip
     if a.advantage == "remax":
         out.append(f"algorithm.advantage='remax': its greedy baseline is single-turn; with {src} pick "
                    "grpo, rloo or another group estimator.")  # fmt: skip

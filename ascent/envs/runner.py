@@ -1,11 +1,16 @@
 """Multi-turn episodes, tokens in and tokens out: the runner drives an engine and environments turn by turn.
 
 Each turn, every open episode sends its whole token sequence so far (prompt, model turns, observations) as
-one request; the engine answers with the next model turn. A turn that ended on a stop token goes to the
-environment as text; its answer (observation messages) is appended as the token ids with which the chat
-template continues the conversation (`ChatTokens.continuation_ids`), never by re-rendering the history, so
-what the trainer sees is exactly what the engine generated plus the observation ids. Model tokens have loss
-mask 1, the sampler's logprobs and their policy versions; observation tokens have mask 0.
+one request with the episode's own session id (`row<row_id>.<task index>`: the samples of one row are
+different conversations) and its task index as request_id (the same every turn, so a caller spreading
+requests over replicas can keep an episode on one); the engine answers with the next model turn. An engine
+that keeps sessions (the fast engine) computes only the tokens after what it cached of the episode, i.e. the
+observation; the episode's metadata counts `prompt_tokens` sent and `cached_tokens` reused over its turns.
+A turn that ended on a stop token goes to the environment as text; its answer (observation messages) is
+appended as the token ids with which the chat template continues the conversation
+(`ChatTokens.continuation_ids`), never by re-rendering the history, so what the trainer sees is exactly what
+the engine generated plus the observation ids. Model tokens have loss mask 1, the sampler's logprobs and
+their policy versions; observation tokens have mask 0.
 
 An episode ends when the environment says done, at `max_turns` model turns, when its response (model and
 observation tokens) would pass `max_tokens`, when a turn stops without a stop token (cut by length), or when
@@ -46,16 +51,22 @@ class _Open:
 
     task: Task
     prompt_ids: list[int]
+    index: int  # the task's position: the request_id of every turn (a caller keeps it on one replica)
+    session: str  # the engine's session id: one per episode, so each continues its own cached history
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
     turns: int = 0
+    prompt_tokens: int = 0  # tokens sent to the engine as prompts, over all turns
+    cached_tokens: int = 0  # of those, tokens whose K/V the engine reused from the episode's session
     finish: FinishReason | None = None
     error: str | None = None
 
     def add_model_turn(self, gen: Generation, version: int) -> None:
+        self.prompt_tokens += len(self.prompt_ids) + len(self.ids)  # what this turn's request sent
+        self.cached_tokens += gen.cached_tokens
         self.ids += gen.token_ids
         self.mask += [1] * len(gen.token_ids)
         self.logprobs += gen.logprobs
@@ -71,7 +82,8 @@ class _Open:
 
     def episode(self, decode: Callable[[Sequence[int]], str]) -> Episode:
         failed = self.error is not None
-        meta = {**self.task.row, "turns": self.turns, "turn_rewards": list(self.turn_rewards)}
+        meta = {**self.task.row, "turns": self.turns, "turn_rewards": list(self.turn_rewards),
+                "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens}  # fmt: skip
         return Episode(
             prompt_ids=self.prompt_ids,
             response_ids=self.ids,
@@ -106,7 +118,10 @@ def run_episodes(
     processes (tasks then name their environment); else in this one."""
     envs = _envs(tasks, hosts)
     resets = envs.reset([t.row for t in tasks])
-    open_ = [_Open(t, chat.prompt_ids(*started(t, out))) for t, out in zip(tasks, resets, strict=True)]
+    open_ = [
+        _Open(t, chat.prompt_ids(*started(t, out)), k, f"row{t.row_id}.{k}")
+        for k, (t, out) in enumerate(zip(tasks, resets, strict=True))
+    ]
     for turn in range(max_turns):
         active = [(k, s) for k, s in enumerate(open_) if s.finish is None]
         if not active:
@@ -151,9 +166,7 @@ def _request(s: _Open, params: SamplingParams, max_tokens: int, turn: int, i: in
     left = max(1, max_tokens - len(s.ids))
     seed = None if params.seed is None else params.seed + 1000 * turn + i
     turn_params = replace(params, n=1, max_new_tokens=min(params.max_new_tokens, left), seed=seed)
-    return GenerationRequest(
-        s.prompt_ids + s.ids, turn_params, request_id=i, session_id=f"row{s.task.row_id}"
-    )
+    return GenerationRequest(s.prompt_ids + s.ids, turn_params, request_id=s.index, session_id=s.session)
 
 
 def _answer(s: _Open, result: StepResult | str, chat: ChatTokens, max_tokens: int) -> None:

@@ -231,3 +231,19 @@ def shard(items: Sequence[Any], num: int) -> list[list[Any]]:
     when `num` divides the length)."""
     per = -(-len(items) // num)
     return [list(items[i * per : (i + 1) * per]) for i in range(num)]
+
+
+def shard_requests(
+    requests: Sequence[GenerationRequest], num: int
+) -> tuple[list[list[GenerationRequest]], list[int]]:
+    """Requests -> (`num` shards, each request's index in the shards' concatenation). A request goes to
+    shard `request_id % num`: a multi-turn episode (whose request_id is the same every turn) stays on the
+    replica that caches its history. `[flat[k] for k in positions]` puts the shards' results back in order."""
+    shards: list[list[GenerationRequest]] = [[] for _ in range(num)]
+    slots = []
+    for r in requests:
+        w = r.request_id % num
+        slots.append((w, len(shards[w])))
+        shards[w].append(r)
+    starts = [sum(len(x) for x in shards[:w]) for w in range(num)]
+    return shards, [starts[w] + j for w, j in slots]

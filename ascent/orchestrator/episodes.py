@@ -73,12 +73,14 @@ def collect_env_groups(ctx: Any, items: Sequence[Any], params: SamplingParams, *
     tasks = [Task(env_name(it.metadata, r.env), it.metadata, it.row_id) for it in items for _ in range(n)]
 
     def generate(requests: list[GenerationRequest]) -> list[list[Generation]]:
-        shards = B.shard(requests, ctx.rollout.num_workers)
-        return [
+        # by request_id, the episode's index: each episode keeps its replica (and its cached history)
+        shards, positions = B.shard_requests(requests, ctx.rollout.num_workers)
+        flat = [
             g
             for rollout in ctx.rollout.call_split(RolloutWorker.generate, shards)
             for g in rollout.generations
         ]
+        return [flat[k] for k in positions]
 
     with env_hosts(r) as hosts:
         episodes = run_episodes(tasks, generate, ChatTokens(ctx.data.tokenizer), replace(params, seed=seed),
@@ -104,4 +106,7 @@ def env_metrics(groups: Sequence[Group], max_failure_rate: float) -> dict[str, f
         "reward/std": (sum((x - mean) ** 2 for x in rewards) / len(rewards)) ** 0.5,
         "env/turns_mean": sum(e.metadata.get("turns", 0) for e in episodes) / len(episodes),
         "env/errors": float(len(errors)),
+        # prompt tokens the episodes' turns sent, and those the engine reused from its session cache
+        "rollout/prompt_tokens": float(sum(e.metadata.get("prompt_tokens", 0) for e in episodes)),
+        "rollout/prefix_reused_tokens": float(sum(e.metadata.get("cached_tokens", 0) for e in episodes)),
     }

@@ -1,7 +1,7 @@
 """Reading a run's metrics.jsonl while the run appends to it, for the studio's live plots.
 
 `MetricsCache` keeps the records of every file it has read and, on the next call, parses only the bytes
-appended since (the file is flushed line by line by `ascent.tracking.metrics.MetricsLogger`; a line without
+appended since (the file is flushed line by line by `ascent.tracking.metrics.JsonlSink`; a line without
 its newline yet is left for the next call). A file replaced meanwhile (a resumed run purges the steps after
 its checkpoint by rewriting the file) is read again from the start, and its `generation` changes so a
 client knows to drop what it plotted. `group_of` sorts metric names into the plot groups the UI shows.

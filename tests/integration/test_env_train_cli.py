@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.integration.conftest import ascent, run_config, write_yaml
 
 
@@ -15,7 +17,9 @@ def rows(path: Path, targets: list[int]) -> Path:
     return path
 
 
-def test_train_on_a_multi_turn_environment(tmp_path: Path, tiny_model: Path) -> None:
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_train_on_a_multi_turn_environment(tmp_path: Path, tiny_model: Path, engine: str) -> None:
+    """On the fast engine each later turn reuses the episode's cached history (rollout/prefix_reused_tokens)."""
     data = tmp_path / "data"
     data.mkdir()
     rows(data / "train.jsonl", [3, 7, 1, 9, 5, 0])
@@ -27,6 +31,7 @@ def test_train_on_a_multi_turn_environment(tmp_path: Path, tiny_model: Path) -> 
         "max_turns": 3,
         "max_episode_tokens": 48,
         "stop_token_ids": stop_tokens,
+        "engine": engine,
     }
     cfg["data"]["max_prompt_tokens"] = 40
     cfg["train"]["max_tokens_per_micro_batch"] = 88  # prompt 40 + episode 48
@@ -37,6 +42,9 @@ def test_train_on_a_multi_turn_environment(tmp_path: Path, tiny_model: Path) -> 
     assert max(m["env/turns_mean"] for m in trained) > 1.0  # episodes went past their first turn
     assert all(m["env/errors"] == 0.0 and "val/accuracy" in m for m in trained)
     assert all(m["train/optimizer_steps"] >= 1 and m["rollout/response_len_max"] <= 48 for m in trained)
+    reused = [m["rollout/prefix_reused_tokens"] for m in trained]
+    assert all(0 <= r < m["rollout/prompt_tokens"] for r, m in zip(reused, trained, strict=True))
+    assert (sum(reused) > 0) == (engine == "fast")
     episodes = [json.loads(line) for line in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
     assert len(episodes) == 2 * 2 * 4 and {e["finish"] for e in episodes} <= {"stop", "length"}
 

@@ -7,6 +7,11 @@ The loop of `generate`:
 3. process the previous step's tokens on the host (one step behind, so host work overlaps the GPU):
    append, check stop tokens / stop strings / budgets, free finished rows for waiting requests.
 Rows are compacted when the batch shrinks to a smaller graph bucket.
+
+Multi-turn: a request with a `session_id` leaves its K/V pages in the session store when it finishes; the
+next request of that session (previous prompt + response + new tokens) prefills only what follows the
+longest cached prefix (`Generation.cached_tokens`, `stats["reused_tokens"]`). Cached K/V belongs to the
+weights that computed it: `update_weights`, `sleep` and an in-place step of shared weights drop every session.
 """
 
 from __future__ import annotations
@@ -67,8 +72,10 @@ class FastEngine:
         self._live: _Live | None = None  # the requests of a `generate_live` call in progress
         self._host = self._host_buffers()
         self._ring = 0
+        self._stamp = weights.stamp() if weights.shared else ()
         self.stats = {"steps": 0, "prefills": 0, "compactions": 0, "launch_s": 0.0, "process_s": 0.0}
-        self.stats["prefill_tokens"] = 0
+        self.stats["prefill_tokens"] = 0  # prompt tokens computed by prefill (each group's prompt once)
+        self.stats["reused_tokens"] = 0  # prompt tokens whose K/V a cached session prefix supplied
 
     # ---- RolloutEngine protocol -------------------------------------------------------------------------
 
@@ -76,6 +83,7 @@ class FastEngine:
     def generate(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
         """For each request, `params.n` generations in order (see ascent.rollout.base)."""
         self.wake()
+        self._drop_stale_sessions()
         out: list[list[Generation | None]] = [[None] * r.params.n for r in requests]
         seqs = self._expand(requests, out)
         flags = Flags.of([r.params for r in requests])
@@ -186,6 +194,16 @@ class FastEngine:
         "kv_cache": K and V (0 asleep)}. CUDA graph pools and activations are not counted."""
         return {"weights": self.weights.nbytes, "kv_cache": self.cache.nbytes}
 
+    def _drop_stale_sessions(self) -> None:
+        """Cached sessions hold K/V computed with the weights of their turn: drop them when shared weights
+        were stepped in place since (owned weights change only through `update_weights`, which drops them)."""
+        if not self.weights.shared:
+            return
+        stamp = self.weights.stamp()
+        if stamp != self._stamp:
+            self.sessions.clear()
+            self._stamp = stamp
+
     def _check_weights(self) -> None:
         """Raise unless every weight released by `sleep(release_weights=True)` has been written since."""
         missing = self.weights.missing()
@@ -295,6 +313,7 @@ class FastEngine:
         self.cache.copy_pages(*_unzip(c for a in adms for c in self.sched.fork(a)))
         self.stats["prefills"] += 1
         self.stats["prefill_tokens"] += sum(len(a.prompt) - a.reuse for a in adms)
+        self.stats["reused_tokens"] += sum(a.reuse for a in adms)
         seqs = [s for a in adms for s in a.seqs]
         first = self._sample_first(hidden, adms, seqs, flags)
         live = []

@@ -6,13 +6,16 @@ Pure Python (no torch), so the CPU tests check it exhaustively.
   *reserves* the pages its worst case needs (prompt plus max_new_tokens), then takes them one by one as it
   grows; so a running sequence never fails to get a page and no preemption is needed. Pages are
   ref-counted because the n samples of a prompt share the prompt's full pages.
-- `SessionStore`: KV pages of finished multi-turn sequences, kept (least recently used first out) so that
-  the next turn of the conversation re-prefills only its new tokens.
+- `SessionStore`: KV pages of finished multi-turn sequences, kept so that the next turn of the conversation
+  prefills only its new tokens. Its memory is the cache's free pages: when a request needs pages, sessions
+  are evicted least recently used first, those that queued requests continue last (an episode that ended is
+  never asked for again, so its pages go first). A weight update or sleep drops them all.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Container
 from dataclasses import dataclass
 
 
@@ -129,11 +132,13 @@ class SessionStore:
                 self.alloc.release_all(c.pages)
         return (best, best_len) if best is not None else None
 
-    def evict_one(self) -> bool:
-        """Free the least recently used session's pages; False when the store is empty."""
+    def evict_one(self, spare: Container[str] = ()) -> bool:
+        """Free the least recently used session's pages, sessions in `spare` (wanted by queued requests)
+        last; False when the store is empty."""
         if not self.entries:
             return False
-        _, cands = self.entries.popitem(last=False)
+        victim = next((sid for sid in self.entries if sid not in spare), next(iter(self.entries)))
+        cands = self.entries.pop(victim)
         for c in cands:
             self.alloc.release_all(c.pages)
         return True

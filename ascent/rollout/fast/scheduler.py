@@ -55,9 +55,13 @@ class Scheduler:
         return full - cdiv(p, self.ps), full - p // self.ps
 
     def _reserve(self, need: int) -> bool:
-        """Reserve `need` pages, evicting cached sessions (LRU) until they fit; False if they never do."""
+        """Reserve `need` pages, evicting cached sessions (LRU, those queued requests continue last) until
+        they fit; False if they never do."""
+        if self.alloc.reserve(need):
+            return True
+        wanted = {g[0].session_id for g in self.waiting if g[0].session_id is not None}
         while not self.alloc.reserve(need):
-            if not self.sessions.evict_one():
+            if not self.sessions.evict_one(spare=wanted):
                 return False
         return True
 
@@ -101,7 +105,7 @@ class Scheduler:
         pages = kept + [self.alloc.take() for _ in range(prompt_new)]
         assert len(pages) == cdiv(p, self.ps) and kept_full <= len(kept)
         for i, s in enumerate(group):
-            s.reserved = g0 if i == 0 else g_other
+            s.reserved, s.cached = (g0 if i == 0 else g_other), m
         return Admission(seqs=group, pages=pages, reuse=m, copies=copies)
 
     def admit(self, free_rows: int, token_budget: int) -> list[Admission]:

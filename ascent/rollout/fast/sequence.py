@@ -33,6 +33,7 @@ class Sequence:
     row: int = -1
     idle: bool = False  # its decode row was made idle (token budget launched, last tokens in flight)
     stop_checked: int = 0
+    cached: int = 0  # prompt tokens whose K/V came from a cached session (not prefilled)
 
     @property
     def exhausted(self) -> bool:
@@ -40,7 +41,9 @@ class Sequence:
         return self.launched >= self.max_new
 
     def generation(self) -> Generation:
-        return Generation(list(self.tokens), list(self.logprobs), self.finish or "abort")
+        return Generation(
+            list(self.tokens), list(self.logprobs), self.finish or "abort", cached_tokens=self.cached
+        )
 
 
 def stop_string_cut(

@@ -144,6 +144,11 @@ class ModelWeights:
             return 0
         return sum(s.nbytes() for s in _distinct_storages(self._tensors()))
 
+    def stamp(self) -> tuple[int, ...]:
+        """Changes whenever a weight is written in place (autograd's version counters): how the engine tells
+        that a trainer stepped shared weights (writes through `.data` are not counted)."""
+        return tuple(t._version for t in self._tensors())
+
     def _tensors(self) -> list[Tensor]:
         """Every weight tensor: the update targets and the tied head's copy."""
         return [*self.targets.values(), self.lm_head]

@@ -136,3 +136,15 @@ def test_an_agent_run_refuses_what_agents_do_not_support_yet() -> None:
     assert only.startswith(
         "algorithm.advantage='remax': its greedy baseline is single-turn; with rollout.agent"
     )
+
+
+def test_episodes_run_on_either_engine_and_name_what_they_still_refuse() -> None:
+    for engine in ("reference", "fast"):
+        cfg = load_config(
+            None, ["rollout.env=guess_number", f"rollout.engine={engine}", "rollout.max_staleness=1"]
+        )
+        assert (cfg.rollout.env, cfg.rollout.engine, cfg.rollout.max_staleness) == ("guess_number", engine, 1)
+    (msg,) = problems(["rollout.env=guess_number", "rollout.engine=fast", "algorithm.overlong_buffer=4"])
+    assert msg.startswith(
+        "algorithm.overlong_buffer=4: the overlong penalty is single-turn; set it to 0 with rollout.env"
+    )

@@ -40,7 +40,7 @@ class ScriptedEngine:
         self.seen.append(requests)
         out = []
         for r in requests:
-            row = int(str(r.session_id).removeprefix("row"))
+            row = int(str(r.session_id).removeprefix("row").split(".")[0])
             text = self.scripts[row][self.turn[row]]
             self.turn[row] += 1
             ids = self.chat._encode(text) + [self.chat.tok.eos_token_id]
@@ -77,6 +77,17 @@ def test_an_episode_is_the_generated_tokens_plus_the_observation_ids(chat: ChatT
     assert ep0.token_versions == [5] * len(ep0.response_ids) and ep0.policy_version == 5
     assert "higher" in chat.decode(higher)
     assert higher[-3:] == ep0.prompt_ids[-3:]  # an observation ends with the next generation prompt
+
+
+def test_each_episode_keeps_its_session_and_request_id_over_turns(chat: ChatTokens) -> None:
+    engine = ScriptedEngine(chat, {0: ["5"], 1: ["3", "9", "7"], 2: ["1", "8"]})
+    run_episodes(tasks(5, 7, 8), engine, chat, PARAMS, max_turns=5, max_tokens=200)
+    ids = [[(r.request_id, r.session_id) for r in call] for call in engine.seen]
+    assert ids[0] == [(0, "row0.0"), (1, "row1.1"), (2, "row2.2")]
+    assert ids[1:] == [
+        [(1, "row1.1"), (2, "row2.2")],
+        [(1, "row1.1")],
+    ]  # episode 0 ended: the others keep theirs
 
 
 def test_max_turns_and_the_token_budget_end_an_episode(chat: ChatTokens) -> None:

@@ -117,3 +117,18 @@ def test_to_groups_makes_one_group_per_prompt_in_engine_order() -> None:
     assert a.policy_version == 2 and b.policy_version == 1 and b.token_versions == [1, 2]
     assert groups[1].episodes[0].policy_version == 3  # no versions from the engine: the argument
     assert b.finish_reason == "length" and b.response_text == "[5, 6]"
+
+
+def test_shard_requests_keeps_each_request_id_on_one_replica_and_restores_order() -> None:
+    from ascent.messages import GenerationRequest, SamplingParams
+
+    def requests(ids: list[int]) -> list[GenerationRequest]:
+        return [GenerationRequest([i + 1], SamplingParams(), request_id=i) for i in ids]
+
+    turn1, turn2 = requests(list(range(7))), requests([1, 2, 4, 5])  # episodes 0, 3, 6 ended
+    for reqs in (turn1, turn2):
+        shards, positions = B.shard_requests(reqs, 3)
+        assert all(r.request_id % 3 == w for w, shard in enumerate(shards) for r in shard)
+        flat = [r for shard in shards for r in shard]
+        assert [flat[k] for k in positions] == reqs
+    assert B.shard_requests(turn2, 3)[0][0] == []  # nothing left for replica 0: an empty shard

@@ -123,6 +123,29 @@ def test_shared_weights_follow_the_module(fast_tiny_path):
     assert _tokens(fast.generate(reqs)) == _tokens(ref.generate(reqs))
 
 
+def test_stepping_shared_weights_drops_cached_sessions(fast_tiny_path):
+    """K/V cached with the weights before an in-place step is never reused after it."""
+    ref = ReferenceEngine.from_pretrained(fast_tiny_path, "fp32", "cpu")
+    fast = build_fast_engine(
+        model=ref.model, dtype="fp32", device="cpu", eos_token_ids=[1], max_model_len=128, page_size=16
+    )
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    first = GenerationRequest(list(range(4, 30)), params, session_id="a")
+    out = fast.generate([first])[0][0]
+    turn2 = GenerationRequest(first.prompt_ids + out.token_ids + [7, 8], params, session_id="a")
+    assert fast.generate([turn2])[0][0].cached_tokens == turn2_reuse(first, out)
+    with torch.no_grad():
+        ref.model.get_output_embeddings().weight.mul_(10.0)
+        ref.model.model.layers[0].mlp.down_proj.weight.mul_(3.0)
+    again = fast.generate([turn2])[0][0]
+    assert again.cached_tokens == 0 and fast.stats["reused_tokens"] == turn2_reuse(first, out)
+    assert _tokens([[again]]) == _tokens(ref.generate([turn2]))
+
+
+def turn2_reuse(first, out):
+    return len(first.prompt_ids) + len(out.token_ids) - 1
+
+
 def test_budget_edges(engines):
     ref, fast = engines(max_batch_size=4, max_model_len=40)
     long = GenerationRequest(list(range(4, 40)), SamplingParams(temperature=0.0, max_new_tokens=10))

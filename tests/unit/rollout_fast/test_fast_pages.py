@@ -88,6 +88,34 @@ def test_scheduler_blocks_when_pages_run_out_and_evicts_sessions():
     assert len(sched.admit(free_rows=8, token_budget=10_000)) == 1 and len(sched.sessions) == 0
 
 
+def _cache_session(sched, session, prompt, new_tokens):
+    """Run one request of `session` to its end and keep its cache -> its sequence."""
+    sched.add(_group(prompt, 1, new_tokens + 1, session=session))
+    (adm,) = sched.admit(free_rows=8, token_budget=10_000)
+    (s,) = adm.seqs
+    sched.fork(adm)
+    _grow(sched, s, new_tokens)
+    s.tokens, s.finish = list(range(100, 100 + new_tokens + 1)), "length"
+    sched.finish(s)
+    return s
+
+
+def test_eviction_spares_sessions_that_queued_requests_continue():
+    """An ended episode's session goes before an older one whose next turn waits in the queue."""
+    a = PageAllocator(9)  # 8 usable pages of 4 tokens
+    sched = Scheduler(a, SessionStore(a), 4)
+    waited = _cache_session(sched, "waited", list(range(8)), 4)  # 12 tokens in 3 pages (least recent)
+    _cache_session(sched, "ended", list(range(20, 28)), 4)  # 3 pages
+    assert list(sched.sessions.entries) == ["waited", "ended"] and a.available == 2
+    sched.add(_group(range(40, 49), 1, 1))  # a new conversation: 3 pages, one more than are free
+    turn2 = waited.prompt + waited.tokens[:4] + [7, 7]
+    sched.add(_group(turn2, 1, 2, session="waited"))  # the next turn of "waited", queued behind it
+    (adm,) = sched.admit(free_rows=1, token_budget=10_000)
+    assert list(sched.sessions.entries) == ["waited"]  # "ended" made room although it is more recent
+    (adm2,) = sched.admit(free_rows=1, token_budget=10_000)
+    assert adm2.reuse == 12 and adm2.seqs[0].cached == 12
+
+
 def test_scheduler_reuses_session_prefix_with_copy_on_write():
     a = PageAllocator(50)
     sched = Scheduler(a, SessionStore(a), 4)
