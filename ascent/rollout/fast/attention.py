@@ -53,12 +53,12 @@ def prefill_attention(
     k_cache, v_cache, block_tables, prefix, lk = cached
     keys = _gather_kv(k_cache, block_tables, lk)
     vals = _gather_kv(v_cache, block_tables, lk)
-    rep = nh // keys.shape[1]
-    keys, vals = keys.repeat_interleave(rep, dim=1), vals.repeat_interleave(rep, dim=1)
     qpos = prefix[:, None] + torch.arange(lq, device=q.device)[None, :]  # [B, Lq]
     kpos = torch.arange(lk, device=q.device)
     mask = kpos[None, None, :] <= qpos[:, :, None]  # [B, Lq, Lk]
-    out = F.scaled_dot_product_attention(qt, keys, vals, attn_mask=mask[:, None], scale=scale)
+    out = F.scaled_dot_product_attention(
+        qt, keys, vals, attn_mask=mask[:, None], scale=scale, enable_gqa=True
+    )
     return out.transpose(1, 2).reshape(b, lq, nh * d)
 
 
