@@ -1,5 +1,4 @@
-"""The `ascent` command: train, sft, eval, episodes, serve, studio, doctor, debug env, config show, bench,
-version.
+"""The `ascent` command: train, sft, eval, episodes, serve, studio, doctor, debug env, config, bench, version.
 
 Every command loads and validates its configuration first (fast, no torch) and imports the heavy
 orchestrator lazily, so a bad config fails in a fraction of a second. Errors the user can fix
@@ -394,25 +393,24 @@ def version() -> None:
 _FORWARD = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-@bench_app.command("rollout", context_settings=_FORWARD, add_help_option=False)
-def bench_rollout(ctx: typer.Context) -> None:
-    """Rollout throughput benchmark: forwards all arguments to bench/rollout.py."""
-    with ErrorGuard():
-        run_bench("rollout", ctx.args)
+BENCHES = {  # `ascent bench NAME ARGS...` runs bench/NAME.py's main(ARGS)
+    "rollout": "Rollout throughput benchmark",
+    "e2e": "End-to-end training benchmark",
+    "multiturn": "Multi-turn prefix-reuse benchmark of the fast engine",
+}
 
 
-@bench_app.command("e2e", context_settings=_FORWARD, add_help_option=False)
-def bench_e2e(ctx: typer.Context) -> None:
-    """End-to-end training benchmark: forwards all arguments to bench/e2e.py."""
-    with ErrorGuard():
-        run_bench("e2e", ctx.args)
+def _bench_command(name: str, what: str) -> None:
+    def command(ctx: typer.Context) -> None:
+        with ErrorGuard():
+            run_bench(name, ctx.args)
+
+    command.__doc__ = f"{what}: forwards all arguments to bench/{name}.py."
+    bench_app.command(name, context_settings=_FORWARD, add_help_option=False)(command)
 
 
-@bench_app.command("multiturn", context_settings=_FORWARD, add_help_option=False)
-def bench_multiturn(ctx: typer.Context) -> None:
-    """Multi-turn prefix-reuse benchmark of the fast engine: forwards all arguments to bench/multiturn.py."""
-    with ErrorGuard():
-        run_bench("multiturn", ctx.args)
+for _bench in BENCHES.items():
+    _bench_command(*_bench)
 
 
 # ---------------------------------------------------------------- helpers
