@@ -31,7 +31,7 @@ from functools import partial
 from typing import Any
 
 from ascent.cluster.isolated import InlineRunner, IsolatedRunner, default_workers
-from ascent.envs.openai_agents import AgentJob, AgentResult, AgentSpec, load_agent, play
+from ascent.envs.openai_agents import AgentJob, AgentResult, AgentSpec, play
 from ascent.errors import AscentError
 from ascent.messages import Episode, Generation, GenerationRequest, Group, SamplingParams
 from ascent.orchestrator import batch as B
@@ -79,7 +79,6 @@ class AgentService:
 
     def __init__(self, cfg: Any, rollout: Any, tokenizer: Any) -> None:
         r = cfg.rollout
-        load_agent(r.agent)  # a bad import path fails here, in the controller, with its fix
         self.engine = ReplicaEngine(rollout, B.sampling_params(r))
         limits = Limits(cfg.data.max_prompt_tokens + r.max_episode_tokens, len(tokenizer), r.max_new_tokens)
         key = secrets.token_urlsafe(16)

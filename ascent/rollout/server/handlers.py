@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from ascent.messages import Generation, GenerationRequest
+from ascent.messages import GenerationRequest
 from ascent.rollout.server.batcher import BatchResult
 from ascent.rollout.server.chat import cut_at_stop, split_tool_calls
 from ascent.rollout.server.errors import APIError
@@ -69,13 +69,24 @@ def _uses_tools(body: ChatCompletionRequest) -> bool:
     return bool(body.tools) and body.tool_choice != "none"
 
 
-def _chat_reply(
-    server: OpenAIServer, body: ChatCompletionRequest, gen: Generation
-) -> tuple[str | None, list[dict[str, Any]], str]:
-    """-> (content, tool_calls, finish_reason) of one sample."""
-    text, _ = cut_at_stop(server.decode(gen.token_ids), body.stop_strings())
-    content, calls = split_tool_calls(text) if _uses_tools(body) else (text, [])
-    return content, calls, "tool_calls" if calls else gen.finish_reason
+@dataclass(frozen=True)
+class _Reply:
+    """One sample as the client sees it; `cut`: a stop string ended it (its text stops before the ids do)."""
+
+    content: str | None
+    calls: list[dict[str, Any]]
+    finish: str
+    cut: bool
+
+
+def _chat_replies(server: OpenAIServer, body: ChatCompletionRequest, result: BatchResult) -> list[_Reply]:
+    """Each sample's text cut at the stop strings and, with tools, split into content and tool calls."""
+    out = []
+    for gen in result.generations:
+        text, cut = cut_at_stop(server.decode(gen.token_ids), body.stop_strings())
+        content, calls = split_tool_calls(text) if _uses_tools(body) else (text, [])
+        out.append(_Reply(content, calls, "tool_calls" if calls else gen.finish_reason, cut))
+    return out
 
 
 @dataclass(frozen=True)
@@ -88,18 +99,16 @@ class _Chat:
     prompt_ids: list[int]
 
 
-def _remember(server: OpenAIServer, body: ChatCompletionRequest, call: _Chat, result: BatchResult) -> None:
+def _remember(server: OpenAIServer, call: _Chat, result: BatchResult, replies: list[_Reply]) -> None:
     """Keep each reply that ended on the end-of-turn token, so the call that echoes it continues its ids
     (`threads.py`); a reply cut by length or by a stop string is not a finished turn."""
     eos = server.tokenizer.eos_token_id
-    for gen in result.generations:
-        text, cut = cut_at_stop(server.decode(gen.token_ids), body.stop_strings())
-        if gen.finish_reason != "stop" or cut or not gen.token_ids or gen.token_ids[-1] != eos:
+    for gen, r in zip(result.generations, replies, strict=True):
+        if gen.finish_reason != "stop" or r.cut or not gen.token_ids or gen.token_ids[-1] != eos:
             continue
-        content, calls = split_tool_calls(text) if _uses_tools(body) else (text, [])
-        reply = {"role": "assistant", "content": content or "", "tool_calls": [
+        reply = {"role": "assistant", "content": r.content or "", "tool_calls": [
             {"function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}}
-            for c in calls
+            for c in r.calls
         ]}  # fmt: skip
         server.threads.remember(
             call.session, call.messages, call.tools, reply, [*call.prompt_ids, *gen.token_ids]
@@ -122,18 +131,18 @@ async def chat_completions(server: OpenAIServer, body: ChatCompletionRequest, se
         feed.attach(await server.submit(request, session, "chat", meta.completion_id, feed.callback()))
         return _streaming(_chat_chunks(server, body, meta, feed, call))
     result = await server.generate(request, session, "chat", meta.completion_id)
-    _remember(server, body, call, result)
-    return _chat_body(server, body, meta, prompt_ids, result)
+    replies = _chat_replies(server, body, result)
+    _remember(server, call, result, replies)
+    return _chat_body(server, body, meta, prompt_ids, result, replies)
 
 
 def _chat_body(server: OpenAIServer, body: ChatCompletionRequest, meta: Meta, prompt_ids: list[int],
-               result: BatchResult) -> dict[str, Any]:  # fmt: skip
+               result: BatchResult, replies: list[_Reply]) -> dict[str, Any]:  # fmt: skip
     choices = []
-    for i, gen in enumerate(result.generations):
-        content, calls, finish = _chat_reply(server, body, gen)
+    for i, (gen, r) in enumerate(zip(result.generations, replies, strict=True)):
         lp = chat_logprobs(gen.token_ids, gen.logprobs, server.piece) if body.logprobs else None
         ids = list(gen.token_ids) if body.return_token_ids else None
-        choices.append(chat_choice(i, content, calls, finish, lp, ids))
+        choices.append(chat_choice(i, r.content, r.calls, r.finish, lp, ids))
     out = {**meta.head("chat.completion"), "choices": choices, "system_fingerprint": None,
            "usage": usage([len(prompt_ids)], result.generations)}  # fmt: skip
     if body.return_token_ids:
@@ -157,15 +166,15 @@ async def _chat_chunks(server: OpenAIServer, body: ChatCompletionRequest, meta: 
     except APIError as err:
         yield err.body()
         return
-    _remember(server, body, call, result)
-    for i, gen in enumerate(result.generations):
-        content, calls, finish = _chat_reply(server, body, gen)
-        tail = content if tools else texts[i].finish()
+    replies = _chat_replies(server, body, result)
+    _remember(server, call, result, replies)
+    for i, r in enumerate(replies):
+        tail = r.content if tools else texts[i].finish()
         if tail:
             yield chat_chunk(meta, i, {"content": tail})
-        if calls:
-            yield chat_chunk(meta, i, {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]})
-        yield chat_chunk(meta, i, {}, finish_reason=finish)
+        if r.calls:
+            yield chat_chunk(meta, i, {"tool_calls": [{"index": k, **c} for k, c in enumerate(r.calls)]})
+        yield chat_chunk(meta, i, {}, finish_reason=r.finish)
     if _wants_usage(body):
         yield usage_chunk(meta, "chat.completion.chunk", usage([len(call.prompt_ids)], result.generations))
 
