@@ -64,6 +64,27 @@ def split(rng: random.Random, rows: list[dict[str, Any]], n_rows: int) -> tuple[
     return rows[:n_rows], rows[n_rows:]
 
 
+def write_split(
+    out: Path,
+    rng: random.Random,
+    rows: list[dict[str, Any]],
+    n_rows: int,
+    wanted: int,
+    shape: Shape,
+    world: tuple[str, str] = ("source", "sources"),
+) -> Path:
+    """Shuffle `rows` into `out/rows.jsonl` (the first `n_rows`) and `out/val.jsonl` (the rest); an error when
+    one `world` (a shop, a corpus) could not give the `wanted` different questions. Returns the train file."""
+    if len(rows) < wanted:
+        raise ValueError(
+            f"n_rows + n_val = {wanted}: one {world[0]} has only {len(rows)} different questions; ask for "
+            f"fewer, or generate more {world[1]} (other seeds, other folders) and concatenate their rows."
+        )
+    train, val = split(rng, rows, n_rows)
+    write_rows(out / "val.jsonl", val, shape)
+    return write_rows(out / "rows.jsonl", train, shape)
+
+
 def to_skyrl(row: dict[str, Any]) -> dict[str, Any]:
     """An ascent row in SkyRL-gym's shape: messages, `env_class`, `reward_spec`, the rest in `extra_info`."""
     rest = {k: v for k, v in row.items() if k not in ("prompt", "answer", "env")}

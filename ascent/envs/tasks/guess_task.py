@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ascent.envs.base import GuessNumber
-from ascent.envs.tasks.common import Shape, main, n_val_rows, split, write_rows
+from ascent.envs.tasks.common import Shape, main, n_val_rows, write_split
 
 SPANS = (10, 20, 50, 100)  # how many numbers a range holds
 
@@ -35,9 +35,8 @@ def make_guess_task(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    train, val = split(rng, [_row(rng) for _ in range(n_rows + n_val_rows(n_rows, n_val))], n_rows)
-    write_rows(out / "val.jsonl", val, shape)
-    return write_rows(out / "rows.jsonl", train, shape)
+    rows = [_row(rng) for _ in range(n_rows + n_val_rows(n_rows, n_val))]
+    return write_split(out, rng, rows, n_rows, len(rows), shape)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,7 @@ from ascent.envs.tasks.common import (
     main,
     n_val_rows,
     person_names,
-    split,
-    write_rows,
+    write_split,
 )
 from ascent.envs.tools import SearchIndex, ToolResult, function_tool
 
@@ -150,14 +149,7 @@ def make_search_task(
         _question(world, e, q, index)
         for (e, q), _ in zip(interleave(rng, pools), range(wanted), strict=False)
     ]
-    if len(rows) < wanted:
-        raise ValueError(
-            f"n_rows + n_val = {wanted}: one corpus has only {len(rows)} different questions; ask for fewer, "
-            "or generate more corpora (other seeds, other folders) and concatenate their rows."
-        )
-    train, val = split(rng, rows, n_rows)
-    write_rows(out / "val.jsonl", val, shape)
-    return write_rows(out / "rows.jsonl", train, shape)
+    return write_split(out, rng, rows, n_rows, wanted, shape, ("corpus", "corpora"))
 
 
 SYSTEM = (

@@ -25,7 +25,7 @@ from typing import Any
 from ascent.envs.agent import ToolEnv, answer_matches
 from ascent.envs.base import Message
 from ascent.envs.rows import row_field
-from ascent.envs.tasks.common import Shape, interleave, main, n_val_rows, person_names, split, write_rows
+from ascent.envs.tasks.common import Shape, interleave, main, n_val_rows, person_names, write_split
 from ascent.envs.tools import ToolResult, function_tool, run_sql
 
 CITIES = ("Lisbon", "Oslo", "Porto", "Riga", "Turin", "Ghent", "Bergen", "Lyon")
@@ -188,14 +188,7 @@ def make_sql_task(
             if len(rows) == wanted:
                 break
     conn.close()
-    if len(rows) < wanted:
-        raise ValueError(
-            f"n_rows + n_val = {wanted}: one shop has only {len(rows)} different questions; ask for fewer, or "
-            "generate more shops (other seeds, other folders) and concatenate their rows."
-        )
-    train, val = split(rng, rows, n_rows)
-    write_rows(out / "val.jsonl", val, shape)
-    return write_rows(out / "rows.jsonl", train, shape)
+    return write_split(out, rng, rows, n_rows, wanted, shape, ("shop", "shops"))
 
 
 SYSTEM = (
