@@ -9,7 +9,7 @@ it every turn, against the same work as independent single-turn prompts.
 B episodes run together, `--turns` turns each, one engine call per turn (as `ascent.envs.run_episodes`
 drives it): turn 1 is a prompt of `--prompt-len` random tokens; each later turn sends the whole episode so
 far plus an observation of `--obs-len` random tokens. Every turn generates exactly `--response-len` tokens
-(no end-of-sequence token: the budget ends it). Three modes, each warmed up, then timed:
+(no end-of-sequence token: the budget ends it). Four modes, each warmed up, then timed:
 - `reuse`: every episode has its own session id, so the engine prefills only what follows its cache (the
   observation and the previous turn's last token);
 - `no_reuse`: the same turns without a session id: the whole history is prefilled every turn;
@@ -124,10 +124,15 @@ def measure(engine: Any, args: argparse.Namespace, mode: str, seed: int) -> dict
     """One timed run of `mode` on an engine with no cached sessions -> its numbers."""
     engine.sessions.clear()
     before = dict(engine.stats)
-    if mode == "independent":
-        res = run_independent(engine, args, seed)
-    else:
-        res = run_turns(engine, args, reuse=mode == "reuse", seed=seed)
+    paged = engine.runner.paged_prefill
+    engine.runner.paged_prefill = paged and mode != "reuse_masked"
+    try:
+        if mode == "independent":
+            res = run_independent(engine, args, seed)
+        else:
+            res = run_turns(engine, args, reuse=mode.startswith("reuse"), seed=seed)
+    finally:
+        engine.runner.paged_prefill = paged
     wall = sum(res["turn_s"])
     return {
         "wall_s": wall,
@@ -141,7 +146,7 @@ def measure(engine: Any, args: argparse.Namespace, mode: str, seed: int) -> dict
     }
 
 
-MODES = ("reuse", "no_reuse", "independent")
+MODES = ("reuse", "no_reuse", "independent", "reuse_masked")
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -149,12 +154,13 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     for mode in MODES:  # warm-up: compilation, graph capture, allocator
         measure(engine, args, mode, seed=1)
     res: dict[str, Any] = {mode: measure(engine, args, mode, seed=2 + k) for k, mode in enumerate(MODES)}
-    r, n, i = (res[m] for m in MODES)
+    r, n, i, rm = (res[m] for m in MODES)
     res["ratios"] = {
         "no_reuse_over_reuse_wall": n["wall_s"] / r["wall_s"],
         "no_reuse_over_reuse_prefill": n["prefill_tokens"] / max(1, r["prefill_tokens"]),
         "reuse_over_independent_wall": r["wall_s"] / i["wall_s"],
         "reuse_over_independent_prefill": r["prefill_tokens"] / max(1, i["prefill_tokens"]),
+        "reuse_masked_over_reuse_wall": rm["wall_s"] / r["wall_s"],
     }
     res["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     res["device_name"] = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"

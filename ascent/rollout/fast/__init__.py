@@ -108,7 +108,8 @@ def build_fast_engine(
     The KV cache takes what `gpu_memory_fraction` of the GPU leaves after the weights and an activation
     reserve (or `kv_cache_tokens` tokens, the default on CPU being max_batch_size * max_model_len).
     `cuda_graphs`/`compile` default to on for CUDA; `attention` and `sampler` are "triton" (CUDA) or
-    "torch"; `attn_options` (splits, block_n, num_warps, num_stages) tune the Triton decode kernel.
+    "torch"; `attn_options` (splits, block_n, num_warps, num_stages) tune the Triton decode kernel, and its
+    "prefill" entry (block_m, block_n, num_warps, num_stages) the paged prefill kernel.
     `share_weights=False` copies a given module's weights (fused q/k/v and gate/up) even when they could
     be shared; `trust_remote_code` lets the config and tokenizer run code shipped in the checkpoint
     (model.trust_remote_code); `unused` swallows options meant for other engines.

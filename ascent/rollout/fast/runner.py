@@ -1,7 +1,7 @@
 """Forward passes of the fast engine: batched prompt prefill and one decode step, over the paged cache.
 
 `ModelRunner` strings the layer math (layers.py), the cache writes (kv_cache.py) and attention
-(attention.py / triton_decode.py) together. With `compile=True` the three per-token pieces (attention
+(attention.py / triton_decode.py / triton_prefill.py) together. With `compile=True` the three per-token pieces (attention
 input, attention output + MLP, head + sampling) go through `torch.compile`; the same compiled code serves
 every layer, since weights are arguments. The decode step makes no host sync, so graphs.py can capture it.
 """
@@ -54,6 +54,8 @@ class ModelRunner:
         self.ps, self.max_len = cache.page_size, max_model_len
         self.scale = spec.head_dim**-0.5
         self.attention, self.attn_options = attention, dict(attn_options or {})
+        self.prefill_options = self.attn_options.pop("prefill", {})
+        self.paged_prefill = attention == "triton"  # cached-prefix prefill through triton_prefill.py
         self.math, self.sampler = LayerMath(spec), sampler
         self.attn_in, self.attn_out, self.logits, self.sample = (
             self.math.attn_in,
@@ -114,10 +116,20 @@ class ModelRunner:
         nh, kvh, d = self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim
         lk = max(s + len(x) for s, x in zip(starts, suffixes, strict=True))
 
+        paged = self.paged_prefill and max(starts) > 0
+        if paged:
+            from ascent.rollout.fast.triton_prefill import paged_prefill_attention
+
+            starts32, lens32 = start_t.to(torch.int32), lens.to(device=dev, dtype=torch.int32)
+
         def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             cached = None
             if max(starts) > 0:
                 k_all, v_all = self.cache.tensors()
+                if paged:  # continues cached prefixes: the paged kernel reads the history in place
+                    out = paged_prefill_attention(q.view(b, lq, nh, d), k_all[i], v_all[i], bt, starts32,
+                                                  lens32, self.scale, **self.prefill_options)  # fmt: skip
+                    return out.reshape(b * lq, nh * d)
                 cached = (k_all[i], v_all[i], bt, start_t, lk)
             out = prefill_attention(q.view(b, lq, nh, d), k.view(b, lq, kvh, d), v.view(b, lq, kvh, d),
                                     self.scale, cached)  # fmt: skip
