@@ -7,35 +7,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
-from dataclasses import dataclass
 from typing import Any
 
 from ascent.config.schema import RunConfig
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
-
-
-@dataclass(frozen=True)
-class Demand:
-    """What the worker groups ask Ray for: GPUs and CPUs in all, the largest single request, one-node need."""
-
-    gpus: float
-    cpus: float
-    one_node: bool
-
-
-def demand(cfg: RunConfig) -> Demand:
-    """GPUs and CPUs of every worker (trainer, rollout, critic) as `build_worker_groups` places them."""
-    from ascent.orchestrator.setup import plan_placement, uses_critic
-
-    c = cfg.cluster
-    groups = 2 if uses_critic(cfg) else 1
-    plan = plan_placement(c.backend, c.placement, c.gpus_per_worker, c.cpus_per_worker,
-                          c.num_trainer_workers, groups)  # fmt: skip
-    if plan.shared_bundles:
-        return Demand(plan.shared_bundles * plan.bundle_gpus, plan.shared_bundles * plan.bundle_cpus, True)
-    workers = c.num_trainer_workers * groups + c.num_rollout_workers
-    gpus = c.num_trainer_workers * groups * plan.trainer_gpus + c.num_rollout_workers * plan.rollout_gpus
-    return Demand(gpus, workers * c.cpus_per_worker, False)
+from ascent.orchestrator.setup import Demand, demand, demand_shortfall
 
 
 def tcp_reachable(address: str, timeout_s: float = 5.0) -> str | None:
@@ -108,11 +84,9 @@ def check_resources(need: Demand, total: dict[str, Any], where: str) -> CheckRes
     name = "Ray resources"
     have_gpu, have_cpu = float(total.get("GPU", 0)), float(total.get("CPU", 0))
     text = f"the workers ask {need.gpus:g} GPUs and {need.cpus:g} CPUs; {where} has {have_gpu:g} and {have_cpu:g}"
-    if need.gpus > have_gpu:
-        return fail(name, text, "lower cluster.num_trainer_workers / num_rollout_workers or cluster.gpus_per_worker, "
-                    "or add GPU nodes.")  # fmt: skip
-    if need.cpus > have_cpu:
-        return fail(name, text, "lower cluster.cpus_per_worker or raise cluster.num_cpus (local cluster).")
+    short = demand_shortfall(need, total)
+    if short is not None:
+        return fail(name, text, short)
     if need.one_node and need.gpus > 0:
         return (
             warn(

@@ -180,6 +180,41 @@ def plan_placement(
     return Placement(share, share, num_trainers, gpus_per_worker, cpus_per_worker * (groups + 1))
 
 
+@dataclass(frozen=True)
+class Demand:
+    """What the worker groups ask Ray for: GPUs and CPUs in all, and whether it must fit on one node."""
+
+    gpus: float
+    cpus: float
+    one_node: bool
+
+
+def demand(cfg: RunConfig) -> Demand:
+    """GPUs and CPUs of every worker (trainer, rollout, critic) as `build_worker_groups` places them."""
+    c = cfg.cluster
+    groups = 2 if uses_critic(cfg) else 1
+    plan = plan_placement(c.backend, c.placement, c.gpus_per_worker, c.cpus_per_worker,
+                          c.num_trainer_workers, groups)  # fmt: skip
+    if plan.shared_bundles:
+        return Demand(plan.shared_bundles * plan.bundle_gpus, plan.shared_bundles * plan.bundle_cpus, True)
+    workers = c.num_trainer_workers * groups + c.num_rollout_workers
+    gpus = c.num_trainer_workers * groups * plan.trainer_gpus + c.num_rollout_workers * plan.rollout_gpus
+    return Demand(gpus, workers * c.cpus_per_worker, False)
+
+
+def demand_shortfall(need: Demand, total: dict[str, Any]) -> str | None:
+    """None when the cluster's `total` resources cover `need`, else what is short and the knobs to turn."""
+    have_gpu, have_cpu = float(total.get("GPU", 0)), float(total.get("CPU", 0))
+    if need.gpus > have_gpu:
+        return (f"the workers ask {need.gpus:g} GPUs in all and the Ray cluster has {have_gpu:g}: lower "
+                "cluster.num_trainer_workers / num_rollout_workers or cluster.gpus_per_worker, or add GPU nodes.")  # fmt: skip
+    if need.cpus > have_cpu:
+        return (f"the workers ask {need.cpus:g} CPUs in all (cluster.cpus_per_worker per worker) and the Ray "
+                f"cluster has {have_cpu:g}: lower cluster.cpus_per_worker or raise cluster.num_cpus (a local "
+                "cluster), or add nodes.")  # fmt: skip
+    return None
+
+
 def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     """The rollout, trainer and (for GAE) critic worker groups, inline or as Ray actors."""
     from ascent.cluster import make_worker_group
@@ -194,6 +229,7 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
         from ascent.cluster import init_ray  # imports Ray: only for the Ray backend (inline runs without it)
 
         init_ray(c.address, c.num_cpus, temp_dir=c.ray_temp_dir)
+        _check_fits(cfg)
         if plan.shared_bundles:
             from ascent.cluster import make_placement_group
 
@@ -242,6 +278,18 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
         groups.shutdown()
         raise
     return groups
+
+
+def _check_fits(cfg: RunConfig) -> None:
+    """Refuse a plan the Ray cluster can never hold: its groups would otherwise wait for resources forever
+    (each group alone may fit while all of them together do not)."""
+    import ray
+
+    from ascent.cluster.errors import ClusterConfigError
+
+    short = demand_shortfall(demand(cfg), dict(ray.cluster_resources()))
+    if short is not None:
+        raise ClusterConfigError(short)
 
 
 def weight_transport_kind(cfg: RunConfig) -> str:

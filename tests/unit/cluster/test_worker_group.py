@@ -255,3 +255,17 @@ def test_forward_hands_a_result_to_another_group_without_the_controller(request,
         sent = group.call(Counter.get)[0]
         assert other.call(Counter.add, pending.forward(0)) == [b + sent for b in before]
         assert pending.others(0) == group.call(Counter.get)[1:]
+
+
+def test_a_plan_whose_groups_only_fit_one_at_a_time_is_refused_before_any_actor(request):
+    """Trainer and rollout each fit the 2-CPU cluster alone but not together: without the up-front check
+    the second group waited for CPUs forever."""
+    request.getfixturevalue("ray_cluster")
+    from ascent.cluster.errors import ClusterConfigError
+    from ascent.config import load_config
+    from ascent.orchestrator.setup import build_worker_groups
+
+    cfg = load_config(None, ["model.path=unused", "data.train_path=unused", "cluster.backend=ray",
+                             "cluster.placement=split", "cluster.cpus_per_worker=2"])  # fmt: skip
+    with pytest.raises(ClusterConfigError, match=r"ask 4 CPUs .* has 2.*cluster.cpus_per_worker"):
+        build_worker_groups(cfg)
