@@ -264,17 +264,20 @@ def save_shards(model: nn.Module, directory: str | Path) -> None:
     import torch.distributed.checkpoint as dcp
 
     reshard(model)
-    dcp.save(model.state_dict(), checkpoint_id=str(Path(directory) / SHARDS_DIR))
+    dcp.save(
+        model.state_dict(), checkpoint_id=str(Path(directory) / SHARDS_DIR), no_dist=not dist.is_initialized()
+    )
 
 
 @torch.no_grad()
 def load_shards(model: nn.Module, directory: str | Path) -> None:
-    """Read what `save_shards` wrote into `model` in place, each rank its own shards (a collective)."""
+    """Read what `save_shards` wrote into `model` in place: each rank the slices of the shards it holds, however
+    many ranks wrote them; a plain (unsharded) model in a single process reads whole tensors."""
     import torch.distributed.checkpoint as dcp
 
     reshard(model)
     state = model.state_dict()  # views of the parameters: the load fills them
-    dcp.load(state, checkpoint_id=str(Path(directory) / SHARDS_DIR))
+    dcp.load(state, checkpoint_id=str(Path(directory) / SHARDS_DIR), no_dist=not dist.is_initialized())
 
 
 def has_shards(directory: str | Path) -> bool:

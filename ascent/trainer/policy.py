@@ -15,8 +15,9 @@ the frozen base is held in `dtype`, the adapters in fp32 (peft), and the referen
 Data parallelism: each worker gets a shard of the mini-batch plus the GLOBAL totals, so its loss is its share
 of the global loss and gradients are SUMMED over workers (`ascent.trainer.distributed`). With
 `sharding="fsdp"` and several ranks the policy is sharded with FSDP2 (`ascent.models.parallel`): ranks run
-forwards in lock-step (`ascent.trainer.sharded`), `named_weights` and `save` are collectives (call them on
-every rank) and checkpoints add one optimizer shard per rank. `optim.offload` keeps AdamW on the CPU.
+forwards in lock-step (`ascent.trainer.sharded`), `named_weights`, `save` and `load` are collectives (call
+them on every rank), and checkpoints hold weights and optimizer as DCP shards (`model_shards/`,
+`optimizer_shards/`) that any number of ranks, sharded or not, can load. `optim.offload` keeps AdamW on the CPU.
 """
 
 from __future__ import annotations
@@ -299,7 +300,7 @@ class PolicyWorker:
         """Write HF weights (merged for LoRA when `save_merged`), the adapter, tokenizer, trainer_state.pt.
 
         Sharded (a collective): every rank writes its shards of the weights (`model_shards/`, the resume
-        state) and of the optimizer; rank 0 also writes gathered HF weights when `hf_weights`, the only step
+        state), of the optimizer (`optimizer_shards/`) and its RNG (`rng_rank*.pt`); rank 0 also writes gathered HF weights when `hf_weights`, the only step
         that gathers the model. Unsharded, the HF weights are the resume state and always written.
         """
         out = Path(directory)
@@ -308,7 +309,7 @@ class PolicyWorker:
             save_shards(unwrap_model(self.model), out)
         export = hf_weights or not shards
         weights = full_state_dict(unwrap_model(self.model)) if self.sharded and export else None
-        if not common.write_shard(self, out, optimizer):
+        if not common.write_shard(self, out, optimizer, rng=True):
             return  # rank 0 writes the rest: unsharded, its state is every rank's; sharded, it gathered
         out.mkdir(parents=True, exist_ok=True)
         if self.lora is not None:
@@ -324,12 +325,16 @@ class PolicyWorker:
         common.write_state(self, out, optimizer)
 
     def load(self, directory: str | Path) -> None:
-        """Restore weights (adapter for LoRA), optimizer, scheduler, scaler, step and RNG from `save(dir)`."""
+        """Restore weights (adapter for LoRA), optimizer, scheduler, scaler, step and RNG from `save(dir)`.
+
+        DCP shards (`model_shards/`) are preferred over the HF weights and load on any number of ranks; a
+        collective when this run is sharded.
+        """
         src = Path(directory)
         if self.lora is not None:
             lora_lib.load_adapter_weights(self.model, src / lora_lib.ADAPTER_DIR)
-        elif self.sharded and has_shards(src):
-            load_shards(unwrap_model(self.model), src)  # each rank reads its own shards: no full copy
+        elif has_shards(src):  # each rank reads the slices it holds, whatever number of ranks wrote them
+            load_shards(unwrap_model(self.model), src)
         else:
             fresh = load_model(src, self.param_dtype, "cpu")
             load_full_state_dict(unwrap_model(self.model), fresh.state_dict())

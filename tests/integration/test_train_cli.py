@@ -69,10 +69,8 @@ def test_train_ray_two_sharded_trainer_ranks(tmp_path, tiny_model, arithmetic_da
     ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), timeout=600)
     check_run(tmp_path / "run", 2)
     ckpt = sorted((tmp_path / "run" / "checkpoints").glob("iter_*"))[-1]
-    assert {p.name for p in ckpt.glob("optimizer_rank*")} == {
-        "optimizer_rank00000.pt",
-        "optimizer_rank00001.pt",
-    }
+    assert (ckpt / "optimizer_shards" / ".metadata").is_file()  # sharded AdamW through DCP, any rank count
+    assert {p.name for p in ckpt.glob("rng_rank*")} == {"rng_rank00000.pt", "rng_rank00001.pt"}
 
 
 def _metric_lines(run_dir) -> list[dict]:
