@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ascent.errors import AscentError
+from ascent.models.parallel import dcp_load
 from ascent.trainer.checkpoint import rng_state, set_rng_state
 from ascent.trainer.distributed import world_size
 
@@ -54,17 +55,20 @@ def save_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, d
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     state = get_optimizer_state_dict(model, optimizer)
-    dcp.save(state, checkpoint_id=str(Path(directory) / OPTIMIZER_DIR), no_dist=world_size() == 1)
+    dcp.save(
+        state,
+        checkpoint_id=str(Path(directory) / OPTIMIZER_DIR),
+        no_dist=not torch.distributed.is_initialized(),
+    )
 
 
 def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Path) -> None:
     """Load what `save_sharded_optimizer` wrote, by any number of ranks, into `optimizer` (of `model`, whose
     weights are loaded already): each rank reads the slices of its own shards (a collective)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     state = get_optimizer_state_dict(model, optimizer)  # the layout this run holds; DCP fills it in place
-    dcp.load(state, checkpoint_id=str(Path(directory) / OPTIMIZER_DIR), no_dist=world_size() == 1)
+    dcp_load(state, Path(directory) / OPTIMIZER_DIR)
     set_optimizer_state_dict(model, optimizer, state)
 
 
