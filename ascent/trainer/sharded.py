@@ -32,16 +32,13 @@ def sharding_parallelize(
         raise ValueError(f"train.sharding={sharding!r}: unknown; use one of {', '.join(SHARDINGS)}.")
     if sharding == "none" or world_size() == 1:
         return None
-    if lora:
-        raise ValueError(
-            "train.sharding=fsdp with model.lora.rank > 0: LoRA runs are not sharded yet (the adapters are "
-            "small and the frozen base is held in model.dtype); set train.sharding=none."
-        )
     if compute_dtype == torch.float16:
         raise ValueError(
             "train.sharding=fsdp with model.dtype=fp16: the fp16 loss scaler would see only this rank's "
             "gradient shard; use model.dtype=bf16 (or fp32)."
         )
+    if lora:  # the trainable adapters are fp32 (peft), the frozen base model.dtype: gathered in compute dtype
+        return fsdp_parallelize(torch.float32, compute_dtype)
     return fsdp_parallelize(param_dtype, compute_dtype)
 
 
