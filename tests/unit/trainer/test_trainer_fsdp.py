@@ -225,7 +225,9 @@ def test_sharding_settings(monkeypatch):
     assert sharded_lib.sharding_parallelize("fsdp", **kw) is None  # a single rank: nothing to shard
     monkeypatch.setattr(sharded_lib, "world_size", lambda: 2)
     assert callable(sharded_lib.sharding_parallelize("fsdp", **kw))
-    assert callable(sharded_lib.sharding_parallelize("fsdp", **{**kw, "lora": True}))  # test_trainer_lora_fsdp
+    assert callable(
+        sharded_lib.sharding_parallelize("fsdp", **{**kw, "lora": True})
+    )  # test_trainer_lora_fsdp
     with pytest.raises(ValueError, match="bf16"):
         sharded_lib.sharding_parallelize("fsdp", **{**kw, "compute_dtype": torch.float16})
     with pytest.raises(ValueError, match="train.sharding='zero3'"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 from dataclasses import replace
 from pathlib import Path
@@ -19,11 +20,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+from torch.distributed.tensor import DTensor
 from trainer_helpers import make_samples
 
 from ascent.models.parallel import fsdp_parallelize, full_state_dict
 from ascent.trainer import CriticWorker, LossSettings, OptimSettings, PolicyWorker, minibatch_totals
-from ascent.trainer.checkpoint import read_trainer_state, write_trainer_state
+from ascent.trainer.checkpoint import read_trainer_state, rng_state
 from ascent.trainer.sharded_state import CheckpointFormatError
 
 MAX_TOKENS = 24
@@ -100,6 +102,38 @@ def _resume_part(rank, world, port, kind, path, ckpt, out):
             torch.save(snap, out)
 
 
+def _write_old_format(directory, optimizer) -> None:
+    """This rank's optimizer as checkpoints held it before DCP: `optimizer_rank*.pt`, DTensor moments as local
+    shards, their (index, key) pairs, the world size and the RNG."""
+    sd = optimizer.state_dict()
+    keys = [[i, k] for i, s in sd["state"].items() for k, v in s.items() if isinstance(v, DTensor)]
+    state = {
+        i: {k: v.to_local() if isinstance(v, DTensor) else v for k, v in s.items()}
+        for i, s in sd["state"].items()
+    }
+    blob = {"optimizer": {**sd, "state": state}, "dtensor_keys": keys, "world_size": 2, "rng": rng_state()}
+    torch.save(blob, Path(directory) / f"optimizer_rank{dist.get_rank():05d}.pt")
+
+
+def _old_format_part(rank, world, port, path, ckpt, out):
+    """A 2-rank checkpoint in the old per-rank optimizer format, resumed on the same 2 ranks."""
+    with _group(rank, world, port):
+        worker = _worker("policy", path)
+        _train(worker, _mini_batches()[:2], rank, world)
+        worker.save(ckpt, hf_weights=False)
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(Path(ckpt) / "optimizer_shards")
+        _write_old_format(ckpt, worker.optimizer)
+        dist.barrier()
+        resumed = _worker("policy", path)
+        resumed.load(ckpt)
+        _train(resumed, _mini_batches()[2:], rank, world)
+        snap = _snapshot(resumed)
+        if rank == 0:
+            torch.save(snap, out)
+
+
 def _spawn(fn, world, *args) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -169,12 +203,9 @@ def test_one_rank_resumes_on_two_sharded_ranks(tiny_path, tmp_path):
 def test_per_rank_optimizer_files_of_old_checkpoints_name_the_rank_count(tiny_path, tmp_path):
     """Checkpoints from before DCP (optimizer_rank*.pt) load only on their own number of sharded ranks;
     anything else is refused with that number, not resumed with fresh moments."""
-    worker = _worker("policy", str(tiny_path))
-    _train(worker, _mini_batches()[:1], 0, 1)
-    worker.save(tmp_path)
-    state = read_trainer_state(tmp_path)
-    write_trainer_state(tmp_path, optimizer_state=None, scheduler_state=state["scheduler"], step=1)
-    for rank in range(2):
-        torch.save({"optimizer": {}, "world_size": 2}, Path(tmp_path) / f"optimizer_rank{rank:05d}.pt")
+    old = tmp_path / "old"
+    _spawn(_old_format_part, 2, str(tiny_path), str(old), str(tmp_path / "old.pt"))
+    assert not (old / "optimizer_shards").exists() and len(list(old.glob("optimizer_rank*.pt"))) == 2
+    _assert_same(torch.load(tmp_path / "old.pt", weights_only=True), _uninterrupted("policy", tiny_path))
     with pytest.raises(CheckpointFormatError, match="cluster.num_trainer_workers=2"):
-        _worker("policy", str(tiny_path)).load(tmp_path)
+        _worker("policy", str(tiny_path)).load(old)  # one unsharded process
