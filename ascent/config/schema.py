@@ -289,8 +289,9 @@ class TrainConfig(Section):
     sharding: Literal["none", "fsdp"] = Field(
         "none",
         description="Trainer weights across ranks: `none` replicates them (gradients all-reduced), `fsdp` "
-        "shards weights, gradients and AdamW state with FSDP2 (needs several trainer ranks; not with LoRA "
-        "or fp16).",
+        "shards weights, gradients and AdamW state with FSDP2 (needs several trainer ranks; not with fp16). "
+        "With LoRA the frozen base and the adapters are both sharded. Its checkpoints resume on any number "
+        "of trainer ranks (see checkpoint.hf_weights).",
     )
     offload_optimizer: bool = Field(
         False,
@@ -319,13 +320,20 @@ class TrainConfig(Section):
 class CheckpointConfig(Section):
     every: int = Field(0, ge=0, description="Save every K iterations (0: only at the end).")
     keep_last: int = Field(2, gt=0, description="How many checkpoints to keep.")
-    save_optimizer: bool = Field(True, description="Save optimizer state (needed for exact resume).")
+    save_optimizer: bool = Field(
+        True,
+        description="Save optimizer state (needed for exact resume). Sharded runs write it as each rank's "
+        "shards (optimizer_shards/, torch.distributed.checkpoint), unsharded ones into trainer_state.pt.",
+    )
     hf_weights: Literal["every", "last"] = Field(
         "every",
-        description="Sharded runs (train.sharding=fsdp) resume from each rank's own shards (model_shards/, "
-        "written by torch.distributed.checkpoint, nothing gathered); the Hugging Face weights, which rank 0 "
-        "must gather, go into every checkpoint (every) or only the run's last one and `final` (last: for "
-        "large models). Unsharded runs always write them: they are their resume state.",
+        description="Sharded runs (train.sharding=fsdp) resume from each rank's own shards, written by "
+        "torch.distributed.checkpoint with nothing gathered: model_shards/ (LoRA: adapter_shards/, the base "
+        "is model.path), optimizer_shards/, rng_rank*.pt; any number of trainer ranks, sharded or not, can "
+        "load them. The exports, which rank 0 must gather (Hugging Face weights; LoRA: the PEFT adapter/ "
+        "and, with model.lora.save_merged, merged weights), go into every checkpoint (every) or only the "
+        "run's last one and `final` (last: for large models). Unsharded runs always write them: they are "
+        "their resume state.",
     )
     on_interrupt: bool = Field(
         True,
@@ -394,7 +402,12 @@ class ClusterConfig(Section):
         description="Ray's session and object-spill directory for the local cluster ascent starts (null: "
         "/tmp/ray); put it on a large local disk on clusters with a small /tmp.",
     )
-    num_trainer_workers: int = Field(1, gt=0, description="Trainer processes (data parallel, FSDP on GPUs).")
+    num_trainer_workers: int = Field(
+        1,
+        gt=0,
+        description="Trainer processes (data parallel, FSDP on GPUs). A --resume may change it: gradients "
+        "are summed over ranks, and checkpoints load on any number of ranks.",
+    )
     num_rollout_workers: int = Field(1, gt=0, description="Rollout engine replicas.")
     gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each worker asks for (0 on CPU).")
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each Ray actor asks for.")

@@ -142,35 +142,35 @@ def trainable_params(m: MemoryInputs) -> int:
 
 def weight_bytes(m: MemoryInputs) -> int:
     """Policy weights on the GPU: fp32 masters, or (LoRA) the base in the compute dtype plus fp32 adapters;
-    an FSDP rank holds 1/ranks of them."""
+    an FSDP rank holds 1/ranks of them (of both, with LoRA)."""
     if m.lora_rank:
-        return m.shape.params * m.compute_bytes + 4 * trainable_params(m)
+        return (m.shape.params * m.compute_bytes + 4 * trainable_params(m)) // m.fsdp_ranks
     return 4 * m.shape.params // m.fsdp_ranks
 
 
 def gradient_bytes(m: MemoryInputs) -> int:
     """fp32 gradients of what trains (kept across micro-batches until the optimizer step)."""
-    return 4 * trainable_params(m) // (1 if m.lora_rank else m.fsdp_ranks)
+    return 4 * trainable_params(m) // m.fsdp_ranks
 
 
 def optimizer_bytes(m: MemoryInputs) -> int:
     """AdamW's exp_avg and exp_avg_sq in fp32 on the GPU (0 when offloaded to the CPU)."""
     if m.offload_optimizer:
         return 0
-    return 8 * trainable_params(m) // (1 if m.lora_rank else m.fsdp_ranks)
+    return 8 * trainable_params(m) // m.fsdp_ranks
 
 
 def offload_host_bytes(m: MemoryInputs) -> int:
     """CPU memory of `train.offload_optimizer`: fp32 masters, moments and pinned gradient buffers (16 B)."""
     if not m.offload_optimizer:
         return 0
-    return 16 * trainable_params(m) // (1 if m.lora_rank else m.fsdp_ranks)
+    return 16 * trainable_params(m) // m.fsdp_ranks
 
 
 def fsdp_gather_bytes(m: MemoryInputs) -> int:
     """Unsharded weights FSDP2 gathers in the compute dtype: two decoder layers (one prefetched) and the
     root's embedding / head."""
-    if m.fsdp_ranks <= 1 or m.lora_rank:
+    if m.fsdp_ranks <= 1:
         return 0
     s = m.shape
     layer = (s.params - s.embed_params * (1 if s.tied else 2)) // max(s.layers, 1)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -264,17 +265,30 @@ def save_shards(model: nn.Module, directory: str | Path) -> None:
     import torch.distributed.checkpoint as dcp
 
     reshard(model)
-    dcp.save(model.state_dict(), checkpoint_id=str(Path(directory) / SHARDS_DIR))
+    dcp.save(
+        model.state_dict(), checkpoint_id=str(Path(directory) / SHARDS_DIR), no_dist=not dist.is_initialized()
+    )
 
 
 @torch.no_grad()
 def load_shards(model: nn.Module, directory: str | Path) -> None:
-    """Read what `save_shards` wrote into `model` in place, each rank its own shards (a collective)."""
-    import torch.distributed.checkpoint as dcp
-
+    """Read what `save_shards` wrote into `model` in place: each rank the slices of the shards it holds, however
+    many ranks wrote them; a plain (unsharded) model in a single process reads whole tensors."""
     reshard(model)
     state = model.state_dict()  # views of the parameters: the load fills them
-    dcp.load(state, checkpoint_id=str(Path(directory) / SHARDS_DIR))
+    dcp_load(state, Path(directory) / SHARDS_DIR)
+
+
+def dcp_load(state: dict[str, Any], path: str | Path) -> None:
+    """`torch.distributed.checkpoint.load` of `state` (filled in place) from `path`: a collective in a
+    process group, else a single process reading whole tensors (without torch's warning about it)."""
+    import torch.distributed.checkpoint as dcp
+
+    alone = not dist.is_initialized()
+    with warnings.catch_warnings():
+        if alone:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(state, checkpoint_id=str(path), no_dist=alone)
 
 
 def has_shards(directory: str | Path) -> bool:

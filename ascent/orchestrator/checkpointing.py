@@ -1,8 +1,11 @@
 """Run checkpoints: the trainer's weights and optimizer plus the controller's state, written atomically.
 
 Layout: `<run_dir>/checkpoints/iter_000005/` holds the HF weights (loadable by `from_pretrained`), the
-trainer state of each rank, and `state.json` (iteration, data position, config). Everything is written into a
-temporary sibling directory and renamed at the end, so a crash never leaves a half-written checkpoint.
+trainer state (sharded runs: torch.distributed.checkpoint shards of weights and optimizer, written by every
+rank at once), and `state.json` (iteration, data position, config). Everything is written into a temporary
+sibling directory `.tmp_iter_000005` and renamed at the end, so a crash, even one that kills a rank in the
+middle of a DCP write, never leaves a half-written checkpoint under a name a resume would pick; the next
+commit removes what it left.
 """
 
 from __future__ import annotations
@@ -61,13 +64,21 @@ def commit(
         if isinstance(err, OSError):
             raise CheckpointWriteError(_write_failure(final, err)) from err
         raise
-    if final.exists():
-        shutil.rmtree(final)
+    replaced = root / f".old_{final.name}"
+    if final.exists():  # the same iteration saved again: keep it whole until the new one is in place
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.replace(final, replaced)
     os.replace(tmp, final)
-    for old in checkpoint_dirs(run_dir)[:-keep_last]:
+    shutil.rmtree(replaced, ignore_errors=True)
+    for old in checkpoint_dirs(run_dir)[:-keep_last] + _stale(root):
         shutil.rmtree(old, ignore_errors=True)
     log.info("checkpoint written: %s", final)
     return final
+
+
+def _stale(root: Path) -> list[Path]:
+    """Staging directories that a killed save left behind (a save in progress is never running now)."""
+    return [p for p in root.iterdir() if p.is_dir() and p.name.startswith((".tmp_", ".old_"))]
 
 
 class CheckpointWriteError(AscentError):

@@ -39,6 +39,8 @@ HARMLESS = (
     "tracking.",
     "cluster.worker_timeout_s",
     "cluster.address",
+    # ranks sum their gradients, and sharded checkpoints load on any number of ranks (torch DCP)
+    "cluster.num_trainer_workers",
     "reward.timeout_s",
     "reward.num_workers",
     "reward.isolation",

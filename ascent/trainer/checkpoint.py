@@ -5,7 +5,9 @@ Layout of one checkpoint, `<run_dir>/checkpoints/iter_000005/`:
     config.json, model.safetensors, ...   Hugging Face weights (loadable by `from_pretrained`), tokenizer too
     adapter/                              LoRA adapter (peft format), only for LoRA runs
     trainer_state.pt                      optimizer, scheduler, RNG states (python, numpy, torch, cuda)
-    optimizer_rank00000.pt, ...           sharded runs (train.sharding=fsdp): each rank's optimizer shard + RNG
+    model_shards/, optimizer_shards/      sharded runs (train.sharding=fsdp): weights and AdamW as
+                                          torch.distributed.checkpoint shards, loadable on any number of ranks
+    rng_rank00000.pt, ...                 sharded runs: each rank's RNG states
     state.json                            iteration, data position, config, metrics (the `extra` dict)
 
 Everything is written into a hidden staging directory `.tmp-iter_000005-<pid>` next to the final one and

@@ -11,8 +11,8 @@ counter, sharding flags) and differ only in what a micro-batch computes. The fun
   `filler_backward`;
 - the optimizer step: `run_update` (plan micro-batches, accumulate, all-reduce grads, step, reduce metrics)
   and `step_optimizer`;
-- checkpoints: `write_shard` / `write_state` (save) and `load_state` (optimizer, scheduler, scaler, step, RNG,
-  per-rank optimizer shards).
+- checkpoints: `write_shard` / `write_state` (save) and `load_state` (optimizer, scheduler, scaler, step, RNG;
+  a sharded optimizer through torch.distributed.checkpoint, `ascent.trainer.sharded_state`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from ascent.errors import AscentError
 from ascent.messages import TrainSample
 from ascent.models.parallel import is_sharded
+from ascent.trainer import sharded_state
 from ascent.trainer.checkpoint import read_trainer_state, set_rng_state, write_trainer_state
 from ascent.trainer.distributed import all_reduce_grads, all_reduce_max, all_reduce_sum, world_size
 from ascent.trainer.loss import MetricSums
@@ -37,14 +38,7 @@ from ascent.trainer.offload import OffloadedAdamW
 from ascent.trainer.optim import build_optimizer, build_scheduler, optimizer_step
 from ascent.trainer.packing import PackedBatch, pack, plan_micro_batches
 from ascent.trainer.settings import OptimSettings
-from ascent.trainer.sharded import (
-    filler_sample,
-    missing_micro_batches,
-    read_optimizer_shard,
-    replicated_optimizer_state,
-    sharding_parallelize,
-    write_optimizer_shard,
-)
+from ascent.trainer.sharded import filler_sample, missing_micro_batches, sharding_parallelize
 
 log = logging.getLogger("ascent")
 
@@ -205,13 +199,16 @@ def step_optimizer(parts: TrainerParts) -> tuple[float, bool]:
 
 
 # ------------------------------------------------------------------------------------------- checkpoints
-def write_shard(parts: TrainerParts, out: Path, optimizer: bool = True) -> bool:
-    """Sharded: write this rank's optimizer shard into `out` (a collective save; skipped without `optimizer`).
-    -> whether this rank writes the rest (rank 0: unsharded, its state is every rank's; sharded, it gathered
-    the weights)."""
-    if parts.sharded and optimizer:
+def write_shard(parts: TrainerParts, out: Path, optimizer: bool = True, rng: bool = False) -> bool:
+    """Sharded (a collective): write this rank's optimizer shards into `out/optimizer_shards` (unless not
+    `optimizer`) and, with `rng`, its RNG states. -> whether this rank writes the rest (rank 0: unsharded,
+    its state is every rank's; sharded, it gathered what is gathered)."""
+    if parts.sharded:
         out.mkdir(parents=True, exist_ok=True)
-        write_optimizer_shard(out, parts.optimizer)
+        if optimizer:
+            sharded_state.save_sharded_optimizer(parts.model, parts.optimizer, out)
+        if rng:
+            sharded_state.write_rank_rng(out)
     return not (world_size() > 1 and torch.distributed.get_rank() != 0)
 
 
@@ -230,26 +227,40 @@ def write_state(parts: TrainerParts, out: Path, optimizer: bool = True) -> None:
 
 def load_state(parts: TrainerParts, src: Path, *, rng: bool) -> None:
     """Restore optimizer, scheduler, scaler, step (and the RNG if `rng`) from `write_state` / `write_shard`,
-    after the weights were loaded (offloaded masters are refreshed from them)."""
+    after the weights were loaded (offloaded masters are refreshed from them). The optimizer may come from
+    a run with another number of ranks, sharded or not (`load_optimizer`)."""
     if isinstance(parts.optimizer, OffloadedAdamW):
         parts.optimizer.refresh_masters()
     state = read_trainer_state(src, map_location="cpu")
+    if rng and not sharded_state.read_rank_rng(src):
+        set_rng_state(state["rng"])  # unsharded, or a rank the saving run did not have: rank 0's
     saved = state.get("optimizer_saved", True)
-    if not saved:
+    if saved:
+        load_optimizer(parts, src, state.get("optimizer"))
+    else:
         log.warning(
             "%s has no optimizer state (saved with checkpoint.save_optimizer=false): AdamW restarts from zero "
             "moments, so this resume is not an exact continuation.",
             src,
         )
-    optimizer_state = None if parts.sharded or not saved else replicated_optimizer_state(state, src)
-    if optimizer_state is not None:
-        parts.optimizer.load_state_dict(optimizer_state)
     if state.get("scheduler") is not None:
         parts.scheduler.load_state_dict(state["scheduler"])
     if state.get("scaler"):
         parts.scaler.load_state_dict(state["scaler"])
     parts.step = int(state.get("step", 0))
-    if rng:
-        set_rng_state(state["rng"])
-    if parts.sharded and saved:
-        read_optimizer_shard(src, parts.optimizer)  # and this rank's RNG
+
+
+def load_optimizer(parts: TrainerParts, src: Path, full: dict[str, Any] | None) -> None:
+    """The optimizer state of checkpoint `src`, whichever layout holds it: DCP shards (any number of ranks
+    -> this run's), the full state of an unsharded run (`full`, from trainer_state.pt; cut into shards when
+    this run is sharded), or per-rank files of older sharded checkpoints (same number of ranks only)."""
+    if sharded_state.has_sharded_optimizer(src):
+        sharded_state.load_sharded_optimizer(parts.model, parts.optimizer, src)
+    elif full is not None and parts.sharded:
+        sharded_state.load_full_optimizer(parts.optimizer, full)
+    elif full is not None:
+        parts.optimizer.load_state_dict(full)
+    elif sharded_state.has_legacy_shards(src):
+        sharded_state.read_legacy_shard(src, parts.optimizer, parts.sharded)
+    else:  # an old checkpoint without the `optimizer_saved` flag, saved without the optimizer
+        log.warning("%s holds no optimizer state: AdamW restarts from zero moments.", src)

@@ -251,7 +251,8 @@ class CriticWorker:
         """Write `<directory>/critic/`: model.safetensors (backbone + head), config.json, trainer_state.pt.
 
         Sharded (a collective): every rank writes its shards of the weights (`model_shards/`, the resume
-        state) and of the optimizer; rank 0 also writes the gathered weights when `hf_weights`.
+        state) and of the optimizer (`optimizer_shards/`); rank 0 also writes the gathered weights when
+        `hf_weights`. Any number of ranks, sharded or not, can load them.
         """
         out = Path(directory) / CRITIC_DIR
         out.mkdir(parents=True, exist_ok=True)
@@ -272,8 +273,8 @@ class CriticWorker:
     def load(self, directory: str | Path) -> None:
         """Restore weights, optimizer, scheduler, scaler and step from `save(directory)` (RNG: the policy's)."""
         src = Path(directory) / CRITIC_DIR
-        if self.sharded and has_shards(src):
-            load_shards(self.value_model, src)  # each rank reads its own shards: no full copy
+        if has_shards(src):  # each rank reads the slices it holds, whatever number of ranks wrote them
+            load_shards(self.value_model, src)
             common.load_state(self, src, rng=False)
             return
         if not (src / WEIGHTS_FILE).is_file():

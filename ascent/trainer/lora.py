@@ -9,6 +9,8 @@ the rest of the trainer relies on:
   W + scale * B @ A computed on the fly per layer, names without peft's `base_model.model.` / `base_layer.`
   parts, so it can load them into an ordinary model;
 - checkpoints hold the adapter (small, exact resume) and, when asked, merged HF weights (`write_merged`).
+
+A sharded (FSDP2) LoRA policy merges, saves and loads through `ascent.trainer.lora_sharded` instead.
 """
 
 from __future__ import annotations
@@ -114,14 +116,16 @@ def merged_named_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
                 yield (f"{name}.{pname}" if name else pname), p.detach()
 
 
-def write_merged(model: nn.Module, directory: str | Path) -> None:
-    """Write merged weights as a plain HF checkpoint (config.json + model.safetensors) to `directory`."""
+def write_merged(model: nn.Module, directory: str | Path, merged: dict[str, Tensor] | None = None) -> None:
+    """Write merged weights as a plain HF checkpoint (config.json + model.safetensors) to `directory`:
+    `merged` if given (a sharded model's, gathered), else merged here from `model`."""
     from safetensors.torch import save_file
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     base = cast("PreTrainedModel", _peft(model).get_base_model())
-    tensors = {name: t.contiguous().clone() for name, t in merged_named_weights(model)}
+    items = merged.items() if merged is not None else merged_named_weights(model)
+    tensors = {name: t.contiguous().clone() for name, t in items}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     base.config.save_pretrained(str(out))
     gen = getattr(base, "generation_config", None)
@@ -129,9 +133,19 @@ def write_merged(model: nn.Module, directory: str | Path) -> None:
         gen.save_pretrained(str(out))
 
 
-def write_adapter(model: nn.Module, directory: str | Path) -> None:
-    """Write the adapter (peft format: adapter_config.json + adapter_model.safetensors) to `directory`."""
-    _peft(model).save_pretrained(str(directory))
+def write_adapter(model: nn.Module, directory: str | Path, adapter: dict[str, Tensor] | None = None) -> None:
+    """Write the adapter (peft format: adapter_config.json + adapter_model.safetensors) to `directory`:
+    `adapter` if given (full tensors by parameter name, gathered from a sharded model), else the model's."""
+    if adapter is None:
+        _peft(model).save_pretrained(str(directory))
+    else:
+        _peft(model).save_pretrained(str(directory), state_dict=adapter)
+
+
+def write_adapter_config(model: nn.Module, directory: str | Path) -> None:
+    """Write only adapter_config.json (what the adapter shards of a sharded checkpoint are)."""
+    for config in _peft(model).peft_config.values():
+        config.save_pretrained(str(directory))
 
 
 def load_adapter_weights(model: nn.Module, directory: str | Path) -> None:

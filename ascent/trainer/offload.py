@@ -85,16 +85,44 @@ class OffloadedAdamW(torch.optim.Optimizer):
         for group, inner, _ in self._pairs():
             for p, master in zip(group["params"], inner["params"], strict=True):
                 _local(p).copy_(master, non_blocking=True)
+        self._alias_state()
+
+    def _alias_state(self) -> None:
+        """`self.state[device param]` is the CPU AdamW's state of its master (the same dict), so code that
+        asks whether the optimizer has state (torch's `get_optimizer_state_dict`) sees it."""
+        for group, inner, _ in self._pairs():
+            for p, master in zip(group["params"], inner["params"], strict=True):
+                if master in self.cpu_adamw.state:
+                    self.state[p] = self.cpu_adamw.state[master]
 
     def state_dict(self) -> dict[str, Any]:
-        """The CPU AdamW's state dict, with the current hyperparameters (lr after the schedule) in its groups."""
+        """The CPU AdamW's state dict, with the current hyperparameters (lr after the schedule) in its groups.
+
+        The moments of a sharded (DTensor) parameter are DTensors too, over its CPU shard, so that
+        torch.distributed.checkpoint knows which slice of the whole each rank holds.
+        """
         for group, inner, _ in self._pairs():
             inner.update(self._hparams(group))
-        return self.cpu_adamw.state_dict()
+        sd = self.cpu_adamw.state_dict()
+        params = [p for g in self.param_groups for p in g["params"]]
+        sd["state"] = {i: {k: _like(v, params[i]) for k, v in s.items()} for i, s in sd["state"].items()}
+        return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore moments and hyperparameters; the masters are re-read from the (already loaded) weights."""
-        self.cpu_adamw.load_state_dict(state_dict)
+        state = {i: {k: _local(v) for k, v in s.items()} for i, s in state_dict["state"].items()}
+        self.cpu_adamw.load_state_dict({**state_dict, "state": state})
         for group, inner, _ in self._pairs():
             group.update(self._hparams(inner))
         self.refresh_masters()
+        self.state.clear()
+        self._alias_state()
+
+
+def _like(value: Any, param: Tensor) -> Any:
+    """A CPU moment of `param`'s local shard as a DTensor laid out like `param` (else `value` itself)."""
+    if not isinstance(param, DTensor) or not isinstance(value, Tensor) or value.dim() == 0:
+        return value
+    return DTensor.from_local(
+        value, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
+    )

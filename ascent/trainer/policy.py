@@ -15,8 +15,9 @@ the frozen base is held in `dtype`, the adapters in fp32 (peft), and the referen
 Data parallelism: each worker gets a shard of the mini-batch plus the GLOBAL totals, so its loss is its share
 of the global loss and gradients are SUMMED over workers (`ascent.trainer.distributed`). With
 `sharding="fsdp"` and several ranks the policy is sharded with FSDP2 (`ascent.models.parallel`): ranks run
-forwards in lock-step (`ascent.trainer.sharded`), `named_weights` and `save` are collectives (call them on
-every rank) and checkpoints add one optimizer shard per rank. `optim.offload` keeps AdamW on the CPU.
+forwards in lock-step (`ascent.trainer.sharded`), `named_weights`, `save` and `load` are collectives (call
+them on every rank), and checkpoints hold weights and optimizer as DCP shards (`model_shards/`,
+`optimizer_shards/`) that any number of ranks, sharded or not, can load. `optim.offload` keeps AdamW on the CPU.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from ascent.models.parallel import (
     load_shards,
     save_shards,
 )
-from ascent.trainer import common
+from ascent.trainer import common, lora_sharded
 from ascent.trainer import lora as lora_lib
 from ascent.trainer.checkpoint import rng_state, set_rng_state
 from ascent.trainer.common import TrainerOutOfMemory
@@ -191,7 +192,11 @@ class PolicyWorker:
 
         with common.eval_mode(model), ctx, self._autocast(), self._oom_guard(samples):
             return common.forward_per_sample(
-                self, samples, forward, filler, self.sharded and which == "policy"
+                self,
+                samples,
+                forward,
+                filler,
+                self.sharded and model is self.model,  # LoRA: ref = policy
             )
 
     # ------------------------------------------------------------------------------------------ update
@@ -279,7 +284,10 @@ class PolicyWorker:
         iterate to the end (ranks other than the publisher can drop what they get).
         """
         if self.sharded:
-            yield from full_parameters(unwrap_model(self.model), dtype)
+            if self.lora is not None:
+                yield from lora_sharded.merged_full_weights(self.model, dtype)
+            else:
+                yield from full_parameters(unwrap_model(self.model), dtype)
             return
         items = lora_lib.merged_named_weights(self.model) if self.lora else self._plain_named_weights()
         for name, t in items:
@@ -299,38 +307,75 @@ class PolicyWorker:
         """Write HF weights (merged for LoRA when `save_merged`), the adapter, tokenizer, trainer_state.pt.
 
         Sharded (a collective): every rank writes its shards of the weights (`model_shards/`, the resume
-        state) and of the optimizer; rank 0 also writes gathered HF weights when `hf_weights`, the only step
+        state), of the optimizer (`optimizer_shards/`) and its RNG (`rng_rank*.pt`); rank 0 also writes gathered HF weights when `hf_weights`, the only step
         that gathers the model. Unsharded, the HF weights are the resume state and always written.
         """
         out = Path(directory)
-        shards = self.sharded and self.lora is None
-        if shards:
-            save_shards(unwrap_model(self.model), out)
-        export = hf_weights or not shards
-        weights = full_state_dict(unwrap_model(self.model)) if self.sharded and export else None
-        if not common.write_shard(self, out, optimizer):
+        model = unwrap_model(self.model)
+        if self.sharded and self.lora is not None:
+            lora_sharded.save_adapter_shards(self.model, out)
+        elif self.sharded:
+            save_shards(model, out)
+        export = hf_weights or not self.sharded
+        gathered = self._gather_export() if self.sharded and export else {}
+        if not common.write_shard(self, out, optimizer, rng=True):
             return  # rank 0 writes the rest: unsharded, its state is every rank's; sharded, it gathered
         out.mkdir(parents=True, exist_ok=True)
         if self.lora is not None:
-            lora_lib.write_adapter(self.model, out / lora_lib.ADAPTER_DIR)
-            if self.lora.save_merged:
-                lora_lib.write_merged(self.model, out)
+            self._write_lora(out, export, gathered)
         elif export:
-            unwrap_model(self.model).save_pretrained(str(out), state_dict=weights)
+            model.save_pretrained(str(out), state_dict=gathered.get("weights"))
         else:
-            unwrap_model(self.model).config.save_pretrained(str(out))  # what the shards are weights of
+            model.config.save_pretrained(str(out))  # what the shards are weights of
         with contextlib.suppress(OSError, ValueError):
             load_tokenizer(self.tokenizer_path).save_pretrained(str(out))
         common.write_state(self, out, optimizer)
 
+    def _gather_export(self) -> dict[str, Any]:
+        """What a sharded export needs in full, on rank 0 (a collective): the weights, or the adapter and
+        (with `save_merged`) the merged weights."""
+        if self.lora is None:
+            return {"weights": full_state_dict(unwrap_model(self.model))}
+        keep = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+        out: dict[str, Any] = {"adapter": lora_sharded.gathered_adapter(self.model)}
+        if self.lora.save_merged:
+            merged = lora_sharded.merged_full_weights(self.model)
+            out["merged"] = {n: t.cpu().clone() for n, t in merged if keep}  # ranks > 0 take part, keep none
+        return out
+
+    def _write_lora(self, out: Path, export: bool, gathered: dict[str, Any]) -> None:
+        """Rank 0: the PEFT adapter and the merged weights (`save_merged`), when an export is due; sharded
+        without one, only the adapter config (the adapter itself is in adapter_shards/)."""
+        assert self.lora is not None
+        adapter_dir = out / lora_lib.ADAPTER_DIR
+        if not export:
+            lora_lib.write_adapter_config(self.model, adapter_dir)
+            return
+        lora_lib.write_adapter(self.model, adapter_dir, gathered.get("adapter"))
+        if self.lora.save_merged:
+            lora_lib.write_merged(self.model, out, gathered.get("merged"))
+
     def load(self, directory: str | Path) -> None:
-        """Restore weights (adapter for LoRA), optimizer, scheduler, scaler, step and RNG from `save(dir)`."""
+        """Restore weights (adapter for LoRA), optimizer, scheduler, scaler, step and RNG from `save(dir)`.
+
+        DCP shards (`model_shards/`) are preferred over the HF weights and load on any number of ranks; a
+        collective when this run is sharded.
+        """
         src = Path(directory)
         if self.lora is not None:
-            lora_lib.load_adapter_weights(self.model, src / lora_lib.ADAPTER_DIR)
-        elif self.sharded and has_shards(src):
-            load_shards(unwrap_model(self.model), src)  # each rank reads its own shards: no full copy
+            self._load_adapter(src)
+        elif has_shards(src):  # each rank reads the slices it holds, whatever number of ranks wrote them
+            load_shards(unwrap_model(self.model), src)
         else:
             fresh = load_model(src, self.param_dtype, "cpu")
             load_full_state_dict(unwrap_model(self.model), fresh.state_dict())
         common.load_state(self, src, rng=True)
+
+    def _load_adapter(self, src: Path) -> None:
+        """Adapter shards (any number of ranks) if the checkpoint has them, else the PEFT adapter."""
+        if lora_sharded.has_adapter_shards(src):
+            lora_sharded.load_adapter_shards(self.model, src)
+        elif self.sharded:
+            lora_sharded.load_full_adapter(self.model, src / lora_lib.ADAPTER_DIR)
+        else:
+            lora_lib.load_adapter_weights(self.model, src / lora_lib.ADAPTER_DIR)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from conftest import ascent, run_config, write_yaml
+from safetensors.torch import load_file
 
 
 def check_run(run_dir, iterations: int) -> None:
@@ -62,17 +64,29 @@ def test_train_ray_backend_same_run_over_either_weight_transport(tmp_path, tiny_
 
 @pytest.mark.slow
 def test_train_ray_two_sharded_trainer_ranks(tmp_path, tiny_model, arithmetic_data):
-    """Two trainer ranks (FSDP2 over gloo) and a rollout actor: the multi-process path of a cluster run."""
-    cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=2)
+    """Two trainer ranks (FSDP2 over gloo) and a rollout actor: the multi-process path of a cluster run. Its
+    mid-run checkpoint holds DCP shards only (checkpoint.hf_weights=last); one trainer rank resumes from it and
+    ends where the two ranks did."""
+    cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=2, val_every=0)
     cfg["cluster"] = {"backend": "ray", "num_trainer_workers": 2, "cpus_per_worker": 0.5}
     cfg["train"]["sharding"] = "fsdp"
+    cfg["checkpoint"] = {"every": 1, "keep_last": 2, "hf_weights": "last"}
     ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), timeout=600)
     check_run(tmp_path / "run", 2)
-    ckpt = sorted((tmp_path / "run" / "checkpoints").glob("iter_*"))[-1]
-    assert {p.name for p in ckpt.glob("optimizer_rank*")} == {
-        "optimizer_rank00000.pt",
-        "optimizer_rank00001.pt",
-    }
+    first, last = sorted((tmp_path / "run" / "checkpoints").glob("iter_*"))
+    for ckpt in (first, last):
+        assert (ckpt / "model_shards" / ".metadata").is_file()
+        assert (ckpt / "optimizer_shards" / ".metadata").is_file()  # AdamW through DCP: any rank count
+        assert {p.name for p in ckpt.glob("rng_rank*")} == {"rng_rank00000.pt", "rng_rank00001.pt"}
+    assert not (first / "model.safetensors").exists()  # nothing gathered mid-run
+    two_ranks = load_file(str(last / "model.safetensors"))
+
+    cfg["cluster"]["num_trainer_workers"] = 1  # not a change that blocks --resume
+    ascent("train", str(write_yaml(tmp_path / "one.yaml", cfg)), "--resume-from", first.name, timeout=600)
+    one_rank = load_file(str(last / "model.safetensors"))
+    assert one_rank.keys() == two_ranks.keys()
+    for name, t in two_ranks.items():
+        torch.testing.assert_close(one_rank[name], t, atol=1e-5, rtol=0, msg=name)
 
 
 def _metric_lines(run_dir) -> list[dict]:

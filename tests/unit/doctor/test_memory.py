@@ -61,6 +61,10 @@ def test_lora_trains_only_adapters_over_a_half_precision_base():
     assert M.optimizer_bytes(m) == 8 * adapters
     assert M.reference_bytes(replace(m, reference=True)) == 0  # the base with adapters off
     assert M.head_bytes(m) < M.head_bytes(BASE)  # frozen head: no fp32 weight gradient, no cast
+    sharded = replace(m, fsdp_ranks=2)  # train.sharding=fsdp shards the base and the adapters alike
+    assert M.weight_bytes(sharded) == (1000 * 2 + 4 * adapters) // 2
+    assert M.optimizer_bytes(sharded) == 8 * adapters // 2
+    assert M.fsdp_gather_bytes(sharded) > 0
 
 
 def test_checkpointing_keeps_one_input_per_layer_and_one_working_set():

@@ -51,6 +51,7 @@ def test_changes_that_break_exactness_are_listed(key, value):
         ("tracking.tensorboard", False),
         ("checkpoint.every", 7),
         ("cluster.worker_timeout_s", 5.0),
+        ("cluster.num_trainer_workers", 4),
         ("data.val_path", "v.jsonl"),
         ("resume", True),
     ],

@@ -1,6 +1,7 @@
 """FSDP2 on CPU with gloo: two sharded ranks, each on an uneven share of every mini-batch with the global
 totals, match one unsharded process on the whole mini-batch (logprobs, values, updates, save -> load ->
-update, gathered weights); optimizer offload matches plain AdamW; the bucketed gather matches full_tensor."""
+update, gathered weights); optimizer offload matches plain AdamW; the bucketed gather matches full_tensor.
+Resuming on another number of ranks: test_trainer_resharding.py."""
 
 from __future__ import annotations
 
@@ -186,19 +187,15 @@ def test_fsdp_two_ranks_match_one_process(tiny_path, tmp_path):
         "__0_0.distcp",
         "__1_0.distcp",
     ]
-    # the sharded checkpoint is also a plain HF checkpoint (rank 0 wrote gathered weights), + one optimizer shard
-    # per rank
+    # the sharded checkpoint is also a plain HF checkpoint (rank 0 wrote gathered weights); the optimizer is in
+    # DCP shards (one file per rank), RNG states one file per rank
     ckpt = tmp_path / "ckpt"
     assert json.loads((ckpt / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
-    assert sorted(p.name for p in ckpt.glob("optimizer_rank*.pt")) == [
-        "optimizer_rank00000.pt",
-        "optimizer_rank00001.pt",
-    ]
+    assert len(list((ckpt / "optimizer_shards").glob("*.distcp"))) == 2
+    assert sorted(p.name for p in ckpt.glob("rng_rank*.pt")) == ["rng_rank00000.pt", "rng_rank00001.pt"]
     saved = load_model(ckpt, dtype="fp32", device="cpu").state_dict()
     for name, t in load_model(tmp_path / "single", dtype="fp32", device="cpu").state_dict().items():
         torch.testing.assert_close(saved[name], t, atol=1e-5, rtol=0, msg=name)
-    with pytest.raises(ValueError, match="sharded optimizer"):
-        _policy(tiny_path, "none").load(ckpt)  # an unsharded resume would silently restart AdamW
 
 
 def test_offload_update_matches_plain_adamw(tiny_path, tmp_path):
@@ -228,8 +225,9 @@ def test_sharding_settings(monkeypatch):
     assert sharded_lib.sharding_parallelize("fsdp", **kw) is None  # a single rank: nothing to shard
     monkeypatch.setattr(sharded_lib, "world_size", lambda: 2)
     assert callable(sharded_lib.sharding_parallelize("fsdp", **kw))
-    with pytest.raises(ValueError, match="LoRA"):
+    assert callable(
         sharded_lib.sharding_parallelize("fsdp", **{**kw, "lora": True})
+    )  # test_trainer_lora_fsdp
     with pytest.raises(ValueError, match="bf16"):
         sharded_lib.sharding_parallelize("fsdp", **{**kw, "compute_dtype": torch.float16})
     with pytest.raises(ValueError, match="train.sharding='zero3'"):
