@@ -2,7 +2,9 @@
 the engine, in one process, alternating.
 
     python bench/serve_overhead.py --device cuda --clients 256 --new-tokens 256 --repeats 3   # fast engine
+    python bench/serve_overhead.py --device cuda --clients 256 --api-processes 8               # 8 front ends
     python bench/serve_overhead.py --device cpu --clients 16 --new-tokens 32 --shape tiny      # a CPU smoke run
+    python bench/serve_overhead.py --engine scripted --shape tiny --clients 64 --api-processes 2  # host path
 
 A random-weight checkpoint is written to disk (`--shape 0.5b`: Qwen2.5-0.5B's layers with the character
 vocabulary; `tiny`: the test model) and loaded the way `ascent serve` loads one. Direct: one
@@ -12,6 +14,11 @@ from `--client-procs` processes (as agents in their own processes call it; 0: fr
 whose client work then competes with the server for one interpreter). Both
 report generated tokens per second; the ratio is the endpoint's overhead (HTTP, JSON, the batcher's
 request-granularity batching: requests that arrive during an engine call wait for the next one).
+`--api-processes N` runs the server's HTTP work in N front-end processes (`ascent serve --api-processes`).
+
+`--engine scripted` measures the host path alone: the engine answers every request at once with
+`--new-tokens` fixed tokens, so the endpoint's requests per second are what parsing, templating,
+tokenizing, detokenizing, JSON and the IPC to the engine's process cost (there is no direct run).
 """
 
 from __future__ import annotations
@@ -32,6 +39,26 @@ SHAPES = {
 }
 
 
+class ScriptedEngine:
+    """Answers at once: `new_tokens` printable ids per sample, finish "length" (the host path's bench)."""
+
+    def __init__(self, tokenizer: Any, new_tokens: int) -> None:
+        from ascent.messages import Generation
+
+        ids = [i for i in range(len(tokenizer)) if tokenizer.decode([i]).strip()][:64]
+        reply = [ids[k % len(ids)] for k in range(new_tokens)]
+        self.sample = Generation(reply, [-0.5] * new_tokens, "length")
+
+    def generate(self, requests: list[Any]) -> list[list[Any]]:
+        return [[self.sample] * r.params.n for r in requests]
+
+    def update_weights(self, named_tensors: Any) -> None: ...
+
+    def sleep(self, release_weights: bool = False) -> None: ...
+
+    def wake(self) -> None: ...
+
+
 def build(args: argparse.Namespace, root: Path):  # type: ignore[no-untyped-def]
     from ascent.envs.chat import ChatTokens
     from ascent.models.loading import load_tokenizer, resolve_device
@@ -41,15 +68,19 @@ def build(args: argparse.Namespace, root: Path):  # type: ignore[no-untyped-def]
 
     path = make_tiny_checkpoint(root / "model", max_position_embeddings=2048, seed=0, **SHAPES[args.shape])
     tok = load_tokenizer(path)
+    limits = Limits(2048, len(tok), args.new_tokens)
+    options = ServerOptions("bench", limits, None, max_batch_requests=max(args.clients, 1),
+                            api_processes=args.api_processes)  # fmt: skip
+    if args.engine == "scripted":
+        engine: Any = ScriptedEngine(tok, args.new_tokens)
+        return engine, OpenAIServer(engine, tok, options), ChatTokens(tok)
     dev = resolve_device(args.device)
     fast = dev.type == "cuda"
     kwargs = {"max_batch_size": args.clients, "max_model_len": 2048, "gpu_memory_fraction": 0.3} if fast else {
         "generation_batch_size": args.clients}  # fmt: skip
     engine = build_engine("fast" if fast else "reference", model_path=str(path), dtype="bf16" if fast else "fp32",
                           device=dev, **kwargs)  # fmt: skip
-    limits = Limits(2048, len(tok), args.new_tokens)
-    server = OpenAIServer(engine, tok, ServerOptions("bench", limits, None, max_batch_requests=args.clients))
-    return engine, server, ChatTokens(tok)
+    return engine, OpenAIServer(engine, tok, options), ChatTokens(tok)
 
 
 def messages(i: int) -> list[dict[str, str]]:
@@ -66,36 +97,57 @@ def direct(engine, chat, args: argparse.Namespace) -> tuple[float, int]:  # type
     return time.perf_counter() - t, sum(len(g[0].token_ids) for g in gens)
 
 
-async def ask_all(url: str, indices: list[int], new_tokens: int) -> int:
-    """Chat calls for `indices`, all at once; -> completion tokens."""
+async def ask_all(url: str, indices: list[int], new_tokens: int, calls: int = 1) -> int:
+    """Chat calls for `indices`, all at once, each client `calls` times in a row; -> completion tokens."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
 
     async def one(i: int) -> int:
-        out = await client.chat.completions.create(model="bench", messages=messages(i),  # type: ignore[arg-type]
-                                                   max_tokens=new_tokens, temperature=1.0, seed=i)  # fmt: skip
-        return out.usage.completion_tokens if out.usage else 0
+        total = 0
+        for _ in range(calls):
+            out = await client.chat.completions.create(model="bench", messages=messages(i),  # type: ignore[arg-type]
+                                                       max_tokens=new_tokens, temperature=1.0, seed=i)  # fmt: skip
+            total += out.usage.completion_tokens if out.usage else 0
+        return total
 
     tokens = await asyncio.gather(*(one(i) for i in indices))
     await client.close()
     return sum(tokens)
 
 
-def client_process(url: str, indices: list[int], new_tokens: int) -> int:
-    return asyncio.run(ask_all(url, indices, new_tokens))
+def client_process(url: str, indices: list[int], new_tokens: int, calls: int) -> int:
+    return asyncio.run(ask_all(url, indices, new_tokens, calls))
 
 
 def endpoint(url: str, args: argparse.Namespace, pool: Any) -> tuple[float, int]:
     """All clients' calls: from `pool`'s processes (as separate agents would call), or from this one."""
     t = time.perf_counter()
     if pool is None:
-        tokens = asyncio.run(ask_all(url, list(range(args.clients)), args.new_tokens))
+        tokens = asyncio.run(ask_all(url, list(range(args.clients)), args.new_tokens, args.calls_per_client))
     else:
-        parts = [(url, list(range(k, args.clients, args.client_procs)), args.new_tokens)
+        parts = [(url, list(range(k, args.clients, args.client_procs)), args.new_tokens, args.calls_per_client)
                  for k in range(args.client_procs)]  # fmt: skip
         tokens = sum(pool.starmap(client_process, parts))
     return time.perf_counter() - t, tokens
+
+
+def host_path(url: str, args: argparse.Namespace, pool: Any) -> None:
+    """The scripted engine's runs: requests per second through the endpoint, nothing to compare with."""
+    endpoint(url, args, pool)  # warm-up: connections, first-call imports
+    rates, cpu_us = [], []
+    requests = args.clients * args.calls_per_client
+    for r in range(args.repeats):
+        cpu = time.process_time()  # this process's CPU: the engine's (with --client-procs, no client work)
+        seconds, tokens = endpoint(url, args, pool)
+        rates.append(requests / seconds)
+        cpu_us.append((time.process_time() - cpu) / requests * 1e6)
+        print(f"repeat {r + 1}: {requests} requests ({tokens} tokens) in {seconds:.2f} s: {rates[-1]:,.0f} "
+              f"requests/s; the engine's process spent {cpu_us[-1]:,.0f} us of CPU per request", flush=True)  # fmt: skip
+    print(f"host path, scripted engine: median {statistics.median(rates):,.0f} requests/s, "
+          f"{statistics.median(cpu_us):,.0f} us of the engine process's CPU per request, over {len(rates)} "
+          f"repeats ({args.api_processes} front-end processes, {args.clients} clients in "
+          f"{args.client_procs or 1} processes, {args.new_tokens} tokens per reply)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -106,12 +158,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--client-procs", type=int, default=4, help="Client processes (0: the server's own).")
+    p.add_argument("--calls-per-client", type=int, default=1, help="Chat calls each client makes in a row.")
+    p.add_argument("--api-processes", type=int, default=1, help="HTTP front-end processes of the server.")
+    p.add_argument(
+        "--engine",
+        choices=["real", "scripted"],
+        default="real",
+        help="real: the reference/fast engine; scripted: instant replies (the host path alone).",
+    )
     args = p.parse_args(argv)
     pool = multiprocessing.get_context("spawn").Pool(args.client_procs) if args.client_procs else None
     with tempfile.TemporaryDirectory() as tmp:
         engine, server, chat = build(args, Path(tmp))
         url = server.start()
         try:
+            if args.engine == "scripted":
+                host_path(url, args, pool)
+                return
             with server.paused():
                 direct(engine, chat, args)  # warm-up: compilation, CUDA graphs
             endpoint(url, args, pool)
@@ -132,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"endpoint throughput / direct: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-"
         f"{max(ratios):.3f} over {len(ratios)} repeats ({args.clients} clients in {args.client_procs or 1} "
-        f"processes, {args.new_tokens} new tokens)"
+        f"processes, {args.new_tokens} new tokens, {args.api_processes} front-end processes)"
     )
 
 

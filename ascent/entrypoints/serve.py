@@ -1,7 +1,7 @@
 """`ascent serve --model DIR`: the policy behind an OpenAI-compatible HTTP API (`ascent.rollout.server`).
 
 It loads the checkpoint into the fast engine on a GPU or the reference engine on a CPU (`--engine`),
-wraps it in an `OpenAIServer` and serves `/v1/chat/completions`, `/v1/completions`, `/v1/models` and
+wraps it in an `OpenAIServer` (its HTTP work in `--api-processes` front-end processes) and serves `/v1/chat/completions`, `/v1/completions`, `/v1/models` and
 `/health` until SIGTERM or Ctrl-C (exit 143 / 130 after a graceful shutdown). An API key is required
 (`--api-key` or ASCENT_API_KEY) unless `--no-api-key` is given, which is allowed only on a loopback
 address. `ascent.cli` registers `serve_command` as the command; heavy imports wait until it runs.
@@ -10,6 +10,7 @@ address. `ascent.cli` registers `serve_command` as the command; heavy imports wa
 from __future__ import annotations
 
 import errno
+import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,14 @@ def serve_command(
     log_level: Annotated[
         str, typer.Option(help="uvicorn's log level: debug, info, warning, error.")
     ] = "info",
+    api_processes: Annotated[
+        str,
+        typer.Option(
+            help="HTTP front-end processes sharing the port, each parsing, templating, tokenizing and "
+            "writing responses, feeding the engine's process token ids (1: all in one process). "
+            "auto: min(8, CPUs/2) on a GPU, 1 on CPU."
+        ),
+    ] = "auto",
 ) -> None:
     """Serve a checkpoint over an OpenAI-compatible API (chat, completions, tools, streaming).
 
@@ -91,6 +100,7 @@ def serve_command(
             max_batch_size=max_batch_size, max_model_len=max_model_len, gpu_memory_fraction=gpu_memory_fraction,
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
             pause_timeout=pause_timeout, trust_remote_code=trust_remote_code,
+            api_processes=parse_api_processes(api_processes),
         )  # fmt: skip
         previous = {s: signal.signal(s, _raise_stopped) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -107,7 +117,11 @@ def serve(server: Any, host: str, port: int, log_level: str) -> None:
     """Run `server` in the foreground; an address that cannot be bound is the user's to fix."""
 
     def bound(url: str) -> None:
-        typer.echo(f"serving {server.options.model_name} at {url} (policy version {server.policy_version})")
+        procs = server.options.api_processes
+        http = f"; HTTP in {procs} front-end processes" if procs > 1 else ""
+        typer.echo(
+            f"serving {server.options.model_name} at {url} (policy version {server.policy_version}{http})"
+        )
 
     try:
         server.run(host, port, log_level, on_bound=bound)
@@ -126,6 +140,24 @@ def _choose(option: str, value: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ServeError(f"{option} {value}: unknown; use one of {', '.join(choices)}.")
     return value
+
+
+def parse_api_processes(value: str) -> int | None:
+    """--api-processes: a count of 1 or more, or auto (None: decided once the device is known)."""
+    if value == "auto":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ServeError(f"--api-processes {value}: use a number of processes (1 or more) or auto.")
+    return int(value)
+
+
+def auto_api_processes(device_type: str) -> int:
+    """min(8, CPUs/2) front ends beside a GPU engine (the rest of the CPUs feed the GPU); 1 on CPU, where
+    the engine itself needs the cores."""
+    if device_type != "cuda":
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(8, cpus // 2))
 
 
 def check_access(host: str, api_key: str | None, no_api_key: bool) -> str | None:
@@ -166,6 +198,7 @@ class ServeSettings:
     top_k: int = 0
     pause_timeout: float = 30.0
     trust_remote_code: bool = False
+    api_processes: int | None = None  # HTTP front-end processes; None: auto_api_processes
 
 
 def build_server(s: ServeSettings) -> Any:
@@ -187,8 +220,10 @@ def build_server(s: ServeSettings) -> Any:
     else:
         kwargs |= {"generation_batch_size": s.max_batch_size}
     limits = Limits(length, max(vocab, len(tokenizer)), s.max_tokens, s.temperature, s.top_p, s.top_k)
+    api_processes = s.api_processes or auto_api_processes(dev.type)
     options = ServerOptions(s.served_model_name or Path(s.model).resolve().name, limits, s.api_key,
-                            max_batch_requests=s.max_batch_size, pause_timeout_s=s.pause_timeout)  # fmt: skip
+                            max_batch_requests=s.max_batch_size, pause_timeout_s=s.pause_timeout,
+                            api_processes=api_processes)  # fmt: skip
     return OpenAIServer(build_engine(name, **kwargs), tokenizer, options)
 
 

@@ -1,5 +1,7 @@
 """`ascent serve` through the real CLI: it serves a tiny model to the official openai client on a free port
-and stops on SIGTERM (exit 143); serving without a key anywhere but localhost is refused with exit 2."""
+(from its own process, and from two front-end processes) and stops on SIGTERM (exit 143), leaving no front
+end behind; serving without a key anywhere but localhost, or with a bad --api-processes, is refused with
+exit 2."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import openai
+import pytest
 
 from tests.integration.conftest import ascent
 
@@ -39,12 +42,28 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float = 120) -> di
     raise AssertionError(f"ascent serve did not answer {url}/health within {timeout_s} s")
 
 
-def test_serve_answers_the_openai_client_and_stops_on_sigterm(tiny_model: Path) -> None:
+def front_end_pids(pid: int) -> list[int]:
+    """The processes `pid` started with multiprocessing's spawn (its front ends), read from /proc."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"spawn_main" in cmdline:
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.parametrize("api_processes", ["1", "2"])
+def test_serve_answers_the_openai_client_and_stops_on_sigterm(tiny_model: Path, api_processes: str) -> None:
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "ASCENT_API_KEY": "s3cret"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "ascent", "serve", "--model", str(tiny_model), "--port", str(port),
-         "--max-tokens", "6", "--served-model-name", "tiny", "--log-level", "warning", "--device", "cpu"],
+         "--max-tokens", "6", "--served-model-name", "tiny", "--log-level", "warning", "--device", "cpu",
+         "--api-processes", api_processes],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:
@@ -60,11 +79,14 @@ def test_serve_answers_the_openai_client_and_stops_on_sigterm(tiny_model: Path) 
             raise AssertionError("a wrong key was accepted")
         except openai.AuthenticationError:
             pass
+        front_ends = front_end_pids(proc.pid)
+        assert len(front_ends) == (0 if api_processes == "1" else 2)
     finally:
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 143, stderr
     assert f"at http://127.0.0.1:{port}/v1" in stdout and "stopped by SIGTERM" in stderr
+    assert all(not Path(f"/proc/{pid}").exists() for pid in front_ends)  # stopped with it
 
 
 def test_serve_refuses_keyless_serving_off_localhost(tiny_model: Path) -> None:
@@ -74,6 +96,10 @@ def test_serve_refuses_keyless_serving_off_localhost(tiny_model: Path) -> None:
         assert proc.returncode == 2 and "loopback" in proc.stderr and "Traceback" not in proc.stderr
         proc = ascent("serve", "--model", str(tiny_model), check=False)
         assert proc.returncode == 2 and "--api-key is not set" in proc.stderr
+        proc = ascent(
+            "serve", "--model", str(tiny_model), "--no-api-key", "--api-processes", "0", check=False
+        )
+        assert proc.returncode == 2 and "--api-processes 0" in proc.stderr and "Traceback" not in proc.stderr
     finally:
         if env_key is not None:
             os.environ["ASCENT_API_KEY"] = env_key

@@ -7,6 +7,10 @@ batching concurrent requests) -> the engine; back through `handlers` (chat and c
 `responses` (OpenAI shapes), `streaming` (tokens to SSE) and `chat` (messages and tool calls). `recorder`
 keeps every sample token-exact per session for training; `errors` gives every failure OpenAI's shape;
 `app` is the FastAPI wiring. FastAPI and uvicorn are imported only by this package.
+
+The handlers talk to the engine through `front.Front`. With `ServerOptions.api_processes` > 1 they run in
+front-end processes (`frontend`, kept running by `pool`), which send token ids and sampling params over
+`ipc` channels to the `hub` in the engine's process; the recorder and the threads stay there.
 """
 
 from ascent.rollout.server.batcher import Batcher, BatchResult, EnginePaused, StreamingEngine

@@ -22,7 +22,7 @@ from ascent.rollout.server.errors import APIError, validation_error
 from ascent.rollout.server.schemas import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
-    from ascent.rollout.server.server import OpenAIServer
+    from ascent.rollout.server.front import Front
 
 SESSION_HEADER = "x-session-id"
 
@@ -77,8 +77,9 @@ def session_checker(api_key: str | None) -> Any:
     return check
 
 
-def build_app(server: OpenAIServer) -> FastAPI:
-    app = FastAPI(title="ascent", docs_url=None, redoc_url=None, openapi_url=None)
+def build_app(server: Front, lifespan: Any = None) -> FastAPI:
+    """The routes over `server` (this process's engine, or a front-end process's channel to it)."""
+    app = FastAPI(title="ascent", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(HTTPException, _http_error)
@@ -88,7 +89,7 @@ def build_app(server: OpenAIServer) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "policy_version": server.policy_version, "paused": server.batcher.paused}
+        return await server.health()
 
     @app.get("/v1/models")
     async def models(_: str = session) -> dict[str, Any]:

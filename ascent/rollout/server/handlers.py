@@ -20,6 +20,7 @@ from ascent.messages import GenerationRequest
 from ascent.rollout.server.batcher import BatchResult
 from ascent.rollout.server.chat import cut_at_stop, split_tool_calls
 from ascent.rollout.server.errors import APIError
+from ascent.rollout.server.front import Front, result_of
 from ascent.rollout.server.prepare import (
     chat_inputs,
     chat_prompt,
@@ -39,13 +40,12 @@ from ascent.rollout.server.responses import (
     usage_chunk,
 )
 from ascent.rollout.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingBody
-from ascent.rollout.server.server import OpenAIServer, result_of
 from ascent.rollout.server.streaming import TextStream, TokenFeed, sse
 
 Chunks = AsyncIterator[dict[str, Any]]
 
 
-def check_model(server: OpenAIServer, body: SamplingBody) -> None:
+def check_model(server: Front, body: SamplingBody) -> None:
     name = server.options.model_name
     if body.model != name and not server.options.any_model:
         raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{name}`.",
@@ -79,7 +79,7 @@ class _Reply:
     cut: bool
 
 
-def _chat_replies(server: OpenAIServer, body: ChatCompletionRequest, result: BatchResult) -> list[_Reply]:
+def _chat_replies(server: Front, body: ChatCompletionRequest, result: BatchResult) -> list[_Reply]:
     """Each sample's text cut at the stop strings and, with tools, split into content and tool calls."""
     out = []
     for gen in result.generations:
@@ -99,7 +99,7 @@ class _Chat:
     prompt_ids: list[int]
 
 
-def _remember(server: OpenAIServer, call: _Chat, result: BatchResult, replies: list[_Reply]) -> None:
+async def _remember(server: Front, call: _Chat, result: BatchResult, replies: list[_Reply]) -> None:
     """Keep each reply that ended on the end-of-turn token, so the call that echoes it continues its ids
     (`threads.py`); a reply cut by length or by a stop string is not a finished turn."""
     eos = server.tokenizer.eos_token_id
@@ -110,16 +110,16 @@ def _remember(server: OpenAIServer, call: _Chat, result: BatchResult, replies: l
             {"function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}}
             for c in r.calls
         ]}  # fmt: skip
-        server.threads.remember(
+        await server.remember(
             call.session, call.messages, call.tools, reply, [*call.prompt_ids, *gen.token_ids]
         )
 
 
-async def chat_completions(server: OpenAIServer, body: ChatCompletionRequest, session: str) -> Any:
+async def chat_completions(server: Front, body: ChatCompletionRequest, session: str) -> Any:
     check_model(server, body)
     limits = server.options.limits
     messages, tools = chat_inputs(body)
-    prompt_ids = server.threads.prompt_ids(session, messages, tools, server.chat)
+    prompt_ids = await server.remembered_ids(session, messages, tools)
     if prompt_ids is None:
         prompt_ids = chat_prompt(server.chat, messages, tools)
     call = _Chat(session, messages, tools, prompt_ids)
@@ -132,11 +132,11 @@ async def chat_completions(server: OpenAIServer, body: ChatCompletionRequest, se
         return _streaming(_chat_chunks(server, body, meta, feed, call))
     result = await server.generate(request, session, "chat", meta.completion_id)
     replies = _chat_replies(server, body, result)
-    _remember(server, call, result, replies)
+    await _remember(server, call, result, replies)
     return _chat_body(server, body, meta, prompt_ids, result, replies)
 
 
-def _chat_body(server: OpenAIServer, body: ChatCompletionRequest, meta: Meta, prompt_ids: list[int],
+def _chat_body(server: Front, body: ChatCompletionRequest, meta: Meta, prompt_ids: list[int],
                result: BatchResult, replies: list[_Reply]) -> dict[str, Any]:  # fmt: skip
     choices = []
     for i, (gen, r) in enumerate(zip(result.generations, replies, strict=True)):
@@ -150,7 +150,7 @@ def _chat_body(server: OpenAIServer, body: ChatCompletionRequest, meta: Meta, pr
     return out
 
 
-async def _chat_chunks(server: OpenAIServer, body: ChatCompletionRequest, meta: Meta, feed: TokenFeed,
+async def _chat_chunks(server: Front, body: ChatCompletionRequest, meta: Meta, feed: TokenFeed,
                        call: _Chat) -> Chunks:  # fmt: skip
     tools = _uses_tools(body)
     texts = [TextStream(server.decode, body.stop_strings()) for _ in range(body.n)]
@@ -167,7 +167,7 @@ async def _chat_chunks(server: OpenAIServer, body: ChatCompletionRequest, meta: 
         yield err.body()
         return
     replies = _chat_replies(server, body, result)
-    _remember(server, call, result, replies)
+    await _remember(server, call, result, replies)
     for i, r in enumerate(replies):
         tail = r.content if tools else texts[i].finish()
         if tail:
@@ -182,7 +182,7 @@ async def _chat_chunks(server: OpenAIServer, body: ChatCompletionRequest, meta: 
 # ---- completions -----------------------------------------------------------------------------------------
 
 
-async def completions(server: OpenAIServer, body: CompletionRequest, session: str) -> Any:
+async def completions(server: Front, body: CompletionRequest, session: str) -> Any:
     check_model(server, body)
     limits = server.options.limits
     prompts = completion_prompts(server.tokenizer, body, limits)
@@ -208,7 +208,7 @@ async def completions(server: OpenAIServer, body: CompletionRequest, session: st
     return _completion_body(server, body, meta, prompts, results)
 
 
-def _completion_body(server: OpenAIServer, body: CompletionRequest, meta: Meta, prompts: list[list[int]],
+def _completion_body(server: Front, body: CompletionRequest, meta: Meta, prompts: list[list[int]],
                      results: list[BatchResult]) -> dict[str, Any]:  # fmt: skip
     choices, samples = [], [g for r in results for g in r.generations]
     for i, gen in enumerate(samples):
@@ -233,7 +233,7 @@ def _text_chunk(meta: Meta, index: int, text: str, finish: str | None = None,
     return {**meta.head("text_completion"), "choices": [choice]}
 
 
-async def _completion_chunks(server: OpenAIServer, body: CompletionRequest, meta: Meta, feed: TokenFeed,
+async def _completion_chunks(server: Front, body: CompletionRequest, meta: Meta, feed: TokenFeed,
                              prompts: list[list[int]]) -> Chunks:  # fmt: skip
     texts = [TextStream(server.decode, body.stop_strings()) for _ in range(len(prompts) * body.n)]
     async for index, token_id, logprob in feed.events():

@@ -6,6 +6,9 @@ reason, keyed by a session (the `X-Session-Id` header, else the caller's API key
 that talks to the server (design: "Agents written against the OpenAI API can be trained too") drains a
 session's records into episodes: nothing is re-tokenized from the text the agent saw.
 
+A record's `response_text` is decoded when it is read (`drain`, `peek`) with the recorder's `decode`, not
+when it is recorded: detokenizing is the front ends' work, and the engine's process only records.
+
 The recorder is bounded (`max_records`): past it, records of the session held longest are dropped, oldest
 first, and counted in `dropped`, so a server nobody drains cannot grow without limit.
 """
@@ -15,7 +18,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ascent.messages import FinishReason
@@ -43,12 +47,13 @@ class CompletionRecord:
 
 
 class Recorder:
-    """Thread-safe, in-memory store of `CompletionRecord`s by session, in the order they completed."""
+    """Thread-safe, in-memory store of `CompletionRecord`s by session, in the order they completed.
+    `decode(ids) -> text` fills each record's `response_text` as it is read (None: left as recorded)."""
 
-    def __init__(self, max_records: int = 100_000) -> None:
+    def __init__(self, max_records: int = 100_000, decode: Callable[[list[int]], str] | None = None) -> None:
         if max_records < 1:
             raise ValueError(f"max_records={max_records}: set it to 1 or more.")
-        self.max_records = max_records
+        self.max_records, self.decode = max_records, decode
         self.dropped = 0
         self._lock = threading.Lock()
         self._sessions: OrderedDict[str, deque[CompletionRecord]] = OrderedDict()
@@ -66,12 +71,19 @@ class Recorder:
         with self._lock:
             records = list(self._sessions.pop(session_id, ()))
             self._count -= len(records)
-            return records
+        return self._texts(records)
 
     def peek(self, session_id: str) -> list[CompletionRecord]:
         """The session's records, oldest first, left in place."""
         with self._lock:
-            return list(self._sessions.get(session_id, ()))
+            records = list(self._sessions.get(session_id, ()))
+        return self._texts(records)
+
+    def _texts(self, records: list[CompletionRecord]) -> list[CompletionRecord]:
+        if self.decode is None:
+            return records
+        decode = self.decode
+        return [replace(r, response_text=decode(r.response_ids)) for r in records]
 
     def sessions(self) -> list[str]:
         """Sessions holding records, the one whose first record is oldest first."""

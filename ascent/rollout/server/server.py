@@ -3,10 +3,16 @@ API can be trained too"; the package map's "HTTP server" in `ascent.rollout`).
 
 It ties together an engine (owned by the `Batcher` thread), a tokenizer, the `Recorder` and the FastAPI app
 (`app.py`), and `Threads`, which lets an agent's next call continue the exact ids of the reply it echoes. It
-runs in the foreground (`run`, what `ascent serve` does) or on a background thread (`start`,
-for tests and for a training loop that serves its own policy). Weight updates go through `paused()`: new
-requests wait (up to `pause_timeout_s`, then 503 with Retry-After) while the running ones finish and the
-weights are swapped; `update_weights` does all of it and bumps the policy version the records carry.
+runs in the foreground (`run`, what `ascent serve` does) or on a background thread (`start`, for tests and
+for a training loop that serves its own policy). Weight updates go through `paused()`: new requests wait (up
+to `pause_timeout_s`, then 503 with Retry-After) while the running ones finish and the weights are swapped;
+`update_weights` does all of it and bumps the policy version the records carry.
+
+With `api_processes=1` the HTTP handlers run in this process, on uvicorn's event loop. With N > 1 they run in
+N front-end processes sharing the listening socket (`pool.py`, `frontend.py`), which send only token ids and
+sampling params here (`hub.py`), so the per-request host work no longer competes with the engine's loop for
+this interpreter. Either way the batcher, the recorder and the threads live here: `take`, `pause` and
+`update_weights` work the same.
 """
 
 from __future__ import annotations
@@ -22,11 +28,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from ascent.envs.chat import ChatTokens
 from ascent.messages import GenerationRequest
 from ascent.rollout.base import RolloutEngine
 from ascent.rollout.server.batcher import Batcher, BatchResult, EnginePaused, TokenCallback
-from ascent.rollout.server.errors import APIError
+from ascent.rollout.server.front import Front, unavailable
 from ascent.rollout.server.prepare import Limits
 from ascent.rollout.server.recorder import CompletionRecord, Endpoint, Recorder
 from ascent.rollout.server.threads import Threads
@@ -37,7 +42,8 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ServerOptions:
     """How the server answers. `api_key=None` accepts any caller (bind to localhost only: `ascent serve`
-    refuses anything else); `limits` holds the context length and sampling defaults."""
+    refuses anything else); `limits` holds the context length and sampling defaults; `api_processes` is the
+    number of HTTP front-end processes (1: the HTTP work runs in the engine's own process)."""
 
     model_name: str
     limits: Limits
@@ -47,9 +53,17 @@ class ServerOptions:
     retry_after_s: int = 5
     max_records: int = 100_000
     any_model: bool = False  # answer whatever model name a call asks for (a training run's own endpoint)
+    api_processes: int = 1
 
 
-class OpenAIServer:
+def uvicorn_config(app: Any, host: str, log_level: str) -> Any:
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, log_level=log_level, timeout_graceful_shutdown=5,
+                          access_log=log_level == "debug")  # fmt: skip
+
+
+class OpenAIServer(Front):
     """See the module docstring. `engine` is used only from the batcher thread once the server starts."""
 
     def __init__(
@@ -63,14 +77,16 @@ class OpenAIServer:
     ) -> None:
         from ascent.rollout.server.app import build_app
 
-        self.options = options
-        self.tokenizer = tokenizer
-        self.chat = ChatTokens(tokenizer)
+        if options.api_processes < 1:
+            raise ValueError(f"api_processes={options.api_processes}: set it to 1 or more.")
+        super().__init__(tokenizer, options)
         self.batcher = Batcher(engine, options.max_batch_requests, policy_version)
-        self.recorder = recorder if recorder is not None else Recorder(options.max_records)
+        self.recorder = recorder if recorder is not None else Recorder(options.max_records, self.decode)
         self.threads = Threads()  # finished replies, so a call that echoes one continues its exact ids
         self.app = build_app(self)
         self.url: str | None = None
+        self.frontends: Any = None  # the FrontendPool when api_processes > 1
+        self._hub: Any = None
         self._uvicorn: Any = None
         self._thread: threading.Thread | None = None
 
@@ -78,26 +94,17 @@ class OpenAIServer:
     def policy_version(self) -> int:
         return self.batcher.policy_version
 
-    # ---- text helpers (used on the event loop thread only) -----------------------------------------------
-
-    def decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
-
-    def piece(self, ids: list[int]) -> str:
-        """A token's own text for logprobs, special tokens included."""
-        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
-
     # ---- running -----------------------------------------------------------------------------------------
 
-    def _config(self, host: str, log_level: str) -> Any:
-        import uvicorn
-
-        return uvicorn.Config(self.app, host=host, log_level=log_level, timeout_graceful_shutdown=5,
-                              access_log=log_level == "debug")  # fmt: skip
-
     def _bind(self, host: str, port: int) -> socket.socket:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.create_server((host, port), family=family)
+        """The listening socket (one process), or the bound one holding the port for the front ends."""
+        if self.options.api_processes > 1:
+            from ascent.rollout.server.frontend import reuse_port_socket
+
+            sock = reuse_port_socket(host, port, listen=False)
+        else:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.create_server((host, port), family=family, backlog=2048)
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{sock.getsockname()[1]}/v1"
         return sock
@@ -108,7 +115,11 @@ class OpenAIServer:
 
         sock = self._bind(host, port)
         self.batcher.start()
-        self._uvicorn = uvicorn.Server(self._config(host, log_level))
+        if self.options.api_processes > 1:
+            self._start_frontends(sock, host, log_level)
+            assert self.url is not None
+            return self.url
+        self._uvicorn = uvicorn.Server(uvicorn_config(self.app, host, log_level))
         self._thread = threading.Thread(
             target=self._uvicorn.run, kwargs={"sockets": [sock]}, name="ascent-http", daemon=True
         )
@@ -124,8 +135,9 @@ class OpenAIServer:
     def run(
         self, host: str, port: int, log_level: str = "info", on_bound: Callable[[str], None] | None = None
     ) -> None:
-        """Serve in the foreground until SIGINT/SIGTERM: uvicorn shuts down gracefully, then raises the signal
-        again for the previous handler. `on_bound(url)` is called once the port is bound."""
+        """Serve in the foreground until SIGINT/SIGTERM: uvicorn (or, with front-end processes, the caller's
+        signal handler) stops it gracefully. `on_bound(url)` is called once the port is bound. Raises
+        `pool.FrontendError` if the front-end processes cannot be started or kept running."""
         import uvicorn
 
         sock = self._bind(host, port)
@@ -133,11 +145,34 @@ class OpenAIServer:
             assert self.url is not None
             on_bound(self.url)
         self.batcher.start()
-        self._uvicorn = uvicorn.Server(self._config(host, log_level))
         try:
-            self._uvicorn.run(sockets=[sock])
+            if self.options.api_processes > 1:
+                self._start_frontends(sock, host, log_level)
+                self.frontends.wait()
+            else:
+                self._uvicorn = uvicorn.Server(uvicorn_config(self.app, host, log_level))
+                self._uvicorn.run(sockets=[sock])
         finally:
+            self._stop_frontends()
             self.batcher.close()
+
+    def _start_frontends(self, sock: socket.socket, host: str, log_level: str) -> None:
+        from ascent.rollout.server.frontend import FrontendSpec
+        from ascent.rollout.server.hub import EngineHub
+        from ascent.rollout.server.pool import FrontendPool
+
+        self._hub = EngineHub(self)
+        self._hub.start()
+        port = int(sock.getsockname()[1])
+        spec = FrontendSpec(self._hub.path, self.options, self.tokenizer, host, port, log_level)
+        self.frontends = FrontendPool(self._hub, sock, spec, self.options.api_processes)
+        self.frontends.start()
+
+    def _stop_frontends(self) -> None:
+        if self.frontends is not None:
+            self.frontends.stop()
+        if self._hub is not None:
+            self._hub.close()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the background server started by `start` and the batcher."""
@@ -145,6 +180,7 @@ class OpenAIServer:
             self._uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout_s)
+        self._stop_frontends()
         self.batcher.close()
 
     def take(self, session: str) -> list[CompletionRecord]:
@@ -175,13 +211,12 @@ class OpenAIServer:
             self.batcher.engine.update_weights(named_tensors)
             self.batcher.policy_version = version
 
-    # ---- generation (called by the HTTP handlers, on the event loop) -------------------------------------
+    # ---- Front: the engine, here (called on an event loop: uvicorn's, or the hub's) ----------------------
 
     async def submit(
         self, request: GenerationRequest, session: str, endpoint: Endpoint, completion_id: str,
         on_token: TokenCallback | None = None, first_index: int = 0,
     ) -> Future[BatchResult]:  # fmt: skip
-        """Queue `request` (waiting out a weight update, up to pause_timeout_s); record it once it is done."""
         deadline = time.monotonic() + self.options.pause_timeout_s
         while True:
             try:
@@ -189,31 +224,31 @@ class OpenAIServer:
                 break
             except EnginePaused:
                 if time.monotonic() >= deadline:
-                    raise self._unavailable("the model's weights are being updated") from None
+                    raise unavailable(
+                        "the model's weights are being updated", self.options.retry_after_s
+                    ) from None
                 await asyncio.sleep(0.02)
             except RuntimeError as err:  # shutting down
-                raise self._unavailable(str(err)) from None
-        loop = asyncio.get_running_loop()
-
-        def done(f: Future[BatchResult]) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is gone: the server is stopping
-                loop.call_soon_threadsafe(
-                    self._record, f, request, session, endpoint, completion_id, first_index
-                )
-
-        future.add_done_callback(done)
+                raise unavailable(str(err), self.options.retry_after_s) from None
+        # recorded on the batcher's thread as the request ends, before anyone waiting on it hears of it
+        future.add_done_callback(
+            lambda f: self._record(f, request, session, endpoint, completion_id, first_index)
+        )
         return future
 
-    async def generate(
-        self, request: GenerationRequest, session: str, endpoint: Endpoint, completion_id: str
-    ) -> BatchResult:
-        future = await self.submit(request, session, endpoint, completion_id)
-        return await result_of(future)
+    def health_now(self) -> dict[str, Any]:
+        return {"status": "ok", "policy_version": self.policy_version, "paused": self.batcher.paused}
 
-    def _unavailable(self, why: str) -> APIError:
-        retry = self.options.retry_after_s
-        return APIError(503, f"{why}; retry in {retry} s.", code="engine_paused", kind="server_error",
-                        headers={"Retry-After": str(retry)})  # fmt: skip
+    async def health(self) -> dict[str, Any]:
+        return self.health_now()
+
+    async def _match(
+        self, session: str, digests: list[bytes], assistant_at: int
+    ) -> tuple[int, list[int]] | None:
+        return self.threads.match(session, digests, assistant_at)
+
+    async def _remember(self, session: str, length: int, digest: bytes, ids: list[int]) -> None:
+        self.threads.remember(session, length, digest, ids)
 
     def _record(self, future: Future[BatchResult], request: GenerationRequest, session: str,
                 endpoint: Endpoint, completion_id: str, first_index: int) -> None:  # fmt: skip
@@ -226,15 +261,4 @@ class OpenAIServer:
                 prompt_ids=list(request.prompt_ids), response_ids=list(gen.token_ids),
                 logprobs=list(gen.logprobs), finish_reason=gen.finish_reason,
                 policy_version=result.policy_version, token_versions=list(gen.token_versions),
-                response_text=self.decode(gen.token_ids),
             ))  # fmt: skip
-
-
-async def result_of(future: Future[BatchResult]) -> BatchResult:
-    """Await the batcher's future; an engine failure is a 500 in OpenAI's shape."""
-    try:
-        return await asyncio.wrap_future(future)
-    except APIError:
-        raise
-    except Exception as err:
-        raise APIError(500, f"the engine failed: {type(err).__name__}: {err}", kind="server_error") from err

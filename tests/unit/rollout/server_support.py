@@ -74,9 +74,13 @@ def chat_user_text(request: GenerationRequest) -> list[int]:
     return request.prompt_ids[2:-3]
 
 
+API_PROCESSES = [1, 2]  # the server's HTTP work in its own process, and in two front-end processes
+
+
 @contextlib.contextmanager
 def serving(engine: Any, model_dir: Path, **options: Any) -> Iterator[OpenAIServer]:
-    """An OpenAIServer on `engine` with the tokenizer of `model_dir`, on a free port, for the `with` body."""
+    """An OpenAIServer on `engine` with the tokenizer of `model_dir`, on a free port, for the `with` body
+    (`api_processes=2`: its HTTP work in two front-end processes, the engine in this one)."""
     tokenizer = load_tokenizer(model_dir)
     limits = Limits(options.pop("max_model_len", 512), len(tokenizer), options.pop("default_max_tokens", 16))
     server = OpenAIServer(

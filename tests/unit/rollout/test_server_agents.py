@@ -14,17 +14,17 @@ from ascent.cluster.isolated import IsolatedRunner
 from ascent.envs.openai_agents import AgentJob, AgentLoadError, AgentSpec, load_agent, play
 from ascent.messages import GenerationRequest
 from ascent.rollout.server import OpenAIServer
-from tests.unit.rollout.server_support import EOS, KEY, ScriptedEngine, serving
+from tests.unit.rollout.server_support import API_PROCESSES, EOS, KEY, ScriptedEngine, serving
 
 AGENTS = "tests.unit.rollout.scripted_agents"
 
 
-@pytest.fixture(scope="module")
-def server(chat_model: Path) -> Iterator[OpenAIServer]:
+@pytest.fixture(scope="module", params=API_PROCESSES, ids=lambda n: f"api_processes={n}")
+def server(chat_model: Path, request: pytest.FixtureRequest) -> Iterator[OpenAIServer]:
     def reply(request: GenerationRequest) -> list[int]:
         return [request.prompt_ids[-4], EOS]
 
-    with serving(ScriptedEngine(reply), chat_model, any_model=True) as srv:
+    with serving(ScriptedEngine(reply), chat_model, any_model=True, api_processes=request.param) as srv:
         yield srv
 
 

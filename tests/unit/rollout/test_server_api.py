@@ -19,15 +19,17 @@ from ascent.messages import GenerationRequest, SamplingParams
 from ascent.models.loading import load_tokenizer
 from ascent.rollout import build_engine
 from ascent.rollout.server import OpenAIServer
-from tests.unit.rollout.server_support import KEY, client, serving
+from tests.unit.rollout.server_support import API_PROCESSES, KEY, client, serving
 
 HI = [{"role": "user", "content": "hi there"}]
 
 
-@pytest.fixture(scope="module")
-def server(chat_model: Path) -> Iterator[OpenAIServer]:
+@pytest.fixture(scope="module", params=API_PROCESSES, ids=lambda n: f"api_processes={n}")
+def server(chat_model: Path, request: pytest.FixtureRequest) -> Iterator[OpenAIServer]:
     engine = build_engine("reference", model_path=chat_model, device="cpu")
-    with serving(engine, chat_model, max_model_len=512, default_max_tokens=12) as srv:
+    with serving(
+        engine, chat_model, max_model_len=512, default_max_tokens=12, api_processes=request.param
+    ) as srv:
         yield srv
 
 

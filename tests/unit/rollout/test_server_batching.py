@@ -16,6 +16,7 @@ import pytest
 from ascent.messages import GenerationRequest, SamplingParams
 from ascent.rollout.server import Batcher
 from tests.unit.rollout.server_support import (
+    API_PROCESSES,
     EOS,
     ScriptedEngine,
     StreamingScriptedEngine,
@@ -30,9 +31,12 @@ def echo(request: GenerationRequest) -> list[int]:
     return [*chat_user_text(request), EOS]
 
 
-def test_100_concurrent_requests_get_their_own_answers_in_shared_batches(chat_model: Path) -> None:
+@pytest.mark.parametrize("api_processes", API_PROCESSES)
+def test_100_concurrent_requests_get_their_own_answers_in_shared_batches(
+    chat_model: Path, api_processes: int
+) -> None:
     engine = ScriptedEngine(echo, delay_s=0.05)
-    with serving(engine, chat_model) as server:
+    with serving(engine, chat_model, api_processes=api_processes) as server:
         c = async_client(server)
 
         async def ask(i: int) -> str:
@@ -57,9 +61,12 @@ def test_100_concurrent_requests_get_their_own_answers_in_shared_batches(chat_mo
             assert rec.response_text == f"q{i}" and rec.response_ids == [*rec.prompt_ids[2:-3], EOS]
 
 
-def test_paused_server_answers_503_with_retry_after_then_serves(chat_model: Path) -> None:
+@pytest.mark.parametrize("api_processes", API_PROCESSES)
+def test_paused_server_answers_503_with_retry_after_then_serves(chat_model: Path, api_processes: int) -> None:
     engine = ScriptedEngine(echo)
-    with serving(engine, chat_model, pause_timeout_s=0.3, retry_after_s=2) as server:
+    with serving(
+        engine, chat_model, pause_timeout_s=0.3, retry_after_s=2, api_processes=api_processes
+    ) as server:
         c = client(server)
         server.pause()
         start = time.monotonic()
@@ -72,9 +79,10 @@ def test_paused_server_answers_503_with_retry_after_then_serves(chat_model: Path
         assert out.choices[0].message.content == "y"
 
 
-def test_weight_update_bumps_the_policy_version_of_records(chat_model: Path) -> None:
+@pytest.mark.parametrize("api_processes", API_PROCESSES)
+def test_weight_update_bumps_the_policy_version_of_records(chat_model: Path, api_processes: int) -> None:
     engine = ScriptedEngine(echo)
-    with serving(engine, chat_model) as server:
+    with serving(engine, chat_model, api_processes=api_processes) as server:
         c = client(server)
         c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a"}])
         server.update_weights([("lm_head.weight", None)], version=3)
@@ -96,9 +104,10 @@ def test_pause_waits_for_running_requests() -> None:
     batcher.close()
 
 
-def test_client_leaving_mid_stream_leaves_the_server_up(chat_model: Path) -> None:
+@pytest.mark.parametrize("api_processes", API_PROCESSES)
+def test_client_leaving_mid_stream_leaves_the_server_up(chat_model: Path, api_processes: int) -> None:
     engine = StreamingScriptedEngine(lambda r: [*([40] * 30), EOS], token_delay_s=0.02)
-    with serving(engine, chat_model, default_max_tokens=64) as server:
+    with serving(engine, chat_model, default_max_tokens=64, api_processes=api_processes) as server:
         c = client(server)
         stream = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "go"}], stream=True,
                                            extra_headers={"X-Session-Id": "gone"})  # fmt: skip
@@ -117,13 +126,14 @@ def test_client_leaving_mid_stream_leaves_the_server_up(chat_model: Path) -> Non
         assert len(rec.response_ids) == 31
 
 
-def test_a_request_that_breaks_the_engine_fails_alone_with_500(chat_model: Path) -> None:
+@pytest.mark.parametrize("api_processes", API_PROCESSES)
+def test_a_request_that_breaks_the_engine_fails_alone_with_500(chat_model: Path, api_processes: int) -> None:
     def reply(request: GenerationRequest) -> list[int]:
         if len(chat_user_text(request)) == 4:  # "boom"
             raise RuntimeError("engine exploded")
         return echo(request)
 
-    with serving(ScriptedEngine(reply, delay_s=0.05), chat_model) as server:
+    with serving(ScriptedEngine(reply, delay_s=0.05), chat_model, api_processes=api_processes) as server:
         c = async_client(server)
 
         async def ask(text: str) -> str:

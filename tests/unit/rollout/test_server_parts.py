@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ascent.entrypoints.serve import ServeError, check_access
+from ascent.entrypoints import serve as serve_module
+from ascent.entrypoints.serve import ServeError, auto_api_processes, check_access, parse_api_processes
 from ascent.rollout.server.chat import split_tool_calls
 from ascent.rollout.server.errors import APIError, field_path
 from ascent.rollout.server.prepare import Limits, token_budget
@@ -82,3 +83,13 @@ def test_serve_access_rules() -> None:
         check_access("127.0.0.1", None, False)
     with pytest.raises(ServeError, match="choose one"):
         check_access("127.0.0.1", "k", True)
+
+
+def test_api_processes_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_api_processes("auto") is None and parse_api_processes("3") == 3
+    for bad in ["0", "-1", "two"]:
+        with pytest.raises(ServeError, match=f"--api-processes {bad}: use a number"):
+            parse_api_processes(bad)
+    for cpus, expected in [(32, 8), (6, 3), (1, 1)]:
+        monkeypatch.setattr(serve_module.os, "sched_getaffinity", lambda _, n=cpus: set(range(n)))
+        assert auto_api_processes("cuda") == expected and auto_api_processes("cpu") == 1

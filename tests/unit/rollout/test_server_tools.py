@@ -13,7 +13,7 @@ import pytest
 from ascent.messages import GenerationRequest
 from ascent.models.loading import load_tokenizer
 from ascent.rollout.server import OpenAIServer
-from tests.unit.rollout.server_support import EOS, ScriptedEngine, client, serving
+from tests.unit.rollout.server_support import API_PROCESSES, EOS, ScriptedEngine, client, serving
 
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two numbers.",
@@ -25,8 +25,8 @@ def tok(chat_model: Path):
     return load_tokenizer(chat_model)
 
 
-@pytest.fixture(scope="module")
-def server(chat_model: Path, tok) -> Iterator[OpenAIServer]:
+@pytest.fixture(scope="module", params=API_PROCESSES, ids=lambda n: f"api_processes={n}")
+def server(chat_model: Path, tok, request: pytest.FixtureRequest) -> Iterator[OpenAIServer]:
     """Replies with a tool call to the first question, and with the last tool result afterwards."""
     call_ids = tok.encode("Let me add. " + CALL, add_special_tokens=False) + [EOS]
 
@@ -39,7 +39,9 @@ def server(chat_model: Path, tok) -> Iterator[OpenAIServer]:
             return tok.encode("one two three four", add_special_tokens=False) + [EOS]
         return call_ids
 
-    with serving(ScriptedEngine(reply), chat_model, default_max_tokens=200) as srv:
+    with serving(
+        ScriptedEngine(reply), chat_model, default_max_tokens=200, api_processes=request.param
+    ) as srv:
         yield srv
 
 
@@ -110,9 +112,11 @@ def _agent_turns(server: OpenAIServer, session: str) -> None:
     c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS)
 
 
-def test_an_echoed_reply_continues_its_exact_ids(chat_model: Path, tok) -> None:
+@pytest.mark.parametrize("api_processes", API_PROCESSES)
+def test_an_echoed_reply_continues_its_exact_ids(chat_model: Path, tok, api_processes: int) -> None:
     """The model writes its call with its own JSON spacing and key order; a re-render of the history would
-    write other ids. The second call of the session starts with exactly the first call's prompt and reply."""
+    write other ids. The second call of the session starts with exactly the first call's prompt and reply
+    (with two front ends, whichever process each call lands on)."""
     odd = '<tool_call>{"arguments":{"b":1,"a":4},"name":"add"}</tool_call>'
     call_ids = tok.encode(odd, add_special_tokens=False) + [EOS]
 
@@ -122,7 +126,9 @@ def test_an_echoed_reply_continues_its_exact_ids(chat_model: Path, tok) -> None:
             tok.encode("It is 5.", add_special_tokens=False) + [EOS] if "<|im_start|>t" in text else call_ids
         )
 
-    with serving(ScriptedEngine(reply), chat_model, default_max_tokens=200) as srv:
+    with serving(
+        ScriptedEngine(reply), chat_model, default_max_tokens=200, api_processes=api_processes
+    ) as srv:
         _agent_turns(srv, "s1")
         first, second = srv.take("s1")
         assert first.response_ids == call_ids
