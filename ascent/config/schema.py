@@ -140,17 +140,31 @@ class RolloutConfig(Section):
 
     env_isolation: Literal["process", "inline"] = Field(
         "process",
-        description="With rollout.env or rollout.agent: `process` runs the environments (agents) in worker "
-        "processes (a hang or crash costs episodes, not the run); `inline` in the controller (breakpoint() "
-        "works; a hang hangs the run).",
+        description="With rollout.env or rollout.agent: `process` runs the environments out of the controller "
+        "(a hang or crash costs episodes, not the run): with cluster.backend=inline in worker processes on "
+        "this machine, started for each batch; with cluster.backend=ray in Ray actors spread over the "
+        "cluster's nodes, kept for the whole run (replaced when one fails). Agents (rollout.agent) and the "
+        "one reset per row that renders the prompts at start-up always run in processes on the controller's "
+        "node. `inline` runs them in the controller (breakpoint() works; a hang hangs the run).",
     )
     env_timeout_s: float = Field(
-        60.0, gt=0, description="With rollout.env_isolation=process: most seconds one reset or step may take."
+        60.0,
+        gt=0,
+        description="With rollout.env_isolation=process: most seconds one reset or step may take; past it the "
+        "process (Ray actor) is killed and replaced, and its episodes end with the error.",
     )
     env_workers: int | None = Field(
         None,
         gt=0,
-        description="With rollout.env_isolation=process: environment (or agent) processes (null: min(4, CPUs)).",
+        description="With rollout.env_isolation=process: environment (or agent) processes (null: min(4, CPUs)); "
+        "with cluster.backend=ray, environment actors (null: 4 per node, as many as the CPUs the workers "
+        "leave free hold).",
+    )
+    env_cpus: float = Field(
+        1.0,
+        gt=0,
+        description="With cluster.backend=ray and rollout.env_isolation=process: CPUs each environment actor "
+        "asks Ray for (on top of the workers' cluster.cpus_per_worker).",
     )
     max_episode_tokens: int = Field(
         512,

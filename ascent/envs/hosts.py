@@ -7,44 +7,73 @@ from its environment's name (`make_env`), so environments keep their state betwe
 Hosts work in parallel, one command at a time each; every command has `timeout_s`. A command that times out
 or whose host dies ends that episode with the reason, the host is replaced, and the other episodes it held
 end too ("lost with its process"): an environment cannot be moved out of a process that is gone.
-`HostedEnvs` is the runner's view of them (`reset` / `step` for a batch), `InProcessEnvs` the same in this
-process (no isolation, `breakpoint()` works).
+`HostedEnvs` is the runner's view of any `Hosts` (`reset` / `step` for a batch), `InProcessEnvs` the same in
+this process (no isolation, `breakpoint()` works).
+
+`serve` is what a host does with one command, whatever the host is: these processes, or the Ray actors of
+`ascent.cluster.env_actors` (`cluster.backend=ray`), which keep the same contract (`Hosts`) and live for the
+whole run. A batch's environments are keyed by the batch (`HostedEnvs` has its own id) and dropped when it
+ends, so hosts that outlive a batch hold none of its environments afterwards.
 """
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import time
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from ascent.envs.base import Message, StepResult, make_env
 
 LOST = "its environment was lost when its process was replaced (another episode there hung or crashed)"
 
 
+def serve(envs: dict[Any, Any], msg: tuple[str, Any, Any]) -> tuple[str, Any]:
+    """One command on a host's environments `envs` (keyed by (batch, episode)):
+    ("reset", key, (name, row)) -> ("ok", (messages, tools)); ("step", key, action) -> ("ok", StepResult);
+    ("drop", batch, None) forgets the batch's environments -> ("ok", count). Errors -> ("err", text)."""
+    op, key, arg = msg
+    try:
+        if op == "reset":
+            env = envs[key] = make_env(arg[0])
+            return ("ok", (env.reset(arg[1]), getattr(env, "tools", None)))
+        if op == "drop":
+            gone = [k for k in envs if k[0] == key]
+            for k in gone:
+                del envs[k]
+            return ("ok", len(gone))
+        if key not in envs:
+            return ("err", LOST)
+        return ("ok", envs[key].step(arg))
+    except BaseException as e:  # noqa: BLE001 - user code: SystemExit costs the episode only
+        return ("err", f"{type(e).__name__}: {e}")
+
+
 def _host_main(conn: Connection) -> None:
-    """A host's loop: ("reset", key, (name, row)) | ("step", key, action) -> ("ok", value) | ("err", text)."""
-    envs: dict[int, Any] = {}
+    """A host process's loop: each command in, `serve`'s reply out."""
+    envs: dict[Any, Any] = {}
     while True:
         try:
             msg = conn.recv()
         except EOFError:
             return
-        op, key, arg = msg
-        try:
-            if op == "reset":
-                env = envs[key] = make_env(arg[0])
-                out: tuple[str, Any] = ("ok", (env.reset(arg[1]), getattr(env, "tools", None)))
-            elif key not in envs:
-                out = ("err", LOST)
-            else:
-                out = ("ok", envs[key].step(arg))
-        except BaseException as e:  # noqa: BLE001 - user code: SystemExit costs the episode only
-            out = ("err", f"{type(e).__name__}: {e}")
-        conn.send(out)
+        conn.send(serve(envs, msg))
+
+
+class Hosts(Protocol):
+    """Where environments live, one command at a time per host: `EnvHosts` (processes) or
+    `ascent.cluster.env_actors.RayEnvHosts` (Ray actors)."""
+
+    @property
+    def num_hosts(self) -> int: ...
+
+    def run(self, commands: Sequence[tuple[int, tuple[str, Any, Any]]]) -> list[tuple[str, Any]]:
+        """(host, command) pairs -> one reply each, in order (see `serve`); a command that times out or
+        whose host dies gets ("err", why) and the host is replaced."""
+        ...
 
 
 class EnvHosts:
@@ -73,9 +102,9 @@ class EnvHosts:
     def num_hosts(self) -> int:
         return len(self._hosts)
 
-    def run(self, commands: Sequence[tuple[int, tuple[str, int, Any]]]) -> list[tuple[str, Any]]:
+    def run(self, commands: Sequence[tuple[int, tuple[str, Any, Any]]]) -> list[tuple[str, Any]]:
         """(host, message) pairs -> one reply each, in order; hosts run in parallel, each in order."""
-        queues: dict[int, deque[tuple[int, tuple[str, int, Any]]]] = {}
+        queues: dict[int, deque[tuple[int, tuple[str, Any, Any]]]] = {}
         for i, (h, msg) in enumerate(commands):
             queues.setdefault(h, deque()).append((i, msg))
         out: list[tuple[str, Any]] = [("err", "not run")] * len(commands)
@@ -141,22 +170,34 @@ class InProcessEnvs:
                 out.append(f"{type(e).__name__}: {e}")
         return out
 
+    def close(self) -> None:
+        self.envs = []
+
 
 class HostedEnvs:
     """The environments of a batch (by name) in `hosts`, in contiguous blocks: the episodes of one group
-    share a process, so an environment that hangs or crashes costs mostly its own group."""
+    share a host, so an environment that hangs or crashes costs mostly its own group. `close()` drops them
+    from the hosts (hosts that outlive the batch, Ray actors, would keep them otherwise)."""
 
-    def __init__(self, hosts: EnvHosts, names: Sequence[str]) -> None:
+    _ids = itertools.count()
+
+    def __init__(self, hosts: Hosts, names: Sequence[str]) -> None:
         self.hosts, self.names = hosts, list(names)
+        self.batch = next(self._ids)  # unique among the batches that share the hosts
 
     def host(self, i: int) -> int:
         return i * self.hosts.num_hosts // len(self.names)
 
     def reset(self, rows: Sequence[Any]) -> list[tuple[list[Message], Any] | str]:
         pairs = enumerate(zip(self.names, rows, strict=True))
-        replies = self.hosts.run([(self.host(i), ("reset", i, (name, row))) for i, (name, row) in pairs])
-        return [value for _, value in replies]
+        return self._run([(self.host(i), ("reset", (self.batch, i), (n, row))) for i, (n, row) in pairs])
 
     def step(self, calls: Sequence[tuple[int, str]]) -> list[StepResult | str]:
-        replies = self.hosts.run([(self.host(i), ("step", i, action)) for i, action in calls])
-        return [value for _, value in replies]
+        return self._run([(self.host(i), ("step", (self.batch, i), action)) for i, action in calls])
+
+    def _run(self, commands: list[tuple[int, tuple[str, Any, Any]]]) -> list[Any]:
+        return [value for _, value in self.hosts.run(commands)]
+
+    def close(self) -> None:
+        used = sorted({self.host(i) for i in range(len(self.names))})
+        self.hosts.run([(h, ("drop", self.batch, None)) for h in used])

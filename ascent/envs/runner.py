@@ -14,8 +14,8 @@ their policy versions; observation tokens have mask 0.
 
 An episode ends when the environment says done, at `max_turns` model turns, when its response (model and
 observation tokens) would pass `max_tokens`, when a turn stops without a stop token (cut by length), or when
-the environment fails (raises; or, in a host process of `ascent.envs.hosts`, hangs or dies): that costs the
-episode (finish "abort", reward 0, the error in its metadata), never the batch. The episode's reward is the sum of its turns' rewards (`metadata["turn_rewards"]` keeps them).
+the environment fails (raises; or, in a host of `ascent.envs.hosts`, a process or a Ray actor, hangs or
+dies): that costs the episode (finish "abort", reward 0, the error in its metadata), never the batch. The episode's reward is the sum of its turns' rewards (`metadata["turn_rewards"]` keeps them).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 from ascent.envs.base import Environment, Message, StepResult, make_env
 from ascent.envs.chat import ChatTokens
-from ascent.envs.hosts import EnvHosts, HostedEnvs, InProcessEnvs
+from ascent.envs.hosts import HostedEnvs, Hosts, InProcessEnvs
 from ascent.errors import AscentError
 from ascent.messages import Episode, FinishReason, Generation, GenerationRequest, SamplingParams
 
@@ -108,39 +108,42 @@ def run_episodes(
     max_turns: int,
     max_tokens: int,
     version: int = 0,
-    hosts: EnvHosts | None = None,
+    hosts: Hosts | None = None,
 ) -> list[Episode]:
     """Run every task's episode to its end, all open episodes batched into one engine call per turn.
 
     `params` sample each turn (`n` is taken as 1, `max_new_tokens` capped by what is left of `max_tokens`;
     request i of turn t gets seed `params.seed + 1000 * t + i` when a seed is set). `version`: the policy
-    version stamped on tokens the engine returns without one. `hosts`: run the environments in those
-    processes (tasks then name their environment); else in this one."""
+    version stamped on tokens the engine returns without one. `hosts`: run the environments there (host
+    processes or Ray actors; tasks then name their environment), else in this process."""
     envs = _envs(tasks, hosts)
-    resets = envs.reset([t.row for t in tasks])
-    open_ = [
-        _Open(t, chat.prompt_ids(*started(t, out)), k, f"row{t.row_id}.{k}")
-        for k, (t, out) in enumerate(zip(tasks, resets, strict=True))
-    ]
-    for turn in range(max_turns):
-        active = [(k, s) for k, s in enumerate(open_) if s.finish is None]
-        if not active:
-            break
-        requests = [_request(s, params, max_tokens, turn, i) for i, (_, s) in enumerate(active)]
-        to_step = []
-        for (k, s), (gen, *_) in zip(active, generate(requests), strict=True):
-            s.add_model_turn(gen, version)
-            if gen.finish_reason == "stop":
-                to_step.append((k, chat.decode(gen.token_ids)))
-            else:  # cut by the token budget: the turn is unfinished, so is the episode
-                s.finish = gen.finish_reason
-        last = turn == max_turns - 1  # no observation after the last turn: nobody would answer it
-        for (k, _), result in zip(to_step, envs.step(to_step), strict=True):
-            _answer(open_[k], result, chat, 0 if last else max_tokens)
-    return [s.episode(chat.decode) for s in open_]
+    try:
+        resets = envs.reset([t.row for t in tasks])
+        open_ = [
+            _Open(t, chat.prompt_ids(*started(t, out)), k, f"row{t.row_id}.{k}")
+            for k, (t, out) in enumerate(zip(tasks, resets, strict=True))
+        ]
+        for turn in range(max_turns):
+            active = [(k, s) for k, s in enumerate(open_) if s.finish is None]
+            if not active:
+                break
+            requests = [_request(s, params, max_tokens, turn, i) for i, (_, s) in enumerate(active)]
+            to_step = []
+            for (k, s), (gen, *_) in zip(active, generate(requests), strict=True):
+                s.add_model_turn(gen, version)
+                if gen.finish_reason == "stop":
+                    to_step.append((k, chat.decode(gen.token_ids)))
+                else:  # cut by the token budget: the turn is unfinished, so is the episode
+                    s.finish = gen.finish_reason
+            last = turn == max_turns - 1  # no observation after the last turn: nobody would answer it
+            for (k, _), result in zip(to_step, envs.step(to_step), strict=True):
+                _answer(open_[k], result, chat, 0 if last else max_tokens)
+        return [s.episode(chat.decode) for s in open_]
+    finally:
+        envs.close()  # hosts that outlive the batch (Ray actors) drop its environments
 
 
-def _envs(tasks: Sequence[Task], hosts: EnvHosts | None) -> InProcessEnvs | HostedEnvs:
+def _envs(tasks: Sequence[Task], hosts: Hosts | None) -> InProcessEnvs | HostedEnvs:
     if hosts is None:
         return InProcessEnvs([make_env(t.env) if isinstance(t.env, str) else t.env for t in tasks])
     if not all(isinstance(t.env, str) for t in tasks):

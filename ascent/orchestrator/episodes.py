@@ -3,12 +3,15 @@
 `env_items` renders each row's prompt from its environment's `reset(row)` (so the length checks and the
 prompt report work as for single-turn data); `collect_env_groups` plays a batch of rows through
 `ascent.envs.run_episodes`, `samples_per_prompt` episodes per row, each turn one call spread over the rollout
-replicas (every token stamped with the version that sampled it); `env_metrics` reports rewards, turns and
-environment errors, which are bounded by `reward.max_failure_rate` like reward failures.
+replicas (every token stamped with the version that sampled it), its environments in the run's `EnvRunners`;
+`env_metrics` reports rewards, turns and environment errors, which are bounded by `reward.max_failure_rate`
+like reward failures.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -17,13 +20,15 @@ from typing import Any
 from ascent.cluster.isolated import default_workers
 from ascent.data.prompts import PromptItem, RenderReport
 from ascent.envs import ChatTokens, Task, make_env, run_episodes
-from ascent.envs.hosts import EnvHosts, HostedEnvs, InProcessEnvs
+from ascent.envs.hosts import EnvHosts, HostedEnvs, Hosts, InProcessEnvs
 from ascent.envs.rows import row_env
 from ascent.envs.runner import started
 from ascent.errors import AscentError
 from ascent.messages import Generation, GenerationRequest, Group, SamplingParams, flatten
 from ascent.orchestrator import batch as B
 from ascent.orchestrator.workers import RolloutWorker
+
+log = logging.getLogger("ascent")
 
 
 class EnvFailureError(AscentError):
@@ -55,7 +60,8 @@ def env_items(rows: Sequence[dict[str, Any]], tok: Any, cfg: Any) -> tuple[list[
 
 @contextmanager
 def env_hosts(r: Any) -> Iterator[EnvHosts | None]:
-    """The environment processes of `rollout.env_isolation=process` for one batch (None when inline)."""
+    """The environment processes of `rollout.env_isolation=process` for one batch on this machine (None when
+    inline)."""
     if r.env_isolation == "inline":
         yield None
         return
@@ -64,6 +70,49 @@ def env_hosts(r: Any) -> Iterator[EnvHosts | None]:
         yield hosts
     finally:
         hosts.close()
+
+
+class EnvRunners:
+    """Where a run's environments live, batch after batch: in the controller (`rollout.env_isolation=inline`),
+    in processes started for each batch (`process` with cluster.backend=inline), or in Ray actors started
+    on the first batch and kept until `close()` at the end of the run (`process` with cluster.backend=ray;
+    `ascent.cluster.env_actors`). The runner is the same for all three; only the hosts differ."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self._actors: Any = None
+        self._lock = threading.Lock()  # the collector's thread and the controller's may both start a batch
+
+    @contextmanager
+    def batch(self) -> Iterator[Hosts | None]:
+        """The hosts of one batch's environments (None: in this process)."""
+        if self.cfg.cluster.backend != "ray" or self.cfg.rollout.env_isolation == "inline":
+            with env_hosts(self.cfg.rollout) as hosts:
+                yield hosts
+        else:
+            yield self._ray_actors()
+
+    def _ray_actors(self) -> Any:
+        with self._lock:
+            if self._actors is None:
+                from ascent.cluster.env_actors import RayEnvHosts
+
+                r, c = self.cfg.rollout, self.cfg.cluster
+                self._actors = RayEnvHosts(
+                    r.env_workers, r.env_timeout_s, cpus_per_host=r.env_cpus, start_timeout_s=c.worker_timeout_s,
+                    run_dir=self.cfg.run_dir, log_level=self.cfg.tracking.log_level,
+                )  # fmt: skip
+                nodes = len(set(self._actors.node_ids()))
+                log.info("environments: %d Ray actors of %g CPU on %d node(s)", self._actors.num_hosts,
+                         r.env_cpus, nodes)  # fmt: skip
+            return self._actors
+
+    def close(self) -> None:
+        """Stop the Ray actors, if any were started."""
+        with self._lock:
+            if self._actors is not None:
+                self._actors.close()
+                self._actors = None
 
 
 def collect_env_groups(ctx: Any, items: Sequence[Any], params: SamplingParams, *, seed: int) -> list[Group]:
@@ -82,7 +131,7 @@ def collect_env_groups(ctx: Any, items: Sequence[Any], params: SamplingParams, *
         ]
         return [flat[k] for k in positions]
 
-    with env_hosts(r) as hosts:
+    with ctx.envs.batch() as hosts:
         episodes = run_episodes(tasks, generate, ChatTokens(ctx.data.tokenizer), replace(params, seed=seed),
                                 max_turns=r.max_turns, max_tokens=r.max_episode_tokens, hosts=hosts)  # fmt: skip
     return [Group(tuple(episodes[i * n : (i + 1) * n])) for i in range(len(items))]

@@ -20,6 +20,7 @@ from ascent.messages import Episode, TrainSample, flatten
 from ascent.orchestrator import batch as B
 from ascent.orchestrator import checkpointing, experience, setup, shaping
 from ascent.orchestrator.collector import Collector, record_episodes, staleness_metrics
+from ascent.orchestrator.episodes import EnvRunners
 from ascent.orchestrator.interrupt import stopped_message
 from ascent.orchestrator.validation import validate
 from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
@@ -43,15 +44,18 @@ class LoopContext:
         self.agents: Any = (
             None  # rollout.agent's endpoint and agent processes, started on first use (agents.py)
         )
+        self.envs = EnvRunners(cfg)  # where rollout.env's environments run (Ray actors: started on first use)
         # trainer and engine share the accelerator and take turns (design: colocated placement)
         self.colocated = cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast"
 
     def close(self) -> None:
-        """Stop what the loop started on demand (episodes played ahead, the agent endpoint and processes)."""
+        """Stop what the loop started on demand (episodes played ahead, the agent endpoint and processes, the
+        environment actors)."""
         self.collector.close()
         if self.agents is not None:
             self.agents.close()
             self.agents = None
+        self.envs.close()
 
 
 def run_loop(ctx: LoopContext, sampler: Any, start: int, stop: Any, bus: Any) -> dict[str, float]:

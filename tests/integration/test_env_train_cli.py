@@ -90,3 +90,36 @@ def test_a_hanging_environment_costs_its_episodes_not_the_run(tmp_path: Path, ti
     assert (
         metrics["reward/mean"] > 0.0
     )  # the Counter episodes on the other process finished and were rewarded
+
+
+@pytest.mark.slow
+def test_ray_runs_environments_in_actors_kept_across_iterations(tmp_path: Path, tiny_model: Path) -> None:
+    """cluster.backend=ray: the environments run in Ray actors. Iteration 1: row 0 hangs (its actor is killed
+    after env_timeout_s and replaced, costing its 4 episodes), row 1's 4 Tally episodes count 1..4 in the
+    other actor. Iteration 2: 8 Tally episodes, 4 per actor: the fresh actor counts 1..4, the one kept from
+    iteration 1 goes on with 5..8 (actors restarted per batch would give 1..4 twice, reward/mean 2.5)."""
+    from ascent.models.loading import load_tokenizer
+
+    data = tmp_path / "data"
+    data.mkdir()
+    hostile = "tests.unit.envs.hostile"
+    lines = [{"env": f"{hostile}:{name}", "turns": 1} for name in ("Hang", "Tally", "Tally", "Tally")]
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    cfg = run_config(tmp_path, tiny_model, data, iterations=2)
+    cfg["data"].pop("val_path")
+    cfg["data"]["shuffle"] = False
+    every_token = list(range(len(load_tokenizer(str(tiny_model)))))  # each turn is one token, and stops
+    cfg["rollout"] |= {"env": f"{hostile}:Counter", "max_turns": 2, "max_episode_tokens": 16, "env_timeout_s": 3.0,
+                       "env_workers": 2, "stop_token_ids": every_token}  # fmt: skip
+    cfg["reward"] = {"max_failure_rate": 0.9}
+    cfg["train"]["max_tokens_per_micro_batch"] = 64
+    cfg["cluster"] = {"backend": "ray", "num_cpus": 4}
+    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), timeout=300)
+    run = tmp_path / "run"
+    first, second = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert first["env/errors"] == 4.0 and first["reward/mean"] == (1 + 2 + 3 + 4) / 8
+    assert second["env/errors"] == 0.0 and second["reward/mean"] == (1 + 2 + 3 + 4 + 5 + 6 + 7 + 8) / 8
+    log = (run / "logs" / "controller.log").read_text()
+    assert "environments: 2 Ray actors of 1 CPU on 1 node(s)" in log and "timed out after 3 s" in log
+    # each actor logs to its own file: the replacement of the hung one answered for the environments it lost
+    assert "lost when its process was replaced" in (run / "logs" / "env_0.log").read_text()

@@ -1,4 +1,5 @@
-"""Environments that misbehave, for the host-process tests (importable by name from a host process)."""
+"""Environments that misbehave (and two that count), for the host tests: importable by name from a host
+process or a Ray actor."""
 
 from __future__ import annotations
 
@@ -39,3 +40,18 @@ class Crash(Counter):
 class Exit(Counter):
     def step(self, action: str) -> StepResult:
         sys.exit("leaving")
+
+
+class Tally(Counter):
+    """Done at its first step, rewarded with how many Tally environments its process has made so far: a host
+    reused across batches keeps counting, a fresh one starts again at 1."""
+
+    made = 0
+
+    def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
+        Tally.made += 1
+        self.rank = Tally.made
+        return super().reset(row)
+
+    def step(self, action: str) -> StepResult:
+        return StepResult(reward=float(self.rank), done=True)

@@ -1,11 +1,13 @@
-"""Environments in host processes: state kept between turns, and a hang, a crash or sys.exit costing only
-episodes (the hung or crashed one, and the others its process held), never the batch or the caller."""
+"""Environments in hosts, forkserver processes (`EnvHosts`) or Ray actors (`RayEnvHosts`, on a local Ray
+cluster): state kept between turns, hosts reused across batches, and a hang, a crash or sys.exit costing
+only episodes (the hung or crashed one, and the others its host held), never the batch or the caller."""
 
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,11 +17,44 @@ from ascent.messages import Generation, GenerationRequest, SamplingParams
 from ascent.models.tiny import make_char_tokenizer
 
 HOSTILE = "tests.unit.envs.hostile"
+KINDS = ["process", "ray"]
 
 
 @pytest.fixture(scope="module")
 def chat(tmp_path_factory: pytest.TempPathFactory) -> ChatTokens:
     return ChatTokens(make_char_tokenizer(tmp_path_factory.mktemp("tok")))
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    from ascent.cluster.ray_backend import init_ray
+
+    started_here = not ray.is_initialized()
+    init_ray(num_cpus=2, log_to_driver=False)
+    yield
+    if started_here:
+        ray.shutdown()
+
+
+@pytest.fixture
+def make_hosts(request: pytest.FixtureRequest):
+    """hosts(kind, n, timeout_s): `n` process hosts or Ray actors (half a CPU each), closed after the test."""
+    made: list[Any] = []
+
+    def hosts(kind: str, n: int, timeout_s: float) -> Any:
+        if kind == "process":
+            made.append(EnvHosts(n, timeout_s))
+        else:
+            request.getfixturevalue("ray_cluster")
+            from ascent.cluster.env_actors import RayEnvHosts
+
+            made.append(RayEnvHosts(n, timeout_s, cpus_per_host=0.5, start_timeout_s=60))
+        return made[-1]
+
+    yield hosts
+    for h in made:
+        h.close()
 
 
 def answer_one(chat: ChatTokens):
@@ -30,48 +65,59 @@ def answer_one(chat: ChatTokens):
     return generate
 
 
-def run(chat: ChatTokens, envs: list[str], hosts: EnvHosts, turns: int = 3):
+def run(chat: ChatTokens, envs: list[str], hosts: Any, turns: int = 3):
     row = {"turns": turns, "parent": os.getpid()}
     tasks = [Task(f"{HOSTILE}:{name}", row, i) for i, name in enumerate(envs)]
     return run_episodes(tasks, answer_one(chat), chat, SamplingParams(max_new_tokens=4), max_turns=5,
                         max_tokens=100, hosts=hosts)  # fmt: skip
 
 
-def test_state_lives_in_the_host_between_turns(chat: ChatTokens) -> None:
-    hosts = EnvHosts(2, timeout_s=30)
-    try:
-        episodes = run(chat, ["Counter"] * 4, hosts)
-    finally:
-        hosts.close()
+@pytest.mark.parametrize("kind", KINDS)
+def test_state_lives_in_the_host_between_turns(chat: ChatTokens, make_hosts, kind: str) -> None:
+    episodes = run(chat, ["Counter"] * 4, make_hosts(kind, 2, 30))
     assert [e.reward for e in episodes] == [3.5] * 4  # 3 turns counted, in another process (+0.5)
     assert all(e.finish_reason == "stop" and e.metadata["turns"] == 3 for e in episodes)
 
 
-@pytest.mark.parametrize(("bad", "reason"), [("Hang", "timed out after 2 s"), ("Crash", "process died (exit code 3)"),
+@pytest.mark.parametrize("kind", KINDS)
+def test_hosts_serve_batch_after_batch_and_forget_each(chat: ChatTokens, make_hosts, kind: str) -> None:
+    """One host, three batches: the same process counts on (it is not restarted per batch) until a crash
+    replaces it; a finished batch's environments are dropped from it."""
+    hosts = make_hosts(kind, 1, 30)
+    assert [e.reward for e in run(chat, ["Tally"] * 2, hosts)] == [1.0, 2.0]
+    assert [e.reward for e in run(chat, ["Tally"] * 2, hosts)] == [3.0, 4.0]  # the same process
+    (dropped,) = hosts.run([(0, ("drop", None, None))])  # no batch is named None: nothing left to drop
+    assert dropped == ("ok", 0)
+    run(chat, ["Crash"], hosts)
+    assert [e.reward for e in run(chat, ["Tally"], hosts)] == [1.0]  # a fresh process after the crash
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("bad", "reason"), [("Hang", "timed out after 2 s"), ("Crash", "died"),
                                              ("Exit", "SystemExit: leaving")])  # fmt: skip
 def test_a_misbehaving_environment_costs_episodes_not_the_batch(
-    chat: ChatTokens, bad: str, reason: str
+    chat: ChatTokens, make_hosts, kind: str, bad: str, reason: str
 ) -> None:
-    hosts = EnvHosts(2, timeout_s=2)
-    try:
-        t0 = time.monotonic()
-        # episode 0 misbehaves in host 0; episode 1 shares host 0; episodes 2 and 3 live in host 1
-        episodes = run(chat, [bad, "Counter", "Counter", "Counter"], hosts)
-        assert time.monotonic() - t0 < 20
-        assert episodes[0].finish_reason == "abort" and reason in episodes[0].metadata["env_error"]
-        assert episodes[0].reward == 0.0
-        assert [episodes[k].reward for k in (2, 3)] == [3.5, 3.5]  # the other host's episodes are untouched
-        if bad == "Exit":  # the process lives on: its other episode too
-            assert episodes[1].reward == 3.5
-        else:  # the replaced process took episode 1's environment with it
-            assert (
-                episodes[1].finish_reason == "abort"
-                and "lost when its process was replaced" in episodes[1].metadata["env_error"]
-            )
-        again = run(chat, ["Counter"] * 2, hosts)  # the replaced host serves the next batch
-        assert [e.reward for e in again] == [3.5, 3.5]
-    finally:
-        hosts.close()
+    hosts = make_hosts(kind, 2, 2)
+    t0 = time.monotonic()
+    # episode 0 misbehaves in host 0; episode 1 shares host 0; episodes 2 and 3 live in host 1
+    episodes = run(chat, [bad, "Counter", "Counter", "Counter"], hosts)
+    assert time.monotonic() - t0 < 20
+    assert episodes[0].finish_reason == "abort" and reason in episodes[0].metadata["env_error"]
+    if bad == "Crash":
+        died = {"process": "process died (exit code 3)", "ray": "actor died (ActorDiedError"}[kind]
+        assert died in episodes[0].metadata["env_error"]
+    assert episodes[0].reward == 0.0
+    assert [episodes[k].reward for k in (2, 3)] == [3.5, 3.5]  # the other host's episodes are untouched
+    if bad == "Exit":  # the process lives on: its other episode too
+        assert episodes[1].reward == 3.5
+    else:  # the replaced process took episode 1's environment with it
+        assert (
+            episodes[1].finish_reason == "abort"
+            and "lost when its process was replaced" in episodes[1].metadata["env_error"]
+        )
+    again = run(chat, ["Counter"] * 2, hosts)  # the replaced host serves the next batch
+    assert [e.reward for e in again] == [3.5, 3.5]
 
 
 def test_hosts_need_environment_names(chat: ChatTokens, tmp_path: Path) -> None:
