@@ -4,12 +4,16 @@ The run serves its policy (`AgentService`: an `OpenAIServer` whose engine is the
 first use on a free localhost port with a random key) and plays the user's agent on every row,
 `samples_per_prompt` times, in agent processes (`ascent.envs.openai_agents`); each play is a session. What
 the server generated for a session is recorded token-exact (prompt ids, sampled ids, sampler logprobs,
-policy versions), and `session_episodes` assembles the episode from those records alone, nothing
-re-tokenized: a call whose prompt extends the ids of an earlier call (its prompt and reply) continues that
-episode, the ids between them are the observation (loss mask 0); a call that extends none starts a new
-segment, trained as an episode of its own with the same reward (`agent/rewritten_segments` counts them:
-the agent rewrote its history). The server makes echoed replies continue their exact ids (`threads.py`), so
-an agent loop that appends to its messages gives one segment.
+policy versions, when each call started and ended), and `segments` assembles the episode from those records
+alone, nothing re-tokenized: a call whose prompt extends the ids of an earlier call (its prompt and reply)
+continues that call's episode, the ids between them are the observation (loss mask 0). Calls are matched in
+the order they started, each to the longest earlier call it extends, so the assembly does not depend on
+the order calls completed in (an agent that runs calls in parallel, with asyncio.gather or a sub-agent, sees
+short ones finish first). A call that extends none, or a second call continuing the same call (a branch),
+starts a new segment, trained as an episode of its own with the same reward: `agent/parallel_segments`
+counts those that started while another call of the episode was running (parallel calls),
+`agent/rewritten_segments` the others (the agent rewrote its history). The server makes echoed replies
+continue their exact ids (`threads.py`), so an agent loop that appends to its messages gives one segment.
 
 The replicas sample as the run is configured, whatever a call asks: temperature, top_p, top_k, min_p and
 the repetition penalty are the run's, `max_tokens` is capped at `rollout.max_new_tokens` (the trainer's
@@ -28,7 +32,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 from ascent.cluster.isolated import InlineRunner, IsolatedRunner, default_workers
 from ascent.envs.openai_agents import AgentJob, AgentResult, AgentSpec, play
@@ -131,30 +135,51 @@ class AgentService:
         self.server.stop()
 
 
+SegmentStart = Literal["first", "parallel", "rewritten"]
+
+
 @dataclass(frozen=True)
 class Segment:
-    """Calls of one session whose ids extend each other, oldest first."""
+    """Calls of one session whose ids extend each other, oldest first; `start` says why it is a segment of its
+    own: the session's first call, a call made while another was running, or a rewritten history."""
 
     records: tuple[CompletionRecord, ...]
+    start: SegmentStart = "first"
 
     @property
     def ids(self) -> list[int]:
-        last = self.records[-1]
-        return [*last.prompt_ids, *last.response_ids]
+        return _ids(self.records[-1])
 
 
 def segments(records: Sequence[CompletionRecord]) -> list[Segment]:
-    """A session's calls (in completion order) -> its segments: a call continues the segment whose ids its
-    prompt starts with (the longest if several), else it starts a new one."""
+    """A session's calls, in any order -> its segments (see the module doc). Calls are taken in the order they
+    started (ties: as given); each continues the segment of the longest earlier call whose ids its prompt
+    starts with, when that call ends its segment, and starts a new segment otherwise."""
+    ordered = sorted(records, key=lambda r: r.started)
     out: list[Segment] = []
-    for rec in records:
-        best = max((k for k, s in enumerate(out) if _extends(rec.prompt_ids, s.ids)),
-                   key=lambda k: len(out[k].ids), default=None)  # fmt: skip
-        if best is None:
-            out.append(Segment((rec,)))
+    tips: dict[int, int] = {}  # the call (position in `ordered`) that ends a segment -> that segment
+    for k, rec in enumerate(ordered):
+        parents = [j for j in range(k) if _extends(rec.prompt_ids, _ids(ordered[j]))]
+        parent = max(parents, key=lambda j: len(_ids(ordered[j])), default=None)
+        if parent is not None and parent in tips:
+            seg = tips.pop(parent)
+            out[seg] = replace(out[seg], records=(*out[seg].records, rec))
         else:
-            out[best] = Segment((*out[best].records, rec))
+            seg = len(out)
+            out.append(Segment((rec,), _why_new(rec, ordered[:k])))
+        tips[k] = seg
     return out
+
+
+def _why_new(rec: CompletionRecord, earlier: Sequence[CompletionRecord]) -> SegmentStart:
+    """Why `rec` starts a segment: the first call, one made while an earlier-started call still ran, or not."""
+    if not earlier:
+        return "first"
+    return "parallel" if any(e.created > rec.started for e in earlier) else "rewritten"
+
+
+def _ids(rec: CompletionRecord) -> list[int]:
+    return [*rec.prompt_ids, *rec.response_ids]
 
 
 def _extends(prompt: list[int], ids: list[int]) -> bool:
@@ -201,7 +226,7 @@ def collect_agent_groups(
             if result.error is not None:
                 log.warning("agent episode %s (row %d) failed: %s", job.session, item.row_id, result.error)
             segs = segments(ctx.agents.take(job.session))
-            stats.add(len(segs), sum(len(s.records) for s in segs), result)
+            stats.add(segs, result)
             for seg in segs:
                 e = segment_episode(seg, item.row_id, r.max_turns, r.max_episode_tokens, ctx.decode)
                 e = replace(e, metadata={**item.metadata, **e.metadata, "session": job.session,
@@ -234,21 +259,24 @@ def _score_last_replies(ctx: Any, groups: list[list[Episode]], where: list[tuple
 
 @dataclass
 class AgentStats:
-    """Counts over the plays since the last `take()`: sessions, calls, rewritten segments, errors, seconds."""
+    """Counts over the plays since the last `take()`: sessions, calls, extra segments (rewritten, parallel),
+    errors, seconds."""
 
     sessions: int = 0
     calls: int = 0
     rewritten: int = 0
+    parallel: int = 0
     errors: int = 0
     empty: int = 0
     seconds: float = 0.0
 
-    def add(self, num_segments: int, num_calls: int, result: AgentResult) -> None:
+    def add(self, segs: Sequence[Segment], result: AgentResult) -> None:
         self.sessions += 1
-        self.calls += num_calls
-        self.rewritten += max(0, num_segments - 1)
+        self.calls += sum(len(s.records) for s in segs)
+        self.rewritten += sum(s.start == "rewritten" for s in segs)
+        self.parallel += sum(s.start == "parallel" for s in segs)
         self.errors += result.error is not None
-        self.empty += num_segments == 0
+        self.empty += not segs
         self.seconds += result.seconds
 
     def metrics(self, max_failure_rate: float) -> dict[str, float]:
@@ -268,5 +296,5 @@ class AgentStats:
             )
         n = max(self.sessions, 1)
         return {"agent/calls_mean": self.calls / n, "agent/rewritten_segments": float(self.rewritten),
-                "agent/errors": float(self.errors), "agent/empty_sessions": float(self.empty),
-                "agent/seconds_mean": self.seconds / n}  # fmt: skip
+                "agent/parallel_segments": float(self.parallel), "agent/errors": float(self.errors),
+                "agent/empty_sessions": float(self.empty), "agent/seconds_mean": self.seconds / n}  # fmt: skip

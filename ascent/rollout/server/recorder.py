@@ -43,7 +43,8 @@ class CompletionRecord:
     policy_version: int
     token_versions: list[int] = field(default_factory=list)
     response_text: str = ""
-    created: float = field(default_factory=time.time)
+    created: float = field(default_factory=time.time)  # when it completed
+    started: float = field(default_factory=time.time)  # when the server received the call
 
 
 class Recorder:

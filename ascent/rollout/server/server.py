@@ -217,7 +217,7 @@ class OpenAIServer(Front):
         self, request: GenerationRequest, session: str, endpoint: Endpoint, completion_id: str,
         on_token: TokenCallback | None = None, first_index: int = 0,
     ) -> Future[BatchResult]:  # fmt: skip
-        deadline = time.monotonic() + self.options.pause_timeout_s
+        started, deadline = time.time(), time.monotonic() + self.options.pause_timeout_s
         while True:
             try:
                 future = self.batcher.submit(request, on_token)
@@ -232,7 +232,7 @@ class OpenAIServer(Front):
                 raise unavailable(str(err), self.options.retry_after_s) from None
         # recorded on the batcher's thread as the request ends, before anyone waiting on it hears of it
         future.add_done_callback(
-            lambda f: self._record(f, request, session, endpoint, completion_id, first_index)
+            lambda f: self._record(f, request, session, endpoint, completion_id, first_index, started)
         )
         return future
 
@@ -251,7 +251,7 @@ class OpenAIServer(Front):
         self.threads.remember(session, length, digest, ids)
 
     def _record(self, future: Future[BatchResult], request: GenerationRequest, session: str,
-                endpoint: Endpoint, completion_id: str, first_index: int) -> None:  # fmt: skip
+                endpoint: Endpoint, completion_id: str, first_index: int, started: float) -> None:  # fmt: skip
         if future.cancelled() or future.exception() is not None:
             return
         result = future.result()
@@ -261,4 +261,5 @@ class OpenAIServer(Front):
                 prompt_ids=list(request.prompt_ids), response_ids=list(gen.token_ids),
                 logprobs=list(gen.logprobs), finish_reason=gen.finish_reason,
                 policy_version=result.policy_version, token_versions=list(gen.token_versions),
+                started=started,
             ))  # fmt: skip

@@ -4,15 +4,28 @@ max_turns / max_tokens; the ids between turns get mask 0, logprob 0 and the vers
 
 from __future__ import annotations
 
-from ascent.orchestrator.agents import segment_episode, segments
+import itertools
+
+from ascent.envs.openai_agents import AgentResult
+from ascent.orchestrator.agents import AgentStats, segment_episode, segments
 from ascent.rollout.server import CompletionRecord
 
+CLOCK = itertools.count()
 
-def rec(prompt: list[int], response: list[int], version: int = 3, finish: str = "stop") -> CompletionRecord:
+
+def rec(
+    prompt: list[int],
+    response: list[int],
+    version: int = 3,
+    finish: str = "stop",
+    at: tuple[float, float] | None = None,
+) -> CompletionRecord:
+    """A recorded call; `at` = (started, completed), by default one after the other in creation order."""
+    start = float(next(CLOCK)) if at is None else at[0]
     return CompletionRecord(
         session_id="s", completion_id="c", index=0, endpoint="chat", prompt_ids=prompt, response_ids=response,
         logprobs=[-0.5] * len(response), finish_reason=finish, policy_version=version,  # type: ignore[arg-type]
-        response_text="t" * len(response),
+        response_text="t" * len(response), started=start, created=start + 0.5 if at is None else at[1],
     )  # fmt: skip
 
 
@@ -31,12 +44,43 @@ def test_calls_that_extend_each_other_make_one_episode() -> None:
 
 
 def test_a_rewritten_history_starts_a_new_segment_and_forks_follow_their_own_reply() -> None:
-    first, other = rec([1, 2], [5, 6]), rec([1, 2], [5, 9])  # n=2: two replies to one prompt
+    first, other = (
+        rec([1, 2], [5, 6], at=(0, 1)),
+        rec([1, 2], [5, 9], at=(0, 1)),
+    )  # n=2: two replies, one call
     continue_other = rec([1, 2, 5, 9, 4], [8])  # the agent went on with the second reply
     rewritten = rec([1, 3, 3], [2])  # history changed: extends neither
     segs = segments([first, other, continue_other, rewritten])
     assert [len(s.records) for s in segs] == [1, 2, 1]
     assert segs[1].records == (other, continue_other) and segs[2].records == (rewritten,)
+    assert [s.start for s in segs] == ["first", "parallel", "rewritten"]  # the n=2 replies ran side by side
+
+
+def test_parallel_calls_assemble_the_same_whatever_order_they_finished() -> None:
+    """M1; then A and B both extend M1, started together (A first), B finishing first; then C extends A. In
+    every completion order: M1, A, C is one episode (A started first, so it continues M1), B a branch of its
+    own (prompt: M1's ids, mask 0), counted as parallel. Matching in completion order gave M1 to B."""
+    m1 = rec([1, 2], [5, 6], at=(0, 1))
+    a = rec([1, 2, 5, 6, 7], [8, 8, 8], at=(2, 5))
+    b = rec([1, 2, 5, 6, 9], [4], at=(2.1, 3))
+    c = rec([1, 2, 5, 6, 7, 8, 8, 8, 3], [2], at=(6, 7))
+    for order in itertools.permutations([m1, a, b, c]):
+        segs = segments(order)
+        assert [s.records for s in segs] == [(m1, a, c), (b,)], order
+        assert [s.start for s in segs] == ["first", "parallel"]
+    stats = AgentStats()
+    stats.add(segments([m1, b, a, c]), AgentResult(reward=1.0))
+    metrics = stats.metrics(max_failure_rate=0.0)
+    assert metrics["agent/parallel_segments"] == 1.0 and metrics["agent/rewritten_segments"] == 0.0
+    branch = segment_episode(segments([m1, b, a, c])[1], 0, max_turns=4, max_tokens=100, decode=decode)
+    assert branch.prompt_ids == [1, 2, 5, 6, 9] and branch.response_ids == [4] and branch.loss_mask == [1]
+
+
+def test_a_retry_after_the_first_branch_finished_is_a_rewrite_not_parallel() -> None:
+    m1, a = rec([1, 2], [5, 6]), rec([1, 2, 5, 6, 7], [8])
+    retry = rec([1, 2, 5, 6, 9], [4])  # extends M1 again, started after A had finished
+    segs = segments([m1, a, retry])
+    assert [s.records for s in segs] == [(m1, a), (retry,)] and segs[1].start == "rewritten"
 
 
 def test_the_cut_at_max_turns_and_max_tokens() -> None:

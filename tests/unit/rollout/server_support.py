@@ -69,6 +69,31 @@ class StreamingScriptedEngine(ScriptedEngine):
         return out
 
 
+class ShortFirstEngine(ScriptedEngine):
+    """A live engine (as the fast engine's continuous batching): a call takes the requests that arrive within
+    `gather_s` of its start, then answers them shortest reply first, so a short request finishes before a
+    long one that started earlier."""
+
+    def __init__(self, reply: Reply, gather_s: float) -> None:
+        super().__init__(reply)
+        self.gather_s = gather_s
+
+    def generate_live(
+        self,
+        requests: list[GenerationRequest],
+        more: Callable[[Callable[[GenerationRequest], bool]], list[GenerationRequest]],
+        done: Callable[[int, list[Generation]], None],
+    ) -> None:
+        taken = list(requests)
+        deadline = time.monotonic() + self.gather_s
+        while time.monotonic() < deadline:
+            taken += more(lambda _: True)
+            time.sleep(0.01)
+        self.batches.append(len(taken))
+        for i in sorted(range(len(taken)), key=lambda i: len(self.reply(taken[i]))):
+            done(i, [self._one(taken[i], n) for n in range(taken[i].params.n)])
+
+
 def chat_user_text(request: GenerationRequest) -> list[int]:
     """The ids of the one user message of a tiny-template chat prompt: <|im_start|> u TEXT <|im_end|> <|im_start|> a."""
     return request.prompt_ids[2:-3]

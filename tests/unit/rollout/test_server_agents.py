@@ -1,6 +1,7 @@
 """Agents played against the server (`ascent.envs.openai_agents.play`): each episode's calls are recorded
 under its session, rewards come back, and an agent that raises, hangs, returns nonsense or kills its process
-costs its own episodes only, in agent processes with a timeout."""
+costs its own episodes only, in agent processes with a timeout; calls an agent makes in parallel assemble
+into the same episode whatever order they finish in."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ from ascent.cluster.isolated import IsolatedRunner
 from ascent.envs.openai_agents import AgentJob, AgentLoadError, AgentSpec, load_agent, play
 from ascent.messages import GenerationRequest
 from ascent.rollout.server import OpenAIServer
-from tests.unit.rollout.server_support import API_PROCESSES, EOS, KEY, ScriptedEngine, serving
+from tests.unit.rollout.server_support import (
+    API_PROCESSES,
+    EOS,
+    KEY,
+    ScriptedEngine,
+    ShortFirstEngine,
+    serving,
+)
 
 AGENTS = "tests.unit.rollout.scripted_agents"
 
@@ -68,3 +76,33 @@ def test_a_process_that_dies_or_blocks_costs_its_chunk(server: OpenAIServer) -> 
 def test_a_bad_agent_path_names_the_field(path: str) -> None:
     with pytest.raises(AgentLoadError, match=r"rollout.agent="):
         load_agent(path)
+
+
+@pytest.mark.parametrize("api_processes", API_PROCESSES)
+def test_parallel_calls_assemble_by_start_not_by_finish(chat_model: Path, api_processes: int) -> None:
+    """`in_parallel` asks, then sends a `long` and a `short` follow-up at once, then goes on from `long`. The
+    engine answers the short one first (continuous batching), so the server records it first. The episode
+    is still the first call, `long` and the call after it (`long` started first and continues the first
+    call); `short` is a branch of its own, counted in agent/parallel_segments."""
+    from ascent.models.loading import load_tokenizer
+    from ascent.orchestrator.agents import AgentStats, segments
+
+    (g,) = load_tokenizer(chat_model).encode("g", add_special_tokens=False)
+
+    def reply(request: GenerationRequest) -> list[int]:  # the last character of the last message, repeated
+        last = request.prompt_ids[-4]
+        return [last] * (6 if last == g else 1) + [EOS]  # "long" ends in g: a longer reply
+
+    engine = ShortFirstEngine(reply, gather_s=1.0)
+    with serving(engine, chat_model, any_model=True, api_processes=api_processes) as srv:
+        (result,) = play(spec(srv, "in_parallel"), [AgentJob("par", {"q": "hi"})])
+        records = srv.take("par")
+    assert result.error is None and len(records) == 4
+    first, short, long, after = records  # in the order they finished: short before long
+    assert len(short.response_ids) == 2 and len(long.response_ids) == 7 and short.started > long.started
+    segs = segments(records)
+    assert [s.records for s in segs] == [(first, long, after), (short,)]
+    assert [s.start for s in segs] == ["first", "parallel"]
+    stats = AgentStats()
+    stats.add(segs, result)
+    assert stats.metrics(max_failure_rate=0.0)["agent/parallel_segments"] == 1.0
