@@ -157,11 +157,12 @@ class RayEnvHosts:
         try:
             reply: tuple[str, Any] = ray.get(ref)
             return reply
-        except RayActorError as e:  # the process is gone: os._exit, a signal, OOM, a lost node
-            self._replace(h)
-            return ("err", f"its environment actor died ({_first_line(e)})")
-        except RayTaskError as e:  # the reply could not travel (e.g. a StepResult that does not pickle)
+        except RayTaskError as e:  # the actor lives; its reply could not travel (e.g. does not pickle)
             return ("err", f"{type(e.cause).__name__}: {e.cause}" if e.cause is not None else _first_line(e))
+        except RayError as e:  # the process is gone (os._exit, a signal, OOM, a lost node) or its reply lost
+            self._replace(h)
+            what = "died" if isinstance(e, RayActorError) else "failed"
+            return ("err", f"its environment actor {what} ({_first_line(e)})")
 
     def close(self) -> None:
         """Kill the actors and free their CPUs. Safe to call twice."""

@@ -146,10 +146,6 @@ class Segment:
     records: tuple[CompletionRecord, ...]
     start: SegmentStart = "first"
 
-    @property
-    def ids(self) -> list[int]:
-        return _ids(self.records[-1])
-
 
 def segments(records: Sequence[CompletionRecord]) -> list[Segment]:
     """A session's calls, in any order -> its segments (see the module doc). Calls are taken in the order they
