@@ -182,24 +182,37 @@ def plan_placement(
 
 @dataclass(frozen=True)
 class Demand:
-    """What the worker groups ask Ray for: GPUs and CPUs in all, and whether it must fit on one node."""
+    """What the worker groups ask Ray for: GPUs and CPUs in all (`env_cpus` of them for the environment
+    actors), and whether the workers' bundles must fit on one node."""
 
     gpus: float
     cpus: float
     one_node: bool
+    env_cpus: float = 0.0
 
 
 def demand(cfg: RunConfig) -> Demand:
-    """GPUs and CPUs of every worker (trainer, rollout, critic) as `build_worker_groups` places them."""
-    c = cfg.cluster
+    """GPUs and CPUs of every worker (trainer, rollout, critic) as `build_worker_groups` places them, and of
+    the environment actors (`ascent.cluster.env_actors`; at least one when the run picks their count)."""
+    c, env = cfg.cluster, env_actor_cpus(cfg)
     groups = 2 if uses_critic(cfg) else 1
     plan = plan_placement(c.backend, c.placement, c.gpus_per_worker, c.cpus_per_worker,
                           c.num_trainer_workers, groups)  # fmt: skip
     if plan.shared_bundles:
-        return Demand(plan.shared_bundles * plan.bundle_gpus, plan.shared_bundles * plan.bundle_cpus, True)
+        cpus = plan.shared_bundles * plan.bundle_cpus + env
+        return Demand(plan.shared_bundles * plan.bundle_gpus, cpus, True, env)
     workers = c.num_trainer_workers * groups + c.num_rollout_workers
     gpus = c.num_trainer_workers * groups * plan.trainer_gpus + c.num_rollout_workers * plan.rollout_gpus
-    return Demand(gpus, workers * c.cpus_per_worker, False)
+    return Demand(gpus, workers * c.cpus_per_worker + env, False, env)
+
+
+def env_actor_cpus(cfg: RunConfig) -> float:
+    """CPUs the environment actors ask for: with cluster.backend=ray, rollout.env and env_isolation=process
+    (`rollout.env_workers` x `rollout.env_cpus`, at least one actor), else none."""
+    r = cfg.rollout
+    if cfg.cluster.backend != "ray" or r.env is None or r.env_isolation == "inline":
+        return 0.0
+    return (r.env_workers or 1) * r.env_cpus
 
 
 def demand_shortfall(need: Demand, total: dict[str, Any]) -> str | None:
@@ -209,9 +222,11 @@ def demand_shortfall(need: Demand, total: dict[str, Any]) -> str | None:
         return (f"the workers ask {need.gpus:g} GPUs in all and the Ray cluster has {have_gpu:g}: lower "
                 "cluster.num_trainer_workers / num_rollout_workers or cluster.gpus_per_worker, or add GPU nodes.")  # fmt: skip
     if need.cpus > have_cpu:
-        return (f"the workers ask {need.cpus:g} CPUs in all (cluster.cpus_per_worker per worker) and the Ray "
-                f"cluster has {have_cpu:g}: lower cluster.cpus_per_worker or raise cluster.num_cpus (a local "
-                "cluster), or add nodes.")  # fmt: skip
+        env = (f", {need.env_cpus:g} of them for the environment actors: rollout.env_workers x rollout.env_cpus"
+               if need.env_cpus else "")  # fmt: skip
+        return (f"the workers ask {need.cpus:g} CPUs in all (cluster.cpus_per_worker per worker{env}) and the "
+                f"Ray cluster has {have_cpu:g}: lower cluster.cpus_per_worker{' or those' if env else ''} or "
+                "raise cluster.num_cpus (a local cluster), or add nodes.")  # fmt: skip
     return None
 
 

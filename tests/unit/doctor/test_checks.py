@@ -104,6 +104,20 @@ def test_ray_resources_against_the_placement():
     assert out[-1].status == "fail" and "cluster.cpus_per_worker" in out[-1].fix
 
 
+def test_ray_resources_count_the_environment_actors():
+    """Under Ray the environments are actors with CPUs of their own: 2 workers + 3 x 0.5 = 3.5 CPUs."""
+    env = {"env": "guess_number", "max_episode_tokens": 256, "env_workers": 3, "env_cpus": 0.5}
+    ray_env = cfg(cluster={"backend": "ray", "num_cpus": 3}, rollout=env)
+    assert (cluster.demand(ray_env).cpus, cluster.demand(ray_env).env_cpus) == (3.5, 1.5)
+    out = cluster.check_ray(ray_env, 0)
+    assert out[-1].status == "fail" and "rollout.env_workers x rollout.env_cpus" in out[-1].fix
+    assert (
+        cluster.demand(cfg(cluster={"backend": "ray"}, rollout=env | {"env_isolation": "inline"})).cpus == 2
+    )
+    assert cluster.demand(cfg(cluster={"backend": "ray"}, rollout=env | {"env_workers": None})).cpus == 2.5
+    assert cluster.demand(cfg(rollout=env)).env_cpus == 0  # inline backend: processes, not actors
+
+
 # ------------------------------------------------------------------------------------------ disk, ports
 def test_disk_fails_below_and_warns_near_the_need(monkeypatch, tmp_path):
     usage = namedtuple("usage", "total used free")
