@@ -72,7 +72,8 @@ def init_ray(
         _check_reachable(address)  # Ray itself retries an unreachable head for many minutes
     try:
         ray.init(
-            address=address or None,
+            # "local": a new cluster even when this machine has one (Ray would join the last `ray start`ed)
+            address=address or "local",
             include_dashboard=False,
             ignore_reinit_error=True,
             log_to_driver=log_to_driver,

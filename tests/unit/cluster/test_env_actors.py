@@ -5,6 +5,10 @@ included, is tested with the process hosts' tests in tests/unit/envs/test_hosts.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 
 from ascent.cluster import ClusterConfigError
@@ -12,18 +16,30 @@ from ascent.cluster import ClusterConfigError
 
 @pytest.fixture(scope="module")
 def two_nodes():
+    """The cluster's files, its address file included, under a directory of its own (RAY_TMPDIR): Ray's
+    `ray.init()` without an address joins the cluster named in /tmp/ray, and nothing else on this machine
+    should join this one."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
     if ray.is_initialized():  # a single-node cluster left by another test module: this one needs its own
         ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    cluster.add_node(num_cpus=2)
-    ray.init(address=cluster.address, log_to_driver=False)
-    cluster.wait_for_nodes()
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
+    saved, own = os.environ.get("RAY_TMPDIR"), tempfile.mkdtemp(prefix="ray")
+    os.environ["RAY_TMPDIR"] = own
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+        cluster.add_node(num_cpus=2)
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes()
+        yield cluster
+        ray.shutdown()
+        cluster.shutdown()
+    finally:
+        if saved is None:
+            del os.environ["RAY_TMPDIR"]
+        else:
+            os.environ["RAY_TMPDIR"] = saved
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def test_default_actors_fill_the_free_cpus_of_every_node(two_nodes) -> None:
