@@ -83,6 +83,12 @@ def build(args: argparse.Namespace, root: Path):  # type: ignore[no-untyped-def]
     return engine, OpenAIServer(engine, tok, options), ChatTokens(tok)
 
 
+def _passes(engine: Any) -> tuple[int, int]:
+    """The fast engine's prefill passes and decode steps so far ((0, 0) for engines without stats)."""
+    stats = getattr(engine, "stats", {})
+    return int(stats.get("prefills", 0)), int(stats.get("steps", 0))
+
+
 def messages(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"What is {100 + 7 * i}*{10 + i % 90}?"}]
 
@@ -161,6 +167,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--calls-per-client", type=int, default=1, help="Chat calls each client makes in a row.")
     p.add_argument("--api-processes", type=int, default=1, help="HTTP front-end processes of the server.")
     p.add_argument(
+        "--admit-window-ms",
+        type=float,
+        default=None,
+        help="The fast engine's admission window for live calls (default: the engine's).",
+    )
+    p.add_argument(
         "--engine",
         choices=["real", "scripted"],
         default="real",
@@ -181,12 +193,16 @@ def main(argv: list[str] | None = None) -> None:
             rows = []
             for r in range(args.repeats):
                 with server.paused():  # the engine is idle: a direct call from this thread is safe
+                    s0 = _passes(engine)
                     d_s, d_tok = direct(engine, chat, args)
+                s1 = _passes(engine)
                 e_s, e_tok = endpoint(url, args, pool)
+                s2 = _passes(engine)
                 rows.append((d_tok / d_s, e_tok / e_s))
                 print(f"repeat {r + 1}: direct {d_tok} tokens in {d_s:.2f} s ({d_tok / d_s:,.0f}/s); endpoint "
                       f"{e_tok} tokens in {e_s:.2f} s ({e_tok / e_s:,.0f}/s); endpoint/direct "
-                      f"{(e_tok / e_s) / (d_tok / d_s):.3f}", flush=True)  # fmt: skip
+                      f"{(e_tok / e_s) / (d_tok / d_s):.3f}; prefills/decode steps: direct "
+                      f"{s1[0] - s0[0]}/{s1[1] - s0[1]}, endpoint {s2[0] - s1[0]}/{s2[1] - s1[1]}", flush=True)  # fmt: skip
         finally:
             server.stop()
             if pool is not None:
