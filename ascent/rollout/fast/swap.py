@@ -117,7 +117,9 @@ class WeightSwaps:
         if cuda and loop is not None:  # the copies are ordered after the steps the loop launched ...
             torch.cuda.current_stream(self.device).wait_stream(loop)
         try:
-            yield
+            # a publisher's thread (a Ray actor's second one) starts on device 0: make it the engine's
+            with torch.cuda.device(self.device) if cuda else contextlib.nullcontext():
+                yield
             if version is not None:
                 self.version = version
         finally:

@@ -150,3 +150,39 @@ def test_publication_from_a_live_callback_and_unversioned_calls(engines):
     for v in stamps:
         assert v == [3] * v.count(3) + [7] * v.count(7) and len(v) > 0
     assert any(3 in v and 7 in v for v in stamps) and fast.stats["swaps"] == 1
+
+
+def test_gate_hands_the_weights_over_only_at_a_boundary():
+    """A publisher waits while a call holds the gate, gets it at the call's next boundary (the call waits
+    until it is done), goes before a call that starts while it waits, and may take the gate again inside."""
+    from ascent.rollout.fast.swap import SwapGate
+
+    gate, log = SwapGate(), []
+
+    def publish(tag: str) -> None:
+        gate.acquire()
+        gate.acquire()  # reentrant: update_weights inside a publication
+        log.append(tag)
+        gate.release()
+        gate.release()
+
+    gate.enter()
+    publisher = threading.Thread(target=publish, args=("swap",))
+    publisher.start()
+    deadline = time.monotonic() + 10
+    while not gate.waiting:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    log.append("step")  # the call keeps the weights until its boundary
+    assert gate.boundary() and log == ["step", "swap"]
+    assert not gate.boundary()  # nobody waiting: the call goes on at once
+    gate.exit()
+    publisher.join(5)
+    gate.acquire()  # a publisher holds the gate: a call that starts waits for it
+    caller = threading.Thread(target=lambda: (gate.enter(), log.append("call"), gate.exit()))
+    caller.start()
+    time.sleep(0.05)
+    log.append("second swap")
+    gate.release()
+    caller.join(5)
+    assert log == ["step", "swap", "second swap", "call"]
