@@ -4,6 +4,8 @@ A worker group runs N copies of a plain Python class (rank 0..N-1). The controll
 them (`call`), on each with its own shard (`call_split`) or on rank 0 only (`call_rank0`); results come back
 in rank order. A call names the method itself (`group.call(TrainerWorker.save, path)`), a typed handle:
 mypy checks its arguments and result type, and a reader can jump to the definition. The `_async` variants return a `PendingCall` at once so two groups can work at the same time.
+A worker runs its calls one at a time, in the order sent; `call_alongside_async` is the one exception (on Ray
+it runs next to a call in progress: a rollout replica takes new weights while a long generate call runs).
 Backends (inline, Ray) implement `_submit` and `shutdown` and must behave the same.
 
 Before a worker's class is constructed, the group sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
@@ -94,8 +96,11 @@ class WorkerGroup(ABC, Generic[W]):
 
     # what a backend implements ---------------------------------------------------------------------
     @abstractmethod
-    def _submit(self, method: str, calls: Sequence[tuple[int, tuple, dict]]) -> PendingCall[Any]:
-        """Start the worker method named `method` with (*args, **kwargs) on each (rank, args, kwargs)."""
+    def _submit(
+        self, method: str, calls: Sequence[tuple[int, tuple, dict]], alongside: bool = False
+    ) -> PendingCall[Any]:
+        """Start the worker method named `method` with (*args, **kwargs) on each (rank, args, kwargs);
+        `alongside`: next to a call in progress instead of after it (see `call_alongside_async`)."""
 
     @abstractmethod
     def shutdown(self) -> None:
@@ -126,6 +131,16 @@ class WorkerGroup(ABC, Generic[W]):
         """Like `call`, but returns at once; `.get()` the result."""
         name = self._check_method(method)
         return self._submit(name, [(rank, args, kwargs) for rank in range(self.num_workers)])
+
+    def call_alongside_async(
+        self, method: Callable[Concatenate[W, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> PendingCall[R]:
+        """Like `call_async`, but on Ray each worker runs it on a second thread, next to a call it is running
+        (one such call at a time), instead of after the calls queued before it. The method must be safe to run
+        next to the worker's others: `RolloutWorker.receive_weights` waits for a decode-step boundary of
+        the generate call in progress. Inline a call never runs next to another: the same as `call_async`."""
+        name = self._check_method(method)
+        return self._submit(name, [(rank, args, kwargs) for rank in range(self.num_workers)], alongside=True)
 
     def call_split_async(
         self,

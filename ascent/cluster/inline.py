@@ -129,7 +129,9 @@ class InlineWorkerGroup(WorkerGroup[W]):
             error.__cause__ = e
             return None, error
 
-    def _submit(self, method: str, calls: Sequence[tuple[int, tuple, dict]]) -> PendingCall[Any]:
+    def _submit(
+        self, method: str, calls: Sequence[tuple[int, tuple, dict]], alongside: bool = False
+    ) -> PendingCall[Any]:
         if self._worker is None:
             raise RuntimeError(f"worker group '{self.name}' is shut down; {method} cannot run.")
         results = []

@@ -9,6 +9,9 @@ share GPUs (colocated: trainer and rollout take turns) pass the same `make_place
 placement="colocated")` (STRICT_PACK: one node) and ask for a fraction of a GPU each, e.g. 0.5 for two
 groups. On CPU none of this matters.
 
+Each actor runs its calls one at a time on one thread, except those sent with `call_alongside_async`: they run
+on a second thread (the actor's `alongside` concurrency group, one at a time), next to the call in progress.
+
 LOCAL_RANK is the index of the worker's GPU among those it sees (0: Ray narrows CUDA_VISIBLE_DEVICES to
 the actor's GPUs) and, for CPU workers, its position among the group's workers on its node.
 """
@@ -29,7 +32,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ascent.cluster.base import PendingCall, W, WorkerGroup, rank_env
 from ascent.cluster.errors import ClusterConfigError, WorkerDiedError, WorkerError, WorkerTimeoutError
-from ascent.cluster.ray_worker import RayWorkerHost
+from ascent.cluster.ray_worker import ALONGSIDE, RayWorkerHost
 from ascent.errors import AscentError
 from ascent.tracking.logs import worker_log_path
 
@@ -215,7 +218,8 @@ class RayWorkerGroup(WorkerGroup[W]):
                     placement="split",
                     timeout_s=self.timeout_s,
                 )
-        actor_cls = ray.remote(RayWorkerHost)
+        # a second thread for call_alongside_async (the stubs do not list ray.remote's actor options)
+        actor_cls = ray.remote(concurrency_groups={ALONGSIDE: 1})(RayWorkerHost)  # type: ignore[call-overload]
         actors = []
         for rank in range(self.num_workers):
             options: dict[str, Any] = {
@@ -267,14 +271,17 @@ class RayWorkerGroup(WorkerGroup[W]):
         """The log file of worker `rank` (None without a run_dir)."""
         return worker_log_path(self.run_dir, f"{self.name}_{rank}") if self.run_dir else None
 
-    def _submit(self, method: str, calls: Sequence[tuple[int, tuple, dict]]) -> PendingCall[Any]:
+    def _submit(
+        self, method: str, calls: Sequence[tuple[int, tuple, dict]], alongside: bool = False
+    ) -> PendingCall[Any]:
         if not self._actors:
             raise RuntimeError(f"worker group '{self.name}' is shut down; {method} cannot run.")
         first = calls[0]
         shared = len(calls) > 1 and all(c[1] is first[1] and c[2] is first[2] for c in calls)
         shared_payload = ray.put((first[1], first[2])) if shared else None  # one copy for all workers
+        entry = "execute_alongside" if alongside else "execute"
         refs = [
-            self._actors[rank].execute.remote(method, shared_payload if shared else (args, kwargs))
+            getattr(self._actors[rank], entry).remote(method, shared_payload if shared else (args, kwargs))
             for rank, args, kwargs in calls
         ]
         return _RayPending(self, method, refs, [rank for rank, _, _ in calls])

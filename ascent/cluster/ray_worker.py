@@ -2,7 +2,9 @@
 constructs the user's class and runs its methods by name.
 
 Construction happens in `init_worker`, after the group has learned every actor's node (for LOCAL_RANK and
-MASTER_ADDR), so a failing constructor is an ordinary task error, not a dead actor.
+MASTER_ADDR), so a failing constructor is an ordinary task error, not a dead actor. `execute` runs the
+worker's calls in order on the actor's main thread; `execute_alongside` runs one on a thread of its own
+(concurrency group `alongside`), next to the call in progress.
 """
 
 from __future__ import annotations
@@ -10,8 +12,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import ray
+
 from ascent.cluster.base import find_free_port
 from ascent.tracking.logs import setup_logging
+
+ALONGSIDE = "alongside"  # the concurrency group of calls that run next to the call in progress
 
 
 class RayWorkerHost:
@@ -24,8 +30,6 @@ class RayWorkerHost:
 
     def node_info(self) -> dict[str, Any]:
         """Where this actor runs: node id and IP, the GPU ids Ray gave it, a free port on its node."""
-        import ray
-
         return {
             "node_id": ray.get_runtime_context().get_node_id(),
             "ip": ray.util.get_node_ip_address(),
@@ -51,8 +55,6 @@ class RayWorkerHost:
 
     def execute(self, method: str, payload: tuple[tuple, dict[str, Any]]) -> Any:
         """`worker.method(*args, **kwargs)`; errors are logged to the worker's log, then raised."""
-        import ray
-
         args, kwargs = payload
         try:
             # results another group forwarded (PendingCall.forward) arrive as object references
@@ -62,6 +64,11 @@ class RayWorkerHost:
         except Exception:
             self.log.exception("%s failed", method)
             raise
+
+    @ray.method(concurrency_group=ALONGSIDE)
+    def execute_alongside(self, method: str, payload: tuple[tuple, dict[str, Any]]) -> Any:
+        """`execute` on the actor's second thread, while a call may be running on its main thread."""
+        return self.execute(method, payload)
 
     def ping(self) -> bool:
         return True

@@ -102,6 +102,15 @@ class RolloutConfig(Section):
         description="A group with an episode over max_staleness: `drop` replaces it with fresh prompts, "
         "`regenerate` samples the same prompts again with the current weights.",
     )
+    swap_mid_generation: Literal["continue", "restart", "off"] = Field(
+        "continue",
+        description="On Ray with cluster.placement=split and rollout.engine=fast, where replicas generate "
+        "while the trainer updates (rollout.max_staleness >= 1): a weight publication reaches each replica "
+        "between two decode steps of the generate call in progress instead of waiting for the call to end. "
+        "`continue`: sequences in flight keep their K/V and go on with the new weights; `restart`: they are "
+        "sampled again from their prompt; `off`: the publication waits for the call. Every token records "
+        "the version that sampled it either way. Elsewhere publications never overlap generation.",
+    )
     env: str | None = Field(
         None,
         description="Multi-turn episodes through an environment (a name of ascent.envs.ENVIRONMENTS or "

@@ -8,9 +8,13 @@ iteration `it` (trainer at version `it - 1`) is `it - 1 - v` versions stale; its
 weights of the previous iteration. With a bound k >= 1 the collector submits the first prompt batch of the
 next k iterations as soon as an iteration's groups are in, so the replicas sample while the trainer computes
 logprobs, updates and publishes (on Ray with `cluster.placement=split` the two overlap; inline, or
-colocated, the same schedule runs one step after the other). A replica runs one call at a time, so a
-generate call in flight finishes with the weights it started with, and a publication waits for it: every
-token's version is exact. When an iteration takes a batch, a group with any episode more than k versions
+colocated, the same schedule runs one step after the other). On Ray with split placement and the fast engine
+a publication reaches each replica between two decode steps of the generate call in flight
+(`rollout.swap_mid_generation`): the trainer waits one step, not the rest of the call, and the call's
+sequences go on with the new weights (or restart); elsewhere (or with `off`) a replica runs one call at a
+time and a publication waits for the call in flight. Either way every token records the version that
+sampled it, so a sequence's versions may change mid-way and its staleness is its oldest token's. When an
+iteration takes a batch, a group with any episode more than k versions
 behind is stale: `drop` replaces it with fresh prompts, `regenerate` samples the same prompts again with the
 current weights. Importance correction (TIS/MIS, against the sampler's own logprobs) covers the gap kept.
 

@@ -47,6 +47,8 @@ class LoopContext:
         self.envs = EnvRunners(cfg)  # where rollout.env's environments run (Ray actors: started on first use)
         # trainer and engine share the accelerator and take turns (design: colocated placement)
         self.colocated = cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast"
+        # publications reach the replicas between two decode steps of a running generate call
+        self.swap_mid_generation = setup.swaps_mid_generation(cfg)
 
     def close(self) -> None:
         """Stop what the loop started on demand (episodes played ahead, the agent endpoint and processes, the
@@ -227,13 +229,16 @@ def update_policy(ctx: LoopContext, samples: list[TrainSample], it: int) -> dict
 
 def publish_weights(ctx: LoopContext, version: int) -> float:
     """Send the trainer's current weights, as policy `version`, to every rollout replica; returns the seconds
-    it took. Each replica applies them after the generate calls queued before (none are lost) and reports the
-    version it then holds. Inline the replicas copy the trainer's tensors; on Ray they travel trainer ->
-    replica over the run's weight transport (ascent.transport.weights) or, as the fallback, from trainer
-    rank 0 through the object store. The controller never holds them."""
+    it took. Each replica applies them after the generate calls queued before or, with
+    `ctx.swap_mid_generation`, between two decode steps of the call in progress (none is lost; its tokens
+    record the version that sampled each), and reports the version it then holds. Inline the replicas copy
+    the trainer's tensors; on Ray they travel trainer -> replica over the run's weight transport
+    (ascent.transport.weights) or, as the fallback, from trainer rank 0 through the object store. The
+    controller never holds them."""
     t0 = time.perf_counter()
+    to_replicas = ctx.rollout.call_alongside_async if ctx.swap_mid_generation else ctx.rollout.call_async
     if ctx.transport in ("broadcast", "cuda_ipc"):
-        receivers = ctx.rollout.call_async(RolloutWorker.receive_weights, version)
+        receivers = to_replicas(RolloutWorker.receive_weights, version)
         senders = ctx.trainer.call_async(TrainerWorker.send_weights, version)
         try:
             held = receivers.get()
@@ -242,7 +247,7 @@ def publish_weights(ctx: LoopContext, version: int) -> float:
     else:
         pending = ctx.trainer.call_async(TrainerWorker.named_weights, to_cpu=ctx.transport != "inline")
         try:  # rank 0's weights go to the replicas directly (on Ray the controller never holds them)
-            held = ctx.rollout.call(RolloutWorker.update_weights, pending.forward(0), version)
+            held = to_replicas(RolloutWorker.update_weights, pending.forward(0), version).get()
         except Exception:
             pending.get()  # the trainer's own error, when it failed first
             raise
@@ -260,7 +265,22 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
         "rollout/response_len_max": lengths.max().item(),
         "rollout/truncated_frac": truncated / len(episodes),
         "rollout/trajectories": float(len(episodes)),
+        **swap_metrics(episodes),
     }
+
+
+def swap_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """rollout/swapped_sequences: episodes whose tokens were sampled by more than one policy version (a
+    publication landed while they were generated: mid-call with rollout.swap_mid_generation, or between two
+    turns of a multi-turn episode); rollout/tokens_after_swap: their tokens sampled by a newer version than
+    the episode's oldest (loss-masked tokens only)."""
+    swapped = tokens = 0
+    for e in episodes:
+        sampled = [v for v, m in zip(e.token_versions, e.loss_mask, strict=False) if m]
+        if sampled and min(sampled) != max(sampled):
+            swapped += 1
+            tokens += sum(v > min(sampled) for v in sampled)
+    return {"rollout/swapped_sequences": float(swapped), "rollout/tokens_after_swap": float(tokens)}
 
 
 def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:

@@ -94,7 +94,17 @@ def engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
         kw["generation_batch_size"] = cfg.rollout.generation_batch_size
     else:
         kw["gpu_memory_fraction"] = cfg.rollout.gpu_memory_fraction
+        kw["on_swap"] = "restart" if cfg.rollout.swap_mid_generation == "restart" else "continue"
     return kw
+
+
+def swaps_mid_generation(cfg: RunConfig) -> bool:
+    """Whether publications reach the replicas during a generate call (`rollout.swap_mid_generation`): on Ray
+    with the replicas on GPUs (or CPUs) of their own and the fast engine. Inline or colocated, generation
+    and publication take turns anyway (the colocated engine sleeps through the update)."""
+    c = cfg.cluster
+    return (cfg.rollout.swap_mid_generation != "off" and c.backend == "ray" and c.placement == "split"
+            and cfg.rollout.engine == "fast")  # fmt: skip
 
 
 def trainer_kwargs(cfg: RunConfig, total_optimizer_steps: int) -> dict[str, Any]:

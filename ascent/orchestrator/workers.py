@@ -8,9 +8,11 @@ torch.distributed group described by the RANK/WORLD_SIZE variables the worker gr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -63,29 +65,39 @@ class RolloutWorker:
         self.link: Any = None  # the weight transport's receiving link, once joined
 
     def generate(self, requests: list[GenerationRequest]) -> Rollout:
-        """Sample every request with the weights held now; each token is stamped with their version."""
-        start = time.perf_counter()
+        """Sample every request; each token is stamped with the version of the weights that sampled it (a
+        publication sent alongside may change them between two decode steps of this call)."""
+        start, version = time.perf_counter(), self.version
         idle = 0.0 if self._last_end is None else start - self._last_end
         generations = [[self._stamped(g) for g in row] for row in self.engine.generate(requests)]
         self._last_end = time.perf_counter()
-        return Rollout(generations, self.version, idle)
+        return Rollout(generations, version, idle)
 
     def _stamped(self, gen: Generation) -> Generation:
-        if gen.token_versions:  # the engine swapped weights within the call and stamped each token itself
+        if gen.token_versions:  # an engine told each publication's version stamps every token itself
             return gen
         return replace(gen, token_versions=[self.version] * len(gen.token_ids))
 
     def update_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> int:
         """Copy in the weights of policy `version`; returns the version now held, once they are in place
         (the copies are asynchronous on a GPU, so without the sync `time/publish` would measure only their
-        launch). Requests in flight on other threads do not exist: a replica runs one call at a time, so a
-        generate call finishes with the weights it started with."""
-        self.engine.update_weights(named_tensors.items())
-        device = getattr(self.engine, "device", None)
-        if isinstance(device, torch.device) and device.type == "cuda":
-            torch.cuda.synchronize(device)
-        self.version = version
+        launch). Sent in order (`call_async`), it runs after the generate calls queued before it; sent
+        alongside (`call_alongside_async`, rollout.swap_mid_generation), during the one in progress, between
+        two of its decode steps (the fast engine's `publication`)."""
+        with self._publication(version):
+            self.engine.update_weights(named_tensors.items())
         return self.version
+
+    @contextlib.contextmanager
+    def _publication(self, version: int) -> Iterator[None]:
+        """The engine's own publication block where it has one (it then stamps tokens with `version`)."""
+        publication = getattr(self.engine, "publication", None)
+        with publication(version) if publication is not None else contextlib.nullcontext():
+            yield
+            device = getattr(self.engine, "device", None)
+            if isinstance(device, torch.device) and device.type == "cuda":
+                torch.cuda.synchronize(device)
+        self.version = version
 
     def join_weight_transport(self, rv: Rendezvous) -> None:
         """Join the publication links of `rv` as replica RANK (see `ascent.transport.weights`)."""
@@ -96,12 +108,9 @@ class RolloutWorker:
 
     def receive_weights(self, version: int) -> int:
         """Take policy `version` bucket by bucket from the trainer over the joined link; returns the version
-        now held (as `update_weights`)."""
-        self.link.receive(lambda part: self.engine.update_weights(part), version)
-        device = getattr(self.engine, "device", None)
-        if isinstance(device, torch.device) and device.type == "cuda":
-            torch.cuda.synchronize(device)
-        self.version = version
+        now held (as `update_weights`, in order or alongside)."""
+        with self._publication(version):
+            self.link.receive(lambda part: self.engine.update_weights(part), version)
         return self.version
 
     def sleep(self, release_weights: bool = False) -> None:

@@ -2,7 +2,8 @@
 
 Map: spec.py (architecture facts) -> weights.py (shared or owned tensors) -> layers.py / attention.py /
 triton_decode.py (math) -> runner.py (prefill, decode step) -> graphs.py (CUDA graphs) -> engine.py (the
-loop); pages.py, scheduler.py, sequence.py and state.py are its bookkeeping. `build_fast_engine` is the
+loop); pages.py, scheduler.py, sequence.py, state.py and live.py are its bookkeeping, swap.py hands the weights
+to publications between decode steps. `build_fast_engine` is the
 builder registered as `ENGINES["fast"]`. On CPU the same engine runs eagerly (slowly) for the tests.
 """
 
@@ -12,7 +13,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -101,6 +102,7 @@ def build_fast_engine(
     stop_check_interval: int = 8,
     share_weights: bool | None = None,
     trust_remote_code: bool = False,
+    on_swap: str = "continue",
     **unused: Any,
 ) -> FastEngine:
     """A FastEngine on `model` (weights shared when dtype and device match) or the checkpoint at `model_path`.
@@ -112,7 +114,9 @@ def build_fast_engine(
     "prefill" entry (block_m, block_n, num_warps, num_stages) the paged prefill kernel.
     `share_weights=False` copies a given module's weights (fused q/k/v and gate/up) even when they could
     be shared; `trust_remote_code` lets the config and tokenizer run code shipped in the checkpoint
-    (model.trust_remote_code); `unused` swallows options meant for other engines.
+    (model.trust_remote_code); `on_swap` is what sequences in flight do when a publication lands between two
+    decode steps: `continue` with the new weights over their K/V so far, or `restart` from their prompt
+    (engine.py); `unused` swallows options meant for other engines.
     """
     from ascent.models.loading import resolve_device, torch_dtype
 
@@ -155,6 +159,7 @@ def build_fast_engine(
         keep_sessions=keep_sessions,
         max_prefill_tokens=max_prefill_tokens,
         stop_check_interval=stop_check_interval,
+        on_swap=_on_swap(on_swap),
     )
 
 
@@ -164,6 +169,14 @@ def _debug_overrides(cuda_graphs: Any, compile: Any, attention: Any, sampler: An
     o = json.loads(os.environ.get("ASCENT_FAST_ENGINE", "{}"))
     return (o.get("cuda_graphs", cuda_graphs), o.get("compile", compile), o.get("attention", attention),
             o.get("sampler", sampler))  # fmt: skip
+
+
+def _on_swap(value: str) -> Literal["continue", "restart"]:
+    if value == "continue":
+        return "continue"
+    if value == "restart":
+        return "restart"
+    raise ValueError(f"on_swap={value!r}: use 'continue' or 'restart'.")
 
 
 def _has_triton() -> bool:

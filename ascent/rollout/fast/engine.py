@@ -12,26 +12,37 @@ Multi-turn: a request with a `session_id` leaves its K/V pages in the session st
 next request of that session (previous prompt + response + new tokens) prefills only what follows the
 longest cached prefix (`Generation.cached_tokens`, `stats["reused_tokens"]`). Cached K/V belongs to the
 weights that computed it: `update_weights`, `sleep` and an in-place step of shared weights drop every session.
+
+Weight swaps between decode steps (swap.py): a publication may arrive from another thread while a call
+runs; it is applied at the next step boundary, never inside a step (weights are copied into the tensors the
+CUDA graphs read, so a replay after it uses them). By default (`on_swap="continue"`) the sequences in flight
+keep the K/V computed so far and go on with the new weights; `on_swap="restart"` samples them again from
+their prompt instead. Each token records the policy version that sampled it (`Generation.token_versions`,
+once a publisher has named one), so a sequence's versions may change mid-way; a session whose sequence saw a
+swap is not kept for its next turn.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from ascent.messages import Generation, GenerationRequest
 from ascent.rollout.fast.graphs import GraphRunner, pick_bucket
+from ascent.rollout.fast.live import Done, LiveCall, More, fits
 from ascent.rollout.fast.pages import PageAllocator, SessionStore
 from ascent.rollout.fast.runner import ModelRunner
 from ascent.rollout.fast.scheduler import Admission, Scheduler
 from ascent.rollout.fast.sequence import Sequence, check_finished
 from ascent.rollout.fast.state import DecodeState, Flags
+from ascent.rollout.fast.swap import WeightSwaps
 from ascent.rollout.fast.weights import ModelWeights
 from ascent.rollout.sampling import SamplingTensors, split_seed, token_presence
 
@@ -52,6 +63,7 @@ class FastEngine:
         keep_sessions: bool = True,
         max_prefill_tokens: int = 16384,
         stop_check_interval: int = 8,
+        on_swap: Literal["continue", "restart"] = "continue",
     ):
         self.runner, self.weights, self.cache = runner, weights, runner.cache
         self.device = self.cache.device
@@ -69,19 +81,29 @@ class FastEngine:
         self.rows: list[Sequence | None] = [None] * max_batch_size
         self.free_rows = list(range(max_batch_size))
         self.asleep, self._blocked = False, False
-        self._live: _Live | None = None  # the requests of a `generate_live` call in progress
+        self._live: LiveCall | None = None  # the requests of a `generate_live` call in progress
         self._host = self._host_buffers()
         self._ring = 0
         self._stamp = weights.stamp() if weights.shared else ()
+        self.on_swap = on_swap  # what sequences in flight do when weights change between steps (module doc)
+        self.swaps = WeightSwaps(self.device, on_publish=self.sessions.clear)
         self.stats = {"steps": 0, "prefills": 0, "compactions": 0, "launch_s": 0.0, "process_s": 0.0}
         self.stats["prefill_tokens"] = 0  # prompt tokens computed by prefill (each group's prompt once)
         self.stats["reused_tokens"] = 0  # prompt tokens whose K/V a cached session prefix supplied
+        self.stats["swaps"] = 0  # publications applied while a call was running (between two steps)
+        self.stats["restarted"] = (
+            0  # sequences sampled again from their prompt after a swap (on_swap=restart)
+        )
 
     # ---- RolloutEngine protocol -------------------------------------------------------------------------
 
     @torch.no_grad()
     def generate(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
         """For each request, `params.n` generations in order (see ascent.rollout.base)."""
+        with self.swaps.running():
+            return self._generate(requests)
+
+    def _generate(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
         self.wake()
         self._drop_stale_sessions()
         out: list[list[Generation | None]] = [[None] * r.params.n for r in requests]
@@ -97,7 +119,7 @@ class FastEngine:
             self._abort_all()
             raise
         for s in seqs:
-            out[s.req][s.sample] = s.generation()
+            out[s.req][s.sample] = s.generation(self.swaps.version is not None)
         return out  # type: ignore[return-value]
 
     @torch.no_grad()
@@ -107,11 +129,15 @@ class FastEngine:
         sampling needs no stage the call's graphs lack), and `done(i, generations)` is called as soon as
         request i's samples are finished (requests numbered in arrival order, `requests` first). Returns
         when nothing runs and `more` has nothing."""
+        with self.swaps.running():
+            self._generate_live(requests, more, done)
+
+    def _generate_live(self, requests: list[GenerationRequest], more: More, done: Done) -> None:
         self.wake()
         flags = Flags.of([r.params for r in requests])
         if flags.penalty:
             self.state.ensure_seen()
-        self._live = _Live(more, done, lambda r: _fits(flags, r.params))
+        self._live = LiveCall(more, done, lambda r: fits(flags, r.params))
         try:
             self._feed(requests)
             if self.graphs is not None:
@@ -137,12 +163,13 @@ class FastEngine:
                 live.done(i, live.out[i])
 
     def _finished(self, s: Sequence) -> None:
-        """A sequence is done: in a live call, answer its request once all its samples are."""
-        self.sched.finish(s)
+        """A sequence is done: in a live call, answer its request once all its samples are. Its K/V stays
+        for the session's next turn only if no swap happened since it was admitted."""
+        self.sched.finish(s, keep=s.epoch == self.swaps.epoch)
         live = self._live
         if live is None:
             return
-        live.out[s.req][s.sample] = s.generation()
+        live.out[s.req][s.sample] = s.generation(self.swaps.version is not None)
         live.left[s.req] -= 1
         if live.left[s.req] == 0:
             live.done(s.req, live.out[s.req])
@@ -151,10 +178,19 @@ class FastEngine:
         """Copy new weights in place (HF names, any device/dtype, any bucketing); drops cached sessions.
 
         After `sleep(release_weights=True)` the first call re-allocates the weights; `wake`/`generate` then
-        wait for every weight to have arrived (over one or several calls).
+        wait for every weight to have arrived (over one or several calls). From another thread while a call
+        runs, it waits for the next decode-step boundary; a publication sent in several calls (buckets) is
+        whole only inside `publication`, which also names its version.
         """
-        self.weights.update(named_tensors)
-        self.sessions.clear()
+        with self.publication():
+            self.weights.update(named_tensors)
+
+    def publication(self, version: int | None = None) -> contextlib.AbstractContextManager[None]:
+        """A block holding the weights for one publication (any number of `update_weights` calls), from any
+        thread: while a call runs on another thread it waits for the call's next decode-step boundary, and
+        the call goes on with the new weights when it ends; tokens sampled from then on record `version`.
+        Cached sessions are dropped (swap.py)."""
+        return self.swaps.publication(version)
 
     def sleep(self, release_weights: bool = False) -> None:
         """Free the KV cache and the decode graphs (cached sessions are lost).
@@ -268,9 +304,14 @@ class FastEngine:
     def _run(self, flags: Flags) -> None:
         pending: deque = deque()
         self._blocked = False
+        epoch = self.swaps.epoch
         while True:
+            self.swaps.gate.boundary()  # a publication waiting for the weights is applied here
             if self._live is not None:
                 self._feed(self._live.more(self._live.fits))
+            if epoch != self.swaps.epoch:  # (or one made by a callback of this loop)
+                epoch = self.swaps.epoch
+                self._swapped(pending)
             if not (self.sched.waiting or self.running):
                 break
             if self.sched.waiting and self._want_admit():
@@ -291,6 +332,26 @@ class FastEngine:
             if pending and (step is None or len(pending) > self.lag):
                 self._process(pending.popleft())
         self._drain(pending)
+
+    def _swapped(self, pending: deque) -> None:
+        """New weights since the last step: count it, and with on_swap=restart sample every sequence in
+        flight again from its prompt (tokens of steps launched before the swap are processed first)."""
+        self.stats["swaps"] += 1
+        if self.on_swap != "restart":
+            return
+        self._drain(pending)
+        again = [s for s in self.rows if s is not None]
+        self.state.release([s.row for s in again])
+        for s in reversed(again):
+            self.sched.finish(s, keep=False)
+            self.rows[s.row] = None
+            s.restart()
+            self.sched.waiting.appendleft([s])
+        self.sched.waiting_rows += len(again)
+        self.free_rows = [r for r in range(self.max_rows) if self.rows[r] is None]
+        heapq.heapify(self.free_rows)
+        self._blocked = False
+        self.stats["restarted"] += len(again)
 
     def _want_admit(self) -> bool:
         if self._blocked:
@@ -315,10 +376,11 @@ class FastEngine:
         self.stats["prefill_tokens"] += sum(len(a.prompt) - a.reuse for a in adms)
         self.stats["reused_tokens"] += sum(a.reuse for a in adms)
         seqs = [s for a in adms for s in a.seqs]
+        version, epoch = self.swaps.version or 0, self.swaps.epoch  # of the weights that ran the prefill
         first = self._sample_first(hidden, adms, seqs, flags)
         live = []
         for s, (tok, lp) in zip(seqs, first, strict=True):
-            s.tokens, s.logprobs, s.launched = [tok], [lp], 1
+            s.tokens, s.logprobs, s.versions, s.launched, s.epoch = [tok], [lp], [version], 1, epoch
             if check_finished(s, self.decode, self.interval):
                 self._finished(s)
             else:
@@ -372,12 +434,13 @@ class FastEngine:
         for s in live:
             s.num_cached += 1
             s.launched += 1
+        version = self.swaps.version or 0  # of the weights this step runs on
         if self.graphs is not None:
             self.graphs.replay(b, flags)
         else:
             self.runner.decode(self.state, b, flags, max_len=max_ctx)
         self.stats["steps"] += 1
-        return (live, *self._to_host(b))
+        return (live, version, *self._to_host(b))
 
     def _graph_step(self, b: int, flags: Flags) -> None:
         self.runner.decode(self.state, b, flags)
@@ -404,7 +467,7 @@ class FastEngine:
 
     def _process(self, step) -> None:
         """Append a finished step's tokens; finish sequences that stop; free their rows."""
-        live, toks_t, lps_t, event = step
+        live, version, toks_t, lps_t, event = step
         if event is not None:
             event.synchronize()
         t0 = time.perf_counter()
@@ -415,6 +478,7 @@ class FastEngine:
                 continue
             s.tokens.append(toks[s.row])
             s.logprobs.append(lps[s.row])
+            s.versions.append(version)
             if check_finished(s, self.decode, self.interval):
                 self._finished(s)
                 released.append(s.row)
@@ -444,28 +508,6 @@ class FastEngine:
         self.rows = moved + [None] * (self.max_rows - len(moved))
         self.free_rows = list(range(len(moved), self.max_rows))
         self.stats["compactions"] += 1
-
-
-More = Callable[[Callable[[GenerationRequest], bool]], list[GenerationRequest]]
-Done = Callable[[int, list[Generation]], None]
-
-
-@dataclasses.dataclass
-class _Live:
-    """A live call's callbacks and bookkeeping: each request's samples so far and how many are missing."""
-
-    more: More
-    done: Done
-    fits: Callable[[GenerationRequest], bool]
-    out: list[list[Any]] = dataclasses.field(default_factory=list)
-    left: list[int] = dataclasses.field(default_factory=list)
-
-
-def _fits(flags: Flags, p: Any) -> bool:
-    """Whether a request with sampling params `p` can join a call whose graphs were captured for `flags`."""
-    need = Flags.of([p])
-    return ((flags.top_k_top_p or not need.top_k_top_p) and (flags.min_p or not need.min_p)
-            and (flags.penalty or not need.penalty) and (need.all_greedy or not flags.all_greedy))  # fmt: skip
 
 
 def _clear_cublas_workspaces() -> None:

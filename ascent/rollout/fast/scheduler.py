@@ -163,15 +163,18 @@ class Scheduler:
         seq.pages.append(page)
         return page
 
-    def finish(self, seq: Sequence) -> None:
-        """Return a finished sequence's reservation and pages, or keep its cache for the session."""
+    def finish(self, seq: Sequence, keep: bool = True) -> None:
+        """Return a finished sequence's reservation and pages, or keep its cache for the session (unless
+        `keep=False`: its K/V came partly from older weights)."""
         self.alloc.unreserve(seq.reserved)
         seq.reserved = 0
-        if self.keep_sessions and seq.session_id is not None and seq.finish != "abort":
+        if keep and self.keep_sessions and seq.session_id is not None and seq.finish != "abort":
             n = min(seq.num_cached, len(seq.prompt) + len(seq.tokens))
-            keep = cdiv(n, self.ps)
-            self.alloc.release_all(seq.pages[keep:])
-            self.sessions.put(seq.session_id, CachedSequence((seq.prompt + seq.tokens)[:n], seq.pages[:keep]))
+            pages = cdiv(n, self.ps)
+            self.alloc.release_all(seq.pages[pages:])
+            self.sessions.put(
+                seq.session_id, CachedSequence((seq.prompt + seq.tokens)[:n], seq.pages[:pages])
+            )
         else:
             self.alloc.release_all(seq.pages)
         seq.pages = []

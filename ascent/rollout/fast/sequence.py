@@ -2,7 +2,8 @@
 
 A `Sequence` is one of the n samples of a request. Its counters follow the decode pipeline: `num_cached`
 counts prompt and generated tokens whose K/V are written (or being written by a launched step), `launched`
-counts tokens sampled or in flight, `tokens` / `logprobs` hold what has come back to the host.
+counts tokens sampled or in flight, `tokens` / `logprobs` hold what has come back to the host, `versions`
+the policy version of the weights that sampled each of them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ class Sequence:
     launched: int = 0
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(
+        default_factory=list
+    )  # per token: the weights' policy version that sampled it
+    epoch: int = 0  # the engine's publication count when it was admitted (a later one: it saw a swap)
     finish: FinishReason | None = None
     row: int = -1
     idle: bool = False  # its decode row was made idle (token budget launched, last tokens in flight)
@@ -40,10 +45,17 @@ class Sequence:
         """No more decode steps to launch: the token budget is spent by sampled or in-flight tokens."""
         return self.launched >= self.max_new
 
-    def generation(self) -> Generation:
-        return Generation(
-            list(self.tokens), list(self.logprobs), self.finish or "abort", cached_tokens=self.cached
-        )
+    def generation(self, stamped: bool = True) -> Generation:
+        """The sequence as a Generation; `stamped=False` leaves token_versions empty (no version known)."""
+        versions = list(self.versions) if stamped else []
+        return Generation(list(self.tokens), list(self.logprobs), self.finish or "abort", versions,
+                          cached_tokens=self.cached)  # fmt: skip
+
+    def restart(self) -> None:
+        """Forget everything sampled (pages and reservation already returned): ready to be admitted again."""
+        self.pages, self.reserved, self.num_cached, self.launched = [], 0, 0, 0
+        self.tokens, self.logprobs, self.versions = [], [], []
+        self.finish, self.row, self.idle, self.stop_checked, self.cached = None, -1, False, 0, 0
 
 
 def stop_string_cut(
@@ -78,7 +90,7 @@ def check_finished(seq: Sequence, decode: Callable[[list[int]], str] | None, int
         cut = stop_string_cut(seq.tokens, max(0, seq.stop_checked - look_back), stops, decode)
         seq.stop_checked = len(seq.tokens)
         if cut is not None:
-            del seq.tokens[cut:], seq.logprobs[cut:]
+            del seq.tokens[cut:], seq.logprobs[cut:], seq.versions[cut:]
             seq.finish = "stop"
             return True
     if stop_hit:

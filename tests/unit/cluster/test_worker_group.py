@@ -269,3 +269,17 @@ def test_a_plan_whose_groups_only_fit_one_at_a_time_is_refused_before_any_actor(
                              "cluster.placement=split", "cluster.cpus_per_worker=2"])  # fmt: skip
     with pytest.raises(ClusterConfigError, match=r"ask 4 CPUs .* has 2.*cluster.cpus_per_worker"):
         build_worker_groups(cfg)
+
+
+def test_an_alongside_call_runs_next_to_the_call_in_progress(request, group):
+    """On Ray a call sent with call_alongside_async runs while the worker is busy with an earlier call (here:
+    one that waits for it), where a plain call would queue behind it; inline there is nothing to run next to,
+    so it is an ordinary call."""
+    if group.backend == "inline":
+        assert group.call_alongside_async(Counter.set_flag).get() == [0]
+        assert group.call(Counter.wait_for_flag, 0.0) == [True]
+        return
+    busy = group.call_async(Counter.wait_for_flag, 60.0)
+    assert group.call_alongside_async(Counter.set_flag).get() == list(range(group.num_workers))
+    assert busy.get() == [True] * group.num_workers  # released by the alongside call, not by the timeout
+    assert group.call(Counter.get)  # the main thread serves ordinary calls again

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -16,6 +17,7 @@ class Counter:
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.value = start + 100 * self.rank
         self.step = step
+        self.flag = threading.Event()
 
     def get(self) -> int:
         return self.value
@@ -42,6 +44,14 @@ class Counter:
     def sleep(self, seconds: float) -> float:
         time.sleep(seconds)
         return seconds
+
+    def wait_for_flag(self, timeout_s: float) -> bool:
+        """Block until `set_flag` runs (True) or `timeout_s` passes (False)."""
+        return self.flag.wait(timeout_s)
+
+    def set_flag(self) -> int:
+        self.flag.set()
+        return self.rank
 
     def crash(self) -> None:
         os._exit(3)
