@@ -1,6 +1,7 @@
 """How long the trainer waits for the replicas, with and without weight swaps between decode steps.
 
     python bench/swap_wait.py --device cuda --out $OUT/swap.json      # 2 GPUs: one trainer, one replica
+    python bench/swap_wait.py --device cuda --gpus-per-worker 0.5     # both on one GPU (CUDA IPC)
     python bench/swap_wait.py --device cpu --out /tmp/swap_cpu.json   # a local Ray cluster on CPUs, ~1 min
 
 Runs the same async `ascent train` twice (`rollout.max_staleness=1`, `cluster.backend=ray`,
@@ -54,6 +55,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=4, help="rollout.prompts_per_step (x 8 samples).")
     p.add_argument("--timeout", type=float, default=1800.0, help="Seconds one `ascent train` run may take.")
     p.add_argument("--out", type=Path, help="Write both runs' metrics here as JSON.")
+    p.add_argument(
+        "--gpus-per-worker",
+        type=float,
+        default=1.0,
+        help="On CUDA: 1 puts trainer and replica on GPUs of their own; 0.5 shares one GPU.",
+    )
     return p.parse_args(argv)
 
 
@@ -88,7 +95,7 @@ def config(args: argparse.Namespace, model: Path, data: Path, mode: str) -> dict
         "train": {"lr": 1e-5, "trajectories_per_update": args.prompts * 8,
                   "max_tokens_per_micro_batch": 4 * (max_new + 32)},
         "cluster": {"backend": "ray", "placement": "split", "device": args.device,
-                    "gpus_per_worker": 1 if cuda else 0, "cpus_per_worker": 1 if cuda else 0.5},
+                    "gpus_per_worker": args.gpus_per_worker if cuda else 0, "cpus_per_worker": 1 if cuda else 0.5},
         "tracking": {"progress": False},
     }  # fmt: skip
 
