@@ -11,9 +11,7 @@ which checkpoint holds it. Anything else is a bug: a normal traceback and exit c
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import traceback
 from pathlib import Path
 from types import TracebackType
@@ -397,13 +395,16 @@ BENCHES = {  # `ascent bench NAME ARGS...` runs bench/NAME.py's main(ARGS)
     "rollout": "Rollout throughput benchmark",
     "e2e": "End-to-end training benchmark",
     "multiturn": "Multi-turn prefix-reuse benchmark of the fast engine",
+    "swap_wait": "Trainer wait with and without weight swaps between decode steps",
 }
 
 
 def _bench_command(name: str, what: str) -> None:
     def command(ctx: typer.Context) -> None:
+        from ascent.entrypoints.bench import run_bench
+
         with ErrorGuard():
-            run_bench(name, ctx.args)
+            run_bench(name, ctx.args, REPO_ROOT)
 
     command.__doc__ = f"{what}: forwards all arguments to bench/{name}.py."
     bench_app.command(name, context_settings=_FORWARD, add_help_option=False)(command)
@@ -457,39 +458,6 @@ def print_explain(cfg: BaseModel) -> None:
             value = Text(show_value(row.value), style="bold yellow" if row.changed else "")
             table.add_row(Text(row.name), value, Text(show_value(row.default)), Text(row.description))
         console.print(table)
-
-
-def find_bench(name: str) -> Path | None:
-    """bench/<name>.py under the working directory, else under the source checkout ascent came from."""
-    for root in (Path.cwd(), REPO_ROOT):
-        path = root / "bench" / f"{name}.py"
-        if path.is_file():
-            return path
-    return None
-
-
-def run_bench(name: str, argv: list[str]) -> None:
-    """Import bench/<name>.py and call its `main(argv)`; a non-zero int result becomes the exit code."""
-    path = find_bench(name)
-    if path is None:
-        raise AscentError(
-            f"bench/{name}.py not found (looked under {Path.cwd()} and {REPO_ROOT}); the benchmarks ship "
-            "with the source checkout, not the installed package: run from the repository root."
-        )
-    spec = importlib.util.spec_from_file_location(f"ascent_bench_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec.loader.exec_module(module)
-        entry = getattr(module, "main", None)
-        if not callable(entry):
-            raise AscentError(f"{path} has no main(argv) function to call.")
-        code = entry(list(argv))
-    finally:
-        sys.path.remove(str(path.parent))
-    if isinstance(code, int) and not isinstance(code, bool) and code:
-        raise typer.Exit(code)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,140 @@
+"""The `rollout` section of the run configuration: engines, sampling, staleness, environments and agents.
+
+Kept apart from schema.py (which re-exports it) for size only; the same rules hold: no torch, every field
+with a default and a description.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ascent.config.section import Section
+
+
+class RolloutConfig(Section):
+    engine: str = Field(
+        "reference", description="Rollout engine: `reference` (transformers) or `fast` (GPU)."
+    )
+    prompts_per_step: int = Field(8, gt=0, description="Prompts sampled per iteration.")
+    samples_per_prompt: int = Field(
+        8, gt=0, description="Trajectories generated per prompt (the group size)."
+    )
+    max_new_tokens: int = Field(256, gt=0, description="Most tokens generated per response.")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature; 0 is greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables.")
+    min_p: float = Field(0.0, ge=0, lt=1, description="Drop tokens below min_p times the top probability.")
+    repetition_penalty: float = Field(
+        1.0,
+        gt=0,
+        description="Divide positive (multiply negative) logits of tokens already in the prompt or response by "
+        "this; 1.0 is off. The sampler's logprobs are of the penalised distribution, so keep it at 1.0 when "
+        "the trainer's logprobs must match the sampler's.",
+    )
+    stop_token_ids: list[int] = Field(default_factory=list, description="Extra stop tokens besides EOS.")
+    stop_strings: list[str] = Field(
+        default_factory=list, description="Stop when the response ends with these."
+    )
+    generation_batch_size: int = Field(
+        64, gt=0, description="Sequences decoded together by the reference engine."
+    )
+    gpu_memory_fraction: float = Field(
+        0.5, gt=0, le=1, description="GPU memory share for the fast engine's KV cache."
+    )
+    val_temperature: float = Field(0.0, ge=0, description="Temperature during validation (0 = greedy).")
+    val_samples_per_prompt: int = Field(1, gt=0, description="Samples per validation prompt.")
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="Most policy versions (weight publications) an episode's oldest token may lag the trainer's "
+        "weights when it is trained on. 0: synchronous RL, each iteration samples with the latest weights. "
+        "k >= 1: the replicas sample the next k iterations' prompts while the trainer updates (they overlap "
+        "on Ray with cluster.placement=split); importance correction (algorithm.rollout_correction) covers the gap.",
+    )
+    stale_groups: Literal["drop", "regenerate"] = Field(
+        "drop",
+        description="A group with an episode over max_staleness: `drop` replaces it with fresh prompts, "
+        "`regenerate` samples the same prompts again with the current weights.",
+    )
+    swap_mid_generation: Literal["continue", "restart", "off"] = Field(
+        "continue",
+        description="On Ray with cluster.placement=split and rollout.engine=fast, where replicas generate "
+        "while the trainer updates (rollout.max_staleness >= 1): a weight publication reaches each replica "
+        "between two decode steps of the generate call in progress instead of waiting for the call to end. "
+        "`continue`: sequences in flight keep their K/V and go on with the new weights; `restart`: they are "
+        "sampled again from their prompt; `off`: the publication waits for the call. Every token records "
+        "the version that sampled it either way. Elsewhere publications never overlap generation.",
+    )
+    env: str | None = Field(
+        None,
+        description="Multi-turn episodes through an environment (a name of ascent.envs.ENVIRONMENTS or "
+        "pkg.module:Class; a row's own `env` column wins): the environment gives the prompt and the rewards, "
+        "reward.fn is not used. null: one response per prompt, scored by reward.fn.",
+    )
+    agent: str | None = Field(
+        None,
+        description="Train an agent written against the OpenAI API: `pkg.module:run`, a function "
+        "run(client, row) (async with an openai.AsyncOpenAI client, or plain with openai.OpenAI) that returns "
+        "the episode's reward, or None to let reward.fn score its last reply. The run serves the policy on a "
+        "local endpoint; each episode's calls are recorded token-exact and become one multi-turn episode.",
+    )
+    agent_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="With rollout.agent: most seconds one episode (one run(client, row)) may take.",
+    )
+    agent_concurrency: int = Field(
+        32, gt=0, description="With rollout.agent: episodes one agent process runs at once (asyncio)."
+    )
+    max_turns: int = Field(
+        4, gt=0, description="With rollout.env or rollout.agent: most model turns (calls) per episode."
+    )
+
+    @property
+    def multi_turn(self) -> bool:
+        """Episodes come from an environment or an agent (they bring their own prompts and rewards)."""
+        return self.env is not None or self.agent is not None
+
+    @property
+    def response_budget(self) -> int:
+        """The most response tokens of one episode: max_episode_tokens with an environment (model turns and
+        observations), else max_new_tokens."""
+        return self.max_episode_tokens if self.multi_turn else self.max_new_tokens
+
+    env_isolation: Literal["process", "inline"] = Field(
+        "process",
+        description="With rollout.env or rollout.agent: `process` runs the environments out of the controller "
+        "(a hang or crash costs episodes, not the run): with cluster.backend=inline in worker processes on "
+        "this machine, started for each batch; with cluster.backend=ray in Ray actors spread over the "
+        "cluster's nodes, kept for the whole run (replaced when one fails). Agents (rollout.agent) and the "
+        "one reset per row that renders the prompts at start-up always run in processes on the controller's "
+        "node. `inline` runs them in the controller (breakpoint() works; a hang hangs the run).",
+    )
+    env_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="With rollout.env_isolation=process: most seconds one reset or step may take; past it the "
+        "process (Ray actor) is killed and replaced, and its episodes end with the error.",
+    )
+    env_workers: int | None = Field(
+        None,
+        gt=0,
+        description="With rollout.env_isolation=process: environment (or agent) processes (null: min(4, CPUs)); "
+        "with cluster.backend=ray, environment actors (null: 4 per node, as many as the CPUs the workers "
+        "leave free hold).",
+    )
+    env_cpus: float = Field(
+        1.0,
+        gt=0,
+        description="With cluster.backend=ray and rollout.env_isolation=process: CPUs each environment actor "
+        "asks Ray for (on top of the workers' cluster.cpus_per_worker).",
+    )
+    max_episode_tokens: int = Field(
+        512,
+        gt=0,
+        description="With rollout.env or rollout.agent: most response tokens per episode (model turns and "
+        "observations); "
+        "each turn samples at most rollout.max_new_tokens of them.",
+    )
