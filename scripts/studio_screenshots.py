@@ -116,7 +116,9 @@ def shoot(runs: Path, out: Path) -> list[Path]:
             save("runs")
             page.locator("#compare").click()
             page.wait_for_function("() => document.querySelectorAll('.plot .main-svg').length >= 8")
-            page.evaluate("() => window.scrollTo(0, document.querySelector('details[data-group=train]').offsetTop - 60)")
+            page.evaluate(
+                "() => window.scrollTo(0, document.querySelector('details[data-group=train]').offsetTop - 60)"
+            )
             save("plots")
             page.goto(f"{url}#/run/addition%2Flr1e-3/timeline")
             page.locator("#gantt .main-svg").first.wait_for()

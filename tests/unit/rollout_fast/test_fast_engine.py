@@ -206,4 +206,3 @@ def test_requests_fed_into_a_running_call_get_the_same_samples(engines, params):
     assert queued == [penalised] and len(answers) == 5
     assert min(p for p, _ in answers.values()) < polls[0]  # early requests were answered before the end
     assert fast.alloc.reserved == 0 and fast.alloc.available == fast.cache.num_pages - 1
-
