@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from ascent.messages import GenerationRequest
+from ascent.messages import Generation, GenerationRequest
 from ascent.rollout.server.batcher import BatchResult
 from ascent.rollout.server.chat import cut_at_stop, split_tool_calls
 from ascent.rollout.server.errors import APIError
@@ -56,6 +56,11 @@ def _streaming(chunks: Chunks) -> StreamingResponse:
     return StreamingResponse(
         sse(chunks), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
     )
+
+
+def _cached(generations: list[Generation]) -> int:
+    """Prompt tokens of a chat call that the engine reused from its session's cache (0 on other engines)."""
+    return generations[0].cached_tokens if generations else 0
 
 
 def _wants_usage(body: SamplingBody) -> bool:
@@ -144,7 +149,7 @@ def _chat_body(server: Front, body: ChatCompletionRequest, meta: Meta, prompt_id
         ids = list(gen.token_ids) if body.return_token_ids else None
         choices.append(chat_choice(i, r.content, r.calls, r.finish, lp, ids))
     out = {**meta.head("chat.completion"), "choices": choices, "system_fingerprint": None,
-           "usage": usage([len(prompt_ids)], result.generations)}  # fmt: skip
+           "usage": usage([len(prompt_ids)], result.generations, _cached(result.generations))}  # fmt: skip
     if body.return_token_ids:
         out["prompt_token_ids"] = prompt_ids
     return out
@@ -176,7 +181,11 @@ async def _chat_chunks(server: Front, body: ChatCompletionRequest, meta: Meta, f
             yield chat_chunk(meta, i, {"tool_calls": [{"index": k, **c} for k, c in enumerate(r.calls)]})
         yield chat_chunk(meta, i, {}, finish_reason=r.finish)
     if _wants_usage(body):
-        yield usage_chunk(meta, "chat.completion.chunk", usage([len(call.prompt_ids)], result.generations))
+        yield usage_chunk(
+            meta,
+            "chat.completion.chunk",
+            usage([len(call.prompt_ids)], result.generations, _cached(result.generations)),
+        )
 
 
 # ---- completions -----------------------------------------------------------------------------------------

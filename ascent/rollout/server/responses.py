@@ -35,9 +35,11 @@ class Meta:
         return {"id": self.completion_id, "object": kind, "created": self.created, "model": self.model}
 
 
-def usage(prompt_lens: Sequence[int], samples: Sequence[Generation]) -> dict[str, int]:
+def usage(prompt_lens: Sequence[int], samples: Sequence[Generation], cached: int = 0) -> dict[str, Any]:
+    """OpenAI's usage block; `cached`: prompt tokens whose K/V the engine kept from the session's last call."""
     prompt, completion = sum(prompt_lens), sum(len(g.token_ids) for g in samples)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
 
 
 def chat_logprobs(token_ids: Sequence[int], logprobs: Sequence[float], piece: Decode) -> dict[str, Any]:
@@ -97,5 +99,5 @@ def chat_chunk(meta: Meta, index: int, delta: dict[str, Any], finish_reason: str
     return {**meta.head("chat.completion.chunk"), "choices": [choice]}
 
 
-def usage_chunk(meta: Meta, kind: str, body: dict[str, int]) -> dict[str, Any]:
+def usage_chunk(meta: Meta, kind: str, body: dict[str, Any]) -> dict[str, Any]:
     return {**meta.head(kind), "choices": [], "usage": body}

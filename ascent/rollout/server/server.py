@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import socket
 import threading
@@ -218,6 +219,8 @@ class OpenAIServer(Front):
         on_token: TokenCallback | None = None, first_index: int = 0,
     ) -> Future[BatchResult]:  # fmt: skip
         started, deadline = time.time(), time.monotonic() + self.options.pause_timeout_s
+        if request.params.n == 1 and request.session_id is None:  # the fast engine keeps the session's KV
+            request = dataclasses.replace(request, session_id=f"http:{session}")
         while True:
             try:
                 future = self.batcher.submit(request, on_token)

@@ -188,3 +188,33 @@ def test_the_fast_engine_takes_requests_mid_call_and_answers_each_as_it_ends(cha
         GenerationRequest(p, SamplingParams(max_new_tokens=4 + i % 9, seed=i)) for i, p in enumerate(prompts)
     ])  # fmt: skip
     assert answers == [g[0].token_ids for g in direct]
+
+
+@pytest.mark.parametrize("api_processes", [1, 2])
+def test_a_sessions_next_call_reuses_its_cached_history_on_the_fast_engine(chat_model: Path, api_processes):
+    """Three chat turns of one session (x-session-id): from the second on, the fast engine continues the
+    session's cached K/V (usage.prompt_tokens_details.cached_tokens > 0) and gives the same greedy reply as
+    the same conversation in a fresh session, which prefills it all."""
+    from ascent.rollout.fast import build_fast_engine
+
+    engine = build_fast_engine(
+        model_path=chat_model, dtype="fp32", device="cpu", page_size=16, max_model_len=256
+    )
+    with serving(engine, chat_model, default_max_tokens=8, api_processes=api_processes) as server:
+        c = client(server)
+
+        def say(history: list[dict], session: str) -> tuple[str, int]:
+            out = c.chat.completions.create(model="tiny", messages=history, temperature=0.0,
+                                            extra_headers={"x-session-id": session})  # fmt: skip
+            return out.choices[0].message.content or "", out.usage.prompt_tokens_details.cached_tokens
+
+        history: list[dict] = []
+        cached = []
+        for turn in range(3):
+            history.append({"role": "user", "content": f"turn {turn} question"})
+            reply, hit = say(history, "episode-1")
+            fresh, miss = say(history, f"fresh-{turn}")
+            assert reply == fresh and miss == 0
+            cached.append(hit)
+            history.append({"role": "assistant", "content": reply})
+    assert cached[0] == 0 and all(n > 0 for n in cached[1:]), cached
