@@ -17,7 +17,9 @@ from torch import Tensor
 class AdvantageInputs:
     """rewards [B] (outcome reward per trajectory), mask [B, T], group_ids [B] (trajectories of one prompt
     share an id), values [B, T] (critic, for gae), token_rewards [B, T] (per-token rewards such as the KL
-    penalty), baseline_rewards [B] (reward of the greedy response of the same prompt, for remax)."""
+    penalty), baseline_rewards [B] (reward of the greedy response of the same prompt, for remax),
+    turn_rewards [B, T] (multi-turn episodes: the rewards of turns before the last, each on the last token
+    its turn sampled; already part of `rewards`, so token-level estimators move them there from the end)."""
 
     rewards: Tensor
     mask: Tensor
@@ -25,6 +27,7 @@ class AdvantageInputs:
     values: Tensor | None = None
     token_rewards: Tensor | None = None
     baseline_rewards: Tensor | None = None
+    turn_rewards: Tensor | None = None
 
     def float_mask(self) -> Tensor:
         """mask as float32 (0/1)."""
@@ -61,14 +64,38 @@ def last_token_index(mask: Tensor) -> Tensor:
     return ((mask != 0).to(torch.float32) * t).argmax(-1)
 
 
-def token_level_rewards(outcome: Tensor, mask: Tensor, token_rewards: Tensor | None) -> Tensor:
-    """outcome [B], mask [B, T] float, token_rewards [B, T] | None -> [B, T]:
-    token_rewards on unmasked tokens plus the outcome reward on each row's last unmasked token."""
+def token_level_rewards(
+    outcome: Tensor, mask: Tensor, token_rewards: Tensor | None, turn_rewards: Tensor | None = None
+) -> Tensor:
+    """outcome [B], mask [B, T] float, token_rewards [B, T] | None, turn_rewards [B, T] | None -> [B, T]:
+    token_rewards on unmasked tokens, turn_rewards where they sit, and the rest of the outcome
+    (outcome - the row's turn rewards) on each row's last unmasked token. Each row sums to its outcome plus
+    its token rewards."""
     if token_rewards is None:
         out = torch.zeros_like(mask)
     else:
         out = torch.where(mask > 0, token_rewards.to(mask.dtype), torch.zeros_like(mask))
+    outcome = outcome.to(mask.dtype)
+    if turn_rewards is not None:
+        turns = turn_rewards.to(mask.dtype) * mask
+        out = out + turns
+        outcome = outcome - turns.sum(-1)
     last = last_token_index(mask)
     rows = torch.arange(mask.shape[0], device=mask.device)
-    out[rows, last] += outcome.to(mask.dtype) * mask[rows, last]
+    out[rows, last] += outcome * mask[rows, last]
     return out
+
+
+def turn_end_rewards(turn_rewards: list[float], loss_mask: list[int]) -> list[float] | None:
+    """One episode: its turns' rewards and its response mask (runs of 1 are the model's turns, 0 the
+    observations between them) -> a per-token list with reward k on the last token of turn k, except the
+    last turn's (it stays with the outcome on the final token); None when the turns and runs do not pair up
+    (a turn that sampled nothing) or no earlier turn was rewarded."""
+    ends = [i for i, m in enumerate(loss_mask) if m and (i + 1 == len(loss_mask) or not loss_mask[i + 1])]
+    if len(ends) < len(turn_rewards):
+        return None
+    out = [0.0] * len(loss_mask)
+    for end, reward in zip(ends[: len(turn_rewards)], turn_rewards, strict=True):
+        if end != ends[-1]:
+            out[end] = float(reward)
+    return out if any(out) else None

@@ -59,7 +59,8 @@ def gae(
 ) -> AdvantageOutputs:
     """PPO with a critic (Schulman et al. 2016/2017; Ouyang et al. 2022). Needs inp.values [B, T].
 
-    Per-token reward = token_rewards (e.g. the KL penalty) + the outcome reward on the last policy token.
+    Per-token reward = token_rewards (e.g. the KL penalty) + the outcome reward on the last policy token
+    (a multi-turn episode's earlier turn rewards on the last token of their turns: inp.turn_rewards).
     advantages = GAE(gamma, lam) over policy tokens (tool tokens skipped), returns = advantages + values
     (taken before whitening); with gae_whiten the advantages are then whitened over all policy tokens.
     """
@@ -67,7 +68,7 @@ def gae(
         raise ValueError("advantage=gae needs AdvantageInputs.values [B, T] from the critic.")
     mask = inp.float_mask()
     values = masked(inp.values.to(torch.float32), mask)
-    rewards = token_level_rewards(inp.float_rewards(), mask, inp.token_rewards)
+    rewards = token_level_rewards(inp.float_rewards(), mask, inp.token_rewards, inp.turn_rewards)
     adv = gae_advantages(values, rewards, mask, gamma, lam)
     returns = masked(adv + values, mask)
     if gae_whiten:
@@ -77,7 +78,9 @@ def gae(
 
 def _whitened_returns(outcome: Tensor, inp: AdvantageInputs, gamma: float, eps: float) -> AdvantageOutputs:
     mask = inp.float_mask()
-    returns = discounted_returns(token_level_rewards(outcome, mask, inp.token_rewards), mask, gamma)
+    returns = discounted_returns(
+        token_level_rewards(outcome, mask, inp.token_rewards, inp.turn_rewards), mask, gamma
+    )
     return AdvantageOutputs(advantages=masked_whiten(returns, mask, eps), returns=returns)
 
 
@@ -116,5 +119,7 @@ def remax(inp: AdvantageInputs, *, gamma: float = 1.0) -> AdvantageOutputs:
         )
     mask = inp.float_mask()
     outcome = inp.float_rewards() - inp.baseline_rewards.to(torch.float32)
-    adv = discounted_returns(token_level_rewards(outcome, mask, inp.token_rewards), mask, gamma)
+    adv = discounted_returns(
+        token_level_rewards(outcome, mask, inp.token_rewards, inp.turn_rewards), mask, gamma
+    )
     return AdvantageOutputs(advantages=adv, returns=adv.clone())

@@ -15,7 +15,8 @@ their policy versions; observation tokens have mask 0.
 An episode ends when the environment says done, at `max_turns` model turns, when its response (model and
 observation tokens) would pass `max_tokens`, when a turn stops without a stop token (cut by length), or when
 the environment fails (raises; or, in a host of `ascent.envs.hosts`, a process or a Ray actor, hangs or
-dies): that costs the episode (finish "abort", reward 0, the error in its metadata), never the batch. The episode's reward is the sum of its turns' rewards (`metadata["turn_rewards"]` keeps them).
+dies): that costs the episode (finish "abort", reward 0, the error in its metadata), never the batch. The episode's reward is the sum of its turns' rewards (`metadata["turn_rewards"]` keeps them;
+token-level estimators place each on the last token of its turn: orchestrator.batch.advantage_inputs).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ascent.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, options_for, resolve
+from ascent.algorithms.advantage_types import turn_end_rewards
 from ascent.messages import (
     Episode,
     Generation,
@@ -108,6 +109,7 @@ def advantage_inputs(
     episodes = flatten(groups)
     width = max(1, max(len(e.response_ids) for e in episodes))
     baselines = [g.baseline_reward for g in groups for _ in g.episodes]
+    turns = [_turn_rewards(e) for e in episodes]
     return AdvantageInputs(
         rewards=torch.tensor([e.reward for e in episodes], dtype=torch.float32),
         mask=padded([e.loss_mask for e in episodes], width),
@@ -115,7 +117,17 @@ def advantage_inputs(
         values=None if values is None else values[:, :width],
         token_rewards=None if token_rewards is None else token_rewards[:, :width],
         baseline_rewards=None if None in baselines else torch.tensor(baselines, dtype=torch.float32),
+        turn_rewards=padded([t or [] for t in turns], width) if any(turns) else None,
     )
+
+
+def _turn_rewards(e: Episode) -> list[float] | None:
+    """An environment episode's earlier turn rewards at the ends of their turns (see turn_end_rewards), when
+    its reward is still the sum of its turns (not a failed episode's 0, nor a shaped reward)."""
+    turns = e.metadata.get("turn_rewards") or []
+    if len(turns) < 2 or abs(sum(turns) - e.reward) > 1e-6:
+        return None
+    return turn_end_rewards(turns, e.loss_mask)
 
 
 def compute_advantages(

@@ -95,3 +95,18 @@ def test_remax_subtracts_greedy_baseline():
     torch.testing.assert_close(remax(inp).advantages, torch.tensor([[0.5, 0.5], [-0.5, 0.0]]))
     with pytest.raises(ValueError, match="baseline_rewards"):
         remax(AdvantageInputs(torch.ones(1), torch.ones(1, 2), torch.zeros(1)))
+
+
+def test_turn_rewards_move_from_the_outcome_to_their_turns_and_keep_the_sum():
+    from ascent.algorithms.advantage_types import token_level_rewards, turn_end_rewards
+
+    mask = [1, 1, 0, 1, 1, 0, 1]
+    placed = turn_end_rewards([0.5, -0.25, 2.0], mask)
+    assert placed == [0, 0.5, 0, 0, -0.25, 0, 0]  # the last turn's reward stays with the outcome
+    assert turn_end_rewards([1.0, 1.0, 1.0, 1.0], mask) is None  # more rewards than sampled turns
+    assert turn_end_rewards([0.0, 0.0, 1.0], mask) is None  # only the last turn rewarded: outcome as before
+    m = torch.tensor([mask], dtype=torch.float32)
+    kl = torch.full((1, 7), -0.1)
+    out = token_level_rewards(torch.tensor([2.25]), m, kl, torch.tensor([placed]))
+    assert out[0].tolist() == pytest.approx([-0.1, 0.4, 0, -0.1, -0.35, 0, 1.9])
+    assert out.sum() == pytest.approx(2.25 - 0.5)

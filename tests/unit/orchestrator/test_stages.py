@@ -132,3 +132,26 @@ def test_shard_requests_keeps_each_request_id_on_one_replica_and_restores_order(
         flat = [r for shard in shards for r in shard]
         assert [flat[k] for k in positions] == reqs
     assert B.shard_requests(turn2, 3)[0][0] == []  # nothing left for replica 0: an empty shard
+
+
+def _turns_ep(turn_rewards: list[float], reward: float) -> Episode:
+    """Three model turns (tokens 0-1, 4-6, 8) with observations (2-3, 7) between them."""
+    mask = [1, 1, 0, 0, 1, 1, 1, 0, 1]
+    return Episode(prompt_ids=[1, 2], response_ids=[5] * 9, sampler_logprobs=[-0.5] * 9, loss_mask=mask,
+                   finish_reason="stop", row_id=0, reward=reward,
+                   metadata={"turn_rewards": turn_rewards})  # fmt: skip
+
+
+def test_token_level_estimators_place_each_turns_reward_at_the_end_of_its_turn() -> None:
+    """reinforce_pp, gamma 1: a token's return is the rewards of its own turn and the later ones (0.5 + 0.25 +
+    1.0 for turn 1, 1.25 for turn 2, 1.0 for turn 3); an outcome estimator (GRPO) sees the sum; a failed
+    episode (reward 0 whatever its turns gave) keeps the outcome placement."""
+    groups = [Group((_turns_ep([0.5, 0.25, 1.0], 1.75), _turns_ep([0.0, 0.0, 1.0], 1.0)))]
+    _, returns = B.compute_advantages(groups, RunConfig(algorithm={"advantage": "reinforce_pp"}).algorithm)
+    assert returns[0].tolist() == pytest.approx([1.75, 1.75, 0, 0, 1.25, 1.25, 1.25, 0, 1.0])
+    assert returns[1].tolist() == pytest.approx([1.0, 1.0, 0, 0, 1.0, 1.0, 1.0, 0, 1.0])
+    adv, _ = B.compute_advantages(groups, RunConfig().algorithm)  # grpo on the sums 1.75 vs 1.0
+    assert adv[0, 0] > 0 > adv[1, 0] and adv[0, 0] == pytest.approx(adv[0, 8])
+    failed = [Group((_turns_ep([0.5, 0.25], 0.0), _turns_ep([0.0, 0.0, 1.0], 1.0)))]
+    _, returns = B.compute_advantages(failed, RunConfig(algorithm={"advantage": "reinforce_pp"}).algorithm)
+    assert returns[0].abs().max() == 0.0
