@@ -33,7 +33,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ascent.cluster.errors import ClusterConfigError
-from ascent.cluster.ray_backend import init_ray
+from ascent.cluster.ray_backend import init_ray, kill_actors
 from ascent.envs.hosts import serve
 from ascent.tracking.logs import setup_logging
 
@@ -166,12 +166,8 @@ class RayEnvHosts:
 
     def close(self) -> None:
         """Kill the actors and free their CPUs. Safe to call twice."""
-        for actor in self._actors:
-            ray.kill(actor, no_restart=True)
-        self._actors = []
-        if self._group is not None:
-            remove_placement_group(self._group)
-            self._group = None
+        kill_actors(self._actors, self._group)
+        self._actors, self._group = [], None
 
 
 def _first_line(e: BaseException) -> str:

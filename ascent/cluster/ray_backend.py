@@ -322,9 +322,13 @@ class RayWorkerGroup(WorkerGroup[W]):
             raise WorkerDiedError(self.name, rank, method, reason, log_path=self.log_path(rank)) from e
 
     def shutdown(self) -> None:
-        for actor in self._actors:
-            ray.kill(actor, no_restart=True)
-        self._actors = []
-        if self._own_placement_group is not None:
-            remove_placement_group(self._own_placement_group)
-            self._own_placement_group = None
+        kill_actors(self._actors, self._own_placement_group)
+        self._actors, self._own_placement_group = [], None
+
+
+def kill_actors(actors: list[Any], group: PlacementGroup | None) -> None:
+    """Kill `actors` (no restarts) and remove the placement group they held, if any."""
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+    if group is not None:
+        remove_placement_group(group)

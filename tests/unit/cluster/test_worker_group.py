@@ -14,18 +14,6 @@ NUM_WORKERS = {"inline": 1, "ray": 2}
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    from ascent.cluster.ray_backend import init_ray
-
-    started_here = not ray.is_initialized()
-    init_ray(num_cpus=2, log_to_driver=False)
-    yield
-    if started_here:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def restore_env():
     saved = dict(os.environ)
     yield

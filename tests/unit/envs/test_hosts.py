@@ -25,18 +25,6 @@ def chat(tmp_path_factory: pytest.TempPathFactory) -> ChatTokens:
     return ChatTokens(make_char_tokenizer(tmp_path_factory.mktemp("tok")))
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    from ascent.cluster.ray_backend import init_ray
-
-    started_here = not ray.is_initialized()
-    init_ray(num_cpus=2, log_to_driver=False)
-    yield
-    if started_here:
-        ray.shutdown()
-
-
 @pytest.fixture
 def make_hosts(request: pytest.FixtureRequest):
     """hosts(kind, n, timeout_s): `n` process hosts or Ray actors (half a CPU each), closed after the test."""

@@ -1,0 +1,18 @@
+"""Fixtures shared by the unit tests of several packages."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local 2-CPU Ray cluster for the module's tests (joined if this process already runs one)."""
+    ray = pytest.importorskip("ray")
+    from ascent.cluster.ray_backend import init_ray
+
+    started_here = not ray.is_initialized()
+    init_ray(num_cpus=2, log_to_driver=False)
+    yield
+    if started_here:
+        ray.shutdown()
