@@ -167,6 +167,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--calls-per-client", type=int, default=1, help="Chat calls each client makes in a row.")
     p.add_argument("--api-processes", type=int, default=1, help="HTTP front-end processes of the server.")
     p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval for this process (Python's default 5 ms): how long the engine's "
+        "thread may wait for the interpreter while the server's event loop works.",
+    )
+    p.add_argument(
         "--admit-window-ms",
         type=float,
         default=None,
@@ -179,6 +186,8 @@ def main(argv: list[str] | None = None) -> None:
         help="real: the reference/fast engine; scripted: instant replies (the host path alone).",
     )
     args = p.parse_args(argv)
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     pool = multiprocessing.get_context("spawn").Pool(args.client_procs) if args.client_procs else None
     with tempfile.TemporaryDirectory() as tmp:
         engine, server, chat = build(args, Path(tmp))
