@@ -1,6 +1,6 @@
-"""bench/multiturn.py on CPU with the tiny shape: the three modes do the work the benchmark says they do
-(reuse prefills only each turn's new tokens, no_reuse the whole history, independent prompts the same new
-tokens as reuse)."""
+"""bench/multiturn.py on CPU with the tiny shape: the four modes do the work the benchmark says they do
+(reuse and reuse_masked prefill only each turn's new tokens, no_reuse the whole history, independent prompts
+the same new tokens as reuse)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ def test_multiturn_bench_counts_prefill_work(capsys) -> None:
     history = sum(b * (p + k * (r + t)) for k in range(turns))
     reuse, plain, indep = res["reuse"], res["no_reuse"], res["independent"]
     assert (reuse["prefill_tokens"], reuse["reused_tokens"]) == (new, history - new)
+    masked = res["reuse_masked"]
+    assert (masked["prefill_tokens"], masked["reused_tokens"]) == (new, history - new)
     assert (plain["prefill_tokens"], plain["reused_tokens"]) == (history, 0)
     assert (indep["prefill_tokens"], indep["reused_tokens"]) == (new, 0)
     assert (
