@@ -36,6 +36,7 @@ def _run_rank(rank, world, port, path, out_dir):
         metrics = worker.update(samples[rank::world], total_tokens=tokens, total_seqs=seqs)
         weights = {n: t.clone() for n, t in worker.named_weights()}
         torch.save({"metrics": metrics, "weights": weights}, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()  # no rank tears gloo down while another still works (it aborted the process)
     finally:
         dist.destroy_process_group()
 

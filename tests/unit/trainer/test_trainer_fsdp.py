@@ -120,6 +120,7 @@ def _run_rank(rank, world, port, path, out_dir, device_type="cpu"):
             "critic_shards": critic_shards,
         }
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()  # no rank tears gloo down while another still works (it aborted the process)
     finally:
         dist.destroy_process_group()
 

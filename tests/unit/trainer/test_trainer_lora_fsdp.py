@@ -89,6 +89,7 @@ def _ranks(rank: int, world: int, port: int, path: str, out: str) -> None:
             "from_one": _snapshot(from_one),
         }
         torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+        dist.barrier()  # no rank tears gloo down while another still works (it aborted the process)
     finally:
         dist.destroy_process_group()
 
