@@ -40,11 +40,11 @@ from ascent.rollout.fast.live import Done, LiveCall, More, fits
 from ascent.rollout.fast.pages import PageAllocator, SessionStore
 from ascent.rollout.fast.runner import ModelRunner
 from ascent.rollout.fast.scheduler import Admission, Scheduler
-from ascent.rollout.fast.sequence import Sequence, check_finished
+from ascent.rollout.fast.sequence import Sequence, check_finished, expand_requests
 from ascent.rollout.fast.state import DecodeState, Flags
 from ascent.rollout.fast.swap import WeightSwaps
 from ascent.rollout.fast.weights import ModelWeights
-from ascent.rollout.sampling import SamplingTensors, split_seed, token_presence
+from ascent.rollout.sampling import SamplingTensors, token_presence
 
 
 class FastEngine:
@@ -267,33 +267,15 @@ class FastEngine:
     def _expand(
         self, requests: list[GenerationRequest], out: list[list[Any]], offset: int = 0
     ) -> list[Sequence]:
-        """Validate requests, queue their samples in groups; finished-at-once samples go straight to out
-        (request i is `out[offset + i]`)."""
-        seqs: list[Sequence] = []
-        for pos, req in enumerate(requests, start=offset):
-            p = req.params
-            if not req.prompt_ids:
-                raise ValueError(f"request {req.request_id}: prompt_ids is empty; give at least one token.")
-            if p.stop_strings and self.decode is None:
-                raise ValueError(f"request {req.request_id}: stop_strings need a decode callable; build the "
-                                 "engine with decode=tokenizer.decode (or a tokenizer_path).")  # fmt: skip
-            max_new = min(p.max_new_tokens, self.max_model_len - len(req.prompt_ids))
-            if max_new <= 0:
-                out[pos] = [Generation([], [], "length") for _ in range(p.n)]
-                continue
-            stop_ids = self.eos | frozenset(p.stop_token_ids)
-            group = []
-            for i in range(p.n):
-                seed = (
-                    split_seed(p.seed, i) if p.seed is not None else int(torch.randint(0, 2**62, ()).item())
-                )
-                group.append(
-                    Sequence(pos, i, list(req.prompt_ids), p, seed, max_new, stop_ids, req.session_id)
-                )
-            for start in range(0, p.n, self.max_rows):
+        """Queue the requests' samples in groups of at most max_rows (see `expand_requests`)."""
+        groups = expand_requests(
+            requests, out, offset, eos=self.eos, max_model_len=self.max_model_len,
+            can_decode=self.decode is not None, fresh_seed=lambda: int(torch.randint(0, 2**62, ()).item()),
+        )  # fmt: skip
+        for group in groups:
+            for start in range(0, len(group), self.max_rows):
                 self.sched.add(group[start : start + self.max_rows])
-            seqs += group
-        return seqs
+        return [s for group in groups for s in group]
 
     # ---- the loop -------------------------------------------------------------------------------------
 

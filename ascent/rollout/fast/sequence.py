@@ -1,4 +1,4 @@
-"""Host state of one sampled sequence and its stop conditions (pure Python).
+"""Host state of one sampled sequence, its stop conditions and how requests become sequences (no tensors).
 
 A `Sequence` is one of the n samples of a request. Its counters follow the decode pipeline: `num_cached`
 counts prompt and generated tokens whose K/V are written (or being written by a launched step), `launched`
@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from ascent.messages import FinishReason, Generation, SamplingParams
+from ascent.messages import FinishReason, Generation, GenerationRequest, SamplingParams
+from ascent.rollout.sampling import split_seed
 
 
 @dataclass
@@ -98,3 +100,37 @@ def check_finished(seq: Sequence, decode: Callable[[list[int]], str] | None, int
     elif len(seq.tokens) >= seq.max_new:
         seq.finish = "length"
     return seq.finish is not None
+
+
+def expand_requests(
+    requests: list[GenerationRequest],
+    out: list[list[Any]],
+    offset: int,
+    *,
+    eos: frozenset[int],
+    max_model_len: int,
+    can_decode: bool,
+    fresh_seed: Callable[[], int],
+) -> list[list[Sequence]]:
+    """Validate requests and turn each into its n `Sequence`s (one group per request); a request with no
+    room left under max_model_len is answered at once with empty "length" generations in `out[offset + i]`.
+    Seeded requests give sample i the seed `split_seed(seed, i)`; unseeded ones draw `fresh_seed()`."""
+    groups: list[list[Sequence]] = []
+    for pos, req in enumerate(requests, start=offset):
+        p = req.params
+        if not req.prompt_ids:
+            raise ValueError(f"request {req.request_id}: prompt_ids is empty; give at least one token.")
+        if p.stop_strings and not can_decode:
+            raise ValueError(f"request {req.request_id}: stop_strings need a decode callable; build the "
+                             "engine with decode=tokenizer.decode (or a tokenizer_path).")  # fmt: skip
+        max_new = min(p.max_new_tokens, max_model_len - len(req.prompt_ids))
+        if max_new <= 0:
+            out[pos] = [Generation([], [], "length") for _ in range(p.n)]
+            continue
+        stop_ids = eos | frozenset(p.stop_token_ids)
+        seeds = [split_seed(p.seed, i) if p.seed is not None else fresh_seed() for i in range(p.n)]
+        groups.append([
+            Sequence(pos, i, list(req.prompt_ids), p, seeds[i], max_new, stop_ids, req.session_id)
+            for i in range(p.n)
+        ])  # fmt: skip
+    return groups
