@@ -1,8 +1,9 @@
 """Advantage estimators (`ADVANTAGE_ESTIMATORS`): outcome rewards in, per-token advantages out.
 
 Contract: `ADVANTAGE_ESTIMATORS[name](inp: AdvantageInputs, **opts) -> AdvantageOutputs` in the padded layout
-(`advantages [B, T]`, `returns [B, T]`, both 0 where `mask` is 0). `opts` are the AlgorithmConfig fields the
-estimator names as keyword parameters (gamma, lam, scale_by_std, ...), picked by `options_for`, no others.
+(`advantages [B, T]`, `returns [B, T]`, both 0 where `mask` is 0). `opts` are the settings the estimator names
+as keyword parameters (its member's fields of `algorithm.advantage`: gamma, lam, scale_by_std, ...; the shared
+adv_eps), picked by `options_for`, no others.
 The group estimators here (grpo, rloo, opo) compare the trajectories of one prompt and broadcast one number
 per trajectory over its policy tokens; they ignore `token_rewards` (put the KL in the loss instead). The
 token-level ones (gae, reinforce_pp, reinforce_pp_baseline, remax) live in `returns.py`.

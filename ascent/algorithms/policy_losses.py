@@ -5,7 +5,8 @@ seq_ids [N], **opts) -> (per_token_loss [N], metrics)`. `logprobs` carries the g
 the trainer's logprobs under the policy that sampled the batch (no gradient); `advantages` are per token.
 `metrics` maps names to per-token tensors [N] (detached, 0 on masked tokens) that the trainer averages over
 the mask. Loss and metrics are 0 on masked tokens. A loss names its options as parameters with defaults
-(AlgorithmConfig field names); the trainer hands it those and no others (`options_for`).
+(the field names of its member of `algorithm.policy_loss`, ascent/config/choices.py); the trainer hands it
+those and no others (`options_for`).
 
 The per-token loss then goes through a `LOSS_AGGREGATIONS` rule; a rollout-correction weight
 (`ascent.algorithms.correction`) multiplies it first when enabled. Ratios are

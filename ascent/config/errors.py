@@ -13,9 +13,17 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
-from pydantic_core import ErrorDetails
+from pydantic_core import ErrorDetails, PydanticCustomError
 
-from ascent.config.fields import Loc, dotted, field_at, iter_fields, section_at
+from ascent.config.fields import (
+    Loc,
+    choice_members,
+    dotted,
+    field_at,
+    iter_fields,
+    section_at,
+    without_tags,
+)
 from ascent.errors import AscentError
 
 _BOUNDS = {
@@ -42,6 +50,7 @@ _PROBLEMS = {
     "missing": "is required; set it",
 }
 _VALIDATOR_PREFIXES = ("Value error, ", "Assertion failed, ")
+RULE_ERROR = "config_rule"  # a validator's problems, each line already naming its field, value and fix
 
 
 class ConfigError(AscentError):
@@ -50,6 +59,11 @@ class ConfigError(AscentError):
     def __init__(self, problems: str | list[str]) -> None:
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         super().__init__("\n".join(self.problems))
+
+
+def rule_error(problems: list[str]) -> PydanticCustomError:
+    """Raise this from a validator whose messages name their own fields; they reach the user unchanged."""
+    return PydanticCustomError(RULE_ERROR, "{problems}", {"problems": "\n".join(problems)})
 
 
 def from_validation_error(exc: ValidationError, schema: type[BaseModel]) -> ConfigError:
@@ -84,17 +98,19 @@ def _describe(err: ErrorDetails, schema: type[BaseModel]) -> list[str]:
     if kind == "extra_forbidden":
         return [unknown_key_message(loc, schema)]
     msg = str(err["msg"])
+    if kind == RULE_ERROR:
+        return [line for line in msg.splitlines() if line.strip()]
     for prefix in _VALIDATOR_PREFIXES:
         if msg.startswith(prefix):
             msg = msg[len(prefix) :]
             if not loc:  # a model-level rule: it already names its fields
                 return [line for line in msg.splitlines() if line.strip()]
-            return [f"{dotted(loc)}={show_value(err.get('input'))}: {msg}"]
+            return [f"{dotted(without_tags(schema, loc))}={show_value(err.get('input'))}: {msg}"]
     return [_field_problem(loc, err, schema)]
 
 
 def _field_problem(loc: tuple[str | int, ...], err: ErrorDetails, schema: type[BaseModel]) -> str:
-    path = dotted(loc) or "the config"
+    path = dotted(without_tags(schema, loc)) or "the config"
     field = field_at(schema, loc)
     hint = f" ({field.description.rstrip('.')})" if field and field.description else ""
     problem = _problem_text(err)
@@ -122,16 +138,16 @@ def _problem_text(err: ErrorDetails) -> str:
 
 def unknown_key_message(loc: Loc, schema: type[BaseModel]) -> str:
     """`unknown key 'a.b'; did you mean 'a.c'?`, or the list of valid keys when nothing is close."""
-    path, key = dotted(loc), str(loc[-1])
+    path, key = dotted(without_tags(schema, loc)), str(loc[-1])
     parent_loc = loc[:-1]
     parent = section_at(schema, parent_loc)
     if parent is None:
         return f"unknown key {path!r}."
-    prefix = dotted(parent_loc)
+    prefix = dotted(without_tags(schema, parent_loc))
     names = list(parent.model_fields)
-    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(key, list(_candidates(parent)), n=1, cutoff=0.6)
     if close:
-        return f"unknown key {path!r}; did you mean {_join(prefix, close[0])!r}?"
+        return f"unknown key {path!r}; did you mean {_join(prefix, _candidates(parent)[close[0]])!r}?"
     elsewhere = _same_name_elsewhere(key, schema)
     if elsewhere:
         return f"unknown key {path!r}; did you mean {elsewhere!r}? (it belongs to another section)"
@@ -139,14 +155,31 @@ def unknown_key_message(loc: Loc, schema: type[BaseModel]) -> str:
     return f"unknown key {path!r}; {where} has: {', '.join(names)}."
 
 
+def _candidates(section: type[BaseModel]) -> dict[str, str]:
+    """Names a misspelt key of `section` may have meant -> their path in it: its fields, and the settings of
+    its choices (`gspo_clip_low` -> `policy_loss.gspo_clip_low`)."""
+    out = {name: name for name in section.model_fields}
+    for name, info in section.model_fields.items():
+        for member in choice_members(info.annotation).values():
+            out |= {f: f"{name}.{f}" for f in member.model_fields if f not in out}
+    return out
+
+
 def _same_name_elsewhere(key: str, schema: type[BaseModel]) -> str | None:
-    paths = [f.path for f in iter_fields(schema)]
+    # a choice's `name` is no setting one would misplace (`model.name` is not `algorithm.advantage.name`)
+    paths = [f.path for f in iter_fields(schema) if not (f.name == "name" and _in_choice(schema, f.path))]
     exact = [p for p in paths if p.rsplit(".", 1)[-1] == key]
     if exact:
         return exact[0]
     leaves = {p.rsplit(".", 1)[-1]: p for p in reversed(paths)}
     close = difflib.get_close_matches(key, list(leaves), n=1, cutoff=0.8)
     return leaves[close[0]] if close else None
+
+
+def _in_choice(schema: type[BaseModel], path: str) -> bool:
+    """True when dotted `path` is a field of a choice's member (`algorithm.policy_loss.name`)."""
+    parent = field_at(schema, path.split(".")[:-1])
+    return parent is not None and bool(choice_members(parent.info.annotation))
 
 
 def _join(prefix: str, name: str) -> str:

@@ -32,11 +32,12 @@ class FieldRow:
 
 
 def explain_rows(cfg: BaseModel) -> list[FieldRow]:
-    """One row per leaf field of `cfg`, in schema order, with the schema's default next to the value."""
+    """One row per leaf field of `cfg`, in schema order, with the schema's default next to the value. A choice
+    (`algorithm.policy_loss`) shows the fields of the member `cfg` holds, each with that member's default."""
     schema = type(cfg)
     values, defaults = to_plain(cfg), _defaults(schema)
     rows = []
-    for ref in iter_fields(schema):
+    for ref in iter_fields(schema, cfg=cfg):
         section, _, name = ref.path.partition(".")
         if not name:
             section, name = TOP_LEVEL, ref.path
@@ -63,7 +64,7 @@ def _defaults(schema: type[BaseModel]) -> dict[str, Any]:
 def _lookup(defaults: dict[str, Any], path: str, info: Any) -> Any:
     try:
         return value_at(defaults, path)
-    except (KeyError, TypeError):
+    except (KeyError, TypeError):  # also a field of a member other than the default choice's
         return to_plain_value(info.get_default(call_default_factory=True))
 
 

@@ -9,6 +9,8 @@ Rules a user can rely on:
   (`train.lr`, `reward.kwargs.tolerance`); the value is read as YAML (`8`, `1e-5`, `null`, `true`,
   `[1, 2]`, `{a: 1}`), except that fields typed as text keep the text as written (`run_dir=2024`).
   A value replaces what was at that key: `model.lora={rank: 8}` resets the other lora fields to defaults.
+  A choice written as a name (`algorithm.policy_loss: gspo`) takes overrides of its settings as well
+  (`algorithm.policy_loss.gspo_clip_low=1e-3`), and so does the older flat key (`algorithm.gspo_clip_low`).
 - Numbers like `1e-5` are floats (plain PyYAML reads them as strings), in files and overrides alike.
 - Duplicate keys in a file are an error (plain PyYAML silently keeps the last one).
 - Relative paths (model.path, data.train_path, run_dir, ...) are kept as written and so are relative to
@@ -32,7 +34,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ascent.config.errors import ConfigError, from_validation_error, show_value
-from ascent.config.fields import field_at, is_section, is_text
+from ascent.config.fields import choice_members, field_at, is_section, is_text
 from ascent.config.schema import RunConfig
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
@@ -149,7 +151,7 @@ def apply_overrides(
     out = copy.deepcopy(data)
     for text in overrides:
         keys, value = parse_override(text, schema)
-        _set_path(out, keys, value, text)
+        _set_path(out, keys, value, text, schema)
     return out
 
 
@@ -187,12 +189,14 @@ def _parse_value(raw: str, text: str, text_field: bool) -> Any:
     return value
 
 
-def _set_path(data: dict[str, Any], keys: list[str], value: Any, text: str) -> None:
+def _set_path(data: dict[str, Any], keys: list[str], value: Any, text: str, schema: type[BaseModel]) -> None:
     node = data
     for i, key in enumerate(keys[:-1]):
         child = node.get(key)
         if child is None:
             child = node[key] = {}
+        elif isinstance(child, str) and _is_choice(schema, keys[: i + 1]):
+            child = node[key] = {"name": child}  # `policy_loss: gspo`, then `algorithm.policy_loss.x=...`
         elif not isinstance(child, dict):
             where = ".".join(keys[: i + 1])
             raise ConfigError(
@@ -201,6 +205,11 @@ def _set_path(data: dict[str, Any], keys: list[str], value: Any, text: str) -> N
             )
         node = child
     node[keys[-1]] = value
+
+
+def _is_choice(schema: type[BaseModel], keys: list[str]) -> bool:
+    field = field_at(schema, keys)
+    return field is not None and field.path == ".".join(keys) and bool(choice_members(field.info.annotation))
 
 
 def _drop_empty_sections(data: dict[str, Any], schema: type[BaseModel]) -> dict[str, Any]:

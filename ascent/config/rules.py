@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ascent.config.choices import GrpoAdvantage
+
 if TYPE_CHECKING:
     from ascent.config.schema import RunConfig, SFTConfig
 
 # Registry names of ascent.algorithms, repeated here because config imports without torch
-# (tests/unit/algorithms/test_alg_config.py checks they match the registries).
+# (tests/unit/algorithms/test_alg_registry_config.py checks they match the registries; the policy losses'
+# and advantage estimators' names are the keys of choices.POLICY_LOSS_CHOICES and ADVANTAGE_CHOICES).
 GROUP_ESTIMATORS = {"grpo", "rloo", "opo", "reinforce_pp_baseline"}
 CRITIC_ESTIMATORS = {"gae"}
 TOKEN_REWARD_ESTIMATORS = {"gae", "reinforce_pp", "reinforce_pp_baseline", "remax"}
 ADVANTAGE_ESTIMATORS = GROUP_ESTIMATORS | TOKEN_REWARD_ESTIMATORS
-POLICY_LOSSES = {"ppo", "gspo", "cispo", "sapo", "reinforce"}
 LOSS_AGGREGATIONS = {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
 KL_ESTIMATORS = {"k1", "k2", "k3", "k1+", "k3+"}
 ENGINES = {"reference", "fast"}
@@ -140,7 +142,7 @@ def _env_rules(cfg: RunConfig) -> list[str]:
     if r.env is not None and r.agent is not None:
         out.append(f"rollout.agent={r.agent!r}: an agent brings its own episodes; set rollout.env=null (or "
                    "rollout.agent=null to train on the environment).")  # fmt: skip
-    if a.advantage == "remax":
+    if a.advantage.name == "remax":
         out.append(f"algorithm.advantage='remax': its greedy baseline is single-turn; with {src} pick "
                    "grpo, rloo or another group estimator.")  # fmt: skip
     if a.overlong_buffer:
@@ -170,8 +172,6 @@ def _name_rules(cfg: RunConfig) -> list[str]:
     )
     return (
         engine_rule
-        + _unknown("algorithm.advantage", a.advantage, ADVANTAGE_ESTIMATORS)
-        + _unknown("algorithm.policy_loss", a.policy_loss, POLICY_LOSSES)
         + _unknown("algorithm.loss_aggregation", a.loss_aggregation, LOSS_AGGREGATIONS)
         + _unknown("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
         + _unknown("algorithm.kl_penalty_estimator", a.kl_penalty_estimator, KL_ESTIMATORS)
@@ -180,37 +180,38 @@ def _name_rules(cfg: RunConfig) -> list[str]:
 
 def _estimator_rules(cfg: RunConfig) -> list[str]:
     a, r = cfg.algorithm, cfg.rollout
+    adv = a.advantage.name
     out = []
-    if a.advantage in GROUP_ESTIMATORS and r.samples_per_prompt < 2:
+    if adv in GROUP_ESTIMATORS and r.samples_per_prompt < 2:
         out.append(
-            f"rollout.samples_per_prompt={r.samples_per_prompt}: {a.advantage.upper()} compares samples within "
+            f"rollout.samples_per_prompt={r.samples_per_prompt}: {adv.upper()} compares samples within "
             "a group; set it to 2 or more."
         )
-    if a.advantage in CRITIC_ESTIMATORS and a.use_critic is False:
+    if adv in CRITIC_ESTIMATORS and a.use_critic is False:
         out.append(
             "algorithm.use_critic=false: advantage=gae needs a critic; set use_critic to true (or null) or "
             "choose grpo/rloo/reinforce_pp."
         )
-    if a.use_critic and a.advantage not in CRITIC_ESTIMATORS and ":" not in a.advantage:
+    if a.use_critic and adv not in CRITIC_ESTIMATORS and ":" not in adv:
         out.append(
-            f"algorithm.use_critic=true: advantage={a.advantage} does not use a critic; set advantage=gae "
+            f"algorithm.use_critic=true: advantage={adv} does not use a critic; set advantage=gae "
             "or use_critic to null."
         )
-    if a.advantage in GROUP_ESTIMATORS and r.temperature == 0:
+    if adv in GROUP_ESTIMATORS and r.temperature == 0:
         out.append(
             f"rollout.temperature=0: greedy decoding gives every sample of a group the same response and reward, "
-            f"so {a.advantage.upper()}'s advantages (and the gradient) are all 0; sample with a temperature "
+            f"so {adv.upper()}'s advantages (and the gradient) are all 0; sample with a temperature "
             "above 0 (1.0 is usual)."
         )
-    if a.advantage == "remax" and r.temperature == 0:
+    if adv == "remax" and r.temperature == 0:
         out.append(
             "rollout.temperature=0: ReMax subtracts the reward of the greedy response, which then equals every "
             "sample (all advantages 0); sample with a temperature above 0."
         )
-    if a.std_over_batch and not a.scale_by_std:
+    if isinstance(a.advantage, GrpoAdvantage) and a.advantage.std_over_batch and not a.advantage.scale_by_std:
         out.append(
-            "algorithm.std_over_batch=true needs algorithm.scale_by_std=true (there is no std to take "
-            "over the batch otherwise); set one of them differently."
+            "algorithm.advantage.std_over_batch=true needs algorithm.advantage.scale_by_std=true (there is no "
+            "std to take over the batch otherwise); set one of them differently."
         )
     if a.critic_warmup_iterations and a.critic_warmup_iterations >= cfg.iterations:
         out.append(
@@ -223,9 +224,9 @@ def _estimator_rules(cfg: RunConfig) -> list[str]:
 def _kl_rules(cfg: RunConfig) -> list[str]:
     a = cfg.algorithm
     out = []
-    if a.kl_penalty_coef > 0 and a.advantage in GROUP_ESTIMATORS - TOKEN_REWARD_ESTIMATORS:
+    if a.kl_penalty_coef > 0 and a.advantage.name in GROUP_ESTIMATORS - TOKEN_REWARD_ESTIMATORS:
         out.append(
-            f"algorithm.kl_penalty_coef={a.kl_penalty_coef}: advantage={a.advantage} ignores per-token rewards, "
+            f"algorithm.kl_penalty_coef={a.kl_penalty_coef}: advantage={a.advantage.name} ignores per-token rewards, "
             "so the KL penalty would do nothing; use kl_loss_coef instead, or advantage=reinforce_pp/gae."
         )
     if a.kl_target is not None and a.kl_penalty_coef == 0:
@@ -239,11 +240,6 @@ def _kl_rules(cfg: RunConfig) -> list[str]:
 def _loss_rules(cfg: RunConfig) -> list[str]:
     a = cfg.algorithm
     out = []
-    if a.dual_clip_c is not None and a.policy_loss != "ppo":
-        out.append(
-            f"algorithm.dual_clip_c={a.dual_clip_c}: only policy_loss=ppo uses it "
-            f"(policy_loss={a.policy_loss}); set it to null."
-        )
     low, high = a.rollout_correction_threshold_low, a.rollout_correction_threshold
     if low is not None and a.rollout_correction != "mis":
         out.append(

@@ -11,6 +11,15 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from ascent.config.choices import (
+    AdvantageChoice,
+    Choice,
+    GrpoAdvantage,
+    PolicyLossChoice,
+    PpoLoss,
+    nest_choices,
+)
+from ascent.config.errors import rule_error
 from ascent.config.rollout import RolloutConfig
 from ascent.config.section import Section
 
@@ -85,13 +94,16 @@ class RewardConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    advantage: str = Field("grpo", description="Advantage estimator (registry name or import path).")
-    scale_by_std: bool = Field(True, description="GRPO: divide by the group std (False is Dr. GRPO).")
-    std_over_batch: bool = Field(False, description="GRPO: use the batch std instead of the group std.")
-    policy_loss: str = Field("ppo", description="Policy loss (registry name or import path).")
-    clip_ratio_low: float = Field(0.2, gt=0, description="PPO: lower clip, ratio >= 1 - clip_ratio_low.")
-    clip_ratio_high: float = Field(0.2, gt=0, description="PPO: upper clip, ratio <= 1 + clip_ratio_high.")
-    dual_clip_c: float | None = Field(None, gt=1, description="Dual-clip constant for negative advantages.")
+    advantage: AdvantageChoice = Field(
+        default_factory=GrpoAdvantage,
+        description="Advantage estimator: a name (grpo, rloo, opo, reinforce_pp, reinforce_pp_baseline, remax, "
+        "gae) or an import path, or {name: ..., <its own settings>}.",
+    )
+    policy_loss: PolicyLossChoice = Field(
+        default_factory=PpoLoss,
+        description="Policy loss: a name (ppo, gspo, cispo, sapo, reinforce) or an import path, or "
+        "{name: ..., <its own settings>}.",
+    )
     loss_aggregation: str = Field("token-mean", description="How per-token losses become one number.")
     max_response_tokens_norm: int | None = Field(
         None,
@@ -101,19 +113,7 @@ class AlgorithmConfig(Section):
     kl_loss_coef: float = Field(0.0, ge=0, description="Weight of KL(policy || reference) as a loss term.")
     kl_estimator: str = Field("k3", description="KL estimator: k1, k2, k3, k1+ or k3+ (straight-through).")
     entropy_coef: float = Field(0.0, description="Entropy bonus weight (0 keeps entropy as a metric only).")
-    gamma: float = Field(1.0, ge=0, le=1, description="Discount for GAE / REINFORCE++ returns.")
-    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
     adv_eps: float = Field(1e-6, gt=0, description="Epsilon added to std denominators (GRPO, whitening).")
-    gae_whiten: bool = Field(True, description="GAE: whiten advantages over the batch's policy tokens.")
-    # Policy-loss variants (each loss reads only its own fields).
-    gspo_clip_low: float = Field(3e-4, gt=0, description="GSPO: sequence ratio >= 1 - gspo_clip_low.")
-    gspo_clip_high: float = Field(4e-4, gt=0, description="GSPO: sequence ratio <= 1 + gspo_clip_high.")
-    cispo_eps_low: float = Field(
-        1.0, gt=0, le=1, description="CISPO: IS weight >= 1 - eps_low (1: no bound)."
-    )
-    cispo_eps_high: float = Field(0.28, gt=0, description="CISPO: IS weight <= 1 + cispo_eps_high.")
-    sapo_tau_pos: float = Field(1.0, gt=0, description="SAPO: gate temperature for positive advantages.")
-    sapo_tau_neg: float = Field(1.05, gt=0, description="SAPO: gate temperature for negative advantages.")
     # Rollout correction (sampler vs trainer probabilities).
     rollout_correction: Literal["none", "tis", "mis"] = Field(
         "none", description="Importance-weight the loss by trainer/sampler probability: truncated or masked."
@@ -157,6 +157,23 @@ class AlgorithmConfig(Section):
     options: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments for custom plug-ins."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_choices(cls, data: Any) -> Any:
+        """Older flat settings (`clip_ratio_high: 0.28`) move into the chosen choice (see choices.py)."""
+        if not isinstance(data, dict):
+            return data
+        nested, problems = nest_choices(data)
+        if problems:
+            raise rule_error(problems)
+        return nested
+
+    def settings_for(self, choice: Choice) -> dict[str, Any]:
+        """What `options_for` may hand the function of `choice` (self.policy_loss or self.advantage): this
+        section's shared settings, the choice's own fields, then `options` (a plug-in's settings)."""
+        shared = self.model_dump(exclude={"policy_loss", "advantage", "options"})
+        return shared | choice.model_dump(exclude={"name"}) | self.options
 
 
 class TrainConfig(Section):

@@ -138,8 +138,8 @@ def compute_advantages(
     values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the configured advantage estimator on the options it takes; returns (advantages [B, T], returns [B, T])."""
-    estimator = resolve(ADVANTAGE_ESTIMATORS, algo_cfg.advantage)
-    opts = options_for(estimator, algo_cfg.model_dump(exclude={"options"}) | algo_cfg.options)
+    estimator = resolve(ADVANTAGE_ESTIMATORS, algo_cfg.advantage.name)
+    opts = options_for(estimator, algo_cfg.settings_for(algo_cfg.advantage))
     out = estimator(advantage_inputs(groups, token_rewards, values), **opts)
     return out.advantages, out.returns
 

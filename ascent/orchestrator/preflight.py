@@ -108,6 +108,7 @@ def check_plugins(algorithm: Any) -> None:
     problems, resolved = [], {}
     for name, registry in registries.items():
         value = getattr(algorithm, name)
+        value = value if isinstance(value, str) else value.name  # a choice: policy_loss, advantage
         try:
             resolved[name] = A.resolve(registry, value)
         except ValueError as err:
@@ -128,8 +129,8 @@ def unused_options(algorithm: Any, estimator: Callable[..., Any], loss: Callable
         return []
     known = sorted(set().union(*names))  # type: ignore[arg-type]
     return [
-        f"algorithm.options.{key}={value!r}: neither advantage={algorithm.advantage!r} nor "
-        f"policy_loss={algorithm.policy_loss!r} takes {key!r}; they take {', '.join(known) or 'no options'}. "
+        f"algorithm.options.{key}={value!r}: neither advantage={algorithm.advantage.name!r} nor "
+        f"policy_loss={algorithm.policy_loss.name!r} takes {key!r}; they take {', '.join(known) or 'no options'}. "
         "Fix the name, or drop it."
         for key, value in algorithm.options.items()
         if key not in known

@@ -72,9 +72,11 @@ def config_changes(
     """`field: old -> new` for every field that differs and is not harmless, sorted by field.
 
     A field the saved config lacks (added to the schema since the checkpoint) counts as unchanged while the
-    new config holds its value in `defaults`: the old run behaved as that default."""
-    old_flat, new_flat, default_flat = flatten(saved), flatten(new), flatten(defaults or {})
-    changed = []
+    new config holds its value in `defaults`: the old run behaved as that default. A choice whose name
+    changed (`algorithm.advantage.name`) is one change, not one per setting of either member."""
+    old_flat, new_flat = flatten(_nested_choices(saved)), flatten(_nested_choices(new))
+    default_flat = flatten(defaults or {})
+    changed: dict[str, str] = {}
     for key in sorted(set(old_flat) | set(new_flat)):
         if key.startswith(HARMLESS) or key in HARMLESS:
             continue
@@ -82,8 +84,22 @@ def config_changes(
             continue
         before, after = old_flat.get(key, "(absent)"), new_flat.get(key, "(absent)")
         if before != after:
-            changed.append(f"{key}: {before!r} -> {after!r}")
-    return changed
+            changed[key] = f"{key}: {before!r} -> {after!r}"
+    renamed = {key.removesuffix("name") for key in changed if key.endswith(".name")}
+    return [
+        text for key, text in changed.items() if key.endswith(".name") or not key.startswith(tuple(renamed))
+    ]
+
+
+def _nested_choices(saved: dict[str, Any]) -> dict[str, Any]:
+    """A config saved before the policy loss and the advantage became choices (`policy_loss: ppo` beside a
+    flat `clip_ratio_low`), in today's form; the settings its choice did not read are dropped."""
+    from ascent.config.choices import nest_choices
+
+    algorithm = saved.get("algorithm")
+    if not isinstance(algorithm, dict):
+        return saved
+    return saved | {"algorithm": nest_choices(algorithm, strict=False)[0]}
 
 
 def check_same_run(

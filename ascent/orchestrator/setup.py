@@ -153,7 +153,7 @@ def needs_reference(cfg: RunConfig) -> bool:
 
 def uses_critic(cfg: RunConfig) -> bool:
     a = cfg.algorithm
-    return a.use_critic if a.use_critic is not None else a.advantage == "gae"
+    return a.use_critic if a.use_critic is not None else a.advantage.name == "gae"
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ def collect_groups(ctx: Any, sampler: Any, it: int) -> tuple[list[Group], dict[s
         groups, stale = ctx.collector.split_stale(shaped, trainer_version=it - 1)
         experience.record_left_out(ctx, it, shaped, groups, "dropped_stale", _stale_reason(cfg.rollout))
         dropped += stale
-        if a.advantage == "remax":
+        if a.advantage.name == "remax":
             groups = with_greedy_baseline(ctx, groups, it, batches)
         if a.dynamic_sampling:
             before, groups = groups, _groups_with_signal(groups)

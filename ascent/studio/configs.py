@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from ascent.config import ConfigError, RunConfig, SFTConfig, load_config, parse_yaml, validate_config
 from ascent.config.errors import show_value
 from ascent.config.explain import explain_sections
-from ascent.config.fields import is_section
+from ascent.config.fields import sub_models
 from ascent.errors import AscentError
 
 SCHEMAS: dict[str, type[BaseModel]] = {"train": RunConfig, "sft": SFTConfig}
@@ -80,8 +80,8 @@ def field_descriptions(kind: str) -> dict[str, str]:
         for name, info in model.model_fields.items():
             path = f"{prefix}{name}"
             out[path] = info.description or ""
-            if is_section(info.annotation):
-                walk(info.annotation, f"{path}.")
+            for sub in sub_models(info.annotation):  # a section, or every member of a choice
+                walk(sub, f"{path}.")
 
     walk(schema_for(kind), "")
     return out

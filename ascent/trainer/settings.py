@@ -105,21 +105,21 @@ def optim_settings_from_config(
 def loss_settings_from_config(algo_cfg: Any, max_new_tokens: int | None = None) -> LossSettings:
     """AlgorithmConfig -> LossSettings (policy-loss options, KL, entropy, Dr. GRPO divisor, correction).
 
-    The policy loss gets the settings it names as parameters (clip ratios, dual-clip, gspo/cispo/sapo
-    settings, a plug-in's own `algorithm.options`), picked by `options_for`; a plug-in taking `**kwargs`
-    gets them all.
+    The policy loss gets the settings it names as parameters (its own fields in `algorithm.policy_loss`:
+    clip ratios, dual-clip, gspo/cispo/sapo settings; a plug-in's `algorithm.options`), picked by
+    `options_for` from `AlgorithmConfig.settings_for`; a plug-in taking `**kwargs` gets them all.
     """
     from ascent.algorithms import POLICY_LOSSES, options_for, resolve
 
     fields = algo_cfg.model_dump()
-    available = {k: v for k, v in fields.items() if k != "options"} | algo_cfg.options
-    loss_opts = options_for(resolve(POLICY_LOSSES, algo_cfg.policy_loss), available)
+    loss = algo_cfg.policy_loss
+    loss_opts = options_for(resolve(POLICY_LOSSES, loss.name), algo_cfg.settings_for(loss))
     mode = algo_cfg.rollout_correction
     correction = {
         short: fields[key] for key, short in _CORRECTION_KEYS.items() if fields.get(key) is not None
     }
     return LossSettings(
-        policy_loss=algo_cfg.policy_loss,
+        policy_loss=loss.name,
         loss_aggregation=algo_cfg.loss_aggregation,
         loss_opts=loss_opts,
         kl_loss_coef=algo_cfg.kl_loss_coef,

@@ -35,7 +35,7 @@ VARIANTS = {
             "loss_aggregation": "token-mean",
         }
     },
-    "gae+critic": {"algorithm": {"advantage": "gae", "critic_lr": 1e-3, "lam": 0.95}},
+    "gae+critic": {"algorithm": {"advantage": {"name": "gae", "lam": 0.95}, "critic_lr": 1e-3}},
     "grpo+gspo": {"algorithm": {"advantage": "grpo", "policy_loss": "gspo"}},
     "grpo+cispo": {"algorithm": {"advantage": "grpo", "policy_loss": "cispo"}},
 }

@@ -12,6 +12,7 @@ from ascent.algorithms import (
 )
 from ascent.algorithms.kl import kl_k1
 from ascent.config import rules
+from ascent.config.choices import ADVANTAGE_CHOICES, POLICY_LOSS_CHOICES
 from ascent.config.schema import AlgorithmConfig, RunConfig
 
 
@@ -29,21 +30,21 @@ def test_resolve_names_and_import_paths():
 
 
 def test_config_name_sets_match_registries():
-    assert set(ADVANTAGE_ESTIMATORS) == rules.ADVANTAGE_ESTIMATORS
-    assert set(POLICY_LOSSES) == rules.POLICY_LOSSES
+    assert set(ADVANTAGE_ESTIMATORS) == rules.ADVANTAGE_ESTIMATORS == set(ADVANTAGE_CHOICES)
+    assert set(POLICY_LOSSES) == set(POLICY_LOSS_CHOICES)
     assert set(LOSS_AGGREGATIONS) == rules.LOSS_AGGREGATIONS
     assert set(KL_ESTIMATORS) == rules.KL_ESTIMATORS
 
 
 def test_each_function_gets_only_the_settings_it_names_and_each_is_a_config_field():
-    """`options_for` hands an estimator or loss only its own parameters; every parameter a built-in names is an
-    AlgorithmConfig field, so renaming a field cannot silently stop it reaching its function (the way the
-    Dr. GRPO divisor once got lost)."""
+    """`options_for` hands an estimator or loss only its own parameters; every parameter a built-in names is a
+    field of its choice's member or a shared AlgorithmConfig field, and every field of its member is one of
+    its parameters, so renaming a field cannot silently stop it reaching its function (the way the Dr. GRPO
+    divisor once got lost)."""
     import torch
 
     from ascent.algorithms import AdvantageInputs, option_names, options_for
 
-    fields = AlgorithmConfig().model_dump(exclude={"options"})
     inp = AdvantageInputs(
         torch.tensor([1.0, 0.0]),
         torch.ones(2, 2),
@@ -52,16 +53,21 @@ def test_each_function_gets_only_the_settings_it_names_and_each_is_a_config_fiel
         baseline_rewards=torch.zeros(2),
     )
     x = torch.zeros(3)
-    for fn in list(ADVANTAGE_ESTIMATORS.values()) + list(POLICY_LOSSES.values()):
-        names = option_names(fn)
-        assert names is not None and names <= set(fields), (fn.__name__, names - set(fields))
-        opts = options_for(fn, fields)
-        assert set(opts) == names
-        if fn in ADVANTAGE_ESTIMATORS.values():
-            fn(inp, **opts)
-        else:
-            fn(x, x, x, torch.ones(3), torch.zeros(3, dtype=torch.long), **opts)
-    assert options_for(POLICY_LOSSES["ppo"], fields | {"gamma": 0.5}).keys() == {
+    for field, registry in (("advantage", ADVANTAGE_ESTIMATORS), ("policy_loss", POLICY_LOSSES)):
+        for name, fn in registry.items():
+            cfg = AlgorithmConfig(**{field: name})
+            choice = getattr(cfg, field)
+            own, names = set(type(choice).model_fields) - {"name"}, option_names(fn)
+            assert names is not None and own <= names, (name, own - (names or set()))
+            assert names - own <= set(AlgorithmConfig.model_fields), (name, names - own)
+            opts = options_for(fn, cfg.settings_for(choice))
+            assert set(opts) == names
+            if field == "advantage":
+                fn(inp, **opts)
+            else:
+                fn(x, x, x, torch.ones(3), torch.zeros(3, dtype=torch.long), **opts)
+    cfg = AlgorithmConfig()
+    assert options_for(POLICY_LOSSES["ppo"], cfg.settings_for(cfg.policy_loss) | {"gamma": 0.5}).keys() == {
         "clip_ratio_low",
         "clip_ratio_high",
         "dual_clip_c",
@@ -156,5 +162,7 @@ def test_rules_name_field_value_and_fix(kwargs, needle):
 
 
 def test_all_problems_reported_at_once():
-    text = problems(policy_loss="x", advantage="y", kl_estimator="z")
-    assert "policy_loss" in text and "advantage" in text and "kl_estimator" in text
+    text = problems(policy_loss="x", advantage="y")  # unknown choices: found before the rules run
+    assert "algorithm.policy_loss='x'" in text and "algorithm.advantage='y'" in text
+    text = problems(loss_aggregation="x", kl_estimator="z", overlong_buffer=256)
+    assert "loss_aggregation" in text and "kl_estimator" in text and "overlong_buffer" in text

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from ascent.config.fields import sub_models
 from ascent.config.schema import RunConfig, SFTConfig
 
 PACKAGE = Path(__file__).resolve().parents[3] / "ascent"
@@ -35,13 +36,13 @@ def _uses() -> set[str]:
 
 
 def _fields(schema: type[BaseModel], prefix: str = "") -> list[tuple[str, str]]:
-    """(dotted path, field name) of every leaf field, nested sections walked."""
+    """(dotted path, field name) of every leaf field, nested sections and every member of a choice walked."""
     out = []
     for name, info in schema.model_fields.items():
-        kind = info.annotation
-        if isinstance(kind, type) and issubclass(kind, BaseModel):
-            out += _fields(kind, f"{prefix}{name}.")
-        else:
+        subs = sub_models(info.annotation)
+        for sub in subs:
+            out += _fields(sub, f"{prefix}{name}.")
+        if not subs:
             out.append((f"{prefix}{name}", name))
     return out
 
@@ -52,6 +53,15 @@ def test_every_field_is_read_somewhere():
         {path for schema in (RunConfig, SFTConfig) for path, name in _fields(schema) if name not in used}
     )
     assert not unread, f"config fields nothing outside ascent/config reads: {unread}"
+
+
+def test_the_walk_enters_every_member_of_a_choice():
+    paths = {path for path, _ in _fields(RunConfig)}
+    assert {
+        "algorithm.policy_loss.gspo_clip_low",
+        "algorithm.advantage.lam",
+        "algorithm.policy_loss.name",
+    } <= paths
 
 
 def test_the_walk_would_catch_a_new_field():

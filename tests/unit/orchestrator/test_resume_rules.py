@@ -32,7 +32,8 @@ def cfg_dict(**changes) -> dict:
         ("model.path", "other"),
         ("seed", 5),
         ("rollout.samples_per_prompt", 4),
-        ("algorithm.advantage", "rloo"),
+        ("algorithm.advantage.name", "rloo"),
+        ("algorithm.policy_loss.clip_ratio_high", 0.28),
         ("train.lr", 0.5),
         ("data.train_path", "x.jsonl"),
         ("reward.kwargs", {"answer_key": "y"}),
@@ -58,6 +59,25 @@ def test_changes_that_break_exactness_are_listed(key, value):
 )
 def test_harmless_changes_pass(key, value):
     assert R.config_changes(cfg_dict(), cfg_dict(**{key: value})) == []
+
+
+def test_a_config_saved_with_flat_algorithm_settings_compares_in_the_nested_form():
+    """Checkpoints written before policy_loss/advantage became choices saved `policy_loss: ppo` next to every
+    loss's and estimator's settings; the settings the choice read compare, the others do not count."""
+    flat = cfg_dict()
+    algorithm = flat["algorithm"]
+    for field in ("policy_loss", "advantage"):
+        choice = algorithm.pop(field)
+        algorithm[field] = choice.pop("name")
+        algorithm |= choice
+    algorithm |= {"gspo_clip_low": 0.01, "gamma": 0.9, "lam": 0.5}  # read by no chosen choice
+    assert R.config_changes(flat, cfg_dict()) == []
+    algorithm["clip_ratio_high"] = 0.28
+    assert R.config_changes(flat, cfg_dict()) == ["algorithm.policy_loss.clip_ratio_high: 0.28 -> 0.2"]
+    switched = cfg_dict(
+        **{"algorithm.advantage": {"name": "gae", "gamma": 1.0, "lam": 1.0, "gae_whiten": True}}
+    )
+    assert R.config_changes(cfg_dict(), switched) == ["algorithm.advantage.name: 'grpo' -> 'gae'"]
 
 
 def test_check_same_run_refuses_unless_accepted(tmp_path):

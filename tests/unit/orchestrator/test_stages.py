@@ -4,6 +4,7 @@ identity is its place in the list, whatever its size (multi-turn, partial and re
 from __future__ import annotations
 
 import dataclasses
+import functools
 from types import SimpleNamespace
 from typing import Any
 
@@ -155,3 +156,40 @@ def test_token_level_estimators_place_each_turns_reward_at_the_end_of_its_turn()
     failed = [Group((_turns_ep([0.5, 0.25], 0.0), _turns_ep([0.0, 0.0, 1.0], 1.0)))]
     _, returns = B.compute_advantages(failed, RunConfig(algorithm={"advantage": "reinforce_pp"}).algorithm)
     assert returns[0].abs().max() == 0.0
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "name", "opts"),
+    [
+        ({}, "grpo", {"scale_by_std": True, "std_over_batch": False, "adv_eps": 1e-6}),
+        ({"scale_by_std": False}, "grpo", {"scale_by_std": False, "std_over_batch": False, "adv_eps": 1e-6}),
+        (
+            {"advantage": {"name": "grpo", "scale_by_std": False}},
+            "grpo",
+            {"scale_by_std": False, "std_over_batch": False, "adv_eps": 1e-6},
+        ),
+        (
+            {"advantage": "gae", "gamma": 0.99, "lam": 0.95},
+            "gae",
+            {"gamma": 0.99, "lam": 0.95, "gae_whiten": True, "adv_eps": 1e-6},
+        ),
+        ({"advantage": {"name": "remax", "gamma": 0.9}}, "remax", {"gamma": 0.9}),
+        ({"advantage": "rloo"}, "rloo", {}),
+    ],
+)
+def test_the_estimator_gets_its_choices_settings(monkeypatch, algorithm, name, opts) -> None:
+    """The settings of `algorithm.advantage` (flat in older configs) reach the estimator, and no others."""
+    seen: dict[str, Any] = {}
+    real = B.ADVANTAGE_ESTIMATORS[name]
+
+    @functools.wraps(real)
+    def recording(inp: Any, **kwargs: Any) -> Any:
+        seen.update(kwargs)
+        return real(inp, **kwargs)
+
+    monkeypatch.setitem(B.ADVANTAGE_ESTIMATORS, name, recording)
+    cfg = RunConfig(algorithm=algorithm)
+    groups = [Group((ep(1.0), ep(0.0)), baseline_reward=0.5)]
+    values = torch.zeros(2, 3) if name == "gae" else None
+    B.compute_advantages(groups, cfg.algorithm, values=values)
+    assert seen == opts

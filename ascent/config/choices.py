@@ -1,0 +1,274 @@
+"""The algorithm's choices that carry their own settings: one config model per built-in policy loss and
+advantage estimator, switched on `name` (design: "a config union switched on its name, each member holding
+only its own fields"). `AlgorithmConfig.policy_loss` and `.advantage` hold one of these.
+
+    algorithm:
+      policy_loss: gspo                          # a name: that member with its defaults
+      advantage: {name: gae, lam: 0.95}          # a mapping: the name and the member's own fields
+
+A member's field names equal the keyword parameters of its registry function in `ascent.algorithms`, so
+`options_for` hands each function its own settings. A plug-in (`pkg.module:function`) is `PluginChoice`;
+its settings go under `algorithm.options`. `nest_choices` turns the flat form of older configs
+(`algorithm.clip_ratio_high: 0.28`) into the nested one and names every setting the chosen choice does not
+read. Imports without torch.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
+
+from ascent.config.errors import show_value
+from ascent.config.section import Section
+
+NAME = "Which one: a built-in name, or an import path `pkg.module:function` (settings: algorithm.options)."
+
+
+class Choice(Section):
+    """A member of a choice union. A bare name (`"gspo"`) validates as that member with its defaults."""
+
+    name: str = Field(description=NAME)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, data: Any) -> Any:
+        return {"name": data} if isinstance(data, str) else data
+
+
+class PluginChoice(Choice):
+    name: str = Field(description=NAME)
+
+
+# Policy losses (ascent.algorithms.policy_losses).
+class PpoLoss(Choice):
+    name: Literal["ppo"] = Field("ppo", description=NAME)
+    clip_ratio_low: float = Field(0.2, gt=0, description="PPO: lower clip, ratio >= 1 - clip_ratio_low.")
+    clip_ratio_high: float = Field(0.2, gt=0, description="PPO: upper clip, ratio <= 1 + clip_ratio_high.")
+    dual_clip_c: float | None = Field(None, gt=1, description="Dual-clip constant for negative advantages.")
+
+
+class GspoLoss(Choice):
+    name: Literal["gspo"] = Field("gspo", description=NAME)
+    gspo_clip_low: float = Field(3e-4, gt=0, description="GSPO: sequence ratio >= 1 - gspo_clip_low.")
+    gspo_clip_high: float = Field(4e-4, gt=0, description="GSPO: sequence ratio <= 1 + gspo_clip_high.")
+
+
+class CispoLoss(Choice):
+    name: Literal["cispo"] = Field("cispo", description=NAME)
+    cispo_eps_low: float = Field(
+        1.0, gt=0, le=1, description="CISPO: IS weight >= 1 - eps_low (1: no bound)."
+    )
+    cispo_eps_high: float = Field(0.28, gt=0, description="CISPO: IS weight <= 1 + cispo_eps_high.")
+
+
+class SapoLoss(Choice):
+    name: Literal["sapo"] = Field("sapo", description=NAME)
+    sapo_tau_pos: float = Field(1.0, gt=0, description="SAPO: gate temperature for positive advantages.")
+    sapo_tau_neg: float = Field(1.05, gt=0, description="SAPO: gate temperature for negative advantages.")
+
+
+class ReinforceLoss(Choice):
+    name: Literal["reinforce"] = Field("reinforce", description=NAME)
+
+
+# Advantage estimators (ascent.algorithms.advantages, .returns); adv_eps is shared, so it stays flat.
+class GrpoAdvantage(Choice):
+    name: Literal["grpo"] = Field("grpo", description=NAME)
+    scale_by_std: bool = Field(True, description="GRPO: divide by the group std (False is Dr. GRPO).")
+    std_over_batch: bool = Field(False, description="GRPO: use the batch std instead of the group std.")
+
+
+class GaeAdvantage(Choice):
+    name: Literal["gae"] = Field("gae", description=NAME)
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount for GAE / REINFORCE++ returns.")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
+    gae_whiten: bool = Field(True, description="GAE: whiten advantages over the batch's policy tokens.")
+
+
+class ReturnsAdvantage(Choice):
+    name: Literal["reinforce_pp", "reinforce_pp_baseline", "remax"] = Field(description=NAME)
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount for GAE / REINFORCE++ returns.")
+
+
+class GroupAdvantage(Choice):
+    name: Literal["rloo", "opo"] = Field(description=NAME)
+
+
+POLICY_LOSS_CHOICES: dict[str, type[Choice]] = {
+    "ppo": PpoLoss,
+    "gspo": GspoLoss,
+    "cispo": CispoLoss,
+    "sapo": SapoLoss,
+    "reinforce": ReinforceLoss,
+}
+ADVANTAGE_CHOICES: dict[str, type[Choice]] = {
+    "grpo": GrpoAdvantage,
+    "rloo": GroupAdvantage,
+    "opo": GroupAdvantage,
+    "reinforce_pp": ReturnsAdvantage,
+    "reinforce_pp_baseline": ReturnsAdvantage,
+    "remax": ReturnsAdvantage,
+    "gae": GaeAdvantage,
+}
+
+
+def name_of(value: Any) -> Any:
+    """The choice name in a bare name, a mapping or a member (None when there is none)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return value.get("name")
+    return getattr(value, "name", None)
+
+
+def _discriminator(choices: dict[str, type[Choice]]) -> Discriminator:
+    """Pick a union member by the value's name: a built-in's member, PluginChoice for an import path."""
+
+    def tag(value: Any) -> str | None:
+        name = name_of(value)
+        if not isinstance(name, str):
+            return None
+        if name in choices:
+            return choices[name].__name__
+        return PluginChoice.__name__ if ":" in name else None
+
+    return Discriminator(
+        tag,
+        custom_error_type="unknown_choice",
+        custom_error_message=f"must be one of {', '.join(choices)} or an import path `pkg.module:function`, "
+        "as a name or as {name: ..., <its settings>}",
+    )
+
+
+# Each member is tagged with its class name (`ascent.config.fields.choice_members` reads the tags).
+PolicyLossChoice = Annotated[
+    Annotated[PpoLoss, Tag("PpoLoss")]
+    | Annotated[GspoLoss, Tag("GspoLoss")]
+    | Annotated[CispoLoss, Tag("CispoLoss")]
+    | Annotated[SapoLoss, Tag("SapoLoss")]
+    | Annotated[ReinforceLoss, Tag("ReinforceLoss")]
+    | Annotated[PluginChoice, Tag("PluginChoice")],
+    _discriminator(POLICY_LOSS_CHOICES),
+]
+AdvantageChoice = Annotated[
+    Annotated[GrpoAdvantage, Tag("GrpoAdvantage")]
+    | Annotated[GroupAdvantage, Tag("GroupAdvantage")]
+    | Annotated[ReturnsAdvantage, Tag("ReturnsAdvantage")]
+    | Annotated[GaeAdvantage, Tag("GaeAdvantage")]
+    | Annotated[PluginChoice, Tag("PluginChoice")],
+    _discriminator(ADVANTAGE_CHOICES),
+]
+# field -> (its members by name, the default name)
+CHOICE_FIELDS: dict[str, tuple[dict[str, type[Choice]], str]] = {
+    "policy_loss": (POLICY_LOSS_CHOICES, "ppo"),
+    "advantage": (ADVANTAGE_CHOICES, "grpo"),
+}
+
+
+def nest_choices(algorithm: dict[str, Any], strict: bool = True) -> tuple[dict[str, Any], list[str]]:
+    """The `algorithm` section's mapping with each choice as `{name: ..., its settings}`, and the problems.
+
+    A flat setting of a member (`clip_ratio_high: 0.28`, the older form) moves into the chosen choice when
+    it reads it. One it does not read is a problem (a setting that would do nothing), except that a flat
+    one at its default passes: the resolved config.yaml of older runs lists every setting. `strict=False`
+    drops what the choice does not read and reports nothing (reading the config saved in old checkpoints).
+    """
+    out = dict(algorithm)
+    problems: list[str] = []
+    for field, (choices, default) in CHOICE_FIELDS.items():
+        problems += _nest_one(out, field, choices, default, strict)
+    return out, problems
+
+
+def _nest_one(
+    data: dict[str, Any], field: str, choices: dict[str, type[Choice]], default: str, strict: bool
+) -> list[str]:
+    raw = data.get(field)
+    raw = default if raw is None else raw
+    if isinstance(raw, BaseModel):  # a member already (validate_assignment hands over the others as they are)
+        if not any(key in data for key in _settings(choices)):
+            return []
+        raw = raw.model_dump()
+    choice = {"name": raw} if isinstance(raw, str) else dict(raw) if isinstance(raw, dict) else None
+    if choice is None or not isinstance(choice.setdefault("name", default), str):
+        return []  # not a choice at all: pydantic names the value
+    name = choice["name"]
+    if name not in choices and ":" not in name and strict:
+        return [
+            f"algorithm.{field}={name!r}: unknown; use one of {', '.join(sorted(choices))} (or an import "
+            "path `pkg.module:function`)."
+        ]
+    member = choices.get(name, PluginChoice)
+    problems = []
+    for key in _settings(choices):
+        if key in data:
+            problems += _lift(field, choice, member, key, data.pop(key), choices, strict)
+    for key in [k for k in choice if k not in member.model_fields]:
+        problems += _stray(field, choice, member, key, choices, strict)
+    data[field] = choice
+    return problems if strict else []
+
+
+def _settings(choices: dict[str, type[Choice]]) -> list[str]:
+    """Every setting of any member, in declaration order (each once)."""
+    return list(dict.fromkeys(k for m in choices.values() for k in m.model_fields if k != "name"))
+
+
+def _lift(
+    field: str,
+    choice: dict[str, Any],
+    member: type[Choice],
+    key: str,
+    value: Any,
+    choices: dict[str, type[Choice]],
+    strict: bool,
+) -> list[str]:
+    """Move the flat `algorithm.<key>` into `choice`; the problem when `member` does not read it."""
+    if key in member.model_fields:
+        if key in choice and choice[key] != value:
+            return [
+                f"algorithm.{key}={show_value(value)} and algorithm.{field}.{key}={show_value(choice[key])}: "
+                f"two values for one setting; keep only algorithm.{field}.{key}."
+            ]
+        choice[key] = value
+        return []
+    readers = [n for n, m in choices.items() if key in m.model_fields]
+    if not strict or value == choices[readers[0]].model_fields[key].default:
+        return []
+    return [_unread(f"algorithm.{key}", field, choice["name"], key, value, readers)]
+
+
+def _stray(
+    field: str,
+    choice: dict[str, Any],
+    member: type[Choice],
+    key: str,
+    choices: dict[str, type[Choice]],
+    strict: bool,
+) -> list[str]:
+    """A nested `algorithm.<field>.<key>` that `member` does not declare: the problem, or dropped."""
+    readers = [n for n, m in choices.items() if key in m.model_fields]
+    if strict and member is not PluginChoice and not readers:
+        return []  # unknown to every member: pydantic reports the unknown key
+    value = choice.pop(key)
+    if not strict:
+        return []
+    if member is PluginChoice:
+        return [
+            f"algorithm.{field}.{key}={show_value(value)}: a plug-in's settings go under algorithm.options; "
+            f"move it to algorithm.options.{key}."
+        ]
+    return [_unread(f"algorithm.{field}.{key}", field, choice["name"], key, value, readers)]
+
+
+def _unread(where: str, field: str, name: str, key: str, value: Any, readers: list[str]) -> str:
+    """`algorithm.gspo_clip_low=0.001: only policy_loss=gspo reads it, and this run's policy_loss is ppo; ...`"""
+    who = readers[0] if len(readers) == 1 else f"{', '.join(readers[:-1])} or {readers[-1]}"
+    head = f"{where}={show_value(value)}: only {field}={who} reads it, and this run's {field} is"
+    if ":" in name:
+        return (
+            f"{head} the plug-in {name!r}, whose settings go under algorithm.options; remove it or move it "
+            f"to algorithm.options.{key}."
+        )
+    return f"{head} {name}; remove it or set {field}: {{name: {readers[0]}, {key}: {show_value(value)}}}."
