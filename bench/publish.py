@@ -56,7 +56,13 @@ def measure(args: argparse.Namespace, model: Path, data: Path, transport: str) -
     t0 = time.perf_counter()
     groups = setup.build_worker_groups(cfg)
     start_s = time.perf_counter() - t0
-    ctx = SimpleNamespace(cfg=cfg, trainer=groups.trainer, rollout=groups.rollout, transport=groups.transport)
+    ctx = SimpleNamespace(
+        cfg=cfg,
+        trainer=groups.trainer,
+        rollout=groups.rollout,
+        transport=groups.transport,
+        swap_mid_generation=setup.swaps_mid_generation(cfg),
+    )  # as LoopContext sets it
     try:
         seconds = []
         for version in range(args.repeats):
