@@ -149,7 +149,7 @@ def iteration_row(
     new = metrics["rollout/response_len_mean"] * n_traj
     row: dict[str, Any] = {k: metrics.get(f"time/{k}") for k in PHASES}
     row.update(
-        iteration_s=metrics["time/iteration"], publish_copy_s=metrics["time/publish"],
+        iteration_s=metrics["time/iteration"], publish_copy_s=metrics["time/weight_transfer"],
         completions_per_s=n_traj / metrics["time/iteration"], tokens_per_s=tokens / metrics["time/iteration"],
         rollout_new_tokens_per_s=new / metrics["time/generate"], response_len_mean=metrics["rollout/response_len_mean"],
         optimizer_steps=metrics.get("train/optimizer_steps"), peaks_gib=dict(ctx.timeline.peaks),

@@ -16,9 +16,10 @@ from typing import Any
 
 # metrics.jsonl keys summarised per mode (ascent/orchestrator/loop.py, shaping.py, collector.py)
 PHASES = ("iteration", "rollout", "generate", "reward", "logprobs", "advantages", "update", "publish",
-          "trainer_idle", "engine_idle")  # fmt: skip
+          "weight_transfer", "trainer_idle", "engine_idle")  # fmt: skip
 OTHER_KEYS = ("rollout/response_len_mean", "rollout/staleness_max", "rollout/logprob_diff_max",
-              "perf/tokens_per_s", "rollout/swapped_sequences", "train/optimizer_steps")  # fmt: skip
+              "memory/trainer_released_gib", "perf/tokens_per_s", "rollout/swapped_sequences",
+              "train/optimizer_steps")  # fmt: skip
 GIB_PER_MIB = 1 / 1024
 
 

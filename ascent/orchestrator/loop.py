@@ -139,6 +139,7 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
     with tl.phase("publish", iteration=it):
         publish_seconds = publish_weights(ctx, version=it)
         if ctx.colocated:
+            released = release_trainer_memory(ctx)
             ctx.rollout.call(RolloutWorker.wake)
     elapsed = time.perf_counter() - t0
     if old_lp is not None:  # else the update reported the sampler/trainer mismatch from its own logprobs
@@ -154,7 +155,8 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
         **rollout_metrics(episodes),
         "train/old_logprob_pass": float(old_lp is not None),
         "time/iteration": elapsed,
-        "time/publish": publish_seconds,
+        "time/weight_transfer": publish_seconds,  # the publication alone; time/publish is its phase (+ wake)
+        **({"memory/trainer_released_gib": released / 2**30} if ctx.colocated else {}),
         "perf/tokens_per_s": tokens / max(elapsed, 1e-9),
         **{f"time/{k}": v for k, v in tl.last_durations().items()},
     }
@@ -176,6 +178,17 @@ def update_gives_old_logprobs(ctx: LoopContext, num_trajectories: int, it: int) 
         and it > a.critic_warmup_iterations
         and ctx.kl_controller is None
     )
+
+
+def release_trainer_memory(ctx: LoopContext) -> int:
+    """Colocated in separate processes (any transport but inline, i.e. Ray): the trainer's and critic's ranks
+    give their cached GPU blocks back before the engine wakes on the same GPUs; the bytes over all ranks."""
+    if ctx.transport == "inline":
+        return 0
+    released = sum(ctx.trainer.call(TrainerWorker.release_cached_memory))
+    if ctx.critic is not None:
+        released += sum(ctx.critic.call(CriticWorkerActor.release_cached_memory))
+    return released
 
 
 def critic_values(ctx: LoopContext, samples: list[TrainSample]) -> torch.Tensor | None:

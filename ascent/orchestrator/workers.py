@@ -192,6 +192,13 @@ class TrainerWorker:
             return 0
         return self.link.send(weights, version)
 
+    def release_cached_memory(self) -> int:
+        """Hand the allocator's cached, unused GPU blocks back to the driver; returns the bytes released.
+
+        Colocated on Ray the engine wakes in another process on this GPU: blocks the update left cached here
+        would stay reserved next to its weights and KV cache (in one process the engine reuses them)."""
+        return release_cached_memory(self.policy.device)
+
     def save(self, path: str, optimizer: bool = True, hf_weights: bool = True) -> None:
         self.policy.save(path, optimizer, hf_weights)
 
@@ -219,8 +226,22 @@ class CriticWorkerActor:
     def update(self, samples: list[TrainSample], total_tokens: float, total_seqs: float) -> dict[str, float]:
         return self.critic.update(samples, total_tokens=total_tokens, total_seqs=total_seqs)
 
+    def release_cached_memory(self) -> int:
+        """As `TrainerWorker.release_cached_memory`, for the critic's rank."""
+        return release_cached_memory(self.critic.device)
+
     def save(self, path: str, optimizer: bool = True, hf_weights: bool = True) -> None:
         self.critic.save(path, optimizer, hf_weights)
 
     def load(self, path: str) -> None:
         self.critic.load(path)
+
+
+def release_cached_memory(device: torch.device) -> int:
+    """torch.cuda.empty_cache on `device`; the reserved bytes it gave back (0 off CUDA)."""
+    if device.type != "cuda":
+        return 0
+    before = torch.cuda.memory_reserved(device)
+    with torch.cuda.device(device):
+        torch.cuda.empty_cache()
+    return before - torch.cuda.memory_reserved(device)

@@ -45,11 +45,13 @@ def test_train_inline(tmp_path, tiny_model, arithmetic_data):
 
 @pytest.mark.slow
 def test_train_ray_backend_same_run_over_either_weight_transport(tmp_path, tiny_model, arithmetic_data):
-    """Ray actors; the weights reach the replica over a gloo broadcast or through the object store, and the
-    two runs are the same run (same samples, same losses): the transport moves bytes, nothing else."""
+    """Ray actors, colocated, the fast engine; the weights reach the replica over a gloo broadcast or through
+    the object store, and the two runs are the same run (same samples, same losses): the transport moves
+    bytes, nothing else."""
     runs = {}
     for transport in ("broadcast", "object_store"):
         cfg = run_config(tmp_path / transport, tiny_model, arithmetic_data, iterations=2, val_every=0)
+        cfg["rollout"] |= {"engine": "fast"}  # colocated with the fast engine: it sleeps through the update
         cfg["cluster"] = {"backend": "ray", "weight_transport": transport, "weight_bucket_mb": 1}
         ascent("train", str(write_yaml(tmp_path / f"{transport}.yaml", cfg)), timeout=600)
         run = tmp_path / transport / "run"
@@ -57,6 +59,8 @@ def test_train_ray_backend_same_run_over_either_weight_transport(tmp_path, tiny_
         assert list((run / "logs").glob("trainer*.log"))
         assert f"weight transport: {transport}" in (run / "logs" / "controller.log").read_text()
         runs[transport] = _metric_lines(run)
+        # colocated on Ray: every trainer rank is asked to release its cached GPU blocks (none on a CPU)
+        assert [r["memory/trainer_released_gib"] for r in runs[transport]] == [0.0, 0.0]
     keys = ("loss/policy", "reward/mean", "rollout/response_len_mean", "rollout/logprob_diff_mean")
     for a, b in zip(runs["broadcast"], runs["object_store"], strict=True):
         assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
