@@ -14,6 +14,12 @@ with too little time left is skipped):
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH && python3 bench/two_gpus.py --mode publish --budget-s 550 --json $OUT/publish.json --logs $OUT/logs 2>&1 | tail -40
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH && python3 bench/two_gpus.py --mode seven_b --budget-s 550 --json $OUT/seven_b.json --logs $OUT/logs 2>&1 | tail -60
 
+Calls 4 and 5, the async learning run (`bench/async_learning.sh`: the arithmetic warm start, then GRPO at
+max_staleness 0 and 1 on Ray split with a GPU each), on the same warm machine (runs/ survives between calls):
+
+    STAGE=warm bash bench/async_learning.sh runs/al 2>&1 | tail -5
+    STAGE=grpo GPUS_PER_WORKER=1 bash bench/async_learning.sh runs/al 150 2>&1 | tail -20
+
 (Fill .whl/ first, here: `bash ../shared/gpu/wheels.sh` from the checkout's root: Ray 2.60 and pydantic.)
 Each child's log, and each run's metrics.jsonl, config.yaml and process logs, land in $OUT/logs.
 
@@ -48,10 +54,10 @@ allocator fragmentation and CUDA contexts that "needs" adds):
   H100. AdamW's moments and the fp32 masters go to pinned CPU memory: 56.7 GiB per rank, 113 of the host's
   256 GiB. Without offload 71.2 (needs 78.8), 89.8 as two processes: not on an H100; on an H200 try
   `--offload-optimizer off`.
-- "As two processes": on Ray, colocated, trainer and engine are separate processes, and the trainer's
-  caching allocator keeps its update's memory while the engine wakes (the trainer never empties its cache),
-  so the GPU holds the trainer's update peak plus the engine's weights, KV cache and activations; the doctor
-  counts the phases as taking turns in one process. The nvidia-smi peaks of colocated2/seven_b test this.
+- "As two processes": on Ray, colocated, trainer and engine are separate processes; the upper bound if the
+  trainer's caching allocator kept its update's memory while the engine wakes. The loop now asks the
+  trainer's ranks to release their cached blocks before the wake (`memory/trainer_released_gib`), so the
+  one-process figure should hold; the nvidia-smi peaks of colocated2/seven_b test this.
 
 Reported per mode: median and range of every phase after warm-up (time/iteration, rollout, generate,
 reward, logprobs, update, publish, trainer_idle: the trainer waiting on generation, engine_idle: the engine
