@@ -29,11 +29,11 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ascent.cluster.errors import ClusterConfigError
-from ascent.cluster.ray_backend import init_ray, kill_actors
+from ascent.cluster.ray_backend import init_ray, kill_actors, reserve
 from ascent.envs.hosts import serve
 from ascent.tracking.logs import setup_logging
 
@@ -205,16 +205,16 @@ def _reserve(n: int, cpus: float, timeout_s: float) -> PlacementGroup:
             f"rollout.env_workers={n} x rollout.env_cpus={cpus:g} = {need:g} CPUs, but the Ray cluster has "
             f"{free:g} CPUs free after the workers (cluster.cpus_per_worker each). {fix}"
         )
-    group = placement_group([{"CPU": cpus} for _ in range(n)], strategy="SPREAD")
-    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
-    if not ready:
-        remove_placement_group(group)
-        raise ClusterConfigError(
-            f"rollout.env_workers={n}: could not place {n} x {cpus:g} CPUs for the environment actors within "
-            f"cluster.worker_timeout_s={timeout_s:g} s (no node may have {cpus:g} CPUs free); free now: "
+    return reserve(
+        [{"CPU": cpus} for _ in range(n)],
+        "SPREAD",
+        timeout_s,
+        lambda: (
+            f"rollout.env_workers={n}: could not place {n} x {cpus:g} CPUs for the environment actors "
+            f"within cluster.worker_timeout_s={timeout_s:g} s (no node may have {cpus:g} CPUs free); free now: "
             f"{ray.available_resources()}. {fix}"
-        )
-    return group
+        ),
+    )
 
 
 def _free_cpus(need: float) -> float:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -125,15 +125,28 @@ def make_placement_group(
     """
     bundle = {"CPU": cpus_per_bundle, **({"GPU": gpus_per_bundle} if gpus_per_bundle > 0 else {})}
     strategy = "STRICT_PACK" if placement == "colocated" else "PACK"
-    group = placement_group([dict(bundle) for _ in range(num_bundles)], strategy=strategy)
-    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
-    if not ready:
-        remove_placement_group(group)
-        raise ClusterConfigError(
+    return reserve(
+        [dict(bundle) for _ in range(num_bundles)],
+        strategy,
+        timeout_s,
+        lambda: (
             f"placement={placement}: could not reserve {num_bundles} x {bundle} ({strategy}) within "
             f"{timeout_s:g}s; the cluster has {ray.cluster_resources()} in total and "
             f"{ray.available_resources()} free. Use fewer workers or GPUs per worker, or placement=split."
-        )
+        ),
+    )
+
+
+def reserve(
+    bundles: list[dict[str, float]], strategy: str, timeout_s: float, error: Callable[[], str]
+) -> PlacementGroup:
+    """A placement group of `bundles`, placed within `timeout_s`; else it is removed and ClusterConfigError
+    says `error()` (built at that moment, so it can show the cluster's free resources then)."""
+    group = placement_group(bundles, strategy=strategy)
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise ClusterConfigError(error())
     return group
 
 

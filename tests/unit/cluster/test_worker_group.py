@@ -195,6 +195,22 @@ def test_worker_groups_shutdown_frees_the_shared_placement_group(request):
     assert placement_group_table(bundle)["state"] == "REMOVED"
 
 
+def test_a_placement_group_not_placed_in_time_is_removed_and_named(request):
+    """Bundles the cluster cannot hold are not left pending (they would hold the next build): the group is
+    removed and the error is the caller's, built when the wait ends."""
+    request.getfixturevalue("ray_cluster")
+    from ray.util import placement_group_table
+
+    from ascent.cluster import ClusterConfigError
+    from ascent.cluster.ray_backend import reserve
+
+    before = set(placement_group_table())
+    with pytest.raises(ClusterConfigError, match="^3 CPUs in one bundle: no such node$"):
+        reserve([{"CPU": 3.0}], "PACK", 0.5, lambda: "3 CPUs in one bundle: no such node")
+    new = [pg for key, pg in placement_group_table().items() if key not in before]
+    assert [pg["state"] for pg in new] == ["REMOVED"]
+
+
 def test_inline_timeout_waits_while_a_debugger_is_stopped(request, monkeypatch):
     from ascent.cluster import inline
 
