@@ -94,20 +94,24 @@ class RayEnvHosts:
         options = {"num_cpus": self.cpus, "scheduling_strategy": strategy}
         return self._actor_cls.options(**options).remote(f"env_{h}", self.run_dir, self.log_level)
 
-    def _wait_started(self, hosts: list[int]) -> None:
+    def _wait_started(self, hosts: list[int], what: str = "did not start") -> None:
         try:
             ray.get([self._actors[h].ping.remote() for h in hosts], timeout=self.start_timeout_s)
         except (GetTimeoutError, RayError) as e:
             raise RuntimeError(
-                f"environment actors {hosts} did not start within cluster.worker_timeout_s="
+                f"environment actors {hosts} {what} within cluster.worker_timeout_s="
                 f"{self.start_timeout_s:g} s ({type(e).__name__}: {str(e).strip().splitlines()[0]}); free "
                 f"now: {ray.available_resources()}. Check Ray's logs (/tmp/ray/session_latest/logs)."
             ) from None
 
     def _replace(self, h: int) -> None:
         ray.kill(self._actors[h], no_restart=True)
-        self._actors[h] = self._start(h)
-        self._wait_started([h])  # its next command's deadline must not count the start
+        try:
+            self._actors[h] = self._start(h)
+            self._wait_started([h], "(replacing one that died or timed out) did not start")
+        except BaseException:
+            self.close()  # every actor goes: no later command waits behind work abandoned on the others
+            raise
 
     @property
     def num_hosts(self) -> int:
@@ -124,6 +128,10 @@ class RayEnvHosts:
             return self._run(commands)
 
     def _run(self, commands: Sequence[tuple[int, tuple[str, Any, Any]]]) -> list[tuple[str, Any]]:
+        if self._group is None:
+            if all(msg[0] == "drop" for _, msg in commands):  # their environments went with the actors
+                return [("ok", 0)] * len(commands)
+            raise RuntimeError("the environment actors were closed (after a failure, or by close())")
         queues: dict[int, deque[tuple[int, tuple[str, Any, Any]]]] = {}
         for i, (h, msg) in enumerate(commands):
             queues.setdefault(h, deque()).append((i, msg))

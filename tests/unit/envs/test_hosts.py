@@ -118,3 +118,23 @@ def test_hosts_need_environment_names(chat: ChatTokens, tmp_path: Path) -> None:
                          max_turns=1, max_tokens=10, hosts=hosts)  # fmt: skip
     finally:
         hosts.close()
+
+
+def test_an_actor_that_cannot_be_replaced_ends_the_batch_and_the_actors_at_once(
+    chat: ChatTokens, make_hosts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crashed actor whose replacement cannot start (a lost node, no capacity) is an error that says so,
+    and every actor goes with it: no later call waits behind work left on the others."""
+    hosts = make_hosts("ray", 2, 30)
+
+    def no_capacity(h: int) -> Any:
+        raise RuntimeError("no node can hold it")
+
+    monkeypatch.setattr(hosts, "_start", no_capacity)
+    with pytest.raises(RuntimeError, match="no node can hold it"):
+        run(chat, ["Crash", "Counter"], hosts)
+    t0 = time.monotonic()
+    assert hosts.run([(1, ("drop", None, None))]) == [("ok", 0)]  # nothing left to drop
+    with pytest.raises(RuntimeError, match="environment actors were closed"):
+        hosts.run([(1, ("reset", None, None))])
+    assert time.monotonic() - t0 < 1
