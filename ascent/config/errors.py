@@ -9,7 +9,7 @@ Cross-field rules (`rules.py`) already speak this way and pass through unchanged
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -150,7 +150,7 @@ def unknown_key_message(loc: Loc, schema: type[BaseModel]) -> str:
         return f"unknown key {path!r}; did you mean {_join(prefix, _candidates(parent)[close[0]])!r}?"
     elsewhere = _same_name_elsewhere(key, schema)
     if elsewhere:
-        return f"unknown key {path!r}; did you mean {elsewhere!r}? (it belongs to another section)"
+        return f"unknown key {path!r}; did you mean {elsewhere!r}? ({_whose(schema, elsewhere, prefix)})"
     where = f"section '{prefix}'" if prefix else "the top level"
     return f"unknown key {path!r}; {where} has: {', '.join(names)}."
 
@@ -174,6 +174,26 @@ def _same_name_elsewhere(key: str, schema: type[BaseModel]) -> str | None:
     leaves = {p.rsplit(".", 1)[-1]: p for p in reversed(paths)}
     close = difflib.get_close_matches(key, list(leaves), n=1, cutoff=0.8)
     return leaves[close[0]] if close else None
+
+
+def _whose(schema: type[BaseModel], path: str, prefix: str) -> str:
+    """Where `path` (a suggestion for a key under `prefix`) lives: another member of the same choice
+    (`a setting of policy_loss=gspo`), or another section."""
+    parent, leaf = path.rsplit(".", 1)
+    field = field_at(schema, parent.split("."))
+    if parent != prefix or field is None:
+        return "it belongs to another section"
+    names = [
+        str(name)
+        for member in choice_members(field.info.annotation).values()
+        if leaf in member.model_fields
+        for name in get_args(member.model_fields["name"].annotation)
+    ]
+    choice = parent.rsplit(".", 1)[-1]
+    if not names:
+        return "it belongs to another section"
+    who = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    return f"a setting of {choice}={who}"
 
 
 def _in_choice(schema: type[BaseModel], path: str) -> bool:

@@ -11,6 +11,9 @@ Rules a user can rely on:
   A value replaces what was at that key: `model.lora={rank: 8}` resets the other lora fields to defaults.
   A choice written as a name (`algorithm.policy_loss: gspo`) takes overrides of its settings as well
   (`algorithm.policy_loss.gspo_clip_low=1e-3`), and so does the older flat key (`algorithm.gspo_clip_low`).
+  A choice's bare name as the value (`algorithm.policy_loss=gspo`) sets the name only: the settings given
+  before it stay (the file's `{name: gspo, gspo_clip_low: 1e-3}` keeps its 1e-3; settings of another
+  choice are then refused, naming the choice that reads them).
 - Numbers like `1e-5` are floats (plain PyYAML reads them as strings), in files and overrides alike.
 - Duplicate keys in a file are an error (plain PyYAML silently keeps the last one).
 - Relative paths (model.path, data.train_path, run_dir, ...) are kept as written and so are relative to
@@ -204,6 +207,9 @@ def _set_path(data: dict[str, Any], keys: list[str], value: Any, text: str, sche
                 f"key '{keys[i + 1]}'; set {where}=<value> instead."
             )
         node = child
+    current = node.get(keys[-1])
+    if isinstance(value, str) and isinstance(current, dict) and _is_choice(schema, keys):
+        value = current | {"name": value}  # a bare name keeps the settings given before it
     node[keys[-1]] = value
 
 

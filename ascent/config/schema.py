@@ -7,6 +7,7 @@ sizes carry their unit in their name (prompts, trajectories, tokens).
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -15,8 +16,10 @@ from ascent.config.choices import (
     AdvantageChoice,
     Choice,
     GrpoAdvantage,
+    PluginChoice,
     PolicyLossChoice,
     PpoLoss,
+    misplaced_options,
     nest_choices,
 )
 from ascent.config.errors import rule_error
@@ -24,6 +27,7 @@ from ascent.config.rollout import RolloutConfig
 from ascent.config.section import Section
 
 Dtype = Literal["bf16", "fp16", "fp32"]
+log = logging.getLogger("ascent")
 
 __all__ = ["RolloutConfig", "Section"]  # re-exported: every section is importable from here
 
@@ -155,7 +159,8 @@ class AlgorithmConfig(Section):
     value_clip: float | None = Field(0.2, gt=0, description="Clip range of the value loss; null disables.")
     critic_warmup_iterations: int = Field(0, ge=0, description="Iterations that train only the critic first.")
     options: dict[str, Any] = Field(
-        default_factory=dict, description="Extra keyword arguments for custom plug-ins."
+        default_factory=dict,
+        description="A plug-in's own settings (keyword arguments), under names none of ascent's settings use.",
     )
 
     @model_validator(mode="before")
@@ -164,16 +169,21 @@ class AlgorithmConfig(Section):
         """Older flat settings (`clip_ratio_high: 0.28`) move into the chosen choice (see choices.py)."""
         if not isinstance(data, dict):
             return data
-        nested, problems = nest_choices(data)
+        nested = nest_choices(data)
+        problems = nested.problems + misplaced_options(nested.data, cls.model_fields)
         if problems:
             raise rule_error(problems)
-        return nested
+        for warning in nested.warnings:
+            log.warning("%s", warning)
+        return nested.data
 
     def settings_for(self, choice: Choice) -> dict[str, Any]:
         """What `options_for` may hand the function of `choice` (self.policy_loss or self.advantage): this
-        section's shared settings, the choice's own fields, then `options` (a plug-in's settings)."""
+        section's shared settings and the choice's own fields; for a plug-in, `options` too (whose keys
+        cannot be any of those: `misplaced_options` refuses them)."""
         shared = self.model_dump(exclude={"policy_loss", "advantage", "options"})
-        return shared | choice.model_dump(exclude={"name"}) | self.options
+        own = self.options if isinstance(choice, PluginChoice) else {}
+        return shared | choice.model_dump(exclude={"name"}) | own
 
 
 class TrainConfig(Section):

@@ -120,18 +120,25 @@ def check_plugins(algorithm: Any) -> None:
 
 
 def unused_options(algorithm: Any, estimator: Callable[..., Any], loss: Callable[..., Any]) -> list[str]:
-    """`algorithm.options` entries that neither the advantage estimator nor the policy loss takes (a typo
-    would otherwise be ignored silently)."""
+    """`algorithm.options` entries that no plug-in among the advantage estimator and the policy loss takes (a
+    typo would otherwise be ignored silently). Only a plug-in gets options, and only under names that are not
+    settings of the section (the loader refuses options that name a built-in's setting)."""
     from ascent.algorithms import option_names
+    from ascent.config.choices import PluginChoice
 
-    names = [option_names(estimator), option_names(loss)]
-    if any(n is None for n in names):  # a plug-in takes **kwargs: anything may be meant for it
-        return []
-    known = sorted(set().union(*names))  # type: ignore[arg-type]
+    names: list[set[str]] = []
+    for choice, fn in ((algorithm.advantage, estimator), (algorithm.policy_loss, loss)):
+        if isinstance(choice, PluginChoice):
+            taken = option_names(fn)
+            if taken is None:  # a plug-in takes **kwargs: anything may be meant for it
+                return []
+            names.append(taken - set(type(algorithm).model_fields))
+    known = sorted(set().union(*names))
+    where = f"advantage={algorithm.advantage.name!r} nor policy_loss={algorithm.policy_loss.name!r}"
+    who = "the plug-ins take" if len(names) > 1 else "the plug-in takes"
+    takes = f"{who} {', '.join(known) or 'no options'}" if names else "only a plug-in takes options"
     return [
-        f"algorithm.options.{key}={value!r}: neither advantage={algorithm.advantage.name!r} nor "
-        f"policy_loss={algorithm.policy_loss.name!r} takes {key!r}; they take {', '.join(known) or 'no options'}. "
-        "Fix the name, or drop it."
+        f"algorithm.options.{key}={value!r}: neither {where} takes {key!r}; {takes}. Fix the name, or drop it."
         for key, value in algorithm.options.items()
         if key not in known
     ]

@@ -74,8 +74,9 @@ def config_changes(
     A field the saved config lacks (added to the schema since the checkpoint) counts as unchanged while the
     new config holds its value in `defaults`: the old run behaved as that default. A choice whose name
     changed (`algorithm.advantage.name`) is one change, not one per setting of either member."""
-    old_flat, new_flat = flatten(_nested_choices(saved)), flatten(_nested_choices(new))
-    default_flat = flatten(defaults or {})
+    saved = _nested_choices(saved)
+    old_flat, new_flat = flatten(saved), flatten(_nested_choices(new))
+    default_flat = flatten(_choice_defaults(saved, defaults or {}))
     changed: dict[str, str] = {}
     for key in sorted(set(old_flat) | set(new_flat)):
         if key.startswith(HARMLESS) or key in HARMLESS:
@@ -99,7 +100,24 @@ def _nested_choices(saved: dict[str, Any]) -> dict[str, Any]:
     algorithm = saved.get("algorithm")
     if not isinstance(algorithm, dict):
         return saved
-    return saved | {"algorithm": nest_choices(algorithm, strict=False)[0]}
+    return saved | {"algorithm": nest_choices(algorithm, strict=False).data}
+
+
+def _choice_defaults(saved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """`defaults` with each choice's defaults taken from the member the saved config chose: a setting an old
+    sapo checkpoint lacks defaults to SapoLoss's value, not to the default member's (ppo has none)."""
+    from ascent.config.choices import CHOICE_FIELDS, PluginChoice, name_of
+
+    algorithm, default_algorithm = saved.get("algorithm"), defaults.get("algorithm")
+    if not isinstance(algorithm, dict) or not isinstance(default_algorithm, dict):
+        return defaults
+    own = dict(default_algorithm)
+    for field, (choices, _) in CHOICE_FIELDS.items():
+        name = name_of(algorithm.get(field))
+        if isinstance(name, str) and (name in choices or ":" in name):
+            member = choices.get(name, PluginChoice)
+            own[field] = member.model_validate({"name": name}).model_dump(mode="json")
+    return defaults | {"algorithm": own}
 
 
 def check_same_run(

@@ -86,10 +86,14 @@ def test_a_plugin_with_kwargs_gets_every_option_and_a_stray_option_is_named():
 
     assert option_names(plugin) is None and options_for(plugin, {"a": 1, "b": 2}) == {"a": 1, "b": 2}
     assert option_names(strict) == {"my_temp"}
-    algo = AlgorithmConfig(options={"my_temp": 0.7, "my_tmp": 0.7})
+    algo = AlgorithmConfig(policy_loss="mypkg:strict", options={"my_temp": 0.7, "my_tmp": 0.7})
     (problem,) = unused_options(algo, ADVANTAGE_ESTIMATORS["grpo"], strict)
-    assert "algorithm.options.my_tmp=0.7" in problem and "my_temp" in problem and "adv_eps" in problem
+    assert problem.startswith("algorithm.options.my_tmp=0.7: neither advantage='grpo' nor policy_loss=")
+    assert problem.endswith("the plug-in takes my_temp. Fix the name, or drop it.")  # no built-in's settings
     assert unused_options(algo, ADVANTAGE_ESTIMATORS["grpo"], plugin) == []
+    builtins = AlgorithmConfig(options={"my_temp": 0.7})  # options reach plug-ins only
+    (problem,) = unused_options(builtins, ADVANTAGE_ESTIMATORS["grpo"], POLICY_LOSSES["ppo"])
+    assert "only a plug-in takes options" in problem
 
 
 def problems(**algorithm):

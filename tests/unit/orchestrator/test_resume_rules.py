@@ -80,6 +80,48 @@ def test_a_config_saved_with_flat_algorithm_settings_compares_in_the_nested_form
     assert R.config_changes(cfg_dict(), switched) == ["algorithm.advantage.name: 'grpo' -> 'gae'"]
 
 
+def flat_algorithm(cfg: dict) -> dict:
+    """`cfg` as versions before the choices saved it: the choices' names, every member's settings flat."""
+    from ascent.config.choices import CHOICE_FIELDS
+
+    algorithm = cfg["algorithm"]
+    for field, (choices, _) in CHOICE_FIELDS.items():
+        algorithm[field] = algorithm[field]["name"]
+        for member in choices.values():
+            algorithm |= {
+                k: i.default for k, i in member.model_fields.items() if k not in algorithm | {"name": 0}
+            }
+    return cfg
+
+
+def test_a_run_resumed_with_an_older_run_dirs_config_yaml_is_the_same_run(tmp_path):
+    """The old config.yaml (every setting flat, `lam: 0.95` that grpo never read) loads, and compares equal
+    to the checkpoint's saved config, which is the same flat mapping."""
+    import yaml
+
+    from ascent.config import load_config
+
+    saved = flat_algorithm(cfg_dict())
+    saved["algorithm"] |= {"lam": 0.95, "gspo_clip_low": 0.001, "clip_ratio_high": 0.28}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    cfg = load_config(tmp_path / "config.yaml")
+    assert cfg.algorithm.policy_loss.clip_ratio_high == 0.28
+    defaults = RunConfig().model_dump(mode="json")
+    assert R.config_changes(saved, cfg.model_dump(mode="json"), defaults) == []
+
+
+def test_a_setting_an_old_checkpoint_lacks_defaults_to_its_own_choices_value():
+    """An old sapo run saved without `sapo_tau_pos` ran with SapoLoss's default, not with the default
+    member's (ppo has no such setting), so the same value now is no change."""
+    sapo = {"name": "sapo", "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05}
+    new = cfg_dict(**{"algorithm.policy_loss": sapo})
+    saved = cfg_dict(**{"algorithm.policy_loss": {"name": "sapo", "sapo_tau_neg": 1.05}})
+    defaults = RunConfig().model_dump(mode="json")
+    assert R.config_changes(saved, new, defaults) == []
+    new["algorithm"]["policy_loss"]["sapo_tau_pos"] = 2.0
+    assert R.config_changes(saved, new, defaults) == ["algorithm.policy_loss.sapo_tau_pos: '(absent)' -> 2.0"]
+
+
 def test_check_same_run_refuses_unless_accepted(tmp_path):
     state = {"config": cfg_dict()}
     with pytest.raises(R.ResumeError, match=r"train\.lr.*--accept-changes"):
