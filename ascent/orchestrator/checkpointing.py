@@ -5,7 +5,13 @@ trainer state (sharded runs: torch.distributed.checkpoint shards of weights and 
 rank at once), and `state.json` (iteration, data position, config). Everything is written into a temporary
 sibling directory `.tmp_iter_000005` and renamed at the end, so a crash, even one that kills a rank in the
 middle of a DCP write, never leaves a half-written checkpoint under a name a resume would pick; the next
-commit removes what it left.
+commit removes what it left. Saving an iteration again (`iter_X` exists) renames the old copy to `.old_iter_X`,
+the new one into place, and only then deletes the old copy; a death between the two renames is repaired by
+`recover` (run by every resume and commit): the complete new copy, else the old one, becomes `iter_X` again.
+
+One run directory holds one timeline. A resume from a checkpoint older than the newest (`--resume-from`, a
+roll-back) moves the newer ones aside to `abandoned_iter_X` (`abandon_newer`; nothing is deleted), so pruning
+and a later `--resume` never mix them with the resumed run's checkpoints.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from ascent.orchestrator import resume as R
 log = logging.getLogger("ascent")
 
 PREFIX = "iter_"
+ABANDONED = "abandoned_"  # + a checkpoint's name: moved aside by a roll-back
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
@@ -52,6 +59,7 @@ def commit(
     root = Path(run_dir) / "checkpoints"
     final = root / f"{PREFIX}{iteration:06d}"
     tmp = root / f".tmp_{PREFIX}{iteration:06d}"
+    recover(run_dir)  # a save killed between its two renames: put its complete copy back first
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -69,16 +77,78 @@ def commit(
         shutil.rmtree(replaced, ignore_errors=True)
         os.replace(final, replaced)
     os.replace(tmp, final)
+    _fsync_parent(final)
     shutil.rmtree(replaced, ignore_errors=True)
-    for old in checkpoint_dirs(run_dir)[:-keep_last] + _stale(root):
+    for old in _prunable(run_dir, final, keep_last) + _stale(root):
         shutil.rmtree(old, ignore_errors=True)
     log.info("checkpoint written: %s", final)
     return final
 
 
+def _prunable(run_dir: str | Path, final: Path, keep_last: int) -> list[Path]:
+    """The checkpoints beyond `keep_last`, counting `final` (the one just written) first: never `final`."""
+    others = [p for p in checkpoint_dirs(run_dir) if p != final]
+    return others[: max(len(others) - (keep_last - 1), 0)]
+
+
 def _stale(root: Path) -> list[Path]:
     """Staging directories that a killed save left behind (a save in progress is never running now)."""
     return [p for p in root.iterdir() if p.is_dir() and p.name.startswith((".tmp_", ".old_"))]
+
+
+def recover(run_dir: str | Path) -> list[Path]:
+    """Repair saves killed between their two renames: where `iter_X` is missing, its complete staging copy
+    `.tmp_iter_X` (state.json readable) or else the old copy `.old_iter_X` becomes `iter_X`. -> repaired."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    repaired = []
+    for name in sorted({p.name.removeprefix(".tmp_").removeprefix(".old_") for p in _stale(root)}):
+        final = root / name
+        if not name.startswith(PREFIX) or final.exists():
+            continue
+        copy = next((c for c in (root / f".tmp_{name}", root / f".old_{name}") if _complete(c)), None)
+        if copy is not None:
+            os.replace(copy, final)
+            _fsync_parent(final)
+            log.warning("restored checkpoint %s from %s (a save was killed between its renames)", final, copy)
+            repaired.append(final)
+    return repaired
+
+
+def _complete(path: Path) -> bool:
+    """Whether `path` holds a whole checkpoint: its state.json, written last, is there and parses."""
+    try:
+        return isinstance(json.loads((path / "state.json").read_text()), dict)
+    except (OSError, ValueError):
+        return False
+
+
+def abandon_newer(run_dir: str | Path, iteration: int) -> list[Path]:
+    """Move the checkpoints of `run_dir` newer than `iteration` (the one a resume continues from) aside to
+    `abandoned_iter_X`, which no resume or pruning picks, and warn; nothing is deleted. -> their new paths."""
+    moved = []
+    for path in checkpoint_dirs(run_dir):
+        if int(path.name[len(PREFIX) :]) <= iteration:
+            continue
+        target = path.parent / f"{ABANDONED}{path.name}"
+        n = 1
+        while target.exists():  # an earlier roll-back abandoned the same iteration: keep both
+            n += 1
+            target = path.parent / f"{ABANDONED}{path.name}.{n}"
+        os.replace(path, target)
+        _fsync_parent(target)
+        moved.append(target)
+    if moved:
+        log.warning(
+            "resuming from iteration %d of %s: the newer checkpoints %s belong to the abandoned continuation "
+            "and were moved aside to %s (nothing deleted: rename one back to iter_... to go back to it)",
+            iteration,
+            run_dir,
+            ", ".join(p.name.removeprefix(ABANDONED) for p in moved),
+            ", ".join(p.name for p in moved),
+        )
+    return moved
 
 
 class CheckpointWriteError(AscentError):
@@ -101,6 +171,7 @@ def _write_failure(final: Path, err: OSError) -> str:
 
 def latest(run_dir: str | Path, resume_from: str | None = None) -> tuple[Path, dict[str, Any]] | None:
     """The checkpoint to resume (the newest, or `resume_from`), verified, and its state.json; or None."""
+    recover(run_dir)
     path = R.pick_checkpoint(checkpoint_dirs(run_dir), resume_from)
     if path is None:
         log.warning("resume=true but %s has no checkpoint yet: starting from the beginning", run_dir)
@@ -111,13 +182,15 @@ def latest(run_dir: str | Path, resume_from: str | None = None) -> tuple[Path, d
 def resume_state(
     cfg: Any, total: int, what: str, resume_from: str | None, accept: bool
 ) -> tuple[Path, dict[str, Any]] | None:
-    """Find, verify and vet the checkpoint to resume: the same run (or `accept`), not past `total` (`what`)."""
+    """Find, verify and vet the checkpoint to resume: the same run (or `accept`), not past `total` (`what`).
+    Checkpoints newer than it (a roll-back) are then moved aside (`abandon_newer`)."""
     found = latest(cfg.run_dir, resume_from)
     if found is None:
         return None
     path, state = found
     R.check_same_run(state, cfg.model_dump(mode="json"), accept, path, type(cfg)().model_dump(mode="json"))
     R.check_iterations(int(state["iteration"]), total, what, path)
+    abandon_newer(cfg.run_dir, int(state["iteration"]))  # a roll-back: the newer ones are another timeline
     return path, state
 
 
@@ -159,6 +232,20 @@ def restore(ctx: Any, sampler: Any, found: tuple[Path, dict[str, Any]]) -> int:
     trim_after(ctx.cfg.run_dir, int(state["iteration"]))
     log.info("resumed from %s (iteration %d)", path, state["iteration"])
     return int(state["iteration"])
+
+
+def _fsync_parent(path: Path) -> None:
+    """Make a rename of `path` durable: fsync the directory that holds it (POSIX; a no-op elsewhere)."""
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -35,6 +35,7 @@ CHECKPOINTS = "checkpoints"
 TRAINER_STATE = "trainer_state.pt"
 STATE_JSON = "state.json"
 _NAME = re.compile(r"^iter_(\d+)$")
+_COPY = re.compile(r"^\.(?:tmp|old)-(iter_\d+)-(\d+)$")  # staging / replaced copies of `commit_checkpoint`
 
 
 def checkpoint_name(iteration: int) -> str:
@@ -56,21 +57,61 @@ def commit_checkpoint(tmp: str | Path, iteration: int, keep_last: int | None = N
     """Rename the staging dir `tmp` to its final name (replacing an older one), prune; return the final path."""
     tmp = Path(tmp)
     final = tmp.parent / checkpoint_name(iteration)
-    if final.exists():
-        old = tmp.parent / f".old-{final.name}-{os.getpid()}"
-        os.replace(final, old)
+    old = tmp.parent / f".old-{final.name}-{os.getpid()}"
+    if final.exists():  # saved again: the old copy stays whole until the new one is in place
         shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
     os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
     if keep_last:
-        prune_checkpoints(tmp.parent.parent, keep_last)
+        prune_checkpoints(tmp.parent.parent, keep_last, keep=final)
     return final
 
 
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first (staging and other hidden directories are ignored)."""
+def recover_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Repair saves killed between the two renames of `commit_checkpoint`: where `iter_X` is missing, its
+    complete staging copy (state.json parses) or else its old copy is renamed back to it. Copies named by a
+    process that is still running are its save in progress and left alone. -> repaired."""
     parent = Path(run_dir) / CHECKPOINTS
     if not parent.is_dir():
         return []
+    copies: dict[str, list[Path]] = {}
+    for p in sorted(parent.iterdir(), key=lambda p: not p.name.startswith(".tmp-")):  # new copies first
+        m = _COPY.match(p.name)
+        if m and p.is_dir() and not _running(int(m.group(2))) and _complete(p):
+            copies.setdefault(m.group(1), []).append(p)
+    repaired = []
+    for name, found in copies.items():
+        if not (parent / name).exists():
+            os.replace(found[0], parent / name)
+            repaired.append(parent / name)
+    return repaired
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # running, as another user
+        return True
+    return True
+
+
+def _complete(path: Path) -> bool:
+    try:
+        return isinstance(json.loads((path / STATE_JSON).read_text()), dict)
+    except (OSError, ValueError):
+        return False
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first (staging and other hidden directories are ignored; a save
+    killed between its renames is repaired first, `recover_checkpoints`)."""
+    parent = Path(run_dir) / CHECKPOINTS
+    if not parent.is_dir():
+        return []
+    recover_checkpoints(run_dir)
     found = [(int(m.group(1)), p) for p in parent.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
     return [p for _, p in sorted(found)]
 
@@ -81,10 +122,11 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
-    """Delete all but the newest `keep_last` checkpoints and any stale staging dirs; return what was deleted."""
-    found = list_checkpoints(run_dir)
-    doomed = found[: max(len(found) - keep_last, 0)]
+def prune_checkpoints(run_dir: str | Path, keep_last: int, keep: Path | None = None) -> list[Path]:
+    """Delete all but the newest `keep_last` checkpoints (`keep`, the one just written, counts first and is
+    never deleted) and any stale staging dirs; return what was deleted."""
+    found = [p for p in list_checkpoints(run_dir) if p != keep]
+    doomed = found[: max(len(found) - keep_last + (keep is not None), 0)]
     parent = Path(run_dir) / CHECKPOINTS
     doomed += [p for p in parent.iterdir() if p.is_dir() and p.name.startswith((".tmp-", ".old-"))]
     for p in doomed:

@@ -214,7 +214,8 @@ def write_shard(parts: TrainerParts, out: Path, optimizer: bool = True, rng: boo
 
 def write_state(parts: TrainerParts, out: Path, optimizer: bool = True) -> None:
     """trainer_state.pt: optimizer (unless sharded: see `write_shard`; none without `optimizer`), scheduler,
-    scaler, step, RNG. `optimizer_saved` records whether a resume will find AdamW's moments."""
+    scaler, step, RNG. `optimizer_saved` records whether a resume will find AdamW's moments, and
+    `optimizer_fresh` that there were none yet (no step taken: a resume starts a fresh optimizer)."""
     write_trainer_state(
         out,
         optimizer_state=None if parts.sharded or not optimizer else parts.optimizer.state_dict(),
@@ -222,6 +223,7 @@ def write_state(parts: TrainerParts, out: Path, optimizer: bool = True) -> None:
         scaler=parts.scaler.state_dict(),
         step=parts.step,
         optimizer_saved=optimizer,
+        optimizer_fresh=not parts.optimizer.state,
     )
 
 
@@ -235,7 +237,9 @@ def load_state(parts: TrainerParts, src: Path, *, rng: bool) -> None:
     if rng and not sharded_state.read_rank_rng(src):
         set_rng_state(state["rng"])  # unsharded, or a rank the saving run did not have: rank 0's
     saved = state.get("optimizer_saved", True)
-    if saved:
+    if state.get("optimizer_fresh"):
+        pass  # saved before the first step: this run's fresh optimizer is that state
+    elif saved:
         load_optimizer(parts, src, state.get("optimizer"))
     else:
         log.warning(

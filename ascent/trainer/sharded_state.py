@@ -5,7 +5,7 @@ The weights of a sharded run go through `torch.distributed.checkpoint` (DCP) in 
 
 - `save_sharded_optimizer` writes `optimizer_shards/`: torch's `get_optimizer_state_dict` names every moment
   by its parameter's name (not by its index) and keeps it a DTensor, so DCP records which slice of which
-  tensor each rank wrote. Nothing is gathered.
+  tensor each rank wrote. Nothing is gathered. An optimizer that has not stepped yet writes nothing.
 - `load_sharded_optimizer` reads it back on ANY number of ranks (DCP reslices: 2 ranks -> 1, 1 -> 2, ...)
   into a sharded or an unsharded optimizer (a collective of the current ranks, or a single process).
 - `load_full_optimizer`: the index-keyed optimizer state an unsharded run keeps in `trainer_state.pt`,
@@ -48,18 +48,25 @@ def has_sharded_optimizer(directory: str | Path) -> bool:
     return (Path(directory) / OPTIMIZER_DIR / ".metadata").is_file()
 
 
-def save_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Path) -> None:
+def save_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Path) -> bool:
     """Write `optimizer`'s state to `directory/optimizer_shards` with DCP, each rank its own shards (a
-    collective). Moments are keyed by parameter name, so any number of ranks can read them back."""
+    collective). Moments are keyed by parameter name, so any number of ranks can read them back.
+
+    An optimizer that has not stepped yet has no state, and nothing is written (-> False; the ranks step
+    together, so all of them agree): torch's `get_optimizer_state_dict` would create that state with a
+    zero-gradient step at lr=0, leaving AdamW's step count at 1 and the run's first real update off."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
+    if not optimizer.state:
+        return False
     state = get_optimizer_state_dict(model, optimizer)
     dcp.save(
         state,
         checkpoint_id=str(Path(directory) / OPTIMIZER_DIR),
         no_dist=not torch.distributed.is_initialized(),
     )
+    return True
 
 
 def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Path) -> None:

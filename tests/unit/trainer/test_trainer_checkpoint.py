@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -9,7 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from ascent.trainer import checkpoint as trainer_checkpoint
 from ascent.trainer.checkpoint import (
+    commit_checkpoint,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -82,3 +85,38 @@ def test_rng_state_round_trip(tmp_path):
     set_rng_state(load_checkpoint(path)["trainer_state"]["rng"])
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == draws
     assert set(rng_state()) == {"python", "numpy", "torch", "cuda"}
+
+
+def test_saving_an_iteration_again_keeps_the_old_copy_until_the_new_one_is_in(tmp_path, monkeypatch):
+    """`commit_checkpoint` renames the old copy aside, the new one in, and only then deletes the old one: a
+    death in between leaves both copies, and the next listing puts the complete one back as iter_X."""
+    save_checkpoint(tmp_path, 3, extra={"copy": "first"})
+    real = os.replace
+
+    def replace(src, dst):
+        if os.path.basename(src).startswith(".tmp-"):
+            raise KeyboardInterrupt("killed")
+        real(src, dst)
+
+    tmp = staging_dir(tmp_path, 3)
+    (tmp / "state.json").write_text('{"iteration": 3, "copy": "second"}')
+    monkeypatch.setattr(trainer_checkpoint.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        commit_checkpoint(tmp, 3)
+    monkeypatch.setattr(trainer_checkpoint.os, "replace", real)
+    parent = tmp_path / "checkpoints"
+    assert sorted(p.name.rsplit("-", 1)[0] for p in parent.iterdir()) == [
+        ".old-iter_000003",
+        ".tmp-iter_000003",
+    ]
+    dead = 999_999_999  # no such process: the copies are what a killed save left
+    for p in list(parent.iterdir()):
+        p.rename(parent / f"{p.name.rsplit('-', 1)[0]}-{dead}")
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["iter_000003"]
+    assert load_checkpoint(latest_checkpoint(tmp_path))["state"]["copy"] == "second"
+
+
+def test_pruning_keeps_the_checkpoint_just_written_even_below_newer_ones(tmp_path):
+    save_checkpoint(tmp_path, 8)
+    save_checkpoint(tmp_path, 6, keep_last=1)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["iter_000006"]

@@ -135,6 +135,23 @@ def _old_format_part(rank, world, port, path, ckpt, out):
             torch.save(snap, out)
 
 
+def _save_before_any_step_part(rank, world, port, path, ckpt, out):
+    """FSDP over the ranks: a checkpoint before the first update (the policy during critic warm-up), then
+    the three updates; and a fresh worker that resumes that checkpoint and runs them too."""
+    with _group(rank, world, port):
+        worker = _worker("policy", path, sharded_alone=True)
+        worker.save(ckpt, hf_weights=False)
+        assert not worker.optimizer.state  # no zero-gradient step to create it, so AdamW's step count stays 0
+        _train(worker, _mini_batches(), rank, world)
+        resumed = _worker("policy", path, sharded_alone=True)
+        resumed.load(ckpt)
+        assert not resumed.optimizer.state
+        _train(resumed, _mini_batches(), rank, world)
+        snaps = [_snapshot(worker), _snapshot(resumed)]
+        if rank == 0:
+            torch.save(snaps, out)
+
+
 def _spawn(fn, world, *args) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -210,3 +227,18 @@ def test_per_rank_optimizer_files_of_old_checkpoints_name_the_rank_count(tiny_pa
     _assert_same(torch.load(tmp_path / "old.pt", weights_only=True), _uninterrupted("policy", tiny_path))
     with pytest.raises(CheckpointFormatError, match="cluster.num_trainer_workers=2"):
         _worker("policy", str(tiny_path)).load(old)  # one unsharded process
+
+
+def test_a_save_before_the_first_step_leaves_the_optimizer_untouched(tiny_path, tmp_path):
+    """torch's get_optimizer_state_dict initialises an empty optimizer with a zero-gradient step (AdamW's
+    step count 1): a sharded save before any update writes no optimizer shards instead, and a resume of it
+    starts a fresh optimizer. Both runs then match one that never saved."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "snaps.pt"
+    _spawn(_save_before_any_step_part, 1, str(tiny_path), str(ckpt), str(out))
+    assert not (ckpt / "optimizer_shards").exists()
+    assert read_trainer_state(ckpt)["optimizer_fresh"] is True
+    want = _uninterrupted("policy", tiny_path)
+    for snap in torch.load(out, weights_only=True):
+        for state in snap["moments"].values():
+            assert float(state["step"]) == 3.0
+        _assert_same(snap, want)
