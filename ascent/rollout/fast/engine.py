@@ -86,7 +86,7 @@ class FastEngine:
         self._ring = 0
         self._stamp = weights.stamp() if weights.shared else ()
         self.on_swap = on_swap  # what sequences in flight do when weights change between steps (module doc)
-        self.swaps = WeightSwaps(self.device, on_publish=self.sessions.clear)
+        self.swaps = WeightSwaps(self.device, self.sessions.clear, writes=lambda: self.weights.writes)
         self.stats = {"steps": 0, "prefills": 0, "compactions": 0, "launch_s": 0.0, "process_s": 0.0}
         self.stats["prefill_tokens"] = 0  # prompt tokens computed by prefill (each group's prompt once)
         self.stats["reused_tokens"] = 0  # prompt tokens whose K/V a cached session prefix supplied
@@ -241,7 +241,8 @@ class FastEngine:
             self._stamp = stamp
 
     def _check_weights(self) -> None:
-        """Raise unless every weight released by `sleep(release_weights=True)` has been written since."""
+        """Raise while a publication failed partway or a weight freed by `sleep(release_weights=True)` is unsent."""
+        self.swaps.check()
         missing = self.weights.missing()
         if missing:
             raise RuntimeError(
@@ -291,6 +292,7 @@ class FastEngine:
             self.swaps.gate.boundary()  # a publication waiting for the weights is applied here
             if self._live is not None:
                 self._feed(self._live.more(self._live.fits))
+            self.swaps.check()  # (one that failed partway: never go on with half-copied weights)
             if epoch != self.swaps.epoch:  # (or one made by a callback of this loop)
                 epoch = self.swaps.epoch
                 self._swapped(pending)

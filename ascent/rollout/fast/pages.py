@@ -7,9 +7,10 @@ Pure Python (no torch), so the CPU tests check it exhaustively.
   grows; so a running sequence never fails to get a page and no preemption is needed. Pages are
   ref-counted because the n samples of a prompt share the prompt's full pages.
 - `SessionStore`: KV pages of finished multi-turn sequences, kept so that the next turn of the conversation
-  prefills only its new tokens. Its memory is the cache's free pages: when a request needs pages, sessions
-  are evicted least recently used first, those that queued requests continue last (an episode that ended is
-  never asked for again, so its pages go first). A weight update or sleep drops them all.
+  prefills only its new tokens; one session id may hold several conversations (the HTTP server's). Its
+  memory is the cache's free pages: when a request needs pages, cached sequences are evicted least recently
+  cached first, those of sessions that queued requests continue last (an episode that ended is never asked
+  for again, so its pages go first). A weight update or sleep drops them all.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class PageAllocator:
             self.release(p)
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: the store finds an entry among its session's others
 class CachedSequence:
     """A finished sequence's cache: `tokens[i]` has its K/V in slot i of the pages in `pages`."""
 
@@ -92,18 +93,25 @@ class CachedSequence:
 def common_prefix(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix of two token lists."""
     n = min(len(a), len(b))
-    i = 0
+    i, step = 0, 64
+    while i + step <= n and a[i : i + step] == b[i : i + step]:  # whole chunks at C speed (a system prompt)
+        i += step
     while i < n and a[i] == b[i]:
         i += 1
     return i
 
 
 class SessionStore:
-    """session_id -> cached sequences of its last turn, least recently used evicted first."""
+    """session_id -> cached sequences of its last turns, the least recently cached evicted first.
+
+    A session id may hold several conversations at once (the HTTP server's requests of one session, or
+    clients that share one): a request takes the entry its prompt continues and leaves the others cached.
+    """
 
     def __init__(self, allocator: PageAllocator):
         self.alloc = allocator
-        self.entries: OrderedDict[str, list[CachedSequence]] = OrderedDict()
+        self.entries: dict[str, list[CachedSequence]] = {}  # by session, oldest first
+        self._order: OrderedDict[int, tuple[str, CachedSequence]] = OrderedDict()  # by id, oldest first
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -111,38 +119,45 @@ class SessionStore:
     def put(self, session_id: str, seq: CachedSequence) -> None:
         """Keep `seq` (its page references move to the store)."""
         self.entries.setdefault(session_id, []).append(seq)
-        self.entries.move_to_end(session_id)
+        self._order[id(seq)] = (session_id, seq)
 
     def take(self, session_id: str | None, prompt: list[int]) -> tuple[CachedSequence, int] | None:
         """Pop the session's entry sharing the longest prefix with `prompt` -> (entry, usable prefix length).
 
         The usable prefix leaves at least one prompt token to prefill (its logits start the reply). The
-        session's other entries are released; None when nothing useful is cached.
+        session's other entries stay cached, in their place for eviction; None when nothing useful is cached.
         """
         if session_id is None or session_id not in self.entries:
             return None
-        cands = self.entries.pop(session_id)
         best, best_len = None, 0
-        for c in cands:
+        for c in self.entries[session_id]:
             n = min(common_prefix(c.tokens, prompt), len(prompt) - 1)
             if n > best_len:
                 best, best_len = c, n
-        for c in cands:
-            if c is not best:
-                self.alloc.release_all(c.pages)
-        return (best, best_len) if best is not None else None
+        if best is None:
+            return None
+        self._remove(session_id, best)
+        return best, best_len
 
     def evict_one(self, spare: Container[str] = ()) -> bool:
-        """Free the least recently used session's pages, sessions in `spare` (wanted by queued requests)
-        last; False when the store is empty."""
-        if not self.entries:
+        """Free the least recently cached entry's pages, those of sessions in `spare` (wanted by queued
+        requests) last; False when the store is empty."""
+        if not self._order:
             return False
-        victim = next((sid for sid in self.entries if sid not in spare), next(iter(self.entries)))
-        cands = self.entries.pop(victim)
-        for c in cands:
-            self.alloc.release_all(c.pages)
+        victims = (v for v in self._order.values() if v[0] not in spare)
+        session_id, victim = next(victims, next(iter(self._order.values())))
+        self._remove(session_id, victim)
+        self.alloc.release_all(victim.pages)
         return True
 
     def clear(self) -> None:
         while self.evict_one():
             pass
+
+    def _remove(self, session_id: str, seq: CachedSequence) -> None:
+        del self._order[id(seq)]
+        left = [c for c in self.entries[session_id] if c is not seq]
+        if left:
+            self.entries[session_id] = left
+        else:
+            del self.entries[session_id]

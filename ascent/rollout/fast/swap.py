@@ -15,7 +15,8 @@ to the other, never in the middle of a step:
 
 What in-flight sequences do after a swap is the engine's `on_swap` (`continue`: their K/V so far stays and
 they go on with the new weights, as PipelineRL and AReaL do; `restart`: they start over); every token
-records the version that sampled it either way.
+records the version that sampled it either way. A publication that fails partway leaves the weights marked
+broken (`WeightSwaps.check`): no call generates from half-copied weights until one completes.
 """
 
 from __future__ import annotations
@@ -99,35 +100,65 @@ class WeightSwaps:
     """The engine's side of publications: the gate, the policy version of the weights, and how many
     publications there were (`epoch`: a sequence admitted in an older one saw a swap)."""
 
-    def __init__(self, device: torch.device, on_publish: Callable[[], None]) -> None:
-        self.device, self.on_publish = (
-            device,
-            on_publish,
-        )  # on_publish: after every publication (drop sessions)
+    def __init__(
+        self, device: torch.device, on_publish: Callable[[], None], writes: Callable[[], int] | None = None
+    ) -> None:
+        self.device = device
+        self.on_publish = on_publish  # after every publication (drop sessions)
+        self.writes = writes  # tensors copied into the weights so far (None: count any failure as partway)
         self.gate = SwapGate()
         self.version: int | None = None  # policy version of the weights, once a publication names one
         self.epoch = 0
+        self.broken: str | None = None  # why the weights are unusable: a publication failed partway
         self._loop_stream: Any = None  # the CUDA stream the running call decodes on
 
     @contextlib.contextmanager
     def publication(self, version: int | None) -> Iterator[None]:
-        """Hold the weights for one publication (see `FastEngine.publication`)."""
-        self.gate.acquire()
-        cuda, loop = self.device.type == "cuda", self._loop_stream
-        if cuda and loop is not None:  # the copies are ordered after the steps the loop launched ...
-            torch.cuda.current_stream(self.device).wait_stream(loop)
+        """Hold the weights for one publication (see `FastEngine.publication`). If its block raises once a
+        weight was copied, the weights may be half-copied: they are marked `broken` (the running call fails at
+        its next step boundary, later calls at their start) until a publication completes; the publisher
+        gets its error either way."""
+        held = copying = False
+        before: int | None = None
+        cuda, loop = self.device.type == "cuda", None
         try:
+            self.gate.acquire()
+            held, loop = True, self._loop_stream  # (read once held: a call may start while this waits)
+            if cuda and loop is not None:  # the copies are ordered after the steps the loop launched ...
+                torch.cuda.current_stream(self.device).wait_stream(loop)
             # a publisher's thread (a Ray actor's second one) starts on device 0: make it the engine's
             with torch.cuda.device(self.device) if cuda else contextlib.nullcontext():
+                copying, before = True, self._copied()
                 yield
             if version is not None:
                 self.version = version
+            self.broken = None
+        except BaseException as err:
+            if copying and (before is None or self._copied() != before):  # (none copied: nothing changed)
+                named = "unversioned" if version is None else f"version {version}"
+                self.broken = (
+                    f"the weight publication ({named}) failed partway ({type(err).__name__}: {err}), "
+                    "so the engine's weights may be half-copied; publish the full weights again."
+                )
+            raise
         finally:
-            self.epoch += 1
-            self.on_publish()
-            if cuda and loop is not None:  # ... and the loop's next steps after the copies
-                loop.wait_stream(torch.cuda.current_stream(self.device))
-            self.gate.release()
+            try:
+                if copying:
+                    self.epoch += 1
+                    self.on_publish()
+                    if cuda and loop is not None:  # ... and the loop's next steps after the copies
+                        loop.wait_stream(torch.cuda.current_stream(self.device))
+            finally:
+                if held:
+                    self.gate.release()
+
+    def _copied(self) -> int | None:
+        return None if self.writes is None else self.writes()
+
+    def check(self) -> None:
+        """Raise if a publication failed partway since the last complete one (the decode loop's guard)."""
+        if self.broken is not None:
+            raise RuntimeError(f"rollout engine: {self.broken}")
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:

@@ -60,6 +60,7 @@ class ModelWeights:
     head_copy: bool = False  # lm_head is a rounded copy of the tied (fp32) embedding, refreshed by `update`
 
     released: bool = False  # storages are 0 bytes (between `release()` and the next `update`)
+    writes: int = 0  # tensors `update` has copied in, ever (a publication failing after one left them mixed)
     _storages: list[tuple[torch.UntypedStorage, int]] = field(default_factory=list, repr=False)
     _region_of: dict[str, int] = field(default_factory=dict, repr=False)  # name -> memory region id
     _pending: set[int] = field(default_factory=set, repr=False)  # regions not written since `release()`
@@ -94,6 +95,7 @@ class ModelWeights:
                     continue
                 target.copy_(tensor, non_blocking=True)
                 copied += 1
+                self.writes += 1
                 embed_written |= target is self.embed
                 if self._pending:
                     self._pending.discard(self._region_of[name])

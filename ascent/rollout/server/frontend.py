@@ -34,6 +34,9 @@ from ascent.rollout.server.ipc import Channel, error_from_wire, generation_from_
 from ascent.rollout.server.recorder import Endpoint
 from ascent.rollout.server.server import ServerOptions, uvicorn_config
 
+# the longest wait for an engine answer that comes at once (a stream's acceptance: beyond pause_timeout_s)
+RPC_TIMEOUT_S = 60.0
+
 
 @dataclass(frozen=True)
 class FrontendSpec:
@@ -105,7 +108,12 @@ class RemoteFront(Front):
         channel.post(["submit", rid, session, endpoint, completion_id, first_index, stream,
                       request_to_wire(request)])  # fmt: skip
         if call.accepted is not None:  # a stream: a refusal (503) must come before its 200 does
-            await call.accepted
+            timeout_s = self.options.pause_timeout_s + RPC_TIMEOUT_S  # the engine may wait out an update
+            try:
+                await asyncio.wait_for(call.accepted, timeout_s)
+            except TimeoutError:
+                call.future.cancel()  # forgets the call and tells the engine
+                raise self._no_answer("accept a streamed request", timeout_s) from None
         return call.future
 
     async def health(self) -> dict[str, Any]:
@@ -132,7 +140,15 @@ class RemoteFront(Front):
         rid = next(self._ids)
         reply = self._replies[rid] = asyncio.get_running_loop().create_future()
         channel.post([kind, rid, *args])
-        return await reply
+        try:
+            return await asyncio.wait_for(reply, RPC_TIMEOUT_S)
+        except TimeoutError:
+            self._replies.pop(rid, None)
+            raise self._no_answer(f"answer a {kind!r} call", RPC_TIMEOUT_S) from None
+
+    def _no_answer(self, what: str, timeout_s: float) -> APIError:
+        return unavailable(f"the engine process did not {what} within {timeout_s:g} s",
+                           self.options.retry_after_s)  # fmt: skip
 
     def _cancel(self, rid: int) -> None:
         """The handler stopped waiting (its client left): a request still queued in the engine is dropped."""
@@ -214,6 +230,19 @@ STARTUP_FAILED = 3  # the exit code of a front end whose app did not start (the 
 
 def _leave(signum: int, frame: Any) -> None:
     sys.exit(0)
+
+
+def hold_port(host: str, port: int) -> socket.socket:
+    """The engine process's socket holding (host, port) for its front ends (`reuse_port_socket`, not listening;
+    port 0: a free one). A port that something else listens on fails here with EADDRINUSE (`ascent serve`:
+    "choose another --port"), as a one-process server's bind does: SO_REUSEPORT alone would let a second
+    server bind it too, and the kernel would split the connections between the two. The check is a plain
+    listening socket (SO_REUSEADDR, as uvicorn's: TIME_WAIT connections of an earlier server do not count),
+    closed before the real one binds; a server whose front ends are not listening yet is not seen."""
+    if port != 0:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        socket.create_server((host, port), family=family).close()
+    return reuse_port_socket(host, port, listen=False)
 
 
 def reuse_port_socket(host: str, port: int, listen: bool) -> socket.socket:

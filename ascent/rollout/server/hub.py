@@ -7,7 +7,9 @@ request on the server's batcher exactly as the in-process handlers do (waiting o
 or an error; the server records every sample under its session here, and `match` / `remember` reach the one
 `Threads` store, so a session's calls may land on any front end. A front end that goes away (closed or died)
 only loses its own answers: its queued requests are cancelled, its running ones finish and are recorded, and
-nothing here ever waits on it (posts to a closed channel are dropped).
+nothing here ever waits on it (posts to a closed channel are dropped). A request still waiting out a weight
+update when its front end cancels it or goes away is dropped as soon as it is queued (`_Peer.pending`), and
+one that fails before it reaches the engine (a bug, not a 503) is answered with a 500, never left waiting.
 """
 
 from __future__ import annotations
@@ -37,12 +39,24 @@ logger = logging.getLogger(__name__)
 
 
 class _Peer:
-    """One connected front end: its channel, its pid once it said hello, its requests still in the engine."""
+    """One connected front end: its channel, its pid once it said hello, its requests still in the engine,
+    those not queued yet (`pending`: `server.submit` may wait out a weight update) and which of those it
+    cancelled meanwhile (`dropped`)."""
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.pid: int | None = None
         self.jobs: dict[int, Future[BatchResult]] = {}
+        self.pending: set[int] = set()
+        self.dropped: set[int] = set()
+
+    def settle(self, rid: int) -> bool:
+        """`rid` left `pending` (queued or refused) -> whether its answer is no longer wanted (cancelled
+        meanwhile, or the front end is gone)."""
+        self.pending.discard(rid)
+        dropped = rid in self.dropped
+        self.dropped.discard(rid)
+        return dropped or self.channel.closed
 
 
 class EngineHub:
@@ -55,6 +69,7 @@ class EngineHub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        self._failed: BaseException | None = None  # why the socket could not listen
         self._stop: asyncio.Event | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._cond = threading.Condition()
@@ -68,6 +83,13 @@ class EngineHub:
         self._thread.start()
         if not self._ready.wait(timeout_s):
             raise RuntimeError(f"the engine hub did not listen on {self.path} within {timeout_s:g} s")
+        if self._failed is not None:
+            self.close()
+            raise RuntimeError(
+                f"the engine hub cannot listen on {self.path} ({type(self._failed).__name__}: {self._failed}); "
+                "if the path is longer than a unix socket allows (107 bytes on Linux), set TMPDIR to a shorter "
+                "directory."
+            ) from self._failed
 
     def close(self, timeout_s: float = 10.0) -> None:
         if self._loop is not None and self._stop is not None:
@@ -94,8 +116,13 @@ class EngineHub:
 
     async def _main(self) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        listener = await asyncio.start_unix_server(self._serve, path=self.path)
-        self._ready.set()
+        try:
+            listener = await asyncio.start_unix_server(self._serve, path=self.path)
+        except Exception as err:  # start() raises it
+            self._failed = err
+            return
+        finally:
+            self._ready.set()
         async with listener:
             await self._stop.wait()
         for peer in list(self.peers.values()):
@@ -120,10 +147,13 @@ class EngineHub:
         reply = peer.channel.post
         if kind == "submit":
             self.requests[peer.pid or 0] += 1
+            peer.pending.add(rid)  # before the task runs: a cancel right behind it finds it
             task = asyncio.ensure_future(self._submit(peer, rid, *rest))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         elif kind == "cancel":
+            if rid in peer.pending:  # not queued yet: `_submit` drops it once it is
+                peer.dropped.add(rid)
             future = peer.jobs.pop(rid, None)
             if future is not None:
                 future.cancel()
@@ -157,13 +187,28 @@ class EngineHub:
             future = await self.server.submit(
                 request_from_wire(wire), session, endpoint, completion_id, on_token, first_index
             )
-        except APIError as err:
-            post(["error", rid, error_to_wire(err)])
+        except Exception as err:
+            peer.settle(rid)
+            self._refuse(peer, rid, err)
+            return
+        if peer.settle(rid):  # cancelled while it waited, or its front end is gone: neither run nor record it
+            future.cancel()  # (one the batcher already started finishes and is recorded, as in `_serve`)
             return
         if stream:
             post(["queued", rid])  # before the result can be posted: the done callback comes after this
         peer.jobs[rid] = future
         future.add_done_callback(lambda f: self._answer(peer, rid, f))
+
+    @staticmethod
+    def _refuse(peer: _Peer, rid: int, err: Exception) -> None:
+        """`server.submit` raised: a 503 (paused too long, shutting down) as it is, anything else (a bug) logged
+        and answered as the 500 an engine failure gets, so the front end never waits forever."""
+        if not isinstance(err, APIError):
+            logger.error(
+                "a request of front end %s failed before reaching the engine", peer.pid, exc_info=err
+            )
+            err = engine_error(err)
+        peer.channel.post(["error", rid, error_to_wire(err)])
 
     def _answer(self, peer: _Peer, rid: int, future: Future[BatchResult]) -> None:
         """The request is done (on the batcher's thread, or here if it already was): its answer to the peer."""

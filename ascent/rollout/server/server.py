@@ -100,9 +100,9 @@ class OpenAIServer(Front):
     def _bind(self, host: str, port: int) -> socket.socket:
         """The listening socket (one process), or the bound one holding the port for the front ends."""
         if self.options.api_processes > 1:
-            from ascent.rollout.server.frontend import reuse_port_socket
+            from ascent.rollout.server.frontend import hold_port
 
-            sock = reuse_port_socket(host, port, listen=False)
+            sock = hold_port(host, port)
         else:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             sock = socket.create_server((host, port), family=family, backlog=2048)
@@ -111,15 +111,25 @@ class OpenAIServer(Front):
         return sock
 
     def start(self, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> str:
-        """Serve on a background thread (port 0: a free port); return the base URL once it accepts."""
-        import uvicorn
-
+        """Serve on a background thread (port 0: a free port); return the base URL once it accepts. If it
+        cannot start, everything it started is stopped before the error is raised."""
         sock = self._bind(host, port)
         self.batcher.start()
-        if self.options.api_processes > 1:
-            self._start_frontends(sock, host, log_level)
-            assert self.url is not None
-            return self.url
+        try:
+            if self.options.api_processes > 1:
+                self._start_frontends(sock, host, log_level)
+            else:
+                self._start_uvicorn(sock, host, port, log_level)
+        except BaseException:  # leave no batcher or hub thread, temporary directory or bound port behind
+            sock.close()
+            self.stop()
+            raise
+        assert self.url is not None
+        return self.url
+
+    def _start_uvicorn(self, sock: socket.socket, host: str, port: int, log_level: str) -> None:
+        import uvicorn
+
         self._uvicorn = uvicorn.Server(uvicorn_config(self.app, host, log_level))
         self._thread = threading.Thread(
             target=self._uvicorn.run, kwargs={"sockets": [sock]}, name="ascent-http", daemon=True
@@ -130,8 +140,6 @@ class OpenAIServer(Front):
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"the HTTP server did not start on {host}:{port} within 30 s")
             time.sleep(0.01)
-        assert self.url is not None
-        return self.url
 
     def run(
         self, host: str, port: int, log_level: str = "info", on_bound: Callable[[str], None] | None = None
@@ -154,6 +162,7 @@ class OpenAIServer(Front):
                 self._uvicorn = uvicorn.Server(uvicorn_config(self.app, host, log_level))
                 self._uvicorn.run(sockets=[sock])
         finally:
+            sock.close()
             self._stop_frontends()
             self.batcher.close()
 

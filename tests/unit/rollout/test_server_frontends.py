@@ -2,11 +2,13 @@
 and not, spread over both front ends, each answered with its own reply and recorded under its own session;
 a front end killed mid-request costs only its own connections (the engine neither hangs nor loses the
 others), is restarted, and a front end that keeps dying stops the server with the reason; a front end
-that cannot reach the engine fails the start, naming its exit code."""
+that cannot reach the engine fails the start, naming its exit code, and leaves no thread, directory or port
+behind; a port another server listens on is refused, SO_REUSEPORT notwithstanding."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import socket
@@ -16,10 +18,11 @@ from pathlib import Path
 import openai
 import pytest
 
+from ascent.entrypoints.serve import ServeError, serve
 from ascent.models.loading import load_tokenizer
-from ascent.rollout.server import Limits, ServerOptions
+from ascent.rollout.server import Limits, OpenAIServer, ServerOptions
 from ascent.rollout.server import pool as pool_module
-from ascent.rollout.server.frontend import STARTUP_FAILED, FrontendSpec, reuse_port_socket
+from ascent.rollout.server.frontend import STARTUP_FAILED, FrontendSpec, hold_port, reuse_port_socket
 from ascent.rollout.server.hub import EngineHub
 from ascent.rollout.server.pool import FrontendError, FrontendPool
 from tests.unit.rollout.server_support import (
@@ -144,3 +147,40 @@ def test_a_front_end_that_cannot_reach_the_engine_fails_the_start(chat_model: Pa
             FrontendPool(hub, sock, spec, 1).start()
     finally:
         hub.close()
+
+
+def test_a_server_whose_front_ends_fail_to_start_leaves_nothing_behind(
+    chat_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(self: FrontendPool) -> None:
+        raise FrontendError("--api-processes 2: the front-end processes did not start: (a test).")
+
+    monkeypatch.setattr(FrontendPool, "start", fail)
+    tokenizer = load_tokenizer(chat_model)
+    options = ServerOptions("tiny", Limits(512, len(tokenizer)), None, api_processes=2)
+    server = OpenAIServer(ScriptedEngine(echo), tokenizer, options)
+    with pytest.raises(FrontendError, match="did not start"):
+        server.start()
+    assert server.batcher._thread is not None and not server.batcher._thread.is_alive()
+    assert server._hub._thread is not None and not server._hub._thread.is_alive()
+    assert not os.path.exists(server._hub._dir)
+    port = int(server.url.rsplit(":", 1)[1].removesuffix("/v1"))  # type: ignore[union-attr]
+    socket.create_server(("127.0.0.1", port)).close()  # the port is free again
+
+
+def test_a_port_another_server_listens_on_is_refused(chat_model: Path) -> None:
+    holder = reuse_port_socket("127.0.0.1", 0, listen=False)  # a running server's engine process ...
+    port = holder.getsockname()[1]
+    listener = reuse_port_socket("127.0.0.1", port, listen=True)  # ... and its front end
+    tokenizer = load_tokenizer(chat_model)
+    options = ServerOptions("tiny", Limits(512, len(tokenizer)), None, api_processes=2)
+    try:
+        with pytest.raises(OSError) as err:
+            hold_port("127.0.0.1", port)
+        assert err.value.errno == errno.EADDRINUSE
+        with pytest.raises(ServeError, match=rf"--port {port}: cannot listen there"):
+            serve(OpenAIServer(ScriptedEngine(echo), tokenizer, options), "127.0.0.1", port, "critical")
+    finally:
+        listener.close()
+        holder.close()
+    hold_port("127.0.0.1", port).close()  # free again

@@ -95,6 +95,24 @@ def test_session_continuation_reuses_cache(engines):
     assert _tokens(fast.generate([third])) == _tokens(ref.generate([third]))  # no common prefix: re-prefill
 
 
+def test_conversations_sharing_a_session_id_each_keep_their_cache(engines):
+    """The HTTP server runs every conversation of a session (or of clients sharing one) under one session
+    id: the turns of two interleaved conversations each continue their own cached K/V."""
+    ref, fast = engines(max_batch_size=4)
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    firsts = [GenerationRequest(list(range(4, 30)), params, session_id="http:s"),
+              GenerationRequest(list(range(60, 30, -1)), params, session_id="http:s")]  # fmt: skip
+    outs = [fast.generate([r])[0][0] for r in firsts]
+    seconds = [GenerationRequest(r.prompt_ids + o.token_ids + [7, 8], params, session_id="http:s")
+               for r, o in zip(firsts, outs, strict=True)]  # fmt: skip
+    before = fast.stats["reused_tokens"]
+    again = [fast.generate([r])[0][0] for r in seconds]
+    expected = [turn2_reuse(r, o) for r, o in zip(firsts, outs, strict=True)]
+    assert [g.cached_tokens for g in again] == expected
+    assert fast.stats["reused_tokens"] - before == sum(expected)
+    assert _tokens([[g] for g in again]) == _tokens(ref.generate(seconds))
+
+
 def test_update_weights_sleep_wake(engines):
     ref, fast = engines(max_batch_size=8)
     reqs = _requests(seed=4)

@@ -35,9 +35,30 @@ def test_session_store_takes_longest_prefix_and_evicts_lru():
     store.put("x", CachedSequence([1, 2, 9, 9, 9], pages[1:2]))
     store.put("y", CachedSequence([5], pages[2:]))
     entry, m = store.take("x", [1, 2, 9, 9, 9, 7])
-    assert entry.pages == pages[1:2] and m == 5 and a.refs[pages[0]] == 0
+    assert entry.pages == pages[1:2] and m == 5 and a.refs[pages[0]] == 1  # the other one stays cached
     assert store.take("x", [1]) is None and common_prefix([1, 2], [1, 3]) == 1
-    assert store.evict_one() and not store.evict_one() and a.refs[pages[2]] == 0
+    assert common_prefix(list(range(200)), [*range(150), 7]) == 150
+    assert store.evict_one(spare={"x"}) and a.refs[pages[2]] == 0  # "y" first, although more recent
+    assert list(store.entries) == ["x"] and store.evict_one() and a.refs[pages[0]] == 0
+    assert not store.evict_one() and len(store) == 0
+
+
+def test_session_store_keeps_every_conversation_of_a_shared_session():
+    """Conversations interleaved under one session id each continue their own cache; eviction takes the
+    least recently cached entry, not the whole session."""
+    a = PageAllocator(10)
+    store = SessionStore(a)
+    p = [a.take(reserved=False) for _ in range(4)]
+    store.put("s", CachedSequence([1, 1, 1], p[:1]))  # conversation A, turn 1
+    store.put("s", CachedSequence([2, 2, 2], p[1:2]))  # conversation B, turn 1
+    entry, m = store.take("s", [1, 1, 1, 5])  # A, turn 2: B stays
+    assert entry.pages == p[:1] and m == 3 and [c.tokens for c in store.entries["s"]] == [[2, 2, 2]]
+    store.put("s", CachedSequence([1, 1, 1, 5, 6], p[:1] + p[2:3]))  # A's turn 2 done
+    store.put("t", CachedSequence([3], p[3:]))
+    entry, m = store.take("s", [2, 2, 2, 7])  # B, turn 2: A's latest turn stays
+    assert entry.pages == p[1:2] and m == 3 and store.take("s", [1, 1, 1, 5, 6, 8])[1] == 5  # type: ignore[index]
+    store.put("s", entry)
+    assert store.evict_one() and a.refs[p[3]] == 0 and list(store.entries) == ["s"]  # "t" was cached first
 
 
 def _group(prompt, n, max_new, session=None):

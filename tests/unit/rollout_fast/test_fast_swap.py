@@ -9,6 +9,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import torch
 
 from ascent.messages import GenerationRequest, SamplingParams
@@ -35,9 +36,9 @@ def _new_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: t * 0.5 for n, t in model.state_dict().items() if "mlp" in n or "q_proj" in n}
 
 
-def _generate_with_a_swap(fast, reqs, new, monkeypatch):
-    """Run `generate` on a thread; publish `new` as version 1 from this thread while decode step
-    SWAP_AFTER_STEP runs (that step holds until the publication waits for the weights)."""
+def _generate_with_a_swap(fast, reqs, new, monkeypatch, publish=None):
+    """Run `generate` on a thread; publish `new` as version 1 from this thread (or call `publish()`) while
+    decode step SWAP_AFTER_STEP runs (that step holds until the publication waits for the weights)."""
     with fast.publication(0):  # name the version of the weights the engine starts with
         pass
     reached, real, steps = threading.Event(), fast.runner.decode, [0]
@@ -56,8 +57,11 @@ def _generate_with_a_swap(fast, reqs, new, monkeypatch):
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(fast.generate, reqs)
         assert reached.wait(60), "generation never reached the step"
-        with fast.publication(1):
-            fast.update_weights(new.items())
+        if publish is not None:
+            publish()
+        else:
+            with fast.publication(1):
+                fast.update_weights(new.items())
         out = running.result(timeout=120)
     return out
 
@@ -186,3 +190,49 @@ def test_gate_hands_the_weights_over_only_at_a_boundary():
     gate.release()
     caller.join(5)
     assert log == ["step", "swap", "second swap", "call"]
+
+
+def test_a_publication_that_fails_partway_stops_generation_until_a_complete_one(engines, monkeypatch):
+    """Half-copied weights never generate: the running call fails at its next boundary naming the failed
+    publication (the publisher gets its own error), later calls fail at once, and a complete publication
+    makes the engine usable again."""
+    ref, fast = engines(max_batch_size=4)
+    reqs, new = _requests(), _new_weights(ref.model)
+    half = list(new.items())[: len(new) // 2]
+
+    def publish_half() -> None:
+        with pytest.raises(ConnectionError, match="bucket 2"), fast.publication(1):
+            fast.update_weights(half)
+            raise ConnectionError("bucket 2 of 2 was lost")
+
+    broken = r"publication \(version 1\) failed partway \(ConnectionError: bucket 2 of 2 was lost\)"
+    with pytest.raises(RuntimeError, match=broken):
+        _generate_with_a_swap(fast, reqs, new, monkeypatch, publish_half)
+    with pytest.raises(RuntimeError, match=broken):
+        fast.generate(reqs)
+    assert fast.alloc.reserved == 0 and fast.alloc.available == fast.cache.num_pages - 1
+    assert fast.swaps.version == 0  # the failed publication's version was never the weights'
+    monkeypatch.undo()
+    with fast.publication(2):
+        fast.update_weights(new.items())
+    ref.update_weights(list(new.items()))
+    out = fast.generate(reqs)
+    assert [[g.token_ids for g in gens] for gens in out] == [
+        [g.token_ids for g in gens] for gens in ref.generate(reqs)
+    ]
+    assert {v for gens in out for g in gens for v in g.token_versions} == {2}
+
+
+def test_a_publication_that_fails_before_copying_gives_the_gate_back():
+    """An error while the publication orders itself after the loop's stream (before any copy) reaches the
+    publisher; the gate is free again and the weights are not marked broken."""
+    from ascent.rollout.fast.swap import WeightSwaps
+
+    swaps = WeightSwaps(torch.device("cuda"), on_publish=lambda: None)
+    swaps._loop_stream = object()  # not a stream: wait_stream raises (as it does without a GPU here)
+    with pytest.raises(Exception), swaps.publication(1):  # noqa: B017  # which error depends on the build
+        pytest.fail("the block must not run")
+    assert swaps.broken is None and swaps.epoch == 0 and swaps.version is None
+    taken = threading.Event()
+    threading.Thread(target=lambda: (swaps.gate.enter(), taken.set(), swaps.gate.exit())).start()
+    assert taken.wait(5), "the gate was never given back"
