@@ -129,10 +129,7 @@ def build_fast_engine(
         tokenizer_path or model_path, eos_token_ids, pad_token_id, decode, trust_remote_code
     )
     spec = spec_from_config(config)
-    max_len = int(max_model_len or spec.max_position_embeddings)
-    if spec.sliding_window is not None and spec.sliding_window < max_len:
-        raise ValueError(f"sliding_window={spec.sliding_window} < max_model_len={max_len}: the fast engine has "
-                         "no sliding-window attention; set max_model_len <= the window.")  # fmt: skip
+    max_len = _max_len(spec, max_model_len)
     weights = build_weights(sd, spec, dt, dev, share)
     del sd
     reserve = _activation_reserve(spec, max_batch_size, max_prefill_tokens, dt)
@@ -161,6 +158,15 @@ def build_fast_engine(
         stop_check_interval=stop_check_interval,
         on_swap=_on_swap(on_swap),
     )
+
+
+def _max_len(spec: Any, max_model_len: int | None) -> int:
+    """The engine's context: max_model_len or the model's; refused past a sliding window (not supported)."""
+    max_len = int(max_model_len or spec.max_position_embeddings)
+    if spec.sliding_window is not None and spec.sliding_window < max_len:
+        raise ValueError(f"sliding_window={spec.sliding_window} < max_model_len={max_len}: the fast engine has "
+                         "no sliding-window attention; set max_model_len <= the window.")  # fmt: skip
+    return max_len
 
 
 def _debug_overrides(cuda_graphs: Any, compile: Any, attention: Any, sampler: Any) -> tuple[Any, ...]:

@@ -37,7 +37,7 @@ import torch
 from ascent.messages import Generation, GenerationRequest
 from ascent.rollout.fast.graphs import GraphRunner, pick_bucket
 from ascent.rollout.fast.live import Done, LiveCall, More, fits
-from ascent.rollout.fast.pages import PageAllocator, SessionStore
+from ascent.rollout.fast.pages import PageAllocator, SessionStore, unzip_pairs
 from ascent.rollout.fast.runner import ModelRunner
 from ascent.rollout.fast.scheduler import Admission, Scheduler
 from ascent.rollout.fast.sequence import Sequence, check_finished, expand_requests
@@ -352,10 +352,10 @@ class FastEngine:
         if not adms:
             self._blocked = True
             return
-        self.cache.copy_pages(*_unzip(c for a in adms for c in a.copies))
+        self.cache.copy_pages(*unzip_pairs(c for a in adms for c in a.copies))
         hidden = self.runner.prefill([a.prompt[a.reuse :] for a in adms], [a.reuse for a in adms],
                                      [a.pages for a in adms])  # fmt: skip
-        self.cache.copy_pages(*_unzip(c for a in adms for c in self.sched.fork(a)))
+        self.cache.copy_pages(*unzip_pairs(c for a in adms for c in self.sched.fork(a)))
         self.stats["prefills"] += 1
         self.stats["prefill_tokens"] += sum(len(a.prompt) - a.reuse for a in adms)
         self.stats["reused_tokens"] += sum(a.reuse for a in adms)
@@ -499,8 +499,3 @@ def _clear_cublas_workspaces() -> None:
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is not None:
         clear()
-
-
-def _unzip(pairs: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
-    pairs = list(pairs)
-    return [a for a, _ in pairs], [b for _, b in pairs]

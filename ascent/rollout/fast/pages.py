@@ -16,7 +16,7 @@ Pure Python (no torch), so the CPU tests check it exhaustively.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 
 
@@ -161,3 +161,9 @@ class SessionStore:
             self.entries[session_id] = left
         else:
             del self.entries[session_id]
+
+
+def unzip_pairs(pairs: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """(src, dst) page pairs -> ([src...], [dst...]), the form `KVCache.copy_pages` takes."""
+    pairs = list(pairs)
+    return [a for a, _ in pairs], [b for _, b in pairs]

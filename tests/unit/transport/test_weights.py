@@ -111,7 +111,7 @@ def test_broadcast_link_publishes_versions_to_two_receivers_exactly():
 
 
 def test_a_receiver_waiting_for_another_version_is_told_so():
-    rv = _rendezvous(1)
+    rv = _rendezvous(1, timeout_s=4.0)  # the sender then waits for the receiver that gave up, this long
     cpu = torch.device("cpu")
     links: dict[int, object] = {}
     _run_all([lambda: links.__setitem__(0, sender_link(rv, 0, cpu)),
