@@ -103,11 +103,15 @@ def direct(engine, chat, args: argparse.Namespace) -> tuple[float, int]:  # type
     return time.perf_counter() - t, sum(len(g[0].token_ids) for g in gens)
 
 
-async def ask_all(url: str, indices: list[int], new_tokens: int, calls: int = 1) -> int:
-    """Chat calls for `indices`, all at once, each client `calls` times in a row; -> completion tokens."""
+async def ask_all(url: str, indices: list[int], new_tokens: int, calls: int = 1) -> tuple[int, float, float]:
+    """Chat calls for `indices`, all at once, each client `calls` times in a row.
+
+    Returns (completion tokens, wall-clock time of the first call's start, of the last reply): the
+    client's import and construction are left out, as an agent pays them once, not per request."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
+    start = time.time()
 
     async def one(i: int) -> int:
         total = 0
@@ -118,24 +122,36 @@ async def ask_all(url: str, indices: list[int], new_tokens: int, calls: int = 1)
         return total
 
     tokens = await asyncio.gather(*(one(i) for i in indices))
+    end = time.time()
     await client.close()
-    return sum(tokens)
+    return sum(tokens), start, end
 
 
-def client_process(url: str, indices: list[int], new_tokens: int, calls: int) -> int:
+def client_process(url: str, indices: list[int], new_tokens: int, calls: int) -> tuple[int, float, float]:
     return asyncio.run(ask_all(url, indices, new_tokens, calls))
 
 
+def _warm_client(url: str) -> None:
+    """Pool initializer: every client process makes one short call before any phase is timed, so its
+    first request's one-off costs (imports, the HTTP stack's lazy set-up) do not land in a timed phase
+    (seen on the GPU: a process's first request cost 1-3 s, the repeat it fell in ran at 0.09-0.22)."""
+    from openai import OpenAI
+
+    with OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600) as client:
+        client.chat.completions.create(model="bench", messages=messages(0), max_tokens=1)  # type: ignore[arg-type]
+
+
 def endpoint(url: str, args: argparse.Namespace, pool: Any) -> tuple[float, int]:
-    """All clients' calls: from `pool`'s processes (as separate agents would call), or from this one."""
-    t = time.perf_counter()
+    """All clients' calls: from `pool`'s processes (as separate agents would call), or from this one.
+
+    Timed from the first client's first call to the last reply (wall clock, one host), so the pool's
+    dispatch and the clients' construction are not counted against the server."""
     if pool is None:
-        tokens = asyncio.run(ask_all(url, list(range(args.clients)), args.new_tokens, args.calls_per_client))
+        parts = [asyncio.run(ask_all(url, list(range(args.clients)), args.new_tokens, args.calls_per_client))]
     else:
-        parts = [(url, list(range(k, args.clients, args.client_procs)), args.new_tokens, args.calls_per_client)
-                 for k in range(args.client_procs)]  # fmt: skip
-        tokens = sum(pool.starmap(client_process, parts))
-    return time.perf_counter() - t, tokens
+        parts = pool.starmap(client_process, [(url, list(range(k, args.clients, args.client_procs)),
+                             args.new_tokens, args.calls_per_client) for k in range(args.client_procs)])  # fmt: skip
+    return max(p[2] for p in parts) - min(p[1] for p in parts), sum(p[0] for p in parts)
 
 
 def host_path(url: str, args: argparse.Namespace, pool: Any) -> None:
@@ -168,10 +184,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--api-processes", type=int, default=1, help="HTTP front-end processes of the server.")
     p.add_argument(
         "--switch-interval-ms",
-        type=float,
         default=None,
         help="sys.setswitchinterval for this process (Python's default 5 ms): how long the engine's "
-        "thread may wait for the interpreter while the server's event loop works.",
+        "thread may wait for the interpreter while the server's event loop works. A list (`5,0.5`) "
+        "alternates its values over the repeats (the first for the warm-up), so they compare in one run.",
     )
     p.add_argument(
         "--admit-window-ms",
@@ -186,29 +202,35 @@ def main(argv: list[str] | None = None) -> None:
         help="real: the reference/fast engine; scripted: instant replies (the host path alone).",
     )
     args = p.parse_args(argv)
-    if args.switch_interval_ms is not None:
-        sys.setswitchinterval(args.switch_interval_ms / 1000)
-    pool = multiprocessing.get_context("spawn").Pool(args.client_procs) if args.client_procs else None
+    intervals = [float(v) for v in (args.switch_interval_ms or "").split(",") if v]
+    if intervals:
+        sys.setswitchinterval(intervals[0] / 1000)
+    pool = None
     with tempfile.TemporaryDirectory() as tmp:
         engine, server, chat = build(args, Path(tmp))
         url = server.start()
         try:
+            if args.client_procs:
+                pool = multiprocessing.get_context("spawn").Pool(args.client_procs, _warm_client, (url,))
             if args.engine == "scripted":
                 host_path(url, args, pool)
                 return
             with server.paused():
                 direct(engine, chat, args)  # warm-up: compilation, CUDA graphs
             endpoint(url, args, pool)
-            rows = []
+            rows: dict[float | None, list[tuple[float, float]]] = {}
             for r in range(args.repeats):
+                interval = intervals[r % len(intervals)] if intervals else None
+                if interval is not None:
+                    sys.setswitchinterval(interval / 1000)
                 with server.paused():  # the engine is idle: a direct call from this thread is safe
                     s0 = _passes(engine)
                     d_s, d_tok = direct(engine, chat, args)
                 s1 = _passes(engine)
                 e_s, e_tok = endpoint(url, args, pool)
                 s2 = _passes(engine)
-                rows.append((d_tok / d_s, e_tok / e_s))
-                print(f"repeat {r + 1}: direct {d_tok} tokens in {d_s:.2f} s ({d_tok / d_s:,.0f}/s); endpoint "
+                rows.setdefault(interval, []).append((d_tok / d_s, e_tok / e_s))
+                print(f"repeat {r + 1}{'' if interval is None else f' (switch interval {interval} ms)'}: direct {d_tok} tokens in {d_s:.2f} s ({d_tok / d_s:,.0f}/s); endpoint "
                       f"{e_tok} tokens in {e_s:.2f} s ({e_tok / e_s:,.0f}/s); endpoint/direct "
                       f"{(e_tok / e_s) / (d_tok / d_s):.3f}; prefills/decode steps: direct "
                       f"{s1[0] - s0[0]}/{s1[1] - s0[1]}, endpoint {s2[0] - s1[0]}/{s2[1] - s1[1]}", flush=True)  # fmt: skip
@@ -216,12 +238,14 @@ def main(argv: list[str] | None = None) -> None:
             server.stop()
             if pool is not None:
                 pool.close()
-    ratios = [e / d for d, e in rows]
-    print(
-        f"endpoint throughput / direct: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-"
-        f"{max(ratios):.3f} over {len(ratios)} repeats ({args.clients} clients in {args.client_procs or 1} "
-        f"processes, {args.new_tokens} new tokens, {args.api_processes} front-end processes)"
-    )
+    for interval, pairs in rows.items():
+        ratios = [e / d for d, e in pairs]
+        print(
+            f"endpoint throughput / direct: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-"
+            f"{max(ratios):.3f} over {len(ratios)} repeats ({args.clients} clients in {args.client_procs or 1} "
+            f"processes, {args.new_tokens} new tokens, {args.api_processes} front-end processes, switch "
+            f"interval {'default' if interval is None else f'{interval} ms'})"
+        )
 
 
 if __name__ == "__main__":
