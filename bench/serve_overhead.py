@@ -12,7 +12,8 @@ vocabulary; `tiny`: the test model) and loaded the way `ascent serve` loads one.
 Endpoint: `--clients` concurrent `AsyncOpenAI` chat calls against the server on a background thread, sent
 from `--client-procs` processes (as agents in their own processes call it; 0: from the server's process,
 whose client work then competes with the server for one interpreter). Both
-report generated tokens per second; the ratio is the endpoint's overhead (HTTP, JSON, the batcher's
+report generated tokens per second (the endpoint's phase timed from its clients' first call to the last
+reply, each client process warmed by one call first); the ratio is the endpoint's overhead (HTTP, JSON, the batcher's
 request-granularity batching: requests that arrive during an engine call wait for the next one).
 `--api-processes N` runs the server's HTTP work in N front-end processes (`ascent serve --api-processes`).
 
