@@ -8,6 +8,7 @@ middle of a DCP write, never leaves a half-written checkpoint under a name a res
 commit removes what it left. Saving an iteration again (`iter_X` exists) renames the old copy to `.old_iter_X`,
 the new one into place, and only then deletes the old copy; a death between the two renames is repaired by
 `recover` (run by every resume and commit): the complete new copy, else the old one, becomes `iter_X` again.
+These mechanics are `ascent.trainer.checkpoint_commit`'s, shared with the trainer's own checkpoints.
 
 One run directory holds one timeline. A resume from a checkpoint older than the newest (`--resume-from`, a
 roll-back) moves the newer ones aside to `abandoned_iter_X` (`abandon_newer`; nothing is deleted), so pruning
@@ -19,29 +20,24 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ascent.errors import AscentError
 from ascent.orchestrator import resume as R
+from ascent.trainer import checkpoint_commit as K
 
 log = logging.getLogger("ascent")
 
 PREFIX = "iter_"
 ABANDONED = "abandoned_"  # + a checkpoint's name: moved aside by a roll-back
+STAGING = K.Staging(sep="_", pid=False)  # `.tmp_iter_X`, `.old_iter_X`: see ascent.trainer.checkpoint_commit
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
     """Complete checkpoints of a run, oldest first (temporary directories are ignored)."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.exists():
-        return []
-    done = [
-        p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / "state.json").exists()
-    ]
-    return sorted(done, key=lambda p: int(p.name[len(PREFIX) :]))
+    return [p for p in K.numbered(Path(run_dir) / K.CHECKPOINTS) if (p / K.STATE_JSON).exists()]
 
 
 def commit(
@@ -56,72 +52,30 @@ def commit(
     A crash at any point leaves either the previous complete checkpoints or the new one, never half of it.
     Older checkpoints beyond `keep_last` are pruned afterwards.
     """
-    root = Path(run_dir) / "checkpoints"
-    final = root / f"{PREFIX}{iteration:06d}"
-    tmp = root / f".tmp_{PREFIX}{iteration:06d}"
+    root = Path(run_dir) / K.CHECKPOINTS
+    final = root / K.checkpoint_name(iteration)
+    tmp = STAGING.tmp(final)
     recover(run_dir)  # a save killed between its two renames: put its complete copy back first
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+
+    def fill(directory: Path) -> None:
         for write in writers:
-            write(str(tmp))
-        (tmp / "state.json").write_text(json.dumps({"iteration": iteration, **state}, indent=1))
-        _fsync_dir(tmp)
-    except BaseException as err:
-        shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-written .tmp_* behind
-        if isinstance(err, OSError):
-            raise CheckpointWriteError(_write_failure(final, err)) from err
-        raise
-    replaced = root / f".old_{final.name}"
-    if final.exists():  # the same iteration saved again: keep it whole until the new one is in place
-        shutil.rmtree(replaced, ignore_errors=True)
-        os.replace(final, replaced)
-    os.replace(tmp, final)
-    _fsync_parent(final)
-    shutil.rmtree(replaced, ignore_errors=True)
-    for old in _prunable(run_dir, final, keep_last) + _stale(root):
-        shutil.rmtree(old, ignore_errors=True)
+            write(str(directory))
+        (directory / K.STATE_JSON).write_text(json.dumps({"iteration": iteration, **state}, indent=1))
+
+    try:
+        K.write_staged(K.stage(tmp), fill)  # never leaves a half-written .tmp_* behind
+    except OSError as err:
+        raise CheckpointWriteError(_write_failure(final, err)) from err
+    K.commit(tmp, final, STAGING.old(final))
+    K.prune(root, STAGING, checkpoint_dirs(run_dir), keep_last, keep=final)
     log.info("checkpoint written: %s", final)
     return final
-
-
-def _prunable(run_dir: str | Path, final: Path, keep_last: int) -> list[Path]:
-    """The checkpoints beyond `keep_last`, counting `final` (the one just written) first: never `final`."""
-    others = [p for p in checkpoint_dirs(run_dir) if p != final]
-    return others[: max(len(others) - (keep_last - 1), 0)]
-
-
-def _stale(root: Path) -> list[Path]:
-    """Staging directories that a killed save left behind (a save in progress is never running now)."""
-    return [p for p in root.iterdir() if p.is_dir() and p.name.startswith((".tmp_", ".old_"))]
 
 
 def recover(run_dir: str | Path) -> list[Path]:
     """Repair saves killed between their two renames: where `iter_X` is missing, its complete staging copy
     `.tmp_iter_X` (state.json readable) or else the old copy `.old_iter_X` becomes `iter_X`. -> repaired."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    repaired = []
-    for name in sorted({p.name.removeprefix(".tmp_").removeprefix(".old_") for p in _stale(root)}):
-        final = root / name
-        if not name.startswith(PREFIX) or final.exists():
-            continue
-        copy = next((c for c in (root / f".tmp_{name}", root / f".old_{name}") if _complete(c)), None)
-        if copy is not None:
-            os.replace(copy, final)
-            _fsync_parent(final)
-            log.warning("restored checkpoint %s from %s (a save was killed between its renames)", final, copy)
-            repaired.append(final)
-    return repaired
-
-
-def _complete(path: Path) -> bool:
-    """Whether `path` holds a whole checkpoint: its state.json, written last, is there and parses."""
-    try:
-        return isinstance(json.loads((path / "state.json").read_text()), dict)
-    except (OSError, ValueError):
-        return False
+    return K.recover(Path(run_dir) / K.CHECKPOINTS, STAGING)
 
 
 def abandon_newer(run_dir: str | Path, iteration: int) -> list[Path]:
@@ -137,7 +91,7 @@ def abandon_newer(run_dir: str | Path, iteration: int) -> list[Path]:
             n += 1
             target = path.parent / f"{ABANDONED}{path.name}.{n}"
         os.replace(path, target)
-        _fsync_parent(target)
+        K.fsync_parent(target)
         moved.append(target)
     if moved:
         log.warning(
@@ -232,24 +186,3 @@ def restore(ctx: Any, sampler: Any, found: tuple[Path, dict[str, Any]]) -> int:
     trim_after(ctx.cfg.run_dir, int(state["iteration"]))
     log.info("resumed from %s (iteration %d)", path, state["iteration"])
     return int(state["iteration"])
-
-
-def _fsync_parent(path: Path) -> None:
-    """Make a rename of `path` durable: fsync the directory that holds it (POSIX; a no-op elsewhere)."""
-    try:
-        fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    for p in path.rglob("*"):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())

@@ -14,16 +14,14 @@ Everything is written into a hidden staging directory `.tmp-iter_000005-<pid>` n
 renamed into place at the end (`os.replace` on the same filesystem), so a crash never leaves a half
 checkpoint under a name `latest_checkpoint` would pick. Multi-process runs use the two halves directly:
 `staging_dir` -> every worker writes its part -> `commit_checkpoint`; `save_checkpoint` does all three in
-one process.
+one process. The stage/commit/recover/prune mechanics are `ascent.trainer.checkpoint_commit`'s, shared with
+the run checkpoints of `ascent.orchestrator.checkpointing`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
-import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -31,40 +29,24 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-CHECKPOINTS = "checkpoints"
+from ascent.trainer import checkpoint_commit as C
+from ascent.trainer.checkpoint_commit import CHECKPOINTS, STATE_JSON, checkpoint_name
+
 TRAINER_STATE = "trainer_state.pt"
-STATE_JSON = "state.json"
-_NAME = re.compile(r"^iter_(\d+)$")
-_COPY = re.compile(r"^\.(?:tmp|old)-(iter_\d+)-(\d+)$")  # staging / replaced copies of `commit_checkpoint`
-
-
-def checkpoint_name(iteration: int) -> str:
-    return f"iter_{iteration:06d}"
+STAGING = C.Staging(sep="-", pid=True)  # `.tmp-iter_X-<pid>`, `.old-iter_X-<pid>`: see checkpoint_commit
 
 
 def staging_dir(run_dir: str | Path, iteration: int) -> Path:
     """Create and return an empty staging directory for `iteration` beside the final checkpoints."""
-    parent = Path(run_dir) / CHECKPOINTS
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = parent / f".tmp-{checkpoint_name(iteration)}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    return tmp
+    return C.stage(STAGING.tmp(Path(run_dir) / CHECKPOINTS / checkpoint_name(iteration)))
 
 
 def commit_checkpoint(tmp: str | Path, iteration: int, keep_last: int | None = None) -> Path:
     """Rename the staging dir `tmp` to its final name (replacing an older one), prune; return the final path."""
-    tmp = Path(tmp)
-    final = tmp.parent / checkpoint_name(iteration)
-    old = tmp.parent / f".old-{final.name}-{os.getpid()}"
-    if final.exists():  # saved again: the old copy stays whole until the new one is in place
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+    final = Path(tmp).parent / checkpoint_name(iteration)
+    C.commit(Path(tmp), final, STAGING.old(final))
     if keep_last:
-        prune_checkpoints(tmp.parent.parent, keep_last, keep=final)
+        prune_checkpoints(final.parent.parent, keep_last, keep=final)
     return final
 
 
@@ -72,48 +54,14 @@ def recover_checkpoints(run_dir: str | Path) -> list[Path]:
     """Repair saves killed between the two renames of `commit_checkpoint`: where `iter_X` is missing, its
     complete staging copy (state.json parses) or else its old copy is renamed back to it. Copies named by a
     process that is still running are its save in progress and left alone. -> repaired."""
-    parent = Path(run_dir) / CHECKPOINTS
-    if not parent.is_dir():
-        return []
-    copies: dict[str, list[Path]] = {}
-    for p in sorted(parent.iterdir(), key=lambda p: not p.name.startswith(".tmp-")):  # new copies first
-        m = _COPY.match(p.name)
-        if m and p.is_dir() and not _running(int(m.group(2))) and _complete(p):
-            copies.setdefault(m.group(1), []).append(p)
-    repaired = []
-    for name, found in copies.items():
-        if not (parent / name).exists():
-            os.replace(found[0], parent / name)
-            repaired.append(parent / name)
-    return repaired
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # running, as another user
-        return True
-    return True
-
-
-def _complete(path: Path) -> bool:
-    try:
-        return isinstance(json.loads((path / STATE_JSON).read_text()), dict)
-    except (OSError, ValueError):
-        return False
+    return C.recover(Path(run_dir) / CHECKPOINTS, STAGING)
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """Complete checkpoints of a run, oldest first (staging and other hidden directories are ignored; a save
     killed between its renames is repaired first, `recover_checkpoints`)."""
-    parent = Path(run_dir) / CHECKPOINTS
-    if not parent.is_dir():
-        return []
     recover_checkpoints(run_dir)
-    found = [(int(m.group(1)), p) for p in parent.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
-    return [p for _, p in sorted(found)]
+    return C.numbered(Path(run_dir) / CHECKPOINTS)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -125,13 +73,8 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 def prune_checkpoints(run_dir: str | Path, keep_last: int, keep: Path | None = None) -> list[Path]:
     """Delete all but the newest `keep_last` checkpoints (`keep`, the one just written, counts first and is
     never deleted) and any stale staging dirs; return what was deleted."""
-    found = [p for p in list_checkpoints(run_dir) if p != keep]
-    doomed = found[: max(len(found) - keep_last + (keep is not None), 0)]
-    parent = Path(run_dir) / CHECKPOINTS
-    doomed += [p for p in parent.iterdir() if p.is_dir() and p.name.startswith((".tmp-", ".old-"))]
-    for p in doomed:
-        shutil.rmtree(p, ignore_errors=True)
-    return doomed
+    found = list_checkpoints(run_dir)
+    return C.prune(Path(run_dir) / CHECKPOINTS, STAGING, found, keep_last, keep)
 
 
 def rng_state() -> dict[str, Any]:
@@ -192,8 +135,8 @@ def save_checkpoint(
     holds `optimizer_state`, `scheduler_state` and the RNG states). `extra` (JSON-serialisable: data position,
     config dict, metrics) goes to state.json with the iteration.
     """
-    tmp = staging_dir(run_dir, iteration)
-    try:
+
+    def write(tmp: Path) -> None:
         if write_model is not None:
             write_model(tmp)
         elif model is not None:
@@ -203,9 +146,9 @@ def save_checkpoint(
         if not (tmp / TRAINER_STATE).exists():  # a `write_model` like PolicyWorker.save writes its own
             write_trainer_state(tmp, optimizer_state=optimizer_state, scheduler_state=scheduler_state)
         write_state_json(tmp, iteration, extra)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    tmp = staging_dir(run_dir, iteration)
+    C.write_staged(tmp, write)  # a failure deletes `tmp` and re-raises
     return commit_checkpoint(tmp, iteration, keep_last)
 
 

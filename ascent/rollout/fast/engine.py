@@ -41,7 +41,7 @@ from ascent.rollout.fast.pages import PageAllocator, SessionStore, unzip_pairs
 from ascent.rollout.fast.runner import ModelRunner
 from ascent.rollout.fast.scheduler import Admission, Scheduler
 from ascent.rollout.fast.sequence import Sequence, check_finished, expand_requests
-from ascent.rollout.fast.state import DecodeState, Flags
+from ascent.rollout.fast.state import DecodeState, Flags, HostOutputs
 from ascent.rollout.fast.swap import WeightSwaps
 from ascent.rollout.fast.weights import ModelWeights
 from ascent.rollout.sampling import SamplingTensors, token_presence
@@ -82,8 +82,7 @@ class FastEngine:
         self.free_rows = list(range(max_batch_size))
         self.asleep, self._blocked = False, False
         self._live: LiveCall | None = None  # the requests of a `generate_live` call in progress
-        self._host = self._host_buffers()
-        self._ring = 0
+        self._host = HostOutputs(max_batch_size, self.device)  # where each step's tokens come back
         self._stamp = weights.stamp() if weights.shared else ()
         self.on_swap = on_swap  # what sequences in flight do when weights change between steps (module doc)
         self.swaps = WeightSwaps(self.device, self.sessions.clear, writes=lambda: self.weights.writes)
@@ -153,26 +152,16 @@ class FastEngine:
         """Queue a live call's new requests; answer at once those with no room to generate."""
         live = self._live
         assert live is not None
-        start = len(live.out)
-        live.out += [[None] * r.params.n for r in requests]
-        live.left += [r.params.n for r in requests]
+        start = live.add(requests)
         self._expand(requests, live.out, offset=start)
-        for i in range(start, len(live.out)):
-            if all(g is not None for g in live.out[i]):
-                live.left[i] = 0
-                live.done(i, live.out[i])
+        live.answer_ready(start)
 
     def _finished(self, s: Sequence) -> None:
         """A sequence is done: in a live call, answer its request once all its samples are. Its K/V stays
         for the session's next turn only if no swap happened since it was admitted."""
         self.sched.finish(s, keep=s.epoch == self.swaps.epoch)
-        live = self._live
-        if live is None:
-            return
-        live.out[s.req][s.sample] = s.generation(self.swaps.version is not None)
-        live.left[s.req] -= 1
-        if live.left[s.req] == 0:
-            live.done(s.req, live.out[s.req])
+        if self._live is not None:
+            self._live.finished(s.req, s.sample, s.generation(self.swaps.version is not None))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Copy new weights in place (HF names, any device/dtype, any bucketing); drops cached sessions.
@@ -424,30 +413,10 @@ class FastEngine:
         else:
             self.runner.decode(self.state, b, flags, max_len=max_ctx)
         self.stats["steps"] += 1
-        return (live, version, *self._to_host(b))
+        return (live, version, *self._host.copy(self.state, b))
 
     def _graph_step(self, b: int, flags: Flags) -> None:
         self.runner.decode(self.state, b, flags)
-
-    def _host_buffers(self):
-        pin = self.device.type == "cuda"
-        return [
-            (torch.empty(self.max_rows, dtype=torch.long, pin_memory=pin),
-             torch.empty(self.max_rows, dtype=torch.float32, pin_memory=pin))
-            for _ in range(3)
-        ]  # fmt: skip
-
-    def _to_host(self, b: int):
-        """Start copying the step's outputs to host buffers -> (tokens, logprobs, event or None)."""
-        toks, lps = self._host[self._ring]
-        self._ring = (self._ring + 1) % len(self._host)
-        toks[:b].copy_(self.state.out_tokens[:b], non_blocking=True)
-        lps[:b].copy_(self.state.out_logprobs[:b], non_blocking=True)
-        event = None
-        if self.device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record()
-        return toks, lps, event
 
     def _process(self, step) -> None:
         """Append a finished step's tokens; finish sequences that stop; free their rows."""

@@ -27,6 +27,27 @@ class LiveCall:
     out: list[list[Any]] = dataclasses.field(default_factory=list)
     left: list[int] = dataclasses.field(default_factory=list)
 
+    def add(self, requests: list[GenerationRequest]) -> int:
+        """Make room for the samples of `requests`, which joined the call -> the number of the first one."""
+        start = len(self.out)
+        self.out += [[None] * r.params.n for r in requests]
+        self.left += [r.params.n for r in requests]
+        return start
+
+    def answer_ready(self, start: int) -> None:
+        """Answer at once the requests from `start` on whose samples are all there (no room to generate)."""
+        for i in range(start, len(self.out)):
+            if all(g is not None for g in self.out[i]):
+                self.left[i] = 0
+                self.done(i, self.out[i])
+
+    def finished(self, req: int, sample: int, generation: Generation) -> None:
+        """Sample `sample` of request `req` ended: answer the request once all its samples have."""
+        self.out[req][sample] = generation
+        self.left[req] -= 1
+        if self.left[req] == 0:
+            self.done(req, self.out[req])
+
 
 def fits(flags: Flags, p: Any) -> bool:
     """Whether a request with sampling params `p` can join a call whose graphs were captured for `flags`."""

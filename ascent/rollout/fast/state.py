@@ -143,3 +143,32 @@ class DecodeState:
         for t in self.per_row():
             t[: len(src_rows)] = t[idx]
         self.release(list(range(len(src_rows), old_end)))
+
+
+class HostOutputs:
+    """Host copies of the step outputs (`out_tokens`, `out_logprobs` of rows [0, b)), made without waiting:
+    a ring of three pinned (on CUDA) buffer pairs [rows], so the copy of a step in flight never overwrites
+    the buffers of the step the host is still reading (the engine processes one step behind)."""
+
+    def __init__(self, rows: int, device: torch.device):
+        pin = device.type == "cuda"
+        self.cuda = pin
+        self.buffers = [
+            (torch.empty(rows, dtype=torch.long, pin_memory=pin),
+             torch.empty(rows, dtype=torch.float32, pin_memory=pin))
+            for _ in range(3)
+        ]  # fmt: skip
+        self.next = 0
+
+    def copy(self, state: DecodeState, b: int) -> tuple[Tensor, Tensor, torch.cuda.Event | None]:
+        """Start copying rows [0, b) of the step's outputs -> (tokens [rows], logprobs [rows], event or None:
+        the buffers hold the step's values once the event has completed)."""
+        toks, lps = self.buffers[self.next]
+        self.next = (self.next + 1) % len(self.buffers)
+        toks[:b].copy_(state.out_tokens[:b], non_blocking=True)
+        lps[:b].copy_(state.out_logprobs[:b], non_blocking=True)
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record()
+        return toks, lps, event

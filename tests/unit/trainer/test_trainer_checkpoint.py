@@ -10,7 +10,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ascent.trainer import checkpoint as trainer_checkpoint
 from ascent.trainer.checkpoint import (
     commit_checkpoint,
     latest_checkpoint,
@@ -100,10 +99,10 @@ def test_saving_an_iteration_again_keeps_the_old_copy_until_the_new_one_is_in(tm
 
     tmp = staging_dir(tmp_path, 3)
     (tmp / "state.json").write_text('{"iteration": 3, "copy": "second"}')
-    monkeypatch.setattr(trainer_checkpoint.os, "replace", replace)
+    monkeypatch.setattr(os, "replace", replace)  # the one `os.replace` every module calls
     with pytest.raises(KeyboardInterrupt):
         commit_checkpoint(tmp, 3)
-    monkeypatch.setattr(trainer_checkpoint.os, "replace", real)
+    monkeypatch.setattr(os, "replace", real)
     parent = tmp_path / "checkpoints"
     assert sorted(p.name.rsplit("-", 1)[0] for p in parent.iterdir()) == [
         ".old-iter_000003",
