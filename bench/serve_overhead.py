@@ -15,6 +15,9 @@ whose client work then competes with the server for one interpreter). Both
 report generated tokens per second (the endpoint's phase timed from its clients' first call to the last
 reply, each client process warmed by one call first); the ratio is the endpoint's overhead (HTTP, JSON, the batcher's
 request-granularity batching: requests that arrive during an engine call wait for the next one).
+Direct live: the endpoint's arrival pattern (`--clients` callers, `--calls-per-client` calls each in a row)
+submitted straight to a `Batcher` over the engine, without HTTP; endpoint/live is then the cost of the
+HTTP path alone, and live/direct what the engine pays for requests that arrive while it decodes.
 `--api-processes N` runs the server's HTTP work in N front-end processes (`ascent serve --api-processes`).
 
 `--engine scripted` measures the host path alone: the engine answers every request at once with
@@ -102,6 +105,36 @@ def direct(engine, chat, args: argparse.Namespace) -> tuple[float, int]:  # type
     t = time.perf_counter()
     gens = engine.generate(reqs)
     return time.perf_counter() - t, sum(len(g[0].token_ids) for g in gens)
+
+
+def direct_live(engine, chat, args: argparse.Namespace) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    """The endpoint's arrival pattern without HTTP: `--clients` coroutines, each submitting its requests
+    one after another (`--calls-per-client`, the same prompts and seeds as its chat calls) to a `Batcher`
+    over the engine, the server's own way into it (live calls join the running generate call)."""
+    from ascent.messages import GenerationRequest, SamplingParams
+    from ascent.rollout.server.batcher import Batcher
+
+    batcher = Batcher(engine, max_batch_requests=max(args.clients, 1))
+    batcher.start()
+
+    async def client(i: int) -> int:
+        total = 0
+        for _ in range(args.calls_per_client):
+            req = GenerationRequest(chat.prompt_ids(messages(i)), SamplingParams(temperature=1.0,
+                                    max_new_tokens=args.new_tokens, seed=i), request_id=i)  # fmt: skip
+            out = await asyncio.wrap_future(batcher.submit(req))
+            total += len(out.generations[0].token_ids)
+        return total
+
+    async def everyone() -> int:
+        return sum(await asyncio.gather(*(client(i) for i in range(args.clients))))
+
+    t = time.perf_counter()
+    try:
+        tokens = asyncio.run(everyone())
+    finally:
+        batcher.close()
+    return time.perf_counter() - t, tokens
 
 
 async def ask_all(url: str, indices: list[int], new_tokens: int, calls: int = 1) -> tuple[int, float, float]:
@@ -224,29 +257,36 @@ def main(argv: list[str] | None = None) -> None:
                 interval = intervals[r % len(intervals)] if intervals else None
                 if interval is not None:
                     sys.setswitchinterval(interval / 1000)
-                with server.paused():  # the engine is idle: a direct call from this thread is safe
+                with server.paused():  # the engine is idle: direct calls from this thread are safe
                     s0 = _passes(engine)
                     d_s, d_tok = direct(engine, chat, args)
-                s1 = _passes(engine)
-                e_s, e_tok = endpoint(url, args, pool)
+                    s1 = _passes(engine)
+                    l_s, l_tok = direct_live(engine, chat, args)
                 s2 = _passes(engine)
-                rows.setdefault(interval, []).append((d_tok / d_s, e_tok / e_s))
-                print(f"repeat {r + 1}{'' if interval is None else f' (switch interval {interval} ms)'}: direct {d_tok} tokens in {d_s:.2f} s ({d_tok / d_s:,.0f}/s); endpoint "
+                e_s, e_tok = endpoint(url, args, pool)
+                s3 = _passes(engine)
+                rows.setdefault(interval, []).append((d_tok / d_s, e_tok / e_s, l_tok / l_s))
+                print(f"repeat {r + 1}{'' if interval is None else f' (switch interval {interval} ms)'}: direct {d_tok} tokens in {d_s:.2f} s ({d_tok / d_s:,.0f}/s); "
+                      f"direct live {l_tok} tokens in {l_s:.2f} s ({l_tok / l_s:,.0f}/s); endpoint "
                       f"{e_tok} tokens in {e_s:.2f} s ({e_tok / e_s:,.0f}/s); endpoint/direct "
-                      f"{(e_tok / e_s) / (d_tok / d_s):.3f}; prefills/decode steps: direct "
-                      f"{s1[0] - s0[0]}/{s1[1] - s0[1]}, endpoint {s2[0] - s1[0]}/{s2[1] - s1[1]}", flush=True)  # fmt: skip
+                      f"{(e_tok / e_s) / (d_tok / d_s):.3f}, endpoint/live {(e_tok / e_s) / (l_tok / l_s):.3f}; "
+                      f"prefills/decode steps: direct {s1[0] - s0[0]}/{s1[1] - s0[1]}, live {s2[0] - s1[0]}/"
+                      f"{s2[1] - s1[1]}, endpoint {s3[0] - s2[0]}/{s3[1] - s2[1]}", flush=True)  # fmt: skip
         finally:
             server.stop()
             if pool is not None:
                 pool.close()
-    for interval, pairs in rows.items():
-        ratios = [e / d for d, e in pairs]
-        print(
-            f"endpoint throughput / direct: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-"
-            f"{max(ratios):.3f} over {len(ratios)} repeats ({args.clients} clients in {args.client_procs or 1} "
-            f"processes, {args.new_tokens} new tokens, {args.api_processes} front-end processes, switch "
-            f"interval {'default' if interval is None else f'{interval} ms'})"
-        )
+    for interval, triples in rows.items():
+        for name, ratios in (
+            ("direct", [e / d for d, e, _ in triples]),
+            ("live", [e / x for _, e, x in triples]),
+        ):
+            print(
+                f"endpoint throughput / {name}: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-"
+                f"{max(ratios):.3f} over {len(ratios)} repeats ({args.clients} clients x {args.calls_per_client} "
+                f"calls in {args.client_procs or 1} processes, {args.new_tokens} new tokens, {args.api_processes} "
+                f"front-end processes, switch interval {'default' if interval is None else f'{interval} ms'})"
+            )
 
 
 if __name__ == "__main__":

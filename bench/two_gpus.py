@@ -38,6 +38,9 @@ Modes (all `ascent.entrypoints.train.run_training` on a generated RunConfig in a
   one of each per GPU (`gpus_per_worker=1`: 0.5 each), weights over CUDA IPC (`auto`).
 - split_async2: Ray, `cluster.placement=split`, 1 trainer GPU + 1 engine GPU, `rollout.max_staleness=1`,
   weights over NCCL broadcast (`auto`), publications land mid-generation (`swap_mid_generation=continue`).
+- overlap1 / overlap2: Ray colocated on 1 / 2 GPUs (2: FSDP over 2 ranks) with the engine kept awake
+  (`cluster.engine_sleeps=false`) and `rollout.max_staleness=1`: each replica generates the next iteration
+  on its GPU while the trainer rank beside it updates; publications over CUDA IPC land between decode steps.
 - publish: bench/publish.py's `measure` with `--placement split --transports broadcast` (1.5B and 7B).
 - seven_b: the 7B shape like colocated2 (FSDP over 2 ranks, gradient checkpointing), with
   `train.offload_optimizer` (`--offload-optimizer auto`), a smaller workload (16x8, 256 new tokens).
@@ -87,7 +90,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_workload as W  # noqa: E402
 import two_gpus_report as R  # noqa: E402
 
-TRAIN_MODES = ("one_gpu", "colocated2", "split_async2", "seven_b")
+TRAIN_MODES = ("one_gpu", "colocated2", "split_async2", "seven_b", "overlap1", "overlap2")
 MODES = (*TRAIN_MODES, "publish")
 GIB = 2**30
 
@@ -104,6 +107,7 @@ class Layout:
     sharding: str
     gpus: int
     text: str
+    engine_sleeps: bool = True
 
 
 LAYOUTS = {
@@ -111,6 +115,8 @@ LAYOUTS = {
     "colocated2": Layout("ray", "colocated", 2, 2, 0, "fsdp", 2, "Ray colocated, 2 FSDP ranks + 2 replicas"),
     "split_async2": Layout("ray", "split", 1, 1, 1, "none", 2, "Ray split, trainer GPU + engine GPU, staleness 1"),
     "seven_b": Layout("ray", "colocated", 2, 2, 0, "fsdp", 2, "Ray colocated, 2 FSDP ranks + 2 replicas"),
+    "overlap1": Layout("ray", "colocated", 1, 1, 1, "none", 1, "Ray colocated, engine awake, staleness 1", False),
+    "overlap2": Layout("ray", "colocated", 2, 2, 1, "fsdp", 2, "Ray colocated x2, engine awake, staleness 1", False),
 }  # fmt: skip
 
 
@@ -200,6 +206,7 @@ def run_config(args: argparse.Namespace, mode: str, shape: str) -> Any:
                   "max_tokens_per_micro_batch": wl.micro_batch_tokens, "logprob_chunk_tokens": wl.logprob_chunk,
                   "compile": args.trainer_compile, "sharding": lay.sharding, "offload_optimizer": offload(args, mode)},
         "cluster": {"device": args.device, "backend": lay.backend, "placement": lay.placement,
+                    "engine_sleeps": lay.engine_sleeps,
                     "num_trainer_workers": lay.trainers, "num_rollout_workers": lay.replicas,
                     "gpus_per_worker": 1.0 if cuda and ray else 0.0, "cpus_per_worker": cpus_per_worker(args),
                     **({"num_cpus": max(2, int(workers * cpus_per_worker(args) + 0.999))} if not cuda else {})},

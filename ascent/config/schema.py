@@ -340,6 +340,14 @@ class ClusterConfig(Section):
         "num_rollout_workers must equal num_trainer_workers). `split`: every worker gets its own "
         "gpus_per_worker GPUs, so rollout can run ahead of training (rollout.max_staleness).",
     )
+    engine_sleeps: bool = Field(
+        True,
+        description="Colocated placement: the fast engine frees its KV cache and weights through the "
+        "trainer's logprob passes and update (true). false keeps it awake: on Ray with "
+        "rollout.max_staleness >= 1 it then generates the next iterations while the trainer updates on the "
+        "same GPU (both resident at once: `ascent doctor` sums them), and publications land between decode "
+        "steps (rollout.swap_mid_generation).",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of the workers.")
     worker_timeout_s: float = Field(
         1800.0, gt=0, description="Fail a worker call that takes longer than this."
@@ -360,6 +368,12 @@ class ClusterConfig(Section):
         gt=0,
         description="Fail a weight publication step (join, a bucket) that waits longer than this.",
     )
+
+    @property
+    def generates_alongside(self) -> bool:
+        """Whether the replicas can sample while the trainer computes: on Ray, on GPUs (or CPUs) of their
+        own (split), or colocated with the engine kept awake (`engine_sleeps=false`)."""
+        return self.backend == "ray" and (self.placement == "split" or not self.engine_sleeps)
 
 
 class RunConfig(Section):

@@ -103,6 +103,9 @@ class MemoryInputs:
     critic: bool = False
     engine: str = "fast"  # fast | reference
     colocated: bool = True  # engine and trainer on the same GPU
+    engine_sleeps: bool = (
+        True  # colocated fast engine: frees its memory during the update (cluster.engine_sleeps)
+    )
     gpu_memory_fraction: float = 0.5
     gpu_bytes: int = 0
     rollout_rows: int = 64  # sequences decoded together
@@ -320,8 +323,9 @@ def estimate(m: MemoryInputs) -> Estimate:
     engine = engine_terms(m)
     if m.colocated:
         out.phases["rollout"] = trainer_state(m, with_grads=False) | engine
-        if m.engine != "fast":  # the reference engine keeps its weights while the trainer runs
-            kept = {"engine weights": engine["engine weights"]}
+        if m.engine != "fast" or not m.engine_sleeps:  # the engine stays while the trainer runs
+            # the reference engine keeps its weights; an awake fast engine (cluster.engine_sleeps=false) all
+            kept = engine if m.engine == "fast" else {"engine weights": engine["engine weights"]}
             out.phases["logprobs"] = logprob_terms(m) | kept
             out.phases["update"] = update_terms(m) | kept
             return out

@@ -59,6 +59,7 @@ def memory_inputs(cfg: RunConfig, shape: ModelShape, gpu_bytes: int, gpus_visibl
         critic=uses_critic(cfg),
         engine="fast" if r.engine == "fast" else "reference",
         colocated=not (c.backend == "ray" and c.placement == "split" and c.gpus_per_worker > 0),
+        engine_sleeps=c.engine_sleeps,
         gpu_memory_fraction=r.gpu_memory_fraction,
         gpu_bytes=gpu_bytes if gpu else 0,
         rollout_rows=prompts * r.samples_per_prompt,

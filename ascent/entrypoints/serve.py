@@ -83,10 +83,10 @@ def serve_command(
         typer.Option(
             help="HTTP front-end processes sharing the port, each parsing, templating, tokenizing and "
             "writing responses, feeding the engine's process token ids (1: all in one process). "
-            "auto: min(8, CPUs/2) on a GPU, 1 on CPU. On an H100 more front ends raised the host path's "
-            "capacity 4x but not the throughput with the engine (BENCHMARKS.md), so the default is 1."
+            "auto: min(8, CPUs/2) on a GPU, 1 on CPU (on an H200, 8 front ends gave 0.86 of the engine's "
+            "direct throughput against 0.78 with 1: BENCHMARKS.md)."
         ),
-    ] = "1",
+    ] = "auto",
 ) -> None:
     """Serve a checkpoint over an OpenAI-compatible API (chat, completions, tools, streaming).
 

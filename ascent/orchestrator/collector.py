@@ -7,8 +7,9 @@ iteration `it` (trainer at version `it - 1`) is `it - 1 - v` versions stale; its
 `rollout.max_staleness=0` is synchronous RL: an iteration samples its prompts when it starts, with the
 weights of the previous iteration. With a bound k >= 1 the collector submits the first prompt batch of the
 next k iterations as soon as an iteration's groups are in, so the replicas sample while the trainer computes
-logprobs, updates and publishes (on Ray with `cluster.placement=split` the two overlap; inline, or
-colocated, the same schedule runs one step after the other). On Ray with split placement and the fast engine
+logprobs, updates and publishes (on Ray with `cluster.placement=split`, or colocated with
+`cluster.engine_sleeps=false`, the two overlap; inline, or colocated with the engine asleep through the
+update, the same schedule runs one step after the other). On such replicas with the fast engine
 a publication reaches each replica between two decode steps of the generate call in flight
 (`rollout.swap_mid_generation`): the trainer waits one step, not the rest of the call, and the call's
 sequences go on with the new weights (or restart); elsewhere (or with `off`) a replica runs one call at a
@@ -19,9 +20,9 @@ behind is stale: `drop` replaces it with fresh prompts, `regenerate` samples the
 current weights. Importance correction (TIS/MIS, against the sampler's own logprobs) covers the gap kept.
 
 Multi-turn episodes (an environment's or an agent's) are played ahead the same way, on a thread of the
-controller when the replicas have GPUs of their own (Ray, split placement); weights can then change between
-two turns of an episode, and each turn's tokens carry the version that sampled them. Inline or colocated, an
-iteration ahead is played when it is prefetched.
+controller when the replicas generate alongside the trainer (`ClusterConfig.generates_alongside`); weights
+can then change between two turns of an episode, and each turn's tokens carry the version that sampled
+them. Otherwise an iteration ahead is played when it is prefetched.
 
 The prompt sampler is drawn in the same order as in synchronous RL (prefetching happens after an iteration's
 own draws), and a checkpoint saves the sampler as it was before the prefetched draws, so a resumed run
@@ -104,8 +105,9 @@ class Collector:
 
     def _play_ahead(self, ctx: Any, items: list[Any], params: Any, seed: int) -> Future[Any]:
         """Multi-turn episodes of a later iteration: on a thread of the controller when the replicas have GPUs
-        of their own (Ray, split placement), so they play while the trainer updates; else played now."""
-        if ctx.rollout.backend == "ray" and ctx.cfg.cluster.placement == "split":
+        of their own (Ray, split placement) or stay awake beside it (colocated, `cluster.engine_sleeps=false`),
+        so they play while the trainer updates; else played now."""
+        if ctx.rollout.backend == "ray" and ctx.cfg.cluster.generates_alongside:
             if self._thread is None:
                 self._thread = ThreadPoolExecutor(1, thread_name_prefix="ascent-collector")
             return self._thread.submit(_multi_turn, ctx, items, params, seed)

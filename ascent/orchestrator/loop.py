@@ -45,8 +45,10 @@ class LoopContext:
             None  # rollout.agent's endpoint and agent processes, started on first use (agents.py)
         )
         self.envs = EnvRunners(cfg)  # where rollout.env's environments run (Ray actors: started on first use)
-        # trainer and engine share the accelerator and take turns (design: colocated placement)
-        self.colocated = cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast"
+        # trainer and engine share the accelerator and take turns (design: colocated placement; with
+        # cluster.engine_sleeps=false the engine stays awake and, on Ray, generates alongside the update)
+        self.colocated = (cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast"
+                          and cfg.cluster.engine_sleeps)  # fmt: skip
         # publications reach the replicas between two decode steps of a running generate call
         self.swap_mid_generation = setup.swaps_mid_generation(cfg)
 

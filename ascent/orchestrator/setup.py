@@ -99,12 +99,11 @@ def engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
 
 
 def swaps_mid_generation(cfg: RunConfig) -> bool:
-    """Whether publications reach the replicas during a generate call (`rollout.swap_mid_generation`): on Ray
-    with the replicas on GPUs (or CPUs) of their own and the fast engine. Inline or colocated, generation
-    and publication take turns anyway (the colocated engine sleeps through the update)."""
+    """Whether publications reach the replicas during a generate call (`rollout.swap_mid_generation`): with
+    the fast engine on replicas that generate alongside the trainer (`ClusterConfig.generates_alongside`).
+    Inline, or colocated with the engine asleep through the update, generation and publication take turns."""
     c = cfg.cluster
-    return (cfg.rollout.swap_mid_generation != "off" and c.backend == "ray" and c.placement == "split"
-            and cfg.rollout.engine == "fast")  # fmt: skip
+    return cfg.rollout.swap_mid_generation != "off" and c.generates_alongside and cfg.rollout.engine == "fast"
 
 
 def trainer_kwargs(cfg: RunConfig, total_optimizer_steps: int) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Async RL end to end (`rollout.max_staleness`): every trained episode's recorded versions respect the bound,
 the pipeline runs exactly one version behind at staleness 1, a resumed async run draws the same prompts, the
 Ray path with 2 rollout replicas and 2 trainer ranks (gloo) holds the same bound, and so does the fast
-engine on Ray split placement when publications land between decode steps."""
+engine on Ray (split placement, or colocated with the engine awake) when publications land between decode
+steps."""
 
 from __future__ import annotations
 
@@ -121,19 +122,25 @@ def test_multi_turn_episodes_played_ahead_on_ray_split(tmp_path, tiny_model):
 
 
 @pytest.mark.slow
-def test_async_on_ray_split_swaps_weights_between_decode_steps(tmp_path, tiny_model, arithmetic_data):
-    """Ray, split placement, the fast engine: each publication reaches the replica during the generate call of
-    the next iteration (rollout.swap_mid_generation=continue), between two decode steps. Responses may then
-    hold tokens of two versions; the bound still holds per episode, from its oldest recorded token."""
+@pytest.mark.parametrize(
+    "placement", [{"placement": "split"}, {"placement": "colocated", "engine_sleeps": False}], ids=str
+)
+def test_async_on_ray_swaps_weights_between_decode_steps(tmp_path, tiny_model, arithmetic_data, placement):
+    """Ray, the fast engine, replicas that generate alongside the trainer (split placement, or colocated with
+    the engine kept awake): each publication reaches the replica during the generate call of the next
+    iteration (rollout.swap_mid_generation=continue), between two decode steps. Responses may then hold
+    tokens of two versions; the bound still holds per episode, from its oldest recorded token."""
     cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=4, val_every=0)
     cfg["rollout"] |= {"engine": "fast", "max_staleness": 1, "max_new_tokens": 160}
     cfg["train"]["max_tokens_per_micro_batch"] = 400
-    cfg["cluster"] = {"backend": "ray", "placement": "split", "cpus_per_worker": 0.5}
+    cfg["cluster"] = {"backend": "ray", "cpus_per_worker": 0.5, **placement}
     ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), timeout=600)
     run = tmp_path / "run"
     eps = episodes(run)
     check_bound(eps, 4, 8, bound=1)
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    # an awake colocated engine never sleeps, so the trainer never releases its cache for a wake
+    assert not any("memory/trainer_released_gib" in m for m in metrics)
     trained = [m for m in metrics if "rollout/swapped_sequences" in m]
     swapped = [m["rollout/swapped_sequences"] for m in trained]
     assert len(swapped) == 4 and swapped[0] == 0  # iteration 1 is sampled before any publication

@@ -118,6 +118,17 @@ def test_colocated_update_frees_the_engine_split_does_not_share_a_gpu():
     assert "weights" not in split.phases["rollout GPU: generate"]
 
 
+def test_an_awake_colocated_engine_stays_through_the_update():
+    """cluster.engine_sleeps=false: the fast engine's weights, KV cache and activations sit beside the
+    trainer's logprob passes and update, so those phases grow by exactly the engine's terms."""
+    asleep = M.estimate(replace(BASE, gpu_bytes=80 * GIB))
+    awake = M.estimate(replace(BASE, gpu_bytes=80 * GIB, engine_sleeps=False))
+    engine = sum(M.engine_terms(replace(BASE, gpu_bytes=80 * GIB)).values())
+    for phase in ("logprobs", "update"):
+        assert sum(awake.phases[phase].values()) == sum(asleep.phases[phase].values()) + engine
+    assert awake.phases["rollout"] == asleep.phases["rollout"]
+
+
 def test_knobs_name_config_fields_for_the_largest_terms():
     m = replace(BASE, micro_batch_tokens=10**6)
     est = M.estimate(m)

@@ -54,6 +54,21 @@ def test_placement_plans_split_colocated_and_inline():
         assert (plan.rollout_gpus, plan.shared_bundles) == (0.0, 0)
 
 
+def test_publications_land_mid_generation_only_where_replicas_generate_alongside():
+    """swap_mid_generation needs the fast engine on replicas that sample while the trainer computes: Ray split,
+    or Ray colocated with the engine awake; not inline, not colocated with the engine asleep."""
+    from ascent.config import load_config
+
+    def swaps(*overrides: str) -> bool:
+        return setup.swaps_mid_generation(load_config(None, ["rollout.engine=fast", *overrides]))
+
+    assert swaps("cluster.backend=ray", "cluster.placement=split")
+    assert swaps("cluster.backend=ray", "cluster.engine_sleeps=false")
+    assert not swaps("cluster.backend=ray")
+    assert not swaps("cluster.engine_sleeps=false")  # inline: one process, generation and update take turns
+    assert not swaps("cluster.backend=ray", "cluster.placement=split", "rollout.swap_mid_generation=off")
+
+
 def test_colocated_replicas_must_pair_with_trainer_ranks():
     import pytest
 
