@@ -60,7 +60,8 @@ class RolloutConfig(Section):
     )
     swap_mid_generation: Literal["continue", "restart", "off"] = Field(
         "continue",
-        description="On Ray with cluster.placement=split and rollout.engine=fast, where replicas generate "
+        description="On Ray with cluster.placement=split (or colocated with cluster.engine_sleeps=false) "
+        "and rollout.engine=fast, where replicas generate "
         "while the trainer updates (rollout.max_staleness >= 1): a weight publication reaches each replica "
         "between two decode steps of the generate call in progress instead of waiting for the call to end. "
         "`continue`: sequences in flight keep their K/V and go on with the new weights; `restart`: they are "
