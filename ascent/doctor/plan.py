@@ -79,6 +79,20 @@ def check_micro_batch(cfg: RunConfig) -> CheckResult | None:
     return None
 
 
+def check_awake_engine(cfg: RunConfig) -> CheckResult | None:
+    """cluster.engine_sleeps=false only pays where generation can overlap the update: on Ray, colocated,
+    with rollout.max_staleness >= 1. Elsewhere it keeps the engine's memory for nothing."""
+    c, r = cfg.cluster, cfg.rollout
+    if c.engine_sleeps or c.placement == "split":
+        return None
+    if c.backend == "ray" and r.max_staleness >= 1:
+        return ok("awake engine", "the replicas generate the next iteration during the update")
+    why = "cluster.backend=inline runs generation and update in one process" if c.backend != "ray" else (
+        "rollout.max_staleness=0 gives the engine nothing to generate during the update")  # fmt: skip
+    return warn("awake engine", f"cluster.engine_sleeps=false keeps the engine's memory through the update, "
+                f"but {why}", "set rollout.max_staleness=1 on Ray, or leave cluster.engine_sleeps=true.")  # fmt: skip
+
+
 def check_memory(m: MemoryInputs, est: Estimate, target: str) -> CheckResult:
     """Whether the peak phase fits `m.gpu_bytes` (with allocator fragmentation and the CUDA context)."""
     name = "memory per GPU"

@@ -75,8 +75,7 @@ def run_checks(
     report.results += [env_error] if env_error else []
     report.results.append(system.check_rendering(renderers))
     report.results += disk_checks(cfg, shape)
-    micro = plan.check_micro_batch(cfg)
-    report.results += [micro] if micro else []
+    report.results += [r for r in (plan.check_micro_batch(cfg), plan.check_awake_engine(cfg)) if r]
     if shape is None:
         report.results.append(skipped("memory per GPU", "the model's shape is unknown (see the model check)"))
         return report

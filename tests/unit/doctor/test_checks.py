@@ -289,3 +289,15 @@ def test_run_checks_exit_codes(monkeypatch, tiny_dir):
 
 def test_existing_parent(tmp_path):
     assert system.existing_parent(tmp_path / "a" / "b") == tmp_path.resolve()
+
+
+def test_an_awake_engine_warns_where_nothing_overlaps_the_update():
+    def check(k: int = 0, **cluster):
+        cfg = RunConfig.model_validate({"cluster": cluster, "rollout": {"max_staleness": k}})
+        return plan.check_awake_engine(cfg)
+
+    assert check() is None and check(engine_sleeps=False, placement="split", backend="ray", k=1) is None
+    assert check(engine_sleeps=False, backend="ray", k=1).status == "ok"
+    for result in (check(engine_sleeps=False, backend="ray"), check(engine_sleeps=False, k=1)):
+        assert result.status == "warn" and "rollout.max_staleness=1" in result.fix
+    assert "max_staleness=0" in check(engine_sleeps=False, backend="ray").detail
