@@ -93,6 +93,28 @@ def test_train_ray_two_sharded_trainer_ranks(tmp_path, tiny_model, arithmetic_da
         torch.testing.assert_close(one_rank[name], t, atol=1e-5, rtol=0, msg=name)
 
 
+def test_an_awake_engine_changes_nothing_but_memory_at_staleness_zero(tmp_path, tiny_model, arithmetic_data):
+    """cluster.engine_sleeps=false with synchronous RL: the colocated fast engine keeps its KV cache and
+    weights through the update instead of sleeping, and the run is the same run: the same rewards, and the
+    same final weights bit for bit (no K/V or weights of an older version survive a publication)."""
+    finals = {}
+    for sleeps in (True, False):
+        cfg = run_config(tmp_path / str(sleeps), tiny_model, arithmetic_data, iterations=2, val_every=0)
+        cfg["rollout"] |= {"engine": "fast"}
+        cfg["cluster"] = {"device": "cpu", "placement": "colocated", "engine_sleeps": sleeps}
+        ascent("train", str(write_yaml(tmp_path / f"{sleeps}.yaml", cfg)))
+        run = tmp_path / str(sleeps) / "run"
+        lines = _metric_lines(run)
+        finals[sleeps] = (
+            [x["reward/mean"] for x in lines],
+            load_file(str(sorted((run / "checkpoints").glob("iter_*"))[-1] / "model.safetensors")),
+        )
+        assert ("memory/trainer_released_gib" in lines[-1]) == sleeps  # only a sleeping engine is woken
+    assert finals[True][0] == finals[False][0]
+    assert finals[True][1].keys() == finals[False][1].keys()
+    assert all(torch.equal(finals[True][1][k], finals[False][1][k]) for k in finals[True][1])
+
+
 def _metric_lines(run_dir) -> list[dict]:
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [x for x in lines if "loss/policy" in x]
