@@ -224,12 +224,6 @@ def main(argv: list[str] | None = None) -> None:
         "alternates its values over the repeats (the first for the warm-up), so they compare in one run.",
     )
     p.add_argument(
-        "--admit-window-ms",
-        type=float,
-        default=None,
-        help="The fast engine's admission window for live calls (default: the engine's).",
-    )
-    p.add_argument(
         "--engine",
         choices=["real", "scripted"],
         default="real",
