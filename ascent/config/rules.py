@@ -43,6 +43,7 @@ RL_ONLY_TRAIN_FIELDS = (
 RL_ONLY_CLUSTER_FIELDS = (
     "num_rollout_workers",
     "placement",
+    "engine_sleeps",
     "weight_transport",
     "weight_bucket_mb",
     "weight_sync_timeout_s",

@@ -103,9 +103,7 @@ class MemoryInputs:
     critic: bool = False
     engine: str = "fast"  # fast | reference
     colocated: bool = True  # engine and trainer on the same GPU
-    engine_sleeps: bool = (
-        True  # colocated fast engine: frees its memory during the update (cluster.engine_sleeps)
-    )
+    engine_sleeps: bool = True  # a colocated fast engine frees its memory for the update
     gpu_memory_fraction: float = 0.5
     gpu_bytes: int = 0
     rollout_rows: int = 64  # sequences decoded together
