@@ -1,4 +1,8 @@
-"""bench/fsdp_curve.py on CPU: one trainer rank and two FSDP2-sharded ranks (gloo, Ray), the same curve."""
+"""bench/fsdp_curve.py on CPU: one trainer rank and two FSDP2-sharded ranks (gloo, Ray), the same curve.
+
+It starts from the session's SFT warm start (`warm_model`, the arithmetic data) through `--model`/`--data`
+rather than its own SFT: what it compares is the two runs from one start, which needs only a reward that is
+neither 0 nor 1 (checked below: a non-zero gradient)."""
 
 from __future__ import annotations
 
@@ -12,10 +16,11 @@ from conftest import ROOT
 
 
 @pytest.mark.slow
-def test_fsdp_curve_cpu_two_ranks_match_one(tmp_path):
+def test_fsdp_curve_cpu_two_ranks_match_one(tmp_path, warm_model, arithmetic_data):
     out = tmp_path / "curve.json"
     cmd = [sys.executable, str(ROOT / "bench" / "fsdp_curve.py"), "--device", "cpu", "--iterations", "3",
-           "--workdir", str(tmp_path / "work"), "--out", str(out)]  # fmt: skip
+           "--workdir", str(tmp_path / "work"), "--out", str(out), "--model", str(warm_model),
+           "--data", str(arithmetic_data)]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
