@@ -33,3 +33,21 @@ def test_fsdp_curve_cpu_two_ranks_match_one(tmp_path, warm_model, arithmetic_dat
     for key in ("loss/policy", "loss/total", "grad_norm", "entropy", "rollout/logprob_diff_mean"):
         assert cmp["max_abs_diff"][key] < 1e-4, (key, cmp["max_abs_diff"][key])
     assert "max|a-b|" in proc.stdout
+
+
+def test_the_bench_warm_start_command_is_a_valid_sft_config(tmp_path):
+    """What the test above no longer runs (it brings its own warm start): the bench's own CPU `ascent sft`
+    config, examples/arithmetic/sft.yaml with the preset's overrides, still validates."""
+    import importlib.util
+
+    from ascent.config import SFTConfig, load_config
+
+    spec = importlib.util.spec_from_file_location("fsdp_curve", ROOT / "bench" / "fsdp_curve.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    preset = bench.PRESETS["cpu"]
+    overrides = [f"run_dir={tmp_path / 'sft'}", f"model.path={tmp_path}", "data.train_path=x.jsonl",
+                 "data.val_path=null", *preset["sft"], *bench.compile_overrides("off")]  # fmt: skip
+    cfg = load_config(bench.EXAMPLE / preset["sft_yaml"], overrides, SFTConfig)
+    assert cfg.epochs == 40.0 and cfg.batch_size == 16
