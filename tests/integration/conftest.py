@@ -30,6 +30,27 @@ def arithmetic_data(tmp_path_factory) -> Path:
     return make(tmp_path_factory.mktemp("data"), digits=1, sft=40, train=40, val=16, seed=0)
 
 
+@pytest.fixture(scope="session")
+def warm_model(tmp_path_factory, arithmetic_data):
+    """A tiny model after a short SFT on 1-digit sums: about a quarter of sampled answers right (the warm start
+    of test_algorithms_learn.py; test_fsdp_curve.py starts from it too, instead of its own SFT)."""
+    from ascent.models.tiny import make_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("warm")
+    base = make_tiny_checkpoint(root / "base", hidden_size=64, num_layers=2, seed=0)
+    cfg = {
+        "run_dir": str(root / "sft"),
+        "epochs": 40.0,
+        "batch_size": 8,
+        "model": {"path": str(base)},
+        "data": {"train_path": str(arithmetic_data / "sft.jsonl"), "max_prompt_tokens": 32},
+        "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 256},
+        "tracking": {"progress": False, "tensorboard": False},
+    }
+    ascent("sft", str(write_yaml(root / "sft.yaml", cfg)))
+    return root / "sft" / "final"
+
+
 def run_config(tmp_path: Path, model: Path, data: Path, **overrides) -> dict:
     """A small but complete `ascent train` config: 2 prompts x 4 samples, 4-token responses."""
     cfg = {

@@ -61,26 +61,6 @@ def expected_reward(model_dir, prompts) -> float:
     return total / len(prompts)
 
 
-@pytest.fixture(scope="session")
-def warm_model(tmp_path_factory, arithmetic_data):
-    """A tiny model after a short SFT on 1-digit sums: about a quarter of sampled answers right."""
-    from ascent.models.tiny import make_tiny_checkpoint
-
-    root = tmp_path_factory.mktemp("warm")
-    base = make_tiny_checkpoint(root / "base", hidden_size=64, num_layers=2, seed=0)
-    cfg = {
-        "run_dir": str(root / "sft"),
-        "epochs": 40.0,
-        "batch_size": 8,
-        "model": {"path": str(base)},
-        "data": {"train_path": str(arithmetic_data / "sft.jsonl"), "max_prompt_tokens": 32},
-        "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 256},
-        "tracking": {"progress": False, "tensorboard": False},
-    }
-    ascent("sft", str(write_yaml(root / "sft.yaml", cfg)))
-    return root / "sft" / "final"
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_variant_improves_reward(name, tmp_path, warm_model, arithmetic_data):

@@ -108,35 +108,41 @@ def test_eval_with_the_fast_engine_and_a_dtype(tmp_path, tiny_model, arithmetic_
     assert bad.returncode == 2 and "--dtype fp8" in bad.stderr
 
 
+def _sft_run(root, model, data, name: str, **extra) -> dict:
+    """`ascent sft` for one epoch into root/name -> its final weights."""
+    from safetensors.torch import load_file
+
+    cfg = {
+        "run_dir": str(root / name),
+        "epochs": 1.0,
+        "batch_size": 8,
+        "model": {"path": str(model)},
+        "data": {"train_path": str(data / "sft.jsonl"), "max_prompt_tokens": 32},
+        "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 128, "sharding": extra.pop("sharding", "none")},
+        "tracking": {"progress": False},
+        **extra,
+    }
+    ascent("sft", str(write_yaml(root / f"{name}.yaml", cfg)), timeout=600)
+    return load_file(root / name / "final" / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def one_rank_sft(tmp_path_factory, tiny_model, arithmetic_data) -> dict:
+    """The inline one-rank SFT both sharding cases compare against (the same run for either: read only)."""
+    return _sft_run(tmp_path_factory.mktemp("sft_one"), tiny_model, arithmetic_data, "one")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["none", "fsdp"])
-def test_sft_on_two_trainer_ranks_equals_one(tmp_path, tiny_model, arithmetic_data, sharding):
+def test_sft_on_two_trainer_ranks_equals_one(tmp_path, tiny_model, arithmetic_data, sharding, one_rank_sft):
     """`cluster.num_trainer_workers=2` on a local Ray cluster (gloo): each batch split over two data-parallel
     ranks (replicated or FSDP2-sharded) gives the weights one inline rank gives, to fp32 rounding."""
     import torch
     from safetensors.torch import load_file
 
-    def run(name: str, **extra) -> dict:
-        cfg = {
-            "run_dir": str(tmp_path / name),
-            "epochs": 1.0,
-            "batch_size": 8,
-            "model": {"path": str(tiny_model)},
-            "data": {"train_path": str(arithmetic_data / "sft.jsonl"), "max_prompt_tokens": 32},
-            "train": {
-                "lr": 3e-3,
-                "max_tokens_per_micro_batch": 128,
-                "sharding": extra.pop("sharding", "none"),
-            },
-            "tracking": {"progress": False},
-            **extra,
-        }
-        ascent("sft", str(write_yaml(tmp_path / f"{name}.yaml", cfg)), timeout=600)
-        return load_file(tmp_path / name / "final" / "model.safetensors")
-
-    one = run("one")
-    two = run("two", sharding=sharding,
-              cluster={"backend": "ray", "num_trainer_workers": 2, "cpus_per_worker": 0.5})  # fmt: skip
+    one = one_rank_sft
+    two = _sft_run(tmp_path, tiny_model, arithmetic_data, "two", sharding=sharding,
+                   cluster={"backend": "ray", "num_trainer_workers": 2, "cpus_per_worker": 0.5})  # fmt: skip
     assert one.keys() == two.keys()
     start = load_file(tiny_model / "model.safetensors")
     for name, w in one.items():

@@ -83,24 +83,29 @@ def _group(rank: int, world: int, port: int):
         dist.destroy_process_group()
 
 
-def _save_part(rank, world, port, kind, path, ckpt, sharded_alone=False):
-    """On each rank: updates 1 and 2, then a checkpoint with the DCP shards only (no gathered HF weights)."""
+def _save_part(rank, world, port, jobs, path, sharded_alone=False):
+    """On each rank, for each (kind, checkpoint) of `jobs` in turn: a fresh worker runs updates 1 and 2, then
+    writes a checkpoint with the DCP shards only (no gathered HF weights)."""
     with _group(rank, world, port):
-        worker = _worker(kind, path, sharded_alone)
-        assert worker.sharded
-        _train(worker, _mini_batches()[:2], rank, world)
-        worker.save(ckpt, hf_weights=False)
+        for kind, ckpt in jobs:
+            worker = _worker(kind, path, sharded_alone)
+            assert worker.sharded
+            _train(worker, _mini_batches()[:2], rank, world)
+            worker.save(ckpt, hf_weights=False)
 
 
-def _resume_part(rank, world, port, kind, path, ckpt, out):
-    """On each rank: load the checkpoint, update 3, snapshot (rank 0 writes it to `out`)."""
+def _resume_part(rank, world, port, kind, path, jobs):
+    """On each rank, for each (checkpoint, out) of `jobs` in turn: a fresh worker loads the checkpoint, runs
+    update 3 and snapshots (rank 0 writes it to `out`). One group serves several checkpoints: a process start
+    fewer, the same resume for each."""
     with _group(rank, world, port):
-        worker = _worker(kind, path)
-        worker.load(ckpt)
-        _train(worker, _mini_batches()[2:], rank, world)
-        snap = _snapshot(worker)
-        if rank == 0:
-            torch.save(snap, out)
+        for ckpt, out in jobs:
+            worker = _worker(kind, path)
+            worker.load(ckpt)
+            _train(worker, _mini_batches()[2:], rank, world)
+            snap = _snapshot(worker)
+            if rank == 0:
+                torch.save(snap, out)
 
 
 def _write_old_format(directory, optimizer) -> None:
@@ -180,11 +185,20 @@ def _assert_same(got: dict, want: dict, atol: float = 1e-5) -> None:
             )
 
 
+@pytest.fixture(scope="module")
+def two_rank_checkpoints(tiny_path, tmp_path_factory) -> dict[str, Path]:
+    """kind -> the checkpoint 2 FSDP ranks wrote after updates 1 and 2: the policy's and the critic's, each by
+    its own fresh workers in one 2-rank spawn (one process start for both). The tests only read them."""
+    root = tmp_path_factory.mktemp("two_rank_ckpts")
+    ckpts = {kind: root / kind for kind in ("policy", "critic")}
+    _spawn(_save_part, 2, [(k, str(c)) for k, c in ckpts.items()], str(tiny_path))
+    return ckpts
+
+
 @pytest.mark.parametrize("kind", ["policy", "critic"])
-def test_two_sharded_ranks_resume_on_one(tiny_path, tmp_path, kind):
+def test_two_sharded_ranks_resume_on_one(tiny_path, kind, two_rank_checkpoints):
     """2 FSDP ranks -> 1 process (unsharded): weights and moments from the DCP shards alone."""
-    ckpt = tmp_path / "ckpt"
-    _spawn(_save_part, 2, kind, str(tiny_path), str(ckpt))
+    ckpt = two_rank_checkpoints[kind]
     part = ckpt / "critic" if kind == "critic" else ckpt
     assert (part / "model_shards" / ".metadata").is_file()
     assert (part / "optimizer_shards" / ".metadata").is_file()
@@ -208,13 +222,13 @@ def test_one_rank_resumes_on_two_sharded_ranks(tiny_path, tmp_path):
     _train(worker, _mini_batches()[:2], 0, 1)
     worker.save(plain)
     assert read_trainer_state(plain)["optimizer"] is not None
-    _spawn(_resume_part, 2, "policy", str(tiny_path), str(plain), str(tmp_path / "from_plain.pt"))
-    _assert_same(torch.load(tmp_path / "from_plain.pt", weights_only=True), want)
 
     alone = tmp_path / "alone"
-    _spawn(_save_part, 1, "policy", str(tiny_path), str(alone), True)
+    _spawn(_save_part, 1, [("policy", str(alone))], str(tiny_path), True)
     assert (alone / "optimizer_shards" / ".metadata").is_file()
-    _spawn(_resume_part, 2, "policy", str(tiny_path), str(alone), str(tmp_path / "from_alone.pt"))
+    jobs = [(str(ckpt), str(tmp_path / f"from_{ckpt.name}.pt")) for ckpt in (plain, alone)]
+    _spawn(_resume_part, 2, "policy", str(tiny_path), jobs)  # both resumes, each by a fresh worker
+    _assert_same(torch.load(tmp_path / "from_plain.pt", weights_only=True), want)
     _assert_same(torch.load(tmp_path / "from_alone.pt", weights_only=True), want)
 
 
