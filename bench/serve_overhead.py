@@ -97,11 +97,16 @@ def messages(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"What is {100 + 7 * i}*{10 + i % 90}?"}]
 
 
-def direct(engine, chat, args: argparse.Namespace) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+def request(chat, args: argparse.Namespace, i: int):  # type: ignore[no-untyped-def]
+    """Client i's chat request as the engine gets it: the same prompt ids and seed as its endpoint call."""
     from ascent.messages import GenerationRequest, SamplingParams
 
-    reqs = [GenerationRequest(chat.prompt_ids(messages(i)), SamplingParams(temperature=1.0,
-            max_new_tokens=args.new_tokens, seed=i), request_id=i) for i in range(args.clients)]  # fmt: skip
+    params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=i)
+    return GenerationRequest(chat.prompt_ids(messages(i)), params, request_id=i)
+
+
+def direct(engine, chat, args: argparse.Namespace) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    reqs = [request(chat, args, i) for i in range(args.clients)]
     t = time.perf_counter()
     gens = engine.generate(reqs)
     return time.perf_counter() - t, sum(len(g[0].token_ids) for g in gens)
@@ -111,7 +116,6 @@ def direct_live(engine, chat, args: argparse.Namespace) -> tuple[float, int]:  #
     """The endpoint's arrival pattern without HTTP: `--clients` coroutines, each submitting its requests
     one after another (`--calls-per-client`, the same prompts and seeds as its chat calls) to a `Batcher`
     over the engine, the server's own way into it (live calls join the running generate call)."""
-    from ascent.messages import GenerationRequest, SamplingParams
     from ascent.rollout.server.batcher import Batcher
 
     batcher = Batcher(engine, max_batch_requests=max(args.clients, 1))
@@ -120,9 +124,7 @@ def direct_live(engine, chat, args: argparse.Namespace) -> tuple[float, int]:  #
     async def client(i: int) -> int:
         total = 0
         for _ in range(args.calls_per_client):
-            req = GenerationRequest(chat.prompt_ids(messages(i)), SamplingParams(temperature=1.0,
-                                    max_new_tokens=args.new_tokens, seed=i), request_id=i)  # fmt: skip
-            out = await asyncio.wrap_future(batcher.submit(req))
+            out = await asyncio.wrap_future(batcher.submit(request(chat, args, i)))
             total += len(out.generations[0].token_ids)
         return total
 

@@ -85,7 +85,7 @@ def check_awake_engine(cfg: RunConfig) -> CheckResult | None:
     c, r = cfg.cluster, cfg.rollout
     if c.engine_sleeps or c.placement == "split":
         return None
-    if c.backend == "ray" and r.max_staleness >= 1:
+    if c.generates_alongside and r.max_staleness >= 1:
         return ok("awake engine", "the replicas generate the next iteration during the update")
     why = "cluster.backend=inline runs generation and update in one process" if c.backend != "ray" else (
         "rollout.max_staleness=0 gives the engine nothing to generate during the update")  # fmt: skip
