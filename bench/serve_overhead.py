@@ -80,17 +80,34 @@ def build(args: argparse.Namespace, root: Path):  # type: ignore[no-untyped-def]
         return engine, OpenAIServer(engine, tok, options), ChatTokens(tok)
     dev = resolve_device(args.device)
     fast = dev.type == "cuda"
-    kwargs = {"max_batch_size": args.clients, "max_model_len": 2048, "gpu_memory_fraction": 0.3} if fast else {
+    kwargs = {"max_batch_size": args.clients, "max_model_len": 2048, "gpu_memory_fraction": 0.3,
+              "feed_prompt_tokens": args.feed_prompt_tokens} if fast else {
         "generation_batch_size": args.clients}  # fmt: skip
     engine = build_engine("fast" if fast else "reference", model_path=str(path), dtype="bf16" if fast else "fp32",
                           device=dev, **kwargs)  # fmt: skip
     return engine, OpenAIServer(engine, tok, options), ChatTokens(tok)
 
 
-def _passes(engine: Any) -> tuple[int, int]:
-    """The fast engine's prefill passes and decode steps so far ((0, 0) for engines without stats)."""
+def _passes(engine: Any) -> tuple[int, int, int, int]:
+    """The fast engine's prefill passes, decode steps and prompt tokens fed through decode steps so far
+    (zeros for engines without stats), and torch.compile's graphs."""
     stats = getattr(engine, "stats", {})
-    return int(stats.get("prefills", 0)), int(stats.get("steps", 0))
+    return (
+        int(stats.get("prefills", 0)),
+        int(stats.get("steps", 0)),
+        int(stats.get("fed_tokens", 0)),
+        _compiles(),
+    )
+
+
+def _compiles() -> int:
+    """Graphs torch.compile has made in this process so far (a recompile mid-phase costs seconds)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return int(dynamo.counters["stats"]["unique_graphs"]) if dynamo is not None else 0
+
+
+def _delta(before: tuple[int, ...], after: tuple[int, ...]) -> str:
+    return "/".join(str(b - a) for a, b in zip(before, after, strict=True))
 
 
 def messages(i: int) -> list[dict[str, str]]:
@@ -219,6 +236,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--calls-per-client", type=int, default=1, help="Chat calls each client makes in a row.")
     p.add_argument("--api-processes", type=int, default=1, help="HTTP front-end processes of the server.")
     p.add_argument(
+        "--gather-ms",
+        default=None,
+        help="The server batcher's gather window (default: the Batcher's). A list (`2,0`) alternates "
+        "its values over the repeats, as --switch-interval-ms does.",
+    )
+    p.add_argument(
+        "--feed-prompt-tokens", type=int, default=256, help="The fast engine's feed_prompt_tokens (0: off)."
+    )
+    p.add_argument(
         "--switch-interval-ms",
         default=None,
         help="sys.setswitchinterval for this process (Python's default 5 ms): how long the engine's "
@@ -233,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = p.parse_args(argv)
     intervals = [float(v) for v in (args.switch_interval_ms or "").split(",") if v]
+    gathers = [float(v) for v in (args.gather_ms or "").split(",") if v]
     if intervals:
         sys.setswitchinterval(intervals[0] / 1000)
     pool = None
@@ -248,11 +275,16 @@ def main(argv: list[str] | None = None) -> None:
             with server.paused():
                 direct(engine, chat, args)  # warm-up: compilation, CUDA graphs
             endpoint(url, args, pool)
-            rows: dict[float | None, list[tuple[float, float]]] = {}
+            rows: dict[str, list[tuple[float, float, float]]] = {}
             for r in range(args.repeats):
                 interval = intervals[r % len(intervals)] if intervals else None
                 if interval is not None:
                     sys.setswitchinterval(interval / 1000)
+                gather = gathers[r % len(gathers)] if gathers else None
+                if gather is not None:
+                    server.batcher.gather_s = gather / 1000
+                setting = ", ".join(([f"switch interval {interval} ms"] if interval is not None else [])
+                                    + ([f"gather {gather} ms"] if gather is not None else []))  # fmt: skip
                 with server.paused():  # the engine is idle: direct calls from this thread are safe
                     s0 = _passes(engine)
                     d_s, d_tok = direct(engine, chat, args)
@@ -261,18 +293,18 @@ def main(argv: list[str] | None = None) -> None:
                 s2 = _passes(engine)
                 e_s, e_tok = endpoint(url, args, pool)
                 s3 = _passes(engine)
-                rows.setdefault(interval, []).append((d_tok / d_s, e_tok / e_s, l_tok / l_s))
-                print(f"repeat {r + 1}{'' if interval is None else f' (switch interval {interval} ms)'}: direct {d_tok} tokens in {d_s:.2f} s ({d_tok / d_s:,.0f}/s); "
+                rows.setdefault(setting, []).append((d_tok / d_s, e_tok / e_s, l_tok / l_s))
+                print(f"repeat {r + 1}{f' ({setting})' if setting else ''}: direct {d_tok} tokens in {d_s:.2f} s ({d_tok / d_s:,.0f}/s); "
                       f"direct live {l_tok} tokens in {l_s:.2f} s ({l_tok / l_s:,.0f}/s); endpoint "
                       f"{e_tok} tokens in {e_s:.2f} s ({e_tok / e_s:,.0f}/s); endpoint/direct "
                       f"{(e_tok / e_s) / (d_tok / d_s):.3f}, endpoint/live {(e_tok / e_s) / (l_tok / l_s):.3f}; "
-                      f"prefills/decode steps: direct {s1[0] - s0[0]}/{s1[1] - s0[1]}, live {s2[0] - s1[0]}/"
-                      f"{s2[1] - s1[1]}, endpoint {s3[0] - s2[0]}/{s3[1] - s2[1]}", flush=True)  # fmt: skip
+                      f"prefills/decode steps/fed prompt tokens/compiled graphs: direct {_delta(s0, s1)}, live {_delta(s1, s2)}, "
+                      f"endpoint {_delta(s2, s3)}", flush=True)  # fmt: skip
         finally:
             server.stop()
             if pool is not None:
                 pool.close()
-    for interval, triples in rows.items():
+    for setting, triples in rows.items():
         for name, ratios in (
             ("direct", [e / d for d, e, _ in triples]),
             ("live", [e / x for _, e, x in triples]),
@@ -281,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"endpoint throughput / {name}: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-"
                 f"{max(ratios):.3f} over {len(ratios)} repeats ({args.clients} clients x {args.calls_per_client} "
                 f"calls in {args.client_procs or 1} processes, {args.new_tokens} new tokens, {args.api_processes} "
-                f"front-end processes, switch interval {'default' if interval is None else f'{interval} ms'})"
+                f"front-end processes{f', {setting}' if setting else ''})"
             )
 
 

@@ -103,6 +103,7 @@ def build_fast_engine(
     share_weights: bool | None = None,
     trust_remote_code: bool = False,
     on_swap: str = "continue",
+    feed_prompt_tokens: int = 256,
     **unused: Any,
 ) -> FastEngine:
     """A FastEngine on `model` (weights shared when dtype and device match) or the checkpoint at `model_path`.
@@ -116,7 +117,9 @@ def build_fast_engine(
     be shared; `trust_remote_code` lets the config and tokenizer run code shipped in the checkpoint
     (model.trust_remote_code); `on_swap` is what sequences in flight do when a publication lands between two
     decode steps: `continue` with the new weights over their K/V so far, or `restart` from their prompt
-    (engine.py); `unused` swallows options meant for other engines.
+    (engine.py); `feed_prompt_tokens` is the longest new prompt a single-sample request joining a running
+    batch has computed by the decode steps instead of a prefill pass (engine.py; 0: always prefill);
+    `unused` swallows options meant for other engines.
     """
     from ascent.models.loading import resolve_device, torch_dtype
 
@@ -157,6 +160,7 @@ def build_fast_engine(
         max_prefill_tokens=max_prefill_tokens,
         stop_check_interval=stop_check_interval,
         on_swap=_on_swap(on_swap),
+        feed_prompt_tokens=feed_prompt_tokens,
     )
 
 

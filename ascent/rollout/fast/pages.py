@@ -127,6 +127,15 @@ class SessionStore:
         The usable prefix leaves at least one prompt token to prefill (its logits start the reply). The
         session's other entries stay cached, in their place for eviction; None when nothing useful is cached.
         """
+        found = self.peek(session_id, prompt)
+        if found is None:
+            return None
+        assert session_id is not None  # peek finds entries only under a session id
+        self._remove(session_id, found[0])
+        return found
+
+    def peek(self, session_id: str | None, prompt: list[int]) -> tuple[CachedSequence, int] | None:
+        """What `take` would return, leaving the store as it is."""
         if session_id is None or session_id not in self.entries:
             return None
         best, best_len = None, 0
@@ -134,10 +143,7 @@ class SessionStore:
             n = min(common_prefix(c.tokens, prompt), len(prompt) - 1)
             if n > best_len:
                 best, best_len = c, n
-        if best is None:
-            return None
-        self._remove(session_id, best)
-        return best, best_len
+        return None if best is None else (best, best_len)
 
     def evict_one(self, spare: Container[str] = ()) -> bool:
         """Free the least recently cached entry's pages, those of sessions in `spare` (wanted by queued

@@ -103,6 +103,8 @@ class ModelRunner:
         """
         dev, ps = self.cache.device, self.ps
         b, lq = len(suffixes), max(len(s) for s in suffixes)
+        if b * lq == 1:  # one token: pad to two, or torch.compile builds new graphs for size 1 (seconds,
+            lq = 2  # mid-generation; the decode buckets start at 2)
         lens = torch.tensor([len(s) for s in suffixes])
         ids = torch.tensor([s + [0] * (lq - len(s)) for s in suffixes], device=dev)
         width = max(len(t) for t in tables)

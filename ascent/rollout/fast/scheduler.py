@@ -10,6 +10,7 @@ sample its block table: the prompt's full pages are shared (ref-counted), the pa
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ascent.rollout.fast.pages import CachedSequence, PageAllocator, SessionStore
@@ -108,13 +109,21 @@ class Scheduler:
             s.reserved, s.cached = (g0 if i == 0 else g_other), m
         return Admission(seqs=group, pages=pages, reuse=m, copies=copies)
 
-    def admit(self, free_rows: int, token_budget: int) -> list[Admission]:
-        """Admit waiting groups in order while rows, pages and the prefill token budget allow."""
+    def new_tokens(self, seq: Sequence) -> int:
+        """Prompt tokens of `seq` that admitting it now would compute (those after a cached session prefix)."""
+        found = self.sessions.peek(seq.session_id, seq.prompt)
+        return len(seq.prompt) - (found[1] if found else 0)
+
+    def admit(
+        self, free_rows: int, token_budget: int, accept: Callable[[list[Sequence]], bool] | None = None
+    ) -> list[Admission]:
+        """Admit waiting groups in order while rows, pages and the prefill token budget allow (and
+        `accept(group)`, when given, holds)."""
         out: list[Admission] = []
         longest = 0
         while self.waiting:
             group = self.waiting[0]
-            if len(group) > free_rows:
+            if len(group) > free_rows or (accept is not None and not accept(group)):
                 break
             suffix = len(group[0].prompt)  # upper bound before the session lookup
             if out and (len(out) + 1) * max(longest, suffix) > token_budget:

@@ -41,11 +41,13 @@ class Sequence:
     idle: bool = False  # its decode row was made idle (token budget launched, last tokens in flight)
     stop_checked: int = 0
     cached: int = 0  # prompt tokens whose K/V came from a cached session (not prefilled)
+    fed: int = 0  # prompt tokens computed by decode steps instead of a prefill (state.py, "Prompt feeding")
+    skip: int = 0  # outputs of launched steps still to throw away (they read prompt tokens, fed - 1 in all)
 
     @property
     def exhausted(self) -> bool:
         """No more decode steps to launch: the token budget is spent by sampled or in-flight tokens."""
-        return self.launched >= self.max_new
+        return self.launched >= self.max_new + max(self.fed - 1, 0)
 
     def generation(self, stamped: bool = True) -> Generation:
         """The sequence as a Generation; `stamped=False` leaves token_versions empty (no version known)."""
@@ -58,6 +60,7 @@ class Sequence:
         self.pages, self.reserved, self.num_cached, self.launched = [], 0, 0, 0
         self.tokens, self.logprobs, self.versions = [], [], []
         self.finish, self.row, self.idle, self.stop_checked, self.cached = None, -1, False, 0, 0
+        self.fed = self.skip = 0
 
 
 def stop_string_cut(

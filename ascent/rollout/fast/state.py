@@ -4,7 +4,14 @@ Row r of every tensor belongs to one running sequence or is idle (active 0, bloc
 position 0: an idle row computes garbage that lands in the trash page and is never read). A decode step
 over rows [0, b) reads input_ids/positions/block_tables/sampling params, samples, then writes the sampled
 token back as the next input and advances positions and steps of active rows, so consecutive steps need
-no host round trip. The host only touches rows when sequences join, leave, or cross into a new page.
+no host round trip. The host only touches rows when sequences join, leave, or cross into a new page, and
+those writes go through pinned buffers without waiting (`_put`), so the host can stay a step ahead.
+
+Prompt feeding: a row may join with prompt tokens still to compute (`feed_buf[row, :feed_len]`, the first
+already in `input_ids`). While `feed_pos < feed_len` a step's sampled token is thrown away and the next
+prompt token becomes the input instead, so the decode step itself writes the prompt's K/V, one token per
+step, with no prefill pass; the step that reads the last prompt token samples the first real one (its
+sampling step counter `steps` starts counting there, as after a prefill).
 """
 
 from __future__ import annotations
@@ -43,8 +50,9 @@ class DecodeState:
 
     PARAMS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 
-    def __init__(self, rows: int, max_pages: int, vocab_size: int, device: torch.device):
+    def __init__(self, rows: int, max_pages: int, vocab_size: int, device: torch.device, feed_width: int = 0):
         self.rows, self.vocab_size, self.device = rows, vocab_size, device
+        self.pin = device.type == "cuda"
 
         def z(*shape, dtype=torch.long) -> Tensor:
             return torch.zeros(*shape, dtype=dtype, device=device)
@@ -56,10 +64,18 @@ class DecodeState:
         self.repetition_penalty, self.seeds = z(rows, dtype=torch.float32) + 1, z(rows)
         self.seen: Tensor | None = None
         self.out_tokens, self.out_logprobs = z(rows), z(rows, dtype=torch.float32)
+        self.feed_width = feed_width  # the longest prompt a row can be fed (0: no feeding, no step overhead)
+        self.feed_buf, self.feed_pos, self.feed_len = z(rows, max(feed_width, 1)), z(rows), z(rows)
+
+    def _put(self, values: list, dtype: torch.dtype = torch.long) -> Tensor:
+        """A host list on the device without a stream sync: a plain copy from pageable memory waits for
+        every queued kernel (the step in flight), a non-blocking one from pinned memory does not."""
+        return torch.tensor(values, dtype=dtype, pin_memory=self.pin).to(self.device, non_blocking=True)
 
     def per_row(self) -> list[Tensor]:
         """Every tensor indexed by row (what admission fills and compaction permutes)."""
         base = [self.input_ids, self.positions, self.active, self.steps, self.block_tables, self.seeds]
+        base += [self.feed_buf, self.feed_pos, self.feed_len]
         base += [getattr(self, n) for n in self.PARAMS]
         return base + ([self.seen] if self.seen is not None else [])
 
@@ -87,59 +103,70 @@ class DecodeState:
         """After sampling rows [0, b): publish outputs, feed tokens back, step active rows forward."""
         self.out_tokens[:b].copy_(tokens)
         self.out_logprobs[:b].copy_(logprobs)
-        self.input_ids[:b].copy_(tokens)
         act = self.active[:b]
         self.positions[:b] += act
-        self.steps[:b] += act
+        if self.feed_width:  # rows still reading their prompt take its next token instead (module doc)
+            pos = self.feed_pos[:b]
+            real = pos >= self.feed_len[:b]
+            prompt_next = self.feed_buf[:b].gather(1, pos.clamp(max=self.feed_width - 1)[:, None])[:, 0]
+            self.input_ids[:b].copy_(torch.where(real, tokens, prompt_next))
+            self.steps[:b] += act * real
+            pos += (~real).long()
+        else:
+            self.input_ids[:b].copy_(tokens)
+            self.steps[:b] += act
         if flags.penalty:
             assert self.seen is not None  # generate() calls ensure_seen() for a penalty batch
             self.seen[:b].scatter_(1, tokens[:, None], True)
 
-    def admit(self, seqs: list[Sequence], rows: list[int]) -> None:
-        """Load freshly prefilled sequences (first token sampled) into `rows`."""
-        dev, idx = self.device, torch.tensor(rows, device=self.device)
+    def admit(self, seqs: list[Sequence], rows: list[int], feeds: list[list[int]] | None = None) -> None:
+        """Load sequences into `rows`: freshly prefilled ones (first token sampled), or with `feeds[i]`
+        non-empty, sequence i with those prompt tokens still to compute (its K/V cached up to num_cached)."""
+        feeds = feeds or [[] for _ in seqs]
+        idx = self._put(rows)
         width = self.block_tables.shape[1]
-        table = torch.zeros(len(rows), width, dtype=torch.int32)
-        for i, s in enumerate(seqs):
-            table[i, : len(s.pages)] = torch.tensor(s.pages, dtype=torch.int32)
-        self.block_tables.index_copy_(0, idx, table.to(dev))
+        table = [s.pages + [0] * (width - len(s.pages)) for s in seqs]
+        self.block_tables.index_copy_(0, idx, self._put(table, torch.int32))
         longs = {
-            "input_ids": [s.tokens[-1] for s in seqs],
+            "input_ids": [f[0] if f else s.tokens[-1] for s, f in zip(seqs, feeds, strict=True)],
             "positions": [s.num_cached for s in seqs],
             "active": [1] * len(seqs),
             "steps": [len(s.tokens) for s in seqs],
             "seeds": [s.seed & ((1 << 63) - 1) for s in seqs],
             "top_k": [s.params.top_k for s in seqs],
+            "feed_pos": [1 if f else 0 for f in feeds],
+            "feed_len": [len(f) for f in feeds],
         }
         for name, vals in longs.items():
-            getattr(self, name).index_copy_(0, idx, torch.tensor(vals, dtype=torch.long, device=dev))
+            getattr(self, name).index_copy_(0, idx, self._put(vals))
+        if any(feeds):
+            fw = self.feed_buf.shape[1]
+            self.feed_buf.index_copy_(0, idx, self._put([f + [0] * (fw - len(f)) for f in feeds]))
         for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
             fvals = [float(getattr(s.params, name)) for s in seqs]
-            getattr(self, name).index_copy_(0, idx, torch.tensor(fvals, dtype=torch.float32, device=dev))
+            getattr(self, name).index_copy_(0, idx, self._put(fvals, torch.float32))
         if self.seen is not None:
             hist = [s.prompt + s.tokens for s in seqs]
             width = max(len(h) for h in hist)
-            padded = torch.tensor([h + [-1] * (width - len(h)) for h in hist], dtype=torch.long, device=dev)
+            padded = self._put([h + [-1] * (width - len(h)) for h in hist])
             self.seen.index_copy_(0, idx, token_presence(padded, self.vocab_size))
 
     def set_pages(self, rows: list[int], cols: list[int], pages: list[int]) -> None:
         """block_tables[rows[i], cols[i]] = pages[i] (pages newly taken before a step)."""
         if rows:
-            r = torch.tensor(rows, device=self.device)
-            c = torch.tensor(cols, device=self.device)
-            self.block_tables[r, c] = torch.tensor(pages, dtype=torch.int32, device=self.device)
+            self.block_tables[self._put(rows), self._put(cols)] = self._put(pages, torch.int32)
 
     def release(self, rows: list[int]) -> None:
         """Make rows idle: inactive, position 0, every block-table entry the trash page."""
         if rows:
-            idx = torch.tensor(rows, device=self.device)
+            idx = self._put(rows)
             self.active.index_fill_(0, idx, 0)
             self.positions.index_fill_(0, idx, 0)
             self.block_tables.index_fill_(0, idx, 0)
 
     def compact(self, src_rows: list[int], old_end: int) -> None:
         """Move rows src_rows[i] -> i for every per-row tensor; rows len(src)..old_end-1 become idle."""
-        idx = torch.tensor(src_rows, device=self.device)
+        idx = self._put(src_rows)
         for t in self.per_row():
             t[: len(src_rows)] = t[idx]
         self.release(list(range(len(src_rows), old_end)))

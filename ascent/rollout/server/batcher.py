@@ -12,6 +12,10 @@ sampled and the batcher passes it straight on; for any other engine (the referen
 the batcher replays a generation's tokens to the request's `on_token` callback right after the call returns,
 so a stream then arrives in one burst at the end, through the same interface.
 
+A call that starts on an idle engine first gathers: it waits until no request has arrived for `gather_s`
+(2 ms; at most 4 x gather_s in all), so a burst of requests (many clients at once) starts in one prefill
+instead of the first request's prefill running alone ahead of the rest. A lone request pays one gather_s.
+
 `pause()` stops taking new requests, lets the queued and running ones finish and returns with the engine
 idle, so weights can be swapped safely; `resume()` opens the queue again. The policy version each batch ran
 with is returned with its generations.
@@ -81,10 +85,16 @@ class _Job:
 class Batcher:
     """Owns `engine` on one thread; see the module docstring. Call `start()` before `submit`."""
 
-    def __init__(self, engine: RolloutEngine, max_batch_requests: int = 256, policy_version: int = 0) -> None:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        max_batch_requests: int = 256,
+        policy_version: int = 0,
+        gather_s: float = 0.002,
+    ) -> None:
         if max_batch_requests < 1:
             raise ValueError(f"max_batch_requests={max_batch_requests}: set it to 1 or more.")
-        self.engine = engine
+        self.engine, self.gather_s = engine, gather_s
         self.max_batch_requests = max_batch_requests
         self.policy_version = policy_version
         self.calls = 0  # engine.generate calls made
@@ -167,6 +177,7 @@ class Batcher:
                     self._cond.wait()
                 if self._closing:
                     return
+                self._gather()
                 take = min(len(self._queue), self.max_batch_requests)
                 jobs = [self._queue.popleft() for _ in range(take)]
                 self._busy, version = True, self.policy_version
@@ -178,6 +189,17 @@ class Batcher:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+
+    def _gather(self) -> None:
+        """(Lock held, requests queued, engine idle.) Wait until none arrives for gather_s (module doc)."""
+        end = time.monotonic() + 4 * self.gather_s
+        while not self._closing and len(self._queue) < self.max_batch_requests:
+            seen, left = len(self._queue), min(self.gather_s, end - time.monotonic())
+            if left <= 0:
+                return
+            self._cond.wait(left)  # a submit wakes it
+            if len(self._queue) == seen:
+                return
 
     def _run(self, batch: list[_Job], version: int) -> None:
         if not batch:

@@ -104,6 +104,23 @@ def test_pause_waits_for_running_requests() -> None:
     batcher.close()
 
 
+@pytest.mark.parametrize(("gather_s", "calls"), [(0.05, 1), (0.0, 2)])
+def test_a_burst_on_an_idle_engine_starts_in_one_call(gather_s: float, calls: int) -> None:
+    """Requests arriving a few ms apart on an idle engine are gathered into one call (gather_s, on a CPU
+    machine with a generous window); without gathering the first starts a call alone."""
+    engine = ScriptedEngine(echo, delay_s=0.2)
+    batcher = Batcher(engine, gather_s=gather_s)
+    batcher.start()
+    futures = []
+    for _ in range(3):
+        futures.append(batcher.submit(GenerationRequest([2, 50, 1, 2, 40], SamplingParams(max_new_tokens=8))))
+        time.sleep(0.01)
+    for f in futures:
+        f.result(timeout=10)
+    assert batcher.calls == calls
+    batcher.close()
+
+
 @pytest.mark.parametrize("api_processes", API_PROCESSES)
 def test_client_leaving_mid_stream_leaves_the_server_up(chat_model: Path, api_processes: int) -> None:
     engine = StreamingScriptedEngine(lambda r: [*([40] * 30), EOS], token_delay_s=0.02)

@@ -27,12 +27,35 @@ def _tokens(out):
     return [[(g.token_ids, g.finish_reason) for g in req] for req in out]
 
 
-def test_greedy_equals_reference_with_continuous_batching(engines):
-    ref, fast = engines(max_batch_size=4)
+@pytest.mark.parametrize("feed", [0, 256])
+def test_greedy_equals_reference_with_continuous_batching(engines, feed):
+    """Requests join as rows free up: through prefill passes, or (feed > 0) the single-sample ones have their
+    prompt computed by the decode steps; the tokens are the reference engine's either way."""
+    ref, fast = engines(max_batch_size=4, feed_prompt_tokens=feed)
     reqs = _requests(n=(1, 2, 1, 2, 1))
     assert _tokens(fast.generate(reqs)) == _tokens(ref.generate(reqs))
-    assert fast.stats["prefills"] > 2 and fast.stats["compactions"] > 0
+    if feed:  # requests 0-2 fill the rows; 3 (n=2) is prefilled when rows free up, 4 (n=1) is fed
+        assert fast.stats["fed_tokens"] == 3 and fast.stats["prefills"] == 2
+    else:
+        assert fast.stats["fed_tokens"] == 0 and fast.stats["prefills"] > 2
+    assert fast.stats["compactions"] > 0
     assert fast.alloc.reserved == 0 and fast.alloc.available == fast.cache.num_pages - 1
+
+
+def test_fed_prompts_sample_like_prefilled_ones(engines):
+    """Seeded sampling and logprobs of requests fed into a running batch equal the reference engine's and the
+    teacher-forced forward's; a prompt longer than feed_prompt_tokens is prefilled instead."""
+    ref, fast = engines(max_batch_size=2, feed_prompt_tokens=20)
+    reqs = _requests(seed=5, n=(1, 1, 1, 1, 1), max_new=(14, 9, 16, 5, 10), temperature=0.9)
+    out = fast.generate(reqs)
+    assert _tokens(out) == _tokens(ref.generate(reqs))
+    assert fast.stats["fed_tokens"] == 16 + 3 and fast.stats["prefill_tokens"] == 5 + 17 + 26
+    for req, (g,) in zip(reqs, out, strict=True):
+        ids = torch.tensor([req.prompt_ids + g.token_ids])
+        with torch.no_grad():
+            logits = ref.model(input_ids=ids).logits[0, len(req.prompt_ids) - 1 : -1] / 0.9
+        want = logits.log_softmax(-1).gather(1, torch.tensor(g.token_ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(g.logprobs), want, atol=1e-4)
 
 
 def test_logprobs_match_teacher_forced_forward(engines):
@@ -93,6 +116,45 @@ def test_session_continuation_reuses_cache(engines):
         [5, 6] + turn2, SamplingParams(temperature=0.0, max_new_tokens=5), session_id="a"
     )
     assert _tokens(fast.generate([third])) == _tokens(ref.generate([third]))  # no common prefix: re-prefill
+
+
+def test_one_token_prefill(engines):
+    """A turn that adds nothing after the cached reply prefills one token (padded to two inside, so a
+    compiled model makes no graph for size 1): the samples are still the reference engine's."""
+    ref, fast = engines(max_batch_size=4)
+    first = GenerationRequest(
+        list(range(4, 30)), SamplingParams(temperature=0.0, max_new_tokens=6), session_id="a"
+    )
+    out = fast.generate([first])[0][0]
+    again = GenerationRequest(first.prompt_ids + out.token_ids, SamplingParams(temperature=0.0, max_new_tokens=6, n=2),
+                              session_id="a")  # fmt: skip
+    before = fast.stats["prefill_tokens"]
+    assert _tokens(fast.generate([again])) == _tokens(ref.generate([again]))
+    assert fast.stats["prefill_tokens"] - before == 1
+
+
+def test_session_turn_fed_into_a_running_batch(engines):
+    """A conversation's next turn that joins a running batch is fed from its cached prefix: only the new
+    tokens go through the decode steps, the reply is the reference engine's, and its K/V serves the turn
+    after (cached again)."""
+    ref, fast = engines(max_batch_size=2)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    first = GenerationRequest(list(range(4, 40)), greedy, session_id="a")
+    out = fast.generate([first])[0][0]
+    turn2 = GenerationRequest(first.prompt_ids + out.token_ids + [7, 8, 9], greedy, session_id="a")
+    others = [GenerationRequest(list(range(50, 20, -1)), SamplingParams(temperature=0.0, max_new_tokens=n))
+              for n in (20, 2)]  # fmt: skip
+    before = dict(fast.stats)
+    got = fast.generate([*others, turn2])  # turn 2 waits for a row, then joins the 20-token one
+    assert _tokens(got) == _tokens(ref.generate([*others, turn2]))
+    reused = got[2][0].cached_tokens
+    assert reused == len(turn2.prompt_ids) - 4  # the cached turn but its last token (never K/V-written)
+    assert fast.stats["fed_tokens"] - before["fed_tokens"] == 4
+    assert fast.stats["reused_tokens"] - before["reused_tokens"] == reused
+    turn3 = GenerationRequest(turn2.prompt_ids + got[2][0].token_ids + [5], greedy, session_id="a")
+    again = fast.generate([turn3])[0][0]
+    assert again.cached_tokens == len(turn3.prompt_ids) - 2
+    assert _tokens([[again]]) == _tokens(ref.generate([turn3]))
 
 
 def test_conversations_sharing_a_session_id_each_keep_their_cache(engines):
