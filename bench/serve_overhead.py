@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import multiprocessing
 import statistics
 import sys
@@ -98,6 +99,40 @@ def _passes(engine: Any) -> tuple[int, int, int, int]:
         int(stats.get("fed_tokens", 0)),
         _compiles(),
     )
+
+
+class GcTimer:
+    """Time this process spends in the garbage collector's full (generation 2) passes (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.seconds, self.count, self._t0 = 0.0, 0, 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.seconds, self.count = self.seconds + time.perf_counter() - self._t0, self.count + 1
+
+
+class Arrivals:
+    """When requests reach the engine's batcher (wraps its `submit`): the spread of a burst's arrivals."""
+
+    def __init__(self, batcher: Any) -> None:
+        self.times: list[float] = []
+        submit = batcher.submit
+
+        def timed(*a: Any, **k: Any) -> Any:
+            self.times.append(time.perf_counter())
+            return submit(*a, **k)
+
+        batcher.submit = timed
+
+    def spread_ms(self, since: int) -> float:
+        t = self.times[since:]
+        return 1000 * (max(t) - min(t)) if t else 0.0
 
 
 def _compiles() -> int:
@@ -276,6 +311,7 @@ def main(argv: list[str] | None = None) -> None:
                 direct(engine, chat, args)  # warm-up: compilation, CUDA graphs
             endpoint(url, args, pool)
             rows: dict[str, list[tuple[float, float, float]]] = {}
+            gc_timer, arrivals = GcTimer(), Arrivals(server.batcher)
             for r in range(args.repeats):
                 interval = intervals[r % len(intervals)] if intervals else None
                 if interval is not None:
@@ -290,16 +326,18 @@ def main(argv: list[str] | None = None) -> None:
                     d_s, d_tok = direct(engine, chat, args)
                     s1 = _passes(engine)
                     l_s, l_tok = direct_live(engine, chat, args)
-                s2 = _passes(engine)
+                s2, gc0, seen = _passes(engine), (gc_timer.seconds, gc_timer.count), len(arrivals.times)
                 e_s, e_tok = endpoint(url, args, pool)
-                s3 = _passes(engine)
+                s3, gc1 = _passes(engine), (gc_timer.seconds, gc_timer.count)
                 rows.setdefault(setting, []).append((d_tok / d_s, e_tok / e_s, l_tok / l_s))
                 print(f"repeat {r + 1}{f' ({setting})' if setting else ''}: direct {d_tok} tokens in {d_s:.2f} s ({d_tok / d_s:,.0f}/s); "
                       f"direct live {l_tok} tokens in {l_s:.2f} s ({l_tok / l_s:,.0f}/s); endpoint "
                       f"{e_tok} tokens in {e_s:.2f} s ({e_tok / e_s:,.0f}/s); endpoint/direct "
                       f"{(e_tok / e_s) / (d_tok / d_s):.3f}, endpoint/live {(e_tok / e_s) / (l_tok / l_s):.3f}; "
                       f"prefills/decode steps/fed prompt tokens/compiled graphs: direct {_delta(s0, s1)}, live {_delta(s1, s2)}, "
-                      f"endpoint {_delta(s2, s3)}", flush=True)  # fmt: skip
+                      f"endpoint {_delta(s2, s3)}; full GC passes in the endpoint phase {gc1[1] - gc0[1]} "
+                      f"({1000 * (gc1[0] - gc0[0]):.0f} ms); the endpoint's requests reached the engine over "
+                      f"{arrivals.spread_ms(seen):.0f} ms", flush=True)  # fmt: skip
         finally:
             server.stop()
             if pool is not None:

@@ -77,3 +77,10 @@ class GraphRunner(Generic[K]):
         """Drop every graph and its memory pool (sleep, or the cache moved)."""
         self.graphs.clear()
         self.pool = None
+
+
+def clear_cublas_workspaces() -> None:
+    """Free cuBLAS's per-stream workspaces (tens of MiB per stream that ran a matmul; rebuilt on next use)."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()

@@ -8,6 +8,7 @@ every layer, since weights are arguments. The decode step makes no host sync, so
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -21,7 +22,7 @@ from ascent.rollout.fast.layers import LayerMath
 from ascent.rollout.fast.spec import ModelSpec
 from ascent.rollout.fast.state import DecodeState, Flags
 from ascent.rollout.fast.weights import ModelWeights
-from ascent.rollout.sampling import SamplingTensors, sample
+from ascent.rollout.sampling import SamplingTensors, sample, token_presence
 
 
 def _compile(fn: Callable) -> Callable:
@@ -83,6 +84,29 @@ class ModelRunner:
             return triton_sample(logits, st.temperature, st.seeds, steps, st.all_greedy)
         return self.sample(logits, st, steps, seen)
 
+    def sample_first(
+        self, hidden: Tensor, group: list[int], seqs: list, flags: Flags
+    ) -> list[tuple[int, float]]:
+        """hidden [G, H] (last prompt token of each group), group[i] the group of sample i (a Sequence:
+        params, seed, prompt) -> [(token, logprob)] for every sample, at sampling step 0.
+
+        A single sample is drawn twice (the same seed, the first kept): torch.compile builds new graphs
+        for one row (it specializes size 1), which would stall a running batch for seconds."""
+        if len(seqs) == 1:
+            return self.sample_first(torch.cat([hidden, hidden]), [0, 1], seqs * 2, flags)[:1]
+        dev = self.cache.device
+        st = SamplingTensors.from_params([s.params for s in seqs], [s.seed for s in seqs], dev)
+        st = dataclasses.replace(st, use_top_k_top_p=flags.top_k_top_p, use_min_p=flags.min_p,
+                                 use_penalty=flags.penalty, all_greedy=flags.all_greedy)  # fmt: skip
+        seen = None
+        if flags.penalty:
+            width = max(len(s.prompt) for s in seqs)
+            padded = [s.prompt + [-1] * (width - len(s.prompt)) for s in seqs]
+            seen = token_presence(torch.tensor(padded, device=dev), self.spec.vocab_size)
+        steps = torch.zeros(len(seqs), dtype=torch.long, device=dev)
+        tokens, logprobs = self.head_sample(hidden[torch.tensor(group, device=dev)], st, steps, seen)
+        return list(zip(tokens.tolist(), logprobs.tolist(), strict=True))
+
     def _layers(self, x: Tensor, cos: Tensor, sin: Tensor, slots: Tensor | None, attend: Callable) -> Tensor:
         """x [T, H] through every layer; K/V of the T tokens are written to `slots` [T] first (None: the
         attention kernel writes them itself). The residual stream runs in fp32 (see layers.py)."""
@@ -131,11 +155,13 @@ class ModelRunner:
                 if paged:  # continues cached prefixes: the paged kernel reads the history in place
                     out = paged_prefill_attention(q.view(b, lq, nh, d), k_all[i], v_all[i], bt, starts32,
                                                   lens32, self.scale, **self.prefill_options)  # fmt: skip
-                    return out.reshape(b * lq, nh * d)
+                    return out.reshape(b * lq, nh * d).clone()
                 cached = (k_all[i], v_all[i], bt, start_t, lk)
             out = prefill_attention(q.view(b, lq, nh, d), k.view(b, lq, kvh, d), v.view(b, lq, kvh, d),
                                     self.scale, cached)  # fmt: skip
-            return out.reshape(b * lq, nh * d)
+            # a fresh tensor, not a view: a view's base has b rows, and b = 1 (one prompt) would make
+            # torch.compile build new graphs mid-run (it specializes sizes 0 and 1)
+            return out.reshape(b * lq, nh * d).clone()
 
         x = self._layers(F.embedding(ids.reshape(-1), self.w.embed), cos, sin, slots, attend)
         return x.view(b, lq, -1)[torch.arange(b, device=dev), (lens - 1).to(dev)]
