@@ -4,6 +4,7 @@
   (continuous batching, row compaction), multi-turn session reuse, sleep/wake and weight updates.
 - bf16: a greedy prefix equals the reference engine's; logprobs match a teacher-forced transformers forward
   (mean absolute difference < 1e-3).
+- prompt feeding (requests joining a running batch computed by the captured decode steps): the same.
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ def _engines(ckpt, dtype, head_scale=HEAD_SCALE, **kw):
 
 def _requests(seed=0, n=(1, 3, 2, 1, 4), lens=(5, 17, 33, 16, 3), max_new=24, temperature=0.0):
     g = torch.Generator().manual_seed(seed)
+    budgets = max_new if isinstance(max_new, tuple) else (max_new,) * len(lens)
     return [
         GenerationRequest(torch.randint(4, 60, (length,), generator=g).tolist(),
-                          SamplingParams(temperature=temperature, max_new_tokens=max_new, n=k, seed=i), request_id=i)
-        for i, (length, k) in enumerate(zip(lens, n, strict=True))
+                          SamplingParams(temperature=temperature, max_new_tokens=m, n=k, seed=i), request_id=i)
+        for i, (length, k, m) in enumerate(zip(lens, n, budgets, strict=True))
     ]  # fmt: skip
 
 
@@ -64,6 +66,31 @@ def test_fp32_greedy_equals_reference_with_graphs(ckpt, compile, page_size):
     assert fast.stats["prefills"] > 1
     seeded = _requests(seed=1, temperature=1.0)
     assert _tokens(fast.generate(seeded)) == _tokens(ref.generate(seeded))
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_fp32_fed_prompts_through_graphs_equal_reference(ckpt, compile):
+    """Single-sample requests that join a running batch have their prompts computed by the captured decode
+    steps (prompt feeding): greedy and seeded tokens equal the reference engine's."""
+    ref, fast = _engines(ckpt, "fp32", max_batch_size=2, compile=compile)
+    for temperature in (0.0, 1.0):
+        reqs = _requests(seed=5, n=(1,) * 5, temperature=temperature)
+        assert _tokens(fast.generate(reqs)) == _tokens(ref.generate(reqs))
+    assert fast.stats["fed_tokens"] > 0
+
+
+def test_bf16_fed_prompts_logprobs(ckpt):
+    """bf16 with compile and graphs: fed requests' logprobs stay as close to the fp32 teacher-forced ones as
+    the bf16 reference engine's."""
+    import copy
+
+    ref, fast = _engines(ckpt, "bf16", max_batch_size=2, head_scale=1.0)
+    reqs = _requests(seed=6, n=(1,) * 5, max_new=(32, 12, 32, 20, 32))  # uneven: rows free one at a time
+    got, want = fast.generate(reqs), ref.generate(reqs)
+    assert fast.stats["fed_tokens"] > 0
+    exact = copy.deepcopy(ref.model).float()
+    ours, floor = _logprob_diff(exact, reqs, got), _logprob_diff(exact, reqs, want)
+    assert ours < 1e-3 and ours <= floor * 1.1
 
 
 def test_fp32_sessions_sleep_wake_and_update(ckpt):
