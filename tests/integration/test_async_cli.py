@@ -118,7 +118,10 @@ def test_multi_turn_episodes_played_ahead_on_ray_split(tmp_path, tiny_model):
     ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), timeout=600)
     eps = episodes(tmp_path / "run")
     check_bound(eps, 3, 8, bound=1)
-    assert {r["version_min"] for r in eps[2]} == {0} and {r["version_max"] for r in eps[3]} <= {1, 2}
+    # episodes were played ahead: some started on the previous version (which ones depends on scheduling:
+    # on a loaded machine a publication can land before the controller's thread starts an iteration)
+    assert any(r["version_min"] < r["trainer_version"] for it in (2, 3) for r in eps[it])
+    assert {r["version_max"] for r in eps[3]} <= {1, 2}
 
 
 @pytest.mark.slow
