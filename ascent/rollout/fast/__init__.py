@@ -117,9 +117,8 @@ def build_fast_engine(
     be shared; `trust_remote_code` lets the config and tokenizer run code shipped in the checkpoint
     (model.trust_remote_code); `on_swap` is what sequences in flight do when a publication lands between two
     decode steps: `continue` with the new weights over their K/V so far, or `restart` from their prompt
-    (engine.py); `feed_prompt_tokens` is the longest new prompt a single-sample request joining a running
-    batch has computed by the decode steps instead of a prefill pass (engine.py; 0: always prefill);
-    `unused` swallows options meant for other engines.
+    (engine.py); `feed_prompt_tokens`: the longest new prompt fed through decode steps, not prefilled
+    (engine.py; 0: always prefill); `unused` swallows options meant for other engines.
     """
     from ascent.models.loading import resolve_device, torch_dtype
 

@@ -98,9 +98,7 @@ class FastEngine:
         self.stats["reused_tokens"] = 0  # prompt tokens whose K/V a cached session prefix supplied
         self.stats["fed_tokens"] = 0  # prompt tokens computed by decode steps (fed, not prefilled)
         self.stats["swaps"] = 0  # publications applied while a call was running (between two steps)
-        self.stats["restarted"] = (
-            0  # sequences sampled again from their prompt after a swap (on_swap=restart)
-        )
+        self.stats["restarted"] = 0  # sequences sampled again from their prompt (on_swap=restart)
 
     # ---- RolloutEngine protocol -------------------------------------------------------------------------
 
