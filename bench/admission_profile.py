@@ -72,9 +72,10 @@ def timed(obj, name, label=None):
     setattr(obj, name, w)
 
 
-for n in ["_admit", "_sample_first", "_drain", "_maybe_compact", "_launch", "_process", "_feed", "_finished"]:
+for n in ["_admit", "_admit_fed", "_drain", "_maybe_compact", "_launch", "_process", "_feed", "_finished"]:
     timed(eng, n)
 timed(eng.runner, "prefill", "runner.prefill")
+timed(eng.runner, "sample_first", "runner.sample_first")
 timed(eng.state, "admit", "state.admit")
 timed(eng.state, "release", "state.release")
 timed(eng.state, "set_pages", "state.set_pages")
@@ -99,7 +100,9 @@ def big():
 
 
 def report(label, s, tok, s0):
-    d = {k: eng.stats[k] - s0[k] for k in ("steps", "prefills", "compactions", "prefill_tokens")}
+    d = {
+        k: eng.stats[k] - s0[k] for k in ("steps", "prefills", "compactions", "prefill_tokens", "fed_tokens")
+    }
     print(
         f"{label}: {tok} tokens {s:.3f}s {tok / s:,.0f}/s {d}  ms/step {1000 * s / max(d['steps'], 1):.2f}",
         flush=True,
@@ -117,32 +120,31 @@ so.direct_live(eng, chat, args)
 big()  # warm-up
 T.clear()
 N.clear()
-variants = [f"feed {a.feed}"]
+v = f"feed {a.feed}"
 for r in range(a.repeats):
-    for v in variants:
-        s0 = dict(eng.stats)
-        d_s, d_t = so.direct(eng, chat, args)
-        report(f"[{v}] direct one batch of {a.clients}", d_s, d_t, s0)
-        s0 = dict(eng.stats)
-        b_s, b_t = big()
-        report(f"[{v}] direct {a.clients * a.calls} in one call", b_s, b_t, s0)
-        s0 = dict(eng.stats)
-        prof = None
-        if a.trace and r == a.repeats - 1 and v == variants[0]:
-            from torch.profiler import ProfilerActivity, profile
+    s0 = dict(eng.stats)
+    d_s, d_t = so.direct(eng, chat, args)
+    report(f"[{v}] direct one batch of {a.clients}", d_s, d_t, s0)
+    s0 = dict(eng.stats)
+    b_s, b_t = big()
+    report(f"[{v}] direct {a.clients * a.calls} in one call", b_s, b_t, s0)
+    s0 = dict(eng.stats)
+    prof = None
+    if a.trace and r == a.repeats - 1:
+        from torch.profiler import ProfilerActivity, profile
 
-            prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-            prof.__enter__()
-        l_s, l_t = so.direct_live(eng, chat, args)
-        if prof is not None:
-            prof.__exit__(None, None, None)
-            out = os.environ.get("OUT", "/tmp")
-            prof.export_chrome_trace(f"{out}/{a.trace}")
-            os.system(f"gzip -f {out}/{a.trace}")
-            print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25))
-            print(
-                prof.key_averages().table(
-                    sort_by="self_cuda_time_total" if dev == "cuda" else "self_cpu_time_total", row_limit=25
-                )
+        prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        prof.__enter__()
+    l_s, l_t = so.direct_live(eng, chat, args)
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        out = os.environ.get("OUT", "/tmp")
+        prof.export_chrome_trace(f"{out}/{a.trace}")
+        os.system(f"gzip -f {out}/{a.trace}")
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25))
+        print(
+            prof.key_averages().table(
+                sort_by="self_cuda_time_total" if dev == "cuda" else "self_cpu_time_total", row_limit=25
             )
-        report(f"[{v}] direct live {a.clients}x{a.calls}", l_s, l_t, s0)
+        )
+    report(f"[{v}] direct live {a.clients}x{a.calls}", l_s, l_t, s0)

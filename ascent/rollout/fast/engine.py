@@ -402,8 +402,8 @@ class FastEngine:
             self.sched.fork(a)  # one sample: its pages are the prompt's, nothing to copy
             (s,) = a.seqs
             s.num_cached, s.launched, s.epoch = a.reuse, 0, self.swaps.epoch
-            s.fed = s.skip = len(a.prompt) - a.reuse
-            s.skip -= 1
+            s.fed = len(a.prompt) - a.reuse
+            s.skip = s.fed - 1  # every fed step but the last samples a throw-away token
             s.row = heapq.heappop(self.free_rows)
             self.rows[s.row] = s
             seqs.append(s)

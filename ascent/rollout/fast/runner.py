@@ -152,13 +152,13 @@ class ModelRunner:
             cached = None
             if max(starts) > 0:
                 k_all, v_all = self.cache.tensors()
-                if paged:  # continues cached prefixes: the paged kernel reads the history in place
-                    out = paged_prefill_attention(q.view(b, lq, nh, d), k_all[i], v_all[i], bt, starts32,
-                                                  lens32, self.scale, **self.prefill_options)  # fmt: skip
-                    return out.reshape(b * lq, nh * d).clone()
                 cached = (k_all[i], v_all[i], bt, start_t, lk)
-            out = prefill_attention(q.view(b, lq, nh, d), k.view(b, lq, kvh, d), v.view(b, lq, kvh, d),
-                                    self.scale, cached)  # fmt: skip
+            if paged:  # continues cached prefixes: the paged kernel reads the history in place
+                out = paged_prefill_attention(q.view(b, lq, nh, d), k_all[i], v_all[i], bt, starts32,
+                                              lens32, self.scale, **self.prefill_options)  # fmt: skip
+            else:
+                out = prefill_attention(q.view(b, lq, nh, d), k.view(b, lq, kvh, d), v.view(b, lq, kvh, d),
+                                        self.scale, cached)  # fmt: skip
             # a fresh tensor, not a view: a view's base has b rows, and b = 1 (one prompt) would make
             # torch.compile build new graphs mid-run (it specializes sizes 0 and 1)
             return out.reshape(b * lq, nh * d).clone()
