@@ -171,7 +171,8 @@ def check_sandbox(isolated: bool) -> None:
     if problem:
         raise SandboxUnavailableError(
             f"the Python tool cannot build its sandbox here: `bwrap` said {problem.splitlines()[-1]!r}. It needs "
-            "user namespaces: allow them (sysctl kernel.unprivileged_userns_clone=1 and user.max_user_namespaces "
-            "> 0; in a container, a seccomp/AppArmor profile that permits them), and the interpreter "
-            f"{interpreter()} readable by uid {SANDBOX_UID}."
+            "bubblewrap 0.8 or newer (`bwrap --version`) and user namespaces: allow them (sysctl "
+            "kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; in a container, a seccomp or "
+            f"AppArmor profile that permits them), and the interpreter {interpreter()} readable by uid "
+            f"{SANDBOX_UID}."
         )
