@@ -112,17 +112,10 @@ def _rlimits(limits: Limits) -> list[str]:
     """util-linux's prlimit, run inside the sandbox's user namespace (where RLIMIT_NPROC counts the call's
     own processes only), then exec'ing the interpreter; SIGXCPU at the CPU limit, SIGKILL a second later."""
     mb = 1 << 20
-    cpu, memory, fsize = f"{limits.cpu_s}:{limits.cpu_s + 1}", limits.memory_mb * mb, limits.file_mb * mb
-    files, procs = limits.max_files, limits.max_procs
-    return [
-        "prlimit",
-        f"--cpu={cpu}",
-        f"--as={memory}",
-        f"--fsize={fsize}",
-        f"--nofile={files}",
-        f"--nproc={procs}",
-        "--core=0",
-    ]
+    cpu = f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}"
+    sizes = [f"--as={limits.memory_mb * mb}", f"--fsize={limits.file_mb * mb}", "--core=0"]
+    counts = [f"--nofile={limits.max_files}", f"--nproc={limits.max_procs}"]
+    return ["prlimit", cpu, *sizes, *counts]
 
 
 class _Kept:

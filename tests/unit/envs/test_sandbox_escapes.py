@@ -85,7 +85,7 @@ def escapes(h: Host) -> dict[str, str]:
         f"with contextlib.suppress(OSError): os.kill(-1, 9)\nprint({HELD!r})",
         "see-processes": "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
         f"print({HELD!r} if set(pids) == {{1, os.getpid()}} else ('ESCAPED', pids))",
-        "witness": f"time.sleep(1.5)\nprint({HELD!r})",  # runs while kill-everything kills what it can
+        "witness": f"time.sleep(1.0)\nprint({HELD!r})",  # runs while kill-everything kills what it can
         "environment": f"print({HELD!r} if 'ASCENT_TEST_SECRET' not in os.environ else ('ESCAPED', dict(os.environ)))",
         "privileges": privileges,
         "ptrace": f"libc = ctypes.CDLL(None)\nprint({HELD!r} if libc.ptrace(16, 1, 0, 0) == -1 else 'ESCAPED')",
