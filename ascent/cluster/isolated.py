@@ -133,7 +133,9 @@ class IsolatedRunner:
                 out.append(None)
                 retry += chunk
         again = iter(self._one_by_one(fn, retry, detail))
-        return [o for done, chunk in zip(out, chunks, strict=True) for o in done or [next(again) for _ in chunk]]
+        return [
+            o for done, chunk in zip(out, chunks, strict=True) for o in done or [next(again) for _ in chunk]
+        ]
 
     def each(self, fn: Callable[[Any], Any], items: Sequence[Any], detail: str = "") -> list[Outcome]:
         """One task per item, never run twice (for calls with side effects, e.g. an agent's episodes): an

@@ -161,7 +161,9 @@ class RewardRunner:
         executor = self.executor or _INLINE
         names = sorted({_name(spec) for spec in specs})
         detail = f"reward.fn={', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
-        outcomes = executor.map(partial(score_task, self.kwargs), list(zip(specs, items, strict=True)), detail)
+        outcomes = executor.map(
+            partial(score_task, self.kwargs), list(zip(specs, items, strict=True)), detail
+        )
         rewards: list[float] = []
         components: list[dict[str, float]] = []
         failures: list[tuple[RewardInput, str]] = []

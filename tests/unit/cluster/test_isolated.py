@@ -78,7 +78,9 @@ def quiet_exit(item: str) -> str:
 
 @pytest.mark.timeout(60)
 def test_a_worker_that_exits_with_status_0_costs_its_item_and_is_replaced():
-    runner = IsolatedRunner(2, timeout_s=120.0)  # a missed death would wait 120 s: the test's timeout fails it
+    runner = IsolatedRunner(
+        2, timeout_s=120.0
+    )  # a missed death would wait 120 s: the test's timeout fails it
     try:
         out = runner.map(quiet_exit, ["a", "os_exit", "b", "os_exit"])
         assert [o.value for o in out if o.ok] == ["aa", "bb"]
