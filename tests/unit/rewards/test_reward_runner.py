@@ -136,3 +136,22 @@ def test_built_from_config_and_empty_batch():
     assert runner.score(inputs(["about 4.4"])).rewards == [1.0]
     empty = runner.score([])
     assert empty.rewards == [] and empty.metrics["reward/failure_rate"] == 0.0
+
+
+@pytest.mark.timeout(60)
+def test_a_reward_that_ends_its_process_with_status_0_costs_its_sample(caplog):
+    """A missed death would wait out reward.timeout_s (120 s); the test's own timeout (60 s) fails that."""
+    from ascent.cluster.isolated import IsolatedRunner
+
+    pool = IsolatedRunner(2, 120.0, what="reward", timeout_field="reward.timeout_s")
+    runner = RewardRunner("tests.integration.bad_rewards:score", max_failure_rate=0.5, executor=pool)
+    items = [
+        RewardInput("p", "r", [1], {"answer": a}, row_id=i) for i, a in enumerate(["ok", "os_exit", "ok"])
+    ]
+    try:
+        with caplog.at_level(logging.WARNING, logger="ascent.rewards.runner"):
+            result = runner.score(items)
+    finally:
+        runner.close()
+    assert result.rewards == [1.0, 0.0, 1.0] and result.metrics["reward/failures"] == 1.0
+    assert "failed on row 2: its process died (exit code 0) while running a reward call" in caplog.text
