@@ -95,7 +95,7 @@ class IsolatedRunner:
         preload: Sequence[str] = (),
         what: str = "call",
         timeout_field: str = "timeout_s",
-        notice_s: float = 10.0,
+        notice_s: float = 5.0,
     ) -> None:
         self.num_workers, self.timeout_s, self.preload, self.what = num_workers, timeout_s, preload, what
         self.timeout_field, self.notice_s = timeout_field, notice_s
