@@ -177,23 +177,27 @@ class IsolatedRunner:
         fails the call of a worker that died with any other status itself, in the step that notices it."""
         from pebble.common import ProcessExpired, Result, ResultStatus  # deferred: see _get_pool
 
-        manager = getattr(self._pool, "_pool_manager", None)
-        if manager is None:
+        try:
+            manager = self._pool._pool_manager
+            alive, tasks = dict(manager.worker_manager.workers), list(manager.task_manager.tasks.values())
+        except AttributeError:  # another pebble: its own detection (non-zero statuses) and timeouts remain
             return
-        alive = dict(manager.worker_manager.workers)
         self._workers.update(alive)
         now = time.monotonic()
-        for task in list(manager.task_manager.tasks.values()):
+        for task in tasks:
             pid = task.worker_id
             if not pid or pid in alive or task.future.done():
+                gone.pop(task.id, None)
                 continue
             if now - gone.setdefault(task.id, now) < EXIT_GRACE_S:
                 continue
-            proc = self._workers.pop(pid, None)
-            code = proc.exitcode if proc is not None and proc.exitcode is not None else 0
+            proc = self._workers.get(pid)
+            code = proc.exitcode if proc is not None and proc.exitcode is not None else 0  # else pebble's
             log.warning("worker %d exited with status %d while running %s; replaced", pid, code, self.a_call)
             error = ProcessExpired(f"worker {pid} exited with status {code}", code, pid)
             manager.task_manager.task_done(task.id, Result(ResultStatus.ERROR, error))
+        running = {t.worker_id for t in tasks}  # keep only the workers still of use for an exit status
+        self._workers = {pid: p for pid, p in self._workers.items() if pid in alive or pid in running}
 
     def _result(self, future: Any) -> Outcome:
         import pebble  # deferred: see _get_pool
