@@ -19,15 +19,14 @@ None, not a number, NaN or infinite, `done` not a bool, an observation that is n
 `info` not a dict; or, in a host of `ascent.envs.hosts`, a process or a Ray actor, hangs or dies): that
 costs the episode (finish "abort", reward 0, the reason in its metadata's `env_error`, counted by the
 loop's env/errors like any environment failure), never the batch. The episode's reward is the sum of its
-turns' rewards (`metadata["turn_rewards"]` keeps them;
-token-level estimators place each on the last token of its turn: orchestrator.batch.advantage_inputs).
+turns' rewards (`metadata["turn_rewards"]` keeps them; token-level estimators place each on the last token
+of its turn: orchestrator.batch.advantage_inputs).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -214,10 +213,12 @@ def checked_step(result: Any) -> float:
         raise StepResultError(
             f"step returned {_quote(result)}, not a StepResult(observation, reward, done, info)"
         )
-    reward, done = result.reward, result.done
-    if not isinstance(reward, numbers.Real) or not math.isfinite(float(reward)):
-        raise StepResultError(f"step returned reward={_quote(reward)}; it must be a finite number (a float)")
-    if not isinstance(done, bool) and type(done).__name__ != "bool_":  # numpy's bool_ is a fine answer too
+    reward, done = _number(result.reward), result.done
+    if reward is None or not math.isfinite(reward):
+        raise StepResultError(
+            f"step returned reward={_quote(result.reward)}; it must be a finite number (a float)"
+        )
+    if type(done).__name__ not in ("bool", "bool_"):  # Python's, or numpy's (named bool_ before numpy 2)
         raise StepResultError(f"step returned done={_quote(done)}; it must be True or False")
     obs = result.observation
     if not isinstance(obs, (list, tuple)) or not all(isinstance(m, Mapping) and "role" in m for m in obs):
@@ -226,7 +227,17 @@ def checked_step(result: Any) -> float:
         )
     if not isinstance(result.info, Mapping):
         raise StepResultError(f"step returned info={_quote(result.info)}; it must be a dict")
-    return float(reward)
+    return reward
+
+
+def _number(value: Any) -> float | None:
+    """`value` as a float when it is a number (numpy's and torch's scalars too), else None."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):  # e.g. an array of several numbers
+        return None
 
 
 def _quote(value: Any) -> str:
