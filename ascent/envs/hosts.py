@@ -18,13 +18,15 @@ ends, so hosts that outlive a batch hold none of its environments afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
+import pickle
 import time
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from ascent.envs.base import Message, StepResult, make_env
 
@@ -53,14 +55,19 @@ def serve(envs: dict[Any, Any], msg: tuple[str, Any, Any]) -> tuple[str, Any]:
 
 
 def _host_main(conn: Connection) -> None:
-    """A host process's loop: each command in, `serve`'s reply out."""
+    """A host process's loop: each command in, `serve`'s reply out (or why it cannot travel)."""
     envs: dict[Any, Any] = {}
     while True:
         try:
             msg = conn.recv()
         except EOFError:
             return
-        conn.send(serve(envs, msg))
+        reply = serve(envs, msg)
+        try:
+            data = pickle.dumps(reply)
+        except Exception as e:  # noqa: BLE001 - user code's answer (e.g. a lambda in info): costs the episode
+            data = pickle.dumps(("err", f"its {msg[0]} answer cannot be sent back ({type(e).__name__}: {e})"))
+        conn.send_bytes(data)
 
 
 class Hosts(Protocol):
@@ -103,31 +110,27 @@ class EnvHosts:
         return len(self._hosts)
 
     def run(self, commands: Sequence[tuple[int, tuple[str, Any, Any]]]) -> list[tuple[str, Any]]:
-        """(host, message) pairs -> one reply each, in order; hosts run in parallel, each in order."""
+        """(host, message) pairs -> one reply each, in order; hosts run in parallel, each in order. A host
+        is waited on through its pipe and its process, so one that exits (with any status, 0 included) is
+        noticed at once, even when a child it started holds its end of the pipe open."""
         queues: dict[int, deque[tuple[int, tuple[str, Any, Any]]]] = {}
         for i, (h, msg) in enumerate(commands):
             queues.setdefault(h, deque()).append((i, msg))
         out: list[tuple[str, Any]] = [("err", "not run")] * len(commands)
         busy: dict[int, tuple[int, float]] = {}  # host -> (command index, deadline)
+        ops = [msg[0] for _, msg in commands]
         while any(queues.values()) or busy:
             for h, q in queues.items():
                 if h not in busy and q:
                     i, msg = q.popleft()
-                    self._hosts[h][1].send(msg)
                     busy[h] = (i, time.monotonic() + self.timeout_s)
-            conns = {self._hosts[h][1]: h for h in busy}
+                    with contextlib.suppress(OSError):  # it died since its last command: the wait says so
+                        self._hosts[h][1].send(msg)
+            waits = {self._hosts[h][1]: h for h in busy} | {self._hosts[h][0].sentinel: h for h in busy}
             soonest = min(deadline for _, deadline in busy.values())
-            for ready in wait(list(conns), timeout=max(0.0, soonest - time.monotonic())):
-                conn = cast(Connection, ready)
-                h = conns[conn]
+            for h in {waits[r] for r in wait(list(waits), timeout=max(0.0, soonest - time.monotonic()))}:
                 i, _ = busy.pop(h)
-                try:
-                    out[i] = conn.recv()
-                except (EOFError, OSError):
-                    self._hosts[h][0].join(1)  # reap it, for its exit code
-                    code = self._hosts[h][0].exitcode
-                    out[i] = ("err", f"its environment process died (exit code {code})")
-                    self._replace(h)
+                out[i] = self._reply(h, ops[i])
             for h, (i, deadline) in list(busy.items()):
                 if time.monotonic() > deadline:
                     out[i] = (
@@ -137,6 +140,21 @@ class EnvHosts:
                     busy.pop(h)
                     self._replace(h)
         return out
+
+    def _reply(self, h: int, op: str) -> tuple[str, Any]:
+        """Host `h`'s answer to its command `op`, or why there is none (its process died: replaced)."""
+        proc, conn = self._hosts[h]
+        try:
+            if conn.poll():
+                reply: tuple[str, Any] = conn.recv()
+                return reply
+        except (EOFError, OSError):
+            pass
+        except Exception as e:  # noqa: BLE001 - the answer arrived but cannot be read here (unpickling)
+            return ("err", f"its {op} answer cannot be read ({type(e).__name__}: {e})")
+        proc.join(1)  # reap it, for its exit status
+        self._replace(h)
+        return ("err", f"its environment process died (exit code {proc.exitcode}) while running {op}")
 
     def close(self) -> None:
         for proc, conn in self._hosts:

@@ -14,14 +14,19 @@ their policy versions; observation tokens have mask 0.
 
 An episode ends when the environment says done, at `max_turns` model turns, when its response (model and
 observation tokens) would pass `max_tokens`, when a turn stops without a stop token (cut by length), or when
-the environment fails (raises; or, in a host of `ascent.envs.hosts`, a process or a Ray actor, hangs or
-dies): that costs the episode (finish "abort", reward 0, the error in its metadata), never the batch. The episode's reward is the sum of its turns' rewards (`metadata["turn_rewards"]` keeps them;
-token-level estimators place each on the last token of its turn: orchestrator.batch.advantage_inputs).
+the environment fails (raises; answers with something that is not a valid `StepResult`: a reward that is
+None, not a number, NaN or infinite, `done` not a bool, an observation that is not a list of messages,
+`info` not a dict; or, in a host of `ascent.envs.hosts`, a process or a Ray actor, hangs or dies): that
+costs the episode (finish "abort", reward 0, the reason in its metadata's `env_error`, counted by the
+loop's env/errors like any environment failure), never the batch. The episode's reward is the sum of its
+turns' rewards (`metadata["turn_rewards"]` keeps them; token-level estimators place each on the last token
+of its turn: orchestrator.batch.advantage_inputs).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -160,7 +165,7 @@ def started(t: Task, out: tuple[list[Message], Any] | str) -> tuple[list[Message
     if isinstance(out, str):
         name = t.env if isinstance(t.env, str) else type(t.env).__name__
         raise EnvResetError(
-            f"row {t.row_id}: {name}.reset failed ({out}); the row has fields {sorted(t.row)}. Fix the row or "
+            f"row {t.row_id + 1}: {name}.reset failed ({out}); the row has fields {sorted(t.row)}. Fix the row or "
             "the environment (`ascent debug env` runs it where breakpoint() works)."
         )
     return out
@@ -176,17 +181,65 @@ def _request(s: _Open, params: SamplingParams, max_tokens: int, turn: int, i: in
 def _answer(s: _Open, result: StepResult | str, chat: ChatTokens, max_tokens: int) -> None:
     """The environment's answer to the turn just added: end the episode, or append the observation."""
     try:
-        if isinstance(result, str):
-            raise RuntimeError(result)
+        if isinstance(result, str):  # it raised, hung or died where it runs: `result` says how
+            raise _EnvFailed(result)
+        reward = checked_step(result)
         observation = [] if result.done else chat.continuation_ids(result.observation)
     except Exception as e:  # user code (or its process): it costs this episode, never the batch
-        s.finish, s.error = "abort", str(e) if isinstance(result, str) else f"{type(e).__name__}: {e}"
-        log.warning("environment failed on row %d turn %d: %s", s.task.row_id, s.turns, s.error)
+        s.finish, s.error = "abort", str(e) if isinstance(e, _EnvFailed) else f"{type(e).__name__}: {e}"
+        log.warning("environment failed on row %d turn %d: %s", s.task.row_id + 1, s.turns, s.error)
         return
-    s.turn_rewards.append(float(result.reward))
+    s.turn_rewards.append(reward)
     if result.done:
         s.finish = "stop"
     elif len(s.ids) + len(observation) >= max_tokens:  # out of tokens (or of turns: max_tokens=0)
         s.finish = "length"
     else:
         s.add_observation(observation)
+
+
+class _EnvFailed(Exception):
+    """The environment's own failure, as its host reported it (the text is the reason, kept as is)."""
+
+
+class StepResultError(ValueError):
+    """An environment's `step` answered with something that breaks the `StepResult` contract."""
+
+
+def checked_step(result: Any) -> float:
+    """`result`'s reward as a finite float, after checking every field of the `StepResult` contract; raises
+    StepResultError naming the field, its value and what it should be."""
+    if not isinstance(result, StepResult):
+        raise StepResultError(
+            f"step returned {_quote(result)}, not a StepResult(observation, reward, done, info)"
+        )
+    reward, done = _number(result.reward), result.done
+    if reward is None or not math.isfinite(reward):
+        raise StepResultError(
+            f"step returned reward={_quote(result.reward)}; it must be a finite number (a float)"
+        )
+    if type(done).__name__ not in ("bool", "bool_"):  # Python's, or numpy's (named bool_ before numpy 2)
+        raise StepResultError(f"step returned done={_quote(done)}; it must be True or False")
+    obs = result.observation
+    if not isinstance(obs, (list, tuple)) or not all(isinstance(m, Mapping) and "role" in m for m in obs):
+        raise StepResultError(
+            f"step returned observation={_quote(obs)}; it must be a tuple of messages ({{'role', 'content'}})"
+        )
+    if not isinstance(result.info, Mapping):
+        raise StepResultError(f"step returned info={_quote(result.info)}; it must be a dict")
+    return reward
+
+
+def _number(value: Any) -> float | None:
+    """`value` as a float when it is a number (numpy's and torch's scalars too), else None."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):  # e.g. an array of several numbers
+        return None
+
+
+def _quote(value: Any) -> str:
+    text = repr(value)
+    return f"{text[:80]}..." if len(text) > 80 else f"{text} ({type(value).__name__})"

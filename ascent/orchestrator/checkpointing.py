@@ -24,9 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ascent.errors import AscentError
 from ascent.orchestrator import resume as R
 from ascent.trainer import checkpoint_commit as K
+from ascent.trainer.checkpoint_commit import CheckpointWriteError as CheckpointWriteError  # re-exported
 
 log = logging.getLogger("ascent")
 
@@ -64,9 +64,13 @@ def commit(
 
     try:
         K.write_staged(K.stage(tmp), fill)  # never leaves a half-written .tmp_* behind
-    except OSError as err:
-        raise CheckpointWriteError(_write_failure(final, err)) from err
-    K.commit(tmp, final, STAGING.old(final))
+        K.commit(tmp, final, STAGING.old(final))
+    except Exception as err:
+        why = K.write_failure(err)
+        if why is None:  # not the machine's: a bug, with its traceback
+            raise
+        previous = [p for p in checkpoint_dirs(run_dir) if p != final]
+        raise K.write_error(final, previous[-1] if previous else None, why) from err
     K.prune(root, STAGING, checkpoint_dirs(run_dir), keep_last, keep=final)
     log.info("checkpoint written: %s", final)
     return final
@@ -103,24 +107,6 @@ def abandon_newer(run_dir: str | Path, iteration: int) -> list[Path]:
             ", ".join(p.name for p in moved),
         )
     return moved
-
-
-class CheckpointWriteError(AscentError):
-    """A checkpoint could not be written (disk full, permissions); the previous ones are intact."""
-
-
-def _write_failure(final: Path, err: OSError) -> str:
-    previous = checkpoint_dirs(final.parent.parent)
-    intact = (
-        f"the previous checkpoint {previous[-1].name} is intact"
-        if previous
-        else "no earlier checkpoint exists"
-    )
-    return (
-        f"checkpoint {str(final)!r} could not be written ({err.strerror or err}: {err.filename or final}); "
-        f"nothing half-written was left behind and {intact}. Free space or fix permissions under "
-        f"{str(final.parent)!r}, then run the same command with --resume."
-    )
 
 
 def latest(run_dir: str | Path, resume_from: str | None = None) -> tuple[Path, dict[str, Any]] | None:

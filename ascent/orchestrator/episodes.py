@@ -147,7 +147,7 @@ def env_metrics(groups: Sequence[Group], max_failure_rate: float) -> dict[str, f
     if len(errors) > max_failure_rate * len(episodes):
         raise EnvFailureError(
             f"reward.max_failure_rate={max_failure_rate}: {len(errors)} of {len(episodes)} episodes failed in "
-            f"their environment (first: row {errors[0].row_id}: {errors[0].metadata['env_error']}). Fix the "
+            f"their environment (first: row {errors[0].row_id + 1}: {errors[0].metadata['env_error']}). Fix the "
             "environment (`ascent debug env` shows episodes turn by turn), or raise reward.max_failure_rate."
         )
     return {

@@ -372,4 +372,10 @@ def reward_executor(isolation: str, timeout_s: float, num_workers: int | None) -
         return None
     from ascent.cluster.isolated import IsolatedRunner, default_workers
 
-    return IsolatedRunner(default_workers(num_workers), timeout_s, preload=["ascent.rewards"], what="reward")
+    return IsolatedRunner(
+        default_workers(num_workers),
+        timeout_s,
+        preload=["ascent.rewards"],
+        what="reward",
+        timeout_field="reward.timeout_s",
+    )

@@ -5,7 +5,7 @@ when it has one, else the run's default. The calls go through an executor (`map(
 the orchestrator injects a pool of isolated processes with a per-call timeout (`reward.isolation=process`,
 ascent.cluster.isolated), so a function that raises, exits, hangs or kills its process costs that sample;
 without one they run in this process. A failed call, a non-numeric or a non-finite return costs that
-sample a 0.0 reward and is logged with its row id; the call's failure count and rate go into the metrics,
+sample a 0.0 reward and is logged with its row (counted from 1, as data errors count them); the call's failure count and rate go into the metrics,
 and past `max_failure_rate` the whole call raises `RewardFailureError` rather than train on broken rewards.
 The functions are named by spec (built-in name or import path) and resolved once per process, so worker
 processes import them themselves.
@@ -95,9 +95,10 @@ def score_task(
 
 
 class Executor(Protocol):
-    """Runs `fn` on every item -> one outcome per item with `.ok`, `.value`, `.error` (cluster.isolated)."""
+    """Runs `fn` on every item -> one outcome per item with `.ok`, `.value`, `.error` (cluster.isolated);
+    `detail` says what the calls run, for messages while it waits."""
 
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Sequence[Any]: ...
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], detail: str = "") -> Sequence[Any]: ...
 
     def close(self) -> None: ...
 
@@ -149,7 +150,7 @@ class RewardRunner:
         """What a call of `item` needs: the function itself inline, its spec for a worker process (which
         resolves it there); a row's `reward_fn` is checked here first either way."""
         spec = item.metadata.get("reward_fn")
-        fn = self.resolve(spec, f"row_id {item.row_id} reward_fn") if spec else self.default_fn
+        fn = self.resolve(spec, f"row {item.row_id + 1} reward_fn") if spec else self.default_fn
         if self.executor is None:
             return fn
         return str(spec) if spec else self.default_spec
@@ -158,7 +159,11 @@ class RewardRunner:
         """Score every item; raise RewardFailureError if the failure share exceeds max_failure_rate."""
         specs = [self.spec_for(item) for item in items]
         executor = self.executor or _INLINE
-        outcomes = executor.map(partial(score_task, self.kwargs), list(zip(specs, items, strict=True)))
+        names = sorted({_name(spec) for spec in specs})
+        detail = f"reward.fn={', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
+        outcomes = executor.map(
+            partial(score_task, self.kwargs), list(zip(specs, items, strict=True)), detail
+        )
         rewards: list[float] = []
         components: list[dict[str, float]] = []
         failures: list[tuple[RewardInput, str]] = []
@@ -180,7 +185,7 @@ class RewardRunner:
 
     def _log_failure(self, fn: RewardFn | str, item: RewardInput, error: str, count: int) -> None:
         if count <= MAX_LOGGED_FAILURES:
-            self.logger.warning("reward function %s failed on row_id %s: %s", _name(fn), item.row_id, error)
+            self.logger.warning("reward function %s failed on row %d: %s", _name(fn), item.row_id + 1, error)
         elif count == MAX_LOGGED_FAILURES + 1:
             self.logger.warning("more reward failures in this batch; see reward/failures in the metrics")
 
@@ -206,7 +211,7 @@ class RewardRunner:
         item, error = failures[0]
         raise RewardFailureError(
             f"{len(failures)} of {total} reward calls failed ({len(failures) / total:.1%}, over "
-            f"reward.max_failure_rate={self.max_failure_rate}); first error on row_id {item.row_id}: "
+            f"reward.max_failure_rate={self.max_failure_rate}); first error on row {item.row_id + 1}: "
             f"{error}. Fix the reward function or raise reward.max_failure_rate."
         )
 
@@ -214,7 +219,7 @@ class RewardRunner:
 class _InlineExecutor:
     """Calls in this process, each failure caught (what runs without an injected executor)."""
 
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], detail: str = "") -> list[Any]:
         return [_call(fn, item) for item in items]
 
     def close(self) -> None:

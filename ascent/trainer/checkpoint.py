@@ -14,7 +14,7 @@ Everything is written into a hidden staging directory `.tmp-iter_000005-<pid>` n
 renamed into place at the end (`os.replace` on the same filesystem), so a crash never leaves a half
 checkpoint under a name `latest_checkpoint` would pick. Multi-process runs use the two halves directly:
 `staging_dir` -> every worker writes its part -> `commit_checkpoint`; `save_checkpoint` does all three in
-one process. The stage/commit/recover/prune mechanics are `ascent.trainer.checkpoint_commit`'s, shared with
+one process (a full disk is a `CheckpointWriteError` naming the checkpoint and the intact previous one). The stage/commit/recover/prune mechanics are `ascent.trainer.checkpoint_commit`'s, shared with
 the run checkpoints of `ascent.orchestrator.checkpointing`.
 """
 
@@ -148,7 +148,14 @@ def save_checkpoint(
         write_state_json(tmp, iteration, extra)
 
     tmp = staging_dir(run_dir, iteration)
-    C.write_staged(tmp, write)  # a failure deletes `tmp` and re-raises
+    try:
+        C.write_staged(tmp, write)  # a failure deletes `tmp` and re-raises
+    except Exception as err:
+        why = C.write_failure(err)
+        if why is None:  # not the machine's: a bug, with its traceback
+            raise
+        final = tmp.parent / checkpoint_name(iteration)
+        raise C.write_error(final, latest_checkpoint(run_dir), why) from err
     return commit_checkpoint(tmp, iteration, keep_last)
 
 

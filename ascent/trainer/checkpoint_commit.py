@@ -10,6 +10,11 @@ again. A checkpoint is complete when its `state.json`, written last, parses (`co
 
 How the copies in flight are named is the caller's `Staging`; with `pid`, the name carries the writing
 process's id and copies of a process still running (its save in progress) are never repaired.
+
+A save that fails for the machine's reasons (a full disk, a quota, permissions: an OSError, or the
+safetensors / torch writer's error for one, also when a worker's error carries it) raises
+`CheckpointWriteError`: one sentence naming the checkpoint, why, the previous checkpoint that is intact and
+resumable with `--resume`, and the fix. Any other failure (a bug) goes on as it is.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+
+from ascent.errors import AscentError
 
 log = logging.getLogger("ascent")
 
@@ -98,6 +105,56 @@ def write_staged(tmp: Path, write: Callable[[Path], None]) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+class CheckpointWriteError(AscentError):
+    """A checkpoint could not be written (disk full, quota, permissions); the previous ones are intact."""
+
+
+# how a write failure shows when it crossed a process boundary as text (a Ray worker's error), or came from a
+# writer that reports I/O errors in its own type (safetensors' SafetensorError, torch's stream writer)
+_IO_MARKS = (
+    "OSError",
+    "No space left",
+    "Disk quota",
+    "Permission denied",
+    "Read-only file system",
+    "IoError",
+    "SafetensorError",
+    "PytorchStreamWriter",
+    "file write failed",
+)
+
+
+def write_failure(err: BaseException) -> str | None:
+    """Why a checkpoint write failed, when the machine is to blame (see the module doc); None for a bug."""
+    seen: list[BaseException] = []
+    cur: BaseException | None = err
+    while cur is not None and cur not in seen:
+        seen.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for e in seen:  # the root cause first when it is an OSError: it names the file
+        if isinstance(e, OSError):
+            return f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+    for e in reversed(seen):
+        text = f"{type(e).__name__}: {e}"
+        if any(mark in text for mark in _IO_MARKS):
+            return " ".join(text.split())[:400]
+    return None
+
+
+def write_error(final: Path, previous: Path | None, why: str) -> CheckpointWriteError:
+    """The one-sentence error for checkpoint `final` that failed to write (`previous`: the newest intact)."""
+    intact = (
+        f"the previous checkpoint {previous} is intact and `--resume` continues from it"
+        if previous is not None
+        else "there is no earlier checkpoint to resume from"
+    )
+    return CheckpointWriteError(
+        f"checkpoint {final} could not be written ({why}); nothing half-written was left behind and {intact}. "
+        f"Free space (or fix permissions) under {final.parent}, or point run_dir at a disk with room, then run "
+        "the same command with --resume."
+    )
 
 
 def commit(tmp: Path, final: Path, old: Path) -> Path:

@@ -3,8 +3,15 @@ and what became of them to `ExperienceWriter.put`, which only queues them; a bac
 their texts, packs their token data and writes them in one transaction per batch it drains.
 
 The queue holds at most `max_queued_tokens` tokens of unwritten episodes, so memory stays bounded: when the
-disk falls that far behind, `put` waits (and says so once in the log). A failing disk costs the store, never
-the run: the error is logged once, later episodes are discarded, and `close()` reports it. `prepare_store`
+disk falls that far behind, `put` waits (and says so once in the log). A lock held on the file by another
+connection (a reader's long transaction, a copy tool) does not end the store: each write waits up to
+`lock_timeout_s` (SQLite's busy timeout, WAL mode), then the writer warns, naming the file and the other
+processes that have it open, and retries with backoff until the lock goes; episodes queued meanwhile are
+written then. While it waits, a full queue drops new episodes instead of stalling the loop (counted in
+`dropped`, said once per lock). One bad row (a NaN reward, a value that does not serialize) costs that
+episode only (counted in `bad_rows`, logged); the others of its batch are written. Any other failure (a
+full disk, a broken file) costs the store, never the run: the error is logged once, later episodes are
+discarded, and `close()` reports it. `prepare_store`
 creates the file (or opens one of this schema) and deletes the episodes of iterations after `keep_through`,
 which a resumed run samples again, before the writer starts.
 """
@@ -13,6 +20,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import queue
 import sqlite3
 import threading
@@ -60,6 +69,17 @@ class Entry:
     reason: str | None = None
     env: str | None = None
     advantage: float | None = None
+
+
+RETRY_S = (0.1, 5.0)  # the backoff between write attempts while the file is locked: first, longest
+_BAD_ROW = (
+    sqlite3.IntegrityError,
+    sqlite3.InterfaceError,
+    sqlite3.DataError,
+    OverflowError,
+    TypeError,
+    ValueError,
+)
 
 
 def connect(path: Path, timeout_s: float = 30.0) -> sqlite3.Connection:
@@ -115,11 +135,17 @@ class ExperienceWriter:
         decode: Decode | None = None,
         max_queued_tokens: int = 16_000_000,
         close_timeout_s: float = 300.0,
+        lock_timeout_s: float = 10.0,
     ) -> None:
         self.path, self.decode = path, decode
         self.max_queued_tokens, self.close_timeout_s = max_queued_tokens, close_timeout_s
+        self.lock_timeout_s = lock_timeout_s
         self.error: BaseException | None = None
         self.written = 0
+        self.bad_rows = 0  # episodes not stored because their row could not be written
+        self.dropped = 0  # episodes not stored because the queue was full while the file was locked
+        self.locked_since: float | None = None  # monotonic time the current lock was first met
+        self._give_up_at: float | None = None  # set by close(): stop waiting for a lock past it
         self.waited_s = 0.0  # seconds `put` waited for the writer to make room
         self._queue: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
         self._queued_tokens = 0
@@ -135,20 +161,34 @@ class ExperienceWriter:
                 raise ValueError(f"experience store: status {entry.status!r} is not one of {STATUSES}")
             if self.error is not None:
                 return
-            self._wait_for_room(entry.episode.num_tokens)
-            self._queue.put(entry)
+            if self._wait_for_room(entry.episode.num_tokens):
+                self._queue.put(entry)
 
-    def _wait_for_room(self, tokens: int) -> None:
+    def _wait_for_room(self, tokens: int) -> bool:
+        """Whether `tokens` more fit: waits for room, unless the writer waits for a lock (then drops)."""
         with self._room:
-            if self._full(tokens):
-                if self.waited_s == 0.0:
-                    log.warning("experience store: %s is %d tokens behind; the loop waits for it", self.path,
-                                self._queued_tokens)  # fmt: skip
-                t0 = time.perf_counter()
-                while self._full(tokens) and self._thread.is_alive():
-                    self._room.wait(timeout=1.0)
+            t0 = None
+            while self._full(tokens) and self._thread.is_alive():
+                if self.locked_since is not None:
+                    if self.dropped == 0:
+                        log.warning(
+                            "experience store: %s is locked and %d tokens wait; new episodes are dropped "
+                            "until it is free (counted)",
+                            self.path,
+                            self._queued_tokens,
+                        )
+                    self.dropped += 1
+                    return False
+                if t0 is None:
+                    t0 = time.perf_counter()
+                    if self.waited_s == 0.0:
+                        log.warning("experience store: %s is %d tokens behind; the loop waits for it", self.path,
+                                    self._queued_tokens)  # fmt: skip
+                self._room.wait(timeout=0.5)
+            if t0 is not None:
                 self.waited_s += time.perf_counter() - t0
             self._queued_tokens += tokens
+            return True
 
     def _full(self, tokens: int) -> bool:
         """No room for `tokens` more (one episode always fits into an empty queue, however long)."""
@@ -156,14 +196,24 @@ class ExperienceWriter:
 
     def close(self) -> None:
         """Write what is queued, then stop the thread (waiting at most `close_timeout_s`)."""
+        self._give_up_at = time.monotonic() + self.close_timeout_s
         self._queue.put(None)
-        self._thread.join(self.close_timeout_s)
+        self._thread.join(self.close_timeout_s + 1.0)
         if self._thread.is_alive():
             log.warning("experience store: %s still writing after %.0f s; %d queued tokens are not stored",
                         self.path, self.close_timeout_s, self._queued_tokens)  # fmt: skip
         elif self.error is not None:
             log.warning("experience store: %s holds only the first %d episodes (%s)", self.path, self.written,
                         self.error)  # fmt: skip
+        if self.bad_rows or self.dropped:
+            log.warning(
+                "experience store: %s holds %d episodes; %d could not be written (bad rows, logged above) "
+                "and %d were dropped while the file was locked",
+                self.path,
+                self.written,
+                self.bad_rows,
+                self.dropped,
+            )
 
     def _run(self) -> None:
         conn: sqlite3.Connection | None = None
@@ -174,8 +224,8 @@ class ExperienceWriter:
             entries = [e for e in batch if e is not None]
             if self.error is None and entries:
                 try:
-                    conn = conn or connect(self.path)
-                    self._write(conn, entries)
+                    conn = conn or connect(self.path, self.lock_timeout_s)
+                    self._write_when_free(conn, entries)
                 except Exception as err:  # a full disk or a broken file costs the store, not the run
                     self.error = err
                     log.error("experience store: writing %s failed (%s); no further episodes are stored",
@@ -186,11 +236,75 @@ class ExperienceWriter:
         if conn is not None:
             conn.close()
 
-    def _write(self, conn: sqlite3.Connection, entries: list[Entry]) -> None:
-        rows = [self._row(e) for e in entries]
+    def _write_when_free(self, conn: sqlite3.Connection, entries: list[Entry]) -> None:
+        """Write `entries`, retrying with backoff while another connection holds the file locked."""
+        rows = self._rows(entries)
+        pause = RETRY_S[0]
+        while True:
+            try:
+                self._write(conn, rows)
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) and "busy" not in str(err):
+                    raise
+                if self._give_up_at is not None and time.monotonic() > self._give_up_at:
+                    raise StoreError(f"{self.path} stayed locked until the run ended ({err})") from err
+                if self.locked_since is None:
+                    self.locked_since = time.monotonic()
+                    log.warning(
+                        "experience store: %s is locked (%s; %s); %d episodes wait, retrying until it is "
+                        "free",
+                        self.path,
+                        err,
+                        _holders(self.path),
+                        len(rows),
+                    )
+                time.sleep(pause)
+                pause = min(RETRY_S[1], pause * 2)
+                continue
+            if self.locked_since is not None:
+                log.warning(
+                    "experience store: %s is free again after %.0f s; writing resumes",
+                    self.path,
+                    time.monotonic() - self.locked_since,
+                )
+                self.locked_since = None
+            return
+
+    def _rows(self, entries: list[Entry]) -> list[tuple[Entry, tuple[Any, ...]]]:
+        """Each entry with its row; an entry whose row cannot be made costs that episode only."""
+        out = []
+        for e in entries:
+            try:
+                out.append((e, self._row(e)))
+            except OSError:  # the disk, not the row: costs the store (see _run)
+                raise
+            except Exception as err:  # noqa: BLE001 - metadata that does not serialize, a NaN reward, ...
+                self._bad_row(e, err)
+        return out
+
+    def _write(self, conn: sqlite3.Connection, rows: list[tuple[Entry, tuple[Any, ...]]]) -> None:
+        """One transaction; a row the database refuses costs that episode only (the statement is undone,
+        the transaction goes on). A lock or a disk error undoes the whole transaction and raises."""
+        bad: list[tuple[Entry, Exception]] = []
         with conn:
-            conn.executemany(_INSERT, rows)
-        self.written += len(rows)
+            for e, row in rows:
+                try:
+                    conn.execute(_INSERT, row)
+                except _BAD_ROW as err:
+                    bad.append((e, err))
+        for e, why in bad:
+            self._bad_row(e, why)
+        self.written += len(rows) - len(bad)
+
+    def _bad_row(self, e: Entry, err: Exception) -> None:
+        self.bad_rows += 1
+        log.warning(
+            "experience store: episode of row %d (iteration %d) not stored: %s: %s",
+            e.episode.row_id + 1,
+            e.iteration,
+            type(err).__name__,
+            err,
+        )
 
     def _take(self, most: int = 512) -> list[Entry | None]:
         """The next entries: waits for one, then takes what else is queued (up to `most`, or the end mark)."""
@@ -204,6 +318,8 @@ class ExperienceWriter:
 
     def _row(self, e: Entry) -> tuple[Any, ...]:
         ep = e.episode
+        if not isinstance(ep.reward, (int, float)) or not math.isfinite(ep.reward):
+            raise ValueError(f"its reward is {ep.reward!r}, not a finite number")
         versions = list(ep.token_versions) or [ep.policy_version] * len(ep.response_ids)
         oldest = min(versions, default=ep.policy_version)
         meta = ep.metadata
@@ -236,3 +352,24 @@ class ExperienceWriter:
                 out.append({"mask": ep.loss_mask[start], "start": start, "end": i, "text": text})
                 start = i
         return out
+
+
+def _holders(path: Path) -> str:
+    """Which other processes have `path` open (Linux: /proc/<pid>/fd), as far as this user can see."""
+    target, found = os.path.realpath(path), []
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+    except OSError:
+        return "which process holds it is unknown"
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == target for fd in fds):
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                found.append(f"pid {pid} ({command[:80]})")
+        except OSError:
+            continue
+    if not found:
+        return "no other process has it open: a connection in this process holds it"
+    return f"open in {', '.join(found[:5])}"

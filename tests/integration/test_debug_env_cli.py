@@ -35,5 +35,5 @@ def test_debug_env_without_an_env_names_the_fix(tmp_path: Path, tiny_model: Path
         "debug", "env", "--model", str(tiny_model), "--data", str(bad), "--env", "guess_number", check=False
     )
     assert (
-        proc.returncode == 2 and "row 0: GuessNumber.reset failed" in proc.stderr and "'goal'" in proc.stderr
+        proc.returncode == 2 and "row 1: GuessNumber.reset failed" in proc.stderr and "'goal'" in proc.stderr
     )

@@ -55,3 +55,17 @@ class Tally(Counter):
 
     def step(self, action: str) -> StepResult:
         return StepResult(reward=float(self.rank), done=True)
+
+
+class QuietExit(Counter):
+    """Ends its process with status 0 (no exception, no signal: only the process's end tells)."""
+
+    def step(self, action: str) -> StepResult:
+        os._exit(0)
+
+
+class Unsendable(Counter):
+    """Answers with something that cannot travel back from its process (a lambda in info)."""
+
+    def step(self, action: str) -> StepResult:
+        return StepResult(done=True, info={"f": lambda: 1})

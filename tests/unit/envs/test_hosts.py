@@ -93,7 +93,10 @@ def test_a_misbehaving_environment_costs_episodes_not_the_batch(
     assert time.monotonic() - t0 < 20
     assert episodes[0].finish_reason == "abort" and reason in episodes[0].metadata["env_error"]
     if bad == "Crash":
-        died = {"process": "process died (exit code 3)", "ray": "actor died (ActorDiedError"}[kind]
+        died = {
+            "process": "process died (exit code 3) while running step",
+            "ray": "actor died (ActorDiedError",
+        }[kind]
         assert died in episodes[0].metadata["env_error"]
     assert episodes[0].reward == 0.0
     assert [episodes[k].reward for k in (2, 3)] == [3.5, 3.5]  # the other host's episodes are untouched
@@ -138,3 +141,20 @@ def test_an_actor_that_cannot_be_replaced_ends_the_batch_and_the_actors_at_once(
     with pytest.raises(RuntimeError, match="environment actors were closed"):
         hosts.run([(1, ("reset", None, None))])
     assert time.monotonic() - t0 < 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_host_that_exits_with_status_0_is_noticed_at_once(chat: ChatTokens, make_hosts, kind: str) -> None:
+    """No timeout ends it: a missed death would wait 120 s, and the test's own timeout (60 s) fails it."""
+    episodes = run(chat, ["QuietExit", "Counter"], make_hosts(kind, 2, 120))
+    died = {"process": "process died (exit code 0) while running step", "ray": "actor died"}[kind]
+    assert episodes[0].finish_reason == "abort" and died in episodes[0].metadata["env_error"]
+    assert episodes[1].reward == 3.5
+
+
+def test_an_answer_that_cannot_travel_costs_its_episode_only(chat: ChatTokens, make_hosts) -> None:
+    episodes = run(chat, ["Unsendable", "Counter"], make_hosts("process", 1, 30))
+    assert episodes[0].finish_reason == "abort"
+    assert "its step answer cannot be sent back" in episodes[0].metadata["env_error"]
+    assert episodes[1].reward == 3.5  # the same process serves on

@@ -153,3 +153,40 @@ def test_the_reference_engine_runs_episodes_turn_by_turn(tiny_path: Path, chat: 
         assert all(span in hints for span in spans)
         assert len(spans) == ep.metadata["turns"] - 1  # one observation between two model turns
         assert all(lp <= 0.0 for lp in ep.sampler_logprobs)
+
+
+class BadAnswer:
+    """Answers its first turn with `row["answer"]`: each breaks the StepResult contract a different way."""
+
+    def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
+        self.answer = row["answer"]
+        return [{"role": "user", "content": "go"}]
+
+    def step(self, action: str) -> Any:
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (
+            StepResult(reward=float("nan"), done=True),
+            "StepResultError: step returned reward=nan (float); it must",
+        ),
+        (StepResult(reward=float("inf")), "reward=inf (float); it must be a finite number"),
+        (StepResult(reward=None, done=True), "reward=None (NoneType); it must be a finite number"),  # type: ignore[arg-type]
+        (StepResult(reward="1", done=True), "reward='1' (str); it must be a finite number"),  # type: ignore[arg-type]
+        (StepResult(done="yes"), "done='yes' (str); it must be True or False"),  # type: ignore[arg-type]
+        (StepResult(observation="hi"), "observation='hi' (str); it must be a tuple of messages"),  # type: ignore[arg-type]
+        (StepResult(info=[1]), "info=[1] (list); it must be a dict"),  # type: ignore[arg-type]
+        ((["obs"], 1.0, True, {}), "step returned (['obs'], 1.0, True, {}) (tuple), not a StepResult"),
+    ],
+)
+def test_a_broken_step_result_costs_its_episode_with_the_reason(
+    chat: ChatTokens, answer: Any, reason: str
+) -> None:
+    tasks = [Task(BadAnswer(), {"answer": answer}, row_id=0), Task(GuessNumber(), {"target": 3}, row_id=1)]
+    bad, good = run_episodes(tasks, ScriptedEngine(chat, {0: ["1"], 1: ["3"]}), chat, PARAMS, max_turns=2,
+                             max_tokens=200)  # fmt: skip
+    assert bad.finish_reason == "abort" and bad.reward == 0.0 and reason in bad.metadata["env_error"]
+    assert good.finish_reason == "stop" and good.reward == 1.0  # the batch goes on

@@ -89,8 +89,8 @@ def test_failures_are_zero_counted_and_logged(caplog):
         result = runner.score(inputs(["ok", "boom", "ok", "nan", "ok", "text"]))
     assert result.rewards == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
     assert result.metrics["reward/failures"] == 3.0 and result.metrics["reward/failure_rate"] == 0.5
-    assert "failed on row_id 1: ZeroDivisionError: division by zero in my reward" in caplog.text
-    assert "row_id 3: ValueError: reward is nan" in caplog.text and "row_id 5: TypeError" in caplog.text
+    assert "failed on row 2: ZeroDivisionError: division by zero in my reward" in caplog.text
+    assert "row 4: ValueError: reward is nan" in caplog.text and "row 6: TypeError" in caplog.text
 
 
 def test_abort_over_max_failure_rate():
@@ -100,7 +100,7 @@ def test_abort_over_max_failure_rate():
         runner.score(inputs(["ok"] * 8 + ["boom", "nan"]))
     message = str(info.value)
     assert message.startswith("2 of 10 reward calls failed (20.0%, over reward.max_failure_rate=0.1)")
-    assert "first error on row_id 8: ZeroDivisionError: division by zero in my reward" in message
+    assert "first error on row 9: ZeroDivisionError: division by zero in my reward" in message
     assert "Fix the reward function or raise reward.max_failure_rate" in message
 
 
@@ -118,7 +118,7 @@ def test_bad_specs_fail_early():
     runner = RewardRunner("exact_match")
     with pytest.raises(ValueError, match="row 2 reward_fn=missing_mod:f: no module 'missing_mod'"):
         runner.prepare([{"answer": 1}, {"reward_fn": "missing_mod:f"}])
-    with pytest.raises(ValueError, match="row_id 0 reward_fn=typo"):
+    with pytest.raises(ValueError, match="row 1 reward_fn=typo"):
         runner.score(inputs(["4"], reward_fn="typo"))
 
 
@@ -136,3 +136,22 @@ def test_built_from_config_and_empty_batch():
     assert runner.score(inputs(["about 4.4"])).rewards == [1.0]
     empty = runner.score([])
     assert empty.rewards == [] and empty.metrics["reward/failure_rate"] == 0.0
+
+
+@pytest.mark.timeout(60)
+def test_a_reward_that_ends_its_process_with_status_0_costs_its_sample(caplog):
+    """A missed death would wait out reward.timeout_s (120 s); the test's own timeout (60 s) fails that."""
+    from ascent.cluster.isolated import IsolatedRunner
+
+    pool = IsolatedRunner(2, 120.0, what="reward", timeout_field="reward.timeout_s")
+    runner = RewardRunner("tests.integration.bad_rewards:score", max_failure_rate=0.5, executor=pool)
+    items = [
+        RewardInput("p", "r", [1], {"answer": a}, row_id=i) for i, a in enumerate(["ok", "os_exit", "ok"])
+    ]
+    try:
+        with caplog.at_level(logging.WARNING, logger="ascent.rewards.runner"):
+            result = runner.score(items)
+    finally:
+        runner.close()
+    assert result.rewards == [1.0, 0.0, 1.0] and result.metrics["reward/failures"] == 1.0
+    assert "failed on row 2: its process died (exit code 0) while running a reward call" in caplog.text

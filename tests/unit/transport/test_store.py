@@ -4,9 +4,12 @@ schema check, a reader while the writer writes, the trim of a resumed run, SFT r
 from __future__ import annotations
 
 import json
+import logging
+import math
 import sqlite3
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -217,3 +220,65 @@ def test_a_slow_disk_bounds_the_queue_and_a_failing_one_costs_only_the_store(
     assert isinstance(writer.error, OSError) and writer.written == 0
     with open_store(tmp_path) as store:
         assert store.count() == 8
+
+
+def test_a_bad_row_costs_its_episode_only(tmp_path: Path, caplog) -> None:
+    path = tmp_path / FILE_NAME
+    prepare_store(path, keep_through=0)
+    writer = ExperienceWriter(path, decode=decode)
+    unserializable = replace(single(3, 1.0), reward_components={"x": object()})  # type: ignore[dict-item]
+    entries = [single(0, 1.0), single(1, math.nan), single(2, math.inf), unserializable, single(4, 0.5)]
+    with caplog.at_level(logging.WARNING, logger="ascent"):
+        writer.put([Entry(e, 1, "trained", trainer_version=0, group_index=0) for e in entries])
+        writer.close()
+    assert writer.error is None and writer.written == 2 and writer.bad_rows == 3
+    assert "episode of row 2 (iteration 1) not stored: ValueError: its reward is nan" in caplog.text
+    assert "episode of row 4 (iteration 1) not stored: TypeError: Object of type object" in caplog.text
+    with open_store(tmp_path) as store:
+        assert [r.row_id for r in store.iter_episodes()] == [0, 4]
+
+
+def test_a_locked_file_delays_the_writes_and_loses_none(tmp_path: Path, caplog) -> None:
+    path = tmp_path / FILE_NAME
+    prepare_store(path, keep_through=0)
+    writer = ExperienceWriter(path, decode=decode, lock_timeout_s=0.2)
+    holder = sqlite3.connect(str(path), isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another connection holds the file, as a long transaction would
+    try:
+        with caplog.at_level(logging.WARNING, logger="ascent"):
+            writer.put([Entry(single(r, 1.0), 1, "trained", trainer_version=0) for r in range(5)])
+            deadline = time.monotonic() + 30
+            while writer.locked_since is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert writer.locked_since is not None and writer.written == 0
+            writer.put([Entry(single(r, 0.0), 2, "trained", trainer_version=1) for r in range(5)])  # queued
+            time.sleep(1.0)  # a few retries meet the lock
+        holder.execute("ROLLBACK")
+        writer.close()
+    finally:
+        holder.close()
+    assert writer.error is None and writer.written == 10 and writer.dropped == 0
+    assert f"experience store: {path} is locked (database is locked; " in caplog.text
+    assert "a connection in this process holds it" in caplog.text  # no other process has it open
+    with open_store(tmp_path) as store:
+        assert store.count() == 10
+
+
+def test_a_full_queue_drops_and_counts_while_the_file_is_locked(tmp_path: Path, caplog) -> None:
+    path = tmp_path / FILE_NAME
+    prepare_store(path, keep_through=0)
+    writer = ExperienceWriter(path, decode=decode, max_queued_tokens=10, lock_timeout_s=0.2)  # one episode
+    holder = sqlite3.connect(str(path), isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with caplog.at_level(logging.WARNING, logger="ascent"):
+            writer.put([Entry(single(r, 1.0), 1, "trained", trainer_version=0) for r in range(4)])  # returns
+        holder.execute("ROLLBACK")
+        writer.close()
+    finally:
+        holder.close()
+    assert writer.written == 1 and writer.dropped == 3 and writer.error is None
+    assert "new episodes are dropped until it is free (counted)" in caplog.text
+    assert (
+        "holds 1 episodes; 0 could not be written (bad rows, logged above) and 3 were dropped" in caplog.text
+    )
