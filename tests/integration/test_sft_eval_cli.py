@@ -44,6 +44,7 @@ def test_sft_then_eval(tmp_path, tiny_model, arithmetic_data):
         str(out),
     )
     assert "accuracy" in proc.stdout and "it 1/1 | " in proc.stdout  # 16 prompts: one part, one progress line
+    assert "deprecated" not in proc.stderr  # our forward calls use transformers' current argument names
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 16 and all(r["reward"] in (0.0, 1.0) for r in rows)
 
