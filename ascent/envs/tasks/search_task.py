@@ -133,7 +133,8 @@ def make_search_task(
     out_dir: str | Path, n_rows: int, seed: int = 0, *, n_val: int | None = None, shape: Shape = "ascent"
 ) -> Path:
     """Write `corpus.jsonl`, `index.db`, `rows.jsonl` (`n_rows` questions) and `val.jsonl` (`n_val`, default a
-    tenth, other questions) to `out_dir`; return the path of `rows.jsonl`. Rows name the index relative to themselves."""
+    tenth, other questions) to `out_dir`; return the path of `rows.jsonl`. Rows name the index
+    relative to themselves (`ascent.data.load_rows` resolves it)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
