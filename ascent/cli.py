@@ -321,6 +321,7 @@ def evaluate(
             engine=_choice("--engine", engine, ("reference", "fast")),
             dtype=_choice("--dtype", dtype, ("fp32", "bf16", "fp16")),
             reward_timeout_s=reward_timeout_s,
+            progress=True,
         )
         for name, value in (metrics or {}).items():
             typer.echo(f"{name}: {_fmt_metric(value)}")

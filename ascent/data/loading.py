@@ -1,7 +1,10 @@
 """Read dataset rows from disk: JSON lines (.jsonl, .json) and Parquet (.parquet).
 
-The first step of the data path (design: "dataset rows -> prompts"). Rows come back as plain dicts, exactly as
-stored; `ascent.data.validation` checks them and `ascent.data.prompts` renders them into token ids.
+The first step of the data path (design: "dataset rows -> prompts"). Rows come back as plain dicts, as stored
+but for one thing: a relative path in a column that names a file (`FILE_COLUMNS`, also inside SkyRL's
+`extra_info`) is relative to the data file's folder and comes back absolute, so a data folder with its
+database or index beside the rows can move. `ascent.data.validation` checks the rows and
+`ascent.data.prompts` renders them into token ids.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from typing import Any
 from ascent.data.validation import DataError
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet")
+# columns that name a file the environment opens (the built-in tasks' `text_to_sql` and `search_qa`)
+FILE_COLUMNS = ("db_path", "index_path")
 
 
 def load_rows(path: str | Path, *, source: str | None = None) -> list[dict[str, Any]]:
@@ -32,11 +37,25 @@ def load_rows(path: str | Path, *, source: str | None = None) -> list[dict[str, 
     if not file.is_file():
         raise DataError(f"{label}: file not found ({file.resolve()}); check the path.")
     if suffix == ".parquet":
-        return _read_parquet(file, label)
-    text = _read_utf8(file, label)
-    if suffix == ".json" and text.lstrip().startswith("["):
-        return _read_json_array(text, label)
-    return _read_json_lines(text, label)
+        rows = _read_parquet(file, label)
+    else:
+        text = _read_utf8(file, label)
+        is_array = suffix == ".json" and text.lstrip().startswith("[")
+        rows = _read_json_array(text, label) if is_array else _read_json_lines(text, label)
+    folder = file.resolve().parent
+    for row in rows:
+        _resolve_files(row, folder)
+        if isinstance(row.get("extra_info"), dict):
+            _resolve_files(row["extra_info"], folder)
+    return rows
+
+
+def _resolve_files(row: dict[str, Any], folder: Path) -> None:
+    """A relative path in a `FILE_COLUMNS` column of `row` -> the absolute path under `folder`, in place."""
+    for key in FILE_COLUMNS:
+        value = row.get(key)
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            row[key] = str(folder / value)
 
 
 def _read_utf8(file: Path, label: str) -> str:

@@ -1,21 +1,28 @@
 """`ascent eval`: score a checkpoint on a prompt dataset with a reward function (accuracy, mean reward).
 
 It runs the same pieces as validation inside `ascent train`: prompt rendering, the rollout engine, the
-reward runner. Greedy decoding by default, so two evaluations of one checkpoint agree.
+reward runner. Greedy decoding by default, so two evaluations of one checkpoint agree. With `progress` (the
+CLI's case) the prompts go to the engine in about `PROGRESS_PARTS` parts of whole generation batches, each
+followed by a progress line (`ascent.tracking.Progress`), so a long evaluation is not silent.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import time
 from pathlib import Path
 from typing import Any
 
-from ascent.messages import SamplingParams
+from ascent.messages import Generation, GenerationRequest, SamplingParams
 from ascent.orchestrator.validation import CORRECT_AT
+from ascent.rollout import RolloutEngine
+from ascent.tracking import Progress
 
 log = logging.getLogger("ascent")
 ALL_BUT_NONE = 1.0 - 1e-9  # the reward runner raises only when every call failed
+PROGRESS_PARTS = 20  # engine calls of a run_eval with progress (fewer when there are fewer batches)
 
 
 def run_eval(
@@ -34,8 +41,10 @@ def run_eval(
     engine: str = "reference",
     dtype: str = "fp32",
     reward_timeout_s: float = 30.0,
+    progress: bool = False,
 ) -> dict[str, float]:
-    """Generate for every prompt of `data` with the checkpoint at `model`; return accuracy and mean reward."""
+    """Generate for every prompt of `data` with the checkpoint at `model`; return accuracy and mean reward.
+    `progress`: print progress lines on stdout while generating (see the module)."""
     from ascent.data import load_rows, render_prompts, validate_rows
     from ascent.errors import AscentError
     from ascent.messages import flatten
@@ -68,7 +77,8 @@ def run_eval(
         generation_batch_size=batch_size,
     )
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples)
-    gens = rollout.generate(make_requests([i.prompt_ids for i in items], params, seed))
+    requests = make_requests([i.prompt_ids for i in items], params, seed)
+    gens = generate_with_progress(rollout, requests, batch_size) if progress else rollout.generate(requests)
     trajs = flatten(to_groups(items, gens, decode=decode, policy_version=0))
     try:
         result = runner.score(
@@ -98,6 +108,23 @@ def run_eval(
     if out:
         _write_responses(out, trajs, result.rewards)
     return metrics
+
+
+def generate_with_progress(
+    engine: RolloutEngine, requests: list[GenerationRequest], batch_size: int
+) -> list[list[Generation]]:
+    """`engine.generate(requests)` in parts of whole batches of `batch_size` requests (about
+    `PROGRESS_PARTS`), a progress line (part, tokens/s, ETA) after each; the same generations, in order."""
+    size = batch_size * max(1, math.ceil(len(requests) / batch_size / PROGRESS_PARTS))
+    parts = [requests[i : i + size] for i in range(0, len(requests), size)]
+    gens: list[list[Generation]] = []
+    tokens, t0 = 0, time.perf_counter()
+    with Progress(len(parts)) as progress:
+        for done, part in enumerate(parts, start=1):
+            gens += engine.generate(part)
+            tokens += sum(len(g.token_ids) for group in gens[-len(part) :] for g in group)
+            progress.update(done, {"perf/tokens_per_s": tokens / max(time.perf_counter() - t0, 1e-9)})
+    return gens
 
 
 def _write_responses(out: str, trajs: list[Any], rewards: list[float]) -> None:

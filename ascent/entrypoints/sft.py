@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from functools import partial
 from typing import Any
 
@@ -132,6 +133,7 @@ def _train(
     stop.arm()  # from here a signal waits for the end of the step and its checkpoint
     with Progress(steps, enabled=cfg.tracking.progress, start_iteration=start) as progress:
         for step in range(start + 1, steps + 1):
+            t0 = time.perf_counter()
             mb = [train[i] for i in sampler.next_batch()]
             tokens = float(sum(len(s.response_ids) for s in mb))
             shards = B.shard(mb, trainer.num_workers)
@@ -139,6 +141,7 @@ def _train(
                                          total_seqs=float(len(mb)))  # fmt: skip
             metrics = {k: sum(r[k] for r in results) / len(results) for k in results[0]}
             metrics["sft/nll"] = metrics.get("loss/policy", float("nan"))
+            metrics |= _pace(mb, time.perf_counter() - t0)
             if val and (step == steps or (cfg.val_every and step % cfg.val_every == 0)):
                 metrics["val/nll"] = _nll(trainer, val)
             bus.publish(Metrics.of(step, metrics))
@@ -150,6 +153,12 @@ def _train(
     tok.save_pretrained(str(final))
     log.info("SFT finished: %s (train nll %.4f)", final, metrics.get("sft/nll", float("nan")))
     return metrics
+
+
+def _pace(batch: list[TrainSample], seconds: float) -> dict[str, float]:
+    """The step's time and tokens (prompt and response) per second: the progress line's throughput."""
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in batch)
+    return {"time/step": seconds, "perf/tokens_per_s": tokens / max(seconds, 1e-9)}
 
 
 def _checkpoint_or_stop(

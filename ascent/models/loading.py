@@ -9,6 +9,7 @@ cheap.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import warnings
 from pathlib import Path
@@ -175,3 +176,12 @@ def load_model(
         _enable_activation_checkpointing(model)
     model.eval()
     return model
+
+
+def cache_kwarg(model: Any) -> str:
+    """The name `model.forward` takes its KV cache under: `cache` (transformers >= 5.2x, where
+    `past_key_values` is deprecated, to be removed in 5.40) or `past_key_values` (5.17). A PEFT or
+    `torch.compile` wrapper is looked through, since its own forward only passes `**kwargs` on."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = getattr(inner, "_orig_mod", inner)
+    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"

@@ -9,7 +9,6 @@ which are inline objects or Ray actors, the loop cannot tell which. `ascent trai
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
@@ -24,8 +23,6 @@ from ascent.orchestrator.episodes import EnvRunners
 from ascent.orchestrator.interrupt import stopped_message
 from ascent.orchestrator.validation import validate
 from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
-
-log = logging.getLogger("ascent")
 
 
 class LoopContext:
@@ -85,8 +82,7 @@ def run_loop(ctx: LoopContext, sampler: Any, start: int, stop: Any, bus: Any) ->
                     final = validate(ctx, iteration=it)
                 metrics.update(final)
             bus.publish(Metrics.of(it, metrics))
-            progress.update(it, metrics)
-            log.info(progress.summary_line(it, metrics))
+            progress.update(it, metrics)  # the summary line: the log file every iteration, the console paced
             timeline.flush()
             _checkpoint_or_stop(ctx, it, sampler, stop)
     return final

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ascent.messages import FinishReason, Generation, GenerationRequest, SamplingParams
+from ascent.models.loading import cache_kwarg
 from ascent.rollout.sampling import SamplingTensors, sample, split_seed, token_presence
 
 
@@ -181,15 +182,15 @@ class ReferenceEngine:
         st = SamplingTensors.from_params([r.params for r in rows], [r.seed for r in rows], device)
         prompt_tokens = torch.where(attention_mask.bool(), input_ids, -1)  # [b, L], -1 = padding
         seen = None
-        cache = DynamicCache()
+        cache = {cache_kwarg(self.model): DynamicCache()}  # one cache object, reused (filled) every step
         max_steps = max(r.params.max_new_tokens for r in rows)
         for step in range(max_steps):
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
-                past_key_values=cache,
                 use_cache=True,
+                **cache,
                 logits_to_keep=1,
             )
             logits = out.logits[:, -1, :]

@@ -17,6 +17,9 @@ PACKAGE_LOGGER = "ascent"
 LOG_DIR = "logs"
 _FILE_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 _PLAIN_CONSOLE_FORMAT = "%(asctime)s %(levelname)-7s %(message)s"
+# `log.info(..., extra=FILE_ONLY)`: the log files get the record, the console does not (the progress lines,
+# which reach the console through `Progress` at their own pace)
+FILE_ONLY = {"ascent_console": False}
 
 
 def worker_log_path(run_dir: str | os.PathLike[str], worker_name: str) -> Path:
@@ -40,15 +43,22 @@ def _file_handler(path: Path, worker_name: str) -> logging.Handler:
     return handler
 
 
+def _on_console(record: logging.LogRecord) -> bool:
+    return getattr(record, "ascent_console", True)
+
+
 def _console_handler() -> logging.Handler:
-    """Rich on a terminal; plain lines (no ANSI codes, no wrapping) otherwise."""
+    """Rich on a terminal; plain lines (no ANSI codes, no wrapping) otherwise. Skips FILE_ONLY records."""
+    handler: logging.Handler
     if sys.stderr.isatty():
         from rich.console import Console
         from rich.logging import RichHandler
 
-        return RichHandler(console=Console(stderr=True), show_path=False, markup=False)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(_PLAIN_CONSOLE_FORMAT))
+        handler = RichHandler(console=Console(stderr=True), show_path=False, markup=False)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(_PLAIN_CONSOLE_FORMAT))
+    handler.addFilter(_on_console)
     return handler
 
 

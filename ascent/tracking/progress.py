@@ -1,19 +1,27 @@
 """Console progress of a run: a live rich bar on a terminal, plain one-line summaries everywhere.
 
-The loop calls `progress.update(iteration, metrics)` after each iteration (`iteration` counts finished
-iterations, so the first call passes 1) and prints `progress.summary_line(iteration, metrics)` with
-`progress.print(...)`, e.g. `it 3/10 | reward 0.410 | acc 0.40 | len 12.3 | kl 0.001 | 812 tok/s | 4.2s`.
-On a terminal the bar (iteration i/N, elapsed, ETA, tokens/s, mean reward) stays at the bottom and the lines
-scroll above it. When stdout is not a terminal (CI, log files) there is no bar and no ANSI codes: only the
-plain lines. Which metric keys feed the summary is the table `SUMMARY_FIELDS`.
+`ascent train` and `ascent sft` call `progress.update(step, metrics)` after each iteration or optimizer step
+(`step` counts finished ones, so the first call passes 1). Every call writes the summary line, e.g.
+`it 3/10 | reward 0.410 | acc 0.40 | len 12.3 | kl 0.001 | 812 tok/s | 4.2s | eta 0:29`, to the run's log
+file (`logs/controller.log`) and, at most once per `LINE_EVERY_S` seconds (always for the first step of the
+process and the last step of the run, so every step when steps are slower than that), to the console. On a
+terminal the bar (iteration i/N, elapsed, ETA, tokens/s, mean reward) stays at the bottom and the lines
+scroll above it; when stdout is not a terminal (CI, Slurm logs, a pipe) there is no bar and no ANSI codes,
+only the plain lines on stdout. Which metric keys feed the summary is the table `SUMMARY_FIELDS`.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Mapping
 from typing import Any, TextIO
+
+from ascent.tracking.logs import FILE_ONLY
+
+log = logging.getLogger(__name__)
+LINE_EVERY_S = 10.0  # console summary lines at most this often (the log file gets one per step)
 
 # (label used in the bar, metric keys tried in order, format of the value in the summary line)
 SUMMARY_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
@@ -62,13 +70,16 @@ class Progress:
         enabled: bool = True,
         start_iteration: int = 0,
         stream: TextIO | None = None,
+        line_every_s: float = LINE_EVERY_S,
     ) -> None:
         self.total = total_iterations
         self.start_iteration = start_iteration
         self.iteration = start_iteration
         self.stream = stream if stream is not None else sys.stdout
         self.live = enabled and _is_terminal(self.stream)
+        self.line_every_s = line_every_s
         self._start_time = time.monotonic()
+        self._last_line: float | None = None  # when the console last got a summary line
         self._bar: Any = None
         self._task: Any = None
 
@@ -97,11 +108,20 @@ class Progress:
 
     # updates ---------------------------------------------------------------------------------------
     def update(self, iteration: int, metrics: Mapping[str, Any] | None = None) -> None:
-        """Record that `iteration` iterations are done; refresh the bar's ETA, tokens/s and reward."""
+        """Record that `iteration` iterations are done: refresh the bar's ETA, tokens/s and reward, log the
+        summary line to the log file, and print it on the console when one is due (see the module)."""
         self.iteration = iteration
-        if self._bar is None:
-            return
         metrics = metrics or {}
+        line = self.summary_line(iteration, metrics)
+        log.info(line, extra=FILE_ONLY)
+        now = time.monotonic()
+        if self._last_line is None or now - self._last_line >= self.line_every_s or iteration >= self.total:
+            self._last_line = now
+            self.print(line)
+        if self._bar is not None:
+            self._refresh_bar(iteration, metrics)
+
+    def _refresh_bar(self, iteration: int, metrics: Mapping[str, Any]) -> None:
         stats = [
             template.format(value)
             for label, keys, template in SUMMARY_FIELDS

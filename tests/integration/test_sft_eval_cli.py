@@ -20,9 +20,13 @@ def test_sft_then_eval(tmp_path, tiny_model, arithmetic_data):
         "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 128},
         "tracking": {"progress": False},
     }
-    ascent("sft", str(write_yaml(tmp_path / "sft.yaml", cfg)))
+    proc = ascent("sft", str(write_yaml(tmp_path / "sft.yaml", cfg)))  # stdout is a pipe, not a terminal
     lines = [json.loads(x) for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["sft/nll"] < lines[0]["sft/nll"]
+    # plain progress lines on stdout (the first and last step at least; 15 steps of 40 pairs x 3 / 8)
+    steps = [line for line in proc.stdout.splitlines() if line.startswith("it ")]
+    assert steps[0].startswith("it 1/15 | nll ") and "tok/s" in steps[0] and "eta" in steps[0]
+    assert steps[-1].startswith("it 15/15 | nll ") and "\x1b" not in proc.stdout
     status = read_status(tmp_path / "sft")
     assert (status["state"], status["kind"], status["step"]) == ("finished", "sft", lines[-1]["step"])
     final = tmp_path / "sft" / "final"
@@ -39,7 +43,8 @@ def test_sft_then_eval(tmp_path, tiny_model, arithmetic_data):
         "--out",
         str(out),
     )
-    assert "accuracy" in proc.stdout
+    assert "accuracy" in proc.stdout and "it 1/1 | " in proc.stdout  # 16 prompts: one part, one progress line
+    assert "deprecated" not in proc.stderr  # our forward calls use transformers' current argument names
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 16 and all(r["reward"] in (0.0, 1.0) for r in rows)
 

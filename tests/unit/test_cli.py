@@ -225,7 +225,7 @@ def test_eval_forwards_options_and_prints_metrics(monkeypatch: pytest.MonkeyPatc
     assert seen == {
         "model": "m", "data": "d.jsonl", "reward": "exact_match", "max_new_tokens": 256, "temperature": 0.7,
         "samples": 2, "out": None, "max_prompts": 4, "device": "auto", "engine": "reference", "dtype": "fp32",
-        "reward_timeout_s": 30.0,
+        "reward_timeout_s": 30.0, "progress": True,
     }  # fmt: skip
     assert "accuracy: 0.2500" in result.stdout and "responses: 8" in result.stdout
 

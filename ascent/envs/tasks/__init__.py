@@ -8,10 +8,28 @@ module writes a task's data and rows, and holds its environment.
 
 Each has `make_*_task(out_dir, n_rows, seed) -> rows path` and a command line,
 `python -m ascent.envs.tasks.sql_task OUT --rows 400 --seed 0` (`--shape skyrl` writes SkyRL-gym's rows).
+Rows name their files (`db_path`, `index_path`) relative to the rows file, so a data folder can be moved or
+copied to another machine; `ascent.data.load_rows` makes them absolute.
+
+The generators are imported on first use (`__getattr__`), not here: `python -m ascent.envs.tasks.sql_task`
+imports this package first, and a submodule it had already imported would run twice (runpy warns about it).
 """
 
-from ascent.envs.tasks.guess_task import make_guess_task
-from ascent.envs.tasks.search_task import make_search_task
-from ascent.envs.tasks.sql_task import make_sql_task
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ascent.envs.tasks.guess_task import make_guess_task
+    from ascent.envs.tasks.search_task import make_search_task
+    from ascent.envs.tasks.sql_task import make_sql_task
+
+GENERATORS = {"make_guess_task": "guess_task", "make_search_task": "search_task", "make_sql_task": "sql_task"}
 __all__ = ["make_guess_task", "make_search_task", "make_sql_task"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in GENERATORS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{GENERATORS[name]}"), name)

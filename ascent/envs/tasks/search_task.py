@@ -122,7 +122,7 @@ def _question(world: dict[str, Entity], e: Entity, question: tuple[Any, ...], in
         "prompt": text.format(name=e.name),
         "answer": last.attrs[attr],
         "env": "search_qa",
-        "index_path": str(index),
+        "index_path": index.name,  # relative to the rows file, beside it
         "hops": 2 if bridge else 1,
         "docs": [e.name, last.name] if bridge else [e.name],
         "template": template,
@@ -133,8 +133,9 @@ def make_search_task(
     out_dir: str | Path, n_rows: int, seed: int = 0, *, n_val: int | None = None, shape: Shape = "ascent"
 ) -> Path:
     """Write `corpus.jsonl`, `index.db`, `rows.jsonl` (`n_rows` questions) and `val.jsonl` (`n_val`, default a
-    tenth, other questions) to `out_dir`; return the path of `rows.jsonl`. Rows hold the index's absolute path."""
-    out = Path(out_dir).resolve()
+    tenth, other questions) to `out_dir`; return the path of `rows.jsonl`. Rows name the index
+    relative to themselves (`ascent.data.load_rows` resolves it)."""
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     world = make_world(rng)

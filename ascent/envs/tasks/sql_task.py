@@ -160,7 +160,7 @@ def _question(
         "prompt": t.question.format(**params),
         "answer": found[0][0],
         "env": "text_to_sql",
-        "db_path": str(db),
+        "db_path": db.name,  # relative to the rows file, beside it
         "sql": sql,
         "template": t.name,
         "level": t.level,
@@ -172,8 +172,9 @@ def make_sql_task(
     out_dir: str | Path, n_rows: int, seed: int = 0, *, n_val: int | None = None, shape: Shape = "ascent"
 ) -> Path:
     """Write `shop.db`, `rows.jsonl` (`n_rows` questions) and `val.jsonl` (`n_val`, default a tenth, other
-    questions) to `out_dir`; return the path of `rows.jsonl`. Rows hold the database's absolute path."""
-    out = Path(out_dir).resolve()
+    questions) to `out_dir`; return the path of `rows.jsonl`. Rows name the database
+    relative to themselves (`ascent.data.load_rows` resolves it)."""
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     db = out / "shop.db"

@@ -69,3 +69,24 @@ def test_corrupt_parquet(tmp_path):
     path.write_bytes(b"not parquet at all")
     with pytest.raises(DataError, match="cannot read as Parquet"):
         load_rows(path)
+
+
+def test_relative_file_columns_are_relative_to_the_data_file(tmp_path, monkeypatch):
+    """`db_path` / `index_path` (also in SkyRL's `extra_info`) name files beside the rows: a relative one
+    comes back absolute under the data file's folder, whatever the working directory; others stay as stored."""
+    data = tmp_path / "data"
+    data.mkdir()
+    data = data.resolve()
+    rows = [
+        {"prompt": "a", "db_path": "shop.db", "file": "x.txt"},
+        {"prompt": "b", "extra_info": {"index_path": "sub/index.db"}},
+        {"prompt": "c", "db_path": "/elsewhere/shop.db"},
+    ]
+    (data / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pq.write_table(pa.Table.from_pylist(rows[:1]), data / "rows.parquet")
+    monkeypatch.chdir(tmp_path)
+    got = load_rows("data/rows.jsonl")
+    assert got[0] == {"prompt": "a", "db_path": str(data / "shop.db"), "file": "x.txt"}
+    assert got[1]["extra_info"] == {"index_path": str(data / "sub" / "index.db")}
+    assert got[2]["db_path"] == "/elsewhere/shop.db"
+    assert load_rows("data/rows.parquet")[0]["db_path"] == str(data / "shop.db")

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from ascent.data import load_rows
 from ascent.envs import ChatTokens, GuessNumber, Task, make_env, row_answer, row_env, run_episodes
 from ascent.envs.agent import answer_matches, final_answer
 from ascent.envs.rows import RowFieldError
@@ -29,7 +30,8 @@ PARAMS = SamplingParams(max_new_tokens=400)
 
 
 def load(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    """The rows as training reads them: `db_path` / `index_path` made absolute under the rows' folder."""
+    return load_rows(path)
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -322,3 +324,35 @@ def test_the_command_line_writes_the_rows(tmp_path: Path, capsys: pytest.Capture
     assert [{**r, "db_path": ""} for r in cli] == [{**r, "db_path": ""} for r in api]
     with pytest.raises(ValueError, match="different questions"):
         make_sql_task(tmp_path / "big", 5000)
+
+
+def test_rows_name_their_files_relative_to_themselves_so_the_folder_can_move(
+    tmp_path: Path, chat: ChatTokens
+) -> None:
+    """The generators write `db_path` / `index_path` relative to the rows file; after the data folder moves,
+    the rows (read with `load_rows`) still find the database, and an episode runs on it."""
+    import shutil
+
+    rows = make_sql_task(tmp_path / "made", 4, seed=1)
+    index = make_search_task(tmp_path / "search", 4, seed=1)
+    assert {json.loads(line)["db_path"] for line in rows.read_text().splitlines()} == {"shop.db"}
+    assert {json.loads(line)["index_path"] for line in index.read_text().splitlines()} == {"index.db"}
+    moved = Path(shutil.move(tmp_path / "made", tmp_path / "moved")) / "rows.jsonl"
+    row = load(moved)[0]
+    assert row["db_path"] == str((tmp_path / "moved" / "shop.db").resolve())
+    (episode,) = run(chat, [row], [[f"<answer>{row['answer']}</answer>"]])
+    assert episode.reward == 1.0
+
+
+def test_the_generators_run_as_modules_without_a_runpy_warning(tmp_path: Path) -> None:
+    """`python -m ascent.envs.tasks.guess_task`: the package does not import its generators up front (runpy
+    warns when the module it is about to run is already in sys.modules)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-W", "error::RuntimeWarning", "-m", "ascent.envs.tasks.guess_task"]
+    proc = subprocess.run(
+        [*cmd, str(tmp_path / "g"), "--rows", "4"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert (tmp_path / "g" / "rows.jsonl").is_file()

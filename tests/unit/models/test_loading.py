@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import types
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from ascent.models import load_model, load_tokenizer, make_tiny_checkpoint, resolve_device, torch_dtype
+from ascent.models.loading import cache_kwarg
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +104,31 @@ def test_load_tokenizer_without_pad_or_eos_errors(tmp_path: Path) -> None:
     _edit_tokenizer_config(path, pad_token=None, eos_token=None)
     with pytest.raises(ValueError, match="neither a pad token nor an EOS token"):
         load_tokenizer(path)
+
+
+def test_cache_kwarg_follows_the_forward_signature_through_wrappers(tiny_dir: Path) -> None:
+    class OldStyle(torch.nn.Module):  # transformers 5.17's causal LMs
+        def forward(self, input_ids: Any = None, past_key_values: Any = None, **kwargs: Any) -> None: ...
+
+    class NewStyle(torch.nn.Module):  # transformers >= 5.2x
+        def forward(self, input_ids: Any = None, cache: Any = None, **kwargs: Any) -> None: ...
+
+    class Wrapper(torch.nn.Module):  # PEFT's forward only passes **kwargs on
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def get_base_model(self) -> torch.nn.Module:
+            return self.inner
+
+        def forward(self, *args: Any, **kwargs: Any) -> None: ...
+
+    assert cache_kwarg(OldStyle()) == "past_key_values"
+    assert cache_kwarg(NewStyle()) == "cache"
+    assert cache_kwarg(Wrapper(NewStyle())) == "cache"
+    compiled = types.SimpleNamespace(
+        _orig_mod=OldStyle(), forward=lambda *a, **k: None
+    )  # torch.compile's shape
+    assert cache_kwarg(compiled) == "past_key_values"
+    model = load_model(tiny_dir, device="cpu")
+    assert cache_kwarg(model) in inspect.signature(type(model).forward).parameters

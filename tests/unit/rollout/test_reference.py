@@ -3,6 +3,7 @@ forward pass, stop conditions, weight updates and the engine registry."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -172,3 +173,16 @@ def test_registry_names_engine_and_known_names() -> None:
     assert "reference" in ENGINES
     with pytest.raises(ValueError, match=r"rollout.engine='nope'.*reference"):
         build_engine("nope", model_path="x")
+
+
+def test_generation_passes_the_kv_cache_without_deprecated_names(make_engine: MakeEngine) -> None:
+    """Our forward calls use the cache argument the installed transformers names (`cache` from 5.2x on,
+    `past_key_values` before): no FutureWarning or DeprecationWarning about deprecated names from them."""
+    engine = make_engine()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine.generate(_requests(GREEDY))
+    deprecated = [
+        str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))
+    ]
+    assert [m for m in deprecated if "deprecated" in m.lower()] == []

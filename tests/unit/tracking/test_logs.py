@@ -52,3 +52,14 @@ def test_log_level_setting_filters_the_file(tmp_path, clean_package_logger, leve
     log.warning("msg-w")
     text = worker_log_path(tmp_path, "trainer_0").read_text()
     assert {name for name in ("d", "i", "w") if f"msg-{name}" in text} == shown
+
+
+def test_file_only_records_skip_the_console(tmp_path, clean_package_logger, capsys):
+    from ascent.tracking.logs import FILE_ONLY
+
+    setup_logging(tmp_path, "controller")
+    logging.getLogger("ascent.x").info("progress line", extra=FILE_ONLY)
+    logging.getLogger("ascent.x").info("ordinary line")
+    err = capsys.readouterr().err
+    assert "ordinary line" in err and "progress line" not in err
+    assert "progress line" in (tmp_path / "logs" / "controller.log").read_text()

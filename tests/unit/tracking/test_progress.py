@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 
 from ascent.tracking import Progress
 
@@ -32,17 +33,33 @@ def test_summary_line_skips_missing_and_survives_nan():
     assert "reward nan" in progress.summary_line(1, {"reward/mean": float("nan"), "text": "x"})
 
 
-def test_not_a_terminal_prints_plain_lines():
+def test_not_a_terminal_prints_plain_lines_paced_and_logs_every_step(caplog):
+    """Off a terminal (a pipe, CI, a Slurm log) each update that is due prints one plain line: the first, the
+    last, and one per `line_every_s` between them; the log file gets every step."""
     out = io.StringIO()
-    with Progress(3, stream=out) as progress:
+    with (
+        caplog.at_level(logging.INFO, logger="ascent"),
+        Progress(5, stream=out, line_every_s=3600) as progress,
+    ):
         assert not progress.live
-        for i in range(1, 4):
+        for i in range(1, 6):
             progress.update(i, METRICS)
-            progress.print(progress.summary_line(i, METRICS))
     lines = out.getvalue().splitlines()
-    assert len(lines) == 3 and lines[0].startswith("it 1/3 | reward 0.410")
+    assert [line.split(" | ")[0] for line in lines] == ["it 1/5", "it 5/5"]
+    assert lines[0].startswith("it 1/5 | reward 0.410") and "812 tok/s" in lines[0]
     assert "\x1b" not in out.getvalue()
     assert "eta" in lines[0] and "eta" not in lines[-1]
+    logged = [r for r in caplog.records if r.getMessage().startswith("it ")]
+    assert [r.getMessage().split(" | ")[0] for r in logged] == [f"it {i}/5" for i in range(1, 6)]
+    assert all(r.ascent_console is False for r in logged)  # the console gets them through Progress only
+
+
+def test_steps_slower_than_the_pace_print_every_step():
+    out = io.StringIO()
+    with Progress(3, stream=out, start_iteration=1, line_every_s=0.0) as progress:
+        for i in (2, 3):
+            progress.update(i, METRICS)
+    assert [line.split(" | ")[0] for line in out.getvalue().splitlines()] == ["it 2/3", "it 3/3"]
 
 
 def test_terminal_shows_a_bar():
