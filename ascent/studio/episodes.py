@@ -11,6 +11,7 @@ answers an empty list and a `missing` sentence saying why.
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 PREVIEW_CHARS = 160
 PROMPT_PREVIEW_CHARS = 90
+SPECIAL_MARKER = re.compile(r"<\|[^|<>\s]{1,40}\|>")  # <|im_start|>, <|eot_id|>, ...
 SUMMARY_FIELDS = ("id", "iteration", "group_index", "row_id", "env", "status", "drop_reason", "reward",
                   "advantage", "turns", "finish_reason", "response_len", "staleness")  # fmt: skip
 
@@ -72,13 +74,21 @@ def no_store_reason(kind: str | None) -> str:
 
 
 def _preview(text: str, chars: int) -> str:
+    """One line of at most `chars` characters: the start of `text`, newlines shown as ⏎."""
     text = " ".join(text.replace("\n", " ⏎ ").split())
     return text if len(text) <= chars else text[: chars - 1] + "…"
 
 
+def prompt_preview(text: str, chars: int = PROMPT_PREVIEW_CHARS) -> str:
+    """The prompt in one line of at most `chars` characters, chat-template markers (`<|im_start|>`) dropped
+    and, when it is longer, its end: a chat prompt's system text comes first, the question last."""
+    text = " ".join(SPECIAL_MARKER.sub(" ", text).replace("\n", " ⏎ ").split()).strip(" ⏎")
+    return text if len(text) <= chars else "…" + text[-(chars - 1) :]
+
+
 def _summary(r: dict[str, Any]) -> dict[str, Any]:
     row = {name: r[name] for name in SUMMARY_FIELDS}
-    row["prompt"] = _preview(r["prompt_text"], PROMPT_PREVIEW_CHARS)
+    row["prompt"] = prompt_preview(r["prompt_text"])
     row["preview"] = _preview(r["response_text"], PREVIEW_CHARS)
     return row
 

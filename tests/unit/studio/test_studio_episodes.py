@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ascent.studio import create_app
-from ascent.studio.episodes import PROMPT_PREVIEW_CHARS, _preview, list_episodes
+from ascent.studio.episodes import PROMPT_PREVIEW_CHARS, list_episodes, prompt_preview
 from ascent.transport.store_writer import Entry, ExperienceWriter, prepare_store
 
 from .conftest import WORDS, make_run, multi_turn
@@ -66,8 +66,16 @@ def test_each_row_shows_its_prompt_shortened(tmp_path: Path) -> None:
     run = seven_episodes(tmp_path / "run")
     first = list_episodes(run, {})["episodes"][0]
     assert first["prompt"] == "what is 4 ?" and first["preview"] == "answer 6"
-    long = _preview("word\n" * 100, PROMPT_PREVIEW_CHARS)
-    assert len(long) == PROMPT_PREVIEW_CHARS and long.endswith("…") and "⏎" in long
+    chat = (
+        "<|im_start|>system\nBe brief."
+        + " Really." * 30
+        + "<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+    )
+    shown = prompt_preview(chat)
+    assert (
+        len(shown) == PROMPT_PREVIEW_CHARS and shown.startswith("…") and shown.endswith("user ⏎ What is 2+2?")
+    )
+    assert "<|" not in shown
 
 
 def test_the_api_pages_and_searches(tmp_path: Path) -> None:
