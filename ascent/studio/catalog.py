@@ -42,6 +42,7 @@ UNITS: tuple[tuple[str, str], ...] = (
     ("reward/*", "reward"),
     ("val/reward*", "reward"),
     ("micro_batches", "micro-batches"),
+    ("skipped", "steps skipped"),
     ("*trajectories", "episodes"),
     ("*optimizer_steps", "steps"),
     ("*memory*", "GiB"),

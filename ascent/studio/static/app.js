@@ -84,7 +84,7 @@ function runTabs(info, active) {
   const has = { timeline: info.has_trace || !sft, episodes: info.has_episodes || !sft };
   nav.replaceChildren(
     h("span", { class: "title" }, info.id),
-    h("span", { class: "kind", id: "run-kind" }, sft ? "SFT" : "RL"),
+    info.kind ? h("span", { class: "kind", id: "run-kind" }, sft ? "SFT" : "RL") : "",
     ...RUN_TABS.filter(([tab]) => has[tab] !== false || tab === active).map(([tab, label]) =>
       h("a", { href: `#/run/${enc(info.id)}/${tab}`, class: tab === active ? "active" : null, dataset: { tab } }, label)),
   );

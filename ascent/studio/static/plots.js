@@ -39,13 +39,15 @@ function padRange(values, log) {
   const finite = values.filter((v) => v !== null && Number.isFinite(v) && (!log || v > 0));
   if (!finite.length || Math.min(...finite) !== Math.max(...finite)) return null;
   const v = finite[0];
-  if (log) return [Math.log10(v) - 0.5, Math.log10(v) + 0.5];
-  const pad = v === 0 ? 0.1 : Math.abs(v) * 0.1;
+  if (log) return [Math.log10(v) - 0.3, Math.log10(v) + 0.3];
+  const pad = (v === 0 ? 1 : Math.abs(v)) * 0.12; // not 0.1: a tick on the edge would meet the x labels
   return [v - pad, v + pad];
 }
 
 // Tick labels in fixed notation, or exponential (7e-7, 1.2e+6) beyond; never SI prefixes (Plotly's "700n").
-function tickStyle(values) {
+// A log axis formats every tick the same way (Plotly would label the ticks between decades "2", "3", ...).
+function tickStyle(values, log) {
+  if (log) return { tickformat: ".2~g" };
   const finite = values.filter((v) => v !== null && Number.isFinite(v) && v !== 0).map(Math.abs);
   const big = finite.length ? Math.max(...finite) : 1;
   return big < 1e-3 || big >= 1e6 ? { tickformat: ".3~e" } : { exponentformat: "none", separatethousands: true };
@@ -118,7 +120,7 @@ function renderPlots(view, runIds) {
         if (last !== undefined && last !== null && runs[i].t0 !== null) span = Math.max(span, last - runs[i].t0);
       });
     }
-    const [, divisor, label] = TIME_UNITS.find(([above]) => span > above);
+    const [, divisor, label] = TIME_UNITS.find(([above]) => span >= above);
     return [divisor, label];
   }
 
@@ -162,7 +164,7 @@ function renderPlots(view, runIds) {
       xaxis: { zeroline: false, title: { text: xTitle, font: { size: 11 }, standoff: 4 }, exponentformat: "none",
         range: xSpan === 0 && xs.length ? [xs[0] - 0.5, xs[0] + 0.5] : undefined,
         dtick: byStep && xSpan < 8 ? 1 : undefined, hoverformat: byStep ? "d" : ".3~f" },
-      yaxis: { zeroline: false, automargin: true, type: settings.log ? "log" : "linear", ...tickStyle(ys),
+      yaxis: { zeroline: false, automargin: true, type: settings.log ? "log" : "linear", ...tickStyle(ys, settings.log),
         range: yRange || undefined, title: { text: unit || "value", font: { size: 11 }, standoff: 4 } },
     };
   }
@@ -214,8 +216,8 @@ function renderPlots(view, runIds) {
       const r = byId.get(run.id);
       if (!r) return [h("span", { class: "error" }, `${run.id}: not found `)];
       const step = r.total_steps ? `${r.step ?? "–"}/${r.total_steps}` : `${r.step ?? "–"}`;
-      const kind = r.kind === "sft" ? "SFT" : "RL";
-      return [h("span", {}, runs.length > 1 ? `${run.id} ` : "", badge(r.state, r.detail), ` ${kind} · ${run.xTitle} ${step} · `, `updated ${ago(r.updated_at || r.modified)}   `)];
+      const kind = { sft: "SFT · ", train: "RL · " }[r.kind] || "";
+      return [h("span", {}, runs.length > 1 ? `${run.id} ` : "", badge(r.state, r.detail), ` ${kind}${run.xTitle} ${step} · `, `updated ${ago(r.updated_at || r.modified)}   `)];
     }));
   }
 
