@@ -53,6 +53,61 @@ function tickStyle(values, log) {
   return big < 1e-3 || big >= 1e6 ? { tickformat: ".3~e" } : { exponentformat: "none", separatethousands: true };
 }
 
+// [divisor, label] for the wall-clock axis: seconds, minutes or hours, by the longest run shown.
+function wallClockUnit(series, runs) {
+  let span = 0;
+  for (const { perRun } of series.values()) {
+    perRun.forEach((pts, i) => {
+      const last = pts.time[pts.time.length - 1];
+      if (last !== undefined && last !== null && runs[i].t0 !== null) span = Math.max(span, last - runs[i].t0);
+    });
+  }
+  const [, divisor, label] = TIME_UNITS.find(([above]) => span >= above);
+  return [divisor, label];
+}
+
+function xOf(pts, run, settings, divisor) {
+  if (settings.x === "step") return pts.step.slice(); // copies: Plotly.react compares arrays by reference
+  return pts.time.map((t) => (t === null || run.t0 === null ? null : (t - run.t0) / divisor));
+}
+
+// One trace per run (the raw points; faint under smoothing), then one smoothed trace per run when smoothing.
+function chartTraces(perRun, runs, settings, divisor) {
+  const smooth = settings.smoothing > 0;
+  const color = (i) => RUN_COLORS[i % RUN_COLORS.length];
+  const raw = perRun.map((pts, i) => {
+    const single = pts.value.filter((v) => v !== null).length === 1;
+    return { type: "scatter", mode: single || !smooth ? "lines+markers" : "lines", name: runs[i].id,
+      x: xOf(pts, runs[i], settings, divisor), y: pts.value.slice(), line: { width: smooth ? 1 : 1.6, color: color(i) },
+      marker: { size: single ? 8 : 4, color: color(i) }, opacity: smooth ? 0.3 : 1, showlegend: !smooth,
+      hovertemplate: `%{y:.4~g}<extra>${smooth ? "raw" : runs[i].id}</extra>` };
+  });
+  if (!smooth) return raw;
+  return raw.concat(perRun.map((pts, i) => ({ type: "scatter", mode: "lines", name: runs[i].id,
+    x: xOf(pts, runs[i], settings, divisor), y: ema(pts.value, settings.smoothing), line: { width: 1.8, color: color(i) },
+    hovertemplate: `%{y:.4~g}<extra>${runs[i].id} (smoothed)</extra>` })));
+}
+
+// Axis titles (x: iteration / optimizer step / wall-clock time; y: the unit), tick style, and a range around
+// a lone point or a flat line.
+function chartLayout(metric, unit, data, runs, settings, timeLabel) {
+  const xs = data.flatMap((t) => t.x).filter((v) => v !== null);
+  const ys = data.flatMap((t) => t.y);
+  const xSpan = xs.length ? Math.max(...xs) - Math.min(...xs) : 0;
+  const byStep = settings.x === "step";
+  const xTitle = byStep ? [...new Set(runs.map((r) => r.xTitle))].join(" / ") : `wall-clock time since the run's first metric (${timeLabel})`;
+  return {
+    title: { text: metric, font: { size: 13 }, x: 0.02 }, margin: { l: 62, r: 12, t: 30, b: 40 }, height: 232,
+    showlegend: runs.length > 1 && settings.smoothing === 0, legend: { orientation: "h", y: -0.3, font: { size: 11 } },
+    hovermode: "x unified", paper_bgcolor: "rgba(0,0,0,0)", uirevision: `${settings.x}/${settings.log}`,
+    xaxis: { zeroline: false, title: { text: xTitle, font: { size: 11 }, standoff: 4 }, exponentformat: "none",
+      range: xSpan === 0 && xs.length ? [xs[0] - 0.5, xs[0] + 0.5] : undefined,
+      dtick: byStep && xSpan < 8 ? 1 : undefined, hoverformat: byStep ? "d" : ".3~f" },
+    yaxis: { zeroline: false, automargin: true, type: settings.log ? "log" : "linear", ...tickStyle(ys, settings.log),
+      range: padRange(ys, settings.log) || undefined, title: { text: unit || "value", font: { size: 11 }, standoff: 4 } },
+  };
+}
+
 function renderPlots(view, runIds) {
   if (!runIds.length) {
     view.append(h("p", { class: "muted" }, "No runs chosen: tick runs on the runs page, then Compare selected."));
@@ -111,69 +166,11 @@ function renderPlots(view, runIds) {
     return div;
   }
 
-  // [divisor, label] for the wall-clock axis: seconds, minutes or hours, by the longest run shown.
-  function timeUnit() {
-    let span = 0;
-    for (const { perRun } of series.values()) {
-      perRun.forEach((pts, i) => {
-        const last = pts.time[pts.time.length - 1];
-        if (last !== undefined && last !== null && runs[i].t0 !== null) span = Math.max(span, last - runs[i].t0);
-      });
-    }
-    const [, divisor, label] = TIME_UNITS.find(([above]) => span >= above);
-    return [divisor, label];
-  }
-
-  function xOf(pts, run, divisor) {
-    if (settings.x === "step") return pts.step.slice(); // copies: Plotly.react compares arrays by reference
-    return pts.time.map((t) => (t === null || run.t0 === null ? null : (t - run.t0) / divisor));
-  }
-
-  function traces(metric, divisor) {
-    const { perRun } = series.get(metric);
-    const smooth = settings.smoothing > 0;
-    const out = [];
-    perRun.forEach((pts, i) => {
-      const color = RUN_COLORS[i % RUN_COLORS.length];
-      const x = xOf(pts, runs[i], divisor);
-      const single = pts.value.filter((v) => v !== null).length === 1;
-      out.push({ type: "scatter", mode: single || !smooth ? "lines+markers" : "lines", name: runs[i].id, x, y: pts.value.slice(),
-        line: { width: smooth ? 1 : 1.6, color }, marker: { size: single ? 8 : 4, color }, opacity: smooth ? 0.3 : 1,
-        showlegend: !smooth, hovertemplate: `%{y:.4~g}<extra>${smooth ? "raw" : runs[i].id}</extra>` });
-    });
-    if (smooth) {
-      perRun.forEach((pts, i) => out.push({ type: "scatter", mode: "lines", name: runs[i].id, x: xOf(pts, runs[i], divisor),
-        y: ema(pts.value, settings.smoothing), line: { width: 1.8, color: RUN_COLORS[i % RUN_COLORS.length] },
-        hovertemplate: `%{y:.4~g}<extra>${runs[i].id} (smoothed)</extra>` }));
-    }
-    return out;
-  }
-
-  function layout(metric, data, timeLabel) {
-    const { unit } = series.get(metric);
-    const xs = data.flatMap((t) => t.x).filter((v) => v !== null);
-    const ys = data.flatMap((t) => t.y);
-    const yRange = padRange(ys, settings.log);
-    const xSpan = xs.length ? Math.max(...xs) - Math.min(...xs) : 0;
-    const byStep = settings.x === "step";
-    const xTitle = byStep ? [...new Set(runs.map((r) => r.xTitle))].join(" / ") : `wall-clock time since the run's first metric (${timeLabel})`;
-    return {
-      title: { text: metric, font: { size: 13 }, x: 0.02 }, margin: { l: 62, r: 12, t: 30, b: 40 }, height: 232,
-      showlegend: runs.length > 1 && settings.smoothing === 0, legend: { orientation: "h", y: -0.3, font: { size: 11 } },
-      hovermode: "x unified", paper_bgcolor: "rgba(0,0,0,0)", uirevision: `${settings.x}/${settings.log}`,
-      xaxis: { zeroline: false, title: { text: xTitle, font: { size: 11 }, standoff: 4 }, exponentformat: "none",
-        range: xSpan === 0 && xs.length ? [xs[0] - 0.5, xs[0] + 0.5] : undefined,
-        dtick: byStep && xSpan < 8 ? 1 : undefined, hoverformat: byStep ? "d" : ".3~f" },
-      yaxis: { zeroline: false, automargin: true, type: settings.log ? "log" : "linear", ...tickStyle(ys, settings.log),
-        range: yRange || undefined, title: { text: unit || "value", font: { size: 11 }, standoff: 4 } },
-    };
-  }
-
   function draw(metric) {
     const div = charts.get(metric) || makeChart(metric);
-    const [divisor, label] = timeUnit();
-    const data = traces(metric, divisor);
-    Plotly.react(div, data, layout(metric, data, label), PLOT_CONFIG);
+    const [divisor, label] = wallClockUnit(series, runs);
+    const data = chartTraces(series.get(metric).perRun, runs, settings, divisor);
+    Plotly.react(div, data, chartLayout(metric, series.get(metric).unit, data, runs, settings, label), PLOT_CONFIG);
   }
 
   function applyFilter() {
