@@ -4,9 +4,9 @@ driven by Playwright; scripts/install_chromium.sh installs it).
 
     python scripts/studio_screenshots.py [--out docs/studio] [--work DIR]
 
-Runs: two GRPO runs on one-digit addition that differ in learning rate (overlaid on the plots page) and a
-multi-turn `guess_number` run (the episode browser shows its observations between model turns). About a
-minute on two CPU cores.
+Runs: two GRPO runs on one-digit addition that differ in learning rate (overlaid on the plots page, smoothed),
+a multi-turn `guess_number` run (the episode browser shows its observations between model turns) and a short
+`ascent sft` run (its own charts: NLL, learning rate, gradient norm, tokens/s). About a minute on two CPU cores.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ MAX_BYTES = 300_000
 VIEWPORT = {"width": 1280, "height": 800}
 
 
-def train(config: dict, path: Path) -> None:
+def train(config: dict, path: Path, command: str = "train") -> None:
     path.write_text(yaml.safe_dump(config))
-    subprocess.run([sys.executable, "-m", "ascent", "train", str(path)], check=True, cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "ascent", command, str(path)], check=True, cwd=ROOT,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
 
@@ -73,6 +73,18 @@ def build_runs(work: Path) -> Path:
     cfg = base_config(runs / "guess_number", model, guess / "train.jsonl", guess / "val.jsonl",
                       rollout=env, iterations=4, val_every=2)  # fmt: skip
     train(cfg, work / "guess.yaml")
+    sft_rows = str(data / "sft.jsonl")
+    sft = {
+        "run_dir": str(runs / "sft"),
+        "epochs": 8.0,
+        "batch_size": 4,
+        "val_every": 5,
+        "model": {"path": str(model)},
+        "data": {"train_path": sft_rows, "val_path": sft_rows, "max_prompt_tokens": 40},
+        "train": {"lr": 3e-3, "warmup_steps": 5, "max_tokens_per_micro_batch": 256},
+        "tracking": {"progress": False, "tensorboard": False},
+    }
+    train(sft, work / "sft.yaml", "sft")
     return runs
 
 
@@ -116,10 +128,21 @@ def shoot(runs: Path, out: Path) -> list[Path]:
             save("runs")
             page.locator("#compare").click()
             page.wait_for_function("() => document.querySelectorAll('.plot .main-svg').length >= 8")
+            page.locator("#smoothing").evaluate(
+                "el => { el.value = '0.6'; el.dispatchEvent(new Event('input')); }"
+            )
             page.evaluate(
                 "() => window.scrollTo(0, document.querySelector('details[data-group=train]').offsetTop - 60)"
             )
             save("plots")
+            page.locator("#smoothing").evaluate(
+                "el => { el.value = '0'; el.dispatchEvent(new Event('input')); }"
+            )
+            page.goto(f"{url}#/run/sft/plots")
+            page.wait_for_function(
+                "() => document.getElementById('plot:perf/tokens_per_s')?.data?.[0]?.x?.length > 1"
+            )
+            save("sft")
             page.goto(f"{url}#/run/addition%2Flr1e-3/timeline")
             page.locator("#gantt .main-svg").first.wait_for()
             save("timeline")

@@ -1,9 +1,10 @@
 """The studio's HTTP API and page: a FastAPI app over one RUNS_DIR.
 
-Routes (all JSON except `/`, `/static/*` and the chart library): `GET /api/runs`, `GET /api/metrics?run=&since=`
-(the points logged after step `since`: the page polls it every ~2 s while a run trains), `GET
-/api/timeline?run=&iteration=`, `GET /api/episodes?run=&iteration=&min_reward=&max_reward=&env=&status=`,
-`GET /api/episode?run=&id=`, `GET /api/config?run=`, `GET /api/schema?kind=`, `POST /api/validate`
+Routes (all JSON except `/`, `/static/*` and the chart library): `GET /api/runs`, `GET /api/run?run=` (one
+run: its kind and which views it has data for), `GET /api/metrics?run=&since=` (the points logged after step
+`since`: the page polls it every ~2 s while a run trains), `GET /api/timeline?run=&iteration=`, `GET
+/api/episodes?run=&iteration=&min_reward=&max_reward=&env=&status=&search=&offset=&limit=` (newest first,
+one page), `GET /api/episode?run=&id=`, `GET /api/config?run=`, `GET /api/schema?kind=`, `POST /api/validate`
 {text, kind} and `POST /api/save` {text, kind, path, overwrite}. User errors answer 400 (404 for an unknown
 run) with `{"error": message}`.
 
@@ -83,9 +84,14 @@ def create_app(root: str | Path, token: str | None = None) -> FastAPI:
     def list_runs() -> dict[str, Any]:
         return {"root": str(root), "runs": runs.describe_runs(root, cache)}
 
+    @app.get("/api/run")
+    def one_run(run: str) -> dict[str, Any]:
+        return runs.describe_run(root, runs.resolve_run(root, run), cache)
+
     @app.get("/api/metrics")
     def metrics(run: str, since: int = -1) -> dict[str, Any]:
-        return metrics_payload(runs.resolve_run(root, run), cache, since)
+        run_dir = runs.resolve_run(root, run)
+        return metrics_payload(run_dir, cache, since, runs.run_kind(run_dir))
 
     @app.get("/api/timeline")
     def timeline(run: str, iteration: int | None = None) -> dict[str, Any]:
@@ -95,11 +101,12 @@ def create_app(root: str | Path, token: str | None = None) -> FastAPI:
     def list_episodes(
         run: str, iteration: int | None = None, min_reward: float | None = None,
         max_reward: float | None = None, env: str | None = None, status: str | None = None,
-        limit: int = episodes.DEFAULT_LIMIT,
+        search: str | None = None, offset: int = 0, limit: int = episodes.DEFAULT_LIMIT,
     ) -> dict[str, Any]:  # fmt: skip
+        run_dir = runs.resolve_run(root, run)
         filters = {"iteration": iteration, "min_reward": min_reward, "max_reward": max_reward,
-                   "env": env or None, "status": status or None}  # fmt: skip
-        return episodes.list_episodes(runs.resolve_run(root, run), filters, max(1, min(limit, 2000)))
+                   "env": env or None, "status": status or None, "search": search or None}  # fmt: skip
+        return episodes.list_episodes(run_dir, filters, offset, limit, runs.run_kind(run_dir))
 
     @app.get("/api/episode")
     def episode(run: str, id: int) -> dict[str, Any]:
@@ -108,8 +115,7 @@ def create_app(root: str | Path, token: str | None = None) -> FastAPI:
     @app.get("/api/config")
     def run_config(run: str) -> dict[str, Any]:
         run_dir = runs.resolve_run(root, run)
-        kind = (runs.read_status_file(run_dir) or {}).get("kind")
-        return configs.run_config(run_dir, kind if isinstance(kind, str) else None)
+        return configs.run_config(run_dir, runs.run_kind(run_dir))
 
     @app.get("/api/schema")
     def schema(kind: str = "train") -> dict[str, Any]:

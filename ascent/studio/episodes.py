@@ -1,66 +1,119 @@
 """The studio's episode browser: a run's experience store as JSON, one episode token by token.
 
-Reads `<run_dir>/experience.db` through its read API (`ascent.transport.store.open_store`, read-only, so it
-works while the run writes). Token text comes from the run's tokenizer (`meta.tokenizer`), loaded with the
-`tokenizers` library from its `tokenizer.json` (no torch, no transformers); when that file is gone the
-browser still shows ids, masks and logprobs.
+Reads `<run_dir>/experience.db` with `ascent.studio.store` (sqlite3, read-only, so it works while the run
+writes). The list is newest first and paged on the server (`offset`, `limit`): a run of a million episodes
+sends one page. Token text comes from the run's tokenizer (`meta.tokenizer`), loaded with the `tokenizers`
+library from its `tokenizer.json` (no torch, no transformers); when that file is gone the browser still
+shows ids, masks and logprobs. A run without a store (an SFT run, or `tracking.experience_store=false`)
+answers an empty list and a `missing` sentence saying why.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
-from ascent.transport.store import EpisodeRecord, labelled_segments, open_store
+from ascent.studio import store
 
-DEFAULT_LIMIT = 200
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
 PREVIEW_CHARS = 160
+PROMPT_PREVIEW_CHARS = 90
+SPECIAL_MARKER = re.compile(r"<\|[^|<>\s]{1,40}\|>")  # <|im_start|>, <|eot_id|>, ...
 SUMMARY_FIELDS = ("id", "iteration", "group_index", "row_id", "env", "status", "drop_reason", "reward",
                   "advantage", "turns", "finish_reason", "response_len", "staleness")  # fmt: skip
 
 
-def list_episodes(run_dir: Path, filters: dict[str, Any], limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
-    """{total, matching, episodes: [summary rows], iterations, envs, statuses} for the filters given
-    (iteration, min_reward, max_reward, env, status incl. "dropped"; None means any)."""
+def list_episodes(
+    run_dir: Path,
+    filters: dict[str, Any],
+    offset: int = 0,
+    limit: int = DEFAULT_LIMIT,
+    kind: str | None = None,
+) -> dict[str, Any]:
+    """{total, matching, offset, limit, episodes: [summary rows, newest first], iterations, envs, statuses,
+    missing} for the filters given (iteration, min_reward, max_reward, env, status incl. "dropped", search;
+    None means any). `missing` is None, or why the run has no episodes to show."""
     used = {k: v for k, v in filters.items() if v is not None}
-    with open_store(run_dir) as store:
-        rows = [_summary(r) for r in store.iter_episodes(limit, **used)]
+    offset, limit = max(0, offset), max(1, min(limit, MAX_LIMIT))
+    if not (run_dir / store.FILE_NAME).is_file():
         return {
-            "total": store.count(),
-            "matching": store.count(**used),
-            "episodes": rows,
-            "iterations": store.distinct("iteration"),
-            "envs": [e for e in store.distinct("env") if e is not None],
-            "statuses": store.distinct("status"),
+            "total": 0,
+            "matching": 0,
+            "offset": offset,
+            "limit": limit,
+            "episodes": [],
+            "iterations": [],
+            "envs": [],
+            "statuses": [],
+            "missing": no_store_reason(kind),
+        }
+    with store.open_db(run_dir) as (conn, _):
+        return {
+            "total": store.count(conn, {}),
+            "matching": store.count(conn, used),
+            "offset": offset,
+            "limit": limit,
+            "episodes": [_summary(r) for r in store.page(conn, used, offset, limit)],
+            "iterations": store.distinct(conn, "iteration"),
+            "envs": [e for e in store.distinct(conn, "env") if e is not None],
+            "statuses": store.distinct(conn, "status"),
+            "missing": None,
         }
 
 
-def _summary(r: EpisodeRecord) -> dict[str, Any]:
-    row = {name: getattr(r, name) for name in SUMMARY_FIELDS}
-    text = r.response_text.replace("\n", "⏎")
-    row["preview"] = text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+def no_store_reason(kind: str | None) -> str:
+    if kind == "sft":
+        return "SFT runs record no episodes: `ascent sft` trains on the dataset's responses, it samples none."
+    return (
+        "This run has no experience store (experience.db): it ran with tracking.experience_store=false, "
+        "or has not recorded an episode yet."
+    )
+
+
+def _preview(text: str, chars: int) -> str:
+    """One line of at most `chars` characters: the start of `text`, newlines shown as ⏎."""
+    text = " ".join(text.replace("\n", " ⏎ ").split())
+    return text if len(text) <= chars else text[: chars - 1] + "…"
+
+
+def prompt_preview(text: str, chars: int = PROMPT_PREVIEW_CHARS) -> str:
+    """The prompt in one line of at most `chars` characters, chat-template markers (`<|im_start|>`) dropped
+    and, when it is longer, its end: a chat prompt's system text comes first, the question last."""
+    text = " ".join(SPECIAL_MARKER.sub(" ", text).replace("\n", " ⏎ ").split()).strip(" ⏎")
+    return text if len(text) <= chars else "…" + text[-(chars - 1) :]
+
+
+def _summary(r: dict[str, Any]) -> dict[str, Any]:
+    row = {name: r[name] for name in SUMMARY_FIELDS}
+    row["prompt"] = prompt_preview(r["prompt_text"])
+    row["preview"] = _preview(r["response_text"], PREVIEW_CHARS)
     return row
 
 
 def episode_detail(run_dir: Path, episode_id: int) -> dict[str, Any]:
     """One episode: its summary and rewards, the prompt, then each segment (model turn or observation) with
     every token's id, text, loss mask, sampler logprob and policy version."""
-    with open_store(run_dir) as store:
-        r = store.episode(episode_id)
-        decode = token_decoder(store.meta.get("tokenizer") or "")
+    with store.open_db(run_dir) as (conn, meta):
+        r = store.episode(conn, episode_id)
+        decode = token_decoder(meta.get("tokenizer") or "")
     detail = _summary(r) | {
-        "reward_components": r.reward_components, "turn_rewards": r.turn_rewards,
-        "policy_version": r.policy_version, "trainer_version": r.trainer_version,
-        "prompt_len": r.prompt_len, "prompt_text": r.prompt_text, "response_text": r.response_text,
-        "metadata": r.metadata, "tokens_decoded": decode is not None, "trained_tokens": sum(r.loss_mask),
+        "reward_components": r["reward_components"], "turn_rewards": r["turn_rewards"],
+        "policy_version": r["policy_version"], "trainer_version": r["trainer_version"],
+        "prompt_len": r["prompt_len"], "prompt_text": r["prompt_text"], "response_text": r["response_text"],
+        "metadata": r["metadata"], "tokens_decoded": decode is not None, "trained_tokens": sum(r["loss_mask"]),
     }  # fmt: skip
-    prompt = [{"id": t, "text": _text(decode, t), "mask": 0} for t in r.prompt_ids]
-    segments = [{"label": "prompt", "mask": 0, "text": r.prompt_text, "tokens": prompt}]
-    for label, seg in labelled_segments(r):
+    prompt = [{"id": t, "text": _text(decode, t), "mask": 0} for t in r["prompt_ids"]]
+    segments = [{"label": "prompt", "mask": 0, "text": r["prompt_text"], "tokens": prompt}]
+    ids, mask, logprobs, versions = (
+        r[k] for k in ("response_ids", "loss_mask", "sampler_logprobs", "token_versions")
+    )
+    for label, seg in store.labelled_segments(r):
         tokens = [
-            {"id": r.response_ids[i], "text": _text(decode, r.response_ids[i]), "mask": r.loss_mask[i],
-             "logprob": r.sampler_logprobs[i], "version": r.token_versions[i]}
+            {"id": ids[i], "text": _text(decode, ids[i]), "mask": mask[i], "logprob": logprobs[i],
+             "version": versions[i]}
             for i in range(seg["start"], seg["end"])
         ]  # fmt: skip
         segments.append({"label": label, "mask": seg["mask"], "text": seg["text"], "tokens": tokens})

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ascent.studio import catalog
 from ascent.tracking.metrics import METRICS_FILE
 
 # plot groups in display order: (group, metric-name prefixes). Names without a prefix are trainer
@@ -103,29 +104,45 @@ class MetricsCache:
 
 
 def series(records: list[dict[str, Any]]) -> dict[str, dict[str, list[Any]]]:
-    """Records -> {metric: {"step": [...], "value": [...]}} for numeric values (nulls kept as gaps)."""
+    """Records -> {metric: {"step": [...], "time": [...], "value": [...]}} for numeric values (nulls kept as
+    gaps); `time` is the record's unix time (None when it has none), for the wall-clock axis."""
     out: dict[str, dict[str, list[Any]]] = {}
     for record in records:
         step = record.get("step")
         if not isinstance(step, int):
             continue
+        when = record.get("time")
+        when = when if isinstance(when, int | float) else None
         for key, value in record.items():
             if key in RESERVED or not (value is None or isinstance(value, int | float)):
                 continue
-            column = out.setdefault(key, {"step": [], "value": []})
+            column = out.setdefault(key, {"step": [], "time": [], "value": []})
             column["step"].append(step)
+            column["time"].append(when)
             column["value"].append(value)
     return out
 
 
-def metrics_payload(run_dir: Path, cache: MetricsCache, since: int) -> dict[str, Any]:
-    """What `/api/metrics` answers: the generation, the last step, and the new points grouped by metric."""
-    generation, records = cache.since(run_dir, since)
-    data = series(records)
+def metrics_payload(
+    run_dir: Path, cache: MetricsCache, since: int, kind: str | None = None
+) -> dict[str, Any]:
+    """What `/api/metrics` answers: the generation, the last step, the run's first record time (`t0`, the
+    wall-clock axis's zero), the x-axis title, and the new points grouped by metric with each one's unit.
+    A run of `kind` "sft" gets its own charts (`catalog`: throughput derived, RL-only statistics left out)."""
+    generation, records = cache.since(run_dir, -1 if kind == "sft" else since)
+    if kind == "sft":
+        records = [r for r in catalog.with_sft_throughput(records) if r["step"] > since]
+    data = {k: v for k, v in series(records).items() if catalog.shown(k, kind)}
     steps = [r["step"] for r in records]
+    first = cache.records(run_dir)[:1]
+    t0 = first[0].get("time") if first else None
     return {
         "generation": generation,
         "last_step": max(steps) if steps else since,
+        "kind": kind,
+        "x_title": catalog.X_TITLES.get(kind or "train", "step"),
+        "t0": t0 if isinstance(t0, int | float) else None,
         "series": data,
         "groups": {key: group_of(key) for key in data},
+        "units": {key: catalog.unit_of(key, kind) for key in data},
     }

@@ -11,6 +11,7 @@ that would leave RUNS_DIR.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -18,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from ascent.errors import AscentError
-from ascent.orchestrator.rundir import lock_is_held, lock_owner
 from ascent.studio.metrics import MetricsCache
 
 MAX_DEPTH = 4
 STATUS_FILE = "status.json"
+LOCK_FILE = ".ascent.lock"  # the run-dir lock `ascent.orchestrator.rundir` takes (an fcntl lock + owner JSON)
 RUN_MARKERS = ("metrics.jsonl", "config.yaml")
 SKIP_DIRS = {"checkpoints", "tensorboard", "logs", "__pycache__", "node_modules", "wandb", "mlruns"}
 HEADLINE_KEYS = ("reward/mean", "val/accuracy", "sft/nll", "val/nll")
@@ -70,6 +71,34 @@ def find_runs(root: Path, max_depth: int = MAX_DEPTH) -> list[Path]:
 
     walk(root, 0)
     return found
+
+
+def lock_is_held(run_dir: Path) -> bool | None:
+    """Whether a live process holds `<run_dir>/.ascent.lock` now (None: there is no lock file). It takes the
+    lock without blocking and releases it at once, so a run starting meanwhile is kept out for that instant
+    only. (Read here rather than imported from the orchestrator: studio imports only tracking and config.)"""
+    try:
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def lock_owner(run_dir: Path) -> dict[str, Any]:
+    """What the run that took the lock wrote in it (pid, host, started, command); {} when unreadable."""
+    try:
+        info = json.loads((run_dir / LOCK_FILE).read_text() or "{}")
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def run_id(root: Path, run_dir: Path) -> str:
@@ -143,19 +172,31 @@ def inferred_state(run_dir: Path, records: list[dict[str, Any]], held: bool | No
     else:
         state, detail = "crashed", f"stopped at step {last} of {total} (no status.json: crash or interrupt)"
     return RunStatus(state=state, source="inferred", detail=detail, total_steps=total,
-                     pid=_int(owner.get("pid")), started_at=_float(owner.get("started")))  # fmt: skip
+                     kind=config_kind(run_dir), pid=_int(owner.get("pid")),
+                     started_at=_float(owner.get("started")))  # fmt: skip
 
 
-def configured_steps(run_dir: Path) -> int | None:
-    """`iterations` of the run's config.yaml (RL runs); None for SFT runs and unreadable configs."""
+def read_config(run_dir: Path) -> dict[str, Any]:
+    """The run's config.yaml as a dict ({} when absent or unreadable)."""
     import yaml
 
     try:
         data = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
-        return None
-    value = data.get("iterations") if isinstance(data, dict) else None
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def configured_steps(run_dir: Path) -> int | None:
+    """`iterations` of the run's config.yaml (RL runs); None for SFT runs and unreadable configs."""
+    value = read_config(run_dir).get("iterations")
     return value if isinstance(value, int) else None
+
+
+def config_kind(run_dir: Path) -> str | None:
+    """ "sft" or "train" as the run's config.yaml reads (an SFT config has `epochs`, an RL one `iterations`)."""
+    data = read_config(run_dir)
+    return "sft" if "epochs" in data else "train" if "iterations" in data else None
 
 
 def headline(records: list[dict[str, Any]]) -> dict[str, float]:
@@ -172,19 +213,44 @@ def headline(records: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def describe_runs(root: Path, metrics: MetricsCache) -> list[dict[str, Any]]:
-    """One JSON-ready entry per run: id, path, status fields, and which views it has data for."""
-    out = []
-    for run_dir in find_runs(root):
-        status = run_status(run_dir, metrics)
-        out.append({
-            "id": run_id(root, run_dir), "path": str(run_dir), **asdict(status),
-            "has_metrics": (run_dir / "metrics.jsonl").is_file(),
-            "has_trace": (run_dir / "trace.json").is_file(),
-            "has_episodes": (run_dir / "experience.db").is_file(),
-            "has_config": (run_dir / "config.yaml").is_file(),
-            "modified": _mtime(run_dir),
-        })  # fmt: skip
-    return out
+    """One `describe_run` entry per run under `root`."""
+    return [describe_run(root, run_dir, metrics) for run_dir in find_runs(root)]
+
+
+def describe_run(root: Path, run_dir: Path, metrics: MetricsCache) -> dict[str, Any]:
+    """A JSON-ready entry: id, path, status fields, which views it has data for, and `trace_hint` (why the
+    timeline is empty, when it is)."""
+    status = run_status(run_dir, metrics)
+    if status.kind is None:
+        status.kind = config_kind(run_dir)
+    has_trace = (run_dir / "trace.json").is_file()
+    return {
+        "id": run_id(root, run_dir), "path": str(run_dir), **asdict(status),
+        "has_metrics": (run_dir / "metrics.jsonl").is_file(), "has_trace": has_trace,
+        "has_episodes": (run_dir / "experience.db").is_file(), "has_config": (run_dir / "config.yaml").is_file(),
+        "trace_hint": None if has_trace else trace_hint(run_dir, status),
+        "modified": _mtime(run_dir),
+    }  # fmt: skip
+
+
+def run_kind(run_dir: Path) -> str | None:
+    """ "train" or "sft": what status.json says, else what config.yaml reads as (None: unknown)."""
+    kind = (read_status_file(run_dir) or {}).get("kind")
+    return kind if isinstance(kind, str) else config_kind(run_dir)
+
+
+def trace_hint(run_dir: Path, status: RunStatus) -> str:
+    """Why a run has no trace.json: SFT writes none; an RL run may have turned it off or not got there yet."""
+    if status.kind == "sft":
+        return (
+            "SFT runs have no phase timeline: only `ascent train` writes trace.json (one row per RL phase)."
+        )
+    tracking = read_config(run_dir).get("tracking")
+    if isinstance(tracking, dict) and tracking.get("trace") is False:
+        return "This run turned the timeline off (tracking.trace=false); rerun with tracking.trace=true."
+    if status.state == "running":
+        return "No phases recorded yet: trace.json is written once the first iteration finishes."
+    return "This run left no trace.json (tracking.trace=true writes it during `ascent train`)."
 
 
 def _mtime(run_dir: Path) -> float:

@@ -42,8 +42,10 @@ function post(path, body) {
 function fmt(value, digits = 3) {
   if (value === null || value === undefined) return "–";
   if (typeof value !== "number") return String(value);
-  if (Number.isInteger(value)) return String(value);
-  return Math.abs(value) >= 1000 || (Math.abs(value) < 1e-3 && value !== 0) ? value.toExponential(2) : value.toFixed(digits);
+  if (Number.isInteger(value) && Math.abs(value) < 1e6) return String(value);
+  if (!Number.isFinite(value)) return String(value);
+  if (Math.abs(value) >= 1e5 || (Math.abs(value) < 1e-3 && value !== 0)) return value.toExponential(2);
+  return String(Number(value.toPrecision(digits + 1))); // 4 significant digits, no SI prefixes
 }
 
 function ago(unixSeconds) {
@@ -73,13 +75,18 @@ function parseHash() {
 
 const RUN_TABS = [["plots", "Plots"], ["timeline", "Timeline"], ["episodes", "Episodes"], ["config", "Config"]];
 
-function runTabs(runId, active) {
+// The run's tabs; an SFT run has no timeline and no episodes (ascent sft writes neither), so it has no tabs
+// for them unless it has the files after all.
+function runTabs(info, active) {
   const nav = $("#run-tabs");
   nav.hidden = false;
+  const sft = info.kind === "sft";
+  const has = { timeline: info.has_trace || !sft, episodes: info.has_episodes || !sft };
   nav.replaceChildren(
-    h("span", { class: "title" }, runId),
-    ...RUN_TABS.map(([tab, label]) =>
-      h("a", { href: `#/run/${enc(runId)}/${tab}`, class: tab === active ? "active" : null }, label)),
+    h("span", { class: "title" }, info.id),
+    info.kind ? h("span", { class: "kind", id: "run-kind" }, sft ? "SFT" : "RL") : "",
+    ...RUN_TABS.filter(([tab]) => has[tab] !== false || tab === active).map(([tab, label]) =>
+      h("a", { href: `#/run/${enc(info.id)}/${tab}`, class: tab === active ? "active" : null, dataset: { tab } }, label)),
   );
 }
 
@@ -94,9 +101,10 @@ async function route() {
   try {
     if (parts[0] === "run" && parts[1]) {
       const [runId, tab = "plots", arg] = parts.slice(1);
-      runTabs(runId, tab === "episode" ? "episodes" : tab);
+      const info = await api(`/api/run?run=${enc(runId)}`);
+      runTabs(info, tab === "episode" ? "episodes" : tab);
       if (tab === "plots") renderPlots(view, [runId]);
-      else if (tab === "timeline") await renderTimeline(view, runId, params.get("iteration"));
+      else if (tab === "timeline") await renderTimeline(view, runId, params.get("iteration"), info);
       else if (tab === "episodes") await renderEpisodes(view, runId, params);
       else if (tab === "episode") await renderEpisode(view, runId, Number(arg));
       else if (tab === "config") await renderConfig(view, runId);
@@ -121,7 +129,7 @@ async function renderRuns(view) {
   } }, "Compare selected");
   const body = h("tbody");
   const table = h("table", { id: "runs" },
-    h("thead", {}, h("tr", {}, ["", "run", "status", "step", "reward/mean", "val/accuracy", "updated", "views"].map((t) => h("th", {}, t)))),
+    h("thead", {}, h("tr", {}, ["", "run", "kind", "status", "step", "latest", "updated", "views"].map((t) => h("th", {}, t)))),
     body);
   const empty = h("p", { class: "muted", hidden: true }, "No runs here yet: a run directory holds metrics.jsonl or config.yaml.");
   view.append(h("h2", {}, "Runs"),
@@ -139,10 +147,10 @@ async function renderRuns(view) {
     return h("tr", { dataset: { run: run.id } },
       h("td", {}, box),
       h("td", {}, h("a", { href: `#/run/${enc(run.id)}/plots` }, run.id)),
+      h("td", {}, run.kind === "sft" ? "SFT" : run.kind === "train" ? "RL" : "–"),
       h("td", {}, badge(run.state, why), run.error ? h("div", { class: "error" }, run.error) : null),
       h("td", { class: "num" }, step),
-      h("td", { class: "num" }, fmt(run.headline["reward/mean"])),
-      h("td", { class: "num" }, fmt(run.headline["val/accuracy"])),
+      h("td", { class: "headline" }, Object.entries(run.headline).map(([k, v]) => h("div", {}, h("span", { class: "muted" }, `${k} `), fmt(v)))),
       h("td", {}, ago(run.updated_at || run.modified)),
       h("td", {}, [link("plots", "plots", run.has_metrics), link("timeline", "timeline", run.has_trace),
         link("episodes", "episodes", run.has_episodes), link("config", "config", run.has_config)]

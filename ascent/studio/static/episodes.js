@@ -1,15 +1,21 @@
-// ascent studio: the episode browser. A filtered list of a run's episodes (iteration, reward range,
-// environment, status incl. "dropped"), and one episode turn by turn: every token, sampled tokens (loss mask 1)
-// outlined and coloured by the sampler's probability, prompt and observation tokens (mask 0) in grey;
-// hovering a token shows its id, mask, logprob and policy version.
+// ascent studio: the episode browser. A run's episodes newest first, a page at a time (the server pages them:
+// offset/limit), filtered (iteration, reward range, environment, status incl. "dropped", text in the prompt or
+// the response), and one episode turn by turn: every token, sampled tokens (loss mask 1) outlined and
+// coloured by the sampler's probability, prompt and observation tokens (mask 0) in grey; hovering a token
+// shows its id, mask, logprob and policy version.
 "use strict";
 
 const STATUS_CHOICES = ["", "trained", "dropped", "filtered", "dropped_stale", "surplus"];
-const FILTERS = ["iteration", "min_reward", "max_reward", "env", "status"];
+const FILTERS = ["iteration", "min_reward", "max_reward", "env", "status", "search", "limit", "offset"];
+const PAGE_SIZES = [25, 50, 100, 200];
 
 async function renderEpisodes(view, runId, params) {
   const query = FILTERS.filter((k) => params.get(k)).map((k) => `&${k}=${enc(params.get(k))}`).join("");
   const data = await api(`/api/episodes?run=${enc(runId)}${query}`);
+  if (data.missing) {
+    view.append(h("p", { class: "muted", id: "no-episodes" }, data.missing));
+    return;
+  }
   const value = (k) => params.get(k) || "";
   const iteration = h("select", { name: "iteration" }, h("option", { value: "" }, "any"),
     data.iterations.map((it) => h("option", { value: it, selected: String(it) === value("iteration") }, it)));
@@ -19,28 +25,49 @@ async function renderEpisodes(view, runId, params) {
     STATUS_CHOICES.map((s) => h("option", { value: s, selected: s === value("status") }, s || "any")));
   const minReward = h("input", { name: "min_reward", type: "number", step: "any", size: 6, value: value("min_reward") });
   const maxReward = h("input", { name: "max_reward", type: "number", step: "any", size: 6, value: value("max_reward") });
+  const search = h("input", { name: "search", id: "episode-search", type: "search", size: 22, placeholder: "text in prompt or response", value: value("search") });
+  const limit = h("select", { name: "limit", form: "episode-filters" }, PAGE_SIZES.map((n) => h("option", { value: n, selected: n === data.limit }, n)));
+  const go = (q) => { location.hash = `#/run/${enc(runId)}/episodes?${q}`; };
   const form = h("form", { class: "toolbar", id: "episode-filters", onsubmit: (e) => {
     e.preventDefault();
     const q = new URLSearchParams();
     for (const el of form.elements) if (el.name && el.value !== "") q.set(el.name, el.value);
-    location.hash = `#/run/${enc(runId)}/episodes?${q}`;
+    go(q); // a new filter starts at the newest page
   } },
-  h("label", {}, "iteration", iteration), h("label", {}, "reward ≥", minReward), h("label", {}, "≤", maxReward),
+  search, h("label", {}, "iteration", iteration), h("label", {}, "reward ≥", minReward), h("label", {}, "≤", maxReward),
   data.envs.length ? h("label", {}, "environment", env) : null, h("label", {}, "status", status),
-  h("button", { type: "submit" }, "Filter"),
-  h("span", { class: "muted" }, `${data.matching} of ${data.total} episodes match` +
-    (data.matching > data.episodes.length ? `; the first ${data.episodes.length} shown` : "")));
-  for (const el of [iteration, env, status]) el.addEventListener("change", () => form.requestSubmit());
-  const columns = ["id", "it", "group", "row", "env", "status", "reward", "adv", "turns", "finish", "tokens", "response"];
+  h("button", { type: "submit" }, "Filter"));
+  for (const el of [iteration, env, status, limit]) el.addEventListener("change", () => form.requestSubmit());
+  view.append(form, pager(data, params, go, limit));
+  const columns = ["id", "it", "group", "row", "env", "status", "reward", "adv", "turns", "finish", "tokens", "prompt", "response"];
   const rows = data.episodes.map((e) => h("tr", {
     class: "clickable", dataset: { episode: e.id }, onclick: () => { location.hash = `#/run/${enc(runId)}/episode/${e.id}`; },
   },
   h("td", {}, e.id), h("td", {}, e.iteration), h("td", {}, e.group_index ?? "–"), h("td", {}, e.row_id), h("td", {}, e.env || "–"),
   h("td", {}, badge(e.status, e.drop_reason)), h("td", { class: "num" }, fmt(e.reward)), h("td", { class: "num" }, fmt(e.advantage)),
   h("td", { class: "num" }, e.turns), h("td", {}, e.finish_reason), h("td", { class: "num" }, e.response_len),
-  h("td", { class: "muted" }, e.preview)));
-  view.append(form, h("table", { id: "episodes" }, h("thead", {}, h("tr", {}, columns.map((c) => h("th", {}, c)))), h("tbody", {}, rows)));
+  h("td", { class: "prompt" }, e.prompt), h("td", { class: "muted response" }, e.preview)));
+  view.append(h("table", { id: "episodes" }, h("thead", {}, h("tr", {}, columns.map((c) => h("th", { dataset: { column: c } }, c)))), h("tbody", {}, rows)));
   if (!rows.length) view.append(h("p", { class: "muted" }, "No episode matches these filters."));
+}
+
+// "41–90 of 1234 matching (5000 episodes), newest first" with newer/older buttons that keep the filters.
+function pager(data, params, go, limit) {
+  const first = data.matching ? data.offset + 1 : 0;
+  const last = data.offset + data.episodes.length;
+  const to = (offset) => {
+    const q = new URLSearchParams(params);
+    if (offset > 0) q.set("offset", offset); else q.delete("offset");
+    go(q);
+  };
+  const newer = h("button", { type: "button", class: "secondary", id: "newer", disabled: data.offset === 0,
+    onclick: () => to(Math.max(0, data.offset - data.limit)) }, "← newer");
+  const older = h("button", { type: "button", class: "secondary", id: "older", disabled: last >= data.matching,
+    onclick: () => to(data.offset + data.limit) }, "older →");
+  const total = data.matching === data.total ? `${data.total} episodes` : `${data.matching} matching (of ${data.total})`;
+  return h("div", { class: "toolbar", id: "episode-pager" }, newer, older,
+    h("span", { class: "muted", id: "episode-count" }, `${first}–${last} of ${total}, newest first`),
+    h("label", {}, "per page", limit));
 }
 
 // p = exp(logprob) -> red (unlikely) .. green (likely)

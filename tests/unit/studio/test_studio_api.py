@@ -26,7 +26,9 @@ def test_runs_metrics_since_and_timeline(client: TestClient) -> None:
     assert full["series"]["reward/mean"]["step"] == [1, 2, 3]
     assert full["groups"]["grad_norm"] == "train"
     newer = client.get("/api/metrics", params={"run": RUN, "since": 2}).json()
-    assert newer["series"]["reward/mean"] == {"step": [3], "value": [pytest.approx(0.3)]}
+    assert newer["series"]["reward/mean"]["step"] == [3]
+    assert newer["series"]["reward/mean"]["value"] == [pytest.approx(0.3)]
+    assert len(newer["series"]["reward/mean"]["time"]) == 1 and newer["t0"] is not None
     timeline = client.get("/api/timeline", params={"run": RUN}).json()
     assert timeline["iterations"] == [1, 2, 3] and timeline["iteration"] == 3
     assert [(p["name"], p["depth"]) for p in timeline["phases"]] == [

@@ -9,9 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from ascent.orchestrator.rundir import RunDirLock, lock_is_held
+from ascent.orchestrator.rundir import RunDirLock  # the lock a run takes; the studio probes it on its own
 from ascent.studio.metrics import MetricsCache
-from ascent.studio.runs import RunNotFound, describe_runs, find_runs, resolve_run, run_status
+from ascent.studio.runs import (
+    RunNotFound,
+    describe_run,
+    describe_runs,
+    find_runs,
+    lock_is_held,
+    resolve_run,
+    run_status,
+)
 
 from .conftest import make_run
 
@@ -91,3 +99,20 @@ def test_describe_runs_has_headline_metrics_and_views(runs_root: Path) -> None:
     assert entry["step"] == 3
     assert entry["headline"] == {"reward/mean": pytest.approx(0.3), "val/accuracy": 0.25}
     assert entry["has_metrics"] and entry["has_trace"] and entry["has_episodes"] and entry["has_config"]
+
+
+def test_kind_and_trace_hint_fit_what_the_run_is(runs_root: Path) -> None:
+    rl = runs_root / "sweep" / "lr1" / "run"
+    assert describe_run(runs_root, rl, MetricsCache())["trace_hint"] is None  # it has a trace
+    (rl / "trace.json").unlink()
+    rl_entry = describe_run(runs_root, rl, MetricsCache())
+    assert rl_entry["kind"] == "train" and "tracking.trace=true writes it" in rl_entry["trace_hint"]
+    off = rl / "config.yaml"
+    off.write_text(off.read_text().replace("  trace: true", "  trace: false"))
+    assert "turned the timeline off" in describe_run(runs_root, rl, MetricsCache())["trace_hint"]
+    sft = runs_root / "sft"
+    sft.mkdir()
+    (sft / "config.yaml").write_text("epochs: 2.0\nbatch_size: 8\n")  # an SFT run from before status.json
+    entry = describe_run(runs_root, sft, MetricsCache())
+    assert entry["kind"] == "sft" and not entry["has_trace"] and not entry["has_episodes"]
+    assert entry["trace_hint"].startswith("SFT runs have no phase timeline")
