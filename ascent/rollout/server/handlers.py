@@ -3,8 +3,9 @@
 Each handler renders the prompt (a chat call that echoes an earlier reply of its session continues that
 reply's exact ids: `threads.py`), checks it against the context, queues one engine request per prompt (all
 queued before any is awaited, so they share a batch) and answers with a whole body or, with `stream=true`,
-server-sent chunks. Chat replies with tools are parsed for tool calls; a streamed reply with tools is sent
-when the sample ends (its raw `<tool_call>` text never reaches the client).
+server-sent chunks. Chat replies with tools are parsed for tool calls in the model family's format
+(`tool_parsers.py`); a streamed reply with tools is sent when the sample ends (its raw call text never
+reaches the client).
 """
 
 from __future__ import annotations
@@ -39,13 +40,22 @@ from ascent.rollout.server.responses import (
     usage,
     usage_chunk,
 )
-from ascent.rollout.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingBody
+from ascent.rollout.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingBody,
+    refused_field,
+)
 from ascent.rollout.server.streaming import TextStream, TokenFeed, sse
 
 Chunks = AsyncIterator[dict[str, Any]]
 
 
 def check_model(server: Front, body: SamplingBody) -> None:
+    """A field the server does not take is a 400 naming it; a model it does not serve is a 404."""
+    refused = refused_field(body)
+    if refused is not None:
+        raise APIError(400, refused[1], param=refused[0], code="unsupported_parameter")
     name = server.options.model_name
     if body.model != name and not server.options.any_model:
         raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{name}`.",
@@ -89,7 +99,11 @@ def _chat_replies(server: Front, body: ChatCompletionRequest, result: BatchResul
     out = []
     for gen in result.generations:
         text, cut = cut_at_stop(server.decode(gen.token_ids), body.stop_strings())
-        content, calls = split_tool_calls(text) if _uses_tools(body) else (text, [])
+        split = None
+        if _uses_tools(body):
+            raw, _ = cut_at_stop(server.tool_text(list(gen.token_ids)), body.stop_strings())
+            split = split_tool_calls(raw, server.tool_parser)
+        content, calls = split if split is not None else (text, [])
         out.append(_Reply(content, calls, "tool_calls" if calls else gen.finish_reason, cut))
     return out
 

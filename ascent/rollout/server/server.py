@@ -55,6 +55,7 @@ class ServerOptions:
     max_records: int = 100_000
     any_model: bool = False  # answer whatever model name a call asks for (a training run's own endpoint)
     api_processes: int = 1
+    tool_parser: str = "auto"  # a name in tool_parsers.TOOL_PARSERS; auto: from the chat template's markers
 
 
 def uvicorn_config(app: Any, host: str, log_level: str) -> Any:
