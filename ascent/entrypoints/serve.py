@@ -260,7 +260,7 @@ def attach_record(server: Any, s: ServeSettings) -> Any:
         return None
     from ascent.entrypoints.serve_record import RecordSink
 
-    sink = RecordSink(s.record, s.model, server.decode)
+    sink = RecordSink(s.record, s.model, lambda ids: server.decode(list(ids)))
     server.recorder.sink = sink
     return sink
 

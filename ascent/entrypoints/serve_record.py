@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ascent.entrypoints.serve import ServeError
@@ -30,7 +30,7 @@ _ROW_IDS_KEPT = 4096  # prompts whose row id is remembered (their samples arrive
 class RecordSink:
     """A `Recorder.sink` writing each record to the store in `directory`; `close()` writes what is queued."""
 
-    def __init__(self, directory: str, tokenizer_dir: str, decode: Callable[[list[int]], str]) -> None:
+    def __init__(self, directory: str, tokenizer_dir: str, decode: Callable[[Sequence[int]], str]) -> None:
         path = store_path(directory)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +68,7 @@ class RecordSink:
             row_id=self._row_id(record),
             policy_version=record.policy_version,
             token_versions=list(record.token_versions),
-            response_text=self.decode(list(record.response_ids)),
+            response_text=self.decode(record.response_ids),
             metadata={"session": record.session_id, "completion_id": record.completion_id,
                       "index": record.index, "endpoint": record.endpoint, "started": record.started},
         )  # fmt: skip

@@ -55,7 +55,8 @@ def _call(obj: Any, *argument_keys: str) -> ParsedCall | None:
 
 def _json_values(text: str, separators: str) -> list[Any] | None:
     """Consecutive JSON values filling `text` (only whitespace and `separators` between them), or None."""
-    out, at = [], 0
+    out: list[Any] = []
+    at = 0
     while True:
         while at < len(text) and (text[at].isspace() or text[at] in separators):
             at += 1
