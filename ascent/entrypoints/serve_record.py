@@ -38,8 +38,10 @@ class RecordSink:
                 path, keep_through=_KEEP_ALL, meta={"tokenizer": str(Path(tokenizer_dir).resolve())}
             )
         except OSError as err:
-            raise ServeError(f"--record {directory}: cannot write an experience store there ({err}); "
-                             "choose a writable directory.") from err  # fmt: skip
+            raise ServeError(
+                f"--record {directory}: cannot write an experience store there ({err}); "
+                "choose a writable directory."
+            ) from err
         self.path, self.decode = path, decode
         self.writer = ExperienceWriter(path, decode)
         self._rows: OrderedDict[tuple[str, int], int] = OrderedDict()
@@ -69,9 +71,14 @@ class RecordSink:
             policy_version=record.policy_version,
             token_versions=list(record.token_versions),
             response_text=self.decode(record.response_ids),
-            metadata={"session": record.session_id, "completion_id": record.completion_id,
-                      "index": record.index, "endpoint": record.endpoint, "started": record.started},
-        )  # fmt: skip
+            metadata={
+                "session": record.session_id,
+                "completion_id": record.completion_id,
+                "index": record.index,
+                "endpoint": record.endpoint,
+                "started": record.started,
+            },
+        )
         self.writer.put([Entry(episode, iteration=0, status=STATUS, trainer_version=record.policy_version)])
 
     def close(self) -> None:

@@ -22,12 +22,14 @@ from ascent.rollout.server.batcher import BatchResult
 from ascent.rollout.server.chat import cut_at_stop, split_tool_calls
 from ascent.rollout.server.errors import APIError
 from ascent.rollout.server.front import Front, result_of
+from ascent.rollout.server.grammar import request_grammar
 from ascent.rollout.server.prepare import (
     chat_inputs,
     chat_prompt,
     completion_prompts,
     sampling_params,
     token_budget,
+    with_grammar,
 )
 from ascent.rollout.server.responses import (
     Meta,
@@ -137,6 +139,7 @@ async def _remember(server: Front, call: _Chat, result: BatchResult, replies: li
 async def chat_completions(server: Front, body: ChatCompletionRequest, session: str) -> Any:
     check_model(server, body)
     limits = server.options.limits
+    grammar = request_grammar(body.model_extra or {}, server.options.constrained_decoding)
     messages, tools = chat_inputs(body)
     prompt_ids = await server.remembered_ids(session, messages, tools)
     if prompt_ids is None:
@@ -144,6 +147,7 @@ async def chat_completions(server: Front, body: ChatCompletionRequest, session: 
     call = _Chat(session, messages, tools, prompt_ids)
     budget = token_budget(len(prompt_ids), body.token_budget(), limits, "messages")
     request = GenerationRequest(prompt_ids, sampling_params(body, budget, limits))
+    request = with_grammar(request, grammar)
     meta = Meta(new_id("chatcmpl"), server.options.model_name)
     if body.stream:
         feed = TokenFeed()
@@ -208,6 +212,7 @@ async def _chat_chunks(server: Front, body: ChatCompletionRequest, meta: Meta, f
 async def completions(server: Front, body: CompletionRequest, session: str) -> Any:
     check_model(server, body)
     limits = server.options.limits
+    grammar = request_grammar(body.model_extra or {}, server.options.constrained_decoding)
     prompts = completion_prompts(server.tokenizer, body, limits)
     requests = [
         GenerationRequest(
@@ -215,6 +220,7 @@ async def completions(server: Front, body: CompletionRequest, session: str) -> A
         )
         for ids in prompts
     ]
+    requests = [with_grammar(r, grammar) for r in requests]
     meta = Meta(new_id("cmpl"), server.options.model_name)
     feed = TokenFeed() if body.stream else None
     futures = []

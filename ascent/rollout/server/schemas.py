@@ -2,9 +2,10 @@
 
 FastAPI validates every body against these, so a wrong type or value is a 400 naming its field (reshaped
 by `errors.validation_error`). Nothing a request asks for is silently dropped: fields the engine cannot
-honour (penalties, top-k alternatives, forced tool choice, `response_format` and guided decoding,
-`parallel_tool_calls: false`) and fields this server does not know are refused by name (`refused_field`,
-checked by the handlers), except the few in `INFORMATIONAL` that change no token (`user`, `metadata`, ...).
+honour (penalties, top-k alternatives, forced tool choice, `parallel_tool_calls: false`, vLLM's grammar
+options but the four in `GRAMMAR_FIELDS`, which `grammar.py` honours or refuses) and fields this server
+does not know are refused by name (`refused_field`, checked by the handlers), except the few in
+`INFORMATIONAL` that change no token (`user`, `metadata`, ...).
 `top_k`, `min_p`, `repetition_penalty` and `return_token_ids` are vLLM-style extensions (the `extra_body`
 of the official client). Nested objects (messages, tools) ignore fields they do not use, so a client can
 send back the assistant message it received (with its `refusal`, `annotations`, ...).
@@ -84,18 +85,18 @@ UNSUPPORTED = {  # fields the engine cannot honour -> what to do instead
 
 
 _NO_GRAMMAR = (
-    "this server does not constrain decoding to a grammar or schema; leave it out and validate the reply "
-    "yourself (the reference engine's sampler has no grammar mask yet)"
+    "this server constrains decoding only with response_format, guided_json, guided_regex or guided_choice; "
+    "leave it out"
 )
 _TEXT_ONLY = "this server generates text only; leave it out"
+GRAMMAR_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice")  # grammar.py reads them
 # fields set to anything but their harmless value (None always is) -> what to do instead
 REFUSED_EXTRAS: dict[str, tuple[Any, str]] = {
-    "response_format": ({"type": "text"}, "only {'type': 'text'} is supported: " + _NO_GRAMMAR),
     "parallel_tool_calls": (
         True,
         "the model may write several calls in one reply and the server cannot "
         "stop it; leave it out or set it to true",
-    ),  # fmt: skip
+    ),
     "functions": ([], "the legacy functions API is not supported; send them as tools"),
     "function_call": ("none", "the legacy functions API is not supported; use tools and tool_choice"),
     "modalities": (["text"], _TEXT_ONLY),
@@ -108,15 +109,12 @@ REFUSED_EXTRAS: dict[str, tuple[Any, str]] = {
     **{
         name: (None, _NO_GRAMMAR)
         for name in (
-            "guided_json",
-            "guided_regex",
-            "guided_choice",
             "guided_grammar",
             "guided_decoding_backend",
             "guided_whitespace_pattern",
             "structured_outputs",
         )
-    },  # fmt: skip
+    },
 }
 # accepted and ignored: they describe the caller or ask for bookkeeping, and change no token
 INFORMATIONAL = frozenset(
@@ -127,7 +125,7 @@ INFORMATIONAL = frozenset(
 def refused_field(body: SamplingBody) -> tuple[str, str] | None:
     """(field, message) for the first field of `body` this server does not take (see the module doc)."""
     for name, value in (body.model_extra or {}).items():
-        if name in INFORMATIONAL:
+        if name in INFORMATIONAL or name in GRAMMAR_FIELDS:
             continue
         if name in REFUSED_EXTRAS:
             harmless, fix = REFUSED_EXTRAS[name]
