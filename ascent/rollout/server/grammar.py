@@ -80,8 +80,8 @@ def request_grammar(extra: dict[str, Any], supported: bool) -> str | None:
         return None
     if not supported:
         raise APIError(400, f"{name}: this server's engine cannot constrain its sampling (the fast GPU engine "
-                       "has no grammar mask); serve with --engine reference, or leave it out and validate the "
-                       "reply yourself.", param=name, code="unsupported_parameter")  # fmt: skip
+                       "and a training run's endpoint have no grammar mask); serve with --engine reference, or "
+                       "leave it out and validate the reply yourself.", param=name, code="unsupported_parameter")  # fmt: skip
     error = llguidance.LLMatcher.validate_grammar(grammar)
     if error:
         raise bad_request(f"{name}: the schema cannot be compiled into a grammar: {error}", name)

@@ -89,7 +89,12 @@ class OpenAIServer(Front):
                 engine.constraints = LLGuidanceConstraints(tokenizer)
             options = dataclasses.replace(options, constrained_decoding=True)
         super().__init__(tokenizer, options)
-        self.batcher = Batcher(engine, options.max_batch_requests, policy_version)
+        seeded_alone = isinstance(
+            engine, ReferenceEngine
+        )  # its seeded requests repeat whatever else is queued
+        self.batcher = Batcher(
+            engine, options.max_batch_requests, policy_version, isolate_seeded=seeded_alone
+        )
         self.recorder = recorder if recorder is not None else Recorder(options.max_records, self.decode)
         self.threads = Threads()  # finished replies, so a call that echoes one continues its exact ids
         self.app = build_app(self)

@@ -1,6 +1,7 @@
 """A seeded request through the server's batcher gets the same tokens and logprobs, bit for bit, whether it
-ran alone or was queued with other requests (the reference engine, CPU): the batcher gives it a call of its
-own, while unseeded requests still share one."""
+ran alone or was queued with other requests (the reference engine, CPU): with `isolate_seeded` (what
+`OpenAIServer` sets for the reference engine) the batcher gives it a call of its own, while unseeded requests
+still share one; without it (other engines) they all share one."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def _together(
 def test_a_seeded_request_is_the_same_alone_and_queued_with_others(
     make_engine: Callable[..., ReferenceEngine],
 ) -> None:
-    batcher = Batcher(make_engine(), gather_s=0.05)
+    batcher = Batcher(make_engine(), gather_s=0.05, isolate_seeded=True)
     batcher.start()
     try:
         (alone,) = _together(batcher, [SEEDED])
@@ -40,7 +41,7 @@ def test_a_seeded_request_is_the_same_alone_and_queued_with_others(
 
 def test_seeded_requests_get_calls_of_their_own_and_the_rest_share_one() -> None:
     engine = ScriptedEngine(lambda r: [2, 1])
-    batcher = Batcher(engine, gather_s=0.05)
+    batcher = Batcher(engine, gather_s=0.05, isolate_seeded=True)
     batcher.start()
     try:
         seeded = [GenerationRequest([4], SamplingParams(seed=s)) for s in (1, 2)]
@@ -48,3 +49,11 @@ def test_seeded_requests_get_calls_of_their_own_and_the_rest_share_one() -> None
     finally:
         batcher.close()
     assert engine.batches == [3, 1, 1]
+    shared = ScriptedEngine(lambda r: [2, 1])
+    batcher = Batcher(shared, gather_s=0.05)
+    batcher.start()
+    try:
+        _together(batcher, [OTHERS[0], seeded[0], seeded[1]])
+    finally:
+        batcher.close()
+    assert shared.batches == [3]
