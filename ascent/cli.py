@@ -33,6 +33,7 @@ from ascent.entrypoints.episodes import episodes_command
 from ascent.entrypoints.serve import serve_command
 from ascent.entrypoints.studio import studio_command
 from ascent.errors import AscentError
+from ascent.plugins import add_plugin_root
 
 USER_ERROR_NAMES = {"AscentError", "ConfigError", "DataError"}  # caught by name too: no heavy imports
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -469,6 +470,9 @@ def main(argv: list[str] | None = None) -> None:
     # to free memory the OS takes back anyway (~1 s of every command on a small CPU). Frozen objects are left
     # out of that collection; the process still releases everything when it ends.
     atexit.register(gc.freeze)
+    # Plug-ins named by import path (reward.fn=mypkg.rewards:score) resolve from the current directory, as
+    # under `python -m`, in this process and in every worker process the run starts (through PYTHONPATH).
+    add_plugin_root()
     app(args=argv, prog_name="ascent")
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from ascent.config.schema import RunConfig
 from ascent.doctor.memory import ModelShape
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
+from ascent.plugins import PluginError, load_plugin
 
 
 def load_hf_config(cfg: RunConfig) -> Any:
@@ -155,14 +156,11 @@ def env_names(cfg: RunConfig) -> list[str]:
 
 def renders(name: str) -> bool:
     """Whether environment `name` (registered or pkg.module:Class) sets `needs_rendering = True` on its class."""
-    import importlib
-
     from ascent.envs import ENVIRONMENTS, make_env
 
     factory: Any = ENVIRONMENTS.get(name)
     if factory is None and ":" in name:
-        module, _, attr = name.partition(":")
-        factory = getattr(importlib.import_module(module), attr)
+        factory = load_plugin(name, "rollout.env")
     if factory is None:
         return False
     target = factory if isinstance(factory, type) else make_env(name)
@@ -176,7 +174,9 @@ def rendering_envs(cfg: RunConfig) -> tuple[list[str], CheckResult | None]:
         try:
             if renders(name):
                 out.append(name)
-        except Exception as err:  # an import path that does not resolve: the run would fail the same way
+        except PluginError as err:  # an import path that does not resolve: the run would fail the same way
+            return out, fail("environment", str(err), "fix rollout.env (a registered name or pkg.module:Class).")
+        except Exception as err:  # the environment's constructor raised
             return out, fail("environment", f"env {name!r} does not load ({type(err).__name__}: {err})",
                              "fix rollout.env (a registered name or pkg.module:Class).")  # fmt: skip
     return out, None
