@@ -175,7 +175,9 @@ def rendering_envs(cfg: RunConfig) -> tuple[list[str], CheckResult | None]:
             if renders(name):
                 out.append(name)
         except PluginError as err:  # an import path that does not resolve: the run would fail the same way
-            return out, fail("environment", str(err), "fix rollout.env (a registered name or pkg.module:Class).")
+            return out, fail(
+                "environment", str(err), "fix rollout.env (a registered name or pkg.module:Class)."
+            )
         except Exception as err:  # the environment's constructor raised
             return out, fail("environment", f"env {name!r} does not load ({type(err).__name__}: {err})",
                              "fix rollout.env (a registered name or pkg.module:Class).")  # fmt: skip
