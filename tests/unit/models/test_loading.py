@@ -76,7 +76,9 @@ def test_a_missing_tokenizer_directory_names_the_setting_that_named_it(tmp_path:
     from ascent.models.loading import load_tokenizer
 
     missing = str(tmp_path / "tok")
-    with pytest.raises(ValueError, match=r"^model.tokenizer_path='.*tok': no such directory.*tokenizer files"):
+    with pytest.raises(
+        ValueError, match=r"^model.tokenizer_path='.*tok': no such directory.*tokenizer files"
+    ):
         load_tokenizer(missing, field="model.tokenizer_path")
     with pytest.raises(ValueError, match=r"^model.path='.*tok': no such directory"):
         load_tokenizer(missing)
