@@ -83,7 +83,7 @@ def test_readme_plugins_load_from_the_current_directory(
     cfg["data"].pop("val_path")
     cfg["reward"] = {"fn": "mypkg.rewards:score", "isolation": "process", "num_workers": 1}
     proc = ascent_in(cwd, "train", str(write_yaml(tmp_path / "reward.yaml", cfg)))
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, proc.stderr  # a reward worker that cannot import mypkg fails every sample
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("reward/mean") >= 1
 
 
@@ -105,16 +105,4 @@ def test_a_missing_package_names_where_it_looked_and_the_fix(tmp_path: Path, tin
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "no module 'mypkg'" in proc.stderr and str(elsewhere.resolve()) in proc.stderr
     assert "Run ascent from the directory that holds `mypkg/`" in proc.stderr and "PYTHONPATH" in proc.stderr
-    proc = ascent_in(
-        cwd,
-        "debug",
-        "env",
-        "--model",
-        str(tiny_model),
-        "--data",
-        "rows.jsonl",
-        "--env",
-        "mypkg.envs:GuessNumbr",
-    )
-    assert proc.returncode == 2 and "has no attribute 'GuessNumbr'" in proc.stderr
-    assert "its public callables: GuessNumber" in proc.stderr
+    # a misspelt name in a module that exists lists its callables: tests/unit/test_plugins.py
