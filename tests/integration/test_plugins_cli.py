@@ -82,6 +82,7 @@ def test_readme_plugins_load_from_the_current_directory(
     cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=1, val_every=0)
     cfg["data"].pop("val_path")
     cfg["reward"] = {"fn": "mypkg.rewards:score", "isolation": "process", "num_workers": 1}
+    cfg["tracking"] |= {"tensorboard": False, "trace": False, "experience_store": False}
     proc = ascent_in(cwd, "train", str(write_yaml(tmp_path / "reward.yaml", cfg)))
     assert proc.returncode == 0, proc.stderr  # a reward worker that cannot import mypkg fails every sample
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("reward/mean") >= 1
