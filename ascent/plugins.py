@@ -1,13 +1,15 @@
 """The one loader of user plug-ins named by import path: rewards, policy losses, advantage estimators,
 environments, agents (`reward.fn=mypkg.rewards:score`, `rollout.env=mypkg.envs:GuessNumber`).
 
-User code resolves as `python -m` would: from the current directory first (`add_plugin_root` puts it on
-`sys.path`, and on PYTHONPATH so that every process the run starts later resolves the same names: reward
-pool workers, environment hosts and agent processes (forkserver/spawn start fresh interpreters that read
-PYTHONPATH), and the Ray actors of a local cluster (its raylet inherits this environment); Ray itself puts the
-driver's current directory on the sys.path of the actors of a cluster ascent joins), then PYTHONPATH, then
-the installed packages. A path that does not resolve is a `PluginError` naming the setting, the module and attribute, the
-directories searched and the fix; a module that lacks the attribute lists its public callables.
+User code resolves as under `python -m`: from the current directory first, then PYTHONPATH, then the
+installed packages. `add_plugin_root` puts the current directory on `sys.path` and on PYTHONPATH, so that the
+processes a run starts later resolve the same names: reward workers, environment hosts and agent processes
+(forkserver and spawn start fresh interpreters, which read PYTHONPATH) and the actors of a local Ray cluster
+(its raylet inherits the environment). For a Ray cluster that ascent joins, Ray itself puts the driver's
+current directory on its actors' sys.path.
+
+A path that does not resolve is a `PluginError` naming the setting, the module and attribute, the directories
+searched and the fix; a module that lacks the attribute lists its public callables.
 
 Like `ascent.errors`, a leaf: it imports nothing from ascent but `errors`, so every layer may use it.
 """
