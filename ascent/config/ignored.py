@@ -43,7 +43,13 @@ def _given(section: BaseModel, names: tuple[str, ...]) -> list[tuple[str, Any]]:
 
 def ignored_run_settings(cfg: RunConfig) -> list[str]:
     """Every setting of an `ascent train` config that the run would accept and ignore."""
-    return _reward_with_env(cfg) + _episode_fields(cfg) + validation_without_data(cfg) + _cluster_fields(cfg)
+    return (
+        _reward_with_env(cfg)
+        + _episode_fields(cfg)
+        + validation_without_data(cfg)
+        + _kl_estimators(cfg)
+        + _cluster_fields(cfg)
+    )
 
 
 def ignored_sft_settings(cfg: SFTConfig) -> list[str]:
@@ -98,6 +104,22 @@ def validation_without_data(cfg: RunConfig | SFTConfig) -> list[str]:
         f"{name}={show_value(value)}: there is no validation data (data.val_path is not set), so nothing is "
         "validated; set data.val_path to a .jsonl or .parquet of held-out prompts, or remove this setting."
         for name, value in given
+    ]
+
+
+def _kl_estimators(cfg: RunConfig) -> list[str]:
+    """A KL estimator chosen for a KL term whose coefficient is 0 (the term, and its estimator, are off)."""
+    a = cfg.algorithm
+    pairs = (
+        ("kl_estimator", "kl_loss_coef", "the KL loss"),
+        ("kl_penalty_estimator", "kl_penalty_coef", "the KL reward penalty"),
+    )
+    return [
+        f"algorithm.{name}={value!r}: only {term} uses it, and algorithm.{coef}=0 turns that off; set "
+        f"algorithm.{coef} above 0, or remove it."
+        for name, coef, term in pairs
+        if getattr(a, coef) == 0
+        for _, value in _given(a, (name,))
     ]
 
 

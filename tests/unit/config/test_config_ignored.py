@@ -84,6 +84,17 @@ def test_cluster_settings_that_do_not_apply_are_refused() -> None:
     load_config(None, ["cluster.backend=ray", "cluster.engine_sleeps=false"])
 
 
+def test_a_kl_estimator_of_a_kl_term_that_is_off_is_refused() -> None:
+    (loss,) = problems(["algorithm.kl_estimator=k1"])
+    assert loss == (
+        "algorithm.kl_estimator='k1': only the KL loss uses it, and algorithm.kl_loss_coef=0 turns that off; "
+        "set algorithm.kl_loss_coef above 0, or remove it."
+    )
+    (penalty,) = problems(["algorithm.kl_penalty_estimator=k3"])
+    assert penalty.startswith("algorithm.kl_penalty_estimator='k3': only the KL reward penalty uses it")
+    load_config(None, ["algorithm.kl_estimator=k1", "algorithm.kl_loss_coef=0.1"])
+
+
 def test_a_resolved_config_with_every_default_reads_back() -> None:
     for overrides in (
         [ENV, "rollout.max_turns=3"],
