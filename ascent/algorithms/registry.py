@@ -1,37 +1,31 @@
 """Look up a registry entry by name, or load a user's plug-in from an import path `pkg.module:function`; pick
 the options a function takes out of the algorithm's settings (`options_for`), so no function is handed the
-whole config section."""
+whole config section. Import paths go through `ascent.plugins`, the loader every plug-in shares."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ascent.plugins import IMPORT_PATH_FORM, PluginError, load_plugin
 
-def resolve(registry: Mapping[str, Callable[..., Any]], name_or_import_path: str) -> Callable[..., Any]:
-    """registry, "name" | "pkg.mod:fn" -> the callable. Errors name the value and list the choices."""
+
+def resolve(
+    registry: Mapping[str, Callable[..., Any]], name_or_import_path: str, field: str = "algorithm"
+) -> Callable[..., Any]:
+    """registry, "name" | "pkg.mod:fn" -> the callable; `field` names the setting in errors (a ValueError that
+    names the value and the fix: the registry's names, or where an import path was looked for)."""
     if name_or_import_path in registry:
         return registry[name_or_import_path]
     if ":" not in name_or_import_path:
         choices = ", ".join(sorted(registry))
-        raise ValueError(
-            f"{name_or_import_path!r} is not a known name; choose one of {choices} "
-            "or give an import path `pkg.module:function`."
+        raise PluginError(
+            f"{field}={name_or_import_path!r}: not a known name; choose one of {choices} "
+            f"or give an import path `{IMPORT_PATH_FORM}` to your own function."
         )
-    module_name, _, attr = name_or_import_path.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"{name_or_import_path!r}: cannot import module {module_name!r} ({e}).") from e
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{name_or_import_path!r}: module {module_name!r} has no attribute {attr!r}.")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"{name_or_import_path!r}: {attr!r} is not callable.")
-    return obj
+    fn: Callable[..., Any] = load_plugin(name_or_import_path, field)
+    return fn
 
 
 def option_names(fn: Callable[..., Any]) -> set[str] | None:

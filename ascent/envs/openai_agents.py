@@ -15,7 +15,6 @@ Imports: openai (lazily, in the agent process), `ascent.errors`.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import math
 import time
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ascent.errors import AscentError
+from ascent.plugins import PluginError, load_plugin
 
 SESSION_HEADER = "X-Session-Id"
 
@@ -63,16 +63,10 @@ class AgentResult:
 
 def load_agent(path: str) -> Callable[..., Any]:
     """The function `pkg.module:name` names; an error naming `rollout.agent` and the fix otherwise."""
-    module_name, _, attr = path.partition(":")
-    fix = "set rollout.agent to `pkg.module:function` for a function run(client, row) importable here"
-    if not module_name or not attr:
-        raise AgentLoadError(f"rollout.agent={path!r} is not an import path; {fix}.")
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise AgentLoadError(f"rollout.agent={path!r}: {type(err).__name__}: {err}; {fix}.") from err
-    if not callable(fn):
-        raise AgentLoadError(f"rollout.agent={path!r} is a {type(fn).__name__}, not a function; {fix}.")
+        fn = load_plugin(path, "rollout.agent")
+    except PluginError as err:
+        raise AgentLoadError(f"{err} An agent is a function run(client, row).") from err
     return fn  # type: ignore[no-any-return]
 
 

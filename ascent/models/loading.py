@@ -71,33 +71,33 @@ def check_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
         )
 
 
-def _check_checkpoint_dir(path: str | Path, what: str) -> Path:
-    """Return `path` as a Path, or raise naming the path, what is missing and how to fix it."""
+def _check_checkpoint_dir(path: str | Path, what: str, field: str = "model.path") -> Path:
+    """Return `path` as a Path, or raise naming the setting `field`, the path, what is missing and the fix."""
     p = Path(path).expanduser()
     if not str(path):
-        raise ModelLoadError(
-            f"model.path is empty: set model.path=<local directory of a Hugging Face {what}>."
-        )
+        raise ModelLoadError(f"{field} is empty: set {field}=<local directory of a Hugging Face {what}>.")
     if not p.is_dir():
+        holding = "the tokenizer files" if what == "tokenizer" else "config.json and the weights"
         raise ModelLoadError(
-            f"model.path={str(path)!r}: no such directory. ascent loads {what}s from local directories only "
-            "(no hub downloads); point model.path at a directory holding config.json and the weights "
-            "(e.g. one written by `huggingface-cli download` or `save_pretrained`)."
+            f"{field}={str(path)!r}: no such directory. ascent loads {what}s from local directories only "
+            f"(no hub downloads); point {field} at a directory holding {holding} (e.g. one written by "
+            "`huggingface-cli download` or `save_pretrained`)."
         )
     return p
 
 
-def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
-    """Load the tokenizer in directory `path`; fall back to EOS as the pad token (with a warning).
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False, field: str = "model.path") -> Any:
+    """Load the tokenizer in directory `path`; fall back to EOS as the pad token (with a warning). `field` is
+    the setting that named `path` (`model.tokenizer_path` when it is set), for errors.
 
     Raises ValueError when the tokenizer defines neither a pad nor an EOS token.
     """
     from transformers import AutoTokenizer
 
-    p = _check_checkpoint_dir(path, "tokenizer")
+    p = _check_checkpoint_dir(path, "tokenizer", field)
     if not any((p / name).is_file() for name in TOKENIZER_FILES):
         raise ModelLoadError(
-            f"model.tokenizer_path={str(path)!r} holds no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...); "
+            f"{field}={str(path)!r} holds no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...); "
             "point model.tokenizer_path (or model.path) at the directory `tokenizer.save_pretrained` wrote."
         )
     try:
@@ -106,7 +106,7 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
         )
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ModelLoadError(
-            f"model.tokenizer_path={str(path)!r}: the tokenizer does not load ({type(err).__name__}: {err}); "
+            f"{field}={str(path)!r}: the tokenizer does not load ({type(err).__name__}: {err}); "
             "check its tokenizer files (or copy them again from the original checkpoint)."
         ) from err
     if tokenizer.pad_token is None:

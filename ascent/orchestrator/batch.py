@@ -138,7 +138,7 @@ def compute_advantages(
     values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the configured advantage estimator on the options it takes; returns (advantages [B, T], returns [B, T])."""
-    estimator = resolve(ADVANTAGE_ESTIMATORS, algo_cfg.advantage.name)
+    estimator = resolve(ADVANTAGE_ESTIMATORS, algo_cfg.advantage.name, "algorithm.advantage")
     opts = options_for(estimator, algo_cfg.settings_for(algo_cfg.advantage))
     out = estimator(advantage_inputs(groups, token_rewards, values), **opts)
     return out.advantages, out.returns

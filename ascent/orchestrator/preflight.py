@@ -110,9 +110,9 @@ def check_plugins(algorithm: Any) -> None:
         value = getattr(algorithm, name)
         value = value if isinstance(value, str) else value.name  # a choice: policy_loss, advantage
         try:
-            resolved[name] = A.resolve(registry, value)
-        except ValueError as err:
-            problems.append(f"algorithm.{name}={value!r}: {err}")
+            resolved[name] = A.resolve(registry, value, f"algorithm.{name}")
+        except ValueError as err:  # names the field, the value and the fix
+            problems.append(str(err))
     if not problems:
         problems = unused_options(algorithm, resolved["advantage"], resolved["policy_loss"])
     if problems:

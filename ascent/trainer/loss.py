@@ -45,10 +45,10 @@ class LossSettings:
     correction_opts: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        resolve(POLICY_LOSSES, self.policy_loss)
-        resolve(LOSS_AGGREGATIONS, self.loss_aggregation)
+        resolve(POLICY_LOSSES, self.policy_loss, "algorithm.policy_loss")
+        resolve(LOSS_AGGREGATIONS, self.loss_aggregation, "algorithm.loss_aggregation")
         if self.kl_loss_coef > 0:
-            resolve(KL_ESTIMATORS, self.kl_estimator)
+            resolve(KL_ESTIMATORS, self.kl_estimator, "algorithm.kl_estimator")
         if self.rollout_correction not in (None, "tis", "mis"):
             raise ValueError(
                 f"algorithm.options.rollout_correction={self.rollout_correction!r}: use tis, mis or none."

@@ -53,7 +53,7 @@ def test_unsupported_combinations_name_the_field(tmp_path: Path, tiny_model: Pat
     data = tmp_path / "data"
     data.mkdir()
     rows(data / "train.jsonl", [3])
-    cfg = run_config(tmp_path, tiny_model, data, iterations=1)
+    cfg = run_config(tmp_path, tiny_model, data, iterations=1, val_every=0)
     cfg["data"].pop("val_path")
     cfg["rollout"] |= {"env": "guess_number", "max_episode_tokens": 16}
     cfg["algorithm"] = {"advantage": "remax"}
@@ -77,7 +77,7 @@ def test_a_hanging_environment_costs_its_episodes_not_the_run(tmp_path: Path, ti
     counter, hang = "tests.unit.envs.hostile:Counter", "tests.unit.envs.hostile:Hang"
     lines = [{"env": hang if i == 0 else counter, "turns": 2} for i in range(4)]
     (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    cfg = run_config(tmp_path, tiny_model, data, iterations=1)
+    cfg = run_config(tmp_path, tiny_model, data, iterations=1, val_every=0)
     cfg["data"].pop("val_path")
     cfg["data"]["shuffle"] = False
     cfg["rollout"] |= {"env": counter, "max_turns": 3, "max_episode_tokens": 24, "env_timeout_s": 3.0,
@@ -105,7 +105,7 @@ def test_ray_runs_environments_in_actors_kept_across_iterations(tmp_path: Path, 
     hostile = "tests.unit.envs.hostile"
     lines = [{"env": f"{hostile}:{name}", "turns": 1} for name in ("Hang", "Tally", "Tally", "Tally")]
     (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    cfg = run_config(tmp_path, tiny_model, data, iterations=2)
+    cfg = run_config(tmp_path, tiny_model, data, iterations=2, val_every=0)
     cfg["data"].pop("val_path")
     cfg["data"]["shuffle"] = False
     every_token = list(range(len(load_tokenizer(str(tiny_model)))))  # each turn is one token, and stops

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import types
@@ -15,6 +16,7 @@ from typer.testing import CliRunner
 
 from ascent.cli import app, is_user_error
 from ascent.config import RunConfig, load_config
+from ascent.config.explain import explain_rows
 from ascent.errors import AscentError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,6 +65,35 @@ def test_config_show_explain() -> None:
     assert result.exit_code == 0, result.output
     assert "Peak learning rate of AdamW." in result.stdout
     assert "1e-05" in result.stdout and "1e-06" in result.stdout  # value and default
+
+
+def test_config_show_explain_piped_is_one_plain_line_per_field(tmp_path: Path) -> None:
+    """Not a terminal (a pipe, CliRunner): no table, so a long field name is never broken and grep finds it."""
+    result = runner.invoke(app, ["config", "show", "--explain"], env={"COLUMNS": "40"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(explain_rows(load_config(None))) and all(
+        re.match(r"^[a-z_.]+=", x) for x in lines
+    )
+    (line,) = [line for line in lines if "max_tokens_per_micro_batch" in line]
+    assert line == (
+        "train.max_tokens_per_micro_batch=8192  (default: 8192)  Token budget of one forward pass; sequences "
+        "are packed up to it."
+    )
+
+
+def test_config_show_explain_looks_fields_up_by_name(tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"train": {"max_tokens_per_micro_batch": 1024}})
+    args = ["config", "show", str(path), "--explain", "micro_batch", "seed", "seed=4"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        "train.max_tokens_per_micro_batch=1024 *  (default: 8192)  Token budget of one forward pass; sequences "
+        "are packed up to it.",
+        "seed=4 *  (default: 0)  Seed of data order, sampling and initialisation.",
+    ]
+    typo = runner.invoke(app, ["config", "show", "--explain", "max_tokens_per_microbatch"])
+    assert typo.exit_code == 2 and "did you mean train.max_tokens_per_micro_batch?" in typo.stderr
 
 
 def test_config_show_sft(tmp_path: Path) -> None:

@@ -76,6 +76,18 @@ def test_load_model_missing_dir_names_path(tmp_path: Path) -> None:
         load_model(missing, device="cpu")
 
 
+def test_a_missing_tokenizer_directory_names_the_setting_that_named_it(tmp_path: Path) -> None:
+    from ascent.models.loading import load_tokenizer
+
+    missing = str(tmp_path / "tok")
+    with pytest.raises(
+        ValueError, match=r"^model.tokenizer_path='.*tok': no such directory.*tokenizer files"
+    ):
+        load_tokenizer(missing, field="model.tokenizer_path")
+    with pytest.raises(ValueError, match=r"^model.path='.*tok': no such directory"):
+        load_tokenizer(missing)
+
+
 def test_load_model_dir_without_config(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(ValueError, match="no config.json"):
