@@ -122,7 +122,7 @@ def micro_batch_loss(
     mask, seq_ids = packed.loss_mask, packed.seq_ids
     old = packed.old_logprobs if packed.old_logprobs is not None else logprobs.detach()
     if packed.old_logprobs is None and packed.sampler_logprobs is not None:
-        _sampler_mismatch(old, packed.sampler_logprobs, metrics)
+        _sampler_mismatch(old, packed.sampler_logprobs, mask, metrics)
     policy_fn = resolve(POLICY_LOSSES, settings.policy_loss)
     per_token, loss_metrics = policy_fn(logprobs, old, packed.advantages, mask, seq_ids, **settings.loss_opts)
     if settings.rollout_correction:
@@ -148,10 +148,11 @@ def micro_batch_loss(
     return loss
 
 
-def _sampler_mismatch(trainer: Tensor, sampler: Tensor, metrics: MetricSums) -> None:
-    """trainer, sampler [M] -> `rollout/logprob_diff_mean|max` over all response tokens (on-policy updates
-    report the sampler/trainer mismatch here when no separate old-logprob pass ran)."""
-    diff = (trainer.detach() - sampler).abs()
+def _sampler_mismatch(trainer: Tensor, sampler: Tensor, mask: Tensor, metrics: MetricSums) -> None:
+    """trainer, sampler, mask [M] -> `rollout/logprob_diff_mean|max` over the sampled tokens (loss mask 1;
+    an observation token has no sampler logprob). On-policy updates report the sampler/trainer mismatch here
+    when no separate old-logprob pass ran."""
+    diff = (trainer.detach() - sampler)[mask.bool()].abs()
     metrics.add("rollout/logprob_diff_mean", diff.sum(), float(diff.numel()))
     if diff.numel():
         metrics.add_max("rollout/logprob_diff_max", diff.max())
