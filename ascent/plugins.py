@@ -20,6 +20,7 @@ import importlib
 import os
 import sys
 import sysconfig
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -76,6 +77,23 @@ def load_plugin(spec: str, field: str, *, must_call: bool = True) -> Any:
             f"point at a callable (its public callables: {_callables(module)})."
         )
     return target
+
+
+def resolve(
+    registry: Mapping[str, Callable[..., Any]], value: str, field: str = "algorithm"
+) -> Callable[..., Any]:
+    """A registry's entry by name, or a user's function by import path `pkg.module:function`: registry,
+    "name" | "pkg.mod:fn" -> the callable; a PluginError names `field`, the value and the fix (the registry's
+    names, or where an import path was looked for)."""
+    if value in registry:
+        return registry[value]
+    if ":" not in value:
+        raise PluginError(
+            f"{field}={value!r}: not a known name; choose one of {', '.join(sorted(registry))} "
+            f"or give an import path `{IMPORT_PATH_FORM}` to your own function."
+        )
+    fn: Callable[..., Any] = load_plugin(value, field)
+    return fn
 
 
 def _import(module_name: str, label: str) -> ModuleType:

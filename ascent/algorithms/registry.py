@@ -1,31 +1,12 @@
-"""Look up a registry entry by name, or load a user's plug-in from an import path `pkg.module:function`; pick
-the options a function takes out of the algorithm's settings (`options_for`), so no function is handed the
-whole config section. Import paths go through `ascent.plugins`, the loader every plug-in shares."""
+"""Pick the options a function takes out of the algorithm's settings (`options_for`), so no function is
+handed the whole config section. Looking an entry up by name or import path is `ascent.plugins.resolve`, the
+loader every plug-in shares (this package imports only torch)."""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
-
-from ascent.plugins import IMPORT_PATH_FORM, PluginError, load_plugin
-
-
-def resolve(
-    registry: Mapping[str, Callable[..., Any]], name_or_import_path: str, field: str = "algorithm"
-) -> Callable[..., Any]:
-    """registry, "name" | "pkg.mod:fn" -> the callable; `field` names the setting in errors (a ValueError that
-    names the value and the fix: the registry's names, or where an import path was looked for)."""
-    if name_or_import_path in registry:
-        return registry[name_or_import_path]
-    if ":" not in name_or_import_path:
-        choices = ", ".join(sorted(registry))
-        raise PluginError(
-            f"{field}={name_or_import_path!r}: not a known name; choose one of {choices} "
-            f"or give an import path `{IMPORT_PATH_FORM}` to your own function."
-        )
-    fn: Callable[..., Any] = load_plugin(name_or_import_path, field)
-    return fn
 
 
 def option_names(fn: Callable[..., Any]) -> set[str] | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ascent.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, options_for, resolve
+from ascent.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, options_for
 from ascent.algorithms.advantage_types import turn_end_rewards
 from ascent.messages import (
     Episode,
@@ -23,6 +23,7 @@ from ascent.messages import (
     TrainSample,
     flatten,
 )
+from ascent.plugins import resolve
 
 
 def sampling_params(rollout_cfg: Any, *, validation: bool = False) -> SamplingParams:

@@ -9,6 +9,7 @@ which are inline objects or Ray actors, the loop cannot tell which. `ascent trai
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -23,6 +24,8 @@ from ascent.orchestrator.episodes import EnvRunners
 from ascent.orchestrator.interrupt import stopped_message
 from ascent.orchestrator.validation import validate
 from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
+
+log = logging.getLogger("ascent")
 
 
 class LoopContext:

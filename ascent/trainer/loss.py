@@ -19,9 +19,10 @@ from typing import Any, Literal, cast
 import torch
 from torch import Tensor
 
-from ascent.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, resolve
+from ascent.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from ascent.algorithms.correction import rollout_correction_weights
 from ascent.messages import TrainSample
+from ascent.plugins import resolve
 from ascent.trainer.packing import PackedBatch
 
 
@@ -123,11 +124,11 @@ def micro_batch_loss(
     old = packed.old_logprobs if packed.old_logprobs is not None else logprobs.detach()
     if packed.old_logprobs is None and packed.sampler_logprobs is not None:
         _sampler_mismatch(old, packed.sampler_logprobs, mask, metrics)
-    policy_fn = resolve(POLICY_LOSSES, settings.policy_loss)
+    policy_fn = resolve(POLICY_LOSSES, settings.policy_loss, "algorithm.policy_loss")
     per_token, loss_metrics = policy_fn(logprobs, old, packed.advantages, mask, seq_ids, **settings.loss_opts)
     if settings.rollout_correction:
         per_token = per_token * _correction(old, packed, settings, metrics)
-    agg_fn = resolve(LOSS_AGGREGATIONS, settings.loss_aggregation)
+    agg_fn = resolve(LOSS_AGGREGATIONS, settings.loss_aggregation, "algorithm.loss_aggregation")
 
     def agg(x: Tensor) -> Tensor:
         return agg_fn(x, mask, seq_ids, total_tokens=total_tokens, total_seqs=total_seqs, max_len=max_len)
@@ -170,7 +171,8 @@ def _kl_share(
             f"algorithm.kl_loss_coef={settings.kl_loss_coef}: the KL loss needs ref_logprobs on every "
             "TrainSample (compute them with PolicyWorker.compute_logprobs(..., which='reference'))."
         )
-    kl_share = agg(resolve(KL_ESTIMATORS, settings.kl_estimator)(logprobs, packed.ref_logprobs))
+    kl_fn = resolve(KL_ESTIMATORS, settings.kl_estimator, "algorithm.kl_estimator")
+    kl_share = agg(kl_fn(logprobs, packed.ref_logprobs))
     metrics.add("loss/kl", kl_share)
     return kl_share
 

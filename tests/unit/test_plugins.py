@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ascent.algorithms import POLICY_LOSSES, resolve
-from ascent.plugins import PluginError, add_plugin_root, load_plugin, split_import_path
+from ascent.algorithms import POLICY_LOSSES
+from ascent.plugins import PluginError, add_plugin_root, load_plugin, resolve, split_import_path
 
 
 @pytest.fixture

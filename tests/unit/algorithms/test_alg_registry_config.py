@@ -8,12 +8,12 @@ from ascent.algorithms import (
     LOSS_AGGREGATIONS,
     POLICY_LOSSES,
     ppo_loss,
-    resolve,
 )
 from ascent.algorithms.kl import kl_k1
 from ascent.config import rules
 from ascent.config.choices import ADVANTAGE_CHOICES, POLICY_LOSS_CHOICES
 from ascent.config.schema import AlgorithmConfig, RunConfig
+from ascent.plugins import resolve
 
 
 def test_resolve_names_and_import_paths():
