@@ -46,9 +46,6 @@ PROCESS_GRACE_S = 10.0  # an agent process's kill, past rollout.agent_timeout_s 
 log = logging.getLogger("ascent")
 Generate = Callable[[list[GenerationRequest]], list[list[Generation]]]
 
-__all__ = ["AgentService", "AgentSetup", "AgentStats", "Segment", "play_agent_groups", "segment_episode",
-           "segments"]  # fmt: skip
-
 
 class AgentCallError(AscentError):
     """No agent episode of a batch called the run's endpoint, so there is nothing to train on."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ascent.messages import GenerationRequest, SamplingParams
+from ascent.messages import SamplingParams
 from ascent.models.loading import load_tokenizer
 from ascent.orchestrator.agents import AgentCallError, AgentService, AgentSetup, AgentStats, play_agent_groups
 from tests.unit.rollout.server_support import EOS, ScriptedEngine

@@ -85,7 +85,8 @@ def test_parallel_calls_assemble_by_start_not_by_finish(chat_model: Path, api_pr
     is still the first call, `long` and the call after it (`long` started first and continues the first
     call); `short` is a branch of its own, counted in agent/parallel_segments."""
     from ascent.models.loading import load_tokenizer
-    from ascent.orchestrator.agents import AgentStats, segments
+    from ascent.orchestrator.agent_segments import segments
+    from ascent.orchestrator.agents import AgentStats
 
     (g,) = load_tokenizer(chat_model).encode("g", add_special_tokens=False)
 
