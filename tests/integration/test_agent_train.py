@@ -3,13 +3,17 @@
 The agent (`lookup_agent.run`) plays the lookup game of `lookup_env.py` with `client.chat.completions`: it asks
 the model, and when the model asks back (`?`) it appends the reply and the secret as a tool message and asks
 again. The run records each call token-exact; the two calls of an episode become one two-turn episode. So
-GRPO must learn what it learns through the environment (test_env_learns.py), from the same warm start and
-with the same measure (the exact expected reward of a temperature-1 episode). Measured on one machine over
-seeds 1-4: the warm start's 0.363 rose to 0.786-0.794 in 25 iterations (+0.42 against the bar of 0.2); in
-15 iterations to 0.61-0.72 (too close to the bar on the worst seed). And held out, greedy, through the real
-`ascent eval --agent` (the agent against an endpoint served from the checkpoint): on the secrets 0-9 (5 is
-never a training row), the warm start asks and copies right on GREEDY_BEFORE of them; the trained seeds on
-GREEDY_AFTER, against the bar of GREEDY_BAR.
+GRPO must learn what it learns through the environment (test_env_learns.py), with the same measure (the exact
+expected reward of a temperature-1 episode), and it must show on held-out rows, greedily, through the real
+`ascent eval --agent` (the agent against an endpoint served from the checkpoint). The shared warm start
+already asks greedily (asking is its likeliest first token), so greedy success could only come from better
+copying; the run starts instead from a lazy start (`lazy_start`: the warm start after 3 epochs on 40
+demonstrations, three in four answering 7 at once), which greedily answers 7 and wins on one secret in ten.
+Measured on one machine over seeds 1-2 in 25 iterations: expected reward 0.318 -> 0.677-0.723 (+0.36 against
+the bar of 0.2); greedy accuracy on the held-out file (the secrets 0-9 once each; 5 is never a training row)
+0.1 -> 0.7 on both (+0.6 against the bar of 0.3). From the shared warm start the expected reward rose as
+much (0.346-0.363 -> 0.71-0.79) but the greedy held-out accuracy stayed at 0.5-0.6 (it asked before and
+after).
 
 Then, in-process on a small run: every episode the update received (its ids, loss mask and sampler logprobs)
 is the one the experience store holds, token for token, and each is one segment of two calls or one call.
@@ -19,16 +23,17 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.integration.conftest import ascent, write_yaml
-from tests.integration.lookup_env import expected_reward, lookup_run
+from tests.integration.lookup_env import conversation, expected_reward, lookup_run
 
 AGENT = "tests.integration.lookup_agent:run"
-ITERATIONS, BAR, GREEDY_BAR = 25, 0.2, 0.2
+ITERATIONS, BAR, GREEDY_BAR = 25, 0.2, 0.3
 EPISODE = [
     "--max-turns",
     "2",
@@ -50,12 +55,23 @@ def greedy_eval(model: Path, rows: Path) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def held_out(lookup_setup: tuple[Path, Path, list[int]]) -> tuple[Path, dict[str, float]]:
-    """The held-out rows (the secrets 0-9) and the warm start's greedy score on them."""
-    root, warm, _ = lookup_setup
+def lazy_start(
+    lookup_setup: tuple[Path, Path, list[int]], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path, dict[str, float]]:
+    """The lazy start (see the module doc), the held-out rows (the secrets 0-9) and its greedy score on them."""
+    _, warm, _ = lookup_setup
+    root = tmp_path_factory.mktemp("lazy")
+    rng = random.Random(1)
+    demos = [conversation(rng.randrange(10), i % 4 == 0, 7) for i in range(40)]
+    (root / "sft.jsonl").write_text("".join(json.dumps(d) + "\n" for d in demos))
+    cfg = {"run_dir": str(root / "sft"), "epochs": 3.0, "batch_size": 8, "model": {"path": str(warm)},
+           "data": {"train_path": str(root / "sft.jsonl"), "max_prompt_tokens": 16},
+           "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 512},
+           "tracking": {"progress": False, "tensorboard": False}}  # fmt: skip
+    ascent("sft", str(write_yaml(root / "sft.yaml", cfg)))
     rows = root / "held_out.jsonl"
     rows.write_text("".join(json.dumps({"secret": s}) + "\n" for s in range(10)))
-    return rows, greedy_eval(warm, rows)
+    return root / "sft" / "final", rows, greedy_eval(root / "sft" / "final", rows)
 
 
 def agent_config(run_dir: Path, data: Path, model: Path, seed: int, iterations: int) -> dict[str, Any]:
@@ -68,20 +84,19 @@ def test_grpo_through_the_endpoint_learns_to_ask(
     seed: int,
     tmp_path: Path,
     lookup_setup: tuple[Path, Path, list[int]],
-    held_out: tuple[Path, dict[str, float]],
+    lazy_start: tuple[Path, Path, dict[str, float]],
 ) -> None:
-    root, warm, secrets = lookup_setup
-    cfg = agent_config(tmp_path / "run", root / "train.jsonl", warm, seed=seed, iterations=ITERATIONS)
+    root, _, secrets = lookup_setup
+    start, held_out, greedy_before = lazy_start
+    cfg = agent_config(tmp_path / "run", root / "train.jsonl", start, seed=seed, iterations=ITERATIONS)
     ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
     final = sorted((tmp_path / "run" / "checkpoints").glob("iter_*"))[-1]
-    before, after = expected_reward(warm, secrets), expected_reward(final, secrets)
+    before, after = expected_reward(start, secrets), expected_reward(final, secrets)
     assert after > before + BAR, f"seed {seed}: expected reward {before:.3f} -> {after:.3f}"
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["env/turns_mean"] > metrics[1]["env/turns_mean"]  # it asks more often
     assert all(m.get("agent/rewritten_segments", 0) == 0 and m.get("agent/errors", 0) == 0 for m in metrics)
-    rows, greedy_before = held_out
-    greedy_after = greedy_eval(final, rows)
-    print(f"MEASURE seed {seed}: {before:.3f}->{after:.3f} greedy {greedy_before} -> {greedy_after}")  # TEMP
+    greedy_after = greedy_eval(final, held_out)
     assert greedy_after["episodes"] == 10 and greedy_after["agent_errors"] == 0
     assert greedy_after["accuracy"] >= greedy_before["accuracy"] + GREEDY_BAR, (
         f"seed {seed}: held-out greedy accuracy {greedy_before['accuracy']:.2f} -> {greedy_after['accuracy']:.2f}"
