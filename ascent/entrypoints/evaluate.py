@@ -228,15 +228,20 @@ def run_agent_eval(
     finally:
         service.close()
         rewards.close()
-    firsts: dict[str, Any] = {}  # a session (one play) -> its first segment, which holds its reward
-    for e in (e for g in groups for e in g):
-        firsts.setdefault(e.metadata["session"], e)
-    episodes = list(firsts.values())
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         with open(out, "w") as f:
             f.writelines(json.dumps(_agent_record(e, decode)) + "\n" for g in groups for e in g)
-    n = stats.sessions  # episodes without a call failed: they count, as 0
+    return _agent_metrics(groups, stats)
+
+
+def _agent_metrics(groups: list[list[Any]], stats: Any) -> dict[str, float]:
+    """eval --env's metrics over the plays (`stats.sessions`: one that failed before any call counts as 0),
+    each play by its first segment (which holds its reward), and the plays' errors and truncations."""
+    firsts: dict[str, Any] = {}
+    for e in (e for g in groups for e in g):
+        firsts.setdefault(e.metadata["session"], e)
+    episodes, n = list(firsts.values()), stats.sessions
     return {
         "accuracy": sum(e.reward >= CORRECT_AT for e in episodes) / n,
         "reward_mean": sum(e.reward for e in episodes) / n,
