@@ -9,7 +9,7 @@ expected reward of a temperature-1 episode), and it must show on held-out rows, 
 already asks greedily (asking is its likeliest first token), so greedy success could only come from better
 copying; the run starts instead from a lazy start (`lazy_start`: the warm start after 3 epochs on 40
 demonstrations, three in four answering 7 at once), which greedily answers 7 and wins on one secret in ten.
-Measured on one machine over seeds 1-2 in 25 iterations: expected reward 0.318 -> 0.677-0.723 (+0.36 against
+Measured on one machine over seeds 1-2 in 25 iterations: expected reward 0.318 -> 0.68-0.74 (+0.36 against
 the bar of 0.2); greedy accuracy on the held-out file (the secrets 0-9 once each; 5 is never a training row)
 0.1 -> 0.7 on both (+0.6 against the bar of 0.3). From the shared warm start the expected reward rose as
 much (0.346-0.363 -> 0.71-0.79) but the greedy held-out accuracy stayed at 0.5-0.6 (it asked before and
