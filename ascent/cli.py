@@ -288,29 +288,29 @@ def evaluate(
     env: Annotated[
         str | None, typer.Option(help="Play episodes of this environment (name or pkg.module:Class) instead.")
     ] = None,
-    max_turns: Annotated[int, typer.Option(min=1, help="With --env: most model turns per episode.")] = 4,
+    max_turns: Annotated[
+        int, typer.Option(min=1, help="With --env/--agent: most model turns per episode.")
+    ] = 4,
     max_episode_tokens: Annotated[
-        int, typer.Option(min=1, help="With --env: most response tokens per episode.")
+        int, typer.Option(min=1, help="With --env/--agent: most response tokens per episode.")
     ] = 512,
+    agent: Annotated[
+        str | None,
+        typer.Option(help="Play this agent (pkg.module:run, as rollout.agent) against the model instead."),
+    ] = None,
+    agent_timeout_s: Annotated[
+        float, typer.Option(min=0.001, help="With --agent: seconds one episode may take.")
+    ] = 300.0,
+    max_prompt_tokens: Annotated[
+        int,
+        typer.Option(min=1, help="With --agent: the endpoint's context is this plus --max-episode-tokens."),
+    ] = 1024,
 ) -> None:
-    """Score a checkpoint on a prompt dataset (accuracy and mean reward), or on an environment's episodes."""
+    """Score a checkpoint on a prompt dataset (accuracy and mean reward), an environment's episodes, or an agent's."""
     with ErrorGuard():
-        from ascent.entrypoints.evaluate import run_env_eval, run_eval
+        from ascent.entrypoints.evaluate import run_agent_eval, run_env_eval, run_eval
 
-        if env is not None:
-            metrics = run_env_eval(
-                model, data, env, max_turns=max_turns, max_episode_tokens=max_episode_tokens,
-                max_new_tokens=max_new_tokens, temperature=temperature, samples=samples, out=out,
-                max_prompts=max_prompts, device=device, engine=_choice("--engine", engine, ("reference", "fast")),
-                dtype=_choice("--dtype", dtype, ("fp32", "bf16", "fp16")),
-            )  # fmt: skip
-            for name, value in metrics.items():
-                typer.echo(f"{name}: {_fmt_metric(value)}")
-            return
-        metrics = run_eval(
-            model=model,
-            data=data,
-            reward=reward,
+        common: dict[str, Any] = dict(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             samples=samples,
@@ -319,12 +319,34 @@ def evaluate(
             device=device,
             engine=_choice("--engine", engine, ("reference", "fast")),
             dtype=_choice("--dtype", dtype, ("fp32", "bf16", "fp16")),
-            reward_timeout_s=reward_timeout_s,
-            progress=True,
         )
+        episodes: dict[str, Any] = dict(max_turns=max_turns, max_episode_tokens=max_episode_tokens)
+        if agent is not None:
+            metrics = run_agent_eval(
+                model,
+                data,
+                agent,
+                reward=reward,
+                max_prompt_tokens=max_prompt_tokens,
+                agent_timeout_s=agent_timeout_s,
+                reward_timeout_s=reward_timeout_s,
+                **episodes,
+                **common,
+            )
+        elif env is not None:
+            metrics = run_env_eval(model, data, env, **episodes, **common)
+        else:
+            metrics = run_eval(
+                model=model,
+                data=data,
+                reward=reward,
+                reward_timeout_s=reward_timeout_s,
+                progress=True,
+                **common,
+            )
         for name, value in (metrics or {}).items():
             typer.echo(f"{name}: {_fmt_metric(value)}")
-        if out:
+        if out and agent is None and env is None:
             typer.echo(f"responses written to {out}")
 
 

@@ -237,7 +237,8 @@ def test_eval_forwards_options_and_prints_metrics(monkeypatch: pytest.MonkeyPatc
     def run_env_eval(*args: Any, **kwargs: Any) -> dict[str, float]:
         raise AssertionError("no --env: the reward path runs")
 
-    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=run_eval, run_env_eval=run_env_eval)
+    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=run_eval, run_env_eval=run_env_eval,
+                run_agent_eval=run_env_eval)  # fmt: skip
     args = [
         "eval",
         "--model",
@@ -271,13 +272,41 @@ def test_eval_with_env_plays_episodes(monkeypatch: pytest.MonkeyPatch) -> None:
     def run_eval(**kwargs: Any) -> dict[str, float]:
         raise AssertionError("--env: the episode path runs")
 
-    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=run_eval, run_env_eval=run_env_eval)
+    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=run_eval, run_env_eval=run_env_eval,
+                run_agent_eval=run_eval)  # fmt: skip
     args = ["eval", "--model", "m", "--data", "d.jsonl", "--env", "python_math", "--max-turns", "3"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     got = (seen["env"], seen["max_turns"], seen["max_episode_tokens"], seen["temperature"])
     assert got == ("python_math", 3, 512, 0.0)
     assert "accuracy: 0.5000" in result.stdout and "turns_mean: 2" in result.stdout
+
+
+def test_eval_with_agent_plays_it_against_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    def run_agent_eval(model: str, data: str, agent: str, **kwargs: Any) -> dict[str, float]:
+        seen.update(model=model, data=data, agent=agent, **kwargs)
+        return {"accuracy": 0.5, "agent_errors": 1.0}
+
+    def other(*args: Any, **kwargs: Any) -> dict[str, float]:
+        raise AssertionError("--agent: the agent path runs")
+
+    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=other, run_env_eval=other,
+                run_agent_eval=run_agent_eval)  # fmt: skip
+    args = ["eval", "--model", "m", "--data", "d.jsonl", "--agent", "pkg.mod:run", "--agent-timeout-s", "5",
+            "--max-prompt-tokens", "64", "--reward", "format"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    got = (
+        seen["agent"],
+        seen["agent_timeout_s"],
+        seen["max_prompt_tokens"],
+        seen["reward"],
+        seen["temperature"],
+    )
+    assert got == ("pkg.mod:run", 5.0, 64, "format", 0.0) and seen["max_episode_tokens"] == 512
+    assert "accuracy: 0.5000" in result.stdout and "agent_errors: 1" in result.stdout
 
 
 def test_bench_forwards_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
