@@ -12,8 +12,8 @@ engine's dtype for the head matmul, refreshed whenever the embedding is written.
 
 Either way `targets` maps every engine name (the HF name, for the Llama-like families of
 `ascent.models.families`) to the tensor (or the slice of a fused tensor) that holds it; `rename`, the
-family's `to_engine_name`, turns a checkpoint's or a trainer's names into engine names on the way in. So `update_weights` is one `copy_` per incoming tensor and never moves an address a captured CUDA graph
-reads.
+family's `to_engine_name`, turns a checkpoint's or a trainer's names into engine names on the way in. So
+`update_weights` is one `copy_` per incoming tensor and never moves an address a captured CUDA graph reads.
 
 Owned weights can be **released** while the engine sleeps (`release()`): every distinct storage shrinks to 0
 bytes, the tensor objects and their views stay. The next `update` re-allocates them (new addresses: the
