@@ -42,6 +42,13 @@ def test_the_engine_holds_every_name_its_family_maps_to(model_type):
     assert set(weights.targets) == {family.to_engine_name(n) for n in sd} | {"lm_head.weight"}
 
 
+def test_a_family_without_a_fast_implementation_points_to_the_reference_engine(monkeypatch):
+    monkeypatch.setitem(FAMILIES, "qwen3", Family(name="qwen3_without_engine", model_types=("qwen3",)))
+    with pytest.raises(ValueError, match="qwen3_without_engine.*rollout.engine=reference"):
+        spec_from_config(tiny_model("qwen3").config)
+    assert "qwen3" not in supported_model_types()
+
+
 def vl_to_engine(name: str) -> str:
     return name.replace("model.language_model.", "model.", 1)
 
