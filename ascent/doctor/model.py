@@ -153,7 +153,7 @@ def check_engine_architecture(cfg: RunConfig) -> CheckResult:
     name = "fast engine architecture"
     if cfg.rollout.engine != "fast":
         return skipped(name, f"rollout.engine={cfg.rollout.engine}")
-    from ascent.rollout.fast.spec import STATIC_ROPE_TYPES, SUPPORTED_MODEL_TYPES, spec_from_config
+    from ascent.rollout.fast.spec import STATIC_ROPE_TYPES, spec_from_config, supported_model_types
 
     try:
         hf = load_hf_config(cfg)
@@ -167,7 +167,7 @@ def check_engine_architecture(cfg: RunConfig) -> CheckResult:
     if rope_type not in STATIC_ROPE_TYPES:
         return fail(name, f"rope type {rope_type!r} is not one the engine supports ({list(STATIC_ROPE_TYPES)})",
                     "set rollout.engine=reference for this model.")  # fmt: skip
-    return ok(name, f"{spec.model_type} is supported ({', '.join(SUPPORTED_MODEL_TYPES)})")
+    return ok(name, f"{spec.model_type} is supported ({', '.join(supported_model_types())})")
 
 
 def env_names(cfg: RunConfig) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import types
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from ascent.models import load_model, load_tokenizer, make_tiny_checkpoint, resolve_device, torch_dtype
+from ascent.models.families import FAMILIES
 from ascent.models.loading import cache_kwarg
 
 
@@ -59,6 +61,13 @@ def test_load_model_dtype_and_device(tiny_dir: Path, name: str, dtype: torch.dty
     assert {p.device.type for p in params} == {"cpu"}
     assert model.config._attn_implementation == "sdpa"
     assert not model.training
+
+
+def test_load_model_takes_the_class_of_the_checkpoints_family(tiny_dir: Path, monkeypatch) -> None:
+    bare = dataclasses.replace(FAMILIES["qwen2"], trainer_class="AutoModel")
+    monkeypatch.setitem(FAMILIES, "qwen2", bare)
+    model = load_model(tiny_dir, device="cpu")
+    assert not hasattr(model, "lm_head") and hasattr(model, "layers")  # the family's class: a bare decoder
 
 
 def _checkpointing_on(model: torch.nn.Module) -> bool:
