@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ascent.entrypoints.guard import ErrorGuard, load_for_command
 from ascent.errors import AscentError
 
 
@@ -38,7 +39,6 @@ def doctor_command(
 
     Example: ascent doctor run.yaml --gpu-memory 80
     """
-    from ascent.cli import ErrorGuard, load_for_command  # here: ascent.cli imports this module
     from ascent.config import RunConfig
 
     with ErrorGuard():

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ascent.entrypoints.guard import ErrorGuard
 from ascent.transport.store import (
     STATUSES,
     EpisodeRecord,
@@ -63,7 +64,6 @@ def episodes_command(
 
     Example: ascent episodes runs/grpo --iteration 3 --status dropped; ascent episodes runs/grpo --show 12
     """
-    from ascent.cli import ErrorGuard  # here: ascent.cli imports this module
 
     with ErrorGuard():
         if show is not None and out is not None:

@@ -20,15 +20,11 @@ from typing import Annotated, Any
 
 import typer
 
-from ascent.errors import AscentError
+from ascent.entrypoints.guard import ErrorGuard, ServeError
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 ENGINES = ("auto", "reference", "fast")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
-
-
-class ServeError(AscentError):
-    """A serve option the user can fix."""
 
 
 class _Stopped(Exception):
@@ -110,7 +106,6 @@ def serve_command(
 
     Example: ascent serve --model models/Qwen2.5-0.5B-Instruct --port 8000 --api-key secret
     """
-    from ascent.cli import ErrorGuard  # here: ascent.cli imports this module
     from ascent.rollout.server.tool_parsers import TOOL_PARSERS  # here: it imports torch
 
     with ErrorGuard():

@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from ascent.entrypoints.guard import ErrorGuard
 from ascent.errors import AscentError
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -47,7 +48,6 @@ def studio_command(
 
     Example: ascent studio runs/ --port 8765; open the URL it prints.
     """
-    from ascent.cli import ErrorGuard  # here: ascent.cli imports this module
 
     with ErrorGuard():
         root = Path(runs_dir)

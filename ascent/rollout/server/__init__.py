@@ -16,9 +16,10 @@ front-end processes (`frontend`, kept running by `pool`), which send token ids a
 """
 
 from ascent.rollout.server.batcher import Batcher, BatchResult, EnginePaused, StreamingEngine
+from ascent.rollout.server.options import ServerOptions
 from ascent.rollout.server.prepare import Limits
 from ascent.rollout.server.recorder import CompletionRecord, Recorder
-from ascent.rollout.server.server import OpenAIServer, ServerOptions
+from ascent.rollout.server.server import OpenAIServer
 
 __all__ = [
     "BatchResult",
