@@ -14,6 +14,8 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -112,7 +114,7 @@ def train(
         cfg = load_for_command(config, overrides, RunConfig, resume or resume_from is not None)
         require_model_path(cfg)
         guard.run_dir = cfg.run_dir
-        from ascent.entrypoints.train import run_training
+        from ascent.entrypoints.train import run_training  # deferred: torch; the config is checked first
 
         run_training(cfg, resume_from=resume_from, accept_changes=accept_changes)
 
@@ -133,7 +135,7 @@ def sft(
         cfg = load_for_command(config, overrides, SFTConfig, resume or resume_from is not None)
         require_model_path(cfg)
         guard.run_dir = cfg.run_dir
-        from ascent.entrypoints.sft import run_sft
+        from ascent.entrypoints.sft import run_sft  # deferred: torch; the config is checked first
 
         run_sft(cfg, resume_from=resume_from, accept_changes=accept_changes)
 
@@ -184,6 +186,7 @@ def evaluate(
 ) -> None:
     """Score a checkpoint on a prompt dataset (accuracy and mean reward), an environment's episodes, or an agent's."""
     with ErrorGuard():
+        # deferred: torch; the options are checked first
         from ascent.entrypoints.evaluate import run_agent_eval, run_env_eval, run_eval
 
         common: dict[str, Any] = dict(
@@ -245,6 +248,7 @@ def debug_env(
 ) -> None:
     """Run a few episodes of an environment inline and print them turn by turn."""
     with ErrorGuard():
+        # deferred: torch; the options are checked first
         from ascent.entrypoints.debug_env import run_debug_env
 
         run_debug_env(
@@ -280,7 +284,7 @@ BENCHES = {  # `ascent bench NAME ARGS...` runs bench/NAME.py's main(ARGS)
 
 def _bench_command(name: str, what: str) -> None:
     def command(ctx: typer.Context) -> None:
-        from ascent.entrypoints.bench import run_bench
+        from ascent.entrypoints.bench import run_bench  # deferred: only `ascent bench` needs it
 
         with ErrorGuard():
             run_bench(name, ctx.args, REPO_ROOT)
@@ -297,13 +301,10 @@ for _bench in BENCHES.items():
 
 
 def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
     try:
         return dist_version("ascent")
     except PackageNotFoundError:  # a source checkout that was not pip-installed
-        import tomllib
+        import tomllib  # deferred: only a source checkout's --version reads pyproject.toml
 
         try:
             project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]

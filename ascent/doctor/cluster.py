@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
+from importlib.metadata import version
 from typing import Any
 
 from ascent.config.schema import RunConfig
@@ -101,6 +102,4 @@ def check_resources(need: Demand, total: dict[str, Any], where: str) -> CheckRes
 
 
 def _ray_version() -> str:
-    from importlib.metadata import version
-
     return version("ray")

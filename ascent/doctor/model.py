@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from ascent.config.schema import RunConfig
+from ascent.data import load_rows
 from ascent.doctor.memory import ModelShape
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
+from ascent.envs import ENVIRONMENTS, make_env
 from ascent.plugins import PluginError, load_plugin
 
 
@@ -107,7 +109,6 @@ def uses_chat(cfg: RunConfig) -> bool:
 def train_rows(cfg: RunConfig) -> list[dict[str, Any]]:
     if not cfg.data.train_path or not Path(cfg.data.train_path).is_file():
         return []
-    from ascent.data import load_rows
 
     try:
         return load_rows(cfg.data.train_path)
@@ -153,6 +154,7 @@ def check_engine_architecture(cfg: RunConfig) -> CheckResult:
     name = "fast engine architecture"
     if cfg.rollout.engine != "fast":
         return skipped(name, f"rollout.engine={cfg.rollout.engine}")
+    # deferred: torch; doctor imports without it
     from ascent.rollout.fast.spec import STATIC_ROPE_TYPES, spec_from_config, supported_model_types
 
     try:
@@ -182,7 +184,6 @@ def env_names(cfg: RunConfig) -> list[str]:
 
 def renders(name: str) -> bool:
     """Whether environment `name` (registered or pkg.module:Class) sets `needs_rendering = True` on its class."""
-    from ascent.envs import ENVIRONMENTS, make_env
 
     factory: Any = ENVIRONMENTS.get(name)
     if factory is None and ":" in name:

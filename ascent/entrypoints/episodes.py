@@ -173,7 +173,7 @@ def _token_decoder(store: ExperienceStore, console: Console) -> Any:
     """Decodes one token id with the run's tokenizer (`meta.tokenizer`); "" when it does not load."""
     path = store.meta.get("tokenizer")
     try:
-        from ascent.models.loading import load_tokenizer
+        from ascent.models.loading import load_tokenizer  # deferred: torch; `ascent.cli` imports this module
 
         tok = load_tokenizer(path or "")
     except Exception as err:  # a moved or deleted model directory: the ids still print

@@ -225,9 +225,10 @@ class ServeSettings:
 
 def build_server(s: ServeSettings) -> Any:
     """Load the tokenizer, the model's limits and the engine; an OpenAIServer around them."""
+    # deferred: torch; `ascent.cli` imports this module
     from ascent.models.loading import load_tokenizer, resolve_device
-    from ascent.rollout import build_engine
-    from ascent.rollout.server import Limits, OpenAIServer, ServerOptions
+    from ascent.rollout import build_engine  # deferred: torch
+    from ascent.rollout.server import Limits, OpenAIServer, ServerOptions  # deferred: torch, fastapi
 
     tokenizer = load_tokenizer(s.model, trust_remote_code=s.trust_remote_code)
     length, vocab = model_limits(s.model, s.max_model_len, s.trust_remote_code)
@@ -253,7 +254,7 @@ def attach_record(server: Any, s: ServeSettings) -> Any:
     """With --record: a RecordSink on the server's recorder (close it after serving); else None."""
     if s.record is None:
         return None
-    from ascent.entrypoints.serve_record import RecordSink
+    from ascent.entrypoints.serve_record import RecordSink  # deferred: torch (transport, rollout.server)
 
     sink = RecordSink(s.record, s.model, lambda ids: server.decode(list(ids)))
     server.recorder.sink = sink

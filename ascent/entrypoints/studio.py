@@ -56,7 +56,7 @@ def studio_command(
         token = token or os.environ.get("ASCENT_STUDIO_TOKEN") or None
         if token is None and host not in LOOPBACK:
             token = secrets.token_urlsafe(24)
-        from ascent.studio import StudioServer
+        from ascent.studio import StudioServer  # deferred: fastapi; `ascent.cli` imports this module
 
         server = StudioServer(root, host, port, token)
         try:

@@ -19,13 +19,14 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_DIR = ROOT / "ascent"
 
 LAYERS: list[set[str]] = [
-    {"errors"},
+    {"errors", ""},  # "": ascent/__init__.py, which imports nothing from ascent
     {"plugins", "messages", "config"},  # leaves: the shared loader, the frozen messages, typed config
     {"algorithms", "models", "envs", "rewards", "tracking", "transport"},
     {"data", "rollout", "trainer", "cluster"},
@@ -39,7 +40,7 @@ LEAVES = {"errors", "plugins"}  # import nothing that could import back; any pac
 ALLOWED: dict[str, set[str]] = {  # design.md's own lists (plus the leaves); an empty set: nothing from ascent
     "errors": set(),
     "plugins": {"errors"},
-    "config": {"errors"},
+    "config": {"errors"},  # errors: the leaf under every package
     "messages": set(),
     "algorithms": set(),
     "envs": {"messages"} | LEAVES,
@@ -65,6 +66,12 @@ def package(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
+@cache
+def parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
+@cache
 def module_files() -> dict[str, Path]:
     found = {}
     for path in sorted(PACKAGE_DIR.rglob("*.py")):
@@ -79,8 +86,9 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> Iterator[Im
     """Every import of an ascent module anywhere in the file (ast.walk reaches function bodies and
     `if TYPE_CHECKING:` blocks alike)."""
     source = path.read_text()
+    lines = source.splitlines()
     here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -90,12 +98,13 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> Iterator[Im
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
         else:
             continue
-        text = ast.get_source_segment(source, node) or ""
+        text = " ".join(lines[node.lineno - 1 : node.end_lineno])
         for name in dict.fromkeys(names):
             if name == "ascent" or name.startswith("ascent."):
                 yield Import(module, name, node.lineno, " ".join(text.split()))
 
 
+@cache
 def all_imports() -> list[Import]:
     modules = module_files()
     return [imp for module, path in modules.items() for imp in imports_of(module, path, modules)]
@@ -105,33 +114,46 @@ def cross_package(imports: list[Import]) -> list[Import]:
     return [i for i in imports if package(i.source) != package(i.target)]
 
 
-def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
-    seen, todo = set(), [start]
-    while todo:
-        for nxt in graph.get(todo.pop(), ()):
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return seen
-
-
 def cycles(edges: list[tuple[str, str]]) -> list[set[str]]:
-    """The strongly connected components of more than one node."""
-    graph: dict[str, set[str]] = {}
+    """The strongly connected components of more than one node (Tarjan's algorithm)."""
+    graph: dict[str, list[str]] = {}
     for a, b in edges:
-        graph.setdefault(a, set()).add(b)
-    reach = {node: reachable(graph, node) for node in graph}
+        graph.setdefault(a, []).append(b)
+        graph.setdefault(b, [])
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
     found: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component, member = set(), ""
+            while member != node:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+            if len(component) > 1:
+                found.append(component)
+
     for node in graph:
-        component = {node} | {o for o in reach[node] if node in reach.get(o, set())}
-        if len(component) > 1 and component not in found:
-            found.append(component)
+        if node not in index:
+            visit(node)
     return found
 
 
 def test_every_package_has_a_layer() -> None:
     layered = set().union(*LAYERS)
-    packages = {package(m) for m in module_files()} - {""}
+    packages = {package(m) for m in module_files()}
     assert packages <= layered, f"add these packages to LAYERS: {sorted(packages - layered)}"
     assert sum(map(len, LAYERS)) == len(layered), "a package sits in two layers"
 
@@ -169,6 +191,46 @@ def test_no_modules_of_different_packages_import_each_other() -> None:
         if len({package(m) for m in component}) > 1:
             closing = [str(i) for i in imports if i.source in component and i.target in component]
             raise AssertionError("a cycle of modules across packages:\n" + "\n".join(closing))
+
+
+# Modules whose in-function imports of ascent modules are not yet moved up or explained (issue #27); they were
+# being reworked in parallel when the rest were. Remove a module from here once its imports are.
+NOT_YET_EXPLAINED = {
+    "ascent.orchestrator.loop",
+    "ascent.orchestrator.setup",
+    "ascent.orchestrator.workers",
+    "ascent.trainer.settings",
+}
+
+
+def imports_in_functions(path: Path) -> Iterator[ast.Import | ast.ImportFrom]:
+    for function in ast.walk(parsed(path)):
+        if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            for node in ast.walk(function):
+                if isinstance(node, ast.Import | ast.ImportFrom):
+                    yield node
+
+
+def is_ours(node: ast.Import | ast.ImportFrom) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return bool(node.level) or (node.module or "").startswith("ascent")
+    return any(alias.name.startswith("ascent") for alias in node.names)
+
+
+def test_an_import_of_ours_inside_a_function_says_why() -> None:
+    """design.md: imports sit at the top; one deferred on purpose (torch, Ray, triton, an optional tracker)
+    says so in a comment on its line or the line above."""
+    bad = []
+    for module, path in module_files().items():
+        if module in NOT_YET_EXPLAINED:
+            continue
+        lines = path.read_text().splitlines()
+        for node in imports_in_functions(path):
+            said = "#" in lines[node.lineno - 1] or lines[node.lineno - 2].strip().startswith("#")
+            if is_ours(node) and not said:
+                bad.append(f"{module}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    why = "move these imports to the top, or say why they wait (# deferred: ...):\n"
+    assert not bad, why + "\n".join(sorted(set(bad)))
 
 
 def test_the_reader_sees_the_imports_it_checks() -> None:
