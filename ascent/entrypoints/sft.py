@@ -16,7 +16,7 @@ import time
 from functools import partial
 from typing import Any
 
-from ascent.cluster import init_ray, make_worker_group
+from ascent.cluster import make_worker_group
 from ascent.cluster.base import WorkerGroup
 from ascent.config.schema import AlgorithmConfig, SFTConfig
 from ascent.data import PromptSampler, load_rows, render_sft_examples
@@ -97,9 +97,10 @@ def _sft(cfg: SFTConfig, run_dir: Any, stop: Any, resume_from: str | None, accep
 
 def _trainer_group(cfg: SFTConfig, steps: int) -> WorkerGroup[TrainerWorker]:
     """The trainer ranks (inline: one, in this process; Ray: `cluster.num_trainer_workers`)."""
-
     c = cfg.cluster
     if c.backend == "ray":
+        from ascent.cluster import init_ray  # deferred: it imports Ray, which an inline run does without
+
         init_ray(c.address, c.num_cpus, temp_dir=c.ray_temp_dir)
     algo = AlgorithmConfig(advantage="grpo", policy_loss="reinforce", loss_aggregation="token-mean")
     kwargs = {"model_cfg": cfg.model, "train_cfg": cfg.train, "algo_cfg": algo, "total_optimizer_steps": steps,
