@@ -1,6 +1,6 @@
 """`ServerOptions`, how the OpenAI-compatible server answers, and the uvicorn settings every process of it
-uses. A module of its own below `server` and `frontend`, so a front-end process does not import the server
-that starts it.
+uses. A module of its own below `server` and `frontend`, so the server and the front ends it starts do not
+import each other.
 """
 
 from __future__ import annotations
