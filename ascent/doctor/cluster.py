@@ -29,7 +29,7 @@ def tcp_reachable(address: str, timeout_s: float = 5.0) -> str | None:
 
 def cluster_resources(address: str) -> dict[str, float]:
     """Connect to the running cluster, read its total resources, disconnect."""
-    import ray
+    import ray  # deferred: Ray, heavy and optional
 
     ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:

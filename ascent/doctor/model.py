@@ -17,7 +17,7 @@ from ascent.plugins import PluginError, load_plugin
 
 
 def load_hf_config(cfg: RunConfig) -> Any:
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # deferred: transformers, slow to import
 
     return AutoConfig.from_pretrained(
         cfg.model.path, local_files_only=True, trust_remote_code=cfg.model.trust_remote_code
@@ -27,6 +27,7 @@ def load_hf_config(cfg: RunConfig) -> Any:
 def count_params(hf_config: Any) -> int:
     """Parameters of the model the config describes, built on the meta device (no memory, no weights);
     a tied embedding counts once."""
+    # deferred: torch and transformers; doctor imports without them
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -128,7 +129,7 @@ def check_tokenizer(cfg: RunConfig) -> CheckResult:
     if missing:
         return fail(name, missing, f"point {field} at the local directory `tokenizer.save_pretrained` wrote.")
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # deferred: transformers, slow to import
 
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True,
                                             trust_remote_code=cfg.model.trust_remote_code)  # fmt: skip

@@ -58,7 +58,7 @@ def _driver_version() -> str | None:
 
 
 def gpu_facts() -> GpuFacts:
-    import torch
+    import torch  # deferred: torch; this module imports without it
 
     if not torch.cuda.is_available():
         return GpuFacts(torch.__version__, torch.version.cuda, _driver_version())

@@ -263,7 +263,7 @@ def attach_record(server: Any, s: ServeSettings) -> Any:
 
 def model_limits(model: str, max_model_len: int | None, trust_remote_code: bool = False) -> tuple[int, int]:
     """(context length, vocab size): --max-model-len, at most the config's max_position_embeddings."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # deferred: transformers, slow to import
 
     config = AutoConfig.from_pretrained(model, local_files_only=True, trust_remote_code=trust_remote_code)
     config = getattr(config, "text_config", None) or config

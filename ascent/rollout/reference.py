@@ -195,7 +195,7 @@ class ReferenceEngine:
     @torch.no_grad()
     def _generate_batch(self, rows: list[_Row]) -> None:
         """Decode `rows` together until each stops or reaches its max_new_tokens; fills the rows in place."""
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # deferred: transformers, slow to import
 
         device = self.device
         input_ids, attention_mask = self._left_pad(rows)

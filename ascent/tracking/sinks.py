@@ -27,7 +27,7 @@ class TensorBoardSink:
         self._writer: Any = None
 
     def _open(self, purge_step: int | None) -> Any:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # deferred: TensorBoard, optional
 
         self._writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
         return self._writer

@@ -70,7 +70,7 @@ def _weights_source(model_path, model, dt, dev, share_weights, trust_remote_code
         sd = state_dict_of(model)
         can_share = all(t.dtype == dt and t.device == dev for t in sd.values())
         return model.config, sd, can_share if share_weights is None else (share_weights and can_share)
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # deferred: transformers, slow to import
 
     config = AutoConfig.from_pretrained(
         str(model_path), local_files_only=True, trust_remote_code=trust_remote_code

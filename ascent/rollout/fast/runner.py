@@ -26,7 +26,7 @@ from ascent.rollout.sampling import SamplingTensors, sample, token_presence
 
 
 def _compile(fn: Callable) -> Callable:
-    import torch._dynamo
+    import torch._dynamo  # deferred: torch._dynamo, slow to import
 
     torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
     torch._dynamo.config.accumulated_recompile_limit = max(

@@ -330,7 +330,7 @@ def state_dict_of(model: torch.nn.Module) -> dict[str, Tensor]:
 def load_state_dict(path: str) -> dict[str, Tensor]:
     """Read every *.safetensors file of a local checkpoint directory onto the CPU."""
 
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # deferred: safetensors, only when weights are read or written
 
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
