@@ -62,7 +62,7 @@ class RolloutWorker:
         self.engine = build_engine(engine_name, **kwargs)
         self.version = 0  # the policy version of the weights the engine holds (set by every publication)
         self._last_end: float | None = None  # when the previous generate call ended (engine idle time)
-        self.link: Any = None  # the weight transport's receiving link, once joined
+        self.link: Any = None  # the link transport's `Receiver`, once joined
 
     def generate(self, requests: list[GenerationRequest]) -> Rollout:
         """Sample every request; each token is stamped with the version of the weights that sampled it (a
@@ -100,8 +100,8 @@ class RolloutWorker:
         self.version = version
 
     def join_weight_transport(self, rv: Rendezvous) -> None:
-        """Join the publication links of `rv` as replica RANK (see `ascent.transport.weights`)."""
-        from ascent.transport.weights import receiver_link
+        """Form this replica's `Receiver` of `rv`'s link transport as replica RANK (`ascent.transport`)."""
+        from ascent.transport.select import receiver_link
 
         device = getattr(self.engine, "device", torch.device("cpu"))
         self.link = receiver_link(rv, int(os.environ.get("RANK", "0")), device)
@@ -138,7 +138,7 @@ class TrainerWorker:
         self.world_size = init_distributed(device)
         _seed_everything(seed + rank)
         self.policy = PolicyWorker.from_config(device=device, **kwargs)
-        self.link: Any = None  # the weight transport's sending link (rank 0, or every rank for cuda_ipc)
+        self.link: Any = None  # the link transport's `Sender` (rank 0, or every rank for cuda_ipc)
         # packed micro-batches through flash varlen kernels instead of a dense [N, N] mask (CUDA, bf16/fp16)
         attention = kwargs["train_cfg"].attention
         enable_for_training(self.policy.model, self.policy.device, self.policy.compute_dtype, attention)
@@ -178,8 +178,8 @@ class TrainerWorker:
         return node_address(), find_free_port()
 
     def join_weight_transport(self, rv: Rendezvous) -> None:
-        """Join the publication links of `rv` (rank 0 hosts the store; see `ascent.transport.weights`)."""
-        from ascent.transport.weights import sender_link
+        """Form this rank's `Sender` of `rv`'s link transport (rank 0 hosts the store; `ascent.transport`)."""
+        from ascent.transport.select import sender_link
 
         self.link = sender_link(rv, int(os.environ.get("RANK", "0")), self.policy.device)
 
