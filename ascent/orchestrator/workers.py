@@ -62,7 +62,7 @@ class RolloutWorker:
         self.engine = build_engine(engine_name, **kwargs)
         self.version = 0  # the policy version of the weights the engine holds (set by every publication)
         self._last_end: float | None = None  # when the previous generate call ended (engine idle time)
-        self.link: Any = None  # the link transport's `Receiver`, once joined
+        self.link: Any = None  # the weight transport's receiving link, once joined
 
     def generate(self, requests: list[GenerationRequest]) -> Rollout:
         """Sample every request; each token is stamped with the version of the weights that sampled it (a
@@ -138,7 +138,7 @@ class TrainerWorker:
         self.world_size = init_distributed(device)
         _seed_everything(seed + rank)
         self.policy = PolicyWorker.from_config(device=device, **kwargs)
-        self.link: Any = None  # the link transport's `Sender` (rank 0, or every rank for cuda_ipc)
+        self.link: Any = None  # the weight transport's sending link (rank 0, or every rank for cuda_ipc)
         # packed micro-batches through flash varlen kernels instead of a dense [N, N] mask (CUDA, bf16/fp16)
         attention = kwargs["train_cfg"].attention
         enable_for_training(self.policy.model, self.policy.device, self.policy.compute_dtype, attention)
