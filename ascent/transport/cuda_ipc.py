@@ -3,7 +3,7 @@
 Trainer rank i packs each bucket into a CUDA buffer and publishes an IPC handle to it through a `TCPStore`;
 replica i opens the handle, copies the bucket into its engine and acknowledges; no copy leaves the GPU.
 Every trainer rank holds the full weights (FSDP gathers per bucket), so rank i serves replica i. The module
-imports on a CPU-only machine; it runs only on GPUs (tests/gpu and the GPU benches cover it).
+imports on a CPU-only machine; it runs only on GPUs (tests/gpu/test_cuda_ipc_gpu.py, bench/publish.py).
 """
 
 from __future__ import annotations

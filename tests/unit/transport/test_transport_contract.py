@@ -4,7 +4,7 @@ the loop drives it: `publish(1)` leaves every replica holding exactly the traine
 errors naming what was waited for (and the knob). The worker groups are threads over small fake workers
 (the real workers' publication methods in miniature); `broadcast` runs over gloo between those threads.
 
-Not here: `cuda_ipc` needs GPUs (its module imports here; tests/gpu and bench/publish.py run it), and the
+Not here: `cuda_ipc` needs GPUs (its module imports here; tests/gpu/test_cuda_ipc_gpu.py runs it), and the
 object store through a real Ray cluster (tests/integration/test_train_cli.py publishes over `object_store`
 and `broadcast` on Ray and checks the two runs are the same run).
 """
