@@ -55,8 +55,6 @@ class LoopContext:
         # cluster.engine_sleeps=false the engine stays awake and, on Ray, generates alongside the update)
         self.colocated = (cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast"
                           and cfg.cluster.engine_sleeps)  # fmt: skip
-        # publications reach the replicas between two decode steps of a running generate call
-        self.swap_mid_generation = setup.swaps_mid_generation(cfg)
 
     def close(self) -> None:
         """Stop what the loop started on demand (episodes played ahead, the agent endpoint and processes, the
@@ -281,7 +279,7 @@ def update_policy(ctx: LoopContext, samples: list[TrainSample], it: int) -> dict
 def publish_weights(ctx: LoopContext, version: int) -> float:
     """Send the trainer's current weights, as policy `version`, to every rollout replica; returns the seconds
     it took. Each replica applies them after the generate calls queued before or, with
-    `ctx.swap_mid_generation`, between two decode steps of the call in progress (none is lost; its tokens
+    `rollout.swap_mid_generation`, between two decode steps of the call in progress (none is lost; its tokens
     record the version that sampled each), and reports the version it then holds. How the weights travel is
     the run's transport (`ascent.transport`, chosen by setup); the controller never holds them."""
     t0 = time.perf_counter()
