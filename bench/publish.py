@@ -56,13 +56,7 @@ def measure(args: argparse.Namespace, model: Path, data: Path, transport: str) -
     t0 = time.perf_counter()
     groups = setup.build_worker_groups(cfg)
     start_s = time.perf_counter() - t0
-    ctx = SimpleNamespace(
-        cfg=cfg,
-        trainer=groups.trainer,
-        rollout=groups.rollout,
-        transport=groups.transport,
-        swap_mid_generation=setup.swaps_mid_generation(cfg),
-    )  # as LoopContext sets it
+    ctx = SimpleNamespace(publisher=groups.publisher)  # all `publish_weights` reads of a LoopContext
     try:
         seconds = []
         for version in range(args.repeats):
@@ -74,7 +68,7 @@ def measure(args: argparse.Namespace, model: Path, data: Path, transport: str) -
     finally:
         groups.shutdown()
     timed = seconds[1:] or seconds
-    return {"transport": groups.transport, "publish_s_median": statistics.median(timed),
+    return {"transport": ctx.publisher.name, "publish_s_median": statistics.median(timed),
             "publish_s_min": min(timed), "publish_s_max": max(timed), "first_s": seconds[0],
             "group_start_s": start_s, "greedy_tokens": tokens}  # fmt: skip
 

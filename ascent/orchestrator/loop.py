@@ -34,7 +34,11 @@ class LoopContext:
     def __init__(self, cfg: RunConfig, data: Any, rewards: Any, groups: setup.WorkerGroups, timeline: Any):
         self.cfg, self.data, self.rewards, self.timeline = cfg, data, rewards, timeline
         self.rollout, self.trainer, self.critic = groups.rollout, groups.trainer, groups.critic
-        self.transport = groups.transport
+        if groups.publisher is None:  # build_worker_groups sets it once both groups are up
+            raise ValueError(
+                "LoopContext: the worker groups have no weight publisher (setup.build_worker_groups)"
+            )
+        self.publisher = groups.publisher
         self.decode = lambda ids: data.tokenizer.decode(ids, skip_special_tokens=True)
         self.needs_reference = setup.needs_reference(cfg)
         self.temperature = cfg.rollout.temperature or 1.0
@@ -51,8 +55,6 @@ class LoopContext:
         # cluster.engine_sleeps=false the engine stays awake and, on Ray, generates alongside the update)
         self.colocated = (cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast"
                           and cfg.cluster.engine_sleeps)  # fmt: skip
-        # publications reach the replicas between two decode steps of a running generate call
-        self.swap_mid_generation = setup.swaps_mid_generation(cfg)
 
     def close(self) -> None:
         """Stop what the loop started on demand (episodes played ahead, the agent endpoint and processes, the
@@ -199,9 +201,10 @@ def update_gives_old_logprobs(ctx: LoopContext, num_trajectories: int, it: int) 
 
 
 def release_trainer_memory(ctx: LoopContext) -> int:
-    """Colocated in separate processes (any transport but inline, i.e. Ray): the trainer's and critic's ranks
-    give their cached GPU blocks back before the engine wakes on the same GPUs; the bytes over all ranks."""
-    if ctx.transport == "inline":
+    """Colocated in separate processes (on Ray: the publisher is not in-process): the trainer's and critic's
+    ranks give their cached GPU blocks back before the engine wakes on the same GPUs; the bytes over all
+    ranks."""
+    if ctx.publisher.in_process:
         return 0
     released = sum(ctx.trainer.call(TrainerWorker.release_cached_memory))
     if ctx.critic is not None:
@@ -276,30 +279,11 @@ def update_policy(ctx: LoopContext, samples: list[TrainSample], it: int) -> dict
 def publish_weights(ctx: LoopContext, version: int) -> float:
     """Send the trainer's current weights, as policy `version`, to every rollout replica; returns the seconds
     it took. Each replica applies them after the generate calls queued before or, with
-    `ctx.swap_mid_generation`, between two decode steps of the call in progress (none is lost; its tokens
-    record the version that sampled each), and reports the version it then holds. Inline the replicas copy
-    the trainer's tensors; on Ray they travel trainer -> replica over the run's weight transport
-    (ascent.transport.weights) or, as the fallback, from trainer rank 0 through the object store. The
-    controller never holds them."""
+    `rollout.swap_mid_generation`, between two decode steps of the call in progress (none is lost; its tokens
+    record the version that sampled each), and reports the version it then holds. How the weights travel is
+    the run's transport (`ascent.transport`, chosen by setup); the controller never holds them."""
     t0 = time.perf_counter()
-    to_replicas = ctx.rollout.call_alongside_async if ctx.swap_mid_generation else ctx.rollout.call_async
-    if ctx.transport in ("broadcast", "cuda_ipc"):
-        receivers = to_replicas(RolloutWorker.receive_weights, version)
-        senders = ctx.trainer.call_async(TrainerWorker.send_weights, version)
-        try:
-            held = receivers.get()
-        finally:
-            senders.get()  # the trainer's own error, when it failed first
-    else:
-        pending = ctx.trainer.call_async(TrainerWorker.named_weights, to_cpu=ctx.transport != "inline")
-        try:  # rank 0's weights go to the replicas directly (on Ray the controller never holds them)
-            held = to_replicas(RolloutWorker.update_weights, pending.forward(0), version).get()
-        except Exception:
-            pending.get()  # the trainer's own error, when it failed first
-            raise
-        pending.others(0)  # the other ranks took part in the gather (FSDP); their errors surface here
-    if any(v != version for v in held):
-        raise RuntimeError(f"weight publication of version {version}: the rollout replicas report {held}.")
+    ctx.publisher.publish(version)
     return time.perf_counter() - t0
 
 

@@ -14,6 +14,7 @@ from ascent.config.schema import RunConfig
 if TYPE_CHECKING:
     from ascent.cluster.base import WorkerGroup
     from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
+    from ascent.transport.publish import Publisher
 
 log = logging.getLogger("ascent")
 
@@ -131,7 +132,7 @@ class WorkerGroups:
     rollout: WorkerGroup[RolloutWorker]
     trainer: WorkerGroup[TrainerWorker]
     critic: WorkerGroup[CriticWorkerActor] | None
-    transport: str = "inline"  # how publications move weights: inline, broadcast, cuda_ipc, object_store
+    publisher: Publisher | None = None  # moves the trainer's weights to the replicas (`ascent.transport`)
     placement_group: Any = None  # the colocated groups' shared Ray placement group, released at shutdown
 
     def shutdown(self) -> None:
@@ -298,7 +299,7 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     groups = WorkerGroups(rollout=rollout, trainer=trainer_group(TrainerWorker, "trainer"), critic=critic,
                           placement_group=shared)  # fmt: skip
     try:
-        groups.transport = connect_weight_transport(cfg, groups)
+        groups.publisher = build_publisher(cfg, groups)
     except BaseException:
         groups.shutdown()
         raise
@@ -318,39 +319,40 @@ def _check_fits(cfg: RunConfig) -> None:
 
 
 def weight_transport_kind(cfg: RunConfig) -> str:
-    """The transport `cluster.weight_transport` resolves to (`auto`: see its description)."""
+    """The transport `cluster.weight_transport` resolves to (`auto`: see `ascent.transport.select.choose`)."""
+    from ascent.transport.select import choose
+
     c = cfg.cluster
-    if c.backend == "inline":
-        return "inline"
-    if c.weight_transport != "auto":
-        return c.weight_transport
-    gpus = c.gpus_per_worker > 0 and c.device != "cpu"
-    same_gpu = gpus and (c.placement == "colocated" or c.gpus_per_worker < 1)  # NCCL needs distinct GPUs
-    if same_gpu:
-        return "cuda_ipc" if c.num_rollout_workers == c.num_trainer_workers else "object_store"
-    return "broadcast"
+    trainers, replicas = c.num_trainer_workers, c.num_rollout_workers
+    return choose(c.backend, c.weight_transport, c.placement, c.device, c.gpus_per_worker, trainers, replicas)
 
 
-def connect_weight_transport(cfg: RunConfig, groups: WorkerGroups) -> str:
-    """Form the links of the resolved transport between the trainer and the replicas; returns its name.
-
-    Both sides join at once (each blocks until the other arrives, at most `weight_sync_timeout_s`)."""
+def build_publisher(cfg: RunConfig, groups: WorkerGroups) -> Publisher:
+    """The run's weight `Publisher`, given the two worker groups and their workers' publication methods; a
+    link transport joins both sides here (each waits at most `weight_sync_timeout_s` for the other)."""
     from ascent.orchestrator.workers import RolloutWorker, TrainerWorker
-    from ascent.transport.weights import Rendezvous
+    from ascent.transport.publish import ReplicaEnd, TrainerEnd
+    from ascent.transport.select import build_publisher as build
 
-    kind = weight_transport_kind(cfg)
-    if kind in ("inline", "object_store"):
-        log.info("weight transport: %s", kind)
-        return kind
     c = cfg.cluster
-    host, port = groups.trainer.call_rank0(TrainerWorker.weight_transport_address)
-    rv = Rendezvous(kind, host, port, c.num_rollout_workers, c.weight_sync_timeout_s,  # type: ignore[arg-type]
-                    c.weight_bucket_mb << 20)  # fmt: skip
-    senders = groups.trainer.call_async(TrainerWorker.join_weight_transport, rv)
-    groups.rollout.call(RolloutWorker.join_weight_transport, rv)
-    senders.get()
-    log.info("weight transport: %s (rendezvous %s:%d, %d MiB buckets)", kind, host, port, c.weight_bucket_mb)
-    return kind
+    trainer = TrainerEnd(
+        groups.trainer,
+        named_weights=TrainerWorker.named_weights,
+        address=TrainerWorker.weight_transport_address,
+        join=TrainerWorker.join_weight_transport,
+        send=TrainerWorker.send_weights,
+    )
+    replicas = ReplicaEnd(
+        groups.rollout,
+        update_weights=RolloutWorker.update_weights,
+        join=RolloutWorker.join_weight_transport,
+        receive=RolloutWorker.receive_weights,
+        alongside=swaps_mid_generation(cfg),
+    )
+    kind, bucket_bytes = weight_transport_kind(cfg), c.weight_bucket_mb << 20
+    publisher = build(kind, trainer, replicas, c.weight_sync_timeout_s, bucket_bytes)
+    log.info("weight transport: %s", publisher.describe())
+    return publisher
 
 
 def build_reward_runner(cfg: RunConfig) -> Any:

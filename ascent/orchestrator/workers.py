@@ -100,8 +100,8 @@ class RolloutWorker:
         self.version = version
 
     def join_weight_transport(self, rv: Rendezvous) -> None:
-        """Join the publication links of `rv` as replica RANK (see `ascent.transport.weights`)."""
-        from ascent.transport.weights import receiver_link
+        """Form this replica's `Receiver` of `rv`'s link transport as replica RANK (`ascent.transport`)."""
+        from ascent.transport.select import receiver_link
 
         device = getattr(self.engine, "device", torch.device("cpu"))
         self.link = receiver_link(rv, int(os.environ.get("RANK", "0")), device)
@@ -178,8 +178,8 @@ class TrainerWorker:
         return node_address(), find_free_port()
 
     def join_weight_transport(self, rv: Rendezvous) -> None:
-        """Join the publication links of `rv` (rank 0 hosts the store; see `ascent.transport.weights`)."""
-        from ascent.transport.weights import sender_link
+        """Form this rank's `Sender` of `rv`'s link transport (rank 0 hosts the store; `ascent.transport`)."""
+        from ascent.transport.select import sender_link
 
         self.link = sender_link(rv, int(os.environ.get("RANK", "0")), self.policy.device)
 

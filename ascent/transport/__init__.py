@@ -1,4 +1,6 @@
 """Weight transport: versioned publication of the trainer's weights to the rollout replicas (design.md,
-"One controller, plain workers"). `buckets` is the wire format, `weights` the process-to-process links.
-The experience store lives here too: `store` (schema and reader of `<run_dir>/experience.db`) and
-`store_writer` (the loop's background writer)."""
+"One controller, plain workers"). `publish` is the one protocol (`Publisher.publish(version)` on the
+controller, a `Sender` / `Receiver` on the workers of a link); `inline`, `object_store`, `broadcast` and
+`cuda_ipc` are the ways of moving weights, one module each, chosen in `select`; `weights` is what the two
+links share, `buckets` their wire format. The experience store lives here too: `store` (schema and reader
+of `<run_dir>/experience.db`) and `store_writer` (the loop's background writer)."""

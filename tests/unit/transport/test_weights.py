@@ -11,7 +11,8 @@ import torch
 
 from ascent.cluster.base import find_free_port
 from ascent.transport.buckets import ALIGN, batched, layout, pack, unpack
-from ascent.transport.weights import Rendezvous, WeightSyncTimeout, receiver_link, sender_link
+from ascent.transport.select import receiver_link, sender_link
+from ascent.transport.weights import Rendezvous, WeightSyncTimeout
 
 
 def weights() -> dict[str, torch.Tensor]:
