@@ -14,26 +14,23 @@ from __future__ import annotations
 import atexit
 import gc
 import os
-import traceback
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
 from pathlib import Path
-from types import TracebackType
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
-from pydantic import BaseModel
-from rich.console import Console
-from rich.text import Text
 
-from ascent.config import ConfigError, RunConfig, SFTConfig, load_config
+from ascent.config import RunConfig, SFTConfig
 from ascent.entrypoints.config_show import config_show_command
 from ascent.entrypoints.doctor import doctor_command
 from ascent.entrypoints.episodes import episodes_command
+from ascent.entrypoints.guard import ErrorGuard, load_for_command, require_model_path
 from ascent.entrypoints.serve import serve_command
 from ascent.entrypoints.studio import studio_command
 from ascent.errors import AscentError
 from ascent.plugins import add_plugin_root
 
-USER_ERROR_NAMES = {"AscentError", "ConfigError", "DataError"}  # caught by name too: no heavy imports
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 app = typer.Typer(
@@ -84,125 +81,6 @@ AcceptChangesOpt = Annotated[
 ]
 
 
-# ---------------------------------------------------------------- error handling
-
-
-def _stderr() -> Console:
-    return Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def is_user_error(exc: BaseException) -> bool:
-    """AscentError subclasses, and by class name the few user errors of packages we do not import here."""
-    return isinstance(exc, AscentError) or any(c.__name__ in USER_ERROR_NAMES for c in type(exc).__mro__)
-
-
-def debug_enabled() -> bool:
-    return os.environ.get("ASCENT_DEBUG", "") not in ("", "0")
-
-
-def print_error(exc: BaseException, label: str = "error: ") -> None:
-    """`error: <message>` on stderr; a ConfigError's problems get one `error:` line each."""
-    console = _stderr()
-    if debug_enabled():
-        console.print(Text("".join(traceback.format_exception(exc)).rstrip()))
-    problems = exc.problems if isinstance(exc, ConfigError) else [str(exc) or type(exc).__name__]
-    for problem in problems:
-        console.print(Text(label, style="bold red") + Text(problem))
-
-
-def environment_error(exc: BaseException) -> str | None:
-    """A one-line message for the machine's errors a user fixes (a file's OSError, out of memory), else None."""
-    if type(exc).__name__ == "OutOfMemoryError":
-        return (
-            f"out of memory ({str(exc).splitlines()[0] if str(exc) else 'no details'}). Lower "
-            "train.max_tokens_per_micro_batch or train.logprob_chunk_tokens, set "
-            "model.gradient_checkpointing=true, or lower rollout.gpu_memory_fraction."
-        )
-    if isinstance(exc, OSError) and exc.filename:
-        return f"{exc.strerror or exc}: {exc.filename} (add --debug for the traceback)"
-    return None
-
-
-class ErrorGuard:
-    """Wraps a command body: user errors -> exit 2, Ctrl-C -> exit 130, anything else propagates (exit 1).
-
-    Set `run_dir` once known so an interrupted run can say where its last checkpoint is.
-    """
-
-    def __init__(self, resumable: bool = False) -> None:
-        self.resumable = resumable
-        self.run_dir: str | None = None
-
-    def __enter__(self) -> ErrorGuard:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> Literal[False]:
-        if exc is None:
-            return False
-        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or a signal that could not wait for a safe point
-            _stderr().print(Text("interrupted. ", style="bold yellow") + Text(self._resume_hint()))
-            raise typer.Exit(128 + getattr(exc, "signum", 2))
-        if type(exc).__name__ == "Interrupted":  # stopped at a safe point after SIGTERM/SIGINT
-            print_error(exc, label="interrupted: ")
-            raise typer.Exit(getattr(exc, "exit_code", 130))
-        if is_user_error(exc):
-            print_error(exc)
-            raise typer.Exit(getattr(exc, "exit_code", 2) or 2)
-        message = environment_error(exc)
-        if message is not None:
-            print_error(AscentError(message))
-            raise typer.Exit(2)
-        return False
-
-    def _resume_hint(self) -> str:
-        """Only what is true: the newest checkpoint that exists, or that none does."""
-        if not (self.resumable and self.run_dir):
-            return ""
-        ckpts = Path(self.run_dir) / "checkpoints"
-        done = sorted(p.name for p in ckpts.glob("iter_*") if (p / "state.json").is_file())
-        if not done:
-            return f"No checkpoint of this run exists yet under {self.run_dir}; a new run starts over."
-        return (
-            f"The newest checkpoint is {ckpts / done[-1]}; run the same command with --resume to continue "
-            "from it."
-        )
-
-
-# ---------------------------------------------------------------- config loading
-
-
-def load_for_command(
-    config: str | None, overrides: list[str] | None, schema: type[BaseModel], resume: bool = False
-) -> Any:
-    """Load `config` + `overrides`; a first argument that is `key=value` (not a file) counts as an override."""
-    extra = list(overrides or [])
-    if config is not None and "=" in config and not Path(config).exists():
-        extra = [config, *extra]
-        config = None
-    if resume:
-        extra.append("resume=true")
-    return load_config(config, extra, schema)
-
-
-def require_model_path(cfg: RunConfig | SFTConfig) -> None:
-    if not cfg.model.path:
-        raise ConfigError(
-            "model.path is not set; point it at a local Hugging Face checkpoint directory, "
-            "e.g. model.path=models/Qwen2.5-0.5B-Instruct."
-        )
-
-
-def sft_hint(config: str | None, overrides: list[str] | None, err: ConfigError) -> ConfigError:
-    """Add `--sft` to the message when the failing run config is a valid SFT config."""
-    try:
-        load_for_command(config, overrides, SFTConfig)
-    except AscentError:
-        return err
-    return ConfigError([*err.problems, "This is a valid SFT config: add --sft to show it as one."])
-
-
 # ---------------------------------------------------------------- commands
 
 
@@ -236,7 +114,7 @@ def train(
         cfg = load_for_command(config, overrides, RunConfig, resume or resume_from is not None)
         require_model_path(cfg)
         guard.run_dir = cfg.run_dir
-        from ascent.entrypoints.train import run_training
+        from ascent.entrypoints.train import run_training  # deferred: torch; the config is checked first
 
         run_training(cfg, resume_from=resume_from, accept_changes=accept_changes)
 
@@ -257,7 +135,7 @@ def sft(
         cfg = load_for_command(config, overrides, SFTConfig, resume or resume_from is not None)
         require_model_path(cfg)
         guard.run_dir = cfg.run_dir
-        from ascent.entrypoints.sft import run_sft
+        from ascent.entrypoints.sft import run_sft  # deferred: torch; the config is checked first
 
         run_sft(cfg, resume_from=resume_from, accept_changes=accept_changes)
 
@@ -308,6 +186,7 @@ def evaluate(
 ) -> None:
     """Score a checkpoint on a prompt dataset (accuracy and mean reward), an environment's episodes, or an agent's."""
     with ErrorGuard():
+        # deferred: torch; the options are checked first
         from ascent.entrypoints.evaluate import run_agent_eval, run_env_eval, run_eval
 
         common: dict[str, Any] = dict(
@@ -369,6 +248,7 @@ def debug_env(
 ) -> None:
     """Run a few episodes of an environment inline and print them turn by turn."""
     with ErrorGuard():
+        # deferred: torch; the options are checked first
         from ascent.entrypoints.debug_env import run_debug_env
 
         run_debug_env(
@@ -404,7 +284,7 @@ BENCHES = {  # `ascent bench NAME ARGS...` runs bench/NAME.py's main(ARGS)
 
 def _bench_command(name: str, what: str) -> None:
     def command(ctx: typer.Context) -> None:
-        from ascent.entrypoints.bench import run_bench
+        from ascent.entrypoints.bench import run_bench  # deferred: only `ascent bench` needs it
 
         with ErrorGuard():
             run_bench(name, ctx.args, REPO_ROOT)
@@ -421,13 +301,10 @@ for _bench in BENCHES.items():
 
 
 def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
     try:
         return dist_version("ascent")
     except PackageNotFoundError:  # a source checkout that was not pip-installed
-        import tomllib
+        import tomllib  # deferred: only a source checkout's --version reads pyproject.toml
 
         try:
             project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]

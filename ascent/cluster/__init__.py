@@ -32,7 +32,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """Import Ray lazily: `from ascent.cluster import init_ray` costs nothing until Ray is needed."""
     if name in _RAY_NAMES:
-        from ascent.cluster import ray_backend
+        from ascent.cluster import ray_backend  # deferred: Ray, heavy and optional
 
         return getattr(ray_backend, name)
     raise AttributeError(f"module 'ascent.cluster' has no attribute {name!r}")

@@ -41,7 +41,7 @@ def make_worker_group(
     is the Ray workers' log level (tracking.log_level; inline workers log with the controller).
     """
     if backend == "inline":
-        from ascent.cluster.inline import InlineWorkerGroup
+        from ascent.cluster.inline import InlineWorkerGroup  # deferred: torch, only for inline workers
 
         if placement_group is not None:
             raise ClusterConfigError(
@@ -52,7 +52,7 @@ def make_worker_group(
             timeout_s=timeout_s, env=env,
         )  # fmt: skip
     if backend == "ray":
-        from ascent.cluster.ray_backend import RayWorkerGroup
+        from ascent.cluster.ray_backend import RayWorkerGroup  # deferred: Ray, heavy and optional
 
         return RayWorkerGroup(
             cls, name=name, num_workers=num_workers, init_args=init_args, init_kwargs=init_kwargs,

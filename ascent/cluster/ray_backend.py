@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -93,7 +94,6 @@ def init_ray(
 
 def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
     """Raise ClusterConfigError unless a TCP connection to the Ray head at `address` (host:port) opens."""
-    import socket
 
     host, _, port = address.removeprefix("ray://").rpartition(":")
     try:

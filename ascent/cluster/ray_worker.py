@@ -40,8 +40,6 @@ class RayWorkerHost:
     def init_worker(self, cls: type, env: dict[str, str], args: tuple, kwargs: dict[str, Any]) -> None:
         """Set the environment, then construct the worker."""
         os.environ.update(env)
-        import ray
-
         self.log.info(
             "starting %s (rank %s of %s) on node %s (local rank %s of %s), rendezvous at %s:%s", cls.__name__,
             env.get("RANK"), env.get("WORLD_SIZE"), ray.get_runtime_context().get_node_id(),

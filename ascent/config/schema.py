@@ -24,6 +24,7 @@ from ascent.config.choices import (
 )
 from ascent.config.errors import rule_error
 from ascent.config.rollout import RolloutConfig
+from ascent.config.rules import check_run_config, check_sft_config  # rules imports schema for types only
 from ascent.config.section import Section
 
 Dtype = Literal["bf16", "fp16", "fp32"]
@@ -410,8 +411,6 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> RunConfig:
-        from ascent.config.rules import check_run_config
-
         check_run_config(self)
         return self
 
@@ -442,7 +441,5 @@ class SFTConfig(Section):
 
     @model_validator(mode="after")
     def _no_rl_fields(self) -> SFTConfig:
-        from ascent.config.rules import check_sft_config
-
         check_sft_config(self)
         return self

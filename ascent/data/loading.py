@@ -111,6 +111,7 @@ def _read_json_array(text: str, label: str) -> list[dict[str, Any]]:
 
 
 def _read_parquet(file: Path, label: str) -> list[dict[str, Any]]:
+    # deferred: pyarrow, only for parquet
     import pyarrow as pa
     import pyarrow.parquet as pq
 

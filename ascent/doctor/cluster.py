@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
+from importlib.metadata import version
 from typing import Any
 
 from ascent.config.schema import RunConfig
@@ -28,7 +29,7 @@ def tcp_reachable(address: str, timeout_s: float = 5.0) -> str | None:
 
 def cluster_resources(address: str) -> dict[str, float]:
     """Connect to the running cluster, read its total resources, disconnect."""
-    import ray
+    import ray  # deferred: Ray, heavy and optional
 
     ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
@@ -101,6 +102,4 @@ def check_resources(need: Demand, total: dict[str, Any], where: str) -> CheckRes
 
 
 def _ray_version() -> str:
-    from importlib.metadata import version
-
     return version("ray")

@@ -104,7 +104,7 @@ def _json_array(data: bytes) -> list[Any]:
 
 def _parquet_head(file: Path, n: int) -> list[Any]:
     import pyarrow as pa  # deferred on purpose: only Parquet datasets need it
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # deferred: pyarrow, only for parquet
 
     try:
         batch = next(pq.ParquetFile(file).iter_batches(batch_size=n), None)

@@ -9,13 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from ascent.config.schema import RunConfig
+from ascent.data import load_rows
 from ascent.doctor.memory import ModelShape
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
+from ascent.envs import ENVIRONMENTS, make_env
 from ascent.plugins import PluginError, load_plugin
 
 
 def load_hf_config(cfg: RunConfig) -> Any:
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # deferred: transformers, slow to import
 
     return AutoConfig.from_pretrained(
         cfg.model.path, local_files_only=True, trust_remote_code=cfg.model.trust_remote_code
@@ -25,6 +27,7 @@ def load_hf_config(cfg: RunConfig) -> Any:
 def count_params(hf_config: Any) -> int:
     """Parameters of the model the config describes, built on the meta device (no memory, no weights);
     a tied embedding counts once."""
+    # deferred: torch and transformers; doctor imports without them
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -107,7 +110,6 @@ def uses_chat(cfg: RunConfig) -> bool:
 def train_rows(cfg: RunConfig) -> list[dict[str, Any]]:
     if not cfg.data.train_path or not Path(cfg.data.train_path).is_file():
         return []
-    from ascent.data import load_rows
 
     try:
         return load_rows(cfg.data.train_path)
@@ -127,7 +129,7 @@ def check_tokenizer(cfg: RunConfig) -> CheckResult:
     if missing:
         return fail(name, missing, f"point {field} at the local directory `tokenizer.save_pretrained` wrote.")
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # deferred: transformers, slow to import
 
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True,
                                             trust_remote_code=cfg.model.trust_remote_code)  # fmt: skip
@@ -153,6 +155,7 @@ def check_engine_architecture(cfg: RunConfig) -> CheckResult:
     name = "fast engine architecture"
     if cfg.rollout.engine != "fast":
         return skipped(name, f"rollout.engine={cfg.rollout.engine}")
+    # deferred: torch; doctor imports without it
     from ascent.rollout.fast.spec import STATIC_ROPE_TYPES, spec_from_config, supported_model_types
 
     try:
@@ -182,7 +185,6 @@ def env_names(cfg: RunConfig) -> list[str]:
 
 def renders(name: str) -> bool:
     """Whether environment `name` (registered or pkg.module:Class) sets `needs_rendering = True` on its class."""
-    from ascent.envs import ENVIRONMENTS, make_env
 
     factory: Any = ENVIRONMENTS.get(name)
     if factory is None and ":" in name:

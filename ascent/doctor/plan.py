@@ -6,8 +6,10 @@ to disk, and how many GPUs it spans.
 from __future__ import annotations
 
 from ascent.config.schema import RunConfig
+from ascent.doctor.cluster import demand
 from ascent.doctor.memory import CUDA_CONTEXT, GIB, Estimate, MemoryInputs, ModelShape, estimate, gib, knobs
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
+from ascent.orchestrator.setup import needs_reference, uses_critic
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -35,8 +37,6 @@ def micro_batch(cfg: RunConfig) -> tuple[int, int, int]:
 
 
 def memory_inputs(cfg: RunConfig, shape: ModelShape, gpu_bytes: int, gpus_visible: int) -> MemoryInputs:
-    from ascent.orchestrator.setup import needs_reference, uses_critic
-
     c, r, t = cfg.cluster, cfg.rollout, cfg.train
     gpu = on_gpu(cfg, gpus_visible)
     tokens, response, seq = micro_batch(cfg)
@@ -198,7 +198,6 @@ def ray_temp_bytes(cfg: RunConfig, shape: ModelShape) -> int:
 
 def gpus_needed(cfg: RunConfig) -> tuple[int, int]:
     """(GPUs the run spans, GPUs it needs on this node): inline runs everything here."""
-    from ascent.doctor.cluster import demand
 
     c = cfg.cluster
     if c.backend == "inline":

@@ -12,6 +12,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
 Status = Literal["ok", "warn", "fail", "skipped"]
 STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim"}
 
@@ -54,9 +58,6 @@ def to_json(results: Sequence[CheckResult]) -> str:
 
 def print_table(results: Sequence[CheckResult], extra: Sequence[Any] = ()) -> None:
     """One row per check (status coloured), then any extra renderables (the memory table)."""
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
 
     console = Console(highlight=False)
     table = Table(title="ascent doctor", title_justify="left", title_style="bold", expand=False)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ascent.config.schema import RunConfig
 from ascent.doctor import cluster, data, model, plan, system, tracking
-from ascent.doctor.memory import GIB, Estimate, MemoryInputs
+from ascent.doctor.memory import GIB, Estimate, MemoryInputs, ModelShape
 from ascent.doctor.report import CheckResult, skipped
 
 
@@ -46,8 +46,6 @@ def machine_checks(cfg: RunConfig, facts: system.GpuFacts) -> list[CheckResult]:
 
 
 def disk_checks(cfg: RunConfig, shape: object) -> list[CheckResult]:
-    from ascent.doctor.memory import ModelShape
-
     if not isinstance(shape, ModelShape):
         return [skipped("disk", "the model's size is unknown (see the model check)")]
     out = [system.check_disk("disk: run_dir", cfg.run_dir, plan.run_dir_bytes(cfg, shape),

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import ctypes.util
 import errno
+import importlib.util
 import os
 import shutil
 import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, requires
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
 
@@ -52,7 +58,7 @@ def _driver_version() -> str | None:
 
 
 def gpu_facts() -> GpuFacts:
-    import torch
+    import torch  # deferred: torch; this module imports without it
 
     if not torch.cuda.is_available():
         return GpuFacts(torch.__version__, torch.version.cuda, _driver_version())
@@ -78,13 +84,11 @@ def check_python(version: tuple[int, ...] = tuple(sys.version_info[:3])) -> Chec
 
 def torch_requirement() -> str | None:
     """The torch specifier ascent was installed with (its package metadata), e.g. '<2.14,>=2.11'."""
-    from importlib.metadata import PackageNotFoundError, requires
 
     try:
         reqs = requires("ascent") or []
     except PackageNotFoundError:
         return None
-    from packaging.requirements import Requirement
 
     for line in reqs:
         req = Requirement(line)
@@ -95,12 +99,8 @@ def torch_requirement() -> str | None:
 
 def check_torch(facts: GpuFacts, spec: str | None) -> CheckResult:
     version = facts.torch_version
-    if spec:
-        from packaging.specifiers import SpecifierSet
-        from packaging.version import Version
-
-        if Version(version.split("+")[0]) not in SpecifierSet(spec):
-            return fail("torch", f"torch {version}", f"install a torch within {spec} (ascent's requirement).")
+    if spec and Version(version.split("+")[0]) not in SpecifierSet(spec):
+        return fail("torch", f"torch {version}", f"install a torch within {spec} (ascent's requirement).")
     return ok("torch", f"torch {version}" + (f" (required {spec})" if spec else ""), version=version)
 
 
@@ -142,7 +142,6 @@ def check_capability(facts: GpuFacts, dtype: str, fast_engine: bool, attention: 
 
 def check_triton(capability: tuple[int, int]) -> CheckResult:
     """The fast engine's decode attention and sampler are Triton kernels; without Triton it runs torch ones."""
-    import importlib.util
 
     if importlib.util.find_spec("triton") is None:
         return warn("fast engine kernels", "triton is not installed: the fast engine falls back to its slower "

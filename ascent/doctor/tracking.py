@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ascent.doctor.report import CheckResult, fail, ok, skipped
+from ascent.doctor.system import existing_parent
 
 WANDB_HOST = "api.wandb.ai"
 
@@ -62,8 +63,6 @@ def uri_reachable(uri: str, proxy: str | None = None, timeout_s: float = 5.0) ->
             return str(getattr(err, "reason", err))
         return None
     if parsed.scheme in ("", "file"):
-        from ascent.doctor.system import existing_parent
-
         target = existing_parent(parsed.path or uri)
         return None if os.access(target, os.W_OK) else f"{target} is not writable"
     return None  # databricks, sqlite, ...: mlflow's own client resolves those

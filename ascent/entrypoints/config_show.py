@@ -16,8 +16,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ascent.config import ConfigError, RunConfig, SFTConfig, dump_config
 from ascent.config.errors import show_value
 from ascent.config.explain import FieldRow, explain_rows, matching_rows, plain_lines
+from ascent.entrypoints.guard import ErrorGuard, load_for_command, sft_hint
 
 
 def config_show_command(
@@ -45,8 +47,6 @@ def config_show_command(
 
     Example: ascent config show run.yaml --explain max_tokens_per_micro_batch
     """
-    from ascent.cli import ErrorGuard, load_for_command, sft_hint  # here: ascent.cli imports this module
-    from ascent.config import ConfigError, RunConfig, SFTConfig, dump_config
 
     with ErrorGuard():
         schema = SFTConfig if sft_config else RunConfig

@@ -13,7 +13,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ascent.messages import Episode
+from ascent.data import load_rows
+from ascent.envs import ChatTokens, Task, make_env, run_episodes
+from ascent.envs.rows import row_env
+from ascent.errors import AscentError
+from ascent.messages import Episode, SamplingParams
+from ascent.models.loading import load_tokenizer, resolve_device
+from ascent.rollout import build_engine
 
 
 def run_debug_env(
@@ -30,13 +36,6 @@ def run_debug_env(
     seed: int = 0,
 ) -> list[Episode]:
     """Run and print `episodes` episodes (one per row, from the first); returns them."""
-    from ascent.data import load_rows
-    from ascent.envs import ChatTokens, Task, make_env, run_episodes
-    from ascent.envs.rows import row_env
-    from ascent.errors import AscentError
-    from ascent.messages import SamplingParams
-    from ascent.models.loading import load_tokenizer, resolve_device
-    from ascent.rollout import build_engine
 
     rows = load_rows(data)[:episodes]
     if any(env is None and row_env(r) is None for r in rows):

@@ -9,7 +9,10 @@ import os
 from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 
+from ascent.config import RunConfig
+from ascent.entrypoints.guard import ErrorGuard, load_for_command
 from ascent.errors import AscentError
 
 
@@ -38,8 +41,6 @@ def doctor_command(
 
     Example: ascent doctor run.yaml --gpu-memory 80
     """
-    from ascent.cli import ErrorGuard, load_for_command  # here: ascent.cli imports this module
-    from ascent.config import RunConfig
 
     with ErrorGuard():
         if gpu_memory is not None and gpu_memory <= 0:
@@ -53,8 +54,8 @@ def doctor_command(
         os.environ.setdefault(
             "HF_HUB_OFFLINE", "1"
         )  # before transformers loads: the doctor never asks the hub
-        from ascent.doctor import report as R
-        from ascent.doctor.run import run_checks
+        from ascent.doctor import report as R  # deferred: `ascent.cli` imports this module at start
+        from ascent.doctor.run import run_checks  # deferred: `ascent.cli` imports this module at start
 
         result = run_checks(cfg, gpu_memory_gib=gpu_memory, ports=list(port or []))
         if as_json:
@@ -66,9 +67,8 @@ def doctor_command(
 
 def memory_table(result: Any) -> Any:
     """Terms (rows) by phase (columns), GiB."""
-    from rich.table import Table
 
-    from ascent.doctor.memory import GIB
+    from ascent.doctor.memory import GIB  # deferred: `ascent.cli` imports this module at start
 
     est = result.estimate
     phases = list(est.phases)

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ascent.entrypoints.guard import ErrorGuard
 from ascent.transport.store import (
     STATUSES,
     EpisodeRecord,
@@ -63,7 +64,6 @@ def episodes_command(
 
     Example: ascent episodes runs/grpo --iteration 3 --status dropped; ascent episodes runs/grpo --show 12
     """
-    from ascent.cli import ErrorGuard  # here: ascent.cli imports this module
 
     with ErrorGuard():
         if show is not None and out is not None:
@@ -173,7 +173,7 @@ def _token_decoder(store: ExperienceStore, console: Console) -> Any:
     """Decodes one token id with the run's tokenizer (`meta.tokenizer`); "" when it does not load."""
     path = store.meta.get("tokenizer")
     try:
-        from ascent.models.loading import load_tokenizer
+        from ascent.models.loading import load_tokenizer  # deferred: torch; `ascent.cli` imports this module
 
         tok = load_tokenizer(path or "")
     except Exception as err:  # a moved or deleted model directory: the ids still print

@@ -18,9 +18,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ascent.messages import Generation, GenerationRequest, SamplingParams
+from ascent.cluster.isolated import default_workers
+from ascent.data import load_rows, render_prompts, validate_rows
+from ascent.entrypoints.debug_env import record
+from ascent.envs import ChatTokens, Task, run_episodes
+from ascent.envs.hosts import EnvHosts
+from ascent.envs.openai_agents import AgentLoadError, load_agent
+from ascent.envs.rows import row_env
+from ascent.errors import AscentError
+from ascent.messages import Generation, GenerationRequest, SamplingParams, flatten
+from ascent.models.loading import load_tokenizer, resolve_device
+from ascent.orchestrator.agents import AgentService, AgentSetup, play_agent_groups, score_last_replies
+from ascent.orchestrator.batch import make_requests, to_groups
+from ascent.orchestrator.setup import agent_items, reward_executor
 from ascent.orchestrator.validation import CORRECT_AT
-from ascent.rollout import RolloutEngine
+from ascent.rewards import RewardFailureError, RewardInput, RewardRunner
+from ascent.rollout import RolloutEngine, build_engine
 from ascent.tracking import Progress
 
 log = logging.getLogger("ascent")
@@ -48,14 +61,6 @@ def run_eval(
 ) -> dict[str, float]:
     """Generate for every prompt of `data` with the checkpoint at `model`; return accuracy and mean reward.
     `progress`: print progress lines on stdout while generating (see the module)."""
-    from ascent.data import load_rows, render_prompts, validate_rows
-    from ascent.errors import AscentError
-    from ascent.messages import flatten
-    from ascent.models.loading import load_tokenizer, resolve_device
-    from ascent.orchestrator.batch import make_requests, to_groups
-    from ascent.orchestrator.setup import reward_executor
-    from ascent.rewards import RewardFailureError, RewardInput, RewardRunner
-    from ascent.rollout import build_engine
 
     tok = load_tokenizer(model)
     rows = load_rows(data)
@@ -160,14 +165,6 @@ def run_env_eval(
     """Play `samples` episodes of every row of `data` in `env` (a row's own `env` column wins) with the
     checkpoint at `model`, the environments in worker processes as in training; accuracy is the share of
     episodes with reward >= 1."""
-    from ascent.cluster.isolated import default_workers
-    from ascent.data import load_rows
-    from ascent.entrypoints.debug_env import record
-    from ascent.envs import ChatTokens, Task, run_episodes
-    from ascent.envs.hosts import EnvHosts
-    from ascent.envs.rows import row_env
-    from ascent.models.loading import load_tokenizer, resolve_device
-    from ascent.rollout import build_engine
 
     tok = load_tokenizer(model)
     rows = load_rows(data)[:max_prompts] if max_prompts else load_rows(data)
@@ -223,13 +220,6 @@ def run_agent_eval(
     endpoint served from the checkpoint at `model` as `rollout.agent` serves the policy (the endpoint's context:
     `max_prompt_tokens + max_episode_tokens`); `reward` scores the last reply of an episode whose agent
     returns None. Accuracy is the share of episodes with reward >= 1; an episode that failed counts as 0."""
-    from ascent.data import load_rows
-    from ascent.envs.openai_agents import AgentLoadError, load_agent
-    from ascent.models.loading import load_tokenizer, resolve_device
-    from ascent.orchestrator.agents import AgentService, AgentSetup, play_agent_groups, score_last_replies
-    from ascent.orchestrator.setup import agent_items, reward_executor
-    from ascent.rewards import RewardRunner
-    from ascent.rollout import build_engine
 
     try:  # a bad --agent fails before anything heavy starts
         load_agent(agent)
@@ -281,7 +271,5 @@ def _agent_metrics(groups: list[list[Any]], stats: Any) -> dict[str, float]:
 
 
 def _agent_record(e: Any, decode: Any) -> dict[str, Any]:
-    from ascent.entrypoints.debug_env import record
-
     return {**record(e, decode), "session": e.metadata["session"],
             **({"truncated": e.metadata["truncated"]} if "truncated" in e.metadata else {})}  # fmt: skip

@@ -20,15 +20,11 @@ from typing import Annotated, Any
 
 import typer
 
-from ascent.errors import AscentError
+from ascent.entrypoints.guard import ErrorGuard, ServeError
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 ENGINES = ("auto", "reference", "fast")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
-
-
-class ServeError(AscentError):
-    """A serve option the user can fix."""
 
 
 class _Stopped(Exception):
@@ -110,7 +106,6 @@ def serve_command(
 
     Example: ascent serve --model models/Qwen2.5-0.5B-Instruct --port 8000 --api-key secret
     """
-    from ascent.cli import ErrorGuard  # here: ascent.cli imports this module
     from ascent.rollout.server.tool_parsers import TOOL_PARSERS  # here: it imports torch
 
     with ErrorGuard():
@@ -230,9 +225,10 @@ class ServeSettings:
 
 def build_server(s: ServeSettings) -> Any:
     """Load the tokenizer, the model's limits and the engine; an OpenAIServer around them."""
+    # deferred: torch; `ascent.cli` imports this module
     from ascent.models.loading import load_tokenizer, resolve_device
-    from ascent.rollout import build_engine
-    from ascent.rollout.server import Limits, OpenAIServer, ServerOptions
+    from ascent.rollout import build_engine  # deferred: torch
+    from ascent.rollout.server import Limits, OpenAIServer, ServerOptions  # deferred: torch, fastapi
 
     tokenizer = load_tokenizer(s.model, trust_remote_code=s.trust_remote_code)
     length, vocab = model_limits(s.model, s.max_model_len, s.trust_remote_code)
@@ -258,7 +254,7 @@ def attach_record(server: Any, s: ServeSettings) -> Any:
     """With --record: a RecordSink on the server's recorder (close it after serving); else None."""
     if s.record is None:
         return None
-    from ascent.entrypoints.serve_record import RecordSink
+    from ascent.entrypoints.serve_record import RecordSink  # deferred: torch (transport, rollout.server)
 
     sink = RecordSink(s.record, s.model, lambda ids: server.decode(list(ids)))
     server.recorder.sink = sink
@@ -267,7 +263,7 @@ def attach_record(server: Any, s: ServeSettings) -> Any:
 
 def model_limits(model: str, max_model_len: int | None, trust_remote_code: bool = False) -> tuple[int, int]:
     """(context length, vocab size): --max-model-len, at most the config's max_position_embeddings."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # deferred: transformers, slow to import
 
     config = AutoConfig.from_pretrained(model, local_files_only=True, trust_remote_code=trust_remote_code)
     config = getattr(config, "text_config", None) or config

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ascent.entrypoints.serve import ServeError
+from ascent.entrypoints.guard import ServeError
 from ascent.messages import Episode
 from ascent.rollout.server import CompletionRecord
 from ascent.transport.store import open_store, store_path

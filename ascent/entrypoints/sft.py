@@ -16,14 +16,19 @@ import time
 from functools import partial
 from typing import Any
 
+from ascent.cluster import make_worker_group
 from ascent.cluster.base import WorkerGroup
 from ascent.config.schema import AlgorithmConfig, SFTConfig
+from ascent.data import PromptSampler, load_rows, render_sft_examples
 from ascent.messages import TrainSample
+from ascent.models.loading import load_tokenizer
 from ascent.orchestrator import batch as B
-from ascent.orchestrator import checkpointing
+from ascent.orchestrator import checkpointing, preflight
 from ascent.orchestrator.interrupt import STOPS, graceful_stop, stopped_message
 from ascent.orchestrator.resume import fingerprints
+from ascent.orchestrator.rundir import open_run_dir, write_config
 from ascent.orchestrator.workers import TrainerWorker
+from ascent.tracking import Metrics, Progress, RunStarted, open_tracking, setup_logging, tracked_run
 
 log = logging.getLogger("ascent")
 
@@ -43,8 +48,6 @@ def sft_samples(examples: list[Any]) -> list[TrainSample]:
 
 
 def _load(cfg: SFTConfig, path: str | None, tok: Any) -> list[TrainSample]:
-    from ascent.data import load_rows, render_sft_examples
-
     if not path:
         return []
     rows = load_rows(path)
@@ -60,7 +63,6 @@ def _load(cfg: SFTConfig, path: str | None, tok: Any) -> list[TrainSample]:
 
 def run_sft(cfg: SFTConfig, resume_from: str | None = None, accept_changes: bool = False) -> dict[str, float]:
     """Fine-tune `cfg.model` on the pairs of `cfg.data`; write `<run_dir>/final` (HF format). Returns metrics."""
-    from ascent.orchestrator.rundir import open_run_dir
 
     run_dir, lock = open_run_dir(cfg)
     try:
@@ -71,11 +73,6 @@ def run_sft(cfg: SFTConfig, resume_from: str | None = None, accept_changes: bool
 
 
 def _sft(cfg: SFTConfig, run_dir: Any, stop: Any, resume_from: str | None, accept: bool) -> dict[str, float]:
-    from ascent.models.loading import load_tokenizer
-    from ascent.orchestrator import preflight
-    from ascent.orchestrator.rundir import write_config
-    from ascent.tracking import RunStarted, open_tracking, setup_logging, tracked_run
-
     setup_logging(str(run_dir), "controller", cfg.tracking.log_level)
     preflight.model_config(cfg.model.path)
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
@@ -100,11 +97,9 @@ def _sft(cfg: SFTConfig, run_dir: Any, stop: Any, resume_from: str | None, accep
 
 def _trainer_group(cfg: SFTConfig, steps: int) -> WorkerGroup[TrainerWorker]:
     """The trainer ranks (inline: one, in this process; Ray: `cluster.num_trainer_workers`)."""
-    from ascent.cluster import make_worker_group
-
     c = cfg.cluster
     if c.backend == "ray":
-        from ascent.cluster import init_ray
+        from ascent.cluster import init_ray  # deferred: it imports Ray, which an inline run does without
 
         init_ray(c.address, c.num_cpus, temp_dir=c.ray_temp_dir)
     algo = AlgorithmConfig(advantage="grpo", policy_loss="reinforce", loss_aggregation="token-mean")
@@ -124,8 +119,6 @@ def _train(
 ) -> dict[str, float]:  # fmt: skip
     """The SFT steps: each batch split over the ranks, its metrics on the tracking `bus`, a checkpoint when
     due, the final weights at the end."""
-    from ascent.data import PromptSampler
-    from ascent.tracking import Metrics, Progress
 
     sampler = PromptSampler(len(train), cfg.batch_size, seed=cfg.seed, shuffle=cfg.data.shuffle)
     start = _resume(trainer, sampler, found) if found else 0

@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from ascent.entrypoints.guard import ErrorGuard
 from ascent.errors import AscentError
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -47,7 +48,6 @@ def studio_command(
 
     Example: ascent studio runs/ --port 8765; open the URL it prints.
     """
-    from ascent.cli import ErrorGuard  # here: ascent.cli imports this module
 
     with ErrorGuard():
         root = Path(runs_dir)
@@ -56,7 +56,7 @@ def studio_command(
         token = token or os.environ.get("ASCENT_STUDIO_TOKEN") or None
         if token is None and host not in LOOPBACK:
             token = secrets.token_urlsafe(24)
-        from ascent.studio import StudioServer
+        from ascent.studio import StudioServer  # deferred: fastapi; `ascent.cli` imports this module
 
         server = StudioServer(root, host, port, token)
         try:

@@ -12,9 +12,11 @@ import logging
 from typing import Any
 
 from ascent.config.schema import RunConfig
+from ascent.data import PromptSampler
 from ascent.orchestrator import checkpointing, preflight, rundir, setup
 from ascent.orchestrator.interrupt import STOPS, graceful_stop
 from ascent.orchestrator.loop import LoopContext, run_loop
+from ascent.tracking import RunStarted, Timeline, open_tracking, setup_logging, tracked_run
 
 log = logging.getLogger("ascent")
 
@@ -37,8 +39,6 @@ def run_training(
 def _train(
     cfg: RunConfig, run_dir: Any, stop: Any, resume_from: str | None, accept_changes: bool
 ) -> dict[str, float]:
-    from ascent.tracking import RunStarted, open_tracking, setup_logging, tracked_run
-
     setup_logging(str(run_dir), "controller", cfg.tracking.log_level)
     # a damaged checkpoint, a changed config or a lower iteration count is refused before anything heavy loads
     found = (
@@ -62,9 +62,6 @@ def _train(
 
 
 def _build_and_run(cfg: RunConfig, run_dir: Any, stop: Any, found: Any, bus: Any) -> dict[str, float]:
-    from ascent.data import PromptSampler
-    from ascent.tracking import Timeline
-
     rundir.write_config(cfg)
     preflight.model_config(cfg.model.path)
     data = setup.build_datasets(cfg)

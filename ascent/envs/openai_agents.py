@@ -129,7 +129,7 @@ async def _play_all(
 
 
 async def _play_one(fn: Callable[..., Any], spec: AgentSpec, job: AgentJob, dog: LoopWatchdog) -> AgentResult:
-    import openai
+    import openai  # deferred: openai, only for agents
 
     watch = BudgetWatch()
     kw: dict[str, Any] = {

@@ -262,6 +262,7 @@ def save_shards(model: nn.Module, directory: str | Path) -> None:
     """Write `model.state_dict()` to `directory/model_shards` with `torch.distributed.checkpoint`: every rank
     its own shards of every DTensor, nothing gathered (a collective in a process group; plain tensors,
     replicated on every rank, are written once)."""
+    # deferred: torch.distributed.checkpoint, only for sharded checkpoints
     import torch.distributed.checkpoint as dcp
 
     reshard(model)
@@ -282,6 +283,7 @@ def load_shards(model: nn.Module, directory: str | Path) -> None:
 def dcp_load(state: dict[str, Any], path: str | Path) -> None:
     """`torch.distributed.checkpoint.load` of `state` (filled in place) from `path`: a collective in a
     process group, else a single process reading whole tensors (without torch's warning about it)."""
+    # deferred: torch.distributed.checkpoint, only for sharded checkpoints
     import torch.distributed.checkpoint as dcp
 
     alone = not dist.is_initialized()

@@ -46,6 +46,7 @@ def make_char_tokenizer(out_dir: str | Path, chars: str = DEFAULT_CHARS, words: 
     whole tokens, and so is each of `words` (ordinary added tokens that decode as text, as Qwen's
     `<tool_call>`). Characters outside `chars` are dropped, as Qwen2Tokenizer drops what its vocabulary lacks.
     """
+    # deferred: tokenizers and transformers, slow to import
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -94,6 +95,7 @@ def make_tiny_checkpoint(
     Grouped-query attention is on by default (num_kv_heads < num_heads) so the same code paths run as for
     Qwen2.5. The checkpoint is fp32 safetensors, loadable with `AutoModelForCausalLM.from_pretrained`.
     """
+    # deferred: torch and transformers, slow to import
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 

@@ -34,7 +34,7 @@ _CACHE_ATTR = "_ascent_varlen_offsets"
 
 def _kernel() -> Callable[..., Any] | None:
     try:
-        from torch.nn.attention.varlen import varlen_attn
+        from torch.nn.attention.varlen import varlen_attn  # deferred: only where torch has varlen attention
     except ImportError:
         return None
     return varlen_attn
@@ -151,7 +151,7 @@ def varlen_attention(
 
 def register() -> None:
     """Make "ascent_varlen" a known attention implementation (idempotent)."""
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface  # deferred: transformers, slow to import
 
     global _CALL
     kernel = _kernel()

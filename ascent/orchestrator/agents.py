@@ -39,6 +39,7 @@ from ascent.orchestrator import batch as B
 from ascent.orchestrator.agent_segments import Segment, segment_episode, segments
 from ascent.orchestrator.episodes import EnvFailureError
 from ascent.orchestrator.workers import RolloutWorker
+from ascent.rewards import RewardInput
 from ascent.rollout.server import CompletionRecord, Limits, OpenAIServer, ServerOptions
 
 MODEL_NAME = "policy"
@@ -222,7 +223,6 @@ def score_last_replies(
     their last reply."""
     if not where:
         return
-    from ascent.rewards import RewardInput
 
     episodes = [groups[g][k] for g, k in where]
     inputs = [RewardInput(prompt=decode(e.prompt_ids), response=e.metadata["final_text"],

@@ -6,8 +6,10 @@ Advantages are computed on the controller in padded [B, T] layout (small: one fl
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -224,8 +226,6 @@ def record_logprob_outliers(
     """Append the sampled tokens (loss mask 1) whose |trainer - sampler| logprob exceeds 0.5 nat to
     `logprob_outliers.jsonl` (at most 20 an iteration): where a mismatch sits, for a user or a bug report.
     Observation tokens (mask 0, no sampler logprob) are never listed. Returns how many."""
-    import json
-    from pathlib import Path
 
     rows: list[dict[str, Any]] = []
     for t, lp in zip(episodes, trainer_lp, strict=True):

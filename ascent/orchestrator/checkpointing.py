@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ascent.orchestrator import resume as R
+from ascent.orchestrator.collector import trim_after
+from ascent.orchestrator.workers import CriticWorkerActor, TrainerWorker
 from ascent.trainer import checkpoint_commit as K
 from ascent.trainer.checkpoint_commit import CheckpointWriteError as CheckpointWriteError  # re-exported
 
@@ -136,7 +138,6 @@ def resume_state(
 
 def save(ctx: Any, iteration: int, sampler: Any) -> Path:
     """Checkpoint `iteration` of an RL run: trainer (and critic) weights and optimizer, data position, KL."""
-    from ascent.orchestrator.workers import CriticWorkerActor, TrainerWorker
 
     cfg = ctx.cfg
     optimizer = cfg.checkpoint.save_optimizer
@@ -158,7 +159,6 @@ def save(ctx: Any, iteration: int, sampler: Any) -> Path:
 
 def restore(ctx: Any, sampler: Any, found: tuple[Path, dict[str, Any]]) -> int:
     """Load the checkpoint `resume_state` found into the workers and the sampler; return its iteration."""
-    from ascent.orchestrator.workers import CriticWorkerActor, TrainerWorker
 
     path, state = found
     ctx.trainer.call(TrainerWorker.load, str(path))
@@ -167,7 +167,6 @@ def restore(ctx: Any, sampler: Any, found: tuple[Path, dict[str, Any]]) -> int:
     sampler.load_state_dict(state["sampler"])
     if ctx.kl_controller is not None and state.get("kl_coef") is not None:
         ctx.kl_controller.coef = state["kl_coef"]
-    from ascent.orchestrator.collector import trim_after
 
     trim_after(ctx.cfg.run_dir, int(state["iteration"]))
     log.info("resumed from %s (iteration %d)", path, state["iteration"])

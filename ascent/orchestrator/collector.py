@@ -40,6 +40,8 @@ from typing import Any
 
 from ascent.messages import Episode, Group
 from ascent.orchestrator import batch as B
+from ascent.orchestrator.agents import collect_agent_groups
+from ascent.orchestrator.episodes import collect_env_groups
 from ascent.orchestrator.sampling import RolloutStats, Submitted, finish, submit
 
 
@@ -152,11 +154,8 @@ def _multi_turn(ctx: Any, items: list[Any], params: Any, seed: int) -> tuple[lis
     """A batch of episodes through the run's environment (one engine call per turn) or its agent (through
     the run's endpoint)."""
     if ctx.cfg.rollout.agent is not None:
-        from ascent.orchestrator.agents import collect_agent_groups
-
         groups, stats = collect_agent_groups(ctx, items, params)
         return groups, RolloutStats(0.0, stats.metrics(ctx.cfg.reward.max_failure_rate))
-    from ascent.orchestrator.episodes import collect_env_groups
 
     return collect_env_groups(ctx, items, params, seed=seed), RolloutStats(engine_idle_s=0.0)
 

@@ -95,7 +95,7 @@ class EnvRunners:
     def _ray_actors(self) -> Any:
         with self._lock:
             if self._actors is None:
-                from ascent.cluster.env_actors import RayEnvHosts
+                from ascent.cluster.env_actors import RayEnvHosts  # deferred: Ray, only for env actors on Ray
 
                 r, c = self.cfg.rollout, self.cfg.cluster
                 self._actors = RayEnvHosts(

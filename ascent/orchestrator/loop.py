@@ -24,6 +24,7 @@ from ascent.orchestrator.episodes import EnvRunners
 from ascent.orchestrator.interrupt import stopped_message
 from ascent.orchestrator.validation import validate
 from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
+from ascent.tracking import Metrics, Progress
 
 log = logging.getLogger("ascent")
 
@@ -70,8 +71,6 @@ def run_loop(ctx: LoopContext, sampler: Any, start: int, stop: Any, bus: Any) ->
     """Iterations `start + 1 .. cfg.iterations`, each followed by its validation (when due), metrics (one
     `Metrics` event on the tracking `bus`), progress line and checkpoint (when due, or when a signal asks to
     stop); returns the last validation metrics."""
-    from ascent.tracking import Metrics, Progress
-
     cfg, data, timeline = ctx.cfg, ctx.data, ctx.timeline
     final: dict[str, float] = {}
     publish_weights(ctx, version=start)  # the engines start from the trainer's weights
@@ -99,8 +98,6 @@ def run_loop(ctx: LoopContext, sampler: Any, start: int, stop: Any, bus: Any) ->
 def _stop_if_diverged(ctx: LoopContext, it: int, metrics: dict[str, float], bus: Any) -> None:
     """After the update, before validation and the checkpoint: a diverged run logs this iteration's metrics
     and stops (`health.TrainingDiverged`, exit status 2), leaving the checkpoints saved before it intact."""
-    from ascent.tracking import Metrics
-
     found = ctx.divergence.diverged(metrics)
     if found is not None:
         bus.publish(Metrics.of(it, metrics))

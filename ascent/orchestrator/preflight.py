@@ -16,7 +16,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ascent import algorithms as A
+from ascent.algorithms import option_names
 from ascent.config import ConfigError
+from ascent.config.choices import PluginChoice
+from ascent.envs.openai_agents import load_agent
 from ascent.models.files import damaged_weight_file
 from ascent.models.loading import ModelLoadError
 from ascent.plugins import resolve
@@ -97,7 +101,6 @@ def check_context(config: dict[str, Any], longest_prompt: int, max_new_tokens: i
 
 def check_plugins(algorithm: Any) -> None:
     """Resolve every algorithm name or import path now, so a typo fails at start-up with the field named."""
-    from ascent import algorithms as A
 
     registries: dict[str, Mapping[str, Callable[..., Any]]] = {
         "advantage": A.ADVANTAGE_ESTIMATORS,
@@ -124,8 +127,6 @@ def unused_options(algorithm: Any, estimator: Callable[..., Any], loss: Callable
     """`algorithm.options` entries that no plug-in among the advantage estimator and the policy loss takes (a
     typo would otherwise be ignored silently). Only a plug-in gets options, and only under names that are not
     settings of the section (the loader refuses options that name a built-in's setting)."""
-    from ascent.algorithms import option_names
-    from ascent.config.choices import PluginChoice
 
     names: list[set[str]] = []
     for choice, fn in ((algorithm.advantage, estimator), (algorithm.policy_loss, loss)):
@@ -162,6 +163,4 @@ def check_run(cfg: Any, tokenizer: Any, prompts: list[Any]) -> None:
     )
     check_plugins(cfg.algorithm)
     if cfg.rollout.agent is not None:  # a bad import path fails before anything heavy starts
-        from ascent.envs.openai_agents import load_agent
-
         load_agent(cfg.rollout.agent)

@@ -20,6 +20,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from ascent.config.choices import CHOICE_FIELDS, PluginChoice, name_of, nest_choices
 from ascent.errors import AscentError
 from ascent.models.files import safetensors_problem
 
@@ -95,7 +96,6 @@ def config_changes(
 def _nested_choices(saved: dict[str, Any]) -> dict[str, Any]:
     """A config saved before the policy loss and the advantage became choices (`policy_loss: ppo` beside a
     flat `clip_ratio_low`), in today's form; the settings its choice did not read are dropped."""
-    from ascent.config.choices import nest_choices
 
     algorithm = saved.get("algorithm")
     if not isinstance(algorithm, dict):
@@ -106,7 +106,6 @@ def _nested_choices(saved: dict[str, Any]) -> dict[str, Any]:
 def _choice_defaults(saved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
     """`defaults` with each choice's defaults taken from the member the saved config chose: a setting an old
     sapo checkpoint lacks defaults to SapoLoss's value, not to the default member's (ppo has none)."""
-    from ascent.config.choices import CHOICE_FIELDS, PluginChoice, name_of
 
     algorithm, default_algorithm = saved.get("algorithm"), defaults.get("algorithm")
     if not isinstance(algorithm, dict) or not isinstance(default_algorithm, dict):

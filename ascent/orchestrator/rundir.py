@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from ascent.config import write_resolved_config
 from ascent.errors import AscentError
 
 LOCK_NAME = ".ascent.lock"
@@ -144,6 +145,5 @@ def open_run_dir(cfg: Any) -> tuple[Path, RunDirLock]:
 
 def write_config(cfg: Any) -> None:
     """`<run_dir>/config.yaml`: the resolved config of the run now writing the directory."""
-    from ascent.config import write_resolved_config
 
     write_resolved_config(cfg, Path(cfg.run_dir))

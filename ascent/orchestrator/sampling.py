@@ -15,6 +15,7 @@ from ascent.cluster.base import PendingCall
 from ascent.messages import Group, Rollout, SamplingParams, flatten, regroup
 from ascent.orchestrator import batch as B
 from ascent.orchestrator.workers import RolloutWorker
+from ascent.rewards import RewardInput
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,6 @@ def generate(ctx: Any, items: list[Any], params: SamplingParams, *, seed: int) -
 def score(ctx: Any, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
     """The groups with every episode's reward and reward components set, and the reward runner's metrics
     (reward/mean, /std, failures)."""
-    from ascent.rewards import RewardInput
 
     trajs = flatten(groups)
     inputs = [

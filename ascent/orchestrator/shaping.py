@@ -21,6 +21,7 @@ from ascent.errors import AscentError
 from ascent.messages import Group, flatten, regroup
 from ascent.orchestrator import batch as B
 from ascent.orchestrator import experience
+from ascent.orchestrator.collector import batch_seed, item_of
 from ascent.orchestrator.episodes import env_metrics
 from ascent.orchestrator.sampling import generate, score
 
@@ -100,7 +101,6 @@ def shape_rewards(ctx: Any, groups: list[Group]) -> list[Group]:
 def with_greedy_baseline(ctx: Any, groups: list[Group], it: int, batch: int) -> list[Group]:
     """ReMax: the groups, each with the (shaped) reward of one greedy response to its task, sampled with the
     current weights, as its baseline."""
-    from ascent.orchestrator.collector import batch_seed, item_of
 
     params = replace(B.sampling_params(ctx.cfg.rollout), temperature=0.0, n=1)
     items = [item_of(g.episodes[0]) for g in groups]

@@ -7,6 +7,8 @@ from typing import Any
 
 from ascent.messages import flatten
 from ascent.orchestrator import batch as B
+from ascent.orchestrator.agents import collect_agent_groups
+from ascent.orchestrator.episodes import collect_env_groups
 from ascent.orchestrator.sampling import generate, score
 
 log = logging.getLogger("ascent")
@@ -19,12 +21,8 @@ def validate(ctx: Any, iteration: int) -> dict[str, float]:
     cfg = ctx.cfg
     params = B.sampling_params(cfg.rollout, validation=True)
     if cfg.rollout.agent is not None:
-        from ascent.orchestrator.agents import collect_agent_groups
-
         groups, _ = collect_agent_groups(ctx, ctx.data.val, params)
     elif cfg.rollout.env is not None:
-        from ascent.orchestrator.episodes import collect_env_groups
-
         groups = collect_env_groups(ctx, ctx.data.val, params, seed=cfg.seed + 12345)
     else:
         groups, _ = score(ctx, generate(ctx, ctx.data.val, params, seed=cfg.seed + 12345))

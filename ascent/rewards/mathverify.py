@@ -24,7 +24,7 @@ def _timeout(seconds: int | None) -> int | None:
 
 def parse_gold(answer: Any, timeout: int | None) -> list[Any]:
     """Parse a reference answer; bare LaTeX ("x+1", "(1,2)") is retried inside `$...$` and `\\boxed{}`."""
-    from math_verify import parse
+    from math_verify import parse  # deferred: math-verify, optional
 
     text = str(answer).strip()
     for candidate in (text, f"${text}$", f"\\boxed{{{text}}}"):
@@ -52,7 +52,7 @@ def math_verify_reward(
     `timeout_seconds` bounds each parse and comparison on the main thread (see the module docstring).
     Raises ValueError when the reference itself cannot be parsed (a data problem, counted as a failure).
     """
-    from math_verify import parse, verify
+    from math_verify import parse, verify  # deferred: math-verify, optional
 
     timeout = _timeout(timeout_seconds)
     gold = parse_gold(answer_of(metadata, answer_key, "math_verify"), timeout)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ascent.models.loading import load_tokenizer
 from ascent.rollout.base import RolloutEngine
 from ascent.rollout.reference import ReferenceEngine
 
@@ -39,8 +40,6 @@ def build_reference_engine(
     del gpu_memory_fraction
     tok_dir = tokenizer_path or model_path
     if tok_dir is not None and (decode is None or eos_token_ids is None or pad_token_id is None):
-        from ascent.models.loading import load_tokenizer
-
         tokenizer = load_tokenizer(tok_dir, trust_remote_code=trust_remote_code)
         decode = decode or tokenizer.decode
         eos_token_ids = eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id]
@@ -69,6 +68,7 @@ def build_reference_engine(
 
 def build_fast_engine(**kwargs: Any) -> RolloutEngine:
     """The GPU engine (`ascent.rollout.fast`), imported only when asked for: it may need triton."""
+    # deferred: triton and CUDA, only when asked for
     from ascent.rollout.fast import build_fast_engine as build
 
     return build(**kwargs)

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ascent.messages import FinishReason, Generation, GenerationRequest, SamplingParams
-from ascent.models.loading import cache_kwarg
+from ascent.models.loading import cache_kwarg, load_model
 from ascent.rollout.sampling import SamplingTensors, sample, split_seed, token_presence
 
 
@@ -93,7 +93,6 @@ class ReferenceEngine:
         trust_remote_code: bool = False,
     ) -> ReferenceEngine:
         """Load the checkpoint in `path`; EOS and pad ids default to the model's generation config."""
-        from ascent.models.loading import load_model
 
         model = load_model(path, dtype, device, trust_remote_code=trust_remote_code)
         gen = model.generation_config
@@ -196,7 +195,7 @@ class ReferenceEngine:
     @torch.no_grad()
     def _generate_batch(self, rows: list[_Row]) -> None:
         """Decode `rows` together until each stops or reaches its max_new_tokens; fills the rows in place."""
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # deferred: transformers, slow to import
 
         device = self.device
         input_ids, attention_mask = self._left_pad(rows)

@@ -132,7 +132,7 @@ def token_decoder(tokenizer_dir: str) -> Any:
     if not tokenizer_dir or not file.is_file():
         return None
     try:
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # deferred: tokenizers, only when a tokenizer is built or read
 
         tokenizer = Tokenizer.from_file(str(file))
     except Exception:  # a damaged or foreign file: the ids still show

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ascent.errors import AscentError
 from ascent.studio.metrics import MetricsCache
 
@@ -178,7 +180,6 @@ def inferred_state(run_dir: Path, records: list[dict[str, Any]], held: bool | No
 
 def read_config(run_dir: Path) -> dict[str, Any]:
     """The run's config.yaml as a dict ({} when absent or unreadable)."""
-    import yaml
 
     try:
         data = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))

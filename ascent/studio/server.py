@@ -33,7 +33,7 @@ class StudioServer:
         return sock
 
     def _server(self, log_level: str) -> Any:
-        import uvicorn
+        import uvicorn  # deferred: only a serving process needs it
 
         config = uvicorn.Config(self.app, log_level=log_level, access_log=log_level == "debug",
                                 timeout_graceful_shutdown=2)  # fmt: skip

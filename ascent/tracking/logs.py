@@ -51,6 +51,7 @@ def _console_handler() -> logging.Handler:
     """Rich on a terminal; plain lines (no ANSI codes, no wrapping) otherwise. Skips FILE_ONLY records."""
     handler: logging.Handler
     if sys.stderr.isatty():
+        # deferred: rich, only on a terminal
         from rich.console import Console
         from rich.logging import RichHandler
 

@@ -111,7 +111,7 @@ def probe_server(uri: str, proxy: str | None) -> None:
 
 def _import_mlflow(uri: str) -> Any:
     try:
-        import mlflow
+        import mlflow  # deferred: mlflow, optional
     except ImportError as e:
         raise AscentError(
             f"tracking.mlflow_uri={uri!r}: MLflow is not installed; `pip install mlflow-skinny` (the light "

@@ -172,6 +172,7 @@ def _is_terminal(stream: TextIO) -> bool:
 
 def _make_bar(stream: TextIO) -> Any:
     """The rich progress display: description, bar, i/N, elapsed, ETA, stats."""
+    # deferred: rich, only for console output
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from rich.progress import Progress as RichProgress

@@ -27,7 +27,7 @@ class TensorBoardSink:
         self._writer: Any = None
 
     def _open(self, purge_step: int | None) -> Any:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # deferred: TensorBoard, optional
 
         self._writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
         return self._writer
@@ -57,14 +57,14 @@ def open_tracking(tracking: Any, run_dir: str | os.PathLike[str], config: Mappin
     bus = EventBus(sinks)
     try:
         if tracking.wandb_project:
-            from ascent.tracking.wandb_sink import WandbSink
+            from ascent.tracking.wandb_sink import WandbSink  # deferred: wandb, optional
 
             bus.subscribe(
                 WandbSink(run_dir, tracking.wandb_project, mode=tracking.wandb_mode,
                           http_proxy=tracking.http_proxy, config=dict(config))
             )  # fmt: skip
         if tracking.mlflow_uri:
-            from ascent.tracking.mlflow_sink import MlflowSink
+            from ascent.tracking.mlflow_sink import MlflowSink  # deferred: mlflow, optional
 
             bus.subscribe(
                 MlflowSink(run_dir, tracking.mlflow_uri, experiment=tracking.mlflow_experiment,

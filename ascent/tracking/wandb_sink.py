@@ -32,7 +32,7 @@ def wandb_run_id(run_dir: Path) -> str:
 
 def _import_wandb(project: str) -> Any:
     try:
-        import wandb
+        import wandb  # deferred: wandb, optional
     except ImportError as e:
         raise AscentError(
             f"tracking.wandb_project={project!r}: Weights & Biases is not installed; `pip install wandb`, or "

@@ -45,7 +45,7 @@ def apply_lora(
     base is bf16/fp16 (`autocast_adapter_dtype`), so the optimizer state of the adapters is fp32.
     """
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model  # deferred: peft, only for LoRA
     except ImportError as e:
         raise ImportError("model.lora.rank > 0 needs peft: pip install 'ascent[lora]'.") from e
     if rank <= 0:
@@ -95,7 +95,7 @@ def merged_named_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
 
     Memory: one merged matrix at a time (the consumer decides what to keep).
     """
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer  # deferred: peft, only for LoRA
 
     base = _peft(model).get_base_model()
     lora_prefixes: list[str] = []
@@ -119,7 +119,7 @@ def merged_named_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
 def write_merged(model: nn.Module, directory: str | Path, merged: dict[str, Tensor] | None = None) -> None:
     """Write merged weights as a plain HF checkpoint (config.json + model.safetensors) to `directory`:
     `merged` if given (a sharded model's, gathered), else merged here from `model`."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # deferred: safetensors, only when weights are read or written
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -150,6 +150,7 @@ def write_adapter_config(model: nn.Module, directory: str | Path) -> None:
 
 def load_adapter_weights(model: nn.Module, directory: str | Path) -> None:
     """Load adapter weights written by `write_adapter` into the (already wrapped) `model`, in place."""
+    # deferred: peft and safetensors, only for LoRA
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 

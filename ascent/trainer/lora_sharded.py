@@ -39,6 +39,7 @@ def has_adapter_shards(directory: str | Path) -> bool:
 
 def save_adapter_shards(model: nn.Module, directory: str | Path) -> None:
     """Write the adapter matrices to `directory/adapter_shards` with DCP (a collective when sharded)."""
+    # deferred: torch.distributed.checkpoint, only for sharded checkpoints
     import torch.distributed.checkpoint as dcp
 
     reshard(model)
@@ -70,7 +71,7 @@ def _peft_key(name: str, adapter: str) -> str:
 def load_full_adapter(model: nn.Module, directory: str | Path, adapter: str = "default") -> None:
     """Load `directory/adapter_model.safetensors` (full tensors) into a sharded model: every rank keeps its
     own shard of each adapter matrix (no communication)."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # deferred: safetensors, only when weights are read or written
 
     path = Path(directory) / "adapter_model.safetensors"
     if not path.is_file():
@@ -91,7 +92,7 @@ def load_full_adapter(model: nn.Module, directory: str | Path, adapter: str = "d
 
 # ------------------------------------------------------------------------------------ merged weights
 def _lora_layers(model: nn.Module) -> dict[str, Any]:
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer  # deferred: peft, only for LoRA
 
     layers = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
     for name, m in layers.items():

@@ -55,6 +55,7 @@ def save_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, d
     An optimizer that has not stepped yet has no state, and nothing is written (-> False; the ranks step
     together, so all of them agree): torch's `get_optimizer_state_dict` would create that state with a
     zero-gradient step at lr=0, leaving AdamW's step count at 1 and the run's first real update off."""
+    # deferred: torch.distributed.checkpoint, only for sharded checkpoints
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -72,6 +73,7 @@ def save_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, d
 def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Path) -> None:
     """Load what `save_sharded_optimizer` wrote, by any number of ranks, into `optimizer` (of `model`, whose
     weights are loaded already): each rank reads the slices of its own shards (a collective)."""
+    # deferred: torch.distributed.checkpoint, only for sharded checkpoints
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     state = get_optimizer_state_dict(model, optimizer)  # the layout this run holds; DCP fills it in place

@@ -14,9 +14,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from ascent.cli import app, is_user_error
+from ascent.cli import app
 from ascent.config import RunConfig, load_config
 from ascent.config.explain import explain_rows
+from ascent.entrypoints.guard import is_user_error
 from ascent.errors import AscentError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -40,6 +40,7 @@ class FunctionTool:
         return str(self.schema["function"]["name"])
 
     def call(self, arguments: dict[str, Any]) -> ToolResult:
+        # deferred: pydantic, only for typed tool arguments
         from pydantic import ValidationError, validate_call
 
         try:
@@ -56,7 +57,7 @@ class FunctionTool:
 
 def function_tool(fn: Callable[..., Any]) -> FunctionTool:
     """A tool from a function with type hints; the docstring's first paragraph describes it."""
-    from pydantic import create_model
+    from pydantic import create_model  # deferred: pydantic, only for typed tool arguments
 
     fields: dict[str, Any] = {}
     for p in inspect.signature(fn).parameters.values():

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from ascent.models.loading import load_tokenizer, resolve_device, torch_dtype
 from ascent.rollout.fast.engine import FastEngine
 from ascent.rollout.fast.graphs import default_buckets
 from ascent.rollout.fast.kv_cache import KVCache, pages_for_budget
@@ -33,7 +34,6 @@ def _tokenizer_facts(path, eos_token_ids, pad_token_id, decode, trust_remote_cod
         return eos_token_ids, pad_token_id, decode
     if not (Path(path) / "tokenizer_config.json").exists():
         return eos_token_ids, pad_token_id, decode
-    from ascent.models.loading import load_tokenizer
 
     tok = load_tokenizer(path, trust_remote_code)
     eos_token_ids = eos_token_ids if eos_token_ids is not None else [tok.eos_token_id]
@@ -70,7 +70,7 @@ def _weights_source(model_path, model, dt, dev, share_weights, trust_remote_code
         sd = state_dict_of(model)
         can_share = all(t.dtype == dt and t.device == dev for t in sd.values())
         return model.config, sd, can_share if share_weights is None else (share_weights and can_share)
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # deferred: transformers, slow to import
 
     config = AutoConfig.from_pretrained(
         str(model_path), local_files_only=True, trust_remote_code=trust_remote_code
@@ -121,7 +121,6 @@ def build_fast_engine(
     (engine.py); `feed_prompt_tokens`: the longest new prompt fed through decode steps, not prefilled
     (engine.py; 0: always prefill); `unused` swallows options meant for other engines.
     """
-    from ascent.models.loading import resolve_device, torch_dtype
 
     cuda_graphs, compile, attention, sampler = _debug_overrides(cuda_graphs, compile, attention, sampler)
     dt, dev = torch_dtype(dtype), resolve_device(device)

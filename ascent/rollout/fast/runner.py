@@ -26,7 +26,7 @@ from ascent.rollout.sampling import SamplingTensors, sample, token_presence
 
 
 def _compile(fn: Callable) -> Callable:
-    import torch._dynamo
+    import torch._dynamo  # deferred: torch._dynamo, slow to import
 
     torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
     torch._dynamo.config.accumulated_recompile_limit = max(
@@ -79,7 +79,7 @@ class ModelRunner:
         """
         logits = self.logits(x, self.w.norm, self.w.lm_head)
         if self.sampler == "triton" and not (st.use_top_k_top_p or st.use_min_p or st.use_penalty):
-            from ascent.rollout.fast.triton_sample import triton_sample
+            from ascent.rollout.fast.triton_sample import triton_sample  # deferred: triton, optional
 
             return triton_sample(logits, st.temperature, st.seeds, steps, st.all_greedy)
         return self.sample(logits, st, steps, seen)
@@ -144,6 +144,7 @@ class ModelRunner:
 
         paged = self.paged_prefill and max(starts) > 0
         if paged:
+            # deferred: triton, optional
             from ascent.rollout.fast.triton_prefill import paged_prefill_attention
 
             starts32, lens32 = start_t.to(torch.int32), lens.to(device=dev, dtype=torch.int32)
@@ -171,6 +172,7 @@ class ModelRunner:
             k_all, v_all = self.cache.tensors()
             kc, vc = k_all[i], v_all[i]
             if self.attention == "triton":
+                # deferred: triton, optional
                 from ascent.rollout.fast.triton_decode import paged_decode_attention
 
                 return paged_decode_attention(q, kc, vc, bt, ctx, self.scale, (k, v), **self.attn_options)

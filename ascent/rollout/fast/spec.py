@@ -59,7 +59,7 @@ def _inv_freq(config: Any, spec: ModelSpec) -> tuple[Tensor, float]:
         theta = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
         dim = spec.head_dim
         return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)), 1.0
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # deferred: transformers, slow to import
 
     inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
     return inv_freq.float(), float(scaling)

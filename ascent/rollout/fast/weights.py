@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, overload
 
 import torch
@@ -328,9 +329,8 @@ def state_dict_of(model: torch.nn.Module) -> dict[str, Tensor]:
 
 def load_state_dict(path: str) -> dict[str, Tensor]:
     """Read every *.safetensors file of a local checkpoint directory onto the CPU."""
-    from pathlib import Path
 
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # deferred: safetensors, only when weights are read or written
 
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:

@@ -8,7 +8,8 @@ batching concurrent requests) -> the engine; back through `handlers` (chat and c
 family's parser in `tool_parsers`). `grammar` turns `response_format` and guided decoding into llguidance
 grammars the reference engine samples under. `recorder` keeps every sample token-exact per session for
 training (and hands each to a sink: `ascent serve --record`); `errors` gives every failure OpenAI's shape;
-`app` is the FastAPI wiring. FastAPI and uvicorn are imported only by this package.
+`app` is the FastAPI wiring; `options` holds `ServerOptions`. FastAPI and uvicorn are imported only by this
+package.
 
 The handlers talk to the engine through `front.Front`. With `ServerOptions.api_processes` > 1 they run in
 front-end processes (`frontend`, kept running by `pool`), which send token ids and sampling params over
@@ -16,9 +17,10 @@ front-end processes (`frontend`, kept running by `pool`), which send token ids a
 """
 
 from ascent.rollout.server.batcher import Batcher, BatchResult, EnginePaused, StreamingEngine
+from ascent.rollout.server.options import ServerOptions
 from ascent.rollout.server.prepare import Limits
 from ascent.rollout.server.recorder import CompletionRecord, Recorder
-from ascent.rollout.server.server import OpenAIServer, ServerOptions
+from ascent.rollout.server.server import OpenAIServer
 
 __all__ = [
     "BatchResult",

@@ -27,7 +27,7 @@ from ascent.rollout.server.threads import conversation_digests, last_assistant
 from ascent.rollout.server.tool_parsers import tool_parser
 
 if TYPE_CHECKING:
-    from ascent.rollout.server.server import ServerOptions
+    from ascent.rollout.server.options import ServerOptions
 
 
 class Front(ABC):

@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ascent.messages import GenerationRequest
+from ascent.rollout.server.app import build_app
 from ascent.rollout.server.batcher import BatchResult, TokenCallback
 from ascent.rollout.server.errors import APIError
 from ascent.rollout.server.front import Front, unavailable
 from ascent.rollout.server.ipc import Channel, error_from_wire, generation_from_wire, request_to_wire
+from ascent.rollout.server.options import ServerOptions, uvicorn_config
 from ascent.rollout.server.recorder import Endpoint
-from ascent.rollout.server.server import ServerOptions, uvicorn_config
 
 # the longest wait for an engine answer that comes at once (a stream's acceptance: beyond pause_timeout_s)
 RPC_TIMEOUT_S = 60.0
@@ -270,9 +271,7 @@ def run_frontend(spec: FrontendSpec) -> None:
 
     It ends with `os._exit`: nothing here needs cleaning up once uvicorn has shut down, and the interpreter's
     own teardown (torch, tokenizers) would take seconds."""
-    import uvicorn
-
-    from ascent.rollout.server.app import build_app
+    import uvicorn  # deferred: only a process that serves HTTP needs it
 
     os.setpgrp()
     for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn raises it again after its graceful shutdown

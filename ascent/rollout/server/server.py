@@ -26,46 +26,23 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 from ascent.messages import GenerationRequest
 from ascent.rollout.base import RolloutEngine
 from ascent.rollout.reference import ReferenceEngine
+from ascent.rollout.server.app import build_app
 from ascent.rollout.server.batcher import Batcher, BatchResult, EnginePaused, TokenCallback
 from ascent.rollout.server.front import Front, unavailable
+from ascent.rollout.server.frontend import FrontendSpec, hold_port
 from ascent.rollout.server.grammar import LLGuidanceConstraints
-from ascent.rollout.server.prepare import Limits
+from ascent.rollout.server.hub import EngineHub
+from ascent.rollout.server.options import ServerOptions, uvicorn_config
+from ascent.rollout.server.pool import FrontendPool
 from ascent.rollout.server.recorder import CompletionRecord, Endpoint, Recorder
 from ascent.rollout.server.threads import Threads
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ServerOptions:
-    """How the server answers. `api_key=None` accepts any caller (bind to localhost only: `ascent serve`
-    refuses anything else); `limits` holds the context length and sampling defaults; `api_processes` is the
-    number of HTTP front-end processes (1: the HTTP work runs in the engine's own process)."""
-
-    model_name: str
-    limits: Limits
-    api_key: str | None
-    max_batch_requests: int = 256
-    pause_timeout_s: float = 30.0  # how long a request waits for a weight update before a 503
-    retry_after_s: int = 5
-    max_records: int = 100_000
-    any_model: bool = False  # answer whatever model name a call asks for (a training run's own endpoint)
-    api_processes: int = 1
-    tool_parser: str = "auto"  # a name in tool_parsers.TOOL_PARSERS; auto: from the chat template's markers
-    constrained_decoding: bool = False  # set by OpenAIServer: its engine takes grammars (grammar.py)
-
-
-def uvicorn_config(app: Any, host: str, log_level: str) -> Any:
-    import uvicorn
-
-    return uvicorn.Config(app, host=host, log_level=log_level, timeout_graceful_shutdown=5,
-                          access_log=log_level == "debug")  # fmt: skip
 
 
 class OpenAIServer(Front):
@@ -80,8 +57,6 @@ class OpenAIServer(Front):
         recorder: Recorder | None = None,
         policy_version: int = 0,
     ) -> None:
-        from ascent.rollout.server.app import build_app
-
         if options.api_processes < 1:
             raise ValueError(f"api_processes={options.api_processes}: set it to 1 or more.")
         if isinstance(engine, ReferenceEngine):  # it samples under a grammar given a constraint factory
@@ -113,8 +88,6 @@ class OpenAIServer(Front):
     def _bind(self, host: str, port: int) -> socket.socket:
         """The listening socket (one process), or the bound one holding the port for the front ends."""
         if self.options.api_processes > 1:
-            from ascent.rollout.server.frontend import hold_port
-
             sock = hold_port(host, port)
         else:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -141,7 +114,7 @@ class OpenAIServer(Front):
         return self.url
 
     def _start_uvicorn(self, sock: socket.socket, host: str, port: int, log_level: str) -> None:
-        import uvicorn
+        import uvicorn  # deferred: only a process that serves HTTP needs it
 
         self._uvicorn = uvicorn.Server(uvicorn_config(self.app, host, log_level))
         self._thread = threading.Thread(
@@ -160,7 +133,7 @@ class OpenAIServer(Front):
         """Serve in the foreground until SIGINT/SIGTERM: uvicorn (or, with front-end processes, the caller's
         signal handler) stops it gracefully. `on_bound(url)` is called once the port is bound. Raises
         `pool.FrontendError` if the front-end processes cannot be started or kept running."""
-        import uvicorn
+        import uvicorn  # deferred: only a process that serves HTTP needs it
 
         sock = self._bind(host, port)
         if on_bound is not None:
@@ -180,9 +153,6 @@ class OpenAIServer(Front):
             self.batcher.close()
 
     def _start_frontends(self, sock: socket.socket, host: str, log_level: str) -> None:
-        from ascent.rollout.server.frontend import FrontendSpec
-        from ascent.rollout.server.hub import EngineHub
-        from ascent.rollout.server.pool import FrontendPool
 
         self._hub = EngineHub(self)
         self._hub.start()
