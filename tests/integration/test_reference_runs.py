@@ -7,7 +7,7 @@ endpoint (two calls), async at staleness 1, SFT, and the GRPO run killed with SI
 checkpoint and resumed (it must end as the uninterrupted GRPO run: its stored reference is the same file).
 
 What is exact and what is tolerant (reference_runs/README.md has the measurements):
-- exact, on any CPU: every episode's rows, prompt and sampled token ids, loss mask, turns, finish reason,
+- exact (discrete; the same on every CPU setting tried): every episode's rows, prompt and sampled token ids, loss mask, turns, finish reason,
   policy version and reward; the metric names of every step; the tensor names, shapes and dtypes.
 - within TOLERANCE: float rounding differs between vector ISAs (AVX-512, AVX2, none) and MKL code paths,
   so the final weights (a float64 digest per tensor: absolute, per element), the metrics, the sampler
@@ -20,6 +20,9 @@ No kind needed a tolerant comparison of its samples: on every setting tried, eve
 token ids, and a second run on one machine is the same run bit for bit. Re-record (`python -m
 tests.integration.reference_runs.record`) only for a deliberate change of behaviour, named in the commit;
 reference_runs/README.md says what to show where the order of random draws has to change.
+
+Cost: 9 CLI processes, about 55 s of CPU, run two at a time (about 35 s on two idle cores; 83 s measured on
+this shared machine at load 3).
 """
 
 from __future__ import annotations
