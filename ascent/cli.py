@@ -22,17 +22,16 @@ from typing import Annotated, Any, Literal
 import typer
 from pydantic import BaseModel
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
-from ascent.config import ConfigError, RunConfig, SFTConfig, dump_config, load_config
-from ascent.config.errors import show_value
-from ascent.config.explain import explain_sections
+from ascent.config import ConfigError, RunConfig, SFTConfig, load_config
+from ascent.entrypoints.config_show import config_show_command
 from ascent.entrypoints.doctor import doctor_command
 from ascent.entrypoints.episodes import episodes_command
 from ascent.entrypoints.serve import serve_command
 from ascent.entrypoints.studio import studio_command
 from ascent.errors import AscentError
+from ascent.plugins import add_plugin_root
 
 USER_ERROR_NAMES = {"AscentError", "ConfigError", "DataError"}  # caught by name too: no heavy imports
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -195,7 +194,7 @@ def require_model_path(cfg: RunConfig | SFTConfig) -> None:
         )
 
 
-def _sft_hint(config: str | None, overrides: list[str] | None, err: ConfigError) -> ConfigError:
+def sft_hint(config: str | None, overrides: list[str] | None, err: ConfigError) -> ConfigError:
     """Add `--sft` to the message when the failing run config is a valid SFT config."""
     try:
         load_for_command(config, overrides, SFTConfig)
@@ -289,29 +288,29 @@ def evaluate(
     env: Annotated[
         str | None, typer.Option(help="Play episodes of this environment (name or pkg.module:Class) instead.")
     ] = None,
-    max_turns: Annotated[int, typer.Option(min=1, help="With --env: most model turns per episode.")] = 4,
+    max_turns: Annotated[
+        int, typer.Option(min=1, help="With --env/--agent: most model turns per episode.")
+    ] = 4,
     max_episode_tokens: Annotated[
-        int, typer.Option(min=1, help="With --env: most response tokens per episode.")
+        int, typer.Option(min=1, help="With --env/--agent: most response tokens per episode.")
     ] = 512,
+    agent: Annotated[
+        str | None,
+        typer.Option(help="Play this agent (pkg.module:run, as rollout.agent) against the model instead."),
+    ] = None,
+    agent_timeout_s: Annotated[
+        float, typer.Option(min=0.001, help="With --agent: seconds one episode may take.")
+    ] = 300.0,
+    max_prompt_tokens: Annotated[
+        int,
+        typer.Option(min=1, help="With --agent: the endpoint's context is this plus --max-episode-tokens."),
+    ] = 1024,
 ) -> None:
-    """Score a checkpoint on a prompt dataset (accuracy and mean reward), or on an environment's episodes."""
+    """Score a checkpoint on a prompt dataset (accuracy and mean reward), an environment's episodes, or an agent's."""
     with ErrorGuard():
-        from ascent.entrypoints.evaluate import run_env_eval, run_eval
+        from ascent.entrypoints.evaluate import run_agent_eval, run_env_eval, run_eval
 
-        if env is not None:
-            metrics = run_env_eval(
-                model, data, env, max_turns=max_turns, max_episode_tokens=max_episode_tokens,
-                max_new_tokens=max_new_tokens, temperature=temperature, samples=samples, out=out,
-                max_prompts=max_prompts, device=device, engine=_choice("--engine", engine, ("reference", "fast")),
-                dtype=_choice("--dtype", dtype, ("fp32", "bf16", "fp16")),
-            )  # fmt: skip
-            for name, value in metrics.items():
-                typer.echo(f"{name}: {_fmt_metric(value)}")
-            return
-        metrics = run_eval(
-            model=model,
-            data=data,
-            reward=reward,
+        common: dict[str, Any] = dict(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             samples=samples,
@@ -320,12 +319,34 @@ def evaluate(
             device=device,
             engine=_choice("--engine", engine, ("reference", "fast")),
             dtype=_choice("--dtype", dtype, ("fp32", "bf16", "fp16")),
-            reward_timeout_s=reward_timeout_s,
-            progress=True,
         )
+        episodes: dict[str, Any] = dict(max_turns=max_turns, max_episode_tokens=max_episode_tokens)
+        if agent is not None:
+            metrics = run_agent_eval(
+                model,
+                data,
+                agent,
+                reward=reward,
+                max_prompt_tokens=max_prompt_tokens,
+                agent_timeout_s=agent_timeout_s,
+                reward_timeout_s=reward_timeout_s,
+                **episodes,
+                **common,
+            )
+        elif env is not None:
+            metrics = run_env_eval(model, data, env, **episodes, **common)
+        else:
+            metrics = run_eval(
+                model=model,
+                data=data,
+                reward=reward,
+                reward_timeout_s=reward_timeout_s,
+                progress=True,
+                **common,
+            )
         for name, value in (metrics or {}).items():
             typer.echo(f"{name}: {_fmt_metric(value)}")
-        if out:
+        if out and agent is None and env is None:
             typer.echo(f"responses written to {out}")
 
 
@@ -357,28 +378,7 @@ def debug_env(
             typer.echo(f"episodes written to {out}")
 
 
-@config_app.command("show")
-def config_show(
-    config: OptionalConfigArg = None,
-    overrides: OverridesArg = None,
-    explain: Annotated[
-        bool, typer.Option("--explain", help="Each field with its description and default.")
-    ] = False,
-    sft_config: Annotated[bool, typer.Option("--sft", help="Read it as an `ascent sft` config.")] = False,
-) -> None:
-    """Print the resolved config (file + overrides + defaults) as YAML, or explain every field."""
-    with ErrorGuard():
-        schema = SFTConfig if sft_config else RunConfig
-        try:
-            cfg = load_for_command(config, overrides, schema)
-        except ConfigError as err:
-            raise (err if sft_config else _sft_hint(config, overrides, err)) from None
-        if explain:
-            print_explain(cfg)
-        else:
-            typer.echo(dump_config(cfg), nl=False)
-
-
+config_app.command("show")(config_show_command)  # the body: ascent/entrypoints/config_show.py
 app.command("episodes")(episodes_command)  # the body: ascent/entrypoints/episodes.py
 app.command("serve")(serve_command)  # the body: ascent/entrypoints/serve.py
 app.command("studio")(studio_command)  # the body: ascent/entrypoints/studio.py
@@ -448,21 +448,6 @@ def _fmt_metric(value: Any) -> str:
     return str(value)
 
 
-def print_explain(cfg: BaseModel) -> None:
-    """One table per section: field, value (bold when it differs from the default), default, description."""
-    console = Console(highlight=False)
-    for section, rows in explain_sections(cfg).items():
-        table = Table(title=section, title_justify="left", title_style="bold", expand=False)
-        table.add_column("field", overflow="fold")
-        table.add_column("value", overflow="fold", max_width=32)
-        table.add_column("default", overflow="fold", max_width=32)
-        table.add_column("description", overflow="fold", ratio=1)
-        for row in rows:
-            value = Text(show_value(row.value), style="bold yellow" if row.changed else "")
-            table.add_row(Text(row.name), value, Text(show_value(row.default)), Text(row.description))
-        console.print(table)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console entry point (`ascent`, `python -m ascent`)."""
     # Registered first, so it runs last at exit, after the trackers', Ray's and the pools' handlers: the
@@ -470,6 +455,9 @@ def main(argv: list[str] | None = None) -> None:
     # to free memory the OS takes back anyway (~1 s of every command on a small CPU). Frozen objects are left
     # out of that collection; the process still releases everything when it ends.
     atexit.register(gc.freeze)
+    # Plug-ins named by import path (reward.fn=mypkg.rewards:score) resolve from the current directory, as
+    # under `python -m`, in this process and in every worker process the run starts (through PYTHONPATH).
+    add_plugin_root()
     app(args=argv, prog_name="ascent")
 
 

@@ -30,6 +30,7 @@ class SamplingParams:
     stop_strings: tuple[str, ...] = ()
     n: int = 1  # samples per request
     seed: int | None = None
+    grammar: str | None = None  # an llguidance grammar (JSON) the response follows; reference engine only
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Pure RL math for ascent: advantages, policy losses, loss aggregation, KL, entropy, filters, corrections.
 
-Imports only torch. Every registry is a plain dict (name -> function); `resolve(registry, name)` also accepts
-an import path `pkg.module:function` so users can plug in their own. See docs/algorithms.md for the table of
+Imports only torch. Every registry is a plain dict (name -> function); `ascent.plugins.resolve(registry, name,
+field)` also accepts an import path `pkg.module:function` so users can plug in their own. See docs/algorithms.md for the table of
 names and docs/contracts.md for the signatures.
 """
 
@@ -26,7 +26,7 @@ from ascent.algorithms.policy_losses import (
     reinforce_loss,
     sapo_loss,
 )
-from ascent.algorithms.registry import option_names, options_for, resolve
+from ascent.algorithms.registry import option_names, options_for
 from ascent.algorithms.returns import gae, reinforce_pp, reinforce_pp_baseline, remax
 from ascent.algorithms.value import value_clipfrac, value_loss
 
@@ -56,7 +56,6 @@ __all__ = [
     "remax",
     "option_names",
     "options_for",
-    "resolve",
     "rloo",
     "rollout_correction_weights",
     "sapo_loss",

@@ -2,7 +2,8 @@
 
 Each rule names the field, the value and the fix, in the style of the design:
 `rollout.samples_per_prompt=1: GRPO compares samples within a group; set it to 2 or more.`
-All broken rules are reported at once.
+All broken rules are reported at once. Settings that the rest of the config makes the run ignore are refused
+too (`ignored.py`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ascent.config.choices import GrpoAdvantage
+from ascent.config.ignored import ignored_run_settings, ignored_sft_settings
 
 if TYPE_CHECKING:
     from ascent.config.schema import RunConfig, SFTConfig
@@ -28,7 +30,7 @@ ENGINES = {"reference", "fast"}
 
 def check_run_config(cfg: RunConfig) -> None:
     """Raise ValueError listing every broken cross-field rule of `cfg` (nothing when all hold)."""
-    problems = _batch_rules(cfg) + _algorithm_rules(cfg)
+    problems = _batch_rules(cfg) + _algorithm_rules(cfg) + ignored_run_settings(cfg)
     if problems:
         raise ValueError("\n".join(problems))
 
@@ -71,6 +73,7 @@ def check_sft_config(cfg: SFTConfig) -> None:
             f"batch_size={cfg.batch_size}: each batch is split evenly over "
             f"cluster.num_trainer_workers={cfg.cluster.num_trainer_workers} ranks; make it a multiple of that."
         )
+    problems += ignored_sft_settings(cfg)
     if problems:
         raise ValueError("\n".join(problems))
 
@@ -118,6 +121,12 @@ def _transport_rules(cfg: RunConfig) -> list[str]:
         return [
             "cluster.weight_transport=cuda_ipc: CUDA IPC links Ray actors on GPUs (cluster.backend=ray, "
             "cluster.gpus_per_worker > 0); use broadcast or auto."
+        ]
+    if c.placement == "split":
+        return [
+            "cluster.weight_transport=cuda_ipc: CUDA IPC shares a trainer rank's GPU memory with the replica on "
+            "the same GPU, but cluster.placement=split gives the replicas GPUs of their own; use broadcast "
+            "(NCCL between GPUs) or auto."
         ]
     if c.num_rollout_workers != c.num_trainer_workers:
         return [

@@ -195,6 +195,16 @@ class TrainConfig(Section):
     schedule: Literal["constant", "cosine"] = Field("constant", description="LR schedule after warm-up.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of lr.")
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the gradient norm; null disables.")
+    step_on_zero_advantage: bool = Field(
+        False,
+        description="Take the optimizer step of a mini-batch whose advantages are all zero on its sampled "
+        "tokens (every group of equal reward). false: such a mini-batch has no gradient to follow, so it is "
+        "not stepped (AdamW momentum and weight decay would still move the weights): weights, optimizer and "
+        "the LR schedule stay (the schedule counts steps taken), train/skipped_steps counts it. It is still "
+        "stepped when algorithm.kl_loss_coef > 0 or algorithm.entropy_coef != 0 (those terms have a gradient "
+        "of their own). Set true for the old behaviour, or for a plug-in policy loss with a term that does "
+        "not scale with the advantage.",
+    )
     epochs_per_rollout: int = Field(1, gt=0, description="Passes over one iteration's trajectories.")
     trajectories_per_update: int = Field(
         64, gt=0, description="Trajectories per optimizer step (mini-batch)."

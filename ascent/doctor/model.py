@@ -11,6 +11,7 @@ from typing import Any
 from ascent.config.schema import RunConfig
 from ascent.doctor.memory import ModelShape
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
+from ascent.plugins import PluginError, load_plugin
 
 
 def load_hf_config(cfg: RunConfig) -> Any:
@@ -57,9 +58,12 @@ def check_model(cfg: RunConfig) -> tuple[CheckResult, ModelShape | None]:
             name, "model.path is not set", "point model.path at a local Hugging Face checkpoint."
         ), None
     path = Path(cfg.model.path).expanduser()
-    if not (path / "config.json").is_file():
-        return fail(name, f"model.path={cfg.model.path!r} has no config.json",
-                    "point model.path at the directory `save_pretrained` wrote."), None  # fmt: skip
+    missing = local_dir_problem(cfg.model.path, "model.path", ("config.json",))
+    if missing:
+        fix = (
+            "point model.path at the local directory `save_pretrained` (or `huggingface-cli download`) wrote."
+        )
+        return fail(name, missing, fix), None
     try:
         hf = load_hf_config(cfg)
         shape = model_shape(hf, count_params(hf))
@@ -74,6 +78,23 @@ def check_model(cfg: RunConfig) -> tuple[CheckResult, ModelShape | None]:
             name, detail + "; no weight files", "copy the *.safetensors files next to config.json."
         ), shape
     return ok(name, detail, params=shape.params, model_type=getattr(hf, "model_type", None)), shape
+
+
+def local_dir_problem(path: str, field: str, files: tuple[str, ...], any_of: bool = False) -> str | None:
+    """What is wrong with local checkpoint directory `path` (named by `field`) for holding `files` (all, or one
+    of them with `any_of`), or None. Checked before transformers sees the path: it would take a path that
+    does not exist for a hub id."""
+    p = Path(path).expanduser()
+    where = f"{field}={path!r}"
+    if not p.exists():
+        return f"{where}: no such directory (looked at {p.resolve()})"
+    if not p.is_dir():
+        return f"{where} is a file, not a checkpoint directory"
+    present = [f for f in files if (p / f).is_file()]
+    if (any_of and not present) or (not any_of and len(present) < len(files)):
+        lacking = " or ".join(files) if any_of else ", ".join(f for f in files if f not in present)
+        return f"{where} has no {lacking}"
+    return None
 
 
 def uses_chat(cfg: RunConfig) -> bool:
@@ -99,6 +120,12 @@ def check_tokenizer(cfg: RunConfig) -> CheckResult:
     path = cfg.model.tokenizer_path or cfg.model.path
     if not path:
         return skipped(name, "model.path is not set")
+    from ascent.models.loading import TOKENIZER_FILES  # deferred: it imports torch
+
+    field = "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path"
+    missing = local_dir_problem(path, field, TOKENIZER_FILES, any_of=True)
+    if missing:
+        return fail(name, missing, f"point {field} at the local directory `tokenizer.save_pretrained` wrote.")
     try:
         from transformers import AutoTokenizer
 
@@ -126,7 +153,7 @@ def check_engine_architecture(cfg: RunConfig) -> CheckResult:
     name = "fast engine architecture"
     if cfg.rollout.engine != "fast":
         return skipped(name, f"rollout.engine={cfg.rollout.engine}")
-    from ascent.rollout.fast.spec import STATIC_ROPE_TYPES, SUPPORTED_MODEL_TYPES, spec_from_config
+    from ascent.rollout.fast.spec import STATIC_ROPE_TYPES, spec_from_config, supported_model_types
 
     try:
         hf = load_hf_config(cfg)
@@ -140,7 +167,7 @@ def check_engine_architecture(cfg: RunConfig) -> CheckResult:
     if rope_type not in STATIC_ROPE_TYPES:
         return fail(name, f"rope type {rope_type!r} is not one the engine supports ({list(STATIC_ROPE_TYPES)})",
                     "set rollout.engine=reference for this model.")  # fmt: skip
-    return ok(name, f"{spec.model_type} is supported ({', '.join(SUPPORTED_MODEL_TYPES)})")
+    return ok(name, f"{spec.model_type} is supported ({', '.join(supported_model_types())})")
 
 
 def env_names(cfg: RunConfig) -> list[str]:
@@ -155,14 +182,11 @@ def env_names(cfg: RunConfig) -> list[str]:
 
 def renders(name: str) -> bool:
     """Whether environment `name` (registered or pkg.module:Class) sets `needs_rendering = True` on its class."""
-    import importlib
-
     from ascent.envs import ENVIRONMENTS, make_env
 
     factory: Any = ENVIRONMENTS.get(name)
     if factory is None and ":" in name:
-        module, _, attr = name.partition(":")
-        factory = getattr(importlib.import_module(module), attr)
+        factory = load_plugin(name, "rollout.env")
     if factory is None:
         return False
     target = factory if isinstance(factory, type) else make_env(name)
@@ -176,7 +200,11 @@ def rendering_envs(cfg: RunConfig) -> tuple[list[str], CheckResult | None]:
         try:
             if renders(name):
                 out.append(name)
-        except Exception as err:  # an import path that does not resolve: the run would fail the same way
+        except PluginError as err:  # an import path that does not resolve: the run would fail the same way
+            return out, fail(
+                "environment", str(err), "fix rollout.env (a registered name or pkg.module:Class)."
+            )
+        except Exception as err:  # the environment's constructor raised
             return out, fail("environment", f"env {name!r} does not load ({type(err).__name__}: {err})",
                              "fix rollout.env (a registered name or pkg.module:Class).")  # fmt: skip
     return out, None

@@ -98,8 +98,13 @@ def check_memory(m: MemoryInputs, est: Estimate, target: str) -> CheckResult:
     name = "memory per GPU"
     peak, phase = est.peak, est.peak_phase()
     text = f"estimated peak {gib(peak)} allocated ({phase})"
-    data = {"peak_bytes": peak, "peak_phase": phase, "needed_bytes": est.needed(), "kv_cache_bytes": est.kv_cache,
-            "phases": {p: dict(terms) for p, terms in est.phases.items()}}  # fmt: skip
+    data = {
+        "peak_bytes": peak,
+        "peak_phase": phase,
+        "needed_bytes": est.needed(),
+        "kv_cache_bytes": est.kv_cache,
+        "phases": {p: dict(terms) for p, terms in est.phases.items()},
+    }
     if (
         m.engine == "fast"
         and m.gpu_bytes
@@ -118,6 +123,51 @@ def check_memory(m: MemoryInputs, est: Estimate, target: str) -> CheckResult:
         )
     kv = f"; KV cache {gib(est.kv_cache)} ({est.kv_tokens:,} tokens)" if m.engine == "fast" else ""
     return ok(name, f"{text} of {target}{kv}", **data)
+
+
+PROCESS_RUNTIME = 1 << 30  # Python, torch and transformers in one worker process, before any tensor
+
+
+def host_bytes_needed(cfg: RunConfig, est: Estimate) -> tuple[int, str]:
+    """(bytes of RAM a CPU run needs on this machine, how it was counted): the estimate's peak phase (weights,
+    gradients, AdamW moments, activations; the engine's share) per trainer process, split engines' own
+    processes, offloaded optimizer state, and each process's runtime."""
+    c = cfg.cluster
+    trainers = c.num_trainer_workers if c.backend == "ray" else 1
+    split = c.backend == "ray" and c.placement == "split"
+    engine_phase = next((p for p in est.phases if p.startswith("rollout GPU")), None)
+    engines = c.num_rollout_workers if split and engine_phase else 0
+    trainer_peak = max(est.total(p) for p in est.phases if p != engine_phase)
+    total = trainers * trainer_peak + est.host_bytes + (trainers + engines) * PROCESS_RUNTIME
+    if engines and engine_phase:
+        total += engines * est.total(engine_phase)
+    how = f"{trainers} trainer process(es) x {gib(trainer_peak)} peak"
+    how += f" + {engines} engine process(es)" if engines else ""
+    return total, how + f" + {gib(PROCESS_RUNTIME)} runtime each"
+
+
+def check_host_memory(
+    cfg: RunConfig, m: MemoryInputs, est: Estimate, total: int, available: int
+) -> CheckResult:
+    """A run on CPU: its RAM (`host_bytes_needed`) against this machine's total and available memory."""
+    name = "host memory (CPU run)"
+    needed, how = host_bytes_needed(cfg, est)
+    text = f"estimated {gib(needed)} of RAM ({how})"
+    data = {
+        "needed_bytes": needed,
+        "total_bytes": total,
+        "available_bytes": available,
+        "phases": {p: dict(terms) for p, terms in est.phases.items()},
+    }
+    if not total:
+        return skipped(name, text + "; this machine's memory is unknown", **data)
+    fix = "; ".join(knobs(m, est)) or "use a smaller model"
+    if needed > total:
+        return fail(name, f"{text}; the machine has {gib(total)}", fix + ".", **data)
+    if needed > available:
+        free = f"{text}; {gib(available)} of {gib(total)} is free now"
+        return warn(name, free, f"stop other processes first, or {fix}.", **data)
+    return ok(name, f"{text} of {gib(total)} ({gib(available)} free)", **data)
 
 
 def checkpoint_bytes(cfg: RunConfig, shape: ModelShape) -> int:

@@ -1,5 +1,6 @@
-"""Run every doctor check of a config, in the order a user fixes things: machine, cluster, disk, trackers,
-model, memory. `run_checks` returns the results and the memory estimate (for the table and `--json`).
+"""Run every doctor check of a config, in the order a user fixes things: machine, cluster, trackers, data,
+model, disk, memory (per GPU, or this machine's RAM for a run on the CPU). `run_checks` returns the results
+and the memory estimate (for the table and `--json`).
 """
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ascent.config.schema import RunConfig
-from ascent.doctor import cluster, model, plan, system, tracking
+from ascent.doctor import cluster, data, model, plan, system, tracking
 from ascent.doctor.memory import GIB, Estimate, MemoryInputs
 from ascent.doctor.report import CheckResult, skipped
 
@@ -69,6 +70,7 @@ def run_checks(
     report.results += cluster.check_ray(cfg, facts.count)
     report.results.append(system.check_ports(list(ports or [])))
     report.results += tracking.check_trackers(cfg.tracking)
+    report.results += data.check_data(cfg)
     model_result, shape = model.check_model(cfg)
     report.results += [model_result, model.check_tokenizer(cfg), model.check_engine_architecture(cfg)]
     renderers, env_error = model.rendering_envs(cfg)
@@ -82,8 +84,11 @@ def run_checks(
     gpu_bytes, target = gpu_target(facts, gpu_memory_gib)
     if cfg.cluster.device == "cpu":
         gpu_bytes = 0  # a CPU run: no GPU size applies
-    report.inputs, report.estimate = plan.run_estimate(
-        cfg, shape, gpu_bytes, max(facts.count, 1 if gpu_bytes else 0)
-    )
-    report.results.append(plan.check_memory(report.inputs, report.estimate, target))
+    gpus = max(facts.count, 1 if gpu_bytes else 0)
+    report.inputs, report.estimate = plan.run_estimate(cfg, shape, gpu_bytes, gpus)
+    if plan.on_gpu(cfg, gpus) or gpu_memory_gib is not None:
+        report.results.append(plan.check_memory(report.inputs, report.estimate, target))
+    if not plan.on_gpu(cfg, gpus):  # the workers run on the CPU: the estimate is of this machine's RAM
+        total, available = system.host_memory()
+        report.results.append(plan.check_host_memory(cfg, report.inputs, report.estimate, total, available))
     return report

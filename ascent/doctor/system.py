@@ -1,4 +1,5 @@
-"""Doctor checks of the machine: Python, torch, CUDA and driver, GPU capability, NCCL, disk, ports, rendering.
+"""Doctor checks of the machine: Python, torch, CUDA and driver, GPU capability, NCCL, host memory, disk, ports,
+rendering.
 
 `gpu_facts()` queries the GPUs once (tests replace it); each `check_*` returns a `CheckResult` naming the fix.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import ctypes.util
 import errno
+import os
 import shutil
 import socket
 import subprocess
@@ -164,6 +166,21 @@ def check_nccl(facts: GpuFacts, gpus_needed: int, node_gpus_needed: int) -> Chec
                     "lower cluster.num_trainer_workers / num_rollout_workers, or join a Ray cluster "
                     "(cluster.backend=ray, cluster.address).")  # fmt: skip
     return ok("NCCL", f"NCCL {facts.nccl}, {facts.count} GPUs for {gpus_needed}", version=facts.nccl)
+
+
+def host_memory(meminfo: str = "/proc/meminfo") -> tuple[int, int]:
+    """(total, available) bytes of this machine's RAM; (0, 0) where neither /proc/meminfo nor sysconf says."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(meminfo).read_text().splitlines() if ":" in line)
+        total, available = (int(fields[k].split()[0]) * 1024 for k in ("MemTotal", "MemAvailable"))
+        return total, available
+    except (OSError, KeyError, ValueError):
+        pass
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return total, total
+    except (OSError, ValueError, AttributeError):
+        return 0, 0
 
 
 # ------------------------------------------------------------------------------------------- disk, ports

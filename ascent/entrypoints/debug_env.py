@@ -41,9 +41,12 @@ def run_debug_env(
     rows = load_rows(data)[:episodes]
     if any(env is None and row_env(r) is None for r in rows):
         raise AscentError(f"--env is not set and a row of {data} has no `env` column: name the environment.")
-    tok = load_tokenizer(model)
+    tok = load_tokenizer(model, field="--model")
     chat = ChatTokens(tok)
-    tasks = [Task(make_env(str(row_env(r) or env)), r, row_id=i) for i, r in enumerate(rows)]
+    tasks = [
+        Task(make_env(str(row_env(r) or env), "--env" if row_env(r) is None else f"row {i} env"), r, row_id=i)
+        for i, r in enumerate(rows)
+    ]
     engine: Any = build_engine("reference", model_path=model, device=resolve_device(device),
                                eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)  # fmt: skip
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)

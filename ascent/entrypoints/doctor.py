@@ -1,10 +1,11 @@
 """`ascent doctor [CONFIG] [key=value ...]`: check the machine, cluster, disk, trackers and model before a long
-run, and estimate the memory per GPU (`ascent.doctor`). Prints a table (or `--json`); exits 0 when nothing
+run, and estimate the memory per GPU (or the RAM of a CPU run) (`ascent.doctor`). Prints a table (or `--json`); exits 0 when nothing
 failed, 1 when a check failed, 2 for a bad config or option. `ascent.cli` registers `doctor_command`.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 import typer
@@ -49,6 +50,9 @@ def doctor_command(
         if bad:
             raise AscentError(f"--port {bad[0]}: not a TCP port; use 1-65535.")
         cfg = load_for_command(config, overrides, RunConfig)
+        os.environ.setdefault(
+            "HF_HUB_OFFLINE", "1"
+        )  # before transformers loads: the doctor never asks the hub
         from ascent.doctor import report as R
         from ascent.doctor.run import run_checks
 
@@ -68,7 +72,8 @@ def memory_table(result: Any) -> Any:
 
     est = result.estimate
     phases = list(est.phases)
-    table = Table(title="memory estimate per GPU (GiB allocated)", title_justify="left", title_style="bold")
+    where = "per GPU" if result.inputs and result.inputs.gpu_bytes else "per trainer process"
+    table = Table(title=f"memory estimate {where} (GiB allocated)", title_justify="left", title_style="bold")
     table.add_column("term")
     for p in phases:
         table.add_column(p, justify="right")

@@ -1,9 +1,12 @@
-"""`ascent eval`: score a checkpoint on a prompt dataset with a reward function (accuracy, mean reward).
+"""`ascent eval`: score a checkpoint on a prompt dataset with a reward function (accuracy, mean reward), on an
+environment's episodes (`--env`), or with an agent written against the OpenAI API (`--agent`).
 
 It runs the same pieces as validation inside `ascent train`: prompt rendering, the rollout engine, the
-reward runner. Greedy decoding by default, so two evaluations of one checkpoint agree. With `progress` (the
-CLI's case) the prompts go to the engine in about `PROGRESS_PARTS` parts of whole generation batches, each
-followed by a progress line (`ascent.tracking.Progress`), so a long evaluation is not silent.
+reward runner; environments in worker processes; for an agent, the endpoint and agent processes that
+`rollout.agent` trains through (`ascent.orchestrator.agents`), served from the evaluated checkpoint. Greedy
+decoding by default, so two evaluations of one checkpoint agree. With `progress` (the CLI's case) the prompts
+go to the engine in about `PROGRESS_PARTS` parts of whole generation batches, each followed by a progress
+line (`ascent.tracking.Progress`), so a long evaluation is not silent.
 """
 
 from __future__ import annotations
@@ -193,3 +196,92 @@ def run_env_eval(
         "episodes": float(n),
         "env_errors": float(sum("env_error" in e.metadata for e in episodes)),
     }
+
+
+def run_agent_eval(
+    model: str,
+    data: str,
+    agent: str,
+    *,
+    reward: str = "exact_match",
+    max_turns: int = 4,
+    max_episode_tokens: int = 512,
+    max_prompt_tokens: int = 1024,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    samples: int = 1,
+    out: str | None = None,
+    max_prompts: int | None = None,
+    device: str = "auto",
+    batch_size: int = 256,
+    engine: str = "reference",
+    dtype: str = "fp32",
+    agent_timeout_s: float = 300.0,
+    reward_timeout_s: float = 30.0,
+) -> dict[str, float]:
+    """Play `samples` episodes of the agent at `agent` (pkg.module:run) on every row of `data`, against an
+    endpoint served from the checkpoint at `model` as `rollout.agent` serves the policy (the endpoint's context:
+    `max_prompt_tokens + max_episode_tokens`); `reward` scores the last reply of an episode whose agent
+    returns None. Accuracy is the share of episodes with reward >= 1; an episode that failed counts as 0."""
+    from ascent.data import load_rows
+    from ascent.envs.openai_agents import AgentLoadError, load_agent
+    from ascent.models.loading import load_tokenizer, resolve_device
+    from ascent.orchestrator.agents import AgentService, AgentSetup, play_agent_groups, score_last_replies
+    from ascent.orchestrator.setup import agent_items, reward_executor
+    from ascent.rewards import RewardRunner
+    from ascent.rollout import build_engine
+
+    try:  # a bad --agent fails before anything heavy starts
+        load_agent(agent)
+    except AgentLoadError as err:
+        raise AgentLoadError(str(err).replace("rollout.agent", "--agent")) from err
+    tok = load_tokenizer(model)
+    rows = load_rows(data)[:max_prompts] if max_prompts else load_rows(data)
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    rewards = RewardRunner(reward, max_failure_rate=ALL_BUT_NONE, logger=log,
+                           executor=reward_executor("process", reward_timeout_s, None))  # fmt: skip
+    rollout = build_engine(engine, model_path=model, dtype=dtype, device=resolve_device(device),
+                           eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
+                           decode=decode, generation_batch_size=batch_size)  # fmt: skip
+    setup = AgentSetup(agent, agent_timeout_s, concurrency=32, workers=None, inline=False,
+                       max_prompt_tokens=max_prompt_tokens, max_episode_tokens=max_episode_tokens,
+                       max_new_tokens=max_new_tokens, max_turns=max_turns)  # fmt: skip
+    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples)
+    service = AgentService(setup, rollout.generate, params, tok)
+    try:
+        groups, unscored, stats = play_agent_groups(service, agent_items(rows), params, decode)
+        stats.require_calls()
+        score_last_replies(rewards, decode, groups, unscored)
+    finally:
+        service.close()
+        rewards.close()
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "w") as f:
+            f.writelines(json.dumps(_agent_record(e, decode)) + "\n" for g in groups for e in g)
+    return _agent_metrics(groups, stats)
+
+
+def _agent_metrics(groups: list[list[Any]], stats: Any) -> dict[str, float]:
+    """eval --env's metrics over the plays (`stats.sessions`: one that failed before any call counts as 0),
+    each play by its first segment (which holds its reward), and the plays' errors and truncations."""
+    firsts: dict[str, Any] = {}
+    for e in (e for g in groups for e in g):
+        firsts.setdefault(e.metadata["session"], e)
+    episodes, n = list(firsts.values()), stats.sessions
+    return {
+        "accuracy": sum(e.reward >= CORRECT_AT for e in episodes) / n,
+        "reward_mean": sum(e.reward for e in episodes) / n,
+        "turns_mean": sum(e.metadata.get("turns", 0) for e in episodes) / n,
+        "response_len_mean": sum(len(e.response_ids) for e in episodes) / n,
+        "episodes": float(n),
+        "agent_errors": float(stats.errors),
+        "agent_truncated": float(stats.truncated),
+    }
+
+
+def _agent_record(e: Any, decode: Any) -> dict[str, Any]:
+    from ascent.entrypoints.debug_env import record
+
+    return {**record(e, decode), "session": e.metadata["session"],
+            **({"truncated": e.metadata["truncated"]} if "truncated" in e.metadata else {})}  # fmt: skip

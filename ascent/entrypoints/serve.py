@@ -4,7 +4,9 @@ It loads the checkpoint into the fast engine on a GPU or the reference engine on
 wraps it in an `OpenAIServer` (its HTTP work in `--api-processes` front-end processes) and serves `/v1/chat/completions`, `/v1/completions`, `/v1/models` and
 `/health` until SIGTERM or Ctrl-C (exit 143 / 130 after a graceful shutdown). An API key is required
 (`--api-key` or ASCENT_API_KEY) unless `--no-api-key` is given, which is allowed only on a loopback
-address. `ascent.cli` registers `serve_command` as the command; heavy imports wait until it runs.
+address. `--record DIR` writes every returned sample to the experience store `DIR/experience.db`
+(`serve_record.py`); `--tool-parser` names the format replies' tool calls are read in (default: from the
+chat template). `ascent.cli` registers `serve_command` as the command; heavy imports wait until it runs.
 """
 
 from __future__ import annotations
@@ -78,6 +80,22 @@ def serve_command(
     log_level: Annotated[
         str, typer.Option(help="uvicorn's log level: debug, info, warning, error.")
     ] = "info",
+    record: Annotated[
+        str | None,
+        typer.Option(
+            help="Write every returned sample to DIR/experience.db (status served), which `ascent episodes "
+            "DIR` and the studio read.",
+            metavar="DIR",
+            show_default=False,
+        ),
+    ] = None,
+    tool_parser: Annotated[
+        str,
+        typer.Option(
+            help="How replies' tool calls are read: auto (from the chat template), hermes (Qwen's "
+            "<tool_call>), llama3_json or mistral."
+        ),
+    ] = "auto",
     api_processes: Annotated[
         str,
         typer.Option(
@@ -93,6 +111,7 @@ def serve_command(
     Example: ascent serve --model models/Qwen2.5-0.5B-Instruct --port 8000 --api-key secret
     """
     from ascent.cli import ErrorGuard  # here: ascent.cli imports this module
+    from ascent.rollout.server.tool_parsers import TOOL_PARSERS  # here: it imports torch
 
     with ErrorGuard():
         settings = ServeSettings(
@@ -101,17 +120,22 @@ def serve_command(
             max_batch_size=max_batch_size, max_model_len=max_model_len, gpu_memory_fraction=gpu_memory_fraction,
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
             pause_timeout=pause_timeout, trust_remote_code=trust_remote_code,
-            api_processes=parse_api_processes(api_processes),
+            api_processes=parse_api_processes(api_processes), record=record,
+            tool_parser=_choose("--tool-parser", tool_parser, ("auto", *TOOL_PARSERS)),
         )  # fmt: skip
+        server = build_server(settings)
+        sink = attach_record(server, settings)
         previous = {s: signal.signal(s, _raise_stopped) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            serve(build_server(settings), host, port, log_level)
+            serve(server, host, port, log_level)
         except _Stopped as stop:
             typer.echo(f"ascent serve: stopped by {stop}.", err=True)
             raise typer.Exit(128 + stop.signum) from None
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if sink is not None:
+                sink.close()
 
 
 def serve(server: Any, host: str, port: int, log_level: str) -> None:
@@ -200,6 +224,8 @@ class ServeSettings:
     pause_timeout: float = 30.0
     trust_remote_code: bool = False
     api_processes: int | None = None  # HTTP front-end processes; None: auto_api_processes
+    record: str | None = None  # a directory for the experience store of what is served
+    tool_parser: str = "auto"
 
 
 def build_server(s: ServeSettings) -> Any:
@@ -224,8 +250,19 @@ def build_server(s: ServeSettings) -> Any:
     api_processes = s.api_processes or auto_api_processes(dev.type)
     options = ServerOptions(s.served_model_name or Path(s.model).resolve().name, limits, s.api_key,
                             max_batch_requests=s.max_batch_size, pause_timeout_s=s.pause_timeout,
-                            api_processes=api_processes)  # fmt: skip
+                            api_processes=api_processes, tool_parser=s.tool_parser)  # fmt: skip
     return OpenAIServer(build_engine(name, **kwargs), tokenizer, options)
+
+
+def attach_record(server: Any, s: ServeSettings) -> Any:
+    """With --record: a RecordSink on the server's recorder (close it after serving); else None."""
+    if s.record is None:
+        return None
+    from ascent.entrypoints.serve_record import RecordSink
+
+    sink = RecordSink(s.record, s.model, lambda ids: server.decode(list(ids)))
+    server.recorder.sink = sink
+    return sink
 
 
 def model_limits(model: str, max_model_len: int | None, trust_remote_code: bool = False) -> tuple[int, int]:

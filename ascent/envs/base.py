@@ -12,12 +12,11 @@ runner passes it to the chat template, which describes the tools to the model (`
 `ENVIRONMENTS` maps names to factories (`guess_number`, `python_math`, and the tasks of `ascent.envs.tasks`:
 `text_to_sql`, `search_qa`); `make_env(name)` also takes an import path `pkg.module:Class`. A row names its
 own environment with an `env` column (or SkyRL's `env_class`: `ascent.envs.rows.row_env`).
-Only `ascent.errors` is imported from ascent (design: envs import only messages and errors).
+Only `ascent.errors` and the plug-in loader `ascent.plugins` (a leaf like errors) are imported from ascent.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any, Protocol
 
 from ascent.envs.rows import RowFieldError, row_answer, row_field
 from ascent.errors import AscentError
+from ascent.plugins import PluginError, load_plugin
 
 Message = Mapping[str, str]  # {"role": "user" | "tool" | ..., "content": "..."}
 
@@ -101,8 +101,7 @@ def _lazy(import_path: str) -> Callable[[], Environment]:
     such as pydantic for tools, load only when asked for)."""
 
     def factory() -> Environment:
-        module, _, attr = import_path.partition(":")
-        made: Environment = getattr(importlib.import_module(module), attr)()
+        made: Environment = load_plugin(import_path, "rollout.env")()
         return made
 
     return factory
@@ -120,20 +119,18 @@ class EnvNotFoundError(AscentError):
     """An environment name or import path that does not resolve."""
 
 
-def make_env(name_or_import_path: str) -> Environment:
-    """A fresh environment: a registered name, or `pkg.module:Class` (any zero-argument callable)."""
+def make_env(name_or_import_path: str, field: str = "rollout.env") -> Environment:
+    """A fresh environment: a registered name, or `pkg.module:Class` (any zero-argument callable); `field`
+    names the setting in errors."""
     factory = ENVIRONMENTS.get(name_or_import_path)
     if factory is None:
         if ":" not in name_or_import_path:
             raise EnvNotFoundError(
-                f"env {name_or_import_path!r} is not registered; choose one of {', '.join(sorted(ENVIRONMENTS))} "
-                "or give an import path `pkg.module:Class`."
+                f"{field}={name_or_import_path!r} is not registered; choose one of "
+                f"{', '.join(sorted(ENVIRONMENTS))} or give an import path `pkg.module:Class`."
             )
-        module, _, attr = name_or_import_path.partition(":")
         try:
-            factory = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise EnvNotFoundError(
-                f"env {name_or_import_path!r}: cannot load it ({type(e).__name__}: {e})."
-            ) from e
+            factory = load_plugin(name_or_import_path, field)
+        except PluginError as err:
+            raise EnvNotFoundError(str(err)) from err
     return factory()

@@ -1,7 +1,8 @@
 """Models: load Hugging Face checkpoints and tokenizers, and write the tiny test checkpoint.
 
 `load_model` / `load_tokenizer` read local directories only; `make_tiny_checkpoint` writes a small Qwen2
-checkpoint that tests and the demo load through the same path.
+checkpoint that tests and the demo load through the same path. `families/` is the model-family registry:
+per `model_type`, the classes that load it, the fast engine implementation and the weight-name mapping.
 """
 
 from ascent.models.loading import load_model, load_tokenizer, resolve_device, torch_dtype

@@ -4,12 +4,14 @@ Every worker that holds weights (policy trainer, reference scorer, rollout engin
 device and dtype names, the pad-token fallback and the "checkpoint not found" errors behave the same
 everywhere. Nothing here ever reaches a model hub: paths are local directories, loaded with
 `local_files_only=True`. `transformers` is imported inside the functions to keep `import ascent.models`
-cheap.
+cheap. Which classes load a checkpoint is its model family's choice (`ascent.models.families`); a
+`model_type` without a family loads as a plain causal LM with an auto tokenizer.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import warnings
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 
 from ascent.errors import AscentError
+from ascent.models.families import CAUSAL_LM, FAMILIES, Family, resolve_class
 from ascent.models.files import damaged_weight_file
 
 logger = logging.getLogger(__name__)
@@ -71,42 +74,50 @@ def check_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
         )
 
 
-def _check_checkpoint_dir(path: str | Path, what: str) -> Path:
-    """Return `path` as a Path, or raise naming the path, what is missing and how to fix it."""
+def _check_checkpoint_dir(path: str | Path, what: str, field: str = "model.path") -> Path:
+    """Return `path` as a Path, or raise naming the setting `field`, the path, what is missing and the fix."""
     p = Path(path).expanduser()
     if not str(path):
-        raise ModelLoadError(
-            f"model.path is empty: set model.path=<local directory of a Hugging Face {what}>."
-        )
+        raise ModelLoadError(f"{field} is empty: set {field}=<local directory of a Hugging Face {what}>.")
     if not p.is_dir():
+        holding = "the tokenizer files" if what == "tokenizer" else "config.json and the weights"
         raise ModelLoadError(
-            f"model.path={str(path)!r}: no such directory. ascent loads {what}s from local directories only "
-            "(no hub downloads); point model.path at a directory holding config.json and the weights "
-            "(e.g. one written by `huggingface-cli download` or `save_pretrained`)."
+            f"{field}={str(path)!r}: no such directory. ascent loads {what}s from local directories only "
+            f"(no hub downloads); point {field} at a directory holding {holding} (e.g. one written by "
+            "`huggingface-cli download` or `save_pretrained`)."
         )
     return p
 
 
-def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
-    """Load the tokenizer in directory `path`; fall back to EOS as the pad token (with a warning).
+def family_of_dir(path: Path) -> Family:
+    """The family of the checkpoint in `path` by its config.json's model_type; CAUSAL_LM when it has none
+    (no config.json, as a bare tokenizer directory, or a model_type no family covers)."""
+    try:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return CAUSAL_LM
+    return FAMILIES.get(model_type, CAUSAL_LM)
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False, field: str = "model.path") -> Any:
+    """Load the tokenizer in directory `path`; fall back to EOS as the pad token (with a warning). `field` is
+    the setting that named `path` (`model.tokenizer_path` when it is set), for errors.
 
     Raises ValueError when the tokenizer defines neither a pad nor an EOS token.
     """
-    from transformers import AutoTokenizer
-
-    p = _check_checkpoint_dir(path, "tokenizer")
+    p = _check_checkpoint_dir(path, "tokenizer", field)
     if not any((p / name).is_file() for name in TOKENIZER_FILES):
         raise ModelLoadError(
-            f"model.tokenizer_path={str(path)!r} holds no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...); "
+            f"{field}={str(path)!r} holds no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...); "
             "point model.tokenizer_path (or model.path) at the directory `tokenizer.save_pretrained` wrote."
         )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
+        tokenizer = resolve_class(family_of_dir(p).tokenizer_class).from_pretrained(
             str(p), local_files_only=True, trust_remote_code=trust_remote_code
         )
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ModelLoadError(
-            f"model.tokenizer_path={str(path)!r}: the tokenizer does not load ({type(err).__name__}: {err}); "
+            f"{field}={str(path)!r}: the tokenizer does not load ({type(err).__name__}: {err}); "
             "check its tokenizer files (or copy them again from the original checkpoint)."
         ) from err
     if tokenizer.pad_token is None:
@@ -141,9 +152,8 @@ def load_model(
     gradient_checkpointing: bool = False,
     trust_remote_code: bool = False,
 ) -> Any:
-    """Load the causal LM in directory `path` with SDPA attention, in `dtype`, on `device` (eval mode)."""
-    from transformers import AutoModelForCausalLM
-
+    """Load the model in directory `path` (its family's trainer class; a causal LM unless the family says
+    otherwise) with SDPA attention, in `dtype`, on `device` (eval mode)."""
     p = _check_checkpoint_dir(path, "checkpoint")
     if not (p / "config.json").is_file():
         raise ModelLoadError(
@@ -159,7 +169,7 @@ def load_model(
             "interrupted copy or save?). Copy the checkpoint again."
         )
     try:
-        model: Any = AutoModelForCausalLM.from_pretrained(
+        model: Any = resolve_class(family_of_dir(p).trainer_class).from_pretrained(
             str(p),
             dtype=dt,
             local_files_only=True,

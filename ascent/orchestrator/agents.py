@@ -1,19 +1,9 @@
-"""Training an agent through the run's own OpenAI-compatible endpoint (`rollout.agent`).
+"""Training an agent through the run's own OpenAI-compatible endpoint (`rollout.agent`; `ascent eval --agent`).
 
 The run serves its policy (`AgentService`: an `OpenAIServer` whose engine is the rollout replicas, started on
 first use on a free localhost port with a random key) and plays the user's agent on every row,
-`samples_per_prompt` times, in agent processes (`ascent.envs.openai_agents`); each play is a session. What
-the server generated for a session is recorded token-exact (prompt ids, sampled ids, sampler logprobs,
-policy versions, when each call started and ended), and `segments` assembles the episode from those records
-alone, nothing re-tokenized: a call whose prompt extends the ids of an earlier call (its prompt and reply)
-continues that call's episode, the ids between them are the observation (loss mask 0). Calls are matched in
-the order they started, each to the longest earlier call it extends, so the assembly does not depend on
-the order calls completed in (an agent that runs calls in parallel, with asyncio.gather or a sub-agent, sees
-short ones finish first). A call that extends none, or a second call continuing the same call (a branch),
-starts a new segment, trained as an episode of its own with the same reward: `agent/parallel_segments`
-counts those that started while another call of the episode was running (parallel calls),
-`agent/rewritten_segments` the others (the agent rewrote its history). The server makes echoed replies
-continue their exact ids (`threads.py`), so an agent loop that appends to its messages gives one segment.
+`samples_per_prompt` times, in agent processes (`ascent.envs.openai_agents`); each play is a session, whose
+recorded calls `agent_segments.py` assembles into episodes.
 
 The replicas sample as the run is configured, whatever a call asks: temperature, top_p, top_k, min_p and
 the repetition penalty are the run's, `max_tokens` is capped at `rollout.max_new_tokens` (the trainer's
@@ -21,6 +11,13 @@ logprobs and the importance correction assume the run's sampling). An episode is
 calls or `rollout.max_episode_tokens` response tokens. Rewards come from `run` or, when it returns None,
 from the reward function on the last reply; an agent that fails costs its episodes (reward 0, counted in
 `env/errors` and bounded by `reward.max_failure_rate`).
+
+An episode that outgrows its budget ends as truncated, as the environment path's do: the endpoint refuses a
+call past `data.max_prompt_tokens + rollout.max_episode_tokens` with OpenAI's 400 `context_length_exceeded`,
+the agent process notes it (whatever the agent then does), and the session's episodes finish "length" (in
+`rollout/truncated_frac`, masked by `algorithm.mask_truncated`), reward 0 when the agent raised on it, never
+an agent failure; `agent/truncated` counts them. A batch in which no episode made a call stops the run with
+a sentence naming the fix: there is nothing to train on, whatever `reward.max_failure_rate` allows.
 """
 
 from __future__ import annotations
@@ -29,41 +26,73 @@ import itertools
 import logging
 import secrets
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 from ascent.cluster.isolated import InlineRunner, IsolatedRunner, default_workers
 from ascent.envs.openai_agents import AgentJob, AgentResult, AgentSpec, play
 from ascent.errors import AscentError
 from ascent.messages import Episode, Generation, GenerationRequest, Group, SamplingParams
 from ascent.orchestrator import batch as B
+from ascent.orchestrator.agent_segments import Segment, segment_episode, segments
 from ascent.orchestrator.episodes import EnvFailureError
 from ascent.orchestrator.workers import RolloutWorker
 from ascent.rollout.server import CompletionRecord, Limits, OpenAIServer, ServerOptions
 
 MODEL_NAME = "policy"
+PROCESS_GRACE_S = 10.0  # an agent process's kill, past rollout.agent_timeout_s (the watchdog acts first)
 log = logging.getLogger("ascent")
+Generate = Callable[[list[GenerationRequest]], list[list[Generation]]]
 
 
 class AgentCallError(AscentError):
-    """The agent never called the run's endpoint, so there is nothing to train on."""
+    """No agent episode of a batch called the run's endpoint, so there is nothing to train on."""
+
+
+@dataclass(frozen=True)
+class AgentSetup:
+    """What the endpoint and the agent processes are built from (`rollout.*`, or `ascent eval --agent`)."""
+
+    agent: str
+    timeout_s: float
+    concurrency: int
+    workers: int | None
+    inline: bool
+    max_prompt_tokens: int
+    max_episode_tokens: int
+    max_new_tokens: int
+    max_turns: int
+
+    @classmethod
+    def of(cls, cfg: Any) -> AgentSetup:
+        r = cfg.rollout
+        return cls(r.agent, r.agent_timeout_s, r.agent_concurrency, r.env_workers, r.env_isolation == "inline",
+                   cfg.data.max_prompt_tokens, r.max_episode_tokens, r.max_new_tokens, r.max_turns)  # fmt: skip
+
+
+def replica_generate(rollout: Any) -> Generate:
+    """The rollout replicas (a worker group) as one `generate`: the requests spread over them."""
+
+    def generate(requests: list[GenerationRequest]) -> list[list[Generation]]:
+        shards = B.shard(requests, rollout.num_workers)
+        return [g for r in rollout.call_split(RolloutWorker.generate, shards) for g in r.generations]
+
+    return generate
 
 
 class ReplicaEngine:
-    """The rollout replicas as the server's engine: a call's requests spread over them, sampled with the
-    run's parameters (`params`, set by the collector: training or validation)."""
+    """`generate` as the server's engine: a call's requests sampled with the run's parameters (`params`, set
+    by the collector: training or validation)."""
 
-    def __init__(self, rollout: Any, params: SamplingParams) -> None:
-        self.rollout, self.params = rollout, params
+    def __init__(self, generate: Generate, params: SamplingParams) -> None:
+        self._generate, self.params = generate, params
 
     def generate(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
-        requests = [
-            replace(r, params=self._run_params(r.params), request_id=i) for i, r in enumerate(requests)
-        ]
-        shards = B.shard(requests, self.rollout.num_workers)
-        return [g for r in self.rollout.call_split(RolloutWorker.generate, shards) for g in r.generations]
+        return self._generate(
+            [replace(r, params=self._run_params(r.params), request_id=i) for i, r in enumerate(requests)]
+        )
 
     def _run_params(self, asked: SamplingParams) -> SamplingParams:
         run = self.params
@@ -81,20 +110,22 @@ class ReplicaEngine:
 class AgentService:
     """The endpoint and the agent processes of a run (see the module docstring); `close()` stops both."""
 
-    def __init__(self, cfg: Any, rollout: Any, tokenizer: Any) -> None:
-        r = cfg.rollout
-        self.engine = ReplicaEngine(rollout, B.sampling_params(r))
-        limits = Limits(cfg.data.max_prompt_tokens + r.max_episode_tokens, len(tokenizer), r.max_new_tokens)
+    def __init__(self, setup: AgentSetup, generate: Generate, params: SamplingParams, tokenizer: Any) -> None:
+        self.setup = setup
+        self.engine = ReplicaEngine(generate, params)
+        limits = Limits(
+            setup.max_prompt_tokens + setup.max_episode_tokens, len(tokenizer), setup.max_new_tokens
+        )
         key = secrets.token_urlsafe(16)
         options = ServerOptions(MODEL_NAME, limits, key, max_batch_requests=1024, any_model=True)
         self.server = OpenAIServer(self.engine, tokenizer, options)
         url = self.server.start("127.0.0.1", 0)
-        self.spec = AgentSpec(r.agent, url, key, MODEL_NAME, r.agent_timeout_s)
-        self.concurrency, self.inline = r.agent_concurrency, r.env_isolation == "inline"
-        self.workers = default_workers(r.env_workers)
+        self.spec = AgentSpec(setup.agent, url, key, MODEL_NAME, setup.timeout_s)
+        self.workers = default_workers(setup.workers)
+        preload = ["openai", setup.agent.partition(":")[0]]
         self.runner: InlineRunner | IsolatedRunner = (
-            InlineRunner() if self.inline
-            else IsolatedRunner(self.workers, r.agent_timeout_s + 60, preload=[r.agent.partition(":")[0]])
+            InlineRunner() if setup.inline
+            else IsolatedRunner(self.workers, setup.timeout_s + PROCESS_GRACE_S, preload=preload)
         )  # fmt: skip
         self._sessions = itertools.count()
         self._lock = threading.Lock()
@@ -123,7 +154,7 @@ class AgentService:
         return [pairs[i * n : (i + 1) * n] for i in range(len(rows))]
 
     def _chunked(self, jobs: list[AgentJob]) -> tuple[list[list[AgentJob]], list[Any]]:
-        count = max(1, min(len(jobs), max(self.workers, -(-len(jobs) // self.concurrency))))
+        count = max(1, min(len(jobs), max(self.workers, -(-len(jobs) // self.setup.concurrency))))
         chunks = [c for c in B.shard(jobs, count) if c]
         return chunks, self.runner.each(partial(play, self.spec), chunks)
 
@@ -135,85 +166,14 @@ class AgentService:
         self.server.stop()
 
 
-SegmentStart = Literal["first", "parallel", "rewritten"]
-
-
-@dataclass(frozen=True)
-class Segment:
-    """Calls of one session whose ids extend each other, oldest first; `start` says why it is a segment of its
-    own: the session's first call, a call made while another was running, or a rewritten history."""
-
-    records: tuple[CompletionRecord, ...]
-    start: SegmentStart = "first"
-
-
-def segments(records: Sequence[CompletionRecord]) -> list[Segment]:
-    """A session's calls, in any order -> its segments (see the module doc). Calls are taken in the order they
-    started (ties: as given); each continues the segment of the longest earlier call whose ids its prompt
-    starts with, when that call ends its segment, and starts a new segment otherwise."""
-    ordered = sorted(records, key=lambda r: r.started)
-    out: list[Segment] = []
-    tips: dict[int, int] = {}  # the call (position in `ordered`) that ends a segment -> that segment
-    for k, rec in enumerate(ordered):
-        parents = [j for j in range(k) if _extends(rec.prompt_ids, _ids(ordered[j]))]
-        parent = max(parents, key=lambda j: len(_ids(ordered[j])), default=None)
-        if parent is not None and parent in tips:
-            seg = tips.pop(parent)
-            out[seg] = replace(out[seg], records=(*out[seg].records, rec))
-        else:
-            seg = len(out)
-            out.append(Segment((rec,), _why_new(rec, ordered[:k])))
-        tips[k] = seg
-    return out
-
-
-def _why_new(rec: CompletionRecord, earlier: Sequence[CompletionRecord]) -> SegmentStart:
-    """Why `rec` starts a segment: the first call, one made while an earlier-started call still ran, or not."""
-    if not earlier:
-        return "first"
-    return "parallel" if any(e.created > rec.started for e in earlier) else "rewritten"
-
-
-def _ids(rec: CompletionRecord) -> list[int]:
-    return [*rec.prompt_ids, *rec.response_ids]
-
-
-def _extends(prompt: list[int], ids: list[int]) -> bool:
-    return len(prompt) > len(ids) and prompt[: len(ids)] == ids
-
-
-def segment_episode(seg: Segment, row_id: int, max_turns: int, max_tokens: int, decode: Any) -> Episode:
-    """One segment as an episode: the first call's prompt, then model turns (mask 1, the sampler's logprobs
-    and versions) and the ids between them (mask 0), cut at `max_turns` calls / `max_tokens` response tokens."""
-    first = seg.records[0]
-    ids, mask, lps, versions = [], [], [], []  # type: ignore[var-annotated]
-    finish, turns = first.finish_reason, 0
-    for rec in seg.records:
-        obs = rec.prompt_ids[len(first.prompt_ids) + len(ids) :]
-        if turns == max_turns or len(ids) + len(obs) + len(rec.response_ids) > max_tokens:
-            finish = "length"
-            break
-        sampled = rec.token_versions or [rec.policy_version] * len(rec.response_ids)
-        ids += obs + rec.response_ids
-        mask += [0] * len(obs) + [1] * len(rec.response_ids)
-        lps += [0.0] * len(obs) + rec.logprobs
-        versions += [versions[-1] if versions else rec.policy_version] * len(obs) + sampled
-        finish, turns = rec.finish_reason, turns + 1
-    return Episode(prompt_ids=list(first.prompt_ids), response_ids=ids, sampler_logprobs=lps, loss_mask=mask,
-                   finish_reason=finish, row_id=row_id, policy_version=min(versions, default=0),
-                   token_versions=versions, response_text=decode(ids),
-                   metadata={"turns": turns, "final_text": seg.records[turns - 1].response_text})  # fmt: skip
-
-
-def collect_agent_groups(
-    ctx: Any, items: Sequence[Any], params: SamplingParams
-) -> tuple[list[Group], AgentStats]:
-    """`params.n` plays of the agent on every item -> one group per item with any recorded call, in order,
-    rewards set (the agent's, or the reward function's on the last reply); and the plays' counts."""
-    r, stats = ctx.cfg.rollout, AgentStats()
-    if ctx.agents is None:
-        ctx.agents = AgentService(ctx.cfg, ctx.rollout, ctx.data.tokenizer)
-    played = ctx.agents.play([it.metadata for it in items], params.n, params)
+def play_agent_groups(
+    service: AgentService, items: Sequence[Any], params: SamplingParams, decode: Any
+) -> tuple[list[list[Episode]], list[tuple[int, int]], AgentStats]:
+    """`params.n` plays of the agent on every item -> per item with any recorded call, its episodes (rewards
+    set from the agent; failed ones finish "abort", budget-truncated ones "length"); where the episodes whose
+    agent returned None sit (group, index: the reward function scores their last reply); the plays' counts."""
+    setup, stats = service.setup, AgentStats()
+    played = service.play([it.metadata for it in items], params.n, params)
     groups: list[list[Episode]] = []
     unscored: list[tuple[int, int]] = []
     for item, pairs in zip(items, played, strict=True):
@@ -221,34 +181,54 @@ def collect_agent_groups(
         for job, result in pairs:
             if result.error is not None:
                 log.warning("agent episode %s (row %d) failed: %s", job.session, item.row_id, result.error)
-            segs = segments(ctx.agents.take(job.session))
+            segs = segments(service.take(job.session))
             stats.add(segs, result)
             for seg in segs:
-                e = segment_episode(seg, item.row_id, r.max_turns, r.max_episode_tokens, ctx.decode)
+                e = segment_episode(seg, item.row_id, setup.max_turns, setup.max_episode_tokens, decode)
                 e = replace(e, metadata={**item.metadata, **e.metadata, "session": job.session,
                                          "segments": len(segs)})  # fmt: skip
                 if result.error is not None:
                     e = replace(e, finish_reason="abort", metadata={**e.metadata, "env_error": result.error})
-                elif result.reward is None:
+                elif result.truncated is not None:
+                    e = replace(
+                        e, finish_reason="length", metadata={**e.metadata, "truncated": result.truncated}
+                    )
+                if result.error is None and result.reward is None:
                     unscored.append((len(groups), len(episodes)))
                 episodes.append(replace(e, reward=result.reward or 0.0))
         if episodes:
             groups.append(episodes)
-    _score_last_replies(ctx, groups, unscored)
+    return groups, unscored, stats
+
+
+def collect_agent_groups(
+    ctx: Any, items: Sequence[Any], params: SamplingParams
+) -> tuple[list[Group], AgentStats]:
+    """`params.n` plays of the agent on every item -> one group per item with any recorded call, in order,
+    rewards set (the agent's, or the reward function's on the last reply); and the plays' counts."""
+    if ctx.agents is None:
+        ctx.agents = AgentService(AgentSetup.of(ctx.cfg), replica_generate(ctx.rollout),
+                                  B.sampling_params(ctx.cfg.rollout), ctx.data.tokenizer)  # fmt: skip
+    groups, unscored, stats = play_agent_groups(ctx.agents, items, params, ctx.decode)
+    stats.require_calls()
+    score_last_replies(ctx.rewards, ctx.decode, groups, unscored)
     return [Group(tuple(g)) for g in groups], stats
 
 
-def _score_last_replies(ctx: Any, groups: list[list[Episode]], where: list[tuple[int, int]]) -> None:
-    """Episodes whose agent returned None get the reward function's score of their last reply."""
+def score_last_replies(
+    rewards: Any, decode: Any, groups: list[list[Episode]], where: list[tuple[int, int]]
+) -> None:
+    """Episodes whose agent returned None get the reward function's (`rewards`, a RewardRunner) score of
+    their last reply."""
     if not where:
         return
     from ascent.rewards import RewardInput
 
     episodes = [groups[g][k] for g, k in where]
-    inputs = [RewardInput(prompt=ctx.decode(e.prompt_ids), response=e.metadata["final_text"],
+    inputs = [RewardInput(prompt=decode(e.prompt_ids), response=e.metadata["final_text"],
                           response_ids=e.response_ids, metadata=e.metadata, row_id=e.row_id)
               for e in episodes]  # fmt: skip
-    result = ctx.rewards.score(inputs)
+    result = rewards.score(inputs)
     for (g, k), e, reward, parts in zip(where, episodes, result.rewards, result.components, strict=True):
         groups[g][k] = replace(e, reward=reward, reward_components=dict(parts))
 
@@ -256,15 +236,19 @@ def _score_last_replies(ctx: Any, groups: list[list[Episode]], where: list[tuple
 @dataclass
 class AgentStats:
     """Counts over the plays since the last `take()`: sessions, calls, extra segments (rewritten, parallel),
-    errors, seconds."""
+    errors, sessions truncated by the budget, sessions without a call, seconds; the first error and the
+    first refusal, quoted when nothing could be trained on."""
 
     sessions: int = 0
     calls: int = 0
     rewritten: int = 0
     parallel: int = 0
     errors: int = 0
+    truncated: int = 0
     empty: int = 0
     seconds: float = 0.0
+    first_error: str | None = None
+    first_refusal: str | None = None
 
     def add(self, segs: Sequence[Segment], result: AgentResult) -> None:
         self.sessions += 1
@@ -272,18 +256,19 @@ class AgentStats:
         self.rewritten += sum(s.start == "rewritten" for s in segs)
         self.parallel += sum(s.start == "parallel" for s in segs)
         self.errors += result.error is not None
+        self.truncated += result.truncated is not None
         self.empty += not segs
         self.seconds += result.seconds
+        self.first_error = self.first_error or result.error
+        self.first_refusal = self.first_refusal or result.truncated
+
+    def require_calls(self) -> None:
+        """Raise, naming the fix, when no play left a call (no episode to train on or to score)."""
+        if self.sessions and self.empty == self.sessions:
+            raise AgentCallError(self._nothing_to_train())
 
     def metrics(self, max_failure_rate: float) -> dict[str, float]:
-        """agent/* metrics; raises when more plays failed than `reward.max_failure_rate` allows, or when no
-        play called the endpoint at all."""
-        if self.sessions and self.empty == self.sessions and not self.errors:
-            raise AgentCallError(
-                f"rollout.agent: none of {self.sessions} agent episodes called the endpoint; run(client, row) "
-                "must generate with the client it is given (client.chat.completions.create(model=..., "
-                "messages=...)), whose calls are what the run trains on."
-            )
+        """agent/* metrics; raises when more plays failed than `reward.max_failure_rate` allows."""
         if self.errors > max_failure_rate * self.sessions:
             raise EnvFailureError(
                 f"reward.max_failure_rate={max_failure_rate}: {self.errors} of {self.sessions} agent episodes "
@@ -293,4 +278,24 @@ class AgentStats:
         n = max(self.sessions, 1)
         return {"agent/calls_mean": self.calls / n, "agent/rewritten_segments": float(self.rewritten),
                 "agent/parallel_segments": float(self.parallel), "agent/errors": float(self.errors),
-                "agent/empty_sessions": float(self.empty), "agent/seconds_mean": self.seconds / n}  # fmt: skip
+                "agent/truncated": float(self.truncated), "agent/empty_sessions": float(self.empty),
+                "agent/seconds_mean": self.seconds / n}  # fmt: skip
+
+    def _nothing_to_train(self) -> str:
+        head = f"rollout.agent: none of {self.sessions} agent episodes left a call to train on"
+        if self.first_refusal is not None:
+            return (
+                f"{head}: the endpoint refused their first call, which does not fit the context of "
+                f"data.max_prompt_tokens + rollout.max_episode_tokens ({self.first_refusal}). Raise those, "
+                "or have the agent ask for fewer max_tokens (the run caps replies at rollout.max_new_tokens)."
+            )
+        if self.first_error is not None:
+            return (
+                f"{head}: every one failed before its first call (first: {self.first_error}), whatever "
+                "reward.max_failure_rate allows. Fix the agent (its errors are in the log); raise "
+                "rollout.agent_timeout_s if they time out."
+            )
+        return (
+            f"{head}; run(client, row) must generate with the client it is given "
+            "(client.chat.completions.create(model=..., messages=...)), whose calls are what the run trains on."
+        )

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ascent.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, options_for, resolve
+from ascent.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, options_for
 from ascent.algorithms.advantage_types import turn_end_rewards
 from ascent.messages import (
     Episode,
@@ -23,6 +23,7 @@ from ascent.messages import (
     TrainSample,
     flatten,
 )
+from ascent.plugins import resolve
 
 
 def sampling_params(rollout_cfg: Any, *, validation: bool = False) -> SamplingParams:
@@ -138,7 +139,7 @@ def compute_advantages(
     values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the configured advantage estimator on the options it takes; returns (advantages [B, T], returns [B, T])."""
-    estimator = resolve(ADVANTAGE_ESTIMATORS, algo_cfg.advantage.name)
+    estimator = resolve(ADVANTAGE_ESTIMATORS, algo_cfg.advantage.name, "algorithm.advantage")
     opts = options_for(estimator, algo_cfg.settings_for(algo_cfg.advantage))
     out = estimator(advantage_inputs(groups, token_rewards, values), **opts)
     return out.advantages, out.returns
@@ -197,10 +198,17 @@ def filter_zero_advantage(samples: Sequence[TrainSample]) -> tuple[list[TrainSam
     return out, {"filter/zero_advantage_frac": dropped / max(len(samples), 1)}
 
 
-def logprob_diff(trainer_lp: Sequence[list[float]], sampler_lp: Sequence[list[float]]) -> tuple[float, float]:
-    """Mean and max |trainer - sampler| logprob over all response tokens (the sampler/trainer mismatch)."""
+def logprob_diff(
+    trainer_lp: Sequence[list[float]], sampler_lp: Sequence[list[float]], masks: Sequence[list[int]]
+) -> tuple[float, float]:
+    """Mean and max |trainer - sampler| logprob over the SAMPLED response tokens (loss mask 1): the
+    sampler/trainer mismatch. Observation tokens of a multi-turn episode (mask 0) have no sampler logprob
+    (0.0 stands in), so counting them would report their whole logprob as a mismatch."""
     diffs = [
-        abs(a - b) for tr, sa in zip(trainer_lp, sampler_lp, strict=True) for a, b in zip(tr, sa, strict=True)
+        abs(a - b)
+        for tr, sa, mask in zip(trainer_lp, sampler_lp, masks, strict=True)
+        for a, b, m in zip(tr, sa, mask, strict=True)
+        if m
     ]
     if not diffs:
         return 0.0, 0.0
@@ -213,15 +221,16 @@ OUTLIER_NATS, MAX_OUTLIERS = 0.5, 20
 def record_logprob_outliers(
     run_dir: str, iteration: int, episodes: Sequence[Episode], trainer_lp: Sequence[list[float]]
 ) -> int:
-    """Append the tokens whose |trainer - sampler| logprob exceeds 0.5 nat to `logprob_outliers.jsonl`
-    (at most 20 an iteration): where a mismatch sits, for a user or a bug report. Returns how many."""
+    """Append the sampled tokens (loss mask 1) whose |trainer - sampler| logprob exceeds 0.5 nat to
+    `logprob_outliers.jsonl` (at most 20 an iteration): where a mismatch sits, for a user or a bug report.
+    Observation tokens (mask 0, no sampler logprob) are never listed. Returns how many."""
     import json
     from pathlib import Path
 
     rows: list[dict[str, Any]] = []
     for t, lp in zip(episodes, trainer_lp, strict=True):
-        for pos, (a, b) in enumerate(zip(t.sampler_logprobs, lp, strict=True)):
-            if abs(a - b) > OUTLIER_NATS and len(rows) < MAX_OUTLIERS:
+        for pos, (a, b, m) in enumerate(zip(t.sampler_logprobs, lp, t.loss_mask, strict=True)):
+            if m and abs(a - b) > OUTLIER_NATS and len(rows) < MAX_OUTLIERS:
                 rows.append({"iteration": iteration, "row_id": t.row_id, "position": pos,
                              "response_len": len(t.response_ids), "finish": t.finish_reason,
                              "token": t.response_ids[pos], "sampler": a, "trainer": b,

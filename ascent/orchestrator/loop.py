@@ -9,6 +9,7 @@ which are inline objects or Ray actors, the loop cannot tell which. `ascent trai
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -17,12 +18,14 @@ import torch
 from ascent.config.schema import RunConfig
 from ascent.messages import Episode, TrainSample, flatten
 from ascent.orchestrator import batch as B
-from ascent.orchestrator import checkpointing, experience, setup, shaping
+from ascent.orchestrator import checkpointing, experience, health, setup, shaping
 from ascent.orchestrator.collector import Collector, record_episodes, staleness_metrics
 from ascent.orchestrator.episodes import EnvRunners
 from ascent.orchestrator.interrupt import stopped_message
 from ascent.orchestrator.validation import validate
 from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
+
+log = logging.getLogger("ascent")
 
 
 class LoopContext:
@@ -42,6 +45,8 @@ class LoopContext:
             None  # rollout.agent's endpoint and agent processes, started on first use (agents.py)
         )
         self.envs = EnvRunners(cfg)  # where rollout.env's environments run (Ray actors: started on first use)
+        self.equal_rewards = health.EqualRewardWatch()  # warns once when nothing is learned for a while
+        self.divergence = health.DivergenceCheck(cfg, len(data.tokenizer))
         # trainer and engine share the accelerator and take turns (design: colocated placement; with
         # cluster.engine_sleeps=false the engine stays awake and, on Ray, generates alongside the update)
         self.colocated = (cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast"
@@ -77,6 +82,7 @@ def run_loop(ctx: LoopContext, sampler: Any, start: int, stop: Any, bus: Any) ->
     ):
         for it in range(start + 1, cfg.iterations + 1):
             metrics = run_iteration(ctx, it, sampler)
+            _stop_if_diverged(ctx, it, metrics, bus)
             if data.val and (it == cfg.iterations or (cfg.val_every and it % cfg.val_every == 0)):
                 with timeline.phase("validation", iteration=it):
                     final = validate(ctx, iteration=it)
@@ -86,6 +92,17 @@ def run_loop(ctx: LoopContext, sampler: Any, start: int, stop: Any, bus: Any) ->
             timeline.flush()
             _checkpoint_or_stop(ctx, it, sampler, stop)
     return final
+
+
+def _stop_if_diverged(ctx: LoopContext, it: int, metrics: dict[str, float], bus: Any) -> None:
+    """After the update, before validation and the checkpoint: a diverged run logs this iteration's metrics
+    and stops (`health.TrainingDiverged`, exit status 2), leaving the checkpoints saved before it intact."""
+    from ascent.tracking import Metrics
+
+    found = ctx.divergence.diverged(metrics)
+    if found is not None:
+        bus.publish(Metrics.of(it, metrics))
+        raise health.TrainingDiverged(health.divergence_message(ctx.cfg, it, *found))
 
 
 def _checkpoint_or_stop(ctx: LoopContext, it: int, sampler: Any, stop: Any) -> None:
@@ -111,6 +128,9 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
         ctx.collector.prefetch(ctx, sampler, it, last=cfg.iterations)
     episodes = flatten(groups)
     collect_metrics |= staleness_metrics(episodes, trainer_version=it - 1)
+    truncated = sum(e.finish_reason == "length" for e in episodes) / len(episodes)
+    if warning := ctx.equal_rewards.observe(groups, it, cfg, truncated):
+        log.warning(warning)
     collect_metrics["time/trainer_idle"] = ctx.collector.take_waited()  # generation the trainer waited for
     if cfg.tracking.episodes:
         record_episodes(cfg.run_dir, it, groups, trainer_version=it - 1)
@@ -141,7 +161,7 @@ def run_iteration(ctx: LoopContext, it: int, sampler: Any) -> dict[str, float]:
             ctx.rollout.call(RolloutWorker.wake)
     elapsed = time.perf_counter() - t0
     if old_lp is not None:  # else the update reported the sampler/trainer mismatch from its own logprobs
-        diff = B.logprob_diff(old_lp, [t.sampler_logprobs for t in episodes])
+        diff = B.logprob_diff(old_lp, [t.sampler_logprobs for t in episodes], [t.loss_mask for t in episodes])
         update_metrics |= {"rollout/logprob_diff_mean": diff[0], "rollout/logprob_diff_max": diff[1]}
         B.record_logprob_outliers(ctx.cfg.run_dir, it, episodes, old_lp)
     tokens = sum(t.num_tokens for t in episodes)
@@ -207,16 +227,22 @@ def _logprobs(ctx: LoopContext, samples: list[TrainSample], which: str) -> list[
 
 
 def update_policy(ctx: LoopContext, samples: list[TrainSample], it: int) -> dict[str, float]:
-    """`epochs_per_rollout` passes of mini-batches of `trajectories_per_update`; one optimizer step each.
+    """`epochs_per_rollout` passes of mini-batches of `trajectories_per_update`; one optimizer step each,
+    unless the mini-batch has no gradient to follow (`health.steps_mini_batch`: decided here, the same for
+    every trainer rank; the trainer still reports its metrics).
 
     With a critic, each mini-batch also updates the critic; during `critic_warmup_iterations` only the
-    critic learns.
+    critic learns. Counts: train/optimizer_steps (taken), train/skipped_steps (all-zero advantages, not
+    taken), train/nonfinite_steps (skipped by the trainer: non-finite gradient norm), train/zero_grad_frac
+    (share of the mini-batches with a nonzero advantage whose gradient was exactly 0; see `health`).
     """
     t, a = ctx.cfg.train, ctx.cfg.algorithm
     gen = torch.Generator().manual_seed(ctx.cfg.seed * 7919 + it) if t.shuffle_mini_batches else None
     train_actor = it > a.critic_warmup_iterations
+    other_terms = a.kl_loss_coef > 0 or a.entropy_coef != 0
     sums: dict[str, float] = {}
-    steps = 0
+    counts = {"train/optimizer_steps": 0.0, "train/skipped_steps": 0.0, "train/nonfinite_steps": 0.0}
+    steps, with_advantage, zero_grad = 0, 0, 0
     for _ in range(t.epochs_per_rollout):
         for idx in B.mini_batches(len(samples), t.trajectories_per_update, gen):
             mb = [samples[i] for i in idx]
@@ -227,15 +253,24 @@ def update_policy(ctx: LoopContext, samples: list[TrainSample], it: int) -> dict
                     CriticWorkerActor.update, B.shard(mb, ctx.critic.num_workers), **totals
                 )
             if train_actor:
-                results += ctx.trainer.call_split(
-                    TrainerWorker.update, B.shard(mb, ctx.trainer.num_workers), **totals
+                step = health.steps_mini_batch(
+                    mb, step_on_zero_advantage=t.step_on_zero_advantage, other_terms=other_terms
                 )
+                shards = B.shard(mb, ctx.trainer.num_workers)
+                actor = _mean_dicts(ctx.trainer.call_split(TrainerWorker.update, shards, **totals, step=step))
+                results.append(actor)
+                nonfinite = actor.get("skipped", 0.0) > 0
+                counts["train/optimizer_steps"] += step and not nonfinite
+                counts["train/skipped_steps"] += not step
+                counts["train/nonfinite_steps"] += step and nonfinite
+                if health.has_policy_gradient(mb):
+                    with_advantage += 1
+                    zero_grad += health.zero_gradient(actor)
             for k, v in _mean_dicts(results).items():
                 sums[k] = sums.get(k, 0.0) + v
             steps += 1
-    return {k: v / max(steps, 1) for k, v in sums.items()} | {
-        "train/optimizer_steps": float(steps * train_actor)
-    }
+    out = {k: v / max(steps, 1) for k, v in sums.items()} | counts
+    return out | ({"train/zero_grad_frac": zero_grad / with_advantage} if with_advantage else {})
 
 
 def publish_weights(ctx: LoopContext, version: int) -> float:

@@ -19,6 +19,7 @@ from typing import Any
 from ascent.config import ConfigError
 from ascent.models.files import damaged_weight_file
 from ascent.models.loading import ModelLoadError
+from ascent.plugins import resolve
 
 log = logging.getLogger("ascent")
 
@@ -110,9 +111,9 @@ def check_plugins(algorithm: Any) -> None:
         value = getattr(algorithm, name)
         value = value if isinstance(value, str) else value.name  # a choice: policy_loss, advantage
         try:
-            resolved[name] = A.resolve(registry, value)
-        except ValueError as err:
-            problems.append(f"algorithm.{name}={value!r}: {err}")
+            resolved[name] = resolve(registry, value, f"algorithm.{name}")
+        except ValueError as err:  # names the field, the value and the fix
+            problems.append(str(err))
     if not problems:
         problems = unused_options(algorithm, resolved["advantage"], resolved["policy_loss"])
     if problems:

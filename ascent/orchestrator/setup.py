@@ -31,7 +31,8 @@ def build_datasets(cfg: RunConfig) -> Datasets:
     from ascent.data.prompts import RenderReport
     from ascent.models.loading import load_tokenizer
 
-    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code)
+    field = "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path"
+    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code, field)
     d = cfg.data
     sets: dict[str, list[Any]] = {}
     for name, path in (("train", d.train_path), ("val", d.val_path)):

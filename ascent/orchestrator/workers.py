@@ -148,8 +148,10 @@ class TrainerWorker:
     ) -> list[list[float]]:
         return self.policy.compute_logprobs(samples, temperature=temperature, which=which)
 
-    def update(self, samples: list[TrainSample], total_tokens: float, total_seqs: float) -> dict[str, float]:
-        return self.policy.update(samples, total_tokens=total_tokens, total_seqs=total_seqs)
+    def update(
+        self, samples: list[TrainSample], total_tokens: float, total_seqs: float, step: bool = True
+    ) -> dict[str, float]:
+        return self.policy.update(samples, total_tokens=total_tokens, total_seqs=total_seqs, step=step)
 
     def named_weights(self, to_cpu: bool = True) -> dict[str, torch.Tensor]:
         """The policy's weights in HF naming, from rank 0 (other ranks return {}).

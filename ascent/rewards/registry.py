@@ -7,12 +7,12 @@ arguments and the configured kwargs before any sample is scored.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 from ascent.errors import AscentError
+from ascent.plugins import PluginError, load_plugin
 from ascent.rewards.builtin import exact_match, format_reward, gsm8k, numeric_match
 from ascent.rewards.mathverify import math_verify_reward
 
@@ -46,30 +46,10 @@ def resolve_reward_fn(spec: str, field: str = "reward.fn") -> RewardFn:
             f"{field}={spec}: not a built-in reward ({', '.join(REWARD_FUNCTIONS)}); "
             "for your own function use an import path `pkg.module:function`."
         )
-    module_name, _, attr_path = spec.partition(":")
-    fn = _import_attr(module_name, attr_path, f"{field}={spec}")
-    if not callable(fn):
-        raise RewardConfigError(
-            f"{field}={spec}: {attr_path} is a {type(fn).__name__}, not a function; point at a callable."
-        )
-    return fn
-
-
-def _import_attr(module_name: str, attr_path: str, label: str) -> Any:
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        raise RewardConfigError(
-            f"{label}: no module {err.name!r}; check the import path and that the module is on PYTHONPATH."
-        ) from err
-    target: Any = module
-    for part in attr_path.split("."):
-        if not hasattr(target, part):
-            raise RewardConfigError(
-                f"{label}: module {module_name!r} has no attribute {attr_path!r}; check the name."
-            )
-        target = getattr(target, part)
-    return target
+        return load_plugin(spec, field)  # type: ignore[no-any-return]
+    except PluginError as err:
+        raise RewardConfigError(str(err)) from err
 
 
 def check_reward_signature(fn: RewardFn, kwargs: dict[str, Any], label: str) -> None:

@@ -5,6 +5,10 @@ is checked against. It never calls `model.generate`: each step runs the model on
 `ascent.rollout.sampling.sample` picks the tokens, so every returned logprob follows the contract
 (`log_softmax(logits / T)` of the sampled token, before filtering).
 
+Constrained decoding: a request whose `params.grammar` is set samples only what the grammar allows, through
+the engine's `constraints` factory (`(grammar, vocab size) -> TokenConstraint`, one per row: the HTTP server
+gives it one built on llguidance, `ascent.rollout.server.grammar`); its mask joins the sampler's filters.
+
 Batching: up to `batch_size` sequences decode together. Prompts are left-padded; the attention mask hides
 the padding and explicit position ids start every row at 0, so a row's tokens do not depend on its
 neighbours (up to float rounding). Finished rows keep running until the whole batch is done (simple, and
@@ -16,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +28,18 @@ from torch import Tensor, nn
 from ascent.messages import FinishReason, Generation, GenerationRequest, SamplingParams
 from ascent.models.loading import cache_kwarg
 from ascent.rollout.sampling import SamplingTensors, sample, split_seed, token_presence
+
+
+class TokenConstraint(Protocol):
+    """One row's grammar: `allowed()` -> [V] bool, the tokens that may come next (at least one);
+    `advance(token)` follows the token sampled."""
+
+    def allowed(self) -> Tensor: ...
+
+    def advance(self, token: int) -> None: ...
+
+
+ConstraintFactory = Callable[[str, int], TokenConstraint]  # (grammar, vocab size) -> a fresh constraint
 
 
 @dataclass
@@ -62,6 +78,7 @@ class ReferenceEngine:
         self.pad_token_id = int(pad_token_id)
         self.decode = decode
         self.batch_size = batch_size
+        self.constraints: ConstraintFactory | None = None  # for requests with a grammar (module docstring)
 
     @classmethod
     def from_pretrained(
@@ -153,6 +170,11 @@ class ReferenceEngine:
                     f"request {req.request_id}: stop_strings={list(req.params.stop_strings)} need a decode "
                     "callable; construct ReferenceEngine(..., decode=tokenizer.decode)."
                 )
+            if req.params.grammar is not None and self.constraints is None:
+                raise ValueError(
+                    f"request {req.request_id}: it has a grammar, and this engine was given no constraint "
+                    "factory; set engine.constraints (ascent.rollout.server.grammar.LLGuidanceConstraints)."
+                )
             for i in range(req.params.n):
                 if req.params.seed is None:
                     seed = int(torch.randint(0, 2**62, ()).item())
@@ -184,6 +206,7 @@ class ReferenceEngine:
         seen = None
         cache = {cache_kwarg(self.model): DynamicCache()}  # one cache object, reused (filled) every step
         max_steps = max(r.params.max_new_tokens for r in rows)
+        grammars: list[TokenConstraint | None] = []  # made at the first step, once the vocabulary is known
         for step in range(max_steps):
             out = self.model(
                 input_ids=input_ids,
@@ -197,14 +220,29 @@ class ReferenceEngine:
             if st.use_penalty and seen is None:
                 seen = token_presence(prompt_tokens, logits.shape[-1])
             steps = torch.full((len(rows),), step, dtype=torch.long, device=device)
-            tokens, logprobs = sample(logits, st, steps, seen)
-            if self._record(rows, tokens.tolist(), logprobs.tolist()):
+            if step == 0:
+                grammars = self._constraints(rows, logits.shape[-1])
+            allowed = _allowed(rows, grammars, logits.shape[-1], device) if grammars else None
+            tokens, logprobs = sample(logits, st, steps, seen, allowed)
+            token_list = tokens.tolist()
+            # grammars holds one entry per row, or none at all
+            for row, grammar, token in zip(rows, grammars, token_list, strict=False):
+                if grammar is not None and row.finish_reason is None:
+                    grammar.advance(token)
+            if self._record(rows, token_list, logprobs.tolist()):
                 break
             if seen is not None:
                 seen.scatter_(1, tokens[:, None], True)
             input_ids = tokens[:, None]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], dim=1)
             position_ids = position_ids[:, -1:] + 1
+
+    def _constraints(self, rows: list[_Row], vocab_size: int) -> list[TokenConstraint | None]:
+        """One constraint per row with a grammar, else None; [] when no row has one."""
+        if self.constraints is None or all(r.params.grammar is None for r in rows):
+            return []
+        make = self.constraints
+        return [make(r.params.grammar, vocab_size) if r.params.grammar is not None else None for r in rows]
 
     def _record(self, rows: list[_Row], tokens: list[int], logprobs: list[float]) -> bool:
         """Append one step's token to each unfinished row and mark rows that end; True when all ended."""
@@ -236,3 +274,14 @@ class ReferenceEngine:
         window = max(len(s) for s in stops) + 1
         text = self.decode(row.token_ids[-window:])
         return any(s in text for s in stops)
+
+
+def _allowed(
+    rows: list[_Row], grammars: list[TokenConstraint | None], vocab_size: int, device: torch.device
+) -> Tensor:
+    """[b, V] bool: each unfinished constrained row's grammar mask; every token for the other rows."""
+    out = torch.ones(len(rows), vocab_size, dtype=torch.bool)
+    for i, (row, grammar) in enumerate(zip(rows, grammars, strict=True)):
+        if grammar is not None and row.finish_reason is None:
+            out[i] = grammar.allowed()
+    return out.to(device)

@@ -150,12 +150,18 @@ class SamplingTensors:
 
 
 def sample(
-    logits: Tensor, st: SamplingTensors, steps: Tensor, seen: Tensor | None = None
+    logits: Tensor,
+    st: SamplingTensors,
+    steps: Tensor,
+    seen: Tensor | None = None,
+    allowed: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """logits [B, V], steps [B] int64 (token index within each response), seen [B, V] bool | None
-    -> (tokens [B] int64, logprobs [B] float32).
+    """logits [B, V], steps [B] int64 (token index within each response), seen [B, V] bool | None,
+    allowed [B, V] bool | None -> (tokens [B] int64, logprobs [B] float32).
 
     `seen` (prompt + generated tokens so far, see `token_presence`) is needed only for repetition penalty.
+    `allowed` (a grammar's mask; every row must allow a token) removes the other tokens like the filters do:
+    the logprob is still that of the unfiltered distribution.
     """
     logits = logits.float()
     greedy = st.temperature == 0
@@ -165,6 +171,8 @@ def sample(
         if seen is None:
             raise ValueError("repetition_penalty != 1 needs `seen` (prompt + generated tokens) in sample().")
         logits = apply_repetition_penalty(logits, st.repetition_penalty, seen)
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
     greedy_tokens = logits.argmax(dim=-1)
     if st.all_greedy:
         tokens = greedy_tokens

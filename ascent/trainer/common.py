@@ -166,9 +166,11 @@ def run_update(
     samples: Sequence[TrainSample],
     accumulate: Callable[[list[list[int]]], MetricSums],
     guard: contextlib.AbstractContextManager,
+    step: bool = True,
 ) -> tuple[dict[str, float], float, float, bool]:
     """ONE optimizer step: plan micro-batches, `accumulate` them (under `guard`), sum gradients over workers
-    (unless the wrapper did), step; -> (metrics reduced over workers, lr of the step, grad norm, skipped)."""
+    (unless the wrapper did), step; -> (metrics reduced over workers, lr of the step, grad norm, skipped).
+    `step=False`: the same forwards, backwards and metrics, but no step (see `optim.optimizer_step`)."""
     parts.model.train()
     micro = plan_micro_batches([s.num_tokens for s in samples], parts.max_tokens)
     try:
@@ -178,23 +180,25 @@ def run_update(
                 all_reduce_grads(parts.model.parameters())
             # optimizer lrs are floats (build_optimizer); torch types them float | Tensor
             lr = cast(float, parts.scheduler.get_last_lr()[0])
-            grad_norm, skipped = step_optimizer(parts)
+            grad_norm, skipped = step_optimizer(parts, step)
     finally:
         parts.optimizer.zero_grad(set_to_none=True)
     metrics.reduce(all_reduce_sum, all_reduce_max)
     return metrics.result(), lr, grad_norm, skipped
 
 
-def step_optimizer(parts: TrainerParts) -> tuple[float, bool]:
-    """Unscale, clip (global norm), step optimizer and scheduler; skip the step on a non-finite norm."""
+def step_optimizer(parts: TrainerParts, step: bool = True) -> tuple[float, bool]:
+    """Unscale, clip (global norm), step optimizer and scheduler; skip the step on a non-finite norm.
+    `step=False`: measure the grad norm and drop the gradients; the step count stays."""
     out = optimizer_step(
         parts.optimizer,
         parts.scheduler,
         parts.scaler,
         parts.model.parameters(),
         parts.optim_settings.max_grad_norm,
+        step,
     )
-    parts.step += 1
+    parts.step += int(step)
     return out
 
 
@@ -249,9 +253,24 @@ def load_state(parts: TrainerParts, src: Path, *, rng: bool) -> None:
         )
     if state.get("scheduler") is not None:
         parts.scheduler.load_state_dict(state["scheduler"])
+    use_configured_lr(parts)
     if state.get("scaler"):
         parts.scaler.load_state_dict(state["scaler"])
     parts.step = int(state.get("step", 0))
+
+
+def use_configured_lr(parts: TrainerParts) -> None:
+    """After a load: the peak lr is this run's setting, not the checkpoint's (the optimizer's and scheduler's
+    saved states carry the saving run's lr; a resume that changes train.lr, accepted with --accept-changes,
+    must train at the new one). The schedule's position (its step count) is kept."""
+    scheduler = parts.scheduler
+    scheduler.base_lrs = [parts.optim_settings.lr for _ in parts.optimizer.param_groups]
+    for group, base, factor in zip(
+        parts.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
+    ):
+        group["initial_lr"] = base
+        group["lr"] = base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in parts.optimizer.param_groups]
 
 
 def load_optimizer(parts: TrainerParts, src: Path, full: dict[str, Any] | None) -> None:

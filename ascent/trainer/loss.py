@@ -19,9 +19,10 @@ from typing import Any, Literal, cast
 import torch
 from torch import Tensor
 
-from ascent.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, resolve
+from ascent.algorithms import KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from ascent.algorithms.correction import rollout_correction_weights
 from ascent.messages import TrainSample
+from ascent.plugins import resolve
 from ascent.trainer.packing import PackedBatch
 
 
@@ -45,10 +46,10 @@ class LossSettings:
     correction_opts: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        resolve(POLICY_LOSSES, self.policy_loss)
-        resolve(LOSS_AGGREGATIONS, self.loss_aggregation)
+        resolve(POLICY_LOSSES, self.policy_loss, "algorithm.policy_loss")
+        resolve(LOSS_AGGREGATIONS, self.loss_aggregation, "algorithm.loss_aggregation")
         if self.kl_loss_coef > 0:
-            resolve(KL_ESTIMATORS, self.kl_estimator)
+            resolve(KL_ESTIMATORS, self.kl_estimator, "algorithm.kl_estimator")
         if self.rollout_correction not in (None, "tis", "mis"):
             raise ValueError(
                 f"algorithm.options.rollout_correction={self.rollout_correction!r}: use tis, mis or none."
@@ -122,12 +123,12 @@ def micro_batch_loss(
     mask, seq_ids = packed.loss_mask, packed.seq_ids
     old = packed.old_logprobs if packed.old_logprobs is not None else logprobs.detach()
     if packed.old_logprobs is None and packed.sampler_logprobs is not None:
-        _sampler_mismatch(old, packed.sampler_logprobs, metrics)
-    policy_fn = resolve(POLICY_LOSSES, settings.policy_loss)
+        _sampler_mismatch(old, packed.sampler_logprobs, mask, metrics)
+    policy_fn = resolve(POLICY_LOSSES, settings.policy_loss, "algorithm.policy_loss")
     per_token, loss_metrics = policy_fn(logprobs, old, packed.advantages, mask, seq_ids, **settings.loss_opts)
     if settings.rollout_correction:
         per_token = per_token * _correction(old, packed, settings, metrics)
-    agg_fn = resolve(LOSS_AGGREGATIONS, settings.loss_aggregation)
+    agg_fn = resolve(LOSS_AGGREGATIONS, settings.loss_aggregation, "algorithm.loss_aggregation")
 
     def agg(x: Tensor) -> Tensor:
         return agg_fn(x, mask, seq_ids, total_tokens=total_tokens, total_seqs=total_seqs, max_len=max_len)
@@ -148,10 +149,11 @@ def micro_batch_loss(
     return loss
 
 
-def _sampler_mismatch(trainer: Tensor, sampler: Tensor, metrics: MetricSums) -> None:
-    """trainer, sampler [M] -> `rollout/logprob_diff_mean|max` over all response tokens (on-policy updates
-    report the sampler/trainer mismatch here when no separate old-logprob pass ran)."""
-    diff = (trainer.detach() - sampler).abs()
+def _sampler_mismatch(trainer: Tensor, sampler: Tensor, mask: Tensor, metrics: MetricSums) -> None:
+    """trainer, sampler, mask [M] -> `rollout/logprob_diff_mean|max` over the sampled tokens (loss mask 1;
+    an observation token has no sampler logprob). On-policy updates report the sampler/trainer mismatch here
+    when no separate old-logprob pass ran."""
+    diff = (trainer.detach() - sampler)[mask.bool()].abs()
     metrics.add("rollout/logprob_diff_mean", diff.sum(), float(diff.numel()))
     if diff.numel():
         metrics.add_max("rollout/logprob_diff_max", diff.max())
@@ -169,7 +171,8 @@ def _kl_share(
             f"algorithm.kl_loss_coef={settings.kl_loss_coef}: the KL loss needs ref_logprobs on every "
             "TrainSample (compute them with PolicyWorker.compute_logprobs(..., which='reference'))."
         )
-    kl_share = agg(resolve(KL_ESTIMATORS, settings.kl_estimator)(logprobs, packed.ref_logprobs))
+    kl_fn = resolve(KL_ESTIMATORS, settings.kl_estimator, "algorithm.kl_estimator")
+    kl_share = agg(kl_fn(logprobs, packed.ref_logprobs))
     metrics.add("loss/kl", kl_share)
     return kl_share
 

@@ -110,13 +110,22 @@ def optimizer_step(
     scaler: torch.amp.GradScaler,
     params: Iterable[nn.Parameter],
     max_grad_norm: float | None,
+    step: bool = True,
 ) -> tuple[float, bool]:
     """Unscale, clip, step optimizer and scheduler -> (grad norm before clipping, skipped).
 
     The optimizer step is skipped on a non-finite grad norm (the fp16 scaler then lowers its scale).
+    `step=False` (a mini-batch the controller found without a gradient to follow): only the norm is
+    measured; the gradients are dropped and nothing else moves (weights, AdamW moments and step count, the
+    LR schedule, the loss scale), so the state is bit-identical to before the mini-batch.
     """
-    scaler.unscale_(optimizer)
     trainable = [p for p in params if p.requires_grad]
+    if not step:
+        scale = scaler.get_scale() if scaler.is_enabled() else 1.0
+        norm = clip_grad_norm(trainable, math.inf) / scale
+        optimizer.zero_grad(set_to_none=True)
+        return norm, False
+    scaler.unscale_(optimizer)
     norm = clip_grad_norm(trainable, max_grad_norm or math.inf)
     skipped = not math.isfinite(norm)
     if skipped and not scaler.is_enabled():

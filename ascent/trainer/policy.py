@@ -201,19 +201,22 @@ class PolicyWorker:
 
     # ------------------------------------------------------------------------------------------ update
     def update(
-        self, samples: Sequence[TrainSample], *, total_tokens: float, total_seqs: float
+        self, samples: Sequence[TrainSample], *, total_tokens: float, total_seqs: float, step: bool = True
     ) -> dict[str, float]:
         """ONE optimizer step on this worker's share of a mini-batch; returns metrics averaged over it.
 
         `total_tokens` (loss-mask tokens) and `total_seqs` are the mini-batch totals over ALL workers
         (see `minibatch_totals`). Metrics: loss/policy, loss/kl, loss/total, entropy, clipfrac, approx_kl,
         ratio, grad_norm, lr, tokens, response_tokens, micro_batches, skipped (1 if the grad was not finite).
+        `step=False` (the controller's call, the same on every rank: a mini-batch without a gradient to
+        follow) computes the same metrics but leaves weights, optimizer, schedule and step count as they were.
         """
         out, lr, grad_norm, skipped = common.run_update(
             self,
             samples,
             lambda micro: self.accumulate(samples, micro, total_tokens=total_tokens, total_seqs=total_seqs),
             self._oom_guard(samples),
+            step,
         )
         out.update({"grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)})
         return out

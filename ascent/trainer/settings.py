@@ -109,11 +109,14 @@ def loss_settings_from_config(algo_cfg: Any, max_new_tokens: int | None = None) 
     clip ratios, dual-clip, gspo/cispo/sapo settings; a plug-in's `algorithm.options`), picked by
     `options_for` from `AlgorithmConfig.settings_for`; a plug-in taking `**kwargs` gets them all.
     """
-    from ascent.algorithms import POLICY_LOSSES, options_for, resolve
+    from ascent.algorithms import POLICY_LOSSES, options_for
+    from ascent.plugins import resolve
 
     fields = algo_cfg.model_dump()
     loss = algo_cfg.policy_loss
-    loss_opts = options_for(resolve(POLICY_LOSSES, loss.name), algo_cfg.settings_for(loss))
+    loss_opts = options_for(
+        resolve(POLICY_LOSSES, loss.name, "algorithm.policy_loss"), algo_cfg.settings_for(loss)
+    )
     mode = algo_cfg.rollout_correction
     correction = {
         short: fields[key] for key, short in _CORRECTION_KEYS.items() if fields.get(key) is not None

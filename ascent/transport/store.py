@@ -3,7 +3,8 @@ package map: `transport/`), and the API that reads it.
 
 The loop's writer (`ascent.transport.store_writer`) records each episode with what became of it: trained on,
 `filtered` (DAPO dynamic sampling: no reward signal; `algorithm.filter_zero_advantage`), `dropped_stale`
-(over `rollout.max_staleness`) or `surplus` (sampled after the iteration's batch was full). The file is in
+(over `rollout.max_staleness`) or `surplus` (sampled after the iteration's batch was full); `ascent serve
+--record` writes each sample it returned as a one-turn episode with status `served`. The file is in
 WAL mode, so `open_store` (the `ascent episodes` command, a notebook, a web UI) reads it while a run writes.
 
 Schema version 1 (`meta` holds `format=ascent-experience` and `schema_version`, plus `tokenizer`, the
@@ -31,7 +32,7 @@ from ascent.messages import Episode
 FILE_NAME = "experience.db"
 FORMAT = "ascent-experience"
 SCHEMA_VERSION = 1
-STATUSES = ("trained", "filtered", "dropped_stale", "surplus")
+STATUSES = ("trained", "filtered", "dropped_stale", "surplus", "served")
 DROPPED = "dropped"  # a status filter: every episode that was not trained on
 
 SCHEMA = """

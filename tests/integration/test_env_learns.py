@@ -2,14 +2,17 @@
 
 The task (`lookup_env.Lookup`): the answer is a secret digit that is not in the prompt; asking `?` makes the
 environment reveal it (a tool message, loss mask 0), and repeating it earns 1, while answering at once is a
-1-in-10 guess. The warm start is SFT on conversations where half the demonstrations ask and half guess, so
-the model asks about half the time. GRPO must learn to ask and to copy what the tool said.
+1-in-10 guess. The shared warm start (`lookup_setup`: SFT where half the demonstrations ask, half guess) is
+nudged by two more SFT steps on conversations that answer 0 at once, so that its GREEDY first move is the
+guess "0" (measured: p("0") 0.48, p("?") 0.25) while sampling still asks a quarter of the time. GRPO must
+learn to ask, and to copy what the tool said.
 
-The measure is exact, not sampled: the probability that a temperature-1 episode earns 1, from teacher-forced
-forwards of the final checkpoint over both ways to win (ask then repeat, or guess right), averaged over the
-training rows. Measured on one machine over seeds 1-3: the warm start's expected reward is 0.363 (asking and
-copying 0.304, guessing 0.059) and after 15 iterations the seeds ended at 0.700 to 0.734, a rise of 0.34 to
-0.37 against the bar of 0.2. A 6-epoch warm start (0.117) was too weak to learn from in 15 iterations.
+Two measures, both over seeds:
+- exact, not sampled: the probability that a temperature-1 episode earns 1, from teacher-forced forwards of
+  the final checkpoint over both ways to win, averaged over the training rows;
+- greedy success on held-out rows (one per digit, `data.val_path`): validation at iteration 0 and at the end.
+Measured on one machine, seeds 1 and 2: expected reward 0.226 -> 0.671 and 0.683 (bar: a rise of 0.2);
+greedy held-out success 0.1 (it guesses "0") -> 0.6 for both (bar: a rise of 0.3, three rows of ten).
 """
 
 from __future__ import annotations
@@ -20,22 +23,53 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import ascent, write_yaml
-from tests.integration.lookup_env import expected_reward, lookup_run
+from tests.integration.lookup_env import conversation, expected_reward, lookup_run
 
 ENV = "tests.integration.lookup_env:Lookup"
-ITERATIONS, BAR = 15, 0.2
+ITERATIONS, BAR, GREEDY_BAR = 15, 0.2, 0.3
+
+
+@pytest.fixture(scope="module")
+def guessing_start(
+    lookup_setup: tuple[Path, Path, list[int]], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The lookup warm start after two SFT steps on 32 conversations that answer 0 at once (see module doc)."""
+    _, warm, _ = lookup_setup
+    root = tmp_path_factory.mktemp("guessing")
+    (root / "guess.jsonl").write_text(
+        "".join(json.dumps(conversation(0, False, 0)) + "\n" for _ in range(32))
+    )
+    cfg = {
+        "run_dir": str(root / "sft"),
+        "epochs": 1.0,
+        "batch_size": 16,
+        "model": {"path": str(warm)},
+        "data": {"train_path": str(root / "guess.jsonl"), "max_prompt_tokens": 16},
+        "train": {"lr": 2.5e-3, "max_tokens_per_micro_batch": 512},
+        "tracking": {"progress": False, "tensorboard": False},
+    }
+    ascent("sft", str(write_yaml(root / "sft.yaml", cfg)))
+    return root / "sft" / "final"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_grpo_on_episodes_learns_to_use_the_tool(
-    seed: int, tmp_path: Path, lookup_setup: tuple[Path, Path, list[int]]
+    seed: int, tmp_path: Path, lookup_setup: tuple[Path, Path, list[int]], guessing_start: Path
 ) -> None:
-    root, warm, secrets = lookup_setup
-    cfg = lookup_run(tmp_path / "run", root / "train.jsonl", warm, seed, ITERATIONS, env=ENV)
+    root, _, secrets = lookup_setup
+    held_out = tmp_path / "val.jsonl"
+    held_out.write_text("".join(json.dumps({"secret": s}) + "\n" for s in range(10)))
+    cfg = lookup_run(tmp_path / "run", root / "train.jsonl", guessing_start, seed, ITERATIONS, env=ENV)
+    cfg["data"]["val_path"] = str(held_out)
+    cfg["val_every"] = 0  # greedy validation (rollout.val_temperature=0) at iteration 0 and at the end
     ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
     final = sorted((tmp_path / "run" / "checkpoints").glob("iter_*"))[-1]
-    before, after = expected_reward(warm, secrets), expected_reward(final, secrets)
+    before, after = expected_reward(guessing_start, secrets), expected_reward(final, secrets)
     assert after > before + BAR, f"seed {seed}: expected reward {before:.3f} -> {after:.3f}"
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert metrics[-1]["env/turns_mean"] > metrics[0]["env/turns_mean"]  # it asks more often
+    greedy = [m["val/accuracy"] for m in metrics if "val/accuracy" in m]
+    assert [m["step"] for m in metrics if "val/accuracy" in m] == [0, ITERATIONS]
+    assert greedy[1] >= greedy[0] + GREEDY_BAR, f"seed {seed}: held-out greedy success {greedy}"
+    trained = [m for m in metrics if "env/turns_mean" in m]
+    assert trained[-1]["env/turns_mean"] > trained[0]["env/turns_mean"]  # it asks more often

@@ -1,6 +1,7 @@
 """`ascent serve` through the real CLI: it serves a tiny model to the official openai client on a free port
-(from its own process, and from two front-end processes) and stops on SIGTERM (exit 143), leaving no front
-end behind; serving without a key anywhere but localhost, or with a bad --api-processes, is refused with
+(from its own process, and from two front-end processes), records every sample with `--record DIR` in the
+experience store that `ascent episodes DIR` lists, and stops on SIGTERM (exit 143), leaving no front end
+behind; serving without a key anywhere but localhost, or with a bad --api-processes, is refused with
 exit 2."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from ascent.transport.store import open_store
 from tests.integration.conftest import ascent
 
 
@@ -57,13 +59,15 @@ def front_end_pids(pid: int) -> list[int]:
 
 
 @pytest.mark.parametrize("api_processes", ["1", "2"])
-def test_serve_answers_the_openai_client_and_stops_on_sigterm(tiny_model: Path, api_processes: str) -> None:
+def test_serve_answers_the_openai_client_and_stops_on_sigterm(
+    tiny_model: Path, api_processes: str, tmp_path: Path
+) -> None:
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "ASCENT_API_KEY": "s3cret"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "ascent", "serve", "--model", str(tiny_model), "--port", str(port),
          "--max-tokens", "6", "--served-model-name", "tiny", "--log-level", "warning", "--device", "cpu",
-         "--api-processes", api_processes],
+         "--api-processes", api_processes, "--record", str(tmp_path / "served")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:
@@ -87,6 +91,17 @@ def test_serve_answers_the_openai_client_and_stops_on_sigterm(tiny_model: Path, 
     assert proc.returncode == 143, stderr
     assert f"at http://127.0.0.1:{port}/v1" in stdout and "stopped by SIGTERM" in stderr
     assert all(not Path(f"/proc/{pid}").exists() for pid in front_ends)  # stopped with it
+    with open_store(tmp_path / "served") as store:  # the chat call's 2 samples and the streamed completion
+        served = store.episodes()
+    assert [e.status for e in served] == ["served"] * 3 and {e.metadata["endpoint"] for e in served} == {
+        "chat",
+        "completions",
+    }
+    assert served[0].row_id == served[1].row_id != served[2].row_id  # the chat call's n=2 share a prompt
+    assert all(e.response_len == len(e.sampler_logprobs) > 0 for e in served)
+    if api_processes == "1":  # the CLI reads it too
+        listing = ascent("episodes", str(tmp_path / "served"), "--status", "served").stdout
+        assert "3 of 3 episodes" in listing and "served" in listing
 
 
 def test_serve_refuses_keyless_serving_off_localhost(tiny_model: Path) -> None:

@@ -132,7 +132,9 @@ def test_single_step_iterations_skip_the_old_logprob_pass(tmp_path, tiny_model, 
         runs[mode] = _metric_lines(tmp_path / mode / "run")
     for fused, separate in zip(runs["auto"], runs["recompute"], strict=True):
         assert fused["train/old_logprob_pass"] == 0.0 and separate["train/old_logprob_pass"] == 1.0
-        assert fused["train/optimizer_steps"] == separate["train/optimizer_steps"] == 1.0
+        for key in ("train/optimizer_steps", "train/skipped_steps"):  # all-zero advantages: not stepped
+            assert fused[key] == separate[key]
+        assert fused["train/optimizer_steps"] + fused["train/skipped_steps"] == 1.0
         for key in ("reward/mean", "loss/policy", "grad_norm", "entropy", "rollout/logprob_diff_mean"):
             assert fused[key] == pytest.approx(separate[key], rel=1e-4, abs=1e-6), key
         assert fused["rollout/logprob_diff_max"] < 1e-3
@@ -152,5 +154,6 @@ def test_colocated_fast_engine_round_trip(tmp_path, tiny_model, arithmetic_data)
     lines = _metric_lines(tmp_path / "run")
     assert [x["step"] for x in lines] == [1, 2, 3]
     for x in lines:
-        assert x["train/old_logprob_pass"] == 1.0 and x["train/optimizer_steps"] == 2.0
+        assert x["train/old_logprob_pass"] == 1.0
+        assert x["train/optimizer_steps"] + x["train/skipped_steps"] == 2.0
         assert x["rollout/logprob_diff_max"] < 1e-3, x["step"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import types
@@ -15,6 +16,7 @@ from typer.testing import CliRunner
 
 from ascent.cli import app, is_user_error
 from ascent.config import RunConfig, load_config
+from ascent.config.explain import explain_rows
 from ascent.errors import AscentError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,6 +65,35 @@ def test_config_show_explain() -> None:
     assert result.exit_code == 0, result.output
     assert "Peak learning rate of AdamW." in result.stdout
     assert "1e-05" in result.stdout and "1e-06" in result.stdout  # value and default
+
+
+def test_config_show_explain_piped_is_one_plain_line_per_field(tmp_path: Path) -> None:
+    """Not a terminal (a pipe, CliRunner): no table, so a long field name is never broken and grep finds it."""
+    result = runner.invoke(app, ["config", "show", "--explain"], env={"COLUMNS": "40"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(explain_rows(load_config(None))) and all(
+        re.match(r"^[a-z_.]+=", x) for x in lines
+    )
+    (line,) = [line for line in lines if "max_tokens_per_micro_batch" in line]
+    assert line == (
+        "train.max_tokens_per_micro_batch=8192  (default: 8192)  Token budget of one forward pass; sequences "
+        "are packed up to it."
+    )
+
+
+def test_config_show_explain_looks_fields_up_by_name(tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"train": {"max_tokens_per_micro_batch": 1024}})
+    args = ["config", "show", str(path), "--explain", "micro_batch", "seed", "seed=4"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        "train.max_tokens_per_micro_batch=1024 *  (default: 8192)  Token budget of one forward pass; sequences "
+        "are packed up to it.",
+        "seed=4 *  (default: 0)  Seed of data order, sampling and initialisation.",
+    ]
+    typo = runner.invoke(app, ["config", "show", "--explain", "max_tokens_per_microbatch"])
+    assert typo.exit_code == 2 and "did you mean train.max_tokens_per_micro_batch?" in typo.stderr
 
 
 def test_config_show_sft(tmp_path: Path) -> None:
@@ -206,7 +237,8 @@ def test_eval_forwards_options_and_prints_metrics(monkeypatch: pytest.MonkeyPatc
     def run_env_eval(*args: Any, **kwargs: Any) -> dict[str, float]:
         raise AssertionError("no --env: the reward path runs")
 
-    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=run_eval, run_env_eval=run_env_eval)
+    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=run_eval, run_env_eval=run_env_eval,
+                run_agent_eval=run_env_eval)  # fmt: skip
     args = [
         "eval",
         "--model",
@@ -240,13 +272,41 @@ def test_eval_with_env_plays_episodes(monkeypatch: pytest.MonkeyPatch) -> None:
     def run_eval(**kwargs: Any) -> dict[str, float]:
         raise AssertionError("--env: the episode path runs")
 
-    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=run_eval, run_env_eval=run_env_eval)
+    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=run_eval, run_env_eval=run_env_eval,
+                run_agent_eval=run_eval)  # fmt: skip
     args = ["eval", "--model", "m", "--data", "d.jsonl", "--env", "python_math", "--max-turns", "3"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     got = (seen["env"], seen["max_turns"], seen["max_episode_tokens"], seen["temperature"])
     assert got == ("python_math", 3, 512, 0.0)
     assert "accuracy: 0.5000" in result.stdout and "turns_mean: 2" in result.stdout
+
+
+def test_eval_with_agent_plays_it_against_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    def run_agent_eval(model: str, data: str, agent: str, **kwargs: Any) -> dict[str, float]:
+        seen.update(model=model, data=data, agent=agent, **kwargs)
+        return {"accuracy": 0.5, "agent_errors": 1.0}
+
+    def other(*args: Any, **kwargs: Any) -> dict[str, float]:
+        raise AssertionError("--agent: the agent path runs")
+
+    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=other, run_env_eval=other,
+                run_agent_eval=run_agent_eval)  # fmt: skip
+    args = ["eval", "--model", "m", "--data", "d.jsonl", "--agent", "pkg.mod:run", "--agent-timeout-s", "5",
+            "--max-prompt-tokens", "64", "--reward", "format"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    got = (
+        seen["agent"],
+        seen["agent_timeout_s"],
+        seen["max_prompt_tokens"],
+        seen["reward"],
+        seen["temperature"],
+    )
+    assert got == ("pkg.mod:run", 5.0, 64, "format", 0.0) and seen["max_episode_tokens"] == 512
+    assert "accuracy: 0.5000" in result.stdout and "agent_errors: 1" in result.stdout
 
 
 def test_bench_forwards_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

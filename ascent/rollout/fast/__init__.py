@@ -1,6 +1,7 @@
 """The fast rollout engine: our own decoder forward over a paged KV cache with continuous batching.
 
-Map: spec.py (architecture facts) -> weights.py (shared or owned tensors) -> layers.py / attention.py /
+Map: spec.py (architecture facts, read by the model's family in ascent/models/families) -> weights.py
+(shared or owned tensors; IMPLEMENTATIONS, the layouts a family names) -> layers.py / attention.py /
 triton_decode.py (math) -> runner.py (prefill, decode step) -> graphs.py (CUDA graphs) -> engine.py (the
 loop); pages.py, scheduler.py, sequence.py, state.py and live.py are its bookkeeping, swap.py hands the weights
 to publications between decode steps. `build_fast_engine` is the
@@ -22,8 +23,8 @@ from ascent.rollout.fast.engine import FastEngine
 from ascent.rollout.fast.graphs import default_buckets
 from ascent.rollout.fast.kv_cache import KVCache, pages_for_budget
 from ascent.rollout.fast.runner import ModelRunner
-from ascent.rollout.fast.spec import ModelSpec, rope_tables, spec_from_config
-from ascent.rollout.fast.weights import build_weights, load_state_dict, state_dict_of
+from ascent.rollout.fast.spec import ModelSpec, engine_family, rope_tables
+from ascent.rollout.fast.weights import IMPLEMENTATIONS, load_state_dict, state_dict_of
 
 
 def _tokenizer_facts(path, eos_token_ids, pad_token_id, decode, trust_remote_code=False):
@@ -130,9 +131,11 @@ def build_fast_engine(
     eos_token_ids, pad_token_id, decode = _tokenizer_facts(
         tokenizer_path or model_path, eos_token_ids, pad_token_id, decode, trust_remote_code
     )
-    spec = spec_from_config(config)
+    family = engine_family(config)  # models/families: which implementation, which names, which spec
+    assert family.engine is not None and family.spec is not None  # engine_family checked them
+    spec = family.spec(config)
     max_len = _max_len(spec, max_model_len)
-    weights = build_weights(sd, spec, dt, dev, share)
+    weights = IMPLEMENTATIONS[family.engine](sd, spec, dt, dev, share, rename=family.to_engine_name)
     del sd
     reserve = _activation_reserve(spec, max_batch_size, max_prefill_tokens, dt)
     pages = _num_pages(

@@ -1,6 +1,7 @@
 """What the fast engine needs to know about a Hugging Face decoder: sizes, norms, biases and RoPE tables.
 
-`spec_from_config` reads a transformers config (Qwen2, Qwen3, Llama, Mistral) into a flat `ModelSpec`;
+`spec_from_config` finds the config's model family (`ascent.models.families`, where `ModelSpec` and each
+family's spec reader live) and checks that the engine has its implementation, then reads a flat `ModelSpec`;
 `rope_tables` turns the config's `rope_parameters` into cos/sin tables indexed by position, computed the
 way transformers computes them (fp32 angles, cast to the hidden states' dtype: the embedding table's, fp32 for
 the engine's own weights), so our forward matches HF's.
@@ -8,87 +9,41 @@ the engine's own weights), so our forward matches HF's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
+from ascent.models.families import FAMILIES, Family, ModelSpec, model_type_of
+from ascent.rollout.fast.weights import IMPLEMENTATIONS
+
 # RoPE variants whose frequencies do not depend on the sequence length at run time.
 STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """Flat architecture facts of a decoder-only LM with RMSNorm, RoPE, GQA attention and a SwiGLU MLP."""
-
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_eps: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    sliding_window: int | None = None
-
-    @property
-    def group_size(self) -> int:
-        """Query heads per KV head."""
-        return self.num_heads // self.num_kv_heads
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        """Bytes of K and V cache one token takes across all layers."""
-        return 2 * self.num_layers * self.kv_size * torch.empty((), dtype=dtype).element_size()
+def supported_model_types() -> list[str]:
+    """The model_types whose family names a fast engine implementation, sorted."""
+    return sorted(t for t, f in FAMILIES.items() if f.engine in IMPLEMENTATIONS and f.spec is not None)
 
 
-def _sliding_window(config: Any) -> int | None:
-    """The attention window the config actually uses, or None (Qwen2/3 switch it with use_sliding_window)."""
-    window = getattr(config, "sliding_window", None)
-    if not window or getattr(config, "use_sliding_window", True) is False:
-        return None
-    return int(window)
+def engine_family(config: Any) -> Family:
+    """The family of a transformers config, if the fast engine runs it; raises ValueError naming the fixes."""
+    model_type = model_type_of(config)
+    family = FAMILIES.get(model_type)
+    if family is None or family.engine not in IMPLEMENTATIONS or family.spec is None:
+        known = "no model family" if family is None else f"family {family.name!r} has no fast implementation"
+        raise ValueError(
+            f"model_type={model_type!r}: {known}; the fast rollout engine runs {supported_model_types()}. "
+            "Use rollout.engine=reference for other architectures, or add one under ascent/models/families/."
+        )
+    return family
 
 
 def spec_from_config(config: Any) -> ModelSpec:
-    """A transformers config (Qwen2/Qwen3/Llama/Mistral) -> ModelSpec; raises for what we do not run."""
-    model_type = getattr(config, "model_type", "?")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"model_type={model_type!r}: the fast rollout engine runs {list(SUPPORTED_MODEL_TYPES)}; "
-            "use rollout.engine=reference for other architectures."
-        )
-    act = getattr(config, "hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"hidden_act={act!r}: the fast engine implements SwiGLU (silu) MLPs only.")
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    return ModelSpec(
-        model_type=model_type,
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_layers=config.num_hidden_layers,
-        num_heads=config.num_attention_heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        rms_eps=float(config.rms_norm_eps),
-        max_position_embeddings=int(config.max_position_embeddings),
-        tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-        sliding_window=_sliding_window(config),
-    )
+    """A transformers config -> ModelSpec, read by its model family; raises for what the engine does not run."""
+    spec = engine_family(config).spec
+    assert spec is not None  # engine_family checked it
+    return spec(config)
 
 
 def _inv_freq(config: Any, spec: ModelSpec) -> tuple[Tensor, float]:

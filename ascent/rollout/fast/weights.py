@@ -10,9 +10,10 @@ Owned weights keep what the trainer keeps in fp32 under autocast in fp32: the RM
 embedding table (the residual stream starts from its rows). A tied LM head then gets its own copy in the
 engine's dtype for the head matmul, refreshed whenever the embedding is written.
 
-Either way `targets` maps every HF parameter name to the tensor (or the slice of a fused tensor) that holds
-it, so `update_weights` is one `copy_` per incoming tensor and never moves an address a captured CUDA graph
-reads.
+Either way `targets` maps every engine name (the HF name, for the Llama-like families of
+`ascent.models.families`) to the tensor (or the slice of a fused tensor) that holds it; `rename`, the
+family's `to_engine_name`, turns a checkpoint's or a trainer's names into engine names on the way in. So
+`update_weights` is one `copy_` per incoming tensor and never moves an address a captured CUDA graph reads.
 
 Owned weights can be **released** while the engine sleeps (`release()`): every distinct storage shrinks to 0
 bytes, the tensor objects and their views stay. The next `update` re-allocates them (new addresses: the
@@ -22,14 +23,14 @@ those still unwritten, so the engine refuses to run on half-refreshed weights.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, overload
 
 import torch
 from torch import Tensor
 
-from ascent.rollout.fast.spec import ModelSpec
+from ascent.models.families import ModelSpec, same_name
 
 
 @dataclass
@@ -49,7 +50,8 @@ class LayerWeights:
 
 @dataclass
 class ModelWeights:
-    """All weights plus `targets`: HF name -> tensor view that `update` copies into."""
+    """All weights plus `targets`: engine name -> tensor view that `update` copies into; `rename` maps the
+    names `update` receives (checkpoint / trainer names) to engine names."""
 
     embed: Tensor  # [V, H]
     norm: Tensor  # [H]
@@ -58,6 +60,7 @@ class ModelWeights:
     targets: dict[str, Tensor]
     shared: bool
     head_copy: bool = False  # lm_head is a rounded copy of the tied (fp32) embedding, refreshed by `update`
+    rename: Callable[[str], str] = same_name  # checkpoint name -> engine name (the family's to_engine_name)
 
     released: bool = False  # storages are 0 bytes (between `release()` and the next `update`)
     writes: int = 0  # tensors `update` has copied in, ever (a publication failing after one left them mixed)
@@ -77,7 +80,8 @@ class ModelWeights:
         copied, embed_written = 0, False
         with torch.no_grad():
             for name, tensor in items:
-                target = self.targets.get(name)
+                key = self.rename(name)
+                target = self.targets.get(key)
                 if target is None:
                     if name.endswith("rotary_emb.inv_freq"):
                         continue
@@ -98,7 +102,7 @@ class ModelWeights:
                 self.writes += 1
                 embed_written |= target is self.embed
                 if self._pending:
-                    self._pending.discard(self._region_of[name])
+                    self._pending.discard(self._region_of[key])
             if self.head_copy and embed_written:
                 self.lm_head.copy_(self.embed)
         return copied
@@ -184,7 +188,7 @@ def _get(sd: Mapping[str, Tensor], name: str, required: bool = True) -> Tensor |
     if name in sd:
         return sd[name]
     if required:
-        raise KeyError(f"checkpoint has no tensor {name!r}; is this a Qwen2/Qwen3/Llama/Mistral causal LM?")
+        raise KeyError(f"checkpoint has no tensor {name!r}; is this a Llama-like causal LM?")
     return None
 
 
@@ -273,12 +277,19 @@ def _check_supported(sd: Mapping[str, Tensor], spec: ModelSpec) -> None:
 
 
 def build_weights(
-    sd: Mapping[str, Tensor], spec: ModelSpec, dtype: torch.dtype, device: torch.device, share: bool
+    sd: Mapping[str, Tensor],
+    spec: ModelSpec,
+    dtype: torch.dtype,
+    device: torch.device,
+    share: bool,
+    rename: Callable[[str], str] = same_name,
 ) -> ModelWeights:
-    """HF state dict (name -> tensor) -> ModelWeights; `share=True` uses the tensors without copying.
+    """State dict (name -> tensor) -> ModelWeights of the "decoder" layout; `share=True` uses the tensors
+    without copying. `rename` maps the state dict's names to the engine's (HF Llama names).
 
     Sharing requires every tensor to already be on `device` in `dtype`; otherwise pass share=False.
     """
+    sd = {rename(n): t for n, t in sd.items()}
     _check_supported(sd, spec)
     targets: dict[str, Tensor] = {}
     if share:
@@ -302,7 +313,12 @@ def build_weights(
         lm_head = sd["lm_head.weight"] if share else sd["lm_head.weight"].to(device, dtype).clone()
         targets["lm_head.weight"] = lm_head
     return ModelWeights(embed=embed, norm=norm, lm_head=lm_head, layers=layers, targets=targets, shared=share,
-                        head_copy=tied and lm_head is not embed)  # fmt: skip
+                        head_copy=tied and lm_head is not embed, rename=rename)  # fmt: skip
+
+
+# The fast engine's implementations by the key a family names (`Family.engine`): each builds the weights its
+# forward reads from a state dict, a ModelSpec, the dtype, the device, whether to share, and the renaming.
+IMPLEMENTATIONS: dict[str, Callable[..., ModelWeights]] = {"decoder": build_weights}
 
 
 def state_dict_of(model: torch.nn.Module) -> dict[str, Tensor]:

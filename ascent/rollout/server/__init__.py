@@ -4,8 +4,10 @@ can be trained too"; `ascent serve` is its command, in `ascent.entrypoints.serve
 Map: `schemas` (request bodies) -> `prepare` (prompts, context limit, sampling params) -> `server`
 (`OpenAIServer`: lifecycle, pausing for weight updates, recording) -> `batcher` (the engine's own thread,
 batching concurrent requests) -> the engine; back through `handlers` (chat and completions bodies),
-`responses` (OpenAI shapes), `streaming` (tokens to SSE) and `chat` (messages and tool calls). `recorder`
-keeps every sample token-exact per session for training; `errors` gives every failure OpenAI's shape;
+`responses` (OpenAI shapes), `streaming` (tokens to SSE) and `chat` (messages and tool calls, read by the
+family's parser in `tool_parsers`). `grammar` turns `response_format` and guided decoding into llguidance
+grammars the reference engine samples under. `recorder` keeps every sample token-exact per session for
+training (and hands each to a sink: `ascent serve --record`); `errors` gives every failure OpenAI's shape;
 `app` is the FastAPI wiring. FastAPI and uvicorn are imported only by this package.
 
 The handlers talk to the engine through `front.Front`. With `ServerOptions.api_processes` > 1 they run in

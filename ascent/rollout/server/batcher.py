@@ -12,6 +12,12 @@ sampled and the batcher passes it straight on; for any other engine (the referen
 the batcher replays a generation's tokens to the request's `on_token` callback right after the call returns,
 so a stream then arrives in one burst at the end, through the same interface.
 
+Determinism: with `isolate_seeded` (`OpenAIServer` sets it for the reference engine) a seeded request runs
+in a call of its own, so its tokens and logprobs are the same whatever else was queued with it (batched, its
+rows would be padded and multiplied with other rows, which changes float sums and, at a near tie, the
+sampled token). Unseeded requests still share calls. The fast engine's continuous batching is not split:
+its bf16 kernels depend on the batch (README, "Serving the policy over the OpenAI API").
+
 A call that starts on an idle engine first gathers: it waits until no request has arrived for `gather_s`
 (2 ms; at most 4 x gather_s in all), so a burst of requests (many clients at once) starts in one prefill
 instead of the first request's prefill running alone ahead of the rest. A lone request pays one gather_s.
@@ -91,10 +97,11 @@ class Batcher:
         max_batch_requests: int = 256,
         policy_version: int = 0,
         gather_s: float = 0.002,
+        isolate_seeded: bool = False,
     ) -> None:
         if max_batch_requests < 1:
             raise ValueError(f"max_batch_requests={max_batch_requests}: set it to 1 or more.")
-        self.engine, self.gather_s = engine, gather_s
+        self.engine, self.gather_s, self.isolate_seeded = engine, gather_s, isolate_seeded
         self.max_batch_requests = max_batch_requests
         self.policy_version = policy_version
         self.calls = 0  # engine.generate calls made
@@ -206,6 +213,11 @@ class Batcher:
             return
         if isinstance(self.engine, LiveEngine) and not isinstance(self.engine, StreamingEngine):
             self._run_live(batch, version)
+            return
+        seeded = [job for job in batch if job.request.params.seed is not None] if self.isolate_seeded else []
+        if seeded and len(batch) > 1:  # each seeded request in a call of its own (module docstring)
+            for part in [[job for job in batch if job.request.params.seed is None], *([j] for j in seeded)]:
+                self._run(part, version)
             return
         requests = [job.request for job in batch]
         live = isinstance(self.engine, StreamingEngine) and any(job.on_token for job in batch)

@@ -3,8 +3,8 @@
 Requests' messages become the dicts Hugging Face chat templates read (text parts joined, assistant
 `tool_calls` with their JSON arguments as objects, as Qwen's template expects; tool results as `tool`
 messages) and are rendered with `tools=` by `ascent.envs.chat.ChatTokens`, the same encoding episodes use.
-A reply's Qwen-style `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks become OpenAI
-`tool_calls` (parsed by `ascent.envs.tools.calls.parse_tool_calls`); a reply whose blocks do not all parse
+A reply's tool calls, in its model family's format (`tool_parsers.py`: Hermes/Qwen `<tool_call>` blocks,
+Llama 3 JSON, Mistral `[TOOL_CALLS]`), become OpenAI `tool_calls`; a reply whose calls do not all parse
 comes back as plain text, so the client sees what the model wrote.
 """
 
@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from ascent.envs.tools.calls import parse_tool_calls
 from ascent.rollout.server.schemas import ChatMessage, TextPart, Tool, ToolCallIn
-
-_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
+from ascent.rollout.server.tool_parsers import Parser
 
 
 def message_text(content: str | Sequence[TextPart] | None) -> str:
@@ -63,12 +60,12 @@ def template_tools(tools: Sequence[Tool] | None) -> list[dict[str, Any]] | None:
     return [t.model_dump(exclude_none=True) for t in tools] if tools else None
 
 
-def split_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """A reply -> (content, OpenAI tool_calls). Without valid `<tool_call>` blocks: (text, [])."""
-    calls, errors = parse_tool_calls(text)
-    if not calls or errors:
-        return text, []
-    content = _BLOCK.sub("", text).strip()
+def split_tool_calls(text: str, parser: Parser) -> tuple[str | None, list[dict[str, Any]]] | None:
+    """A reply's text (special tokens kept) -> (content, OpenAI tool_calls); None: no well-formed calls."""
+    parsed = parser(text)
+    if parsed is None:
+        return None
+    content, calls = parsed
     tool_calls = [
         {
             "id": f"call_{uuid.uuid4().hex[:24]}",
@@ -77,7 +74,7 @@ def split_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
         }
         for c in calls
     ]
-    return content or None, tool_calls
+    return content, tool_calls
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:

@@ -24,6 +24,7 @@ from ascent.rollout.server.batcher import BatchResult, TokenCallback
 from ascent.rollout.server.errors import APIError
 from ascent.rollout.server.recorder import Endpoint
 from ascent.rollout.server.threads import conversation_digests, last_assistant
+from ascent.rollout.server.tool_parsers import tool_parser
 
 if TYPE_CHECKING:
     from ascent.rollout.server.server import ServerOptions
@@ -35,6 +36,8 @@ class Front(ABC):
     def __init__(self, tokenizer: Any, options: ServerOptions) -> None:
         self.tokenizer, self.options = tokenizer, options
         self.chat = ChatTokens(tokenizer)
+        self.tool_parser_name, self.tool_parser = tool_parser(options.tool_parser, tokenizer)
+        self._specials = frozenset(getattr(tokenizer, "all_special_ids", ()) or ()) | {tokenizer.eos_token_id}
 
     # ---- text helpers ------------------------------------------------------------------------------------
 
@@ -44,6 +47,11 @@ class Front(ABC):
     def piece(self, ids: list[int]) -> str:
         """A token's own text for logprobs, special tokens included."""
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def tool_text(self, ids: list[int]) -> str:
+        """A reply's text for the tool parser: special tokens kept (Mistral's `[TOOL_CALLS]`, Llama's
+        `<|python_tag|>`), the final end-of-turn token left out."""
+        return self.piece(ids[:-1] if ids and ids[-1] in self._specials else ids)
 
     # ---- the engine --------------------------------------------------------------------------------------
 

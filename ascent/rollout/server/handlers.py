@@ -3,8 +3,9 @@
 Each handler renders the prompt (a chat call that echoes an earlier reply of its session continues that
 reply's exact ids: `threads.py`), checks it against the context, queues one engine request per prompt (all
 queued before any is awaited, so they share a batch) and answers with a whole body or, with `stream=true`,
-server-sent chunks. Chat replies with tools are parsed for tool calls; a streamed reply with tools is sent
-when the sample ends (its raw `<tool_call>` text never reaches the client).
+server-sent chunks. Chat replies with tools are parsed for tool calls in the model family's format
+(`tool_parsers.py`); a streamed reply with tools is sent when the sample ends (its raw call text never
+reaches the client).
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from ascent.rollout.server.batcher import BatchResult
 from ascent.rollout.server.chat import cut_at_stop, split_tool_calls
 from ascent.rollout.server.errors import APIError
 from ascent.rollout.server.front import Front, result_of
+from ascent.rollout.server.grammar import request_grammar
 from ascent.rollout.server.prepare import (
     chat_inputs,
     chat_prompt,
     completion_prompts,
     sampling_params,
     token_budget,
+    with_grammar,
 )
 from ascent.rollout.server.responses import (
     Meta,
@@ -39,13 +42,22 @@ from ascent.rollout.server.responses import (
     usage,
     usage_chunk,
 )
-from ascent.rollout.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingBody
+from ascent.rollout.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingBody,
+    refused_field,
+)
 from ascent.rollout.server.streaming import TextStream, TokenFeed, sse
 
 Chunks = AsyncIterator[dict[str, Any]]
 
 
 def check_model(server: Front, body: SamplingBody) -> None:
+    """A field the server does not take is a 400 naming it; a model it does not serve is a 404."""
+    refused = refused_field(body)
+    if refused is not None:
+        raise APIError(400, refused[1], param=refused[0], code="unsupported_parameter")
     name = server.options.model_name
     if body.model != name and not server.options.any_model:
         raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{name}`.",
@@ -89,7 +101,11 @@ def _chat_replies(server: Front, body: ChatCompletionRequest, result: BatchResul
     out = []
     for gen in result.generations:
         text, cut = cut_at_stop(server.decode(gen.token_ids), body.stop_strings())
-        content, calls = split_tool_calls(text) if _uses_tools(body) else (text, [])
+        split = None
+        if _uses_tools(body):
+            raw, _ = cut_at_stop(server.tool_text(list(gen.token_ids)), body.stop_strings())
+            split = split_tool_calls(raw, server.tool_parser)
+        content, calls = split if split is not None else (text, [])
         out.append(_Reply(content, calls, "tool_calls" if calls else gen.finish_reason, cut))
     return out
 
@@ -123,6 +139,7 @@ async def _remember(server: Front, call: _Chat, result: BatchResult, replies: li
 async def chat_completions(server: Front, body: ChatCompletionRequest, session: str) -> Any:
     check_model(server, body)
     limits = server.options.limits
+    grammar = request_grammar(body.model_extra or {}, server.options.constrained_decoding)
     messages, tools = chat_inputs(body)
     prompt_ids = await server.remembered_ids(session, messages, tools)
     if prompt_ids is None:
@@ -130,6 +147,7 @@ async def chat_completions(server: Front, body: ChatCompletionRequest, session: 
     call = _Chat(session, messages, tools, prompt_ids)
     budget = token_budget(len(prompt_ids), body.token_budget(), limits, "messages")
     request = GenerationRequest(prompt_ids, sampling_params(body, budget, limits))
+    request = with_grammar(request, grammar)
     meta = Meta(new_id("chatcmpl"), server.options.model_name)
     if body.stream:
         feed = TokenFeed()
@@ -194,6 +212,7 @@ async def _chat_chunks(server: Front, body: ChatCompletionRequest, meta: Meta, f
 async def completions(server: Front, body: CompletionRequest, session: str) -> Any:
     check_model(server, body)
     limits = server.options.limits
+    grammar = request_grammar(body.model_extra or {}, server.options.constrained_decoding)
     prompts = completion_prompts(server.tokenizer, body, limits)
     requests = [
         GenerationRequest(
@@ -201,6 +220,7 @@ async def completions(server: Front, body: CompletionRequest, session: str) -> A
         )
         for ids in prompts
     ]
+    requests = [with_grammar(r, grammar) for r in requests]
     meta = Meta(new_id("cmpl"), server.options.model_name)
     feed = TokenFeed() if body.stream else None
     futures = []

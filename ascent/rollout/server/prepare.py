@@ -9,10 +9,10 @@ context leaves. Sampling fields the request leaves out take the server's default
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ascent.messages import SamplingParams
+from ascent.messages import GenerationRequest, SamplingParams
 from ascent.rollout.server.chat import template_messages, template_tools
 from ascent.rollout.server.errors import APIError, bad_request
 from ascent.rollout.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingBody
@@ -62,6 +62,11 @@ def sampling_params(body: SamplingBody, max_new_tokens: int, limits: Limits) -> 
         n=body.n,
         seed=body.seed,
     )
+
+
+def with_grammar(request: GenerationRequest, grammar: str | None) -> GenerationRequest:
+    """`request` sampling under `grammar` (`grammar.request_grammar`; None: as it is)."""
+    return request if grammar is None else replace(request, params=replace(request.params, grammar=grammar))
 
 
 def chat_inputs(body: ChatCompletionRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:

@@ -10,11 +10,14 @@ A record's `response_text` is decoded when it is read (`drain`, `peek`) with the
 when it is recorded: detokenizing is the front ends' work, and the engine's process only records.
 
 The recorder is bounded (`max_records`): past it, records of the session held longest are dropped, oldest
-first, and counted in `dropped`, so a server nobody drains cannot grow without limit.
+first, and counted in `dropped`, so a server nobody drains cannot grow without limit. A `sink` (a callable,
+e.g. `ascent serve --record`'s experience store) also gets every record as it is recorded, whatever is
+drained or dropped later; a sink that raises is logged and the record is kept all the same.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict, deque
@@ -25,6 +28,7 @@ from typing import Literal
 from ascent.messages import FinishReason
 
 Endpoint = Literal["chat", "completions"]
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,12 +53,18 @@ class CompletionRecord:
 
 class Recorder:
     """Thread-safe, in-memory store of `CompletionRecord`s by session, in the order they completed.
-    `decode(ids) -> text` fills each record's `response_text` as it is read (None: left as recorded)."""
+    `decode(ids) -> text` fills each record's `response_text` as it is read (None: left as recorded);
+    `sink(record)` is called with every record as it is recorded."""
 
-    def __init__(self, max_records: int = 100_000, decode: Callable[[list[int]], str] | None = None) -> None:
+    def __init__(
+        self,
+        max_records: int = 100_000,
+        decode: Callable[[list[int]], str] | None = None,
+        sink: Callable[[CompletionRecord], None] | None = None,
+    ) -> None:
         if max_records < 1:
             raise ValueError(f"max_records={max_records}: set it to 1 or more.")
-        self.max_records, self.decode = max_records, decode
+        self.max_records, self.decode, self.sink = max_records, decode, sink
         self.dropped = 0
         self._lock = threading.Lock()
         self._sessions: OrderedDict[str, deque[CompletionRecord]] = OrderedDict()
@@ -66,6 +76,11 @@ class Recorder:
             self._count += 1
             while self._count > self.max_records:
                 self._drop_oldest()
+        if self.sink is not None:
+            try:
+                self.sink(record)
+            except Exception:  # the sink's failure (a full disk) must not fail the request
+                logger.exception("the recorder's sink failed on a record of session %s", record.session_id)
 
     def drain(self, session_id: str) -> list[CompletionRecord]:
         """The session's records, oldest first; they are removed from the recorder."""

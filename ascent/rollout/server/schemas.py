@@ -1,10 +1,14 @@
 """Request bodies of the OpenAI-compatible endpoints (`ascent.rollout.server`), as pydantic models.
 
 FastAPI validates every body against these, so a wrong type or value is a 400 naming its field (reshaped
-by `errors.validation_error`). Unknown fields are ignored, as OpenAI-compatible servers do; known fields
-the engine cannot honour (penalties, top-k alternatives, forced tool choice) are refused by name rather
-than silently dropped. `top_k`, `min_p`, `repetition_penalty` and `return_token_ids` are vLLM-style
-extensions (the `extra_body` of the official client).
+by `errors.validation_error`). Nothing a request asks for is silently dropped: fields the engine cannot
+honour (penalties, top-k alternatives, forced tool choice, `parallel_tool_calls: false`, vLLM's grammar
+options but the four in `GRAMMAR_FIELDS`, which `grammar.py` honours or refuses) and fields this server
+does not know are refused by name (`refused_field`, checked by the handlers), except the few in
+`INFORMATIONAL` that change no token (`user`, `metadata`, ...).
+`top_k`, `min_p`, `repetition_penalty` and `return_token_ids` are vLLM-style extensions (the `extra_body`
+of the official client). Nested objects (messages, tools) ignore fields they do not use, so a client can
+send back the assistant message it received (with its `refusal`, `annotations`, ...).
 """
 
 from __future__ import annotations
@@ -72,10 +76,65 @@ UNSUPPORTED = {  # fields the engine cannot honour -> what to do instead
     "frequency_penalty": "leave it at 0 (repetition_penalty is supported)",
     "logit_bias": "leave it out",
     "top_logprobs": _SAMPLED_ONLY,
-    "logprobs": _SAMPLED_ONLY,  # completions: an int, the number of alternatives
+    # completions: an int, the number of alternatives; 0 returns tokens, token_logprobs and text_offset
+    "logprobs": "the engine records only the sampled token's logprob, not alternatives; set it to 0 to get "
+    "each sampled token's logprob (tokens, token_logprobs, text_offset; top_logprobs is null)",
     "echo": "leave it out",
     "suffix": "leave it out",
 }
+
+
+_NO_GRAMMAR = (
+    "this server constrains decoding only with response_format, guided_json, guided_regex or guided_choice; "
+    "leave it out"
+)
+_TEXT_ONLY = "this server generates text only; leave it out"
+GRAMMAR_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice")  # grammar.py reads them
+# fields set to anything but their harmless value (None always is) -> what to do instead
+REFUSED_EXTRAS: dict[str, tuple[Any, str]] = {
+    "parallel_tool_calls": (
+        True,
+        "the model may write several calls in one reply and the server cannot "
+        "stop it; leave it out or set it to true",
+    ),
+    "functions": ([], "the legacy functions API is not supported; send them as tools"),
+    "function_call": ("none", "the legacy functions API is not supported; use tools and tool_choice"),
+    "modalities": (["text"], _TEXT_ONLY),
+    "audio": (None, _TEXT_ONLY),
+    "prediction": (None, "predicted outputs are not supported; leave it out"),
+    "web_search_options": (None, "web search is not supported; leave it out"),
+    "reasoning_effort": (None, "the server does not steer reasoning; leave it out"),
+    "verbosity": (None, "the server does not steer verbosity; leave it out"),
+    "logits_processors": (None, "custom logits processors are not supported; leave it out"),
+    **{
+        name: (None, _NO_GRAMMAR)
+        for name in (
+            "guided_grammar",
+            "guided_decoding_backend",
+            "guided_whitespace_pattern",
+            "structured_outputs",
+        )
+    },
+}
+# accepted and ignored: they describe the caller or ask for bookkeeping, and change no token
+INFORMATIONAL = frozenset(
+    {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
+)
+
+
+def refused_field(body: SamplingBody) -> tuple[str, str] | None:
+    """(field, message) for the first field of `body` this server does not take (see the module doc)."""
+    for name, value in (body.model_extra or {}).items():
+        if name in INFORMATIONAL or name in GRAMMAR_FIELDS:
+            continue
+        if name in REFUSED_EXTRAS:
+            harmless, fix = REFUSED_EXTRAS[name]
+            if value is None or value == harmless:
+                continue
+            return name, f"{name}={value!r} is not supported by this server; {fix}."
+        known = ", ".join(sorted(type(body).model_fields))
+        return name, f"{name}: unknown parameter for this endpoint; it accepts {known}."
+    return None
 
 
 def refuse(value: Any, info: ValidationInfo) -> Any:
@@ -87,8 +146,10 @@ def refuse(value: Any, info: ValidationInfo) -> Any:
 
 
 class SamplingBody(_Body):
-    """What both endpoints share: the model, sampling, stopping, seeding, streaming."""
+    """What both endpoints share: the model, sampling, stopping, seeding, streaming. Fields it does not declare
+    are kept in `model_extra` for `refused_field`."""
 
+    model_config = ConfigDict(extra="allow")
     model: str
     n: int = Field(1, ge=1, le=MAX_N)
     temperature: float | None = Field(None, ge=0, le=2)

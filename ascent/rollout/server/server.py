@@ -31,8 +31,10 @@ from typing import Any
 
 from ascent.messages import GenerationRequest
 from ascent.rollout.base import RolloutEngine
+from ascent.rollout.reference import ReferenceEngine
 from ascent.rollout.server.batcher import Batcher, BatchResult, EnginePaused, TokenCallback
 from ascent.rollout.server.front import Front, unavailable
+from ascent.rollout.server.grammar import LLGuidanceConstraints
 from ascent.rollout.server.prepare import Limits
 from ascent.rollout.server.recorder import CompletionRecord, Endpoint, Recorder
 from ascent.rollout.server.threads import Threads
@@ -55,6 +57,8 @@ class ServerOptions:
     max_records: int = 100_000
     any_model: bool = False  # answer whatever model name a call asks for (a training run's own endpoint)
     api_processes: int = 1
+    tool_parser: str = "auto"  # a name in tool_parsers.TOOL_PARSERS; auto: from the chat template's markers
+    constrained_decoding: bool = False  # set by OpenAIServer: its engine takes grammars (grammar.py)
 
 
 def uvicorn_config(app: Any, host: str, log_level: str) -> Any:
@@ -80,8 +84,17 @@ class OpenAIServer(Front):
 
         if options.api_processes < 1:
             raise ValueError(f"api_processes={options.api_processes}: set it to 1 or more.")
+        if isinstance(engine, ReferenceEngine):  # it samples under a grammar given a constraint factory
+            if engine.constraints is None:
+                engine.constraints = LLGuidanceConstraints(tokenizer)
+            options = dataclasses.replace(options, constrained_decoding=True)
         super().__init__(tokenizer, options)
-        self.batcher = Batcher(engine, options.max_batch_requests, policy_version)
+        seeded_alone = isinstance(
+            engine, ReferenceEngine
+        )  # its seeded requests repeat whatever else is queued
+        self.batcher = Batcher(
+            engine, options.max_batch_requests, policy_version, isolate_seeded=seeded_alone
+        )
         self.recorder = recorder if recorder is not None else Recorder(options.max_records, self.decode)
         self.threads = Threads()  # finished replies, so a call that echoes one continues its exact ids
         self.app = build_app(self)

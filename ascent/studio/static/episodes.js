@@ -5,7 +5,7 @@
 // shows its id, mask, logprob and policy version.
 "use strict";
 
-const STATUS_CHOICES = ["", "trained", "dropped", "filtered", "dropped_stale", "surplus"];
+const STATUS_CHOICES = ["", "trained", "dropped", "filtered", "dropped_stale", "surplus", "served"];
 const FILTERS = ["iteration", "min_reward", "max_reward", "env", "status", "search", "limit", "offset"];
 const PAGE_SIZES = [25, 50, 100, 200];
 

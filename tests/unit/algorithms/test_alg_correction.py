@@ -74,3 +74,22 @@ def test_trainer_usage_reweights_per_token_loss():
     per_token = torch.tensor([1.0, 1.0, 1.0, 1.0])
     loss = LOSS_AGGREGATIONS["token-mean"](per_token * w, MASK, SEQ, total_tokens=3, total_seqs=2, max_len=4)
     assert loss.item() == pytest.approx((1.0 + 2.0 + 0.5) / 3)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence", "geometric"])
+@pytest.mark.parametrize("mode", ["tis", "mis"])
+def test_an_observation_token_with_a_huge_gap_changes_nothing(mode, level):
+    """A multi-turn episode's tool token (mask 0) has sampler logprob 0.0 and any trainer logprob: whatever
+    the gap, the weights and metrics of the sampled tokens are those of the episode without it (a sequence's
+    log-weight sums, or averages, its sampled tokens only)."""
+    old = torch.tensor([-1.0, -0.5, -2.0, -1.2, -0.7])
+    sampler = torch.tensor([-1.1, -0.4, -2.0, -1.0, -0.9])
+    mask = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0])
+    seq = torch.tensor([0, 0, 0, 1, 1])
+    base_w, base_m = rollout_correction_weights(old, sampler, mask, seq, mode=mode, level=level)
+    for gap in (-30.0, 30.0, float("nan")):
+        w, m = rollout_correction_weights(
+            old, sampler.clone().index_fill_(0, torch.tensor([2]), gap), mask, seq, mode=mode, level=level
+        )
+        assert torch.equal(w, base_w)
+        assert all(torch.equal(m[k], base_m[k]) for k in base_m)

@@ -158,3 +158,22 @@ def test_on_policy_gradient_equals_reinforce(name):
     args = (logp.detach(), adv, torch.ones(3), torch.tensor([0, 0, 1]))
     loss, _ = POLICY_LOSSES[name](logp, *args)
     torch.testing.assert_close(grad_of(loss, logp), -adv)
+
+
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
+def test_a_masked_token_with_a_huge_log_ratio_changes_nothing(name):
+    """A tool token (mask 0) inside a sequence: whatever its old logprob (GSPO's sequence ratio averages the
+    sampled tokens only), the loss and gradient of the sampled tokens are unchanged and its own are 0."""
+    logp = leaf([-1.0, -0.5, -2.0, -1.2])
+    adv = torch.tensor([1.0, 1.0, 1.0, -0.5])
+    mask = torch.tensor([1.0, 1.0, 0.0, 1.0])
+    seq = torch.tensor([0, 0, 0, 1])
+    old = torch.tensor([-1.1, -0.45, -2.0, -1.0])
+    fn = POLICY_LOSSES[name]
+    base, _ = fn(logp, old, adv, mask, seq)
+    base_grad = grad_of(base, logp)
+    for gap in (-40.0, 40.0):
+        loss, _ = fn(logp, old.clone().index_fill_(0, torch.tensor([2]), gap), adv, mask, seq)
+        torch.testing.assert_close(loss, base, rtol=0, atol=0)
+        torch.testing.assert_close(grad_of(loss, logp), base_grad, rtol=0, atol=0)
+        assert loss[2] == 0

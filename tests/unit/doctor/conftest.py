@@ -1,7 +1,8 @@
-"""A tiny checkpoint shared by the doctor's tests (no network: `ascent.models.tiny`)."""
+"""A tiny checkpoint and a few prompt rows shared by the doctor's tests (no network: `ascent.models.tiny`)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -22,3 +23,11 @@ def tiny_copy(tiny_dir, tmp_path) -> Path:
     out = tmp_path / "model"
     shutil.copytree(tiny_dir, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def rows_file(tmp_path_factory) -> Path:
+    """Three single-turn rows with a prompt and an answer (what exact_match reads)."""
+    path = tmp_path_factory.mktemp("doctor_data") / "train.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(3)))
+    return path

@@ -262,7 +262,7 @@ def test_memory_fails_on_a_small_gpu_and_names_the_knob(monkeypatch, tiny_dir):
     assert mem.name == "memory per GPU" and mem.status == "fail"
     assert "train.max_tokens_per_micro_batch" in mem.fix
     assert run.run_checks(big, gpu_memory_gib=80).results[-1].status == "ok"
-    assert run.run_checks(big).results[-1].status == "skipped"  # no GPU, no --gpu-memory
+    assert run.run_checks(big).results[-1].name == "host memory (CPU run)"  # no GPU, no --gpu-memory
 
 
 def test_fast_engine_fraction_too_small_leaves_no_kv_cache(monkeypatch, tiny_dir):
@@ -275,11 +275,12 @@ def test_fast_engine_fraction_too_small_leaves_no_kv_cache(monkeypatch, tiny_dir
     assert mem.status == "fail" and "rollout.gpu_memory_fraction" in mem.fix
 
 
-def test_run_checks_exit_codes(monkeypatch, tiny_dir):
+def test_run_checks_exit_codes(monkeypatch, tiny_dir, rows_file):
     from ascent.doctor import report
 
     monkeypatch.setattr(system, "gpu_facts", lambda: CPU)
-    good = run.run_checks(cfg(model={"path": str(tiny_dir)}))
+    monkeypatch.setattr(system, "host_memory", lambda: (64 * GIB, 32 * GIB))
+    good = run.run_checks(cfg(model={"path": str(tiny_dir)}, data={"train_path": str(rows_file)}))
     assert report.exit_code(good.results) == 0, [r for r in good.results if r.status == "fail"]
     bad = run.run_checks(cfg(model={"path": str(tiny_dir)}, rollout={"engine": "fast"}))
     assert report.exit_code(bad.results) == 1  # fast engine without CUDA
@@ -296,7 +297,7 @@ def test_an_awake_engine_warns_where_nothing_overlaps_the_update():
         cfg = RunConfig.model_validate({"cluster": cluster, "rollout": {"max_staleness": k}})
         return plan.check_awake_engine(cfg)
 
-    assert check() is None and check(engine_sleeps=False, placement="split", backend="ray", k=1) is None
+    assert check() is None  # (split placement with engine_sleeps=false is refused by the config itself)
     assert check(engine_sleeps=False, backend="ray", k=1).status == "ok"
     for result in (check(engine_sleeps=False, backend="ray"), check(engine_sleeps=False, k=1)):
         assert result.status == "warn" and "rollout.max_staleness=1" in result.fix

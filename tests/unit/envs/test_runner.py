@@ -124,7 +124,7 @@ def test_the_registry_and_import_paths() -> None:
     assert isinstance(make_env("ascent.envs.base:GuessNumber"), GuessNumber)
     with pytest.raises(EnvNotFoundError, match="guess_number"):
         make_env("guess_numbr")
-    with pytest.raises(EnvNotFoundError, match="cannot load"):
+    with pytest.raises(EnvNotFoundError, match="no module .no_such_module_xyz.. Python looked"):
         make_env("no_such_module_xyz:Env")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import types
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from ascent.models import load_model, load_tokenizer, make_tiny_checkpoint, resolve_device, torch_dtype
+from ascent.models.families import FAMILIES
 from ascent.models.loading import cache_kwarg
 
 
@@ -61,6 +63,13 @@ def test_load_model_dtype_and_device(tiny_dir: Path, name: str, dtype: torch.dty
     assert not model.training
 
 
+def test_load_model_takes_the_class_of_the_checkpoints_family(tiny_dir: Path, monkeypatch) -> None:
+    bare = dataclasses.replace(FAMILIES["qwen2"], trainer_class="AutoModel")
+    monkeypatch.setitem(FAMILIES, "qwen2", bare)
+    model = load_model(tiny_dir, device="cpu")
+    assert not hasattr(model, "lm_head") and hasattr(model, "layers")  # the family's class: a bare decoder
+
+
 def _checkpointing_on(model: torch.nn.Module) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
 
@@ -74,6 +83,18 @@ def test_load_model_missing_dir_names_path(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     with pytest.raises(ValueError, match=r"nope.*no such directory.*local directories"):
         load_model(missing, device="cpu")
+
+
+def test_a_missing_tokenizer_directory_names_the_setting_that_named_it(tmp_path: Path) -> None:
+    from ascent.models.loading import load_tokenizer
+
+    missing = str(tmp_path / "tok")
+    with pytest.raises(
+        ValueError, match=r"^model.tokenizer_path='.*tok': no such directory.*tokenizer files"
+    ):
+        load_tokenizer(missing, field="model.tokenizer_path")
+    with pytest.raises(ValueError, match=r"^model.path='.*tok': no such directory"):
+        load_tokenizer(missing)
 
 
 def test_load_model_dir_without_config(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Episodes from an agent's recorded calls (`ascent.orchestrator.agents`): a call whose prompt extends an
+"""Episodes from an agent's recorded calls (`ascent.orchestrator.agent_segments`): a call whose prompt extends an
 earlier call's ids continues its episode; one that does not starts a segment of its own; the cuts at
 max_turns / max_tokens; the ids between turns get mask 0, logprob 0 and the version of the turn before."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import itertools
 
 from ascent.envs.openai_agents import AgentResult
-from ascent.orchestrator.agents import AgentStats, segment_episode, segments
+from ascent.orchestrator.agent_segments import segment_episode, segments
+from ascent.orchestrator.agents import AgentStats
 from ascent.rollout.server import CompletionRecord
 
 CLOCK = itertools.count()

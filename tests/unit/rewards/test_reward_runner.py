@@ -116,7 +116,7 @@ def test_bad_specs_fail_early():
     with pytest.raises(ValueError, match="with kwargs \\['scale'\\]"):
         RewardRunner(flaky, kwargs={"scale": 2})
     runner = RewardRunner("exact_match")
-    with pytest.raises(ValueError, match="row 2 reward_fn=missing_mod:f: no module 'missing_mod'"):
+    with pytest.raises(ValueError, match="row 2 reward_fn='missing_mod:f': no module 'missing_mod'"):
         runner.prepare([{"answer": 1}, {"reward_fn": "missing_mod:f"}])
     with pytest.raises(ValueError, match="row 1 reward_fn=typo"):
         runner.score(inputs(["4"], reward_fn="typo"))

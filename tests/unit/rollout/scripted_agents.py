@@ -1,5 +1,6 @@
-"""Agents for the tests of `ascent.envs.openai_agents`: well-behaved ones (one makes calls in parallel), and
-ones that raise, hang, block their event loop, return nonsense or kill their process."""
+"""Agents for the tests of `ascent.envs.openai_agents`: well-behaved ones (one makes calls in parallel), ones
+that raise, hang, block their event loop, return nonsense or kill their process, and ones whose
+conversation outgrows the endpoint's context (raising on its 400, or catching it)."""
 
 from __future__ import annotations
 
@@ -52,8 +53,54 @@ async def dies(client: Any, row: dict[str, Any]) -> float:
 
 
 async def blocks(client: Any, row: dict[str, Any]) -> float:
-    time.sleep(3600)  # never yields: only the process timeout ends it
+    time.sleep(3600)  # never yields: the watchdog interrupts it (the process timeout is the backstop)
     return 1.0
+
+
+async def blocks_on_b(client: Any, row: dict[str, Any]) -> float:
+    """`polite`, except that the episode of row q="b" blocks its event loop for an hour, once the others
+    (of the same loop) have had a second to finish."""
+    if row["q"] == "b":
+        await asyncio.sleep(1.0)
+        time.sleep(3600)
+    return await polite(client, row)
+
+
+async def _talk_on(client: Any, row: dict[str, Any]) -> None:
+    """Ask, then echo the reply and ask again, until the endpoint refuses (the 400 raises)."""
+    messages = [{"role": "user", "content": row["q"]}]
+    for _ in range(100):
+        out = await client.chat.completions.create(model="any", messages=messages, max_tokens=4)
+        messages += [{"role": "assistant", "content": out.choices[0].message.content or ""},
+                     {"role": "user", "content": "more"}]  # fmt: skip
+
+
+async def talks_on(client: Any, row: dict[str, Any]) -> float:
+    await _talk_on(client, row)
+    return 1.0
+
+
+async def talks_on_then_scores(client: Any, row: dict[str, Any]) -> float:
+    """Catches the endpoint's context_length_exceeded, as a careful agent does, and returns a reward."""
+    import openai
+
+    try:
+        await _talk_on(client, row)
+    except openai.BadRequestError as err:
+        assert err.code == "context_length_exceeded"
+    return 0.25
+
+
+def plain_talks_on(client: Any, row: dict[str, Any]) -> None:
+    messages = [{"role": "user", "content": row["q"]}]
+    for _ in range(100):
+        out = client.chat.completions.create(model="any", messages=messages, max_tokens=4)
+        messages += [{"role": "assistant", "content": out.choices[0].message.content or ""},
+                     {"role": "user", "content": "more"}]  # fmt: skip
+
+
+def plain_hangs(client: Any, row: dict[str, Any]) -> None:
+    time.sleep(3600)  # on its own thread: the episode times out and the process goes on
 
 
 NOT_A_FUNCTION = 3

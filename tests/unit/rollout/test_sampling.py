@@ -89,6 +89,19 @@ def test_logprob_is_before_filtering_with_temperature() -> None:
     assert logprobs[0].item() < -0.1  # not log(1) of the filtered distribution
 
 
+def test_a_grammar_mask_limits_the_tokens_not_the_logprob() -> None:
+    logits = torch.randn(8, 11, generator=torch.Generator().manual_seed(1))
+    allowed = torch.zeros(8, 11, dtype=torch.bool)
+    allowed[:, [3, 7]] = True
+    allowed[7] = True  # a row without a grammar
+    params = [SamplingParams(temperature=0.0)] * 2 + [SamplingParams(temperature=1.0, top_p=0.9)] * 6
+    tokens, logprobs = sample(logits, _tensors(params), torch.zeros(8, dtype=torch.long), allowed=allowed)
+    assert all(t in (3, 7) for t in tokens[:7].tolist())
+    assert tokens[0].item() == (3 if logits[0, 3] > logits[0, 7] else 7)  # greedy: the best allowed token
+    expected = logits.log_softmax(-1).gather(1, tokens[:, None]).squeeze(1)  # T = 1 for every row here
+    torch.testing.assert_close(logprobs, expected)  # of the unmasked distribution
+
+
 def test_mixed_greedy_and_sampled_rows() -> None:
     logits = torch.tensor([[0.0, 3.0, 0.0]] * 2)
     st = _tensors([SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=1)])

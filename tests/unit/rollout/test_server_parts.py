@@ -1,6 +1,6 @@
 """The server's pieces without HTTP: text deltas with stop strings held back, OpenAI field names from
-pydantic locations, the context budget, tool-call parsing, the bounded recorder and the access rules of
-`ascent serve`."""
+pydantic locations, the context budget, tool-call parsing, the bounded recorder and its sink, and the access
+rules of `ascent serve`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from ascent.rollout.server.errors import APIError, field_path
 from ascent.rollout.server.prepare import Limits, token_budget
 from ascent.rollout.server.recorder import CompletionRecord, Recorder
 from ascent.rollout.server.streaming import TextStream
+from ascent.rollout.server.tool_parsers import hermes
 
 BYTES = "héllo wörld".encode()
 
@@ -54,10 +55,15 @@ def test_token_budget_fits_the_context() -> None:
 
 
 def test_tool_calls_parse_only_when_every_block_is_valid() -> None:
-    content, calls = split_tool_calls('ok <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>')
+    content, calls = split_tool_calls(
+        'ok <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>', hermes
+    ) or (
+        "",
+        [],
+    )
     assert content == "ok" and calls[0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
     broken = 'a <tool_call>{"name": "f"}</tool_call> <tool_call>{nope</tool_call>'
-    assert split_tool_calls(broken) == (broken, [])
+    assert split_tool_calls(broken, hermes) is None
 
 
 def _record(session: str, i: int) -> CompletionRecord:
@@ -72,6 +78,21 @@ def test_recorder_drains_per_session_and_stays_bounded() -> None:
     assert [r.completion_id for r in recorder.drain("a")] == ["c2"]
     assert [r.completion_id for r in recorder.drain("b")] == ["c1", "c3"]
     assert recorder.sessions() == [] and len(recorder) == 0
+
+
+def test_recorder_sink_sees_every_record_and_cannot_fail_one() -> None:
+    seen: list[str] = []
+
+    def sink(record: CompletionRecord) -> None:
+        seen.append(record.completion_id)
+        if record.completion_id == "c1":
+            raise OSError("disk full")
+
+    recorder = Recorder(max_records=1, sink=sink)
+    for i in range(3):
+        recorder.record(_record("a", i))
+    assert seen == ["c0", "c1", "c2"]  # dropped from memory or not, the sink had them all
+    assert [r.completion_id for r in recorder.drain("a")] == ["c2"]
 
 
 def test_serve_access_rules() -> None:

@@ -1,4 +1,5 @@
-"""AdamW construction and the warm-up + constant/cosine learning-rate schedule."""
+"""AdamW construction, the warm-up + constant/cosine learning-rate schedule, and the step (skipped on a
+non-finite gradient norm, or not taken at all)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from ascent.trainer.optim import build_optimizer, build_scheduler, lr_factor
+from ascent.trainer.optim import build_optimizer, build_scheduler, lr_factor, optimizer_step
 
 
 def _lrs(steps, **kw):
@@ -57,3 +58,27 @@ def test_adamw_groups_decay_matrices_only_and_skip_frozen():
     assert [p.shape for p in decay["params"]] == [torch.Size([3, 3])] and decay["weight_decay"] == 0.1
     assert len(no_decay["params"]) == 3 and no_decay["weight_decay"] == 0.0
     assert opt.defaults["foreach"] is True  # CPU: foreach, never fused
+
+
+@pytest.mark.parametrize("grad", [float("nan"), float("inf"), 0.0])
+def test_a_step_is_skipped_on_a_non_finite_norm_or_when_not_asked(grad):
+    """A non-finite gradient norm skips the AdamW update (the schedule advances: a step was due); step=False
+    (a mini-batch without a gradient to follow) moves nothing, the schedule included. After a first real
+    step AdamW has momentum, so a taken step would move the weights even with a zero gradient."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = build_optimizer(model, lr=0.1, weight_decay=0.1)
+    sched = build_scheduler(opt, total_steps=10)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    model(torch.ones(1, 3)).sum().backward()
+    assert optimizer_step(opt, sched, scaler, model.parameters(), 1.0) == (pytest.approx(math.sqrt(8)), False)
+    before = [p.detach().clone() for p in model.parameters()]
+    moments = [t.clone() for s in opt.state.values() for t in s.values()]
+    for p in model.parameters():
+        p.grad = torch.full_like(p, grad)
+    norm, skipped = optimizer_step(opt, sched, scaler, model.parameters(), 1.0, step=grad != 0.0)
+    assert skipped == (not math.isfinite(grad)) and (norm == 0.0 or not math.isfinite(norm))
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    now = [t for s in opt.state.values() for t in s.values()]
+    assert all(torch.equal(a, b) for a, b in zip(moments, now, strict=True))
+    assert sched.last_epoch == (2 if skipped else 1)

@@ -88,15 +88,22 @@ def test_update_metrics_and_token_budget_split(tiny_path):
 
 def test_on_policy_update_reports_the_sampler_mismatch_from_its_own_logprobs(tiny_path):
     """No old logprobs: the update's detached logprobs are the old ones (ratio 1) and it reports
-    |trainer - sampler| over all response tokens, split over micro-batches like any mean."""
+    |trainer - sampler| over the SAMPLED tokens (loss mask 1), split over micro-batches like any mean; a tool
+    token (mask 0, sampler logprob 0.0 as a multi-turn episode records it) is not a mismatch."""
     worker = _worker(tiny_path)
     samples = make_samples(8, seed=5, with_old=False)
+    samples = [  # tool tokens with sampler logprob 0.0: their gap would dominate mean and max
+        replace(s, sampler_logprobs=[x * m for x, m in zip(s.sampler_logprobs, s.loss_mask, strict=True)])
+        for s in samples
+    ]
+    assert any(0 in s.loss_mask for s in samples)
     worker.max_tokens = max(s.num_tokens for s in samples + make_samples(8, seed=5))
     current = worker.compute_logprobs(samples, 1.0)
     diffs = [
         abs(a - b)
         for s, lp in zip(samples, current, strict=True)
-        for a, b in zip(lp, s.sampler_logprobs, strict=True)
+        for a, b, m in zip(lp, s.sampler_logprobs, s.loss_mask, strict=True)
+        if m
     ]
     totals = dict(zip(("total_tokens", "total_seqs"), minibatch_totals(samples), strict=True))
     m = worker.update(samples, **totals)
@@ -204,3 +211,56 @@ def test_bf16_autocast_keeps_fp32_master_weights(tiny_path):
     assert all(torch.isfinite(torch.tensor(v)) for v in m.values())
     assert all(p.dtype == torch.float32 for p in worker.model.parameters())
     assert next(worker.reference.parameters()).dtype == torch.bfloat16
+
+
+def _state(worker):
+    opt = worker.optimizer.state_dict()
+    moments = [(k, n, t.clone()) for k, s in opt["state"].items() for n, t in sorted(s.items())]
+    weights = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
+    return weights, moments, worker.scheduler.state_dict()["last_epoch"], worker.step
+
+
+def _same(a, b) -> bool:
+    (wa, ma, la, sa), (wb, mb, lb, sb) = a, b
+    return (
+        all(torch.equal(wa[n], wb[n]) for n in wa)
+        and len(ma) == len(mb)
+        and all(x[:2] == y[:2] and torch.equal(x[2], y[2]) for x, y in zip(ma, mb, strict=True))
+        and (la, sa) == (lb, sb)
+    )
+
+
+def test_a_mini_batch_not_stepped_leaves_weights_and_optimizer_bit_identical(tiny_path):
+    """All advantages zero: the controller sends step=False. After a real step (AdamW has momentum) and with
+    weight decay, such a mini-batch still moves the weights when stepped; not stepped, weights, moments,
+    step count and LR schedule are bit-identical, and the metrics are still reported."""
+    worker = PolicyWorker(
+        tiny_path, device="cpu", optim=OptimSettings(lr=1e-2, weight_decay=0.1), loss=LossSettings(), seed=0
+    )
+    samples = make_samples(8, seed=3)
+    totals = dict(zip(("total_tokens", "total_seqs"), minibatch_totals(samples), strict=True))
+    worker.update(samples, **totals)
+    zero = [replace(s, advantages=[0.0] * len(s.advantages)) for s in samples]
+    before = _state(worker)
+    m = worker.update(zero, **totals, step=False)
+    assert m["grad_norm"] == 0.0 and m["loss/policy"] == 0.0 and m["entropy"] > 0 and m["skipped"] == 0
+    assert _same(before, _state(worker))
+    assert all(p.grad is None for p in worker.model.parameters())
+    worker.update(zero, **totals)  # stepped (train.step_on_zero_advantage=true): momentum and decay move it
+    after = _state(worker)
+    assert not any(torch.equal(before[0][n], after[0][n]) for n in before[0] if n.endswith("proj.weight"))
+    assert after[2:] == (before[2] + 1, before[3] + 1)
+
+
+def test_a_resume_trains_at_this_runs_lr_not_the_checkpoints(tiny_path, tmp_path):
+    """A resume that changes train.lr (accepted with --accept-changes, e.g. after a divergence) steps at the
+    new peak lr, at the schedule's saved position (here the 2nd of 4 warm-up steps)."""
+    samples = make_samples(4, seed=1)
+    totals = dict(zip(("total_tokens", "total_seqs"), minibatch_totals(samples), strict=True))
+    old = PolicyWorker(tiny_path, device="cpu", optim=OptimSettings(lr=1e-3, warmup_steps=4), seed=0)
+    old.update(samples, **totals)
+    old.save(tmp_path / "ckpt")
+    new = PolicyWorker(tiny_path, device="cpu", optim=OptimSettings(lr=2e-5, warmup_steps=4), seed=0)
+    new.load(tmp_path / "ckpt")
+    assert new.step == 1 and new.update(samples, **totals)["lr"] == pytest.approx(2e-5 * 2 / 4)
+    assert new.scheduler.get_last_lr()[0] == pytest.approx(2e-5 * 3 / 4)

@@ -1,0 +1,46 @@
+"""`ModelSpec`: the flat architecture facts a family's spec reader hands the fast engine (design: "models/").
+
+It lives here, below `rollout`, so a family module can build it from a Hugging Face config without importing
+the engine; `ascent.rollout.fast` reads it (sizes of the KV cache, the weights, the forward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Flat architecture facts of a decoder-only LM with RMSNorm, RoPE, GQA attention and a SwiGLU MLP."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    sliding_window: int | None = None
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        """Bytes of K and V cache one token takes across all layers."""
+        return 2 * self.num_layers * self.kv_size * torch.empty((), dtype=dtype).element_size()

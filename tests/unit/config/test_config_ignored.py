@@ -1,0 +1,105 @@
+"""Settings that the rest of the config makes the run ignore are refused at load time, naming the field, the
+value and the fix (`ascent.config.ignored`, and cuda_ipc with split placement in `rules.py`); the same
+settings where they are read load fine, and a resolved config (every default listed) reads back."""
+
+from __future__ import annotations
+
+import pytest
+
+from ascent.config import (
+    ConfigError,
+    RunConfig,
+    SFTConfig,
+    dump_config,
+    load_config,
+    parse_yaml,
+    validate_config,
+)
+
+ENV = "rollout.env=guess_number"
+RAY_GPU = ["cluster.backend=ray", "cluster.gpus_per_worker=1", "cluster.device=cuda"]
+
+
+def problems(overrides: list[str], schema: type = RunConfig) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides, schema)
+    return info.value.problems
+
+
+def test_a_reward_function_beside_an_environment_is_refused_with_both_ways_out() -> None:
+    (only,) = problems([ENV, "reward.fn=mypkg.rewards:score"])
+    assert only.startswith(
+        "reward.fn='mypkg.rewards:score': rollout.env='guess_number' scores its own episodes"
+    )
+    assert "call it in the environment's step()" in only and "drop rollout.env" in only
+    (kwargs,) = problems([ENV, "reward.kwargs={tolerance: 0.1}"])
+    assert kwargs.startswith("reward.kwargs={tolerance: 0.1}:")
+    load_config(None, ["reward.fn=mypkg.rewards:score"])  # single-turn: the function scores
+    load_config(
+        None, ["rollout.agent=mypkg.agent:run", "reward.fn=mypkg.rewards:score"]
+    )  # scores None replies
+    load_config(None, [ENV, "reward.max_failure_rate=0.2"])  # bounds the environment's failures too
+
+
+def test_cuda_ipc_with_split_placement_is_refused() -> None:
+    (only,) = problems([*RAY_GPU, "cluster.placement=split", "cluster.weight_transport=cuda_ipc"])
+    assert only.startswith("cluster.weight_transport=cuda_ipc:") and "cluster.placement=split" in only
+    assert "use broadcast" in only
+    load_config(None, [*RAY_GPU, "cluster.placement=split", "cluster.weight_transport=broadcast"])
+    load_config(None, [*RAY_GPU, "cluster.weight_transport=cuda_ipc"])  # colocated
+
+
+def test_validation_settings_without_validation_data_are_refused() -> None:
+    got = problems(["val_every=2", "data.max_val_prompts=8", "rollout.val_temperature=0.7"])
+    assert [p.split(":")[0] for p in got] == [
+        "data.max_val_prompts=8",
+        "val_every=2",
+        "rollout.val_temperature=0.7",
+    ]
+    assert all("set data.val_path" in p for p in got)
+    load_config(None, ["val_every=2", "data.val_path=val.jsonl"])
+    (sft,) = problems(["val_every=5"], SFTConfig)
+    assert sft.startswith("val_every=5: there is no validation data (data.val_path is not set)")
+
+
+def test_episode_settings_of_a_single_turn_run_are_refused() -> None:
+    got = problems(["rollout.max_turns=6", "rollout.env_workers=2", "rollout.agent_concurrency=4"])
+    assert got[0].startswith(
+        "rollout.max_turns=6: only multi-turn episodes (rollout.env or rollout.agent) read"
+    )
+    assert got[1].startswith("rollout.env_workers=2:") and "set rollout.env (or rollout.agent)" in got[1]
+    assert got[2].startswith("rollout.agent_concurrency=4: only an agent's episodes read it")
+    load_config(None, [ENV, "rollout.max_turns=6", "rollout.env_workers=2"])
+    (agent_only,) = problems([ENV, "rollout.agent_timeout_s=10"])
+    assert agent_only.startswith("rollout.agent_timeout_s=10")
+
+
+def test_cluster_settings_that_do_not_apply_are_refused() -> None:
+    (inline,) = problems(["cluster.weight_transport=broadcast"])
+    assert inline.startswith("cluster.weight_transport=broadcast: with cluster.backend=inline")
+    (split,) = problems(["cluster.backend=ray", "cluster.placement=split", "cluster.engine_sleeps=false"])
+    assert (
+        split.startswith("cluster.engine_sleeps=false: only colocated placement") and "never sleep" in split
+    )
+    load_config(None, ["cluster.backend=ray", "cluster.engine_sleeps=false"])
+
+
+def test_a_kl_estimator_of_a_kl_term_that_is_off_is_refused() -> None:
+    (loss,) = problems(["algorithm.kl_estimator=k1"])
+    assert loss == (
+        "algorithm.kl_estimator='k1': only the KL loss uses it, and algorithm.kl_loss_coef=0 turns that off; "
+        "set algorithm.kl_loss_coef above 0, or remove it."
+    )
+    (penalty,) = problems(["algorithm.kl_penalty_estimator=k3"])
+    assert penalty.startswith("algorithm.kl_penalty_estimator='k3': only the KL reward penalty uses it")
+    load_config(None, ["algorithm.kl_estimator=k1", "algorithm.kl_loss_coef=0.1"])
+
+
+def test_a_resolved_config_with_every_default_reads_back() -> None:
+    for overrides in (
+        [ENV, "rollout.max_turns=3"],
+        ["rollout.agent=m:run"],
+        ["data.val_path=v.jsonl", "val_every=1"],
+    ):
+        cfg = load_config(None, overrides)
+        assert validate_config(parse_yaml(dump_config(cfg), "config.yaml")) == cfg
