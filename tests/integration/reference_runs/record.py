@@ -73,6 +73,7 @@ def configs(root: Path, model: Path, data: Path) -> dict[str, tuple[str, dict[st
         elif kind == "env":
             # every ordinary character ends a turn: one-character answers, two turns an episode
             cfg["rollout"] |= {"env": f"{SOURCES}:Digits", "stop_token_ids": list(range(4, 40)), **multi_turn}
+            del cfg["reward"]  # the environment scores its episodes (reward.* with rollout.env is refused)
         elif kind == "agent":
             cfg["rollout"] |= {"agent": f"{SOURCES}:agent", "agent_concurrency": 1, **multi_turn}
         elif kind == "async":
