@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ascent.messages import Generation, GenerationRequest, Rollout, TrainSample
+from ascent.models.loading import load_tokenizer, resolve_device
 from ascent.rollout.specs import EngineSpec
 from ascent.trainer.settings import CriticSpec, TrainerSpec
 from ascent.transport.weights import Rendezvous
@@ -51,8 +52,7 @@ class RolloutWorker:
     """Owns one rollout engine replica: generation, weight updates, sleep/wake."""
 
     def __init__(self, spec: EngineSpec, run_dir: str | None = None) -> None:
-        from ascent.models.loading import load_tokenizer, resolve_device
-        from ascent.rollout import build_engine
+        from ascent.rollout import build_engine  # deferred: the engines load only where a replica is built
 
         kwargs = spec.builder_kwargs()
         kwargs["device"] = resolve_device(spec.device)
@@ -129,9 +129,9 @@ class TrainerWorker:
     """One data-parallel rank of the policy trainer (wraps `ascent.trainer.PolicyWorker`)."""
 
     def __init__(self, spec: TrainerSpec, seed: int, run_dir: str | None = None) -> None:
-        from ascent.models.loading import resolve_device
+        # deferred: the training stack (transformers, peft, FSDP) loads only in a trainer rank's process
         from ascent.models.varlen import enable_for_training
-        from ascent.trainer.policy import PolicyWorker
+        from ascent.trainer.policy import PolicyWorker  # deferred: the same stack
 
         rank = int(os.environ.get("RANK", "0"))
         device = resolve_device(spec.device)
@@ -211,8 +211,7 @@ class CriticWorkerActor:
     """One data-parallel rank of the critic (wraps `ascent.trainer.critic.CriticWorker`)."""
 
     def __init__(self, spec: CriticSpec, seed: int, run_dir: str | None = None) -> None:
-        from ascent.models.loading import resolve_device
-        from ascent.trainer.critic import CriticWorker
+        from ascent.trainer.critic import CriticWorker  # deferred: loads only in a critic rank's process
 
         device = resolve_device(spec.device)
         init_distributed(device)
