@@ -92,15 +92,13 @@ def with_stop_tokens(engine: Any, reqs: list, k: int) -> list:
 def trainer_logprobs(path: Path, dtype: str, device: str, runs: list[list]) -> list[list[list[float]]]:
     """runs: lists of (request, generation) pairs -> the trainer's logprobs of every response of each run,
     scored as `ascent train` scores them (one trainer for all runs)."""
-    from ascent.config import AlgorithmConfig, ModelConfig, TrainConfig
     from ascent.messages import TrainSample
     from ascent.models.varlen import enable_for_training
     from ascent.trainer.policy import PolicyWorker
+    from ascent.trainer.settings import TrainerSpec
 
-    policy = PolicyWorker.from_config(
-        model_cfg=ModelConfig(path=str(path), dtype=dtype), train_cfg=TrainConfig(max_tokens_per_micro_batch=8192),
-        algo_cfg=AlgorithmConfig(), total_optimizer_steps=1, temperature=1.0, device=torch.device(device),
-    )  # fmt: skip
+    spec = TrainerSpec(str(path), device=device, dtype=dtype, max_tokens_per_micro_batch=8192, compile="auto")
+    policy = PolicyWorker.from_spec(spec)
     enable_for_training(policy.model, policy.device, policy.compute_dtype, "auto")
     out = []
     for pairs in runs:

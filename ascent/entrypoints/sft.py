@@ -18,7 +18,7 @@ from typing import Any
 
 from ascent.cluster import make_worker_group
 from ascent.cluster.base import WorkerGroup
-from ascent.config.schema import AlgorithmConfig, SFTConfig
+from ascent.config.schema import SFTConfig
 from ascent.data import PromptSampler, load_rows, render_sft_examples
 from ascent.messages import TrainSample
 from ascent.models.loading import load_tokenizer
@@ -27,8 +27,11 @@ from ascent.orchestrator import checkpointing, preflight
 from ascent.orchestrator.interrupt import STOPS, graceful_stop, stopped_message
 from ascent.orchestrator.resume import fingerprints
 from ascent.orchestrator.rundir import open_run_dir, write_config
+from ascent.orchestrator.specs import lora_settings, optim_settings
 from ascent.orchestrator.workers import TrainerWorker
 from ascent.tracking import Metrics, Progress, RunStarted, open_tracking, setup_logging, tracked_run
+from ascent.trainer.loss import LossSettings
+from ascent.trainer.settings import TrainerSpec
 
 log = logging.getLogger("ascent")
 
@@ -95,6 +98,30 @@ def _sft(cfg: SFTConfig, run_dir: Any, stop: Any, resume_from: str | None, accep
             trainer.shutdown()
 
 
+def trainer_spec(cfg: SFTConfig, steps: int) -> TrainerSpec:
+    """SFT's own trainer spec: the policy trainer with the `reinforce` loss aggregated by `token-mean` (with
+    advantage 1, the response's negative log-likelihood), no reference, temperature 1."""
+    m, t = cfg.model, cfg.train
+    return TrainerSpec(
+        model_path=m.path,
+        tokenizer_path=m.tokenizer_path,
+        device=cfg.cluster.device,
+        dtype=m.dtype,
+        gradient_checkpointing=m.gradient_checkpointing,
+        trust_remote_code=m.trust_remote_code,
+        lora=lora_settings(m.lora),
+        optim=optim_settings(t, steps),
+        loss=LossSettings(policy_loss="reinforce", loss_aggregation="token-mean"),
+        max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
+        logprob_chunk_tokens=t.logprob_chunk_tokens,
+        temperature=1.0,
+        need_reference=False,
+        sharding=t.sharding,
+        compile=t.compile,
+        attention=t.attention,
+    )
+
+
 def _trainer_group(cfg: SFTConfig, steps: int) -> WorkerGroup[TrainerWorker]:
     """The trainer ranks (inline: one, in this process; Ray: `cluster.num_trainer_workers`)."""
     c = cfg.cluster
@@ -102,12 +129,10 @@ def _trainer_group(cfg: SFTConfig, steps: int) -> WorkerGroup[TrainerWorker]:
         from ascent.cluster import init_ray  # deferred: it imports Ray, which an inline run does without
 
         init_ray(c.address, c.num_cpus, temp_dir=c.ray_temp_dir)
-    algo = AlgorithmConfig(advantage="grpo", policy_loss="reinforce", loss_aggregation="token-mean")
-    kwargs = {"model_cfg": cfg.model, "train_cfg": cfg.train, "algo_cfg": algo, "total_optimizer_steps": steps,
-              "temperature": 1.0, "device": c.device, "need_reference": False}  # fmt: skip
+    spec = trainer_spec(cfg, steps)
     return make_worker_group(
         TrainerWorker, num_workers=c.num_trainer_workers, backend=c.backend, name="trainer",
-        init_kwargs={"trainer_kwargs": kwargs, "seed": cfg.seed, "run_dir": cfg.run_dir}, run_dir=cfg.run_dir,
+        init_kwargs={"spec": spec, "seed": cfg.seed, "run_dir": cfg.run_dir}, run_dir=cfg.run_dir,
         num_gpus_per_worker=c.gpus_per_worker, num_cpus_per_worker=c.cpus_per_worker, timeout_s=c.worker_timeout_s,
         log_level=cfg.tracking.log_level,
     )  # fmt: skip

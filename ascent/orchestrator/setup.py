@@ -1,6 +1,8 @@
 """Builders that turn the run config into the loop's parts: datasets, worker groups, reward runner, trackers.
 
-Config stops here: everything below receives flat arguments.
+Config stops here: the workers are built from the frozen, flat specs of `ascent.orchestrator.specs` (imported
+where the groups are built: they import torch, and this module stays importable without it for `ascent
+doctor`), everything else receives flat arguments.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from ascent.config.schema import RunConfig
 if TYPE_CHECKING:
     from ascent.cluster.base import WorkerGroup
     from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
+    from ascent.trainer.settings import CriticSpec, TrainerSpec
     from ascent.transport.publish import Publisher
 
 log = logging.getLogger("ascent")
@@ -83,44 +86,12 @@ def agent_items(rows: list[dict[str, Any]]) -> list[Any]:
     ]
 
 
-def engine_kwargs(cfg: RunConfig) -> dict[str, Any]:
-    """Flat keyword arguments of the rollout engine builder."""
-    kw: dict[str, Any] = {
-        "model_path": cfg.model.path,
-        "tokenizer_path": cfg.model.tokenizer_path or cfg.model.path,
-        "dtype": cfg.model.dtype,
-        "device": cfg.cluster.device,
-        "trust_remote_code": cfg.model.trust_remote_code,
-    }
-    if cfg.rollout.engine == "reference":
-        kw["generation_batch_size"] = cfg.rollout.generation_batch_size
-    else:
-        kw["gpu_memory_fraction"] = cfg.rollout.gpu_memory_fraction
-        kw["on_swap"] = "restart" if cfg.rollout.swap_mid_generation == "restart" else "continue"
-    return kw
-
-
 def swaps_mid_generation(cfg: RunConfig) -> bool:
     """Whether publications reach the replicas during a generate call (`rollout.swap_mid_generation`): with
     the fast engine on replicas that generate alongside the trainer (`ClusterConfig.generates_alongside`).
     Inline, or colocated with the engine asleep through the update, generation and publication take turns."""
     c = cfg.cluster
     return cfg.rollout.swap_mid_generation != "off" and c.generates_alongside and cfg.rollout.engine == "fast"
-
-
-def trainer_kwargs(cfg: RunConfig, total_optimizer_steps: int) -> dict[str, Any]:
-    """Flat keyword arguments of `PolicyWorker.from_config`."""
-    return {
-        "model_cfg": cfg.model,
-        "train_cfg": cfg.train,
-        "algo_cfg": cfg.algorithm,
-        "total_optimizer_steps": total_optimizer_steps,
-        "temperature": cfg.rollout.temperature or 1.0,
-        "device": cfg.cluster.device,
-        # the Dr. GRPO length divisor (algorithm.max_response_tokens_norm defaults to it): one constant for
-        # every worker and micro-batch, so the gradient does not depend on how a mini-batch is split
-        "max_new_tokens": cfg.rollout.response_budget,
-    }
 
 
 def optimizer_steps_per_iteration(cfg: RunConfig) -> int:
@@ -245,6 +216,7 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     """The rollout, trainer and (for GAE) critic worker groups, inline or as Ray actors."""
     from ascent.cluster import make_worker_group
     from ascent.cluster.base import W
+    from ascent.orchestrator.specs import critic_spec, engine_spec, trainer_spec  # imports torch (see top)
     from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
 
     c = cfg.cluster
@@ -271,13 +243,12 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
         "log_level": cfg.tracking.log_level,
         **({"placement_group": shared} if shared is not None else {}),
     }
-    train_kw = trainer_kwargs(cfg, steps) | {"need_reference": needs_reference(cfg)}
 
-    def trainer_group(cls: type[W], name: str) -> WorkerGroup[W]:
+    def trainer_group(cls: type[W], name: str, spec: TrainerSpec | CriticSpec) -> WorkerGroup[W]:
         return make_worker_group(
             cls,
             num_workers=c.num_trainer_workers,
-            init_kwargs={"trainer_kwargs": train_kw, "seed": cfg.seed, "run_dir": cfg.run_dir},
+            init_kwargs={"spec": spec, "seed": cfg.seed, "run_dir": cfg.run_dir},
             name=name,
             num_gpus_per_worker=plan.trainer_gpus,
             **common,
@@ -286,18 +257,14 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     rollout = make_worker_group(
         RolloutWorker,
         num_workers=c.num_rollout_workers,
-        init_kwargs={
-            "engine_name": cfg.rollout.engine,
-            "engine_kwargs": engine_kwargs(cfg),
-            "run_dir": cfg.run_dir,
-        },
+        init_kwargs={"spec": engine_spec(cfg), "run_dir": cfg.run_dir},
         name="rollout",
         num_gpus_per_worker=plan.rollout_gpus,
         **common,
     )
-    critic = trainer_group(CriticWorkerActor, "critic") if uses_critic(cfg) else None
-    groups = WorkerGroups(rollout=rollout, trainer=trainer_group(TrainerWorker, "trainer"), critic=critic,
-                          placement_group=shared)  # fmt: skip
+    critic = trainer_group(CriticWorkerActor, "critic", critic_spec(cfg, steps)) if uses_critic(cfg) else None
+    trainer = trainer_group(TrainerWorker, "trainer", trainer_spec(cfg, steps))
+    groups = WorkerGroups(rollout=rollout, trainer=trainer, critic=critic, placement_group=shared)
     try:
         groups.publisher = build_publisher(cfg, groups)
     except BaseException:

@@ -1,9 +1,11 @@
 """The worker classes the controller places in worker groups: a rollout worker and a trainer worker.
 
-Both are plain classes built from flat arguments, so the inline and the Ray backend construct them the same
-way. Logs: under Ray the worker group sends each actor's log to `<run_dir>/logs/<name>_<rank>.log`; inline,
-workers share the controller's process and its `logs/controller.log`. Trainers with several ranks join the
-torch.distributed group described by the RANK/WORLD_SIZE variables the worker group sets.
+Each is a plain class built from its spec (a frozen, flat dataclass: `EngineSpec`, `TrainerSpec`, `CriticSpec`,
+made by `ascent.orchestrator.specs`; no config section crosses into a worker), so the inline and the Ray
+backend construct them the same way. Logs: under Ray the worker group sends each actor's log to
+`<run_dir>/logs/<name>_<rank>.log`; inline, workers share the controller's process and its
+`logs/controller.log`. Trainers with several ranks join the torch.distributed group described by the
+RANK/WORLD_SIZE variables the worker group sets.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from typing import Any
 import torch
 
 from ascent.messages import Generation, GenerationRequest, Rollout, TrainSample
+from ascent.models.loading import load_tokenizer, resolve_device
+from ascent.rollout.specs import EngineSpec
+from ascent.trainer.settings import CriticSpec, TrainerSpec
 from ascent.transport.weights import Rendezvous
 
 log = logging.getLogger("ascent.workers")
@@ -46,20 +51,16 @@ def _seed_everything(seed: int) -> None:
 class RolloutWorker:
     """Owns one rollout engine replica: generation, weight updates, sleep/wake."""
 
-    def __init__(self, engine_name: str, engine_kwargs: dict[str, Any], run_dir: str | None = None) -> None:
-        from ascent.models.loading import resolve_device
-        from ascent.rollout import build_engine
+    def __init__(self, spec: EngineSpec, run_dir: str | None = None) -> None:
+        from ascent.rollout import build_engine  # deferred: the engines load only where a replica is built
 
-        kwargs = dict(engine_kwargs)
-        kwargs["device"] = resolve_device(kwargs.get("device", "auto"))
-        tokenizer_path = kwargs.pop("tokenizer_path")
-        from ascent.models.loading import load_tokenizer
-
-        tok = load_tokenizer(tokenizer_path, kwargs.get("trust_remote_code", False))
+        kwargs = spec.builder_kwargs()
+        kwargs["device"] = resolve_device(spec.device)
+        tok = load_tokenizer(spec.tokenizer_path, spec.trust_remote_code)
         kwargs.setdefault("eos_token_ids", [tok.eos_token_id])
         kwargs.setdefault("pad_token_id", tok.pad_token_id)
         kwargs.setdefault("decode", lambda ids: tok.decode(ids, skip_special_tokens=False))
-        self.engine = build_engine(engine_name, **kwargs)
+        self.engine = build_engine(spec.name, **kwargs)
         self.version = 0  # the policy version of the weights the engine holds (set by every publication)
         self._last_end: float | None = None  # when the previous generate call ended (engine idle time)
         self.link: Any = None  # the weight transport's receiving link, once joined
@@ -127,21 +128,19 @@ class RolloutWorker:
 class TrainerWorker:
     """One data-parallel rank of the policy trainer (wraps `ascent.trainer.PolicyWorker`)."""
 
-    def __init__(self, trainer_kwargs: dict[str, Any], seed: int, run_dir: str | None = None) -> None:
-        from ascent.models.loading import resolve_device
+    def __init__(self, spec: TrainerSpec, seed: int, run_dir: str | None = None) -> None:
+        # deferred: the training stack (transformers, peft, FSDP) loads only in a trainer rank's process
         from ascent.models.varlen import enable_for_training
-        from ascent.trainer.policy import PolicyWorker
+        from ascent.trainer.policy import PolicyWorker  # deferred: the same stack
 
         rank = int(os.environ.get("RANK", "0"))
-        kwargs = dict(trainer_kwargs)
-        device = resolve_device(kwargs.pop("device", "auto"))
+        device = resolve_device(spec.device)
         self.world_size = init_distributed(device)
         _seed_everything(seed + rank)
-        self.policy = PolicyWorker.from_config(device=device, **kwargs)
+        self.policy = PolicyWorker.from_spec(spec, device=device)
         self.link: Any = None  # the weight transport's sending link (rank 0, or every rank for cuda_ipc)
         # packed micro-batches through flash varlen kernels instead of a dense [N, N] mask (CUDA, bf16/fp16)
-        attention = kwargs["train_cfg"].attention
-        enable_for_training(self.policy.model, self.policy.device, self.policy.compute_dtype, attention)
+        enable_for_training(self.policy.model, self.policy.device, self.policy.compute_dtype, spec.attention)
 
     def compute_logprobs(
         self, samples: list[TrainSample], temperature: float, which: str
@@ -211,16 +210,13 @@ class TrainerWorker:
 class CriticWorkerActor:
     """One data-parallel rank of the critic (wraps `ascent.trainer.critic.CriticWorker`)."""
 
-    def __init__(self, trainer_kwargs: dict[str, Any], seed: int, run_dir: str | None = None) -> None:
-        from ascent.models.loading import resolve_device
-        from ascent.trainer.critic import CriticWorker
+    def __init__(self, spec: CriticSpec, seed: int, run_dir: str | None = None) -> None:
+        from ascent.trainer.critic import CriticWorker  # deferred: loads only in a critic rank's process
 
-        skip = ("temperature", "need_reference", "max_new_tokens")
-        kwargs = {k: v for k, v in trainer_kwargs.items() if k not in skip}
-        device = resolve_device(kwargs.pop("device", "auto"))
+        device = resolve_device(spec.device)
         init_distributed(device)
         _seed_everything(seed + 7 + int(os.environ.get("RANK", "0")))
-        self.critic = CriticWorker.from_config(device=device, **kwargs)
+        self.critic = CriticWorker.from_spec(spec, device=device)
 
     def compute_values(self, samples: list[TrainSample]) -> list[list[float]]:
         return self.critic.compute_values(samples)

@@ -43,7 +43,7 @@ from ascent.trainer.distributed import all_reduce_sum
 from ascent.trainer.logprobs import packed_forward, unwrap_model
 from ascent.trainer.loss import MetricSums
 from ascent.trainer.packing import PackedBatch, pack
-from ascent.trainer.settings import OptimSettings, model_settings_from_config, optim_settings_from_config
+from ascent.trainer.settings import CriticSpec, OptimSettings
 from ascent.trainer.sharded import missing_micro_batches
 
 if TYPE_CHECKING:
@@ -134,27 +134,18 @@ class CriticWorker:
         )
 
     @classmethod
-    def from_config(
-        cls,
-        model_cfg: Any,
-        train_cfg: Any,
-        algo_cfg: Any,
-        *,
-        device: str | torch.device = "auto",
-        total_optimizer_steps: int = 0,
-        critic_path: str | Path | None = None,
-        **kwargs: Any,
-    ) -> CriticWorker:
-        """Build from ModelConfig, TrainConfig, AlgorithmConfig (critic_lr, value_clip); `critic_path`
-        overrides the backbone checkpoint (default: the policy's `model_cfg.path`)."""
+    def from_spec(cls, spec: CriticSpec, device: torch.device | None = None, **kwargs: Any) -> CriticWorker:
+        """Build from a `CriticSpec` (`device`: the one the rank resolved from `spec.device`)."""
         return cls(
-            critic_path or model_cfg.path,
-            device=device,
-            optim=optim_settings_from_config(train_cfg, total_optimizer_steps, lr=algo_cfg.critic_lr),
-            value_clip=algo_cfg.value_clip,
-            max_tokens_per_micro_batch=train_cfg.max_tokens_per_micro_batch,
-            sharding=train_cfg.sharding,
-            **model_settings_from_config(model_cfg),
+            spec.model_path,
+            device=spec.device if device is None else device,
+            dtype=spec.dtype,
+            gradient_checkpointing=spec.gradient_checkpointing,
+            trust_remote_code=spec.trust_remote_code,
+            optim=spec.optim,
+            value_clip=spec.value_clip,
+            max_tokens_per_micro_batch=spec.max_tokens_per_micro_batch,
+            sharding=spec.sharding,
             **kwargs,
         )
 

@@ -28,7 +28,7 @@ from ascent.trainer.packing import PackedBatch
 
 @dataclass(frozen=True)
 class LossSettings:
-    """Flat loss options (built from AlgorithmConfig by `PolicyWorker.from_config`).
+    """Flat loss options (built from AlgorithmConfig by `ascent.orchestrator.specs.loss_settings`).
 
     `loss_opts` go to the policy loss (clip_ratio_low/high, dual_clip_c, plug-in options). `max_len` is the
     Dr. GRPO length divisor (None: the longest response of the mini-batch). `rollout_correction` is None,

@@ -48,7 +48,7 @@ from ascent.trainer.compiled import compile_decoder_layers, compile_enabled
 from ascent.trainer.logprobs import token_logprobs, unwrap_model
 from ascent.trainer.loss import LossSettings, MetricSums, micro_batch_loss
 from ascent.trainer.packing import PackedBatch, pack
-from ascent.trainer.settings import LoraSettings, OptimSettings, settings_from_config
+from ascent.trainer.settings import LoraSettings, OptimSettings, TrainerSpec
 from ascent.trainer.sharded import missing_micro_batches
 
 __all__ = ["PolicyWorker", "TrainerOutOfMemory"]
@@ -118,21 +118,26 @@ class PolicyWorker:
         )
 
     @classmethod
-    def from_config(
-        cls,
-        model_cfg: Any,
-        train_cfg: Any,
-        algo_cfg: Any,
-        *,
-        device: str | torch.device = "auto",
-        total_optimizer_steps: int = 0,
-        temperature: float = 1.0,
-        max_new_tokens: int | None = None,
-        **kwargs: Any,
-    ) -> PolicyWorker:
-        """Build from ModelConfig, TrainConfig, AlgorithmConfig (the only place config objects are read)."""
-        flat = settings_from_config(model_cfg, train_cfg, algo_cfg, total_optimizer_steps, max_new_tokens)
-        return cls(model_cfg.path, device=device, temperature=temperature, **flat, **kwargs)
+    def from_spec(cls, spec: TrainerSpec, device: torch.device | None = None, **kwargs: Any) -> PolicyWorker:
+        """Build from a `TrainerSpec` (`device`: the one the rank resolved from `spec.device`)."""
+        return cls(
+            spec.model_path,
+            device=spec.device if device is None else device,
+            dtype=spec.dtype,
+            gradient_checkpointing=spec.gradient_checkpointing,
+            trust_remote_code=spec.trust_remote_code,
+            tokenizer_path=spec.tokenizer_path,
+            lora=spec.lora,
+            optim=spec.optim,
+            loss=spec.loss,
+            max_tokens_per_micro_batch=spec.max_tokens_per_micro_batch,
+            logprob_chunk_tokens=spec.logprob_chunk_tokens,
+            temperature=spec.temperature,
+            need_reference=spec.need_reference,
+            sharding=spec.sharding,
+            compile=spec.compile,
+            **kwargs,
+        )
 
     # ----------------------------------------------------------------------------------------- loading
     def _load_policy(

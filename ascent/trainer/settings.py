@@ -1,22 +1,16 @@
-"""Flat settings of the policy worker, and the one builder that reads config objects (design: "Config objects
-stop at the edge").
+"""The specs a trainer rank is built from: frozen, flat settings of the policy and the critic workers.
 
-`settings_from_config(model_cfg, train_cfg, algo_cfg, ...)` turns ModelConfig / TrainConfig / AlgorithmConfig
-into the keyword arguments of `PolicyWorker`; nothing else in `ascent.trainer` reads a config object.
+Setup turns the config into these once (`ascent.orchestrator.specs`; `ascent sft` builds its own
+`TrainerSpec`) and hands them to the worker classes (design: "Setup builds, the loop moves"); nothing in
+`ascent.trainer` reads a config section. They are plain frozen dataclasses, so they pickle to Ray actors.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ascent.trainer.loss import LossSettings
-
-_CORRECTION_KEYS = {
-    "rollout_correction_level": "level",
-    "rollout_correction_threshold": "threshold",
-    "rollout_correction_threshold_low": "threshold_low",
-}
 
 
 @dataclass(frozen=True)
@@ -74,84 +68,44 @@ class OptimSettings:
         }
 
 
-def model_settings_from_config(model_cfg: Any) -> dict[str, Any]:
-    """ModelConfig -> the loading keywords both workers take: dtype, gradient_checkpointing, trust_remote_code."""
-    return {
-        "dtype": model_cfg.dtype,
-        "gradient_checkpointing": model_cfg.gradient_checkpointing,
-        "trust_remote_code": model_cfg.trust_remote_code,
-    }
+@dataclass(frozen=True)
+class TrainerSpec:
+    """Everything one policy trainer rank is built from (`PolicyWorker.from_spec`).
 
-
-def optim_settings_from_config(
-    train_cfg: Any, total_optimizer_steps: int, lr: float | None = None
-) -> OptimSettings:
-    """TrainConfig -> OptimSettings; `lr` overrides `train_cfg.lr` (the critic's `algorithm.critic_lr`)."""
-    t = train_cfg
-    return OptimSettings(
-        lr=t.lr if lr is None else lr,
-        weight_decay=t.weight_decay,
-        betas=tuple(t.betas),
-        eps=t.eps,
-        warmup_steps=t.warmup_steps,
-        schedule=t.schedule,
-        min_lr_ratio=t.min_lr_ratio,
-        total_steps=total_optimizer_steps,
-        max_grad_norm=t.max_grad_norm,
-        offload=t.offload_optimizer,
-    )
-
-
-def loss_settings_from_config(algo_cfg: Any, max_new_tokens: int | None = None) -> LossSettings:
-    """AlgorithmConfig -> LossSettings (policy-loss options, KL, entropy, Dr. GRPO divisor, correction).
-
-    The policy loss gets the settings it names as parameters (its own fields in `algorithm.policy_loss`:
-    clip ratios, dual-clip, gspo/cispo/sapo settings; a plug-in's `algorithm.options`), picked by
-    `options_for` from `AlgorithmConfig.settings_for`; a plug-in taking `**kwargs` gets them all.
+    `device` is resolved by the rank itself ("auto": its GPU, else the CPU). `need_reference`: hold a frozen
+    copy of the initial policy for a KL term (with LoRA the base with adapters off serves, never a copy).
+    `attention` picks the packed micro-batches' kernels (`ascent.models.varlen.enable_for_training`).
     """
-    from ascent.algorithms import POLICY_LOSSES, options_for
-    from ascent.plugins import resolve
 
-    fields = algo_cfg.model_dump()
-    loss = algo_cfg.policy_loss
-    loss_opts = options_for(
-        resolve(POLICY_LOSSES, loss.name, "algorithm.policy_loss"), algo_cfg.settings_for(loss)
-    )
-    mode = algo_cfg.rollout_correction
-    correction = {
-        short: fields[key] for key, short in _CORRECTION_KEYS.items() if fields.get(key) is not None
-    }
-    return LossSettings(
-        policy_loss=loss.name,
-        loss_aggregation=algo_cfg.loss_aggregation,
-        loss_opts=loss_opts,
-        kl_loss_coef=algo_cfg.kl_loss_coef,
-        kl_estimator=algo_cfg.kl_estimator,
-        entropy_coef=algo_cfg.entropy_coef,
-        max_len=algo_cfg.max_response_tokens_norm or max_new_tokens,
-        rollout_correction=None if mode in (None, "none") else mode,
-        correction_opts=correction,
-    )
+    model_path: str
+    tokenizer_path: str | None = None
+    device: str = "auto"
+    dtype: str = "fp32"
+    gradient_checkpointing: bool = False
+    trust_remote_code: bool = False
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    optim: OptimSettings = field(default_factory=OptimSettings)
+    loss: LossSettings = field(default_factory=LossSettings)
+    max_tokens_per_micro_batch: int = 8192
+    logprob_chunk_tokens: int = 1024
+    temperature: float = 1.0
+    need_reference: bool = False
+    sharding: str = "none"
+    compile: str = "off"
+    attention: str = "auto"
 
 
-def settings_from_config(
-    model_cfg: Any,
-    train_cfg: Any,
-    algo_cfg: Any,
-    total_optimizer_steps: int,
-    max_new_tokens: int | None = None,
-) -> dict[str, Any]:
-    """ModelConfig, TrainConfig, AlgorithmConfig -> PolicyWorker keyword arguments (all but path/device)."""
-    lo = model_cfg.lora
-    t = train_cfg
-    return {
-        **model_settings_from_config(model_cfg),
-        "tokenizer_path": model_cfg.tokenizer_path,
-        "lora": LoraSettings(lo.rank, lo.alpha, lo.dropout, tuple(lo.target_modules), lo.save_merged),
-        "optim": optim_settings_from_config(t, total_optimizer_steps),
-        "loss": loss_settings_from_config(algo_cfg, max_new_tokens),
-        "max_tokens_per_micro_batch": t.max_tokens_per_micro_batch,
-        "logprob_chunk_tokens": t.logprob_chunk_tokens,
-        "sharding": t.sharding,
-        "compile": t.compile,
-    }
+@dataclass(frozen=True)
+class CriticSpec:
+    """Everything one critic rank is built from (`CriticWorker.from_spec`): the value model's backbone
+    checkpoint, its precision, AdamW and schedule (`optim.lr`: the critic's own), and the value-loss clip."""
+
+    model_path: str
+    device: str = "auto"
+    dtype: str = "fp32"
+    gradient_checkpointing: bool = False
+    trust_remote_code: bool = False
+    optim: OptimSettings = field(default_factory=lambda: OptimSettings(lr=1e-5))
+    value_clip: float | None = 0.2
+    max_tokens_per_micro_batch: int = 8192
+    sharding: str = "none"

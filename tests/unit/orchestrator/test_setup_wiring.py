@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ascent.config import RunConfig
-from ascent.orchestrator import setup
+from ascent.orchestrator import setup, specs
 from ascent.orchestrator.batch import sampling_params
 
 
@@ -12,23 +12,17 @@ def cfg(**sections) -> RunConfig:
 
 
 def test_dr_grpo_divisor_defaults_to_max_new_tokens_for_every_worker():
-    from ascent.trainer.settings import loss_settings_from_config
-
     c = cfg(rollout={"max_new_tokens": 96}, algorithm={"loss_aggregation": "seq-mean-token-sum-norm"})
-    kw = setup.trainer_kwargs(c, total_optimizer_steps=10)
-    assert kw["max_new_tokens"] == 96
-    assert loss_settings_from_config(c.algorithm, kw["max_new_tokens"]).max_len == 96
+    assert specs.trainer_spec(c, total_optimizer_steps=10).loss.max_len == 96
     c2 = cfg(rollout={"max_new_tokens": 96}, algorithm={"max_response_tokens_norm": 50})
-    assert (
-        loss_settings_from_config(c2.algorithm, setup.trainer_kwargs(c2, 10)["max_new_tokens"]).max_len == 50
-    )
+    assert specs.trainer_spec(c2, total_optimizer_steps=10).loss.max_len == 50
 
 
 def test_engine_gets_trust_remote_code_and_sampling_gets_repetition_penalty():
     c = cfg(
         model={"path": "m", "trust_remote_code": True}, rollout={"repetition_penalty": 1.2, "engine": "fast"}
     )
-    assert setup.engine_kwargs(c)["trust_remote_code"] is True
+    assert specs.engine_spec(c).builder_kwargs()["trust_remote_code"] is True
     assert sampling_params(c.rollout).repetition_penalty == 1.2
     assert sampling_params(c.rollout, validation=True).repetition_penalty == 1.0
 

@@ -14,11 +14,12 @@ import torch
 
 from ascent.config import RunConfig
 from ascent.messages import Episode, GenerationRequest, SamplingParams
-from ascent.orchestrator import setup
+from ascent.orchestrator import setup, specs
 from ascent.orchestrator.batch import to_groups
 from ascent.orchestrator.collector import staleness
 from ascent.orchestrator.loop import swap_metrics
 from ascent.orchestrator.workers import RolloutWorker
+from ascent.rollout.specs import EngineSpec
 
 
 def cfg(**sections) -> RunConfig:
@@ -40,7 +41,7 @@ def cfg(**sections) -> RunConfig:
 def test_swaps_only_where_generation_overlaps_publication(rollout, cluster, swaps):
     c = cfg(rollout={"engine": "fast"} | rollout, cluster=cluster)
     assert setup.swaps_mid_generation(c) is swaps
-    kw = setup.engine_kwargs(c)
+    kw = specs.engine_spec(c).builder_kwargs()
     if c.rollout.engine == "fast":
         assert kw["on_swap"] == ("restart" if rollout.get("swap_mid_generation") == "restart" else "continue")
     else:
@@ -75,9 +76,8 @@ def replica(tmp_path_factory):
     from ascent.models import make_tiny_checkpoint
 
     path = str(make_tiny_checkpoint(tmp_path_factory.mktemp("swap_model"), seed=4))
-    kw = {"model_path": path, "tokenizer_path": path, "dtype": "fp32", "device": "cpu", "max_model_len": 96,
-          "page_size": 16, "max_batch_size": 8}  # fmt: skip
-    return RolloutWorker("fast", kw)
+    options = {"max_model_len": 96, "page_size": 16, "max_batch_size": 8}
+    return RolloutWorker(EngineSpec("fast", path, path, device="cpu", options=options))
 
 
 def test_a_publication_lands_between_decode_steps_of_a_replicas_call(replica, monkeypatch):

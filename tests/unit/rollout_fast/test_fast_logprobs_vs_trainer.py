@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from ascent.config import AlgorithmConfig, ModelConfig, TrainConfig
 from ascent.messages import GenerationRequest, SamplingParams, TrainSample
 from ascent.rollout.fast import build_fast_engine
 from ascent.trainer.policy import PolicyWorker
+from ascent.trainer.settings import TrainerSpec
 
 
 def _requests(n: int) -> list[GenerationRequest]:
@@ -44,10 +44,8 @@ def test_engine_logprobs_equal_the_trainers_with_early_stops_and_refills(fast_ti
     assert sum(g.finish_reason == "stop" for _, g in gens) > len(gens) // 3  # many early stops
     assert engine.stats["prefills"] > 10  # freed rows were refilled by waiting requests
 
-    policy = PolicyWorker.from_config(
-        model_cfg=ModelConfig(path=str(fast_tiny_path)), train_cfg=TrainConfig(max_tokens_per_micro_batch=4096),
-        algo_cfg=AlgorithmConfig(), total_optimizer_steps=1, temperature=1.0, device=torch.device("cpu"),
-    )  # fmt: skip
+    spec = TrainerSpec(str(fast_tiny_path), device="cpu", max_tokens_per_micro_batch=4096, compile="auto")
+    policy = PolicyWorker.from_spec(spec)
     samples = [
         TrainSample(
             prompt_ids=r.prompt_ids,

@@ -1,4 +1,4 @@
-"""CriticWorker: value alignment, micro-batch invariance, learning, clipped loss, save/load, from_config."""
+"""CriticWorker: value alignment, micro-batch invariance, learning, clipped loss, save/load, from_spec."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 from trainer_helpers import make_samples
 
 from ascent.algorithms.value import value_loss
-from ascent.config.schema import AlgorithmConfig, ModelConfig, TrainConfig
 from ascent.trainer import CriticWorker, OptimSettings, minibatch_totals, pack
 from ascent.trainer.critic import CRITIC_DIR, explained_variance, explained_variance_sums
+from ascent.trainer.settings import CriticSpec
 
 SPLITS = {
     "one": [list(range(8))],
@@ -164,12 +164,12 @@ def test_save_load_round_trip(tiny_path, tmp_path):
         fresh.load(tmp_path / "elsewhere")
 
 
-def test_from_config_reads_critic_settings(tiny_path):
-    algo = AlgorithmConfig(advantage="gae", critic_lr=2e-5, value_clip=0.5)
-    train = TrainConfig(max_tokens_per_micro_batch=123, max_grad_norm=0.7)
-    worker = CriticWorker.from_config(
-        ModelConfig(path=str(tiny_path)), train, algo, device="cpu", total_optimizer_steps=10
+def test_from_spec_reads_critic_settings(tiny_path):
+    optim = OptimSettings(lr=2e-5, max_grad_norm=0.7, total_steps=10)
+    spec = CriticSpec(
+        str(tiny_path), device="cpu", optim=optim, value_clip=0.5, max_tokens_per_micro_batch=123
     )
+    worker = CriticWorker.from_spec(spec)
     assert worker.value_clip == 0.5 and worker.max_tokens == 123
     assert worker.optim_settings.max_grad_norm == 0.7 and worker.optim_settings.total_steps == 10
     assert worker.scheduler.get_last_lr()[0] == pytest.approx(2e-5)

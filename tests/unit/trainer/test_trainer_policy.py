@@ -8,9 +8,9 @@ import pytest
 import torch
 from trainer_helpers import make_samples, naive_logprobs
 
-from ascent.config.schema import AlgorithmConfig, ModelConfig, TrainConfig
 from ascent.trainer import LossSettings, OptimSettings, PolicyWorker, TrainerOutOfMemory, minibatch_totals
 from ascent.trainer import policy as policy_mod
+from ascent.trainer.settings import TrainerSpec
 
 SPLITS = {
     "one": [list(range(8))],
@@ -179,15 +179,15 @@ def test_out_of_memory_says_what_to_lower(tiny_path, monkeypatch):
         worker.update(samples, total_tokens=10, total_seqs=2)
 
 
-def test_from_config(tiny_path):
-    worker = PolicyWorker.from_config(
-        ModelConfig(path=str(tiny_path)),
-        TrainConfig(lr=3e-4, warmup_steps=2, schedule="cosine", max_tokens_per_micro_batch=64),
-        AlgorithmConfig(loss_aggregation="seq-mean-token-sum-norm", rollout_correction="tis"),
+def test_from_spec(tiny_path):
+    spec = TrainerSpec(
+        str(tiny_path),
         device="cpu",
-        total_optimizer_steps=10,
-        max_new_tokens=32,
+        optim=OptimSettings(lr=3e-4, warmup_steps=2, schedule="cosine", total_steps=10),
+        loss=LossSettings(loss_aggregation="seq-mean-token-sum-norm", max_len=32, rollout_correction="tis"),
+        max_tokens_per_micro_batch=64,
     )
+    worker = PolicyWorker.from_spec(spec)
     assert worker.max_tokens == 64 and worker.loss_settings.max_len == 32
     assert worker.loss_settings.rollout_correction == "tis"
     assert worker.scheduler.get_last_lr()[0] == pytest.approx(1.5e-4)

@@ -1,0 +1,133 @@
+"""Builders of the workers' specs: the run config turned into frozen, flat arguments at the edge.
+
+Setup builds each spec once (`trainer_spec`, `critic_spec`, `engine_spec`) and the worker groups construct
+their workers from it; `ascent sft` builds its own `TrainerSpec` from the same parts (`lora_settings`,
+`optim_settings`). No config section crosses below this module (design: "Setup builds, the loop moves").
+The spec types live next to their consumers: `TrainerSpec` and `CriticSpec` in `ascent.trainer.settings`,
+`EngineSpec` in `ascent.rollout.specs`.
+"""
+
+from __future__ import annotations
+
+from ascent.algorithms import POLICY_LOSSES, options_for
+from ascent.config.schema import AlgorithmConfig, LoraConfig, RunConfig, TrainConfig
+from ascent.orchestrator.setup import needs_reference
+from ascent.plugins import resolve
+from ascent.rollout.specs import EngineSpec
+from ascent.trainer.loss import LossSettings
+from ascent.trainer.settings import CriticSpec, LoraSettings, OptimSettings, TrainerSpec
+
+_CORRECTION_KEYS = {
+    "rollout_correction_level": "level",
+    "rollout_correction_threshold": "threshold",
+    "rollout_correction_threshold_low": "threshold_low",
+}
+
+
+def trainer_spec(cfg: RunConfig, total_optimizer_steps: int) -> TrainerSpec:
+    """The policy trainer ranks' spec: model, LoRA, AdamW and schedule, loss, micro-batching, precision."""
+    m, t = cfg.model, cfg.train
+    return TrainerSpec(
+        model_path=m.path,
+        tokenizer_path=m.tokenizer_path,
+        device=cfg.cluster.device,
+        dtype=m.dtype,
+        gradient_checkpointing=m.gradient_checkpointing,
+        trust_remote_code=m.trust_remote_code,
+        lora=lora_settings(m.lora),
+        optim=optim_settings(t, total_optimizer_steps),
+        # the Dr. GRPO length divisor (algorithm.max_response_tokens_norm defaults to it): one constant for
+        # every worker and micro-batch, so the gradient does not depend on how a mini-batch is split
+        loss=loss_settings(cfg.algorithm, cfg.rollout.response_budget),
+        max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
+        logprob_chunk_tokens=t.logprob_chunk_tokens,
+        temperature=cfg.rollout.temperature or 1.0,
+        need_reference=needs_reference(cfg),
+        sharding=t.sharding,
+        compile=t.compile,
+        attention=t.attention,
+    )
+
+
+def critic_spec(cfg: RunConfig, total_optimizer_steps: int) -> CriticSpec:
+    """The critic ranks' spec: the policy's checkpoint and precision, `algorithm.critic_lr` on the policy's
+    AdamW settings and schedule, `algorithm.value_clip`."""
+    m, t = cfg.model, cfg.train
+    return CriticSpec(
+        model_path=m.path,
+        device=cfg.cluster.device,
+        dtype=m.dtype,
+        gradient_checkpointing=m.gradient_checkpointing,
+        trust_remote_code=m.trust_remote_code,
+        optim=optim_settings(t, total_optimizer_steps, lr=cfg.algorithm.critic_lr),
+        value_clip=cfg.algorithm.value_clip,
+        max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
+        sharding=t.sharding,
+    )
+
+
+def engine_spec(cfg: RunConfig) -> EngineSpec:
+    """The rollout replicas' spec (`rollout.engine` picks the builder; each gets only its own settings)."""
+    m, r = cfg.model, cfg.rollout
+    reference = r.engine == "reference"
+    return EngineSpec(
+        name=r.engine,
+        model_path=m.path,
+        tokenizer_path=m.tokenizer_path or m.path,
+        dtype=m.dtype,
+        device=cfg.cluster.device,
+        trust_remote_code=m.trust_remote_code,
+        generation_batch_size=r.generation_batch_size if reference else None,
+        gpu_memory_fraction=None if reference else r.gpu_memory_fraction,
+        on_swap=None if reference else ("restart" if r.swap_mid_generation == "restart" else "continue"),
+    )
+
+
+def lora_settings(lora: LoraConfig) -> LoraSettings:
+    return LoraSettings(lora.rank, lora.alpha, lora.dropout, tuple(lora.target_modules), lora.save_merged)
+
+
+def optim_settings(train: TrainConfig, total_optimizer_steps: int, lr: float | None = None) -> OptimSettings:
+    """AdamW and the LR schedule of `train`; `lr` overrides `train.lr` (the critic's `algorithm.critic_lr`)."""
+    t = train
+    return OptimSettings(
+        lr=t.lr if lr is None else lr,
+        weight_decay=t.weight_decay,
+        betas=t.betas,
+        eps=t.eps,
+        warmup_steps=t.warmup_steps,
+        schedule=t.schedule,
+        min_lr_ratio=t.min_lr_ratio,
+        total_steps=total_optimizer_steps,
+        max_grad_norm=t.max_grad_norm,
+        offload=t.offload_optimizer,
+    )
+
+
+def loss_settings(algo: AlgorithmConfig, max_new_tokens: int | None = None) -> LossSettings:
+    """The loss options of `algo`: policy loss, KL, entropy, Dr. GRPO divisor, rollout correction.
+
+    The policy loss gets the settings it names as parameters (its own fields in `algorithm.policy_loss`:
+    clip ratios, dual-clip, gspo/cispo/sapo settings; a plug-in's `algorithm.options`), picked by
+    `options_for` from `AlgorithmConfig.settings_for`; a plug-in taking `**kwargs` gets them all.
+    """
+    fields = algo.model_dump()
+    loss = algo.policy_loss
+    loss_opts = options_for(
+        resolve(POLICY_LOSSES, loss.name, "algorithm.policy_loss"), algo.settings_for(loss)
+    )
+    mode = algo.rollout_correction
+    correction = {
+        short: fields[key] for key, short in _CORRECTION_KEYS.items() if fields.get(key) is not None
+    }
+    return LossSettings(
+        policy_loss=loss.name,
+        loss_aggregation=algo.loss_aggregation,
+        loss_opts=loss_opts,
+        kl_loss_coef=algo.kl_loss_coef,
+        kl_estimator=algo.kl_estimator,
+        entropy_coef=algo.entropy_coef,
+        max_len=algo.max_response_tokens_norm or max_new_tokens,
+        rollout_correction=None if mode in (None, "none") else mode,
+        correction_opts=correction,
+    )
