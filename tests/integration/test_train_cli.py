@@ -74,6 +74,9 @@ def test_train_ray_two_sharded_trainer_ranks(tmp_path, tiny_model, arithmetic_da
     cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=2, val_every=0)
     cfg["cluster"] = {"backend": "ray", "num_trainer_workers": 2, "cpus_per_worker": 0.5}
     cfg["train"]["sharding"] = "fsdp"
+    # the untrained model earns no reward, so every advantage is 0: step anyway, or AdamW would hold no state
+    # for the DCP checkpoint to shard (train.step_on_zero_advantage, issue #26)
+    cfg["train"]["step_on_zero_advantage"] = True
     cfg["checkpoint"] = {"every": 1, "keep_last": 2, "hf_weights": "last"}
     ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), timeout=600)
     check_run(tmp_path / "run", 2)
