@@ -42,7 +42,7 @@ from ascent.models.tiny import make_tiny_checkpoint
 TRAIN_OVERRIDES = ["rollout.prompts_per_step=2", "rollout.max_new_tokens=4", "train.trajectories_per_update=16",
                    "tracking.tensorboard=false"]  # fmt: skip
 TEMPLATES = ("run.yaml",)  # a command naming one of these is the reader's to fill in
-WHAT_IT_SHOWS = ("train", "train", "sft", "eval", "config", "doctor", "studio", "train")
+WHAT_IT_SHOWS = ("train", "train", "sft", "eval", "config", "config", "doctor", "studio", "train")
 
 
 def readme_commands() -> list[list[str]]:
@@ -128,6 +128,7 @@ def test_the_using_it_commands_run_after_the_demo(
         else:
             out = in_process(args)
             assert args[0] != "eval" or "accuracy" in out
+            assert "micro_batch" not in args or "train.max_tokens_per_micro_batch" in out
     grpo16 = after_the_demo / DEFAULT_ROOT / "grpo16"
     assert trains == 2 and sorted(p.name for p in (grpo16 / "checkpoints").iterdir()) == [
         "iter_000001",
