@@ -33,8 +33,10 @@ from ascent.studio.metrics import MetricsCache, metrics_payload
 
 STATIC_DIR = Path(__file__).parent / "static"
 LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1"}
-UNAUTHORIZED = ("401: this studio needs its token. Open the URL `ascent studio` printed (it ends in "
-                "?token=...), or send the header `Authorization: Bearer TOKEN`.\n")  # fmt: skip
+UNAUTHORIZED = (
+    "401: this studio needs its token. Open the URL `ascent studio` printed (it ends in "
+    "?token=...), or send the header `Authorization: Bearer TOKEN`.\n"
+)
 
 
 class ConfigText(BaseModel):
@@ -99,13 +101,25 @@ def create_app(root: str | Path, token: str | None = None) -> FastAPI:
 
     @app.get("/api/episodes")
     def list_episodes(
-        run: str, iteration: int | None = None, min_reward: float | None = None,
-        max_reward: float | None = None, env: str | None = None, status: str | None = None,
-        search: str | None = None, offset: int = 0, limit: int = episodes.DEFAULT_LIMIT,
-    ) -> dict[str, Any]:  # fmt: skip
+        run: str,
+        iteration: int | None = None,
+        min_reward: float | None = None,
+        max_reward: float | None = None,
+        env: str | None = None,
+        status: str | None = None,
+        search: str | None = None,
+        offset: int = 0,
+        limit: int = episodes.DEFAULT_LIMIT,
+    ) -> dict[str, Any]:
         run_dir = runs.resolve_run(root, run)
-        filters = {"iteration": iteration, "min_reward": min_reward, "max_reward": max_reward,
-                   "env": env or None, "status": status or None, "search": search or None}  # fmt: skip
+        filters = {
+            "iteration": iteration,
+            "min_reward": min_reward,
+            "max_reward": max_reward,
+            "env": env or None,
+            "status": status or None,
+            "search": search or None,
+        }
         return episodes.list_episodes(run_dir, filters, offset, limit, runs.run_kind(run_dir))
 
     @app.get("/api/episode")

@@ -247,7 +247,8 @@ class FastEngine:
             self._stamp = stamp
 
     def _check_weights(self) -> None:
-        """Raise while a publication failed partway or a weight freed by `sleep(release_weights=True)` is unsent."""
+        """Raise while a publication failed partway or a weight freed by `sleep(release_weights=True)` is
+        unsent."""
         self.swaps.check()
         missing = self.weights.missing()
         if missing:
@@ -276,9 +277,14 @@ class FastEngine:
     ) -> list[Sequence]:
         """Queue the requests' samples in groups of at most max_rows (see `expand_requests`)."""
         groups = expand_requests(
-            requests, out, offset, eos=self.eos, max_model_len=self.max_model_len,
-            can_decode=self.decode is not None, fresh_seed=lambda: int(torch.randint(0, 2**62, ()).item()),
-        )  # fmt: skip
+            requests,
+            out,
+            offset,
+            eos=self.eos,
+            max_model_len=self.max_model_len,
+            can_decode=self.decode is not None,
+            fresh_seed=lambda: int(torch.randint(0, 2**62, ()).item()),
+        )
         for group in groups:
             for start in range(0, len(group), self.max_rows):
                 self.sched.add(group[start : start + self.max_rows])
@@ -361,8 +367,9 @@ class FastEngine:
             self._blocked = True
             return
         self.cache.copy_pages(*unzip_pairs(c for a in adms for c in a.copies))
-        hidden = self.runner.prefill([a.prompt[a.reuse :] for a in adms], [a.reuse for a in adms],
-                                     [a.pages for a in adms])  # fmt: skip
+        hidden = self.runner.prefill(
+            [a.prompt[a.reuse :] for a in adms], [a.reuse for a in adms], [a.pages for a in adms]
+        )
         self.cache.copy_pages(*unzip_pairs(c for a in adms for c in self.sched.fork(a)))
         self.stats["prefills"] += 1
         self.stats["prefill_tokens"] += sum(len(a.prompt) - a.reuse for a in adms)
