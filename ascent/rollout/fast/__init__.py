@@ -3,8 +3,8 @@
 Map: spec.py (architecture facts, read by the model's family in ascent/models/families) -> weights.py
 (shared or owned tensors; IMPLEMENTATIONS, the layouts a family names) -> layers.py / attention.py /
 triton_decode.py (math) -> runner.py (prefill, decode step) -> graphs.py (CUDA graphs) -> engine.py (the
-loop); pages.py, scheduler.py, sequence.py, state.py and live.py are its bookkeeping, swap.py hands the
-weights to publications between decode steps. `build_fast_engine` is the
+engine's API) and batching.py (its loop); pages.py, scheduler.py, sequence.py, state.py and live.py are its
+bookkeeping, swap.py hands the weights to publications between decode steps. `build_fast_engine` is the
 builder registered as `ENGINES["fast"]`. On CPU the same engine runs eagerly (slowly) for the tests.
 """
 
