@@ -55,8 +55,7 @@ def split_import_path(spec: str, field: str) -> tuple[str, str]:
     if not sep or not module or not attr or ":" in attr or " " in spec.strip():
         raise PluginError(
             f"{field}={spec!r}: not an import path; write it as `{IMPORT_PATH_FORM}` (a module that Python "
-            "can "
-            "import, a colon, then the name defined in it)."
+            "can import, a colon, then the name defined in it)."
         )
     return module, attr
 
@@ -76,8 +75,7 @@ def load_plugin(spec: str, field: str, *, must_call: bool = True) -> Any:
     if must_call and not callable(target):
         raise PluginError(
             f"{label}: {attr} in {_where(module)} is a {type(target).__name__}, not callable (a function or "
-            "a class); "
-            f"point at a callable (its public callables: {_callables(module)})."
+            f"a class); point at a callable (its public callables: {_callables(module)})."
         )
     return target
 

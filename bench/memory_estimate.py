@@ -114,8 +114,8 @@ def report(res: dict[str, Any]) -> str:
         return "\n".join(lines)
     lines.append(
         f"peak: estimate {res['estimate_peak_gib']:.2f} GiB ({res['estimate_peak_phase']}), measured "
-        "allocated "
-        f"{res['measured_peak_allocated_gib']:.2f} / reserved {res['measured_peak_reserved_gib']:.2f} GiB -> "
+        f"allocated {res['measured_peak_allocated_gib']:.2f} / reserved "
+        f"{res['measured_peak_reserved_gib']:.2f} GiB -> "
         f"estimate/measured {res['ratio_allocated']:.3f} (allocated), {res['ratio_reserved']:.3f} (reserved)"
     )
     lines.append(

@@ -177,8 +177,7 @@ def report(res: dict[str, Any]) -> str:
     c = res["config"]
     lines = [
         f"{c['episodes']} episodes x {c['turns']} turns, prompt {c['prompt_len']}, observation "
-        f"{c['obs_len']}, "
-        f"response {c['response_len']} tokens, shape {c['shape']} on {res['device_name']}",
+        f"{c['obs_len']}, response {c['response_len']} tokens, shape {c['shape']} on {res['device_name']}",
         f"{'mode':<12} {'wall s':>8} {'prefilled':>10} {'reused':>10} {'generated':>10} {'tok/s':>9} "
         f"{'steps':>6} {'max ctx':>8}",
     ]

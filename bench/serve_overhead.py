@@ -1,11 +1,10 @@
 """What the OpenAI endpoint costs: the same chat requests through `ascent serve`'s server and straight into
 the engine, in one process, alternating.
 
-    python bench/serve_overhead.py --device cuda --clients 256 --new-tokens 256 --repeats 3   # fast engine
-    python bench/serve_overhead.py --device cuda --clients 256 --api-processes 8               # 8 front ends
-    python bench/serve_overhead.py --device cpu --clients 16 --new-tokens 32 --shape tiny      # a CPU smoke
-    run python bench/serve_overhead.py --engine scripted --shape tiny --clients 64 --api-processes 2  # host
-    path
+    python bench/serve_overhead.py --device cuda --clients 256 --new-tokens 256 --repeats 3  # fast engine
+    python bench/serve_overhead.py --device cuda --clients 256 --api-processes 8              # 8 front ends
+    python bench/serve_overhead.py --device cpu --clients 16 --new-tokens 32 --shape tiny     # CPU smoke run
+    python bench/serve_overhead.py --engine scripted --shape tiny --clients 64 --api-processes 2  # host path
 
 A random-weight checkpoint is written to disk (`--shape 0.5b`: Qwen2.5-0.5B's layers with the character
 vocabulary; `tiny`: the test model) and loaded the way `ascent serve` loads one. Direct: one
@@ -369,10 +368,9 @@ def main(argv: list[str] | None = None) -> None:
                     f"{(e_tok / e_s) / (d_tok / d_s):.3f}, endpoint/live "
                     f"{(e_tok / e_s) / (l_tok / l_s):.3f}; "
                     f"prefills/decode steps/fed prompt tokens/compiled graphs: direct {_delta(s0, s1)}, live "
-                    f"{_delta(s1, s2)}, "
-                    f"endpoint {_delta(s2, s3)}; full GC passes in the endpoint phase {gc1[1] - gc0[1]} "
-                    f"({1000 * (gc1[0] - gc0[0]):.0f} ms); the endpoint's requests reached the engine over "
-                    f"{arrivals.spread_ms(seen):.0f} ms",
+                    f"{_delta(s1, s2)}, endpoint {_delta(s2, s3)}; full GC passes in the endpoint phase "
+                    f"{gc1[1] - gc0[1]} ({1000 * (gc1[0] - gc0[0]):.0f} ms); the endpoint's requests reached "
+                    f"the engine over {arrivals.spread_ms(seen):.0f} ms",
                     flush=True,
                 )
         finally:
@@ -386,12 +384,10 @@ def main(argv: list[str] | None = None) -> None:
         ):
             print(
                 f"endpoint throughput / {name}: median {statistics.median(ratios):.3f}, range "
-                f"{min(ratios):.3f}-"
-                f"{max(ratios):.3f} over {len(ratios)} repeats ({args.clients} clients x "
+                f"{min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} repeats ({args.clients} clients x "
                 f"{args.calls_per_client} "
                 f"calls in {args.client_procs or 1} processes, {args.new_tokens} new tokens, "
-                f"{args.api_processes} "
-                f"front-end processes{f', {setting}' if setting else ''})"
+                f"{args.api_processes} front-end processes{f', {setting}' if setting else ''})"
             )
 
 

@@ -1,25 +1,24 @@
-"""Issue #12's two-GPU evidence: GRPO on 1 GPU against 2 GPUs (colocated FSDP, split async), weight
+r"""Issue #12's two-GPU evidence: GRPO on 1 GPU against 2 GPUs (colocated FSDP, split async), weight
 publication over NCCL broadcast, and a Qwen2.5-7B-shape iteration on 2 GPUs, each through `ascent train`.
 
     python3 bench/two_gpus.py --mode one_gpu,colocated2,split_async2 --json $OUT/a.json --logs $OUT/logs
     python3 bench/two_gpus.py --mode one_gpu --device cpu --shape tiny          # CPU smoke test (~30 s)
-    python3 bench/two_gpus.py --estimate                                        # the doctor's memory
-    estimates
+    python3 bench/two_gpus.py --estimate                                        # doctor's memory estimates
 
 Device commands (a machine of 2 GPUs on one host: `run` with kind nvidia-h200-x2 or nvidia-h100-x2, carry
 [".whl"], timeout_s 600; each fits one 10-minute call: the budget guard SIGTERMs a mode --stop-grace-s (45)
 before --budget-s ends, `ascent train` stops after the iteration in progress, and a mode that would start
-with too little time left is skipped):
+with too little time left is skipped), each after the same set-up:
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export
-    PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH && nvidia-smi topo -m && python3
-    bench/two_gpus.py --mode one_gpu,colocated2,split_async2 --budget-s 550 --json $OUT/gpu2.json --logs
-    $OUT/logs 2>&1 | tail -120 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site
-    .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH && python3
-    bench/two_gpus.py --mode publish --budget-s 550 --json $OUT/publish.json --logs $OUT/logs 2>&1 | tail -40
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export
-    PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH && python3 bench/two_gpus.py --mode
-    seven_b --budget-s 550 --json $OUT/seven_b.json --logs $OUT/logs 2>&1 | tail -60
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && \
+        export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH && ...
+
+    ... nvidia-smi topo -m && python3 bench/two_gpus.py --mode one_gpu,colocated2,split_async2 \
+        --budget-s 550 --json $OUT/gpu2.json --logs $OUT/logs 2>&1 | tail -120
+    ... python3 bench/two_gpus.py --mode publish --budget-s 550 --json $OUT/publish.json \
+        --logs $OUT/logs 2>&1 | tail -40
+    ... python3 bench/two_gpus.py --mode seven_b --budget-s 550 --json $OUT/seven_b.json \
+        --logs $OUT/logs 2>&1 | tail -60
 
 Calls 4 and 5, the async learning run (`bench/async_learning.sh`: the arithmetic warm start, then GRPO at
 max_staleness 0 and 1 on Ray split with a GPU each), on the same warm machine (runs/ survives between calls):
@@ -491,8 +490,8 @@ def print_estimates(args: argparse.Namespace) -> None:
         two = f"; as two processes {est['two_process_gib']:.1f} GiB" if "two_process_gib" in est else ""
         print(
             f"{mode} ({shape}, offload {offload(args, mode)}): peak {est['peak_gib']:.1f} GiB "
-            f"({est['peak_phase']}), "
-            f"needs {est['needed_gib']:.1f} of {args.gpu_gib} GiB{two}; host {est['host_gib']:.1f} GiB; "
+            f"({est['peak_phase']}), needs {est['needed_gib']:.1f} of {args.gpu_gib} GiB{two}; host "
+            f"{est['host_gib']:.1f} GiB; "
             f"phases: {phases}"
         )
 

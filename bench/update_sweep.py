@@ -1,7 +1,7 @@
-"""The policy update alone, timed across trainer variants and micro-batch settings in ONE process.
+r"""The policy update alone, timed across trainer variants and micro-batch settings in ONE process.
 
-    python bench/update_sweep.py --shape 0.5b --settings 16384/1024 24576/2048 --variants base head
-    head+offsets
+    python bench/update_sweep.py --shape 0.5b --settings 16384/1024 24576/2048 \
+        --variants base head head+offsets
 
 The e2e bench (bench/e2e.py) pays ~65 s of compilation per run; this one builds one PolicyWorker (bf16
 autocast over fp32 master weights, gradient checkpointing, compiled layers, varlen attention: what

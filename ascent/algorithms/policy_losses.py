@@ -72,8 +72,7 @@ def ppo_loss(
         if dual_clip_c <= 1:
             raise ValueError(
                 f"ppo_loss: dual_clip_c={dual_clip_c} must be > 1 (it caps the loss of negative advantages "
-                "at "
-                "-c * A, above the clipped loss only for c > 1); use 3.0 as in Ye et al. 2020, or None."
+                "at -c * A, above the clipped loss only for c > 1); use 3.0 as in Ye et al. 2020, or None."
             )
         cap = -advantages * dual_clip_c
         dual = (advantages < 0) & (loss > cap)

@@ -155,9 +155,8 @@ class WorkerGroup(ABC, Generic[W]):
         if len(shards) != self.num_workers:
             raise ValueError(
                 f"worker group '{self.name}': call_split({self.cls.__name__}.{name}) got {len(shards)} "
-                "shards "
-                f"for {self.num_workers} workers; pass exactly one shard per worker (e.g. split the batch "
-                f"with {self.num_workers} parts)."
+                f"shards for {self.num_workers} workers; pass exactly one shard per worker (e.g. split the "
+                f"batch with {self.num_workers} parts)."
             )
         return self._submit(name, [(rank, (shard, *args), kwargs) for rank, shard in enumerate(shards)])
 

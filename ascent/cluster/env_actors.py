@@ -191,9 +191,8 @@ def default_env_actors(cpus_per_host: float) -> int:
     if n < 1:
         raise ClusterConfigError(
             f"rollout.env_cpus={cpus_per_host:g}: the Ray cluster has {free:g} CPUs free after the workers, "
-            "too "
-            "few for one environment actor. Lower rollout.env_cpus, raise cluster.num_cpus (a local cluster) "
-            "or lower cluster.cpus_per_worker, or add nodes."
+            "too few for one environment actor. Lower rollout.env_cpus, raise cluster.num_cpus (a local "
+            "cluster) or lower cluster.cpus_per_worker, or add nodes."
         )
     return n
 
@@ -223,8 +222,7 @@ def _reserve(n: int, cpus: float, timeout_s: float) -> PlacementGroup:
         lambda: (
             f"rollout.env_workers={n}: could not place {n} x {cpus:g} CPUs for the environment actors "
             f"within cluster.worker_timeout_s={timeout_s:g} s (no node may have {cpus:g} CPUs free); free "
-            "now: "
-            f"{ray.available_resources()}. {fix}"
+            f"now: {ray.available_resources()}. {fix}"
         ),
     )
 

@@ -98,8 +98,7 @@ class InlineWorkerGroup(WorkerGroup[W]):
         if num_workers != 1:
             raise ClusterConfigError(
                 f"worker group '{name}': num_workers={num_workers} with backend=inline; the inline backend "
-                "runs "
-                "one worker in the controller's process. Set cluster.backend=ray to run several workers "
+                "runs one worker in the controller's process. Set cluster.backend=ray to run several workers "
                 "(a local Ray cluster works on one machine), or use 1 worker."
             )
         os.environ.update(

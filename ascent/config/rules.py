@@ -67,8 +67,7 @@ def check_sft_config(cfg: SFTConfig) -> None:
     if cfg.cluster.backend == "inline" and cfg.cluster.num_trainer_workers > 1:
         problems.append(
             f"cluster.num_trainer_workers={cfg.cluster.num_trainer_workers}: several trainer ranks run as "
-            "Ray "
-            "actors; set cluster.backend=ray (a local Ray cluster works on one machine)."
+            "Ray actors; set cluster.backend=ray (a local Ray cluster works on one machine)."
         )
     if cfg.batch_size % cfg.cluster.num_trainer_workers:
         problems.append(
@@ -111,8 +110,7 @@ def _batch_rules(cfg: RunConfig) -> list[str]:
     if t.max_tokens_per_micro_batch < needed:
         out.append(
             f"train.max_tokens_per_micro_batch={t.max_tokens_per_micro_batch}: the longest trajectory can "
-            "have "
-            f"data.max_prompt_tokens + {budget} = {needed} tokens and must fit one micro-batch; "
+            f"have data.max_prompt_tokens + {budget} = {needed} tokens and must fit one micro-batch; "
             f"raise it to at least {needed}."
         )
     return out
@@ -130,9 +128,8 @@ def _transport_rules(cfg: RunConfig) -> list[str]:
     if c.placement == "split":
         return [
             "cluster.weight_transport=cuda_ipc: CUDA IPC shares a trainer rank's GPU memory with the replica "
-            "on "
-            "the same GPU, but cluster.placement=split gives the replicas GPUs of their own; use broadcast "
-            "(NCCL between GPUs) or auto."
+            "on the same GPU, but cluster.placement=split gives the replicas GPUs of their own; use "
+            "broadcast (NCCL between GPUs) or auto."
         ]
     if c.num_rollout_workers != c.num_trainer_workers:
         return [
@@ -231,21 +228,18 @@ def _estimator_rules(cfg: RunConfig) -> list[str]:
     if adv in GROUP_ESTIMATORS and r.temperature == 0:
         out.append(
             "rollout.temperature=0: greedy decoding gives every sample of a group the same response and "
-            "reward, "
-            f"so {adv.upper()}'s advantages (and the gradient) are all 0; sample with a temperature "
+            f"reward, so {adv.upper()}'s advantages (and the gradient) are all 0; sample with a temperature "
             "above 0 (1.0 is usual)."
         )
     if adv == "remax" and r.temperature == 0:
         out.append(
             "rollout.temperature=0: ReMax subtracts the reward of the greedy response, which then equals "
-            "every "
-            "sample (all advantages 0); sample with a temperature above 0."
+            "every sample (all advantages 0); sample with a temperature above 0."
         )
     if isinstance(a.advantage, GrpoAdvantage) and a.advantage.std_over_batch and not a.advantage.scale_by_std:
         out.append(
             "algorithm.advantage.std_over_batch=true needs algorithm.advantage.scale_by_std=true (there is "
-            "no "
-            "std to take over the batch otherwise); set one of them differently."
+            "no std to take over the batch otherwise); set one of them differently."
         )
     if a.critic_warmup_iterations and a.critic_warmup_iterations >= cfg.iterations:
         out.append(
@@ -261,8 +255,8 @@ def _kl_rules(cfg: RunConfig) -> list[str]:
     if a.kl_penalty_coef > 0 and a.advantage.name in GROUP_ESTIMATORS - TOKEN_REWARD_ESTIMATORS:
         out.append(
             f"algorithm.kl_penalty_coef={a.kl_penalty_coef}: advantage={a.advantage.name} ignores per-token "
-            "rewards, "
-            "so the KL penalty would do nothing; use kl_loss_coef instead, or advantage=reinforce_pp/gae."
+            "rewards, so the KL penalty would do nothing; use kl_loss_coef instead, or "
+            "advantage=reinforce_pp/gae."
         )
     if a.kl_target is not None and a.kl_penalty_coef == 0:
         out.append(

@@ -69,8 +69,7 @@ def _read_utf8(file: Path, label: str) -> str:
         column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
         raise DataError(
             f"{label} line {line}, column {column}: byte 0x{data[err.start]:02x} is not UTF-8 "
-            f"({err.reason}); "
-            "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)."
+            f"({err.reason}); save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)."
         ) from err
 
 

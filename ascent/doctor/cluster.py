@@ -62,8 +62,7 @@ def check_ray(cfg: RunConfig, gpus_visible: int) -> list[CheckResult]:
         if error is not None:
             fix = (
                 "start the head first (`ray start --head`; examples/slurm), check this node reaches its "
-                "port, "
-                "or leave cluster.address unset to start a local cluster."
+                "port, or leave cluster.address unset to start a local cluster."
             )
             return [*results, fail("Ray cluster", f"cluster.address={c.address!r}: no answer ({error})", fix)]
     if c.address:

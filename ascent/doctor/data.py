@@ -139,8 +139,7 @@ def row_problems(cfg: RunConfig, rows: list[Any]) -> tuple[list[str], str]:
         if fn in ANSWER_REWARDS and row.get(answer_key) is None:
             problems.append(
                 f"row {i}: field {answer_key!r} is missing, and reward {fn} reads the reference answer from "
-                "it; "
-                f"the row has fields {sorted(row)} (reward.kwargs.answer_key names another field)"
+                f"it; the row has fields {sorted(row)} (reward.kwargs.answer_key names another field)"
             )
     reads = f"'prompt' and {answer_key!r}" if cfg.reward.fn in ANSWER_REWARDS else "'prompt'"
     return problems, f"each has {reads}"

@@ -202,8 +202,8 @@ def check_access(host: str, api_key: str | None, no_api_key: bool) -> str | None
         if host not in LOOPBACK:
             raise ServeError(
                 f"--no-api-key with --host {host}: a server without a key may only listen on a loopback "
-                "address "
-                f"({', '.join(sorted(LOOPBACK))}); set --api-key (or ASCENT_API_KEY) to serve on {host}."
+                f"address ({', '.join(sorted(LOOPBACK))}); set --api-key (or ASCENT_API_KEY) to serve on "
+                f"{host}."
             )
         return None
     if not api_key:

@@ -171,8 +171,7 @@ def started(t: Task, out: tuple[list[Message], Any] | str) -> tuple[list[Message
         name = t.env if isinstance(t.env, str) else type(t.env).__name__
         raise EnvResetError(
             f"row {t.row_id + 1}: {name}.reset failed ({out}); the row has fields {sorted(t.row)}. Fix the "
-            "row or "
-            "the environment (`ascent debug env` runs it where breakpoint() works)."
+            "row or the environment (`ascent debug env` runs it where breakpoint() works)."
         )
     return out
 

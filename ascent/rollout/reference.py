@@ -138,8 +138,7 @@ class ReferenceEngine:
                     known = ", ".join(list(targets)[:3])
                     raise KeyError(
                         f"update_weights: the model has no parameter named {name!r} (names look like "
-                        f"{known}, "
-                        "...); send Hugging Face names without wrapper prefixes such as 'module.'."
+                        f"{known}, ...); send Hugging Face names without wrapper prefixes such as 'module.'."
                     )
                 target = targets[name]
                 if tuple(target.shape) != tuple(tensor.shape):

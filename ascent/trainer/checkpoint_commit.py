@@ -152,10 +152,8 @@ def write_error(final: Path, previous: Path | None, why: str) -> CheckpointWrite
     )
     return CheckpointWriteError(
         f"checkpoint {final} could not be written ({why}); nothing half-written was left behind and "
-        f"{intact}. "
-        f"Free space (or fix permissions) under {final.parent}, or point run_dir at a disk with room, then "
-        "run "
-        "the same command with --resume."
+        f"{intact}. Free space (or fix permissions) under {final.parent}, or point run_dir at a disk with "
+        "room, then run the same command with --resume."
     )
 
 

@@ -283,8 +283,8 @@ def _require_returns(packed: PackedBatch, idx: Sequence[int]) -> Tensor:
     if packed.returns is None:
         raise ValueError(
             f"CriticWorker.update: samples {list(idx)} include one without `returns`; set "
-            "TrainSample.returns "
-            "from the advantage estimator's returns (advantage=gae) before updating the critic."
+            "TrainSample.returns from the advantage estimator's returns (advantage=gae) before updating the "
+            "critic."
         )
     return packed.returns
 

@@ -91,8 +91,7 @@ def test_config_show_explain_looks_fields_up_by_name(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
         "train.max_tokens_per_micro_batch=1024 *  (default: 8192)  Token budget of one forward pass; "
-        "sequences "
-        "are packed up to it.",
+        "sequences are packed up to it.",
         "seed=4 *  (default: 0)  Seed of data order, sampling and initialisation.",
     ]
     typo = runner.invoke(app, ["config", "show", "--explain", "max_tokens_per_microbatch"])

@@ -156,8 +156,7 @@ def check_sandbox(isolated: bool) -> None:
     if missing:
         raise SandboxUnavailableError(
             f"the Python tool's sandbox needs util-linux's {', '.join(missing)} (limits, the change of "
-            "user): "
-            "install util-linux (apt-get install util-linux)."
+            "user): install util-linux (apt-get install util-linux)."
         )
     argv = ["prlimit", "--nproc=16", "--", interpreter(), "-I", "-S", "-c", "pass"]
     seccomp = seccomp_pipe()
@@ -174,10 +173,8 @@ def check_sandbox(isolated: bool) -> None:
     if problem:
         raise SandboxUnavailableError(
             f"the Python tool cannot build its sandbox here: `bwrap` said {problem.splitlines()[-1]!r}. It "
-            "needs "
-            "bubblewrap 0.8 or newer (`bwrap --version`) and user namespaces: allow them (sysctl "
+            "needs bubblewrap 0.8 or newer (`bwrap --version`) and user namespaces: allow them (sysctl "
             "kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; in a container, a seccomp "
-            "or "
-            f"AppArmor profile that permits them), and the interpreter {interpreter()} readable by uid "
+            f"or AppArmor profile that permits them), and the interpreter {interpreter()} readable by uid "
             f"{SANDBOX_UID}."
         )

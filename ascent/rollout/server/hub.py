@@ -87,10 +87,8 @@ class EngineHub:
             self.close()
             raise RuntimeError(
                 f"the engine hub cannot listen on {self.path} ({type(self._failed).__name__}: "
-                f"{self._failed}); "
-                "if the path is longer than a unix socket allows (107 bytes on Linux), set TMPDIR to a "
-                "shorter "
-                "directory."
+                f"{self._failed}); if the path is longer than a unix socket allows (107 bytes on Linux), set "
+                "TMPDIR to a shorter directory."
             ) from self._failed
 
     def close(self, timeout_s: float = 10.0) -> None:

@@ -115,8 +115,7 @@ class FrontendPool:
             self.failure = (
                 f"--api-processes {self.count}: {len(self._deaths)} front-end processes died within "
                 f"{DEATH_WINDOW_S:g} s (the last, {dead.name}, with exit code {dead.exitcode}); their errors "
-                "are "
-                "above. Serving stopped; fix the cause, or serve from one process with --api-processes 1."
+                "are above. Serving stopped; fix the cause, or serve from one process with --api-processes 1."
             )
             logger.error("%s", self.failure)
             self.stop()
