@@ -82,6 +82,14 @@ def create_app(root: str | Path, token: str | None = None) -> FastAPI:
     def plotly() -> FileResponse:
         return FileResponse(plotly_js(), media_type="text/javascript")
 
+    _run_routes(app, root, cache)
+    _config_routes(app, root)
+    return app
+
+
+def _run_routes(app: FastAPI, root: Path, cache: MetricsCache) -> None:
+    """The read-only views of the runs: the list, one run, its metrics, timeline and episodes."""
+
     @app.get("/api/runs")
     def list_runs() -> dict[str, Any]:
         return {"root": str(root), "runs": runs.describe_runs(root, cache)}
@@ -126,6 +134,10 @@ def create_app(root: str | Path, token: str | None = None) -> FastAPI:
     def episode(run: str, id: int) -> dict[str, Any]:
         return episodes.episode_detail(runs.resolve_run(root, run), id)
 
+
+def _config_routes(app: FastAPI, root: Path) -> None:
+    """A run's config, the schema's field descriptions, and validating and saving a config's text."""
+
     @app.get("/api/config")
     def run_config(run: str) -> dict[str, Any]:
         run_dir = runs.resolve_run(root, run)
@@ -143,8 +155,6 @@ def create_app(root: str | Path, token: str | None = None) -> FastAPI:
     def save(body: SaveRequest) -> dict[str, Any]:
         path = configs.save_text(root, body.path, body.text, body.kind, body.overwrite)
         return {"saved": str(path), "relative": path.relative_to(root).as_posix()}
-
-    return app
 
 
 def _access_guard(token: str | None) -> Any:

@@ -220,19 +220,25 @@ def paged_decode_attention(
         **extra,
     )
     if splits > 1:
-        _combine_kernel[(b, nh)](
-            op,
-            lp,
-            out,
-            op.stride(0),
-            op.stride(1),
-            op.stride(2),
-            lp.stride(0),
-            lp.stride(1),
-            out.stride(0),
-            out.stride(1),
-            SPLITS=splits,
-            S_PAD=triton.next_power_of_2(splits),
-            D=d,
-        )
+        _combine(op, lp, out)
     return out.view(b, nh * d)
+
+
+def _combine(op: Tensor, lp: Tensor, out: Tensor) -> None:
+    """Launch the kernel that merges the splits: op [B, nh, splits, d] and lp [B, nh, splits] -> out."""
+    b, nh, splits, d = op.shape
+    _combine_kernel[(b, nh)](
+        op,
+        lp,
+        out,
+        op.stride(0),
+        op.stride(1),
+        op.stride(2),
+        lp.stride(0),
+        lp.stride(1),
+        out.stride(0),
+        out.stride(1),
+        SPLITS=splits,
+        S_PAD=triton.next_power_of_2(splits),
+        D=d,
+    )
