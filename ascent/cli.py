@@ -184,7 +184,8 @@ def evaluate(
         typer.Option(min=1, help="With --agent: the endpoint's context is this plus --max-episode-tokens."),
     ] = 1024,
 ) -> None:
-    """Score a checkpoint on a prompt dataset (accuracy and mean reward), an environment's episodes, or an agent's."""
+    """Score a checkpoint on a prompt dataset (accuracy and mean reward), an environment's episodes, or an
+    agent's."""
     with ErrorGuard():
         # deferred: torch; the options are checked first
         from ascent.entrypoints.evaluate import run_agent_eval, run_env_eval, run_eval

@@ -127,7 +127,8 @@ def flatten(groups: Sequence[Group]) -> list[Episode]:
 
 
 def regroup(groups: Sequence[Group], episodes: Sequence[Episode]) -> list[Group]:
-    """`groups` with their episodes replaced, in order, by `episodes` (one per episode of `flatten(groups)`)."""
+    """`groups` with their episodes replaced, in order, by `episodes` (one per episode of
+    `flatten(groups)`)."""
     if len(episodes) != sum(len(g.episodes) for g in groups):
         raise ValueError(
             f"regroup: {len(episodes)} episodes for groups of {[len(g.episodes) for g in groups]}"

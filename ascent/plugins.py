@@ -31,7 +31,8 @@ IMPORT_PATH_FORM = "pkg.module:name"
 
 
 class PluginError(AscentError, ValueError):
-    """A plug-in import path that does not resolve; the message names the setting, where it looked and the fix."""
+    """A plug-in import path that does not resolve; the message names the setting, where it looked and the
+    fix."""
 
 
 def add_plugin_root(directory: str | os.PathLike[str] | None = None) -> str:
@@ -53,8 +54,8 @@ def split_import_path(spec: str, field: str) -> tuple[str, str]:
     module, sep, attr = spec.strip().partition(":")
     if not sep or not module or not attr or ":" in attr or " " in spec.strip():
         raise PluginError(
-            f"{field}={spec!r}: not an import path; write it as `{IMPORT_PATH_FORM}` (a module that Python can "
-            "import, a colon, then the name defined in it)."
+            f"{field}={spec!r}: not an import path; write it as `{IMPORT_PATH_FORM}` (a module that Python "
+            "can import, a colon, then the name defined in it)."
         )
     return module, attr
 
@@ -73,8 +74,8 @@ def load_plugin(spec: str, field: str, *, must_call: bool = True) -> Any:
         target = getattr(target, part)
     if must_call and not callable(target):
         raise PluginError(
-            f"{label}: {attr} in {_where(module)} is a {type(target).__name__}, not callable (a function or a class); "
-            f"point at a callable (its public callables: {_callables(module)})."
+            f"{label}: {attr} in {_where(module)} is a {type(target).__name__}, not callable (a function or "
+            f"a class); point at a callable (its public callables: {_callables(module)})."
         )
     return target
 
@@ -127,7 +128,8 @@ def _not_found(module_name: str, missing: str, label: str) -> str:
 
 
 def searched_directories() -> list[str]:
-    """The directories of sys.path a user's package could sit in: not the standard library nor site-packages."""
+    """The directories of sys.path a user's package could sit in: not the standard library nor
+    site-packages."""
     paths = sysconfig.get_paths()
     skip = tuple(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths)
     out = []

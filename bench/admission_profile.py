@@ -1,7 +1,7 @@
 """Where the fast engine's time goes when requests arrive while it decodes (host wall time per engine method).
 
-    python bench/admission_profile.py --shape 0.5b --new-tokens 256 --repeats 2 --feed 256   # prompt feeding on
-    python bench/admission_profile.py --shape 0.5b --new-tokens 256 --repeats 2 --feed 0     # every admission prefills
+    python bench/admission_profile.py --shape 0.5b --new-tokens 256 --repeats 2 --feed 256  # feeding on
+    python bench/admission_profile.py --shape 0.5b --new-tokens 256 --repeats 2 --feed 0    # all prefill
 
 Three phases per repeat, the same seeded chat prompts each time: one `generate` call with one request per
 client; one call with all `--clients x --calls` requests (rows refill as sequences end); and "direct live":

@@ -76,16 +76,21 @@ def main() -> None:
     from ascent.models.tiny import make_tiny_checkpoint
 
     tmp = Path(tempfile.mkdtemp())
-    path = make_tiny_checkpoint(tmp / "base", hidden_size=384, num_layers=6, num_heads=6, num_kv_heads=2,
-                                seed=0)  # fmt: skip
+    path = make_tiny_checkpoint(
+        tmp / "base", hidden_size=384, num_layers=6, num_heads=6, num_kv_heads=2, seed=0
+    )
     samples = _samples(load_tokenizer(str(path)), a.sequences, a.seed)
     lengths = [s.num_tokens for s in samples]
     print(f"{len(samples)} sequences, {sum(lengths)} tokens, lengths {min(lengths)}-{max(lengths)}")
 
     ref_lp, ref_g = _run(path, samples, "sdpa", "fp32", False)
     report: dict[str, dict[str, float | str]] = {}
-    for name, attention, ckpt in (("bf16 sdpa", "sdpa", False), ("bf16 varlen", "varlen", False),
-                                  ("bf16 sdpa + ckpt", "sdpa", True), ("bf16 varlen + ckpt", "varlen", True)):  # fmt: skip
+    for name, attention, ckpt in (
+        ("bf16 sdpa", "sdpa", False),
+        ("bf16 varlen", "varlen", False),
+        ("bf16 sdpa + ckpt", "sdpa", True),
+        ("bf16 varlen + ckpt", "varlen", True),
+    ):
         if attention == "varlen" and DEVICE == "cpu":
             continue
         lp, g = _run(path, samples, attention, "bf16", ckpt)
@@ -95,10 +100,16 @@ def main() -> None:
             torch.cat([g[n].flatten() for n in ref_g]), torch.cat([ref_g[n].flatten() for n in ref_g])
         )
         lp_err = float((lp - ref_lp).abs().max())
-        report[name] = {"logprob_max_abs": lp_err, "grad_rel_total": total,
-                        "grad_rel_worst": per_param[worst], "worst_param": worst}  # fmt: skip
-        print(f"{name:20s} logprob max|d| {lp_err:.2e}  grad rel {total:.2e}  "
-              f"worst {per_param[worst]:.2e} ({worst})")  # fmt: skip
+        report[name] = {
+            "logprob_max_abs": lp_err,
+            "grad_rel_total": total,
+            "grad_rel_worst": per_param[worst],
+            "worst_param": worst,
+        }
+        print(
+            f"{name:20s} logprob max|d| {lp_err:.2e}  grad rel {total:.2e}  "
+            f"worst {per_param[worst]:.2e} ({worst})"
+        )
     if a.out:
         Path(a.out).write_text(json.dumps(report, indent=2))
 

@@ -90,20 +90,34 @@ def kv_fraction(args: argparse.Namespace, model_path: Path) -> float:
 def run_config(args: argparse.Namespace, model: Path, data: Path, run_dir: Path, frac: float) -> Any:
     from ascent.config.schema import RunConfig
 
-    return RunConfig.model_validate({
-        "run_dir": str(run_dir), "iterations": args.warmup + args.iterations, "seed": 0,
-        "model": {"path": str(model), "dtype": args.dtype, "gradient_checkpointing": args.grad_ckpt},
-        "data": {"train_path": str(data), "max_prompt_tokens": args.prompt_len, "chat_template": False},
-        "rollout": {"engine": "fast", "prompts_per_step": args.prompts, "samples_per_prompt": args.samples,
-                    "max_new_tokens": args.new_tokens, "temperature": 1.0, "gpu_memory_fraction": frac},
-        "reward": {"fn": "bench_coin", "isolation": "inline"},  # registered in this process (below)
-        "train": {"lr": 1e-6, "trajectories_per_update": args.prompts * args.samples // args.updates,
-                  "max_tokens_per_micro_batch": args.micro_batch_tokens,
-                  "logprob_chunk_tokens": args.logprob_chunk, "compile": args.trainer_compile,
-                  "old_logprobs": args.old_logprobs},
-        "cluster": {"device": args.device, "backend": "inline", "placement": "colocated"},
-        "tracking": {"tensorboard": False, "progress": False},
-    })  # fmt: skip
+    return RunConfig.model_validate(
+        {
+            "run_dir": str(run_dir),
+            "iterations": args.warmup + args.iterations,
+            "seed": 0,
+            "model": {"path": str(model), "dtype": args.dtype, "gradient_checkpointing": args.grad_ckpt},
+            "data": {"train_path": str(data), "max_prompt_tokens": args.prompt_len, "chat_template": False},
+            "rollout": {
+                "engine": "fast",
+                "prompts_per_step": args.prompts,
+                "samples_per_prompt": args.samples,
+                "max_new_tokens": args.new_tokens,
+                "temperature": 1.0,
+                "gpu_memory_fraction": frac,
+            },
+            "reward": {"fn": "bench_coin", "isolation": "inline"},  # registered in this process (below)
+            "train": {
+                "lr": 1e-6,
+                "trajectories_per_update": args.prompts * args.samples // args.updates,
+                "max_tokens_per_micro_batch": args.micro_batch_tokens,
+                "logprob_chunk_tokens": args.logprob_chunk,
+                "compile": args.trainer_compile,
+                "old_logprobs": args.old_logprobs,
+            },
+            "cluster": {"device": args.device, "backend": "inline", "placement": "colocated"},
+            "tracking": {"tensorboard": False, "progress": False},
+        }
+    )
 
 
 def build_loop(args: argparse.Namespace, root: Path) -> tuple[Any, Any, dict[str, Any]]:
@@ -149,14 +163,18 @@ def iteration_row(
     new = metrics["rollout/response_len_mean"] * n_traj
     row: dict[str, Any] = {k: metrics.get(f"time/{k}") for k in PHASES}
     row.update(
-        iteration_s=metrics["time/iteration"], publish_copy_s=metrics["time/weight_transfer"],
-        completions_per_s=n_traj / metrics["time/iteration"], tokens_per_s=tokens / metrics["time/iteration"],
-        rollout_new_tokens_per_s=new / metrics["time/generate"], response_len_mean=metrics["rollout/response_len_mean"],
-        optimizer_steps=metrics.get("train/optimizer_steps"), peaks_gib=dict(ctx.timeline.peaks),
+        iteration_s=metrics["time/iteration"],
+        publish_copy_s=metrics["time/weight_transfer"],
+        completions_per_s=n_traj / metrics["time/iteration"],
+        tokens_per_s=tokens / metrics["time/iteration"],
+        rollout_new_tokens_per_s=new / metrics["time/generate"],
+        response_len_mean=metrics["rollout/response_len_mean"],
+        optimizer_steps=metrics.get("train/optimizer_steps"),
+        peaks_gib=dict(ctx.timeline.peaks),
         graph_capture_s=ctx.capture_clock.take(),
         logprob_diff_mean=metrics.get("rollout/logprob_diff_mean"),
         logprob_diff_max=metrics.get("rollout/logprob_diff_max"),
-    )  # fmt: skip
+    )
     flops = 6 * W.num_params(args.shape) * tokens
     row["update_tflops"] = flops / metrics["time/update"] / 1e12
     row["mfu_update_measured_peak"] = flops / metrics["time/update"] / peak if peak else None
@@ -210,15 +228,22 @@ def report(res: dict[str, Any]) -> str:
         f"iteration {s['iteration_s']:.2f} s  ->  {s['completions_per_s']:.1f} completions/s, "
         f"{s['tokens_per_s']:.0f} tokens/s (median of {len(res['iterations'])})",
         "phases (s): " + "  ".join(f"{k} {s[k]:.3f}" for k in PHASES if k in s),
-        f"rollout {s['rollout_new_tokens_per_s']:.0f} new tok/s (CUDA-graph recapture {s['graph_capture_s']:.2f} s); "
+        f"rollout {s['rollout_new_tokens_per_s']:.0f} new tok/s (CUDA-graph recapture "
+        f"{s['graph_capture_s']:.2f} s); "
         f"publish copy {1e3 * s['publish_copy_s']:.1f} ms; sampler/trainer |logprob diff| mean "
         f"{s.get('logprob_diff_mean', float('nan')):.2e} max {s.get('logprob_diff_max', float('nan')):.2e}",
         f"update {s['update_tflops']:.0f} TFLOP/s (6ND): MFU {100 * s['mfu_update_nominal_790']:.1f}% of 790 "
-        f"TFLOP/s" + (f", {100 * s['mfu_update_measured_peak']:.1f}% of measured "
-                      f"{res['facts']['matmul_peak_tflops']:.0f}" if s.get("mfu_update_measured_peak") else ""),
-        f"peak allocated {s.get('peak_allocated_gib', 0):.1f} GiB, reserved {s.get('peak_reserved_gib', 0):.1f} GiB;"
+        f"TFLOP/s"
+        + (
+            f", {100 * s['mfu_update_measured_peak']:.1f}% of measured "
+            f"{res['facts']['matmul_peak_tflops']:.0f}"
+            if s.get("mfu_update_measured_peak")
+            else ""
+        ),
+        f"peak allocated {s.get('peak_allocated_gib', 0):.1f} GiB, reserved "
+        f"{s.get('peak_reserved_gib', 0):.1f} GiB;"
         f" per phase {res['iterations'][-1]['peaks_gib']}",
-    ]  # fmt: skip
+    ]
     return "\n".join(lines)
 
 

@@ -22,9 +22,15 @@ SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4),
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14),
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12),
-    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-               num_key_value_heads=4, tie_word_embeddings=False),
-}  # fmt: skip
+    "7b": dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+    ),
+}
 CHARS = "0123456789abcdefghijklmnopqrstuvwxyz"
 
 
@@ -32,10 +38,16 @@ def qwen_config(shape: str) -> Any:
     from transformers import Qwen2Config
 
     return Qwen2Config(
-        vocab_size=VOCAB, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
-        pad_token_id=0, eos_token_id=1, bos_token_id=None, dtype="bfloat16",
+        vocab_size=VOCAB,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+        dtype="bfloat16",
         **{"num_key_value_heads": 2, "tie_word_embeddings": True, **SHAPES[shape]},
-    )  # fmt: skip
+    )
 
 
 def make_checkpoint(root: str | Path, shape: str, device: str = "cuda") -> Path:

@@ -145,8 +145,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--no-sft", action="store_true", help="Skip the SFT warm start (GRPO from the random model)."
     )
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="Extra `ascent train` override for both runs (repeatable).")  # fmt: skip
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Extra `ascent train` override for both runs (repeatable).",
+    )
     p.add_argument(
         "--trainer-compile",
         choices=("off", "auto", "on"),
@@ -238,9 +244,19 @@ def prepare(
         print(f"[sft] reusing {final}", flush=True)
         return final, data
     shutil.rmtree(sft_dir, ignore_errors=True)  # an unfinished warm start of ours
-    cmd = [sys.executable, "-m", "ascent", "sft", str(EXAMPLE / preset["sft_yaml"]),
-           f"run_dir={sft_dir}", f"model.path={base}", f"data.train_path={data / 'sft.jsonl'}",
-           "data.val_path=null", *preset["sft"], *compile_overrides(args.trainer_compile)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "ascent",
+        "sft",
+        str(EXAMPLE / preset["sft_yaml"]),
+        f"run_dir={sft_dir}",
+        f"model.path={base}",
+        f"data.train_path={data / 'sft.jsonl'}",
+        "data.val_path=null",
+        *preset["sft"],
+        *compile_overrides(args.trainer_compile),
+    ]
     # `ascent sft` runs inline on `auto`: the first GPU (gpu0) on CUDA, the CPU otherwise
     work.mkdir(parents=True, exist_ok=True)
     run_logged("sft", cmd, work / "sft.log", child_env(gpu0), args.timeout)
@@ -257,11 +273,22 @@ def train_command(
 ) -> list[str]:
     iterations = args.iterations or preset["iterations"]
     return [
-        sys.executable, "-m", "ascent", "train", str(EXAMPLE / preset["train_yaml"]),
-        f"run_dir={run_dir}", f"model.path={model}", f"iterations={iterations}",
-        f"data.train_path={data / 'train.jsonl'}", f"data.val_path={data / 'val.jsonl'}",
-        *COMMON_TRAIN, *preset["train"], *compile_overrides(args.trainer_compile), *args.overrides, *differ,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "ascent",
+        "train",
+        str(EXAMPLE / preset["train_yaml"]),
+        f"run_dir={run_dir}",
+        f"model.path={model}",
+        f"iterations={iterations}",
+        f"data.train_path={data / 'train.jsonl'}",
+        f"data.val_path={data / 'val.jsonl'}",
+        *COMMON_TRAIN,
+        *preset["train"],
+        *compile_overrides(args.trainer_compile),
+        *args.overrides,
+        *differ,
+    ]
 
 
 def read_metrics(run_dir: Path) -> tuple[list[dict[str, float]], dict[str, float], dict[str, float]]:

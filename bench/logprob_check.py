@@ -8,12 +8,12 @@ A random-weight model (the Qwen2.5-0.5B shape of bench/e2e_workload.py on CUDA, 
 `ascent.models.tiny` on the CPU; its final-norm scale multiplied by --head-scale so outputs are peaked and
 varied) generates with the fast engine: many requests with n samples, fewer decode rows than samples (freed
 rows are refilled), per-request budgets, and as each request's stop tokens the ones its samples produced
-most often in a first unconstrained run (rows stop early, at different steps). Each response is then scored by the trainer's own logprob pass
-(`PolicyWorker.compute_logprobs`: packed sequences, varlen attention on CUDA, autocast over fp32 master
-weights, as `ascent train` runs it) in the same dtype and in fp32. Prints, per engine variant, mean and max
-|sampler - trainer| and |sampler - fp32|, |trainer - fp32|, how many tokens differ by more than 0.5 nat and
-the worst ones (position in the response, length, finish reason). Variants switch engine parts (CUDA graphs,
-torch.compile, Triton attention and sampler) to locate a mismatch.
+most often in a first unconstrained run (rows stop early, at different steps). Each response is then scored
+by the trainer's own logprob pass (`PolicyWorker.compute_logprobs`: packed sequences, varlen attention on
+CUDA, autocast over fp32 master weights, as `ascent train` runs it) in the same dtype and in fp32. Prints,
+per engine variant, mean and max |sampler - trainer| and |sampler - fp32|, |trainer - fp32|, how many tokens
+differ by more than 0.5 nat and the worst ones (position in the response, length, finish reason). Variants
+switch engine parts (CUDA graphs, torch.compile, Triton attention and sampler) to locate a mismatch.
 
 Random weights show only small half-precision gaps (an SFT'd model amplifies the same gaps at single tokens);
 what this bench guards is that the engine computes what the trainer computes: in fp32 both agree to ~1e-6,
@@ -48,7 +48,8 @@ PROMPT_TOKENS = (4, 40)  # prompt ids are drawn from this range (the char tokeni
 
 
 def build_model(root: Path, shape: str, head_scale: float, device: str) -> Path:
-    """A random-weight checkpoint of `shape` (W.SHAPES; tied head) with its final norm scaled by head_scale."""
+    """A random-weight checkpoint of `shape` (W.SHAPES; tied head) with its final norm scaled by
+    head_scale."""
     from safetensors.torch import load_file, save_file
 
     path = W.make_checkpoint(root, shape, device)
@@ -68,8 +69,12 @@ def make_requests(n_requests: int, samples: int, seed: int) -> list:
     for i in range(n_requests):
         length = int(torch.randint(4, 48, (1,), generator=g))
         prompt = torch.randint(*PROMPT_TOKENS, (length,), generator=g).tolist()
-        params = SamplingParams(max_new_tokens=int(torch.randint(2, 40, (1,), generator=g)), n=samples,
-                                seed=1000 + i, temperature=1.0)  # fmt: skip
+        params = SamplingParams(
+            max_new_tokens=int(torch.randint(2, 40, (1,), generator=g)),
+            n=samples,
+            seed=1000 + i,
+            temperature=1.0,
+        )
         out.append(GenerationRequest(prompt, params, request_id=i))
     return out
 
@@ -108,7 +113,7 @@ def trainer_logprobs(path: Path, dtype: str, device: str, runs: list[list]) -> l
                 response_ids=g.token_ids,
                 loss_mask=[1] * len(g.token_ids),
                 advantages=[0.0] * len(g.token_ids),
-            )  # fmt: skip
+            )
             for r, g in pairs
         ]
         out.append(policy.compute_logprobs(samples, temperature=1.0, which="policy"))
@@ -132,16 +137,27 @@ def worst_tokens(pairs: list, trainer: list[list[float]], k: int = 5) -> list[di
         for pos, (a, b) in enumerate(zip(g.logprobs, lp, strict=True))
     ]
     rows.sort(reverse=True)
-    return [dict(diff=float(f"{d:.3g}"), pos=p, length=n, finish=f, sampler=round(a, 3), trainer=round(b, 3))
-            for d, p, n, f, a, b in rows[:k]]  # fmt: skip
+    return [
+        dict(diff=float(f"{d:.3g}"), pos=p, length=n, finish=f, sampler=round(a, 3), trainer=round(b, 3))
+        for d, p, n, f, a, b in rows[:k]
+    ]
 
 
 def run_variant(name: str, a: argparse.Namespace, path: Path, reqs: list, stopping: list | None) -> tuple:
-    """Generate with one engine variant -> ((request, generation) pairs, requests with stops, engine stats)."""
+    """Generate with one engine variant -> ((request, generation) pairs, requests with stops, engine
+    stats)."""
     from ascent.rollout.fast import build_fast_engine
 
-    engine = build_fast_engine(model_path=path, dtype=a.dtype, device=a.device, max_batch_size=a.rows,
-                               max_model_len=256, page_size=16, kv_cache_tokens=a.rows * 256, **VARIANTS[name])  # fmt: skip
+    engine = build_fast_engine(
+        model_path=path,
+        dtype=a.dtype,
+        device=a.device,
+        max_batch_size=a.rows,
+        max_model_len=256,
+        page_size=16,
+        kv_cache_tokens=a.rows * 256,
+        **VARIANTS[name],
+    )
     stopping = stopping or with_stop_tokens(engine, reqs, a.stop_tokens)
     engine.stats.update(steps=0, prefills=0, compactions=0)
     t0 = time.perf_counter()
@@ -189,13 +205,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, pairs, st, trainer, fp32 in zip(names, runs, stats, trainers, fp32s, strict=True):
         sampler = [g.logprobs for _, g in pairs]
         r = res["variants"][name] = {
-            "tokens": sum(len(s) for s in sampler), "sequences": len(pairs),
-            "stops": sum(g.finish_reason == "stop" for _, g in pairs), "engine": st,
-            "sampler_vs_trainer": diff_stats(sampler, trainer), "sampler_vs_fp32": diff_stats(sampler, fp32),
-            "trainer_vs_fp32": diff_stats(trainer, fp32), "worst": worst_tokens(pairs, trainer),
-        }  # fmt: skip
-        print(f"{name:16s} {a.shape} {a.dtype}: tokens {r['tokens']}, stops {r['stops']}/{r['sequences']}, "
-              f"prefills {st['prefills']}, compactions {st['compactions']}", flush=True)  # fmt: skip
+            "tokens": sum(len(s) for s in sampler),
+            "sequences": len(pairs),
+            "stops": sum(g.finish_reason == "stop" for _, g in pairs),
+            "engine": st,
+            "sampler_vs_trainer": diff_stats(sampler, trainer),
+            "sampler_vs_fp32": diff_stats(sampler, fp32),
+            "trainer_vs_fp32": diff_stats(trainer, fp32),
+            "worst": worst_tokens(pairs, trainer),
+        }
+        print(
+            f"{name:16s} {a.shape} {a.dtype}: tokens {r['tokens']}, stops {r['stops']}/{r['sequences']}, "
+            f"prefills {st['prefills']}, compactions {st['compactions']}",
+            flush=True,
+        )
         for key in ("sampler_vs_trainer", "sampler_vs_fp32", "trainer_vs_fp32"):
             s = r[key]
             print(

@@ -70,8 +70,11 @@ def measure(ctx: Any, sampler: Any, iterations: int) -> list[dict[str, tuple[flo
     for it in range(1, iterations + 1):
         run_iteration(ctx, it, sampler)
         rows.append(dict(ctx.timeline.peaks))
-        print(f"iteration {it}: " + json.dumps({k: [round(a, 2), round(r, 2)] for k, (a, r) in rows[-1].items()}),
-              flush=True)  # fmt: skip
+        print(
+            f"iteration {it}: "
+            + json.dumps({k: [round(a, 2), round(r, 2)] for k, (a, r) in rows[-1].items()}),
+            flush=True,
+        )
     return rows
 
 
@@ -91,8 +94,12 @@ def summary(est: Estimate, rows: list[dict[str, tuple[float, float]]]) -> dict[s
     steady = rows[1:] or rows
     alloc = max(a for row in steady for a, _ in row.values())
     reserved = max(r for row in steady for _, r in row.values())
-    out.update(measured_peak_allocated_gib=alloc, measured_peak_reserved_gib=reserved,
-               ratio_allocated=est.peak / GIB / alloc, ratio_reserved=est.peak / GIB / reserved)  # fmt: skip
+    out.update(
+        measured_peak_allocated_gib=alloc,
+        measured_peak_reserved_gib=reserved,
+        ratio_allocated=est.peak / GIB / alloc,
+        ratio_reserved=est.peak / GIB / reserved,
+    )
     phase_ratio = {p: est.total(p) / GIB / steady[-1][p][0] for p in est.phases if p in steady[-1]}
     out["ratio_by_phase"] = phase_ratio
     return out
@@ -106,12 +113,15 @@ def report(res: dict[str, Any]) -> str:
         lines.append(f"{res['note']}; CPU peak RSS {res['cpu_peak_rss_gib']:.2f} GiB")
         return "\n".join(lines)
     lines.append(
-        f"peak: estimate {res['estimate_peak_gib']:.2f} GiB ({res['estimate_peak_phase']}), measured allocated "
-        f"{res['measured_peak_allocated_gib']:.2f} / reserved {res['measured_peak_reserved_gib']:.2f} GiB -> "
+        f"peak: estimate {res['estimate_peak_gib']:.2f} GiB ({res['estimate_peak_phase']}), measured "
+        f"allocated {res['measured_peak_allocated_gib']:.2f} / reserved "
+        f"{res['measured_peak_reserved_gib']:.2f} GiB -> "
         f"estimate/measured {res['ratio_allocated']:.3f} (allocated), {res['ratio_reserved']:.3f} (reserved)"
     )
-    lines.append("by phase (estimate / measured allocated): "
-                 + ", ".join(f"{p} {r:.3f}" for p, r in res["ratio_by_phase"].items()))  # fmt: skip
+    lines.append(
+        "by phase (estimate / measured allocated): "
+        + ", ".join(f"{p} {r:.3f}" for p, r in res["ratio_by_phase"].items())
+    )
     return "\n".join(lines)
 
 
@@ -136,8 +146,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="ascent_memest_"))
     if args.shape:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        e2e_args = e2e.parse(["--shape", args.shape, "--device", device, "--warmup", "0",
-                              "--iterations", str(args.iterations), "--root", str(root), *rest])  # fmt: skip
+        e2e_args = e2e.parse(
+            [
+                "--shape",
+                args.shape,
+                "--device",
+                device,
+                "--warmup",
+                "0",
+                "--iterations",
+                str(args.iterations),
+                "--root",
+                str(root),
+                *rest,
+            ]
+        )
         ctx, sampler, _ = e2e.build_loop(e2e_args, root)
     else:
         ctx, sampler = build_from_config(args.config, [r for r in rest if "=" in r], root)

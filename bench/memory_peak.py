@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     peak, live, index = peak_blocks(trace)
     print(f"allocated before recording: {base / GIB:.2f} GiB")
     print(
-        f"traced peak: {peak / GIB:.2f} GiB at event {index} of {len(trace)} -> total {(base + peak) / GIB:.2f} GiB"
+        f"traced peak: {peak / GIB:.2f} GiB at event {index} of {len(trace)} -> total "
+        f"{(base + peak) / GIB:.2f} GiB"
     )
     groups: Counter[str] = Counter()
     counts: Counter[str] = Counter()

@@ -54,10 +54,16 @@ def make_engine(args: argparse.Namespace) -> Any:
     max_len = args.prompt_len + args.turns * turn_tokens + 16
     kv = None if device.type == "cuda" else (args.turns + 1) * args.episodes * max_len
     engine = build_fast_engine(
-        model=model.eval(), dtype=dtype, device=device, eos_token_ids=[], max_model_len=max_len,
-        max_batch_size=args.max_batch_size or args.turns * args.episodes, share_weights=False,
-        gpu_memory_fraction=args.gpu_memory_fraction, kv_cache_tokens=kv,
-    )  # fmt: skip
+        model=model.eval(),
+        dtype=dtype,
+        device=device,
+        eos_token_ids=[],
+        max_model_len=max_len,
+        max_batch_size=args.max_batch_size or args.turns * args.episodes,
+        share_weights=False,
+        gpu_memory_fraction=args.gpu_memory_fraction,
+        kv_cache_tokens=kv,
+    )
     del model
     return engine
 
@@ -86,7 +92,7 @@ def run_turns(engine: Any, args: argparse.Namespace, reuse: bool, seed: int) -> 
                 _params(args, seed * 100_000 + turn * 1000 + i),
                 request_id=i,
                 session_id=f"ep{seed}.{i}" if reuse else None,
-            )  # fmt: skip
+            )
             for i, h in enumerate(history)
         ]
         t0 = time.perf_counter()
@@ -170,8 +176,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 def report(res: dict[str, Any]) -> str:
     c = res["config"]
     lines = [
-        f"{c['episodes']} episodes x {c['turns']} turns, prompt {c['prompt_len']}, observation {c['obs_len']}, "
-        f"response {c['response_len']} tokens, shape {c['shape']} on {res['device_name']}",
+        f"{c['episodes']} episodes x {c['turns']} turns, prompt {c['prompt_len']}, observation "
+        f"{c['obs_len']}, response {c['response_len']} tokens, shape {c['shape']} on {res['device_name']}",
         f"{'mode':<12} {'wall s':>8} {'prefilled':>10} {'reused':>10} {'generated':>10} {'tok/s':>9} "
         f"{'steps':>6} {'max ctx':>8}",
     ]
@@ -179,7 +185,8 @@ def report(res: dict[str, Any]) -> str:
         m = res[mode]
         lines.append(
             f"{mode:<12} {m['wall_s']:>8.3f} {m['prefill_tokens']:>10} {m['reused_tokens']:>10} "
-            f"{m['generated_tokens']:>10} {m['tokens_per_s']:>9.1f} {m['decode_steps']:>6} {m['max_context']:>8}"
+            f"{m['generated_tokens']:>10} {m['tokens_per_s']:>9.1f} {m['decode_steps']:>6} "
+            f"{m['max_context']:>8}"
         )
     lines.append("turn times (reuse):    " + " ".join(f"{t:.3f}" for t in res["reuse"]["turn_s"]))
     lines.append("turn times (no_reuse): " + " ".join(f"{t:.3f}" for t in res["no_reuse"]["turn_s"]))

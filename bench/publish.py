@@ -1,4 +1,5 @@
-"""Weight publication across processes: a trainer rank and a rollout replica as Ray actors, each transport timed.
+"""Weight publication across processes: a trainer rank and a rollout replica as Ray actors, each transport
+timed.
 
     python bench/publish.py --shapes 0.5b,1.5b --transports cuda_ipc,object_store --repeats 6 --json pub.json
 
@@ -30,20 +31,33 @@ import e2e_workload as W  # noqa: E402
 def config(args: argparse.Namespace, model: Path, data: Path, transport: str) -> Any:
     from ascent.config.schema import RunConfig
 
-    return RunConfig.model_validate({
-        "run_dir": str(Path(args.root) / f"run_{model.name}_{transport}"), "iterations": 1,
-        "model": {"path": str(model), "dtype": "bf16"},
-        "data": {"train_path": str(data), "max_prompt_tokens": 64, "chat_template": False},
-        "rollout": {"engine": "fast" if args.device == "cuda" else "reference", "prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 16,
-                    **({"gpu_memory_fraction": args.engine_fraction} if args.device == "cuda" else {})},
-        "reward": {"fn": "exact_match", "isolation": "inline"},
-        "train": {"trajectories_per_update": 4, "max_tokens_per_micro_batch": 4096},
-        "cluster": {"backend": "ray", "placement": args.placement,
-                    "gpus_per_worker": args.gpus_per_worker if args.device == "cuda" else 0,
-                    "cpus_per_worker": args.cpus_per_worker, "weight_transport": transport, "weight_bucket_mb": args.bucket_mb,
-                    "device": args.device},
-        "tracking": {"tensorboard": False, "progress": False},
-    })  # fmt: skip
+    return RunConfig.model_validate(
+        {
+            "run_dir": str(Path(args.root) / f"run_{model.name}_{transport}"),
+            "iterations": 1,
+            "model": {"path": str(model), "dtype": "bf16"},
+            "data": {"train_path": str(data), "max_prompt_tokens": 64, "chat_template": False},
+            "rollout": {
+                "engine": "fast" if args.device == "cuda" else "reference",
+                "prompts_per_step": 2,
+                "samples_per_prompt": 2,
+                "max_new_tokens": 16,
+                **({"gpu_memory_fraction": args.engine_fraction} if args.device == "cuda" else {}),
+            },
+            "reward": {"fn": "exact_match", "isolation": "inline"},
+            "train": {"trajectories_per_update": 4, "max_tokens_per_micro_batch": 4096},
+            "cluster": {
+                "backend": "ray",
+                "placement": args.placement,
+                "gpus_per_worker": args.gpus_per_worker if args.device == "cuda" else 0,
+                "cpus_per_worker": args.cpus_per_worker,
+                "weight_transport": transport,
+                "weight_bucket_mb": args.bucket_mb,
+                "device": args.device,
+            },
+            "tracking": {"tensorboard": False, "progress": False},
+        }
+    )
 
 
 def measure(args: argparse.Namespace, model: Path, data: Path, transport: str) -> dict[str, Any]:
@@ -68,9 +82,15 @@ def measure(args: argparse.Namespace, model: Path, data: Path, transport: str) -
     finally:
         groups.shutdown()
     timed = seconds[1:] or seconds
-    return {"transport": ctx.publisher.name, "publish_s_median": statistics.median(timed),
-            "publish_s_min": min(timed), "publish_s_max": max(timed), "first_s": seconds[0],
-            "group_start_s": start_s, "greedy_tokens": tokens}  # fmt: skip
+    return {
+        "transport": ctx.publisher.name,
+        "publish_s_median": statistics.median(timed),
+        "publish_s_min": min(timed),
+        "publish_s_max": max(timed),
+        "first_s": seconds[0],
+        "group_start_s": start_s,
+        "greedy_tokens": tokens,
+    }
 
 
 def main() -> None:

@@ -33,9 +33,15 @@ def make_model(shape: str, device: torch.device):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     config = Qwen2Config(
-        vocab_size=151936, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0,
-        rms_norm_eps=1e-6, tie_word_embeddings=True, dtype="bfloat16", **SHAPES[shape],
-    )  # fmt: skip
+        vocab_size=151936,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        dtype="bfloat16",
+        **SHAPES[shape],
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
@@ -100,11 +106,19 @@ def bench_fast(args, model, device) -> dict:
 
     t0 = time.perf_counter()
     engine = build_fast_engine(
-        model=model, dtype=torch.bfloat16, device=device, eos_token_ids=[], max_batch_size=args.max_batch_size,
-        max_model_len=args.prompt_len + args.new_tokens + 16, gpu_memory_fraction=args.gpu_memory_fraction,
-        compile=not args.no_compile, cuda_graphs=not args.no_graphs, share_weights=args.share_weights,
-        attn_options=args.attn_options, **({"page_size": args.page_size} if args.page_size else {}),
-    )  # fmt: skip
+        model=model,
+        dtype=torch.bfloat16,
+        device=device,
+        eos_token_ids=[],
+        max_batch_size=args.max_batch_size,
+        max_model_len=args.prompt_len + args.new_tokens + 16,
+        gpu_memory_fraction=args.gpu_memory_fraction,
+        compile=not args.no_compile,
+        cuda_graphs=not args.no_graphs,
+        share_weights=args.share_weights,
+        attn_options=args.attn_options,
+        **({"page_size": args.page_size} if args.page_size else {}),
+    )
     build_s = time.perf_counter() - t0
     rng = random.Random(0)
     _, warm_s = timed(lambda: engine.generate(make_requests(args, rng, new_tokens=4)))
@@ -116,10 +130,21 @@ def bench_fast(args, model, device) -> dict:
     steps = engine.stats["steps"] - steps0
     gens = [g for req in out for g in req]
     new = sum(len(g.token_ids) for g in gens)
-    res = dict(build_s=build_s, warmup_s=warm_s, warmup2_s=warm2_s, prefill_s=prefill_s, total_s=total_s,
-               steps=steps, new_tokens=new, tokens_per_s=new / total_s, kv_cache_gib=engine.cache.nbytes / 2**30,
-               peak_gib=torch.cuda.max_memory_allocated(device) / 2**30, stats=dict(engine.stats),
-               mean_len=new / len(gens), finish={r: sum(g.finish_reason == r for g in gens) for r in ("stop", "length")})  # fmt: skip
+    res = dict(
+        build_s=build_s,
+        warmup_s=warm_s,
+        warmup2_s=warm2_s,
+        prefill_s=prefill_s,
+        total_s=total_s,
+        steps=steps,
+        new_tokens=new,
+        tokens_per_s=new / total_s,
+        kv_cache_gib=engine.cache.nbytes / 2**30,
+        peak_gib=torch.cuda.max_memory_allocated(device) / 2**30,
+        stats=dict(engine.stats),
+        mean_len=new / len(gens),
+        finish={r: sum(g.finish_reason == r for g in gens) for r in ("stop", "length")},
+    )
     res["decode_ms_per_step"] = 1e3 * (total_s - prefill_s) / max(1, steps)
     res["engine"] = engine
     return res
@@ -135,8 +160,13 @@ def roofline(args, model, res: dict, bw: float) -> dict:
     kv = batch * mean_ctx * spec.kv_bytes_per_token(torch.bfloat16)
     wb = weight_bytes(model)
     t = (wb + kv) / bw
-    return dict(weight_gb=wb / 1e9, kv_gb_per_step=kv / 1e9, roofline_ms=1e3 * t, copy_bw_tbs=bw / 1e12,
-                pct_roofline=100 * 1e3 * t / res["decode_ms_per_step"])  # fmt: skip
+    return dict(
+        weight_gb=wb / 1e9,
+        kv_gb_per_step=kv / 1e9,
+        roofline_ms=1e3 * t,
+        copy_bw_tbs=bw / 1e12,
+        pct_roofline=100 * 1e3 * t / res["decode_ms_per_step"],
+    )
 
 
 def bench_baseline(args, model, device) -> dict:
@@ -145,16 +175,29 @@ def bench_baseline(args, model, device) -> dict:
     rng = random.Random(1)
     reqs = make_requests(args, rng)
     ids = torch.tensor([r.prompt_ids for r in reqs for _ in range(args.samples)], device=device)
-    kw = dict(max_new_tokens=n, min_new_tokens=n, do_sample=True, top_k=0, top_p=1.0, temperature=1.0,
-              pad_token_id=0, eos_token_id=None)  # fmt: skip
+    kw = dict(
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=True,
+        top_k=0,
+        top_p=1.0,
+        temperature=1.0,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
     with torch.no_grad():
         model.generate(
             ids[:8], attention_mask=torch.ones_like(ids[:8]), **dict(kw, max_new_tokens=2, min_new_tokens=2)
         )
         torch.cuda.reset_peak_memory_stats(device)
         _, secs = timed(lambda: model.generate(ids, attention_mask=torch.ones_like(ids), **kw))
-    return dict(new_tokens=n * ids.shape[0], total_s=secs, tokens_per_s=n * ids.shape[0] / secs,
-                ms_per_step=1e3 * secs / n, peak_gib=torch.cuda.max_memory_allocated(device) / 2**30)  # fmt: skip
+    return dict(
+        new_tokens=n * ids.shape[0],
+        total_s=secs,
+        tokens_per_s=n * ids.shape[0] / secs,
+        ms_per_step=1e3 * secs / n,
+        peak_gib=torch.cuda.max_memory_allocated(device) / 2**30,
+    )
 
 
 SWEEP = [  # (page, block_n, warps, stages, splits)
@@ -263,19 +306,25 @@ def parse(argv):
 def report(res: dict) -> str:
     f, r = res["fast"], res["roofline"]
     lines = [
-        f"device: {res['device']}  torch {res['torch']}  shape {res['args']['shape']}  copy bw {r['copy_bw_tbs']:.2f} TB/s",
-        f"fast: {f['tokens_per_s']:.0f} new tok/s  ({f['new_tokens']} tokens in {f['total_s']:.2f} s, prefill run {f['prefill_s']:.2f} s)",
-        f"      decode {f['decode_ms_per_step']:.2f} ms/step over {f['steps']} steps; roofline {r['roofline_ms']:.2f} ms "
+        f"device: {res['device']}  torch {res['torch']}  shape {res['args']['shape']}  copy bw "
+        f"{r['copy_bw_tbs']:.2f} TB/s",
+        f"fast: {f['tokens_per_s']:.0f} new tok/s  ({f['new_tokens']} tokens in {f['total_s']:.2f} s, "
+        f"prefill run {f['prefill_s']:.2f} s)",
+        f"      decode {f['decode_ms_per_step']:.2f} ms/step over {f['steps']} steps; roofline "
+        f"{r['roofline_ms']:.2f} ms "
         f"(weights {r['weight_gb']:.2f} GB + KV {r['kv_gb_per_step']:.2f} GB) = {r['pct_roofline']:.0f}%"
         + (" (uniform-workload formula: not meaningful for --mixed)" if res["args"]["mixed"] else ""),
-        f"      warm-up (compile+capture) {f['warmup_s']:.1f} s; peak {f['peak_gib']:.1f} GiB (KV cache {f['kv_cache_gib']:.1f} GiB)",
+        f"      warm-up (compile+capture) {f['warmup_s']:.1f} s; peak {f['peak_gib']:.1f} GiB (KV cache "
+        f"{f['kv_cache_gib']:.1f} GiB)",
         f"      mean response {f['mean_len']:.0f} tokens; finish {f['finish']}; {f['stats']}",
         f"      attention kernel config: {res.get('chosen', res['args'].get('attn_options'))}",
-    ]  # fmt: skip
+    ]
     if "baseline" in res:
         b = res["baseline"]
-        lines.append(f"transformers generate: {b['tokens_per_s']:.0f} new tok/s ({b['new_tokens']} tokens, "
-                     f"{b['ms_per_step']:.1f} ms/step, peak {b['peak_gib']:.1f} GiB) -> speedup {res['speedup']:.1f}x")  # fmt: skip
+        lines.append(
+            f"transformers generate: {b['tokens_per_s']:.0f} new tok/s ({b['new_tokens']} tokens, "
+            f"{b['ms_per_step']:.1f} ms/step, peak {b['peak_gib']:.1f} GiB) -> speedup {res['speedup']:.1f}x"
+        )
     prof = res.get("profile", {})
     for k, v in prof.get("categories", {}).items():
         lines.append(f"  profile {k:32s} {v:.3f} ms/step")

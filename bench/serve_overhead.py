@@ -1,9 +1,9 @@
 """What the OpenAI endpoint costs: the same chat requests through `ascent serve`'s server and straight into
 the engine, in one process, alternating.
 
-    python bench/serve_overhead.py --device cuda --clients 256 --new-tokens 256 --repeats 3   # fast engine
-    python bench/serve_overhead.py --device cuda --clients 256 --api-processes 8               # 8 front ends
-    python bench/serve_overhead.py --device cpu --clients 16 --new-tokens 32 --shape tiny      # a CPU smoke run
+    python bench/serve_overhead.py --device cuda --clients 256 --new-tokens 256 --repeats 3  # fast engine
+    python bench/serve_overhead.py --device cuda --clients 256 --api-processes 8              # 8 front ends
+    python bench/serve_overhead.py --device cpu --clients 16 --new-tokens 32 --shape tiny     # CPU smoke run
     python bench/serve_overhead.py --engine scripted --shape tiny --clients 64 --api-processes 2  # host path
 
 A random-weight checkpoint is written to disk (`--shape 0.5b`: Qwen2.5-0.5B's layers with the character
@@ -13,8 +13,8 @@ Endpoint: `--clients` concurrent `AsyncOpenAI` chat calls against the server on 
 from `--client-procs` processes (as agents in their own processes call it; 0: from the server's process,
 whose client work then competes with the server for one interpreter). Both
 report generated tokens per second (the endpoint's phase timed from its clients' first call to the last
-reply, each client process warmed by one call first); the ratio is the endpoint's overhead (HTTP, JSON, the batcher's
-request-granularity batching: requests that arrive during an engine call wait for the next one).
+reply, each client process warmed by one call first); the ratio is the endpoint's overhead (HTTP, JSON, the
+batcher's request-granularity batching: requests that arrive during an engine call wait for the next one).
 Direct live: the endpoint's arrival pattern (`--clients` callers, `--calls-per-client` calls each in a row)
 submitted straight to a `Batcher` over the engine, without HTTP; endpoint/live is then the cost of the
 HTTP path alone, and live/direct what the engine pays for requests that arrive while it decodes.
@@ -74,18 +74,31 @@ def build(args: argparse.Namespace, root: Path):  # type: ignore[no-untyped-def]
     path = make_tiny_checkpoint(root / "model", max_position_embeddings=2048, seed=0, **SHAPES[args.shape])
     tok = load_tokenizer(path)
     limits = Limits(2048, len(tok), args.new_tokens)
-    options = ServerOptions("bench", limits, None, max_batch_requests=max(args.clients, 1),
-                            api_processes=args.api_processes)  # fmt: skip
+    options = ServerOptions(
+        "bench", limits, None, max_batch_requests=max(args.clients, 1), api_processes=args.api_processes
+    )
     if args.engine == "scripted":
         engine: Any = ScriptedEngine(tok, args.new_tokens)
         return engine, OpenAIServer(engine, tok, options), ChatTokens(tok)
     dev = resolve_device(args.device)
     fast = dev.type == "cuda"
-    kwargs = {"max_batch_size": args.clients, "max_model_len": 2048, "gpu_memory_fraction": 0.3,
-              "feed_prompt_tokens": args.feed_prompt_tokens} if fast else {
-        "generation_batch_size": args.clients}  # fmt: skip
-    engine = build_engine("fast" if fast else "reference", model_path=str(path), dtype="bf16" if fast else "fp32",
-                          device=dev, **kwargs)  # fmt: skip
+    kwargs = (
+        {
+            "max_batch_size": args.clients,
+            "max_model_len": 2048,
+            "gpu_memory_fraction": 0.3,
+            "feed_prompt_tokens": args.feed_prompt_tokens,
+        }
+        if fast
+        else {"generation_batch_size": args.clients}
+    )
+    engine = build_engine(
+        "fast" if fast else "reference",
+        model_path=str(path),
+        dtype="bf16" if fast else "fp32",
+        device=dev,
+        **kwargs,
+    )
     return engine, OpenAIServer(engine, tok, options), ChatTokens(tok)
 
 
@@ -204,8 +217,13 @@ async def ask_all(url: str, indices: list[int], new_tokens: int, calls: int = 1)
     async def one(i: int) -> int:
         total = 0
         for _ in range(calls):
-            out = await client.chat.completions.create(model="bench", messages=messages(i),  # type: ignore[arg-type]
-                                                       max_tokens=new_tokens, temperature=1.0, seed=i)  # fmt: skip
+            out = await client.chat.completions.create(
+                model="bench",
+                messages=messages(i),  # type: ignore[arg-type]
+                max_tokens=new_tokens,
+                temperature=1.0,
+                seed=i,
+            )
             total += out.usage.completion_tokens if out.usage else 0
         return total
 
@@ -237,8 +255,13 @@ def endpoint(url: str, args: argparse.Namespace, pool: Any) -> tuple[float, int]
     if pool is None:
         parts = [asyncio.run(ask_all(url, list(range(args.clients)), args.new_tokens, args.calls_per_client))]
     else:
-        parts = pool.starmap(client_process, [(url, list(range(k, args.clients, args.client_procs)),
-                             args.new_tokens, args.calls_per_client) for k in range(args.client_procs)])  # fmt: skip
+        parts = pool.starmap(
+            client_process,
+            [
+                (url, list(range(k, args.clients, args.client_procs)), args.new_tokens, args.calls_per_client)
+                for k in range(args.client_procs)
+            ],
+        )
     return max(p[2] for p in parts) - min(p[1] for p in parts), sum(p[0] for p in parts)
 
 
@@ -252,12 +275,17 @@ def host_path(url: str, args: argparse.Namespace, pool: Any) -> None:
         seconds, tokens = endpoint(url, args, pool)
         rates.append(requests / seconds)
         cpu_us.append((time.process_time() - cpu) / requests * 1e6)
-        print(f"repeat {r + 1}: {requests} requests ({tokens} tokens) in {seconds:.2f} s: {rates[-1]:,.0f} "
-              f"requests/s; the engine's process spent {cpu_us[-1]:,.0f} us of CPU per request", flush=True)  # fmt: skip
-    print(f"host path, scripted engine: median {statistics.median(rates):,.0f} requests/s, "
-          f"{statistics.median(cpu_us):,.0f} us of the engine process's CPU per request, over {len(rates)} "
-          f"repeats ({args.api_processes} front-end processes, {args.clients} clients in "
-          f"{args.client_procs or 1} processes, {args.new_tokens} tokens per reply)")  # fmt: skip
+        print(
+            f"repeat {r + 1}: {requests} requests ({tokens} tokens) in {seconds:.2f} s: {rates[-1]:,.0f} "
+            f"requests/s; the engine's process spent {cpu_us[-1]:,.0f} us of CPU per request",
+            flush=True,
+        )
+    print(
+        f"host path, scripted engine: median {statistics.median(rates):,.0f} requests/s, "
+        f"{statistics.median(cpu_us):,.0f} us of the engine process's CPU per request, over {len(rates)} "
+        f"repeats ({args.api_processes} front-end processes, {args.clients} clients in "
+        f"{args.client_procs or 1} processes, {args.new_tokens} tokens per reply)"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -319,8 +347,10 @@ def main(argv: list[str] | None = None) -> None:
                 gather = gathers[r % len(gathers)] if gathers else None
                 if gather is not None:
                     server.batcher.gather_s = gather / 1000
-                setting = ", ".join(([f"switch interval {interval} ms"] if interval is not None else [])
-                                    + ([f"gather {gather} ms"] if gather is not None else []))  # fmt: skip
+                setting = ", ".join(
+                    ([f"switch interval {interval} ms"] if interval is not None else [])
+                    + ([f"gather {gather} ms"] if gather is not None else [])
+                )
                 with server.paused():  # the engine is idle: direct calls from this thread are safe
                     s0 = _passes(engine)
                     d_s, d_tok = direct(engine, chat, args)
@@ -330,14 +360,19 @@ def main(argv: list[str] | None = None) -> None:
                 e_s, e_tok = endpoint(url, args, pool)
                 s3, gc1 = _passes(engine), (gc_timer.seconds, gc_timer.count)
                 rows.setdefault(setting, []).append((d_tok / d_s, e_tok / e_s, l_tok / l_s))
-                print(f"repeat {r + 1}{f' ({setting})' if setting else ''}: direct {d_tok} tokens in {d_s:.2f} s ({d_tok / d_s:,.0f}/s); "
-                      f"direct live {l_tok} tokens in {l_s:.2f} s ({l_tok / l_s:,.0f}/s); endpoint "
-                      f"{e_tok} tokens in {e_s:.2f} s ({e_tok / e_s:,.0f}/s); endpoint/direct "
-                      f"{(e_tok / e_s) / (d_tok / d_s):.3f}, endpoint/live {(e_tok / e_s) / (l_tok / l_s):.3f}; "
-                      f"prefills/decode steps/fed prompt tokens/compiled graphs: direct {_delta(s0, s1)}, live {_delta(s1, s2)}, "
-                      f"endpoint {_delta(s2, s3)}; full GC passes in the endpoint phase {gc1[1] - gc0[1]} "
-                      f"({1000 * (gc1[0] - gc0[0]):.0f} ms); the endpoint's requests reached the engine over "
-                      f"{arrivals.spread_ms(seen):.0f} ms", flush=True)  # fmt: skip
+                print(
+                    f"repeat {r + 1}{f' ({setting})' if setting else ''}: direct {d_tok} tokens in {d_s:.2f} "
+                    f"s ({d_tok / d_s:,.0f}/s); "
+                    f"direct live {l_tok} tokens in {l_s:.2f} s ({l_tok / l_s:,.0f}/s); endpoint "
+                    f"{e_tok} tokens in {e_s:.2f} s ({e_tok / e_s:,.0f}/s); endpoint/direct "
+                    f"{(e_tok / e_s) / (d_tok / d_s):.3f}, endpoint/live "
+                    f"{(e_tok / e_s) / (l_tok / l_s):.3f}; "
+                    f"prefills/decode steps/fed prompt tokens/compiled graphs: direct {_delta(s0, s1)}, live "
+                    f"{_delta(s1, s2)}, endpoint {_delta(s2, s3)}; full GC passes in the endpoint phase "
+                    f"{gc1[1] - gc0[1]} ({1000 * (gc1[0] - gc0[0]):.0f} ms); the endpoint's requests reached "
+                    f"the engine over {arrivals.spread_ms(seen):.0f} ms",
+                    flush=True,
+                )
         finally:
             server.stop()
             if pool is not None:
@@ -348,10 +383,11 @@ def main(argv: list[str] | None = None) -> None:
             ("live", [e / x for _, e, x in triples]),
         ):
             print(
-                f"endpoint throughput / {name}: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-"
-                f"{max(ratios):.3f} over {len(ratios)} repeats ({args.clients} clients x {args.calls_per_client} "
-                f"calls in {args.client_procs or 1} processes, {args.new_tokens} new tokens, {args.api_processes} "
-                f"front-end processes{f', {setting}' if setting else ''})"
+                f"endpoint throughput / {name}: median {statistics.median(ratios):.3f}, range "
+                f"{min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} repeats ({args.clients} clients x "
+                f"{args.calls_per_client} "
+                f"calls in {args.client_procs or 1} processes, {args.new_tokens} new tokens, "
+                f"{args.api_processes} front-end processes{f', {setting}' if setting else ''})"
             )
 
 

@@ -12,7 +12,8 @@ tiny Qwen2 (`ascent.models.tiny`, --hidden/--layers) or --model; responses are l
 a random model rarely stops, which is the case the swap is for. Per run and iteration (the first is left
 out: nothing overlaps before the first publication) it reports `time/publish` (the trainer waiting for the
 replicas to take its weights), `time/trainer_idle` (waiting for generation), `time/iteration` and
-`rollout/swapped_sequences`, and their sum "trainer wait"; --out gets every logged metric of both runs as JSON.
+`rollout/swapped_sequences`, and their sum "trainer wait"; --out gets every logged metric of both runs as
+JSON.
 
 What to expect: `time/publish` drops to about one decode step with the swap. At --staleness 1 the trainer
 needs the batch being generated next anyway, so much of that wait moves to `time/trainer_idle`; what the swap
@@ -78,8 +79,9 @@ def inputs(args: argparse.Namespace) -> tuple[Path, Path]:
         return args.model, data
     model = args.workdir / f"tiny_h{args.hidden}_l{args.layers}"
     if not (model / "config.json").exists():
-        make_tiny_checkpoint(model, hidden_size=args.hidden, num_layers=args.layers,
-                             max_position_embeddings=2048, seed=0)  # fmt: skip
+        make_tiny_checkpoint(
+            model, hidden_size=args.hidden, num_layers=args.layers, max_position_embeddings=2048, seed=0
+        )
     return model, data
 
 
@@ -87,17 +89,34 @@ def config(args: argparse.Namespace, model: Path, data: Path, mode: str) -> dict
     max_new = args.max_new_tokens or (160 if args.device == "cpu" else 1024)
     cuda = args.device == "cuda"
     return {
-        "run_dir": str(args.workdir / f"run_{mode}"), "seed": 0, "iterations": args.iterations, "val_every": 0,
+        "run_dir": str(args.workdir / f"run_{mode}"),
+        "seed": 0,
+        "iterations": args.iterations,
+        "val_every": 0,
         "model": {"path": str(model), "dtype": "bf16" if cuda else "fp32"},
         "data": {"train_path": str(data / "train.jsonl"), "max_prompt_tokens": 32},
-        "rollout": {"engine": "fast", "prompts_per_step": args.prompts, "samples_per_prompt": 8,
-                    "max_new_tokens": max_new, "max_staleness": args.staleness, "swap_mid_generation": mode},
-        "train": {"lr": 1e-5, "trajectories_per_update": args.prompts * 8,
-                  "max_tokens_per_micro_batch": 4 * (max_new + 32)},
-        "cluster": {"backend": "ray", "placement": "split", "device": args.device,
-                    "gpus_per_worker": args.gpus_per_worker if cuda else 0, "cpus_per_worker": 1 if cuda else 0.5},
+        "rollout": {
+            "engine": "fast",
+            "prompts_per_step": args.prompts,
+            "samples_per_prompt": 8,
+            "max_new_tokens": max_new,
+            "max_staleness": args.staleness,
+            "swap_mid_generation": mode,
+        },
+        "train": {
+            "lr": 1e-5,
+            "trajectories_per_update": args.prompts * 8,
+            "max_tokens_per_micro_batch": 4 * (max_new + 32),
+        },
+        "cluster": {
+            "backend": "ray",
+            "placement": "split",
+            "device": args.device,
+            "gpus_per_worker": args.gpus_per_worker if cuda else 0,
+            "cpus_per_worker": 1 if cuda else 0.5,
+        },
         "tracking": {"progress": False},
-    }  # fmt: skip
+    }
 
 
 def run(args: argparse.Namespace, cfg: dict[str, Any], mode: str) -> list[dict[str, Any]]:
@@ -111,8 +130,14 @@ def run(args: argparse.Namespace, cfg: dict[str, Any], mode: str) -> list[dict[s
     path.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "ascent", "train", str(path)], capture_output=True, text=True,
-                          env=env, timeout=args.timeout, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "ascent", "train", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=args.timeout,
+        cwd=ROOT,
+    )
     if proc.returncode != 0:
         raise SystemExit(
             f"swap_mid_generation={mode}: ascent train exited {proc.returncode}\n{proc.stderr[-4000:]}"

@@ -66,20 +66,35 @@ def build_trainer(args: argparse.Namespace, rows: list[dict[str, float]]) -> Any
         return [W.coin(ids) for ids in completion_ids]
 
     config = GRPOConfig(
-        output_dir=str(args.root / f"trl_{args.shape}"), per_device_train_batch_size=args.micro_batch,
-        gradient_accumulation_steps=total // args.micro_batch, num_generations=args.samples,
-        max_completion_length=args.new_tokens, generation_kwargs={"min_new_tokens": args.new_tokens},
-        bf16=args.bf16, learning_rate=1e-6, max_steps=args.warmup + args.steps, logging_steps=1,
-        report_to="none", save_strategy="no", model_init_kwargs={"dtype": "float32"},
-        gradient_checkpointing=args.grad_ckpt, remove_unused_columns=False, seed=0, disable_tqdm=True,
+        output_dir=str(args.root / f"trl_{args.shape}"),
+        per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=total // args.micro_batch,
+        num_generations=args.samples,
+        max_completion_length=args.new_tokens,
+        generation_kwargs={"min_new_tokens": args.new_tokens},
+        bf16=args.bf16,
+        learning_rate=1e-6,
+        max_steps=args.warmup + args.steps,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        model_init_kwargs={"dtype": "float32"},
+        gradient_checkpointing=args.grad_ckpt,
+        remove_unused_columns=False,
+        seed=0,
+        disable_tqdm=True,
         use_cpu=not torch.cuda.is_available(),
-    )  # fmt: skip
+    )
     data = Dataset.from_list(W.prompt_rows(max(4 * args.prompts, 128), args.prompt_len))
     tok = AutoTokenizer.from_pretrained(str(model))
     return GRPOTrainer(
-        model=str(model), reward_funcs=reward, args=config, train_dataset=data, processing_class=tok,
+        model=str(model),
+        reward_funcs=reward,
+        args=config,
+        train_dataset=data,
+        processing_class=tok,
         callbacks=[step_timer(rows)],
-    )  # fmt: skip
+    )
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -113,8 +128,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     res["completions_per_s"] = args.prompts * args.samples / step
     res["peak_allocated_gib"] = max((r.get("peak_allocated_gib", 0.0) for r in rows), default=0.0)
     res["peak_reserved_gib"] = max((r.get("peak_reserved_gib", 0.0) for r in rows), default=0.0)
-    print(f"TRL {args.shape}: {step:.2f} s/step (median of {len(timed)}), {res['completions_per_s']:.1f} "
-          f"completions/s, peak allocated {res['peak_allocated_gib']:.1f} GiB", flush=True)  # fmt: skip
+    print(
+        f"TRL {args.shape}: {step:.2f} s/step (median of {len(timed)}), {res['completions_per_s']:.1f} "
+        f"completions/s, peak allocated {res['peak_allocated_gib']:.1f} GiB",
+        flush=True,
+    )
     if args.json:
         args.json.write_text(json.dumps(res, indent=1, default=str))
     return res

@@ -1,5 +1,5 @@
-"""What bench/two_gpus.py measures around a run and prints: GPU memory and utilisation sampled with nvidia-smi,
-the run's metrics.jsonl summarised over the iterations after warm-up, and the tables.
+"""What bench/two_gpus.py measures around a run and prints: GPU memory and utilisation sampled with
+nvidia-smi, the run's metrics.jsonl summarised over the iterations after warm-up, and the tables.
 
 Kept apart from two_gpus.py (which builds and runs the modes) for size. Nothing here imports torch or ascent's
 workers: the parent process of the benchmark, which holds no CUDA context, uses it.
@@ -15,11 +15,28 @@ import time
 from typing import Any
 
 # metrics.jsonl keys summarised per mode (ascent/orchestrator/loop.py, shaping.py, collector.py)
-PHASES = ("iteration", "rollout", "generate", "reward", "logprobs", "advantages", "update", "publish",
-          "weight_transfer", "trainer_idle", "engine_idle")  # fmt: skip
-OTHER_KEYS = ("rollout/response_len_mean", "rollout/staleness_max", "rollout/logprob_diff_max",
-              "memory/trainer_released_gib", "perf/tokens_per_s", "rollout/swapped_sequences",
-              "train/optimizer_steps")  # fmt: skip
+PHASES = (
+    "iteration",
+    "rollout",
+    "generate",
+    "reward",
+    "logprobs",
+    "advantages",
+    "update",
+    "publish",
+    "weight_transfer",
+    "trainer_idle",
+    "engine_idle",
+)
+OTHER_KEYS = (
+    "rollout/response_len_mean",
+    "rollout/staleness_max",
+    "rollout/logprob_diff_max",
+    "memory/trainer_released_gib",
+    "perf/tokens_per_s",
+    "rollout/swapped_sequences",
+    "train/optimizer_steps",
+)
 GIB_PER_MIB = 1 / 1024
 
 
@@ -69,9 +86,12 @@ class GpuSampler:
             kept = [r for r in rows if (t0 is None or r[0] >= t0) and (t1 is None or r[0] <= t1)]
             util = [r[2] for r in kept if r[2] is not None]
             if kept:
-                out[str(idx)] = {"peak_gib": max(r[1] for r in kept) * GIB_PER_MIB,
-                                 "util_mean": statistics.fmean(util) if util else None,
-                                 "total_gib": self.total_mib[idx] * GIB_PER_MIB, "samples": len(kept)}  # fmt: skip
+                out[str(idx)] = {
+                    "peak_gib": max(r[1] for r in kept) * GIB_PER_MIB,
+                    "util_mean": statistics.fmean(util) if util else None,
+                    "total_gib": self.total_mib[idx] * GIB_PER_MIB,
+                    "samples": len(kept),
+                }
         return out
 
 
@@ -91,8 +111,11 @@ def facts(args: Any) -> dict[str, Any]:
     }
     exe = shutil.which("nvidia-smi")
     if exe:
-        q = subprocess.run([exe, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True)  # fmt: skip
+        q = subprocess.run(
+            [exe, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        )
         out["gpus"] = q.stdout.strip().splitlines()
         topo = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True)
         out["topology"] = topo.stdout
@@ -115,8 +138,11 @@ def summarize(records: list[dict[str, Any]], warmup: int, trajectories: int) -> 
     if not timed:
         return out
     keys = [f"time/{p}" for p in PHASES] + list(OTHER_KEYS)
-    out["keys"] = {k: stats([r[k] for r in timed if r.get(k) is not None]) for k in keys
-                   if any(r.get(k) is not None for r in timed)}  # fmt: skip
+    out["keys"] = {
+        k: stats([r[k] for r in timed if r.get(k) is not None])
+        for k in keys
+        if any(r.get(k) is not None for r in timed)
+    }
     its = [r["time/iteration"] for r in timed]
     out["completions_per_s_median_iteration"] = trajectories / statistics.median(its)
     start = rows[warmup - 1]["time"] if warmup >= 1 else timed[0]["time"] - timed[0]["time/iteration"]
@@ -133,7 +159,8 @@ def _fmt(v: Any, digits: int = 3) -> str:
 
 
 def mode_table(res: dict[str, Any]) -> str:
-    """One mode's table: its setup line, then median [min-max] of each phase after warm-up, throughput, memory."""
+    """One mode's table: its setup line, then median [min-max] of each phase after warm-up, throughput,
+    memory."""
     s, w = res.get("summary", {}), res["workload"]
     lines = [
         f"== {res['mode']}: {res['layout']} | shape {res['shape']} | {w['prompts']}x{w['samples']} prompt "
@@ -143,9 +170,11 @@ def mode_table(res: dict[str, Any]) -> str:
     if not s.get("iterations_timed"):
         lines.append(f"no timed iteration ({s.get('iterations_logged', 0)} logged, warm-up {w['warmup']})")
         return "\n".join(lines)
-    lines.append(f"iterations {s['steps_timed'][0]}-{s['steps_timed'][-1]} ({s['iterations_timed']} after "
-                 f"{w['warmup']} warm-up): completions/s {s['completions_per_s_wall']:.2f} (wall), "
-                 f"{s['completions_per_s_median_iteration']:.2f} (median iteration)")  # fmt: skip
+    lines.append(
+        f"iterations {s['steps_timed'][0]}-{s['steps_timed'][-1]} ({s['iterations_timed']} after "
+        f"{w['warmup']} warm-up): completions/s {s['completions_per_s_wall']:.2f} (wall), "
+        f"{s['completions_per_s_median_iteration']:.2f} (median iteration)"
+    )
     lines.append(f"{'metric':<28}{'median':>10}{'min':>10}{'max':>10}")
     for key, v in s["keys"].items():
         lines.append(f"{key:<28}{_fmt(v['median']):>10}{_fmt(v['min']):>10}{_fmt(v['max']):>10}")
@@ -157,16 +186,24 @@ def memory_lines(res: dict[str, Any]) -> list[str]:
     gpus, whole = res.get("gpus_timed", {}), res.get("gpus_run", {})
     if not whole:
         return ["peak GPU memory: n/a (no nvidia-smi: CPU run)"]
-    per = [f"GPU{i} {g['peak_gib']:.1f} GiB of {g['total_gib']:.0f} (timed iterations: "
-           f"{_fmt(gpus.get(i, {}).get('peak_gib'), 1)} GiB, util {_fmt(gpus.get(i, {}).get('util_mean'), 0)}%)"
-           for i, g in whole.items()]  # fmt: skip
+    per = [
+        f"GPU{i} {g['peak_gib']:.1f} GiB of {g['total_gib']:.0f} (timed iterations: "
+        f"{_fmt(gpus.get(i, {}).get('peak_gib'), 1)} GiB, util {_fmt(gpus.get(i, {}).get('util_mean'), 0)}%)"
+        for i, g in whole.items()
+    ]
     lines = [f"peak GPU memory used (nvidia-smi, whole run): {'; '.join(per)}"]
     est = res.get("doctor_estimate", {})
     if est:
-        lines.append(f"ascent doctor's estimate per GPU: {est['peak_gib']:.1f} GiB allocated at peak "
-                     f"({est['peak_phase']}), needs {est['needed_gib']:.1f} GiB"
-                     + (f"; trainer's update peak + engine as two processes (Ray colocated): "
-                        f"{est['two_process_gib']:.1f} GiB" if "two_process_gib" in est else ""))  # fmt: skip
+        lines.append(
+            f"ascent doctor's estimate per GPU: {est['peak_gib']:.1f} GiB allocated at peak "
+            f"({est['peak_phase']}), needs {est['needed_gib']:.1f} GiB"
+            + (
+                f"; trainer's update peak + engine as two processes (Ray colocated): "
+                f"{est['two_process_gib']:.1f} GiB"
+                if "two_process_gib" in est
+                else ""
+            )
+        )
     return lines
 
 
@@ -174,8 +211,10 @@ def compare_table(results: list[dict[str, Any]]) -> str:
     """The modes side by side; the ratio is completions/s (wall) over one_gpu's (same shape only)."""
     base = next((r for r in results if r["mode"] == "one_gpu"), {})
     base_cps = base.get("summary", {}).get("completions_per_s_wall")
-    head = (f"{'mode':<14}{'shape':>6}{'GPUs':>5}{'compl/s':>9}{'x1 GPU':>8}{'iter s':>8}{'gen s':>7}{'upd s':>7}"
-            f"{'pub s':>7}{'tr.idle':>8}{'en.idle':>8}{'stale':>6}{'peak GiB/GPU':>16}")  # fmt: skip
+    head = (
+        f"{'mode':<14}{'shape':>6}{'GPUs':>5}{'compl/s':>9}{'x1 GPU':>8}{'iter s':>8}{'gen s':>7}{'upd s':>7}"
+        f"{'pub s':>7}{'tr.idle':>8}{'en.idle':>8}{'stale':>6}{'peak GiB/GPU':>16}"
+    )
     lines = [head]
     for r in results:
         s = r.get("summary", {})
@@ -184,20 +223,28 @@ def compare_table(results: list[dict[str, Any]]) -> str:
         med = {p: k.get(f"time/{p}", {}).get("median") for p in PHASES}
         peaks = "/".join(f"{g['peak_gib']:.1f}" for g in r.get("gpus_run", {}).values()) or "-"
         ratio = cps / base_cps if cps and base_cps and r["shape"] == base["shape"] else None
-        lines.append(f"{r['mode']:<14}{r['shape']:>6}{r['gpus']:>5}{_fmt(cps, 2):>9}{_fmt(ratio, 2):>8}{_fmt(med['iteration'], 2):>8}"
-                     f"{_fmt(med['generate'], 2):>7}{_fmt(med['update'], 2):>7}{_fmt(med['publish'], 3):>7}"
-                     f"{_fmt(med['trainer_idle'], 2):>8}{_fmt(med['engine_idle'], 2):>8}"
-                     f"{_fmt(k.get('rollout/staleness_max', {}).get('max'), 0):>6}{peaks:>16}")  # fmt: skip
+        lines.append(
+            f"{r['mode']:<14}{r['shape']:>6}{r['gpus']:>5}{_fmt(cps, 2):>9}{_fmt(ratio, 2):>8}"
+            f"{_fmt(med['iteration'], 2):>8}"
+            f"{_fmt(med['generate'], 2):>7}{_fmt(med['update'], 2):>7}{_fmt(med['publish'], 3):>7}"
+            f"{_fmt(med['trainer_idle'], 2):>8}{_fmt(med['engine_idle'], 2):>8}"
+            f"{_fmt(k.get('rollout/staleness_max', {}).get('max'), 0):>6}{peaks:>16}"
+        )
     return "\n".join(lines)
 
 
 def publish_table(rows: list[dict[str, Any]]) -> str:
-    """bench/publish.py's rows: seconds per publication (median [min-max] after the first), bytes, start-up."""
-    lines = [f"{'shape':<7}{'params':>8}{'transport':>11}{'median s':>10}{'min':>8}{'max':>8}{'first s':>9}"
-             f"{'GB/s':>7}{'start s':>9}"]  # fmt: skip
+    """bench/publish.py's rows: seconds per publication (median [min-max] after the first), bytes,
+    start-up."""
+    lines = [
+        f"{'shape':<7}{'params':>8}{'transport':>11}{'median s':>10}{'min':>8}{'max':>8}{'first s':>9}"
+        f"{'GB/s':>7}{'start s':>9}"
+    ]
     for r in rows:
         gbps = r.get("bytes_sent", 0) / r["publish_s_median"] / 1e9 if r.get("bytes_sent") else None
-        lines.append(f"{r['shape']:<7}{r['params'] / 1e9:>7.2f}B{r['transport']:>11}{r['publish_s_median']:>10.3f}"
-                     f"{r['publish_s_min']:>8.3f}{r['publish_s_max']:>8.3f}{r['first_s']:>9.3f}"
-                     f"{_fmt(gbps, 1):>7}{r['group_start_s']:>9.1f}")  # fmt: skip
+        lines.append(
+            f"{r['shape']:<7}{r['params'] / 1e9:>7.2f}B{r['transport']:>11}{r['publish_s_median']:>10.3f}"
+            f"{r['publish_s_min']:>8.3f}{r['publish_s_max']:>8.3f}{r['first_s']:>9.3f}"
+            f"{_fmt(gbps, 1):>7}{r['group_start_s']:>9.1f}"
+        )
     return "\n".join(lines)

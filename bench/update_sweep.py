@@ -1,13 +1,14 @@
-"""The policy update alone, timed across trainer variants and micro-batch settings in ONE process.
+r"""The policy update alone, timed across trainer variants and micro-batch settings in ONE process.
 
-    python bench/update_sweep.py --shape 0.5b --settings 16384/1024 24576/2048 --variants base head head+offsets
+    python bench/update_sweep.py --shape 0.5b --settings 16384/1024 24576/2048 \
+        --variants base head head+offsets
 
 The e2e bench (bench/e2e.py) pays ~65 s of compilation per run; this one builds one PolicyWorker (bf16
 autocast over fp32 master weights, gradient checkpointing, compiled layers, varlen attention: what
 `ascent train` builds on a GPU) and times `update` on the e2e workload's trajectories (by default 256 x
-(256 + 512) random tokens, one optimizer step) for every variant x setting, so the numbers share a process, a GPU and
-a compile cache. Per cell: median update seconds, 6ND MFU, peak allocated / reserved GiB (weights, grads
-and AdamW included), and with --profile the GPU kernel seconds of one more update (wall - kernels = time
+(256 + 512) random tokens, one optimizer step) for every variant x setting, so the numbers share a process, a
+GPU and a compile cache. Per cell: median update seconds, 6ND MFU, peak allocated / reserved GiB (weights,
+grads and AdamW included), and with --profile the GPU kernel seconds of one more update (wall - kernels = time
 the GPU waited for the host).
 
 Variants switch one thing each (the default trainer is `head+offsets`):
@@ -48,12 +49,15 @@ def make_samples(n: int, prompt_len: int, new_tokens: int, vocab: int, seed: int
 
     rng = random.Random(seed)
     return [
-        TrainSample(prompt_ids=[rng.randrange(4, vocab) for _ in range(prompt_len)],
-                    response_ids=[rng.randrange(4, vocab) for _ in range(new_tokens)],
-                    loss_mask=[1] * new_tokens, advantages=[rng.choice((-1.0, 1.0))] * new_tokens,
-                    sampler_logprobs=[-rng.uniform(0.5, 12.0) for _ in range(new_tokens)])
+        TrainSample(
+            prompt_ids=[rng.randrange(4, vocab) for _ in range(prompt_len)],
+            response_ids=[rng.randrange(4, vocab) for _ in range(new_tokens)],
+            loss_mask=[1] * new_tokens,
+            advantages=[rng.choice((-1.0, 1.0))] * new_tokens,
+            sampler_logprobs=[-rng.uniform(0.5, 12.0) for _ in range(new_tokens)],
+        )
         for _ in range(n)
-    ]  # fmt: skip
+    ]
 
 
 @contextlib.contextmanager
@@ -144,9 +148,11 @@ def line(r: dict) -> str:
         if "kernel_s" in r
         else ""
     )
-    return (f"{r['variant']:>18} {r['setting']:>11}: update {r['update_s']:.2f} s (runs "
-            f"{', '.join(f'{t:.2f}' for t in r['times_s'])}), MFU {100 * r['mfu_nominal']:.1f}%, peak "
-            f"{r['peak_alloc_gib']:.2f} / {r['peak_reserved_gib']:.2f} GiB{kern}")  # fmt: skip
+    return (
+        f"{r['variant']:>18} {r['setting']:>11}: update {r['update_s']:.2f} s (runs "
+        f"{', '.join(f'{t:.2f}' for t in r['times_s'])}), MFU {100 * r['mfu_nominal']:.1f}%, peak "
+        f"{r['peak_alloc_gib']:.2f} / {r['peak_reserved_gib']:.2f} GiB{kern}"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -170,8 +176,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     res = W.report_header(args)
     path = W.make_checkpoint(args.root, args.shape, args.device)
-    worker = PolicyWorker(path, device=args.device, dtype="bf16", gradient_checkpointing=True, compile="auto",
-                          optim=OptimSettings(lr=1e-6), seed=0)  # fmt: skip
+    worker = PolicyWorker(
+        path,
+        device=args.device,
+        dtype="bf16",
+        gradient_checkpointing=True,
+        compile="auto",
+        optim=OptimSettings(lr=1e-6),
+        seed=0,
+    )
     res["facts"]["varlen"] = enable_for_training(worker.model, worker.device, worker.compute_dtype)
     samples = make_samples(args.trajectories, args.prompt_len, args.new_tokens, W.VOCAB)
     res["cells"] = []

@@ -1,8 +1,8 @@
 """Pure RL math for ascent: advantages, policy losses, loss aggregation, KL, entropy, filters, corrections.
 
 Imports only torch. Every registry is a plain dict (name -> function); `ascent.plugins.resolve(registry, name,
-field)` also accepts an import path `pkg.module:function` so users can plug in their own. See docs/algorithms.md for the table of
-names and docs/contracts.md for the signatures.
+field)` also accepts an import path `pkg.module:function` so users can plug in their own. See
+docs/algorithms.md for the table of names and docs/contracts.md for the signatures.
 """
 
 from ascent.algorithms.advantage_types import AdvantageInputs, AdvantageOutputs

@@ -48,7 +48,8 @@ class AdvantageOutputs:
 
 
 def broadcast(per_trajectory: Tensor, mask: Tensor) -> Tensor:
-    """per_trajectory [B], mask [B, T] float -> [B, T]: the value on every unmasked token of its row, 0 elsewhere."""
+    """per_trajectory [B], mask [B, T] float -> [B, T]: the value on every unmasked token of its row, 0
+    elsewhere."""
     return per_trajectory.unsqueeze(-1) * mask
 
 

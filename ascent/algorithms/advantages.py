@@ -46,7 +46,8 @@ def grpo(
 def rloo(inp: AdvantageInputs) -> AdvantageOutputs:
     """RLOO, REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024).
 
-    A_i = r_i - (sum_{j in g, j != i} r_j) / (n_g - 1) = n_g / (n_g - 1) * (r_i - mean_g); 0 for a group of one.
+    A_i = r_i - (sum_{j in g, j != i} r_j) / (n_g - 1) = n_g / (n_g - 1) * (r_i - mean_g); 0 for a group of
+    one.
     """
     rewards = inp.float_rewards()
     mean, _std, size = group_stats(rewards, inp.group_ids)

@@ -43,7 +43,8 @@ def seq_mean_token_sum(
 def seq_mean_token_mean(
     per_token_loss: Tensor, mask: Tensor, seq_ids: Tensor, *, total_seqs: Any, **_: Any
 ) -> Tensor:
-    """sum over sequences of (mean of the sequence's token losses) / total_seqs (original GRPO, Shao et al. 2024).
+    """sum over sequences of (mean of the sequence's token losses) / total_seqs (original GRPO, Shao et al.
+    2024).
 
     A sequence with no unmasked token contributes 0.
     """

@@ -24,7 +24,8 @@ from ascent.algorithms.utils import LOG_RATIO_CLAMP, masked, masked_mean, segmen
 
 
 def _log_weights(log_w: Tensor, mask: Tensor, seq_ids: Tensor, level: str) -> Tensor:
-    """Per-token log weights [N] at the chosen level (token, sequence = sum, geometric = mean over the sequence)."""
+    """Per-token log weights [N] at the chosen level (token, sequence = sum, geometric = mean over the
+    sequence)."""
     if level == "token":
         return log_w
     if level == "sequence":

@@ -39,6 +39,7 @@ def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty_factor:
 def truncation_mask(finish_reasons_is_length: Tensor) -> Tensor:
     """is_length [B] bool (the response hit max_new_tokens) -> keep [B] float: 0 for truncated, 1 otherwise.
 
-    DAPO's overlong filtering: multiply each trajectory's loss mask by it so truncated responses teach nothing.
+    DAPO's overlong filtering: multiply each trajectory's loss mask by it so truncated responses teach
+    nothing.
     """
     return (~finish_reasons_is_length.bool()).to(torch.float32)

@@ -63,7 +63,8 @@ class _ChunkedEntropy(torch.autograd.Function):
 
 
 def entropy_from_logits(logits: Tensor, chunk_size: int = DEFAULT_CHUNK_ROWS) -> Tensor:
-    """logits [n, V] (any float dtype) -> entropy [n] (fp32; fp64 for fp64 input), processing `chunk_size` rows at a time.
+    """logits [n, V] (any float dtype) -> entropy [n] (fp32; fp64 for fp64 input), processing `chunk_size`
+    rows at a time.
 
     H(softmax(z)) = logsumexp(z) - sum_j softmax(z)_j z_j (nats). Differentiable (custom backward, same memory
     bound). Rows of -inf except one finite entry give 0. Temperature is the caller's: pass logits / T.

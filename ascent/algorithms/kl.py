@@ -3,8 +3,8 @@
 `KL_ESTIMATORS[name](logprobs [N], ref_logprobs [N]) -> kl [N]` works on any shape (flat or [B, T]) and is
 used two ways: as a loss term in the trainer (`kl_loss_coef`, GRPO style) or as a per-token reward penalty
 on the controller (`kl_penalty_rewards`, PPO/REINFORCE++ style, fed to the estimators as `token_rewards`).
-Estimators follow Schulman, "Approximating KL Divergence" (2020); with x = ref - logp on samples of the policy:
-k1 = -x (unbiased), k2 = x^2 / 2 (low variance, biased), k3 = e^x - x - 1 (unbiased, non-negative).
+Estimators follow Schulman, "Approximating KL Divergence" (2020); with x = ref - logp on samples of the
+policy: k1 = -x (unbiased), k2 = x^2 / 2 (low variance, biased), k3 = e^x - x - 1 (unbiased, non-negative).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 
 def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
-    """[*], [*] -> [*]: k2 = 0.5 * (logp - ref)^2 (gradient (logp - ref) grad logp, the KL's true gradient)."""
+    """[*], [*] -> [*]: k2 = 0.5 * (logp - ref)^2 (gradient (logp - ref) grad logp, the KL's true
+    gradient)."""
     return 0.5 * (logprobs - ref_logprobs) ** 2
 
 
@@ -45,7 +46,8 @@ def _straight_through(value: Tensor, k2: Tensor) -> Tensor:
 
 
 def kl_k1_plus(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
-    """[*], [*] -> [*]: straight-through k1+: the value of k1, the gradient of k2 (an unbiased KL gradient)."""
+    """[*], [*] -> [*]: straight-through k1+: the value of k1, the gradient of k2 (an unbiased KL
+    gradient)."""
     return _straight_through(kl_k1(logprobs, ref_logprobs), kl_k2(logprobs, ref_logprobs))
 
 
@@ -70,7 +72,8 @@ def kl_penalty_rewards(
     coef: float,
     estimator: str | Callable[[Tensor, Tensor], Tensor] = "k1",
 ) -> Tensor:
-    """logprobs [B, T], ref_logprobs [B, T], mask [B, T] -> token_rewards [B, T] = -coef * kl * mask (detached).
+    """logprobs [B, T], ref_logprobs [B, T], mask [B, T] -> token_rewards [B, T] = -coef * kl * mask
+    (detached).
 
     The per-token KL reward of RLHF PPO (Ziegler et al. 2019; Ouyang et al. 2022), passed to the advantage
     estimators as `AdvantageInputs.token_rewards`. `estimator` is a KL_ESTIMATORS name or a callable.

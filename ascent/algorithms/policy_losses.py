@@ -26,12 +26,14 @@ LossOutput = tuple[Tensor, dict[str, Tensor]]
 
 
 def _clean(mask: Tensor, *xs: Tensor) -> tuple[Tensor, ...]:
-    """Zero every input on masked tokens first, so garbage there (NaN, inf) cannot reach values or gradients."""
+    """Zero every input on masked tokens first, so garbage there (NaN, inf) cannot reach values or
+    gradients."""
     return tuple(masked(x, mask) for x in xs)
 
 
 def _ratio_metrics(log_ratio: Tensor, ratio: Tensor, clipped: Tensor, mask: Tensor) -> dict[str, Tensor]:
-    """Detached per-token diagnostics: clipfrac (0/1), approx_kl = r - 1 - log r (k3 of KL(old||new)), ratio."""
+    """Detached per-token diagnostics: clipfrac (0/1), approx_kl = r - 1 - log r (k3 of KL(old||new)),
+    ratio."""
     lr = clamp_log_ratio(log_ratio.detach())
     r = ratio.detach()
     return {
@@ -69,8 +71,8 @@ def ppo_loss(
     if dual_clip_c is not None:
         if dual_clip_c <= 1:
             raise ValueError(
-                f"ppo_loss: dual_clip_c={dual_clip_c} must be > 1 (it caps the loss of negative advantages at "
-                "-c * A, above the clipped loss only for c > 1); use 3.0 as in Ye et al. 2020, or None."
+                f"ppo_loss: dual_clip_c={dual_clip_c} must be > 1 (it caps the loss of negative advantages "
+                "at -c * A, above the clipped loss only for c > 1); use 3.0 as in Ye et al. 2020, or None."
             )
         cap = -advantages * dual_clip_c
         dual = (advantages < 0) & (loss > cap)
@@ -126,7 +128,8 @@ def cispo_loss(
     L_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A_t * logp_t, r_t = exp(logp_t - old_t).
     The weight is clipped, never the gradient: every token keeps a REINFORCE-style gradient (unlike PPO, which
     drops clipped tokens). The default eps_low = 1 leaves no lower bound, as the paper does; eps_high is
-    tuned per task (our default 0.28).  Shapes: [N] -> [N]. Metrics: clipfrac (weight clipped), approx_kl, ratio.
+    tuned per task (our default 0.28).  Shapes: [N] -> [N]. Metrics: clipfrac (weight clipped), approx_kl,
+    ratio.
     """
     logprobs, old_logprobs, advantages = _clean(mask, logprobs, old_logprobs, advantages)
     log_ratio = logprobs - old_logprobs

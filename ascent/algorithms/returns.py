@@ -1,4 +1,5 @@
-"""Token-level return estimators: GAE and REINFORCE++ (with and without a group baseline), plus ReMax's helper.
+"""Token-level return estimators: GAE and REINFORCE++ (with and without a group baseline), plus ReMax's
+helper.
 
 All recursions are multi-turn aware: a token with mask 0 (tool or environment output spliced into the
 response) is not a step. The recursion runs from one policy token to the next policy token, carrying the
@@ -87,8 +88,8 @@ def _whitened_returns(outcome: Tensor, inp: AdvantageInputs, gamma: float, eps: 
 def reinforce_pp(inp: AdvantageInputs, *, gamma: float = 1.0, adv_eps: float = 1e-6) -> AdvantageOutputs:
     """REINFORCE++ (Hu 2025): no critic, no group baseline; batch-normalised token returns.
 
-    r_t = token_rewards_t (the KL penalty) + outcome on the last policy token; G_t = sum_{k>=t} gamma^(k-t) r_k
-    over policy tokens; A = (G - mean(G)) / (std(G) + eps) over all policy tokens of the batch.
+    r_t = token_rewards_t (the KL penalty) + outcome on the last policy token; G_t = sum_{k>=t} gamma^(k-t)
+    r_k over policy tokens; A = (G - mean(G)) / (std(G) + eps) over all policy tokens of the batch.
     returns = G (unwhitened).
     """
     return _whitened_returns(inp.float_rewards(), inp, gamma, adv_eps)

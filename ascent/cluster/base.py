@@ -3,10 +3,11 @@
 A worker group runs N copies of a plain Python class (rank 0..N-1). The controller calls a method on all of
 them (`call`), on each with its own shard (`call_split`) or on rank 0 only (`call_rank0`); results come back
 in rank order. A call names the method itself (`group.call(TrainerWorker.save, path)`), a typed handle:
-mypy checks its arguments and result type, and a reader can jump to the definition. The `_async` variants return a `PendingCall` at once so two groups can work at the same time.
-A worker runs its calls one at a time, in the order sent; `call_alongside_async` is the one exception (on Ray
-it runs next to a call in progress: a rollout replica takes new weights while a long generate call runs).
-Backends (inline, Ray) implement `_submit` and `shutdown` and must behave the same.
+mypy checks its arguments and result type, and a reader can jump to the definition. The `_async` variants
+return a `PendingCall` at once so two groups can work at the same time. A worker runs its calls one at a
+time, in the order sent; `call_alongside_async` is the one exception (on Ray it runs next to a call in
+progress: a rollout replica takes new weights while a long generate call runs). Backends (inline, Ray)
+implement `_submit` and `shutdown` and must behave the same.
 
 Before a worker's class is constructed, the group sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT (a free port on rank 0's node), so the worker may call
@@ -153,9 +154,9 @@ class WorkerGroup(ABC, Generic[W]):
         name = self._check_method(method)
         if len(shards) != self.num_workers:
             raise ValueError(
-                f"worker group '{self.name}': call_split({self.cls.__name__}.{name}) got {len(shards)} shards "
-                f"for {self.num_workers} workers; pass exactly one shard per worker (e.g. split the batch "
-                f"with {self.num_workers} parts)."
+                f"worker group '{self.name}': call_split({self.cls.__name__}.{name}) got {len(shards)} "
+                f"shards for {self.num_workers} workers; pass exactly one shard per worker (e.g. split the "
+                f"batch with {self.num_workers} parts)."
             )
         return self._submit(name, [(rank, (shard, *args), kwargs) for rank, shard in enumerate(shards)])
 
@@ -176,4 +177,7 @@ class WorkerGroup(ABC, Generic[W]):
         self.shutdown()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r}, cls={self.cls.__name__}, num_workers={self.num_workers})"
+        return (
+            f"{type(self).__name__}(name={self.name!r}, cls={self.cls.__name__}, "
+            f"num_workers={self.num_workers})"
+        )

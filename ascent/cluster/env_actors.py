@@ -190,9 +190,9 @@ def default_env_actors(cpus_per_host: float) -> int:
     n = min(PER_NODE * max(1, len(nodes)), int(free / cpus_per_host + 1e-9))
     if n < 1:
         raise ClusterConfigError(
-            f"rollout.env_cpus={cpus_per_host:g}: the Ray cluster has {free:g} CPUs free after the workers, too "
-            "few for one environment actor. Lower rollout.env_cpus, raise cluster.num_cpus (a local cluster) "
-            "or lower cluster.cpus_per_worker, or add nodes."
+            f"rollout.env_cpus={cpus_per_host:g}: the Ray cluster has {free:g} CPUs free after the workers, "
+            "too few for one environment actor. Lower rollout.env_cpus, raise cluster.num_cpus (a local "
+            "cluster) or lower cluster.cpus_per_worker, or add nodes."
         )
     return n
 
@@ -200,8 +200,10 @@ def default_env_actors(cpus_per_host: float) -> int:
 def _reserve(n: int, cpus: float, timeout_s: float) -> PlacementGroup:
     """`n` bundles of `cpus` CPUs, spread over the nodes; a clear error when the cluster cannot hold them."""
     need, total = n * cpus, ray.cluster_resources().get("CPU", 0.0)
-    fix = ("Use fewer environment actors (rollout.env_workers) or fewer CPUs each (rollout.env_cpus), raise "
-           "cluster.num_cpus (a local cluster), or add nodes.")  # fmt: skip
+    fix = (
+        "Use fewer environment actors (rollout.env_workers) or fewer CPUs each (rollout.env_cpus), raise "
+        "cluster.num_cpus (a local cluster), or add nodes."
+    )
     if need > total + 1e-9:
         raise ClusterConfigError(
             f"rollout.env_workers={n} x rollout.env_cpus={cpus:g} = {need:g} CPUs, but the Ray cluster has "
@@ -219,8 +221,8 @@ def _reserve(n: int, cpus: float, timeout_s: float) -> PlacementGroup:
         timeout_s,
         lambda: (
             f"rollout.env_workers={n}: could not place {n} x {cpus:g} CPUs for the environment actors "
-            f"within cluster.worker_timeout_s={timeout_s:g} s (no node may have {cpus:g} CPUs free); free now: "
-            f"{ray.available_resources()}. {fix}"
+            f"within cluster.worker_timeout_s={timeout_s:g} s (no node may have {cpus:g} CPUs free); free "
+            f"now: {ray.available_resources()}. {fix}"
         ),
     )
 

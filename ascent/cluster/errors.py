@@ -22,7 +22,8 @@ class ClusterConfigError(AscentError, ValueError):
 
 
 class WorkerError(RuntimeError):
-    """A worker's method raised. The worker's own exception is `__cause__` (inline) or in the message (Ray)."""
+    """A worker's method raised. The worker's own exception is `__cause__` (inline) or in the message
+    (Ray)."""
 
     def __init__(
         self,

@@ -48,17 +48,31 @@ def make_worker_group(
                 f"worker group '{name}': placement_group is a Ray option; backend=inline has none."
             )
         return InlineWorkerGroup(
-            cls, name=name, num_workers=num_workers, init_args=init_args, init_kwargs=init_kwargs,
-            timeout_s=timeout_s, env=env,
-        )  # fmt: skip
+            cls,
+            name=name,
+            num_workers=num_workers,
+            init_args=init_args,
+            init_kwargs=init_kwargs,
+            timeout_s=timeout_s,
+            env=env,
+        )
     if backend == "ray":
         from ascent.cluster.ray_backend import RayWorkerGroup  # deferred: Ray, heavy and optional
 
         return RayWorkerGroup(
-            cls, name=name, num_workers=num_workers, init_args=init_args, init_kwargs=init_kwargs,
-            run_dir=run_dir, num_gpus_per_worker=num_gpus_per_worker, num_cpus_per_worker=num_cpus_per_worker,
-            timeout_s=timeout_s, env=env, placement_group=placement_group, log_level=log_level,
-        )  # fmt: skip
+            cls,
+            name=name,
+            num_workers=num_workers,
+            init_args=init_args,
+            init_kwargs=init_kwargs,
+            run_dir=run_dir,
+            num_gpus_per_worker=num_gpus_per_worker,
+            num_cpus_per_worker=num_cpus_per_worker,
+            timeout_s=timeout_s,
+            env=env,
+            placement_group=placement_group,
+            log_level=log_level,
+        )
     raise ClusterConfigError(
         f"cluster.backend={backend!r}: unknown backend; use one of {', '.join(BACKENDS)}."
     )

@@ -97,16 +97,21 @@ class InlineWorkerGroup(WorkerGroup[W]):
         super().__init__(cls, name=name, num_workers=num_workers, timeout_s=timeout_s)
         if num_workers != 1:
             raise ClusterConfigError(
-                f"worker group '{name}': num_workers={num_workers} with backend=inline; the inline backend runs "
-                "one worker in the controller's process. Set cluster.backend=ray to run several workers "
+                f"worker group '{name}': num_workers={num_workers} with backend=inline; the inline backend "
+                "runs one worker in the controller's process. Set cluster.backend=ray to run several workers "
                 "(a local Ray cluster works on one machine), or use 1 worker."
             )
         os.environ.update(
             rank_env(
-                rank=0, world_size=1, local_rank=0, local_world_size=1,
-                master_addr="127.0.0.1", master_port=find_free_port(), extra=env,
+                rank=0,
+                world_size=1,
+                local_rank=0,
+                local_world_size=1,
+                master_addr="127.0.0.1",
+                master_port=find_free_port(),
+                extra=env,
             )
-        )  # fmt: skip
+        )
         self._worker: Any = None
         worker, error = self._run(f"{cls.__name__}.__init__", lambda: cls(*init_args, **(init_kwargs or {})))
         if error is not None:

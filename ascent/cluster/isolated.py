@@ -167,8 +167,14 @@ class IsolatedRunner:
                 about = f" ({detail})" if detail else ""
                 log.warning(
                     "waiting for %d of %d %s calls%s, %.0f s so far; each may take %s=%g s",
-                    len(pending), calls, self.what, about, now - t0, self.timeout_field, self.timeout_s,
-                )  # fmt: skip
+                    len(pending),
+                    calls,
+                    self.what,
+                    about,
+                    now - t0,
+                    self.timeout_field,
+                    self.timeout_s,
+                )
 
     def _fail_exited(self, gone: dict[int, float]) -> None:
         """Fail each running call whose worker is gone but that pebble left waiting (status 0).

@@ -85,10 +85,10 @@ def init_ray(
         )
     except ConnectionError as e:
         raise ClusterConfigError(
-            f"cluster.address={address!r}: no Ray cluster answered ({e}). Start one first (`ray start --head` "
-            "on the head node, `ray start --address=HEAD_IP:6379` on the others; examples/slurm does both), "
-            "check that this node reaches the head's port 6379, or leave cluster.address unset to start a "
-            "local cluster."
+            f"cluster.address={address!r}: no Ray cluster answered ({e}). Start one first (`ray start "
+            "--head` on the head node, `ray start --address=HEAD_IP:6379` on the others; examples/slurm does "
+            "both), check that this node reaches the head's port 6379, or leave cluster.address unset to "
+            "start a local cluster."
         ) from None
 
 
@@ -103,8 +103,8 @@ def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
         raise ClusterConfigError(
             f"cluster.address={address!r}: the Ray head does not answer ({type(e).__name__}: {e}). Start it "
             "(`ray start --head --port=6379`; examples/slurm does it), check the host and port (a node with "
-            "several network interfaces may need `ray start --node-ip-address=...`), or leave cluster.address "
-            "unset to start a local cluster."
+            "several network interfaces may need `ray start --node-ip-address=...`), or leave "
+            "cluster.address unset to start a local cluster."
         ) from None
 
 
@@ -215,9 +215,10 @@ class RayWorkerGroup(WorkerGroup[W]):
             need = per_worker * self.num_workers
             if need > total.get(key, 0.0):
                 raise ClusterConfigError(
-                    f"worker group '{self.name}': {self.num_workers} workers x {per_worker:g} {key} = {need:g} "
-                    f"{key}, but the Ray cluster has {total.get(key, 0.0):g} {key}. Use fewer workers or less per "
-                    "worker (cluster.gpus_per_worker, cluster.num_*_workers), or add nodes."
+                    f"worker group '{self.name}': {self.num_workers} workers x {per_worker:g} {key} = "
+                    f"{need:g} {key}, but the Ray cluster has {total.get(key, 0.0):g} {key}. Use fewer "
+                    "workers or less per worker (cluster.gpus_per_worker, cluster.num_*_workers), or add "
+                    "nodes."
                 )
 
     def _start_actors(self, group: PlacementGroup | None, log_level: str) -> list[Any]:
@@ -253,9 +254,10 @@ class RayWorkerGroup(WorkerGroup[W]):
             )
         except WorkerTimeoutError as e:
             raise RuntimeError(
-                f"worker group '{self.name}': ranks {e.pending_ranks} did not start within {self.timeout_s:g}s; "
-                f"Ray has no room for them ({self.num_cpus_per_worker:g} CPU, {self.num_gpus_per_worker:g} GPU "
-                f"each; free now: {ray.available_resources()}). Other groups may hold the resources."
+                f"worker group '{self.name}': ranks {e.pending_ranks} did not start within "
+                f"{self.timeout_s:g}s; Ray has no room for them ({self.num_cpus_per_worker:g} CPU, "
+                f"{self.num_gpus_per_worker:g} "
+                f"GPU each; free now: {ray.available_resources()}). Other groups may hold the resources."
             ) from None
 
     def _rank_env(

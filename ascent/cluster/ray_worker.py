@@ -41,10 +41,16 @@ class RayWorkerHost:
         """Set the environment, then construct the worker."""
         os.environ.update(env)
         self.log.info(
-            "starting %s (rank %s of %s) on node %s (local rank %s of %s), rendezvous at %s:%s", cls.__name__,
-            env.get("RANK"), env.get("WORLD_SIZE"), ray.get_runtime_context().get_node_id(),
-            env.get("LOCAL_RANK"), env.get("LOCAL_WORLD_SIZE"), env.get("MASTER_ADDR"), env.get("MASTER_PORT"),
-        )  # fmt: skip
+            "starting %s (rank %s of %s) on node %s (local rank %s of %s), rendezvous at %s:%s",
+            cls.__name__,
+            env.get("RANK"),
+            env.get("WORLD_SIZE"),
+            ray.get_runtime_context().get_node_id(),
+            env.get("LOCAL_RANK"),
+            env.get("LOCAL_WORLD_SIZE"),
+            env.get("MASTER_ADDR"),
+            env.get("MASTER_PORT"),
+        )
         try:
             self.worker = cls(*args, **kwargs)
         except Exception:

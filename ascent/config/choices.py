@@ -307,7 +307,8 @@ def _who(readers: list[str]) -> str:
 
 
 def _unread(where: str, field: str, name: str, key: str, value: Any, choices: dict[str, type[Choice]]) -> str:
-    """`algorithm.gspo_clip_low=0.001: only policy_loss=gspo reads it, and this run's policy_loss is ppo; ...`"""
+    """`algorithm.gspo_clip_low=0.001: only policy_loss=gspo reads it, and this run's policy_loss is ppo;
+    ...`"""
     readers = _readers(choices, key)
     head = f"{where}={show_value(value)}: only {field}={_who(readers)} reads it, and this run's {field} is"
     if ":" in name:

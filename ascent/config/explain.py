@@ -81,7 +81,8 @@ def matching_rows(rows: list[FieldRow], terms: list[str]) -> list[FieldRow]:
 
 
 def plain_lines(rows: list[FieldRow]) -> list[str]:
-    """One line per field, never wrapped: `path=value  (default: d)  description`; `*` marks a changed value."""
+    """One line per field, never wrapped: `path=value  (default: d)  description`; `*` marks a changed
+    value."""
     return [
         f"{r.path}={show_value(r.value, limit=200)}{' *' if r.changed else ''}  "
         f"(default: {show_value(r.default, limit=200)})  {r.description}"

@@ -63,7 +63,8 @@ def dotted(loc: Loc) -> str:
 
 
 def choice_members(annotation: Any) -> dict[str, type[BaseModel]]:
-    """A choice's members by tag: `Union[Annotated[Model, Tag(t)], ...]` -> {t: Model}; {} for other fields."""
+    """A choice's members by tag: `Union[Annotated[Model, Tag(t)], ...]` -> {t: Model}; {} for other
+    fields."""
     if get_origin(annotation) not in (Union, types.UnionType):
         return {}
     out: dict[str, type[BaseModel]] = {}
@@ -112,7 +113,8 @@ def section_at(schema: type[BaseModel], loc: Loc) -> type[BaseModel] | None:
 
 
 def field_at(schema: type[BaseModel], loc: Loc) -> FieldRef | None:
-    """The schema field named by the longest prefix of `loc` that is a field (None if the first part is not)."""
+    """The schema field named by the longest prefix of `loc` that is a field (None if the first part is
+    not)."""
     model: type[BaseModel] | None = schema
     found: FieldRef | None = None
     names: list[str] = []
@@ -128,7 +130,8 @@ def field_at(schema: type[BaseModel], loc: Loc) -> FieldRef | None:
 
 
 def without_tags(schema: type[BaseModel], loc: Loc) -> tuple[str | int, ...]:
-    """An error location as the user wrote it: ('algorithm', 'policy_loss', 'GspoLoss', 'x') drops 'GspoLoss'."""
+    """An error location as the user wrote it: ('algorithm', 'policy_loss', 'GspoLoss', 'x') drops
+    'GspoLoss'."""
     out: list[str | int] = []
     model: type[BaseModel] | None = schema
     i = 0

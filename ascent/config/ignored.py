@@ -62,9 +62,9 @@ def _reward_with_env(cfg: RunConfig) -> list[str]:
     if env is None:
         return []
     return [
-        f"reward.{name}={show_value(value)}: rollout.env={env!r} scores its own episodes (the rewards its step() "
-        f"returns), so reward.{name} is never used. To score with your reward function, call it in the "
-        "environment's step() and return its value as StepResult.reward; or drop rollout.env to train "
+        f"reward.{name}={show_value(value)}: rollout.env={env!r} scores its own episodes (the rewards its "
+        f"step() returns), so reward.{name} is never used. To score with your reward function, call it in "
+        "the environment's step() and return its value as StepResult.reward; or drop rollout.env to train "
         "single-turn with reward.fn; or remove this setting."
         for name, value in _given(cfg.reward, REWARD_SCORING_FIELDS)
     ]
@@ -75,15 +75,15 @@ def _episode_fields(cfg: RunConfig) -> list[str]:
     out = []
     if not r.multi_turn:
         out += [
-            f"rollout.{name}={show_value(value)}: only multi-turn episodes (rollout.env or rollout.agent) read "
-            "it, and this run makes one response per prompt; set rollout.env (or rollout.agent), or remove "
-            "this setting."
+            f"rollout.{name}={show_value(value)}: only multi-turn episodes (rollout.env or rollout.agent) "
+            "read it, and this run makes one response per prompt; set rollout.env (or rollout.agent), or "
+            "remove this setting."
             for name, value in _given(r, MULTI_TURN_FIELDS)
         ]
     if r.agent is None:
         out += [
-            f"rollout.{name}={show_value(value)}: only an agent's episodes read it; set rollout.agent, or remove "
-            "this setting."
+            f"rollout.{name}={show_value(value)}: only an agent's episodes read it; set rollout.agent, or "
+            "remove this setting."
             for name, value in _given(r, AGENT_FIELDS)
         ]
     return out

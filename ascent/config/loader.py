@@ -170,7 +170,8 @@ def parse_override(text: str, schema: type[BaseModel] = RunConfig) -> tuple[list
     keys = [k.strip() for k in key.strip().split(".")]
     if not all(keys):
         raise ConfigError(
-            f"override '{text}': '{key}' is not a dotted key; write it as section.field=value, e.g. train.lr=1e-5."
+            f"override '{text}': '{key}' is not a dotted key; write it as section.field=value, e.g. "
+            "train.lr=1e-5."
         )
     field = field_at(schema, keys)
     text_field = field is not None and field.path == ".".join(keys) and is_text(field.info.annotation)

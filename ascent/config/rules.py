@@ -53,7 +53,8 @@ RL_ONLY_CLUSTER_FIELDS = (
 
 
 def check_sft_config(cfg: SFTConfig) -> None:
-    """Raise ValueError naming every RL-only `train` field an `ascent sft` config changes (SFT ignores them)."""
+    """Raise ValueError naming every RL-only `train` field an `ascent sft` config changes (SFT ignores
+    them)."""
     problems = [
         f"{section}.{name}={getattr(getattr(cfg, section), name)!r}: `ascent sft` does not read this RL "
         "field (an SFT optimizer step is `batch_size` pairs over the trainer ranks, `epochs` passes over the "
@@ -65,13 +66,14 @@ def check_sft_config(cfg: SFTConfig) -> None:
     ]
     if cfg.cluster.backend == "inline" and cfg.cluster.num_trainer_workers > 1:
         problems.append(
-            f"cluster.num_trainer_workers={cfg.cluster.num_trainer_workers}: several trainer ranks run as Ray "
-            "actors; set cluster.backend=ray (a local Ray cluster works on one machine)."
+            f"cluster.num_trainer_workers={cfg.cluster.num_trainer_workers}: several trainer ranks run as "
+            "Ray actors; set cluster.backend=ray (a local Ray cluster works on one machine)."
         )
     if cfg.batch_size % cfg.cluster.num_trainer_workers:
         problems.append(
             f"batch_size={cfg.batch_size}: each batch is split evenly over "
-            f"cluster.num_trainer_workers={cfg.cluster.num_trainer_workers} ranks; make it a multiple of that."
+            f"cluster.num_trainer_workers={cfg.cluster.num_trainer_workers} ranks; make it a multiple of "
+            "that."
         )
     problems += ignored_sft_settings(cfg)
     if problems:
@@ -86,7 +88,8 @@ def _batch_rules(cfg: RunConfig) -> list[str]:
         out.append(
             f"train.trajectories_per_update={t.trajectories_per_update}: one iteration makes "
             f"rollout.prompts_per_step x rollout.samples_per_prompt = {per_step} trajectories, which must "
-            f"split into whole mini-batches; set it to a divisor of {per_step} (e.g. {_divisor_near(per_step, t.trajectories_per_update)})."
+            f"split into whole mini-batches; set it to a divisor of {per_step} (e.g. "
+            f"{_divisor_near(per_step, t.trajectories_per_update)})."
         )
     if t.trajectories_per_update % c.num_trainer_workers:
         out.append(
@@ -106,8 +109,8 @@ def _batch_rules(cfg: RunConfig) -> list[str]:
     needed = cfg.data.max_prompt_tokens + r.response_budget
     if t.max_tokens_per_micro_batch < needed:
         out.append(
-            f"train.max_tokens_per_micro_batch={t.max_tokens_per_micro_batch}: the longest trajectory can have "
-            f"data.max_prompt_tokens + {budget} = {needed} tokens and must fit one micro-batch; "
+            f"train.max_tokens_per_micro_batch={t.max_tokens_per_micro_batch}: the longest trajectory can "
+            f"have data.max_prompt_tokens + {budget} = {needed} tokens and must fit one micro-batch; "
             f"raise it to at least {needed}."
         )
     return out
@@ -124,9 +127,9 @@ def _transport_rules(cfg: RunConfig) -> list[str]:
         ]
     if c.placement == "split":
         return [
-            "cluster.weight_transport=cuda_ipc: CUDA IPC shares a trainer rank's GPU memory with the replica on "
-            "the same GPU, but cluster.placement=split gives the replicas GPUs of their own; use broadcast "
-            "(NCCL between GPUs) or auto."
+            "cluster.weight_transport=cuda_ipc: CUDA IPC shares a trainer rank's GPU memory with the replica "
+            "on the same GPU, but cluster.placement=split gives the replicas GPUs of their own; use "
+            "broadcast (NCCL between GPUs) or auto."
         ]
     if c.num_rollout_workers != c.num_trainer_workers:
         return [
@@ -138,8 +141,14 @@ def _transport_rules(cfg: RunConfig) -> list[str]:
 
 
 def _algorithm_rules(cfg: RunConfig) -> list[str]:
-    return (_name_rules(cfg) + _estimator_rules(cfg) + _kl_rules(cfg) + _loss_rules(cfg) + _sampling_rules(cfg)
-            + _env_rules(cfg))  # fmt: skip
+    return (
+        _name_rules(cfg)
+        + _estimator_rules(cfg)
+        + _kl_rules(cfg)
+        + _loss_rules(cfg)
+        + _sampling_rules(cfg)
+        + _env_rules(cfg)
+    )
 
 
 def _env_rules(cfg: RunConfig) -> list[str]:
@@ -150,17 +159,25 @@ def _env_rules(cfg: RunConfig) -> list[str]:
     src = "rollout.env" if r.env is not None else "rollout.agent"
     out = []
     if r.env is not None and r.agent is not None:
-        out.append(f"rollout.agent={r.agent!r}: an agent brings its own episodes; set rollout.env=null (or "
-                   "rollout.agent=null to train on the environment).")  # fmt: skip
+        out.append(
+            f"rollout.agent={r.agent!r}: an agent brings its own episodes; set rollout.env=null (or "
+            "rollout.agent=null to train on the environment)."
+        )
     if a.advantage.name == "remax":
-        out.append(f"algorithm.advantage='remax': its greedy baseline is single-turn; with {src} pick "
-                   "grpo, rloo or another group estimator.")  # fmt: skip
+        out.append(
+            f"algorithm.advantage='remax': its greedy baseline is single-turn; with {src} pick "
+            "grpo, rloo or another group estimator."
+        )
     if a.overlong_buffer:
-        out.append(f"algorithm.overlong_buffer={a.overlong_buffer}: the overlong penalty is single-turn; set "
-                   f"it to 0 with {src} (rollout.max_episode_tokens bounds an episode).")  # fmt: skip
+        out.append(
+            f"algorithm.overlong_buffer={a.overlong_buffer}: the overlong penalty is single-turn; set "
+            f"it to 0 with {src} (rollout.max_episode_tokens bounds an episode)."
+        )
     if r.max_episode_tokens < r.max_new_tokens:
-        out.append(f"rollout.max_episode_tokens={r.max_episode_tokens}: an episode must hold at least one "
-                   f"turn of rollout.max_new_tokens={r.max_new_tokens}; raise it.")  # fmt: skip
+        out.append(
+            f"rollout.max_episode_tokens={r.max_episode_tokens}: an episode must hold at least one "
+            f"turn of rollout.max_new_tokens={r.max_new_tokens}; raise it."
+        )
     return out
 
 
@@ -168,7 +185,8 @@ def _unknown(field: str, value: str, names: set[str]) -> list[str]:
     if value in names or ":" in value:
         return []
     return [
-        f"{field}={value!r}: unknown; use one of {', '.join(sorted(names))} (or an import path `pkg.module:function`)."
+        f"{field}={value!r}: unknown; use one of {', '.join(sorted(names))} (or an import path "
+        "`pkg.module:function`)."
     ]
 
 
@@ -209,19 +227,19 @@ def _estimator_rules(cfg: RunConfig) -> list[str]:
         )
     if adv in GROUP_ESTIMATORS and r.temperature == 0:
         out.append(
-            f"rollout.temperature=0: greedy decoding gives every sample of a group the same response and reward, "
-            f"so {adv.upper()}'s advantages (and the gradient) are all 0; sample with a temperature "
+            "rollout.temperature=0: greedy decoding gives every sample of a group the same response and "
+            f"reward, so {adv.upper()}'s advantages (and the gradient) are all 0; sample with a temperature "
             "above 0 (1.0 is usual)."
         )
     if adv == "remax" and r.temperature == 0:
         out.append(
-            "rollout.temperature=0: ReMax subtracts the reward of the greedy response, which then equals every "
-            "sample (all advantages 0); sample with a temperature above 0."
+            "rollout.temperature=0: ReMax subtracts the reward of the greedy response, which then equals "
+            "every sample (all advantages 0); sample with a temperature above 0."
         )
     if isinstance(a.advantage, GrpoAdvantage) and a.advantage.std_over_batch and not a.advantage.scale_by_std:
         out.append(
-            "algorithm.advantage.std_over_batch=true needs algorithm.advantage.scale_by_std=true (there is no "
-            "std to take over the batch otherwise); set one of them differently."
+            "algorithm.advantage.std_over_batch=true needs algorithm.advantage.scale_by_std=true (there is "
+            "no std to take over the batch otherwise); set one of them differently."
         )
     if a.critic_warmup_iterations and a.critic_warmup_iterations >= cfg.iterations:
         out.append(
@@ -236,8 +254,9 @@ def _kl_rules(cfg: RunConfig) -> list[str]:
     out = []
     if a.kl_penalty_coef > 0 and a.advantage.name in GROUP_ESTIMATORS - TOKEN_REWARD_ESTIMATORS:
         out.append(
-            f"algorithm.kl_penalty_coef={a.kl_penalty_coef}: advantage={a.advantage.name} ignores per-token rewards, "
-            "so the KL penalty would do nothing; use kl_loss_coef instead, or advantage=reinforce_pp/gae."
+            f"algorithm.kl_penalty_coef={a.kl_penalty_coef}: advantage={a.advantage.name} ignores per-token "
+            "rewards, so the KL penalty would do nothing; use kl_loss_coef instead, or "
+            "advantage=reinforce_pp/gae."
         )
     if a.kl_target is not None and a.kl_penalty_coef == 0:
         out.append(

@@ -73,8 +73,8 @@ class DataConfig(Section):
 class RewardConfig(Section):
     fn: str = Field(
         "exact_match",
-        description="Reward function: a built-in name (exact_match, numeric_match, math_verify, gsm8k, format) "
-        "or an import path `pkg.module:function`.",
+        description="Reward function: a built-in name (exact_match, numeric_match, math_verify, gsm8k, "
+        "format) or an import path `pkg.module:function`.",
     )
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments passed to the function."
@@ -84,9 +84,9 @@ class RewardConfig(Section):
     )
     isolation: Literal["process", "inline"] = Field(
         "process",
-        description="`process`: reward functions run in worker processes with a per-call timeout, so one that "
-        "raises, exits, hangs or crashes costs that sample only. `inline`: in the controller's process (no "
-        "timeout; `breakpoint()` works), for debugging.",
+        description="`process`: reward functions run in worker processes with a per-call timeout, so one "
+        "that raises, exits, hangs or crashes costs that sample only. `inline`: in the controller's process "
+        "(no timeout; `breakpoint()` works), for debugging.",
     )
     timeout_s: float = Field(
         30.0,
@@ -101,8 +101,8 @@ class RewardConfig(Section):
 class AlgorithmConfig(Section):
     advantage: AdvantageChoice = Field(
         default_factory=GrpoAdvantage,
-        description="Advantage estimator: a name (grpo, rloo, opo, reinforce_pp, reinforce_pp_baseline, remax, "
-        "gae) or an import path, or {name: ..., <its own settings>}.",
+        description="Advantage estimator: a name (grpo, rloo, opo, reinforce_pp, reinforce_pp_baseline, "
+        "remax, gae) or an import path, or {name: ..., <its own settings>}.",
     )
     policy_loss: PolicyLossChoice = Field(
         default_factory=PpoLoss,
@@ -161,7 +161,9 @@ class AlgorithmConfig(Section):
     critic_warmup_iterations: int = Field(0, ge=0, description="Iterations that train only the critic first.")
     options: dict[str, Any] = Field(
         default_factory=dict,
-        description="A plug-in's own settings (keyword arguments), under names none of ascent's settings use.",
+        description=(
+            "A plug-in's own settings (keyword arguments), under names none of ascent's settings use."
+        ),
     )
 
     @model_validator(mode="before")
@@ -289,17 +291,17 @@ class TrackingConfig(Section):
     )
     mlflow_uri: str | None = Field(
         None,
-        description="Also log to MLflow at this tracking URI: an http(s) server, or a local directory/file: URI "
-        "(needs `pip install mlflow-skinny`). Params are the flattened config; a resumed run continues the "
-        "same MLflow run. An unreachable URI stops the run at start-up.",
+        description="Also log to MLflow at this tracking URI: an http(s) server, or a local directory/file: "
+        "URI (needs `pip install mlflow-skinny`). Params are the flattened config; a resumed run continues "
+        "the same MLflow run. An unreachable URI stops the run at start-up.",
     )
     mlflow_experiment: str | None = Field(
         None, description="MLflow experiment to log into (created if missing; null: MLflow's `Default`)."
     )
     http_proxy: str | None = Field(
         None,
-        description="Proxy URL (e.g. http://proxy:3128) for the W&B and MLflow connections only; the rest of the "
-        "run does not use it.",
+        description="Proxy URL (e.g. http://proxy:3128) for the W&B and MLflow connections only; the rest of "
+        "the run does not use it.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Level of the `ascent` loggers: the console and <run_dir>/logs/*.log."
@@ -309,8 +311,8 @@ class TrackingConfig(Section):
     log_samples: int = Field(2, ge=0, description="Print this many sample responses at every validation.")
     episodes: bool = Field(
         True,
-        description="Append one line per trained episode to episodes.jsonl: iteration, group, row, the policy "
-        "versions its tokens were sampled with, staleness, reward, finish reason, length.",
+        description="Append one line per trained episode to episodes.jsonl: iteration, group, row, the "
+        "policy versions its tokens were sampled with, staleness, reward, finish reason, length.",
     )
     experience_store: bool = Field(
         True,
@@ -324,8 +326,8 @@ class ClusterConfig(Section):
     backend: Literal["inline", "ray"] = Field("inline", description="Run workers inline or as Ray actors.")
     address: str | None = Field(
         None,
-        description="Ray cluster to join: `auto` (the one started on this node, e.g. by the Slurm example) or "
-        "`host:port` of its head; null starts a local one.",
+        description="Ray cluster to join: `auto` (the one started on this node, e.g. by the Slurm example) "
+        "or `host:port` of its head; null starts a local one.",
     )
     num_cpus: int | None = Field(
         None, gt=0, description="CPUs of the local Ray cluster ascent starts (null: all of this machine's)."

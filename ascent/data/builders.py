@@ -1,4 +1,5 @@
-"""From config to data: the one place the data package reads config sections (design: "config stops at the edge").
+"""From config to data: the one place the data package reads config sections (design: "config stops at the
+edge").
 
 `load_prompts` / `load_sft_examples` take flat arguments (load -> validate -> render); the `*_from_config`
 helpers only pick those arguments out of a `DataConfig` / `SFTConfig`.

@@ -24,7 +24,8 @@ def load_rows(path: str | Path, *, source: str | None = None) -> list[dict[str, 
     """Read every row of a .jsonl / .json / .parquet file as a dict.
 
     `.jsonl` is one JSON object per line (blank lines are skipped); `.json` may be JSON lines or one JSON
-    array of objects. `source` names the file in errors (e.g. "data.train_path=x.jsonl"); defaults to the path.
+    array of objects. `source` names the file in errors (e.g. "data.train_path=x.jsonl"); defaults to the
+    path.
     """
     file = Path(path)
     label = source or str(file)
@@ -67,8 +68,8 @@ def _read_utf8(file: Path, label: str) -> str:
         line = data.count(b"\n", 0, err.start) + 1
         column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
         raise DataError(
-            f"{label} line {line}, column {column}: byte 0x{data[err.start]:02x} is not UTF-8 ({err.reason}); "
-            "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)."
+            f"{label} line {line}, column {column}: byte 0x{data[err.start]:02x} is not UTF-8 "
+            f"({err.reason}); save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)."
         ) from err
 
 

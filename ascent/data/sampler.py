@@ -63,7 +63,8 @@ class PromptSampler:
         for key in ("num_items", "seed", "shuffle"):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(
-                    f"sampler state has {key}={state[key]!r} but this sampler has {key}={getattr(self, key)!r}; "
+                    f"sampler state has {key}={state[key]!r} but this sampler has "
+                    f"{key}={getattr(self, key)!r}; "
                     "resume with the same dataset and seed, or start a fresh run."
                 )
         if not 0 <= state["position"] <= self.num_items:

@@ -142,7 +142,8 @@ def render_sft_examples_and_report(
 
 
 def is_conversations(rows: Sequence[dict[str, Any]], source: str, response_key: str) -> bool:
-    """Whether the rows are conversations (`messages`) rather than prompt/response pairs; mixing is refused."""
+    """Whether the rows are conversations (`messages`) rather than prompt/response pairs; mixing is
+    refused."""
     chats = [i + 1 for i, r in enumerate(rows) if "messages" in r and response_key not in r]
     if chats and len(chats) != len(rows):
         pair = next(i + 1 for i, r in enumerate(rows) if i + 1 not in set(chats))

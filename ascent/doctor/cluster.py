@@ -39,7 +39,8 @@ def cluster_resources(address: str) -> dict[str, float]:
 
 
 def local_resources(cfg: RunConfig, gpus_visible: int) -> dict[str, float]:
-    """What the local cluster ascent starts would have: cluster.num_cpus (or all CPUs) and the visible GPUs."""
+    """What the local cluster ascent starts would have: cluster.num_cpus (or all CPUs) and the visible
+    GPUs."""
     return {"CPU": float(cfg.cluster.num_cpus or os.cpu_count() or 1), "GPU": float(gpus_visible)}
 
 
@@ -59,8 +60,10 @@ def check_ray(cfg: RunConfig, gpus_visible: int) -> list[CheckResult]:
     if c.address and c.address != "auto":
         error = tcp_reachable(c.address)
         if error is not None:
-            fix = ("start the head first (`ray start --head`; examples/slurm), check this node reaches its port, "
-                   "or leave cluster.address unset to start a local cluster.")  # fmt: skip
+            fix = (
+                "start the head first (`ray start --head`; examples/slurm), check this node reaches its "
+                "port, or leave cluster.address unset to start a local cluster."
+            )
             return [*results, fail("Ray cluster", f"cluster.address={c.address!r}: no answer ({error})", fix)]
     if c.address:
         try:
@@ -84,7 +87,10 @@ def check_ray(cfg: RunConfig, gpus_visible: int) -> list[CheckResult]:
 def check_resources(need: Demand, total: dict[str, Any], where: str) -> CheckResult:
     name = "Ray resources"
     have_gpu, have_cpu = float(total.get("GPU", 0)), float(total.get("CPU", 0))
-    text = f"the workers ask {need.gpus:g} GPUs and {need.cpus:g} CPUs; {where} has {have_gpu:g} and {have_cpu:g}"
+    text = (
+        f"the workers ask {need.gpus:g} GPUs and {need.cpus:g} CPUs; "
+        f"{where} has {have_gpu:g} and {have_cpu:g}"
+    )
     short = demand_shortfall(need, total)
     if short is not None:
         return fail(name, text, short)

@@ -138,8 +138,8 @@ def row_problems(cfg: RunConfig, rows: list[Any]) -> tuple[list[str], str]:
         fn = row.get("reward_fn") or cfg.reward.fn
         if fn in ANSWER_REWARDS and row.get(answer_key) is None:
             problems.append(
-                f"row {i}: field {answer_key!r} is missing, and reward {fn} reads the reference answer from it; "
-                f"the row has fields {sorted(row)} (reward.kwargs.answer_key names another field)"
+                f"row {i}: field {answer_key!r} is missing, and reward {fn} reads the reference answer from "
+                f"it; the row has fields {sorted(row)} (reward.kwargs.answer_key names another field)"
             )
     reads = f"'prompt' and {answer_key!r}" if cfg.reward.fn in ANSWER_REWARDS else "'prompt'"
     return problems, f"each has {reads}"

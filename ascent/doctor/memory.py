@@ -6,8 +6,9 @@ N tokens of a micro-batch, e the compute dtype's element size):
 
 - trainer state (`ascent.trainer.policy`): weights in the parameter dtype (fp32 masters: 4 B; LoRA: the frozen
   base in the compute dtype plus fp32 adapters), gradients of what trains in the same dtype, AdamW's two fp32
-  moments. `train.offload_optimizer` moves moments (and the fp32 masters' copy) to the CPU; `train.sharding=fsdp`
-  divides the three by the trainer ranks and gathers one layer at a time in the compute dtype.
+  moments. `train.offload_optimizer` moves moments (and the fp32 masters' copy) to the CPU;
+  `train.sharding=fsdp` divides the three by the trainer ranks and gathers one layer at a time in the compute
+  dtype.
 - activations of one micro-batch (`ascent.trainer.logprobs`, `head.py`): with gradient checkpointing each
   decoder layer keeps its input (the residual stream in the parameter dtype, L x N x H) and one layer is
   recomputed at a time (its working set: 4 [N, I] and 6 [N, H] buffers in the compute dtype); without it every
@@ -16,12 +17,14 @@ N tokens of a micro-batch, e the compute dtype's element size):
   buffer (when the head trains) and one [chunk, V] logits buffer (compiled; eager adds two fp32 ones), plus
   the [M, H] response rows. SDPA attention adds the dense [N, N] block-causal mask.
 - the frozen reference (a KL term, full fine-tuning): P x e, resident on the trainer GPU.
-- the critic (GAE): the policy's state without the LM head, and its own micro-batch activations (no vocabulary).
-- the fast engine (`ascent.rollout.fast`): its own weights (fp32 embedding and norms, the rest and a tied head's
-  copy in the compute dtype), a KV cache of `gpu_memory_fraction` x GPU memory less its weights and activation
-  reserve (`pages_for_budget`), and the activations it actually uses (prefill of the step's prompts, fp32
-  decode logits). Colocated, it frees cache and weights for the update; the update is the trainer's peak.
-  The reference engine: the model in the compute dtype, a padded KV cache of its generation batch.
+- the critic (GAE): the policy's state without the LM head, and its own micro-batch activations (no
+  vocabulary).
+- the fast engine (`ascent.rollout.fast`): its own weights (fp32 embedding and norms, the rest and a tied
+  head's copy in the compute dtype), a KV cache of `gpu_memory_fraction` x GPU memory less its weights and
+  activation reserve (`pages_for_budget`), and the activations it actually uses (prefill of the step's
+  prompts, fp32 decode logits). Colocated, it frees cache and weights for the update; the update is the
+  trainer's peak. The reference engine: the model in the compute dtype, a padded KV cache of its generation
+  batch.
 
 Calibration against BENCHMARKS.md (H100, bench/e2e.py: 0.5B at 16384 / 24576 tokens, 1.5B at 24576 / 2048):
 these terms land 2-3% above the measured peak allocated memory. `bench/memory_estimate.py` re-measures.
@@ -36,7 +39,8 @@ GIB = 2**30
 ENGINE_MAX_BATCH = 256
 ENGINE_MAX_PREFILL = 16384
 ENGINE_SLACK = 512 << 20
-# What the CUDA caching allocator reserves over what is allocated (BENCHMARKS: reserved / allocated 1.07-1.12),
+# What the CUDA caching allocator reserves over what is allocated (BENCHMARKS: reserved / allocated
+# 1.07-1.12),
 # and the CUDA context, which no allocator counts.
 FRAGMENTATION = 0.10
 CUDA_CONTEXT = 512 << 20
@@ -76,8 +80,15 @@ class ModelShape:
             self.hidden,
             self.intermediate,
         )
-        dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}  # fmt: skip
+        dims = {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
         per_layer = sum(rank * (a + b) for name, (a, b) in dims.items() if name in targets)
         return per_layer * self.layers
 
@@ -179,7 +190,8 @@ def fsdp_gather_bytes(m: MemoryInputs) -> int:
 
 
 def residual_bytes(m: MemoryInputs) -> int:
-    """Element size of the residual stream: the parameter dtype (fp32 masters), the compute dtype with LoRA."""
+    """Element size of the residual stream: the parameter dtype (fp32 masters), the compute dtype with
+    LoRA."""
     return m.compute_bytes if m.lora_rank else 4
 
 

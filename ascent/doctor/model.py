@@ -71,11 +71,16 @@ def check_model(cfg: RunConfig) -> tuple[CheckResult, ModelShape | None]:
         hf = load_hf_config(cfg)
         shape = model_shape(hf, count_params(hf))
     except Exception as err:  # transformers raises many kinds for a config it cannot read
-        return fail(name, f"model.path={cfg.model.path!r}: the config does not load ({type(err).__name__}: "
-                    f"{err})", "use a transformers causal-LM checkpoint (or model.trust_remote_code=true)."), None  # fmt: skip
+        return fail(
+            name,
+            f"model.path={cfg.model.path!r}: the config does not load ({type(err).__name__}: {err})",
+            "use a transformers causal-LM checkpoint (or model.trust_remote_code=true).",
+        ), None
     weights = sorted(p.name for p in path.glob("*.safetensors")) or sorted(p.name for p in path.glob("*.bin"))
-    detail = (f"{getattr(hf, 'model_type', '?')}, {shape.params / 1e6:,.1f}M parameters, {shape.layers} layers, "
-              f"hidden {shape.hidden}, vocab {shape.vocab}")  # fmt: skip
+    detail = (
+        f"{getattr(hf, 'model_type', '?')}, {shape.params / 1e6:,.1f}M parameters, {shape.layers} layers, "
+        f"hidden {shape.hidden}, vocab {shape.vocab}"
+    )
     if not weights:
         return warn(
             name, detail + "; no weight files", "copy the *.safetensors files next to config.json."
@@ -84,8 +89,8 @@ def check_model(cfg: RunConfig) -> tuple[CheckResult, ModelShape | None]:
 
 
 def local_dir_problem(path: str, field: str, files: tuple[str, ...], any_of: bool = False) -> str | None:
-    """What is wrong with local checkpoint directory `path` (named by `field`) for holding `files` (all, or one
-    of them with `any_of`), or None. Checked before transformers sees the path: it would take a path that
+    """What is wrong with local checkpoint directory `path` (named by `field`) for holding `files` (all, or
+    one of them with `any_of`), or None. Checked before transformers sees the path: it would take a path that
     does not exist for a hub id."""
     p = Path(path).expanduser()
     where = f"{field}={path!r}"
@@ -101,7 +106,8 @@ def local_dir_problem(path: str, field: str, files: tuple[str, ...], any_of: boo
 
 
 def uses_chat(cfg: RunConfig) -> bool:
-    """Whether prompts go through the chat template: message-list rows, data.chat_template or an environment."""
+    """Whether prompts go through the chat template: message-list rows, data.chat_template or an
+    environment."""
     if cfg.rollout.env is not None or cfg.data.chat_template:
         return True
     return any(isinstance(r.get("prompt"), list) for r in train_rows(cfg))
@@ -131,22 +137,32 @@ def check_tokenizer(cfg: RunConfig) -> CheckResult:
     try:
         from transformers import AutoTokenizer  # deferred: transformers, slow to import
 
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True,
-                                            trust_remote_code=cfg.model.trust_remote_code)  # fmt: skip
+        tok = AutoTokenizer.from_pretrained(
+            str(path), local_files_only=True, trust_remote_code=cfg.model.trust_remote_code
+        )
     except Exception as err:  # missing files, bad JSON, unknown class
-        return fail(name, f"{path}: the tokenizer does not load ({type(err).__name__}: {err})",
-                    "point model.tokenizer_path (or model.path) at the directory `tokenizer.save_pretrained` wrote.")  # fmt: skip
+        return fail(
+            name,
+            f"{path}: the tokenizer does not load ({type(err).__name__}: {err})",
+            "point model.tokenizer_path (or model.path) at the directory `tokenizer.save_pretrained` wrote.",
+        )
     if tok.eos_token is None:
         return fail(
             name, f"{path}: no EOS token", "set `eos_token` in tokenizer_config.json: responses never end."
         )
     if uses_chat(cfg) and not getattr(tok, "chat_template", None):
-        return fail(name, f"{path}: no chat template, but prompts go through it (message lists, "
-                    "data.chat_template=true or rollout.env)", "use a chat/instruct tokenizer, or set "
-                    "data.chat_template=false for string prompts.")  # fmt: skip
+        return fail(
+            name,
+            f"{path}: no chat template, but prompts go through it (message lists, "
+            "data.chat_template=true or rollout.env)",
+            "use a chat/instruct tokenizer, or set data.chat_template=false for string prompts.",
+        )
     if tok.pad_token is None:
-        return warn(name, f"EOS {tok.eos_token!r}, no pad token (EOS pads)",
-                    "set `pad_token` in tokenizer_config.json to silence the warning.")  # fmt: skip
+        return warn(
+            name,
+            f"EOS {tok.eos_token!r}, no pad token (EOS pads)",
+            "set `pad_token` in tokenizer_config.json to silence the warning.",
+        )
     chat = "chat template" if getattr(tok, "chat_template", None) else "no chat template (not needed)"
     return ok(name, f"pad {tok.pad_token!r}, EOS {tok.eos_token!r}, {chat}")
 
@@ -168,8 +184,11 @@ def check_engine_architecture(cfg: RunConfig) -> CheckResult:
     rope = dict(getattr(hf, "rope_parameters", None) or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in STATIC_ROPE_TYPES:
-        return fail(name, f"rope type {rope_type!r} is not one the engine supports ({list(STATIC_ROPE_TYPES)})",
-                    "set rollout.engine=reference for this model.")  # fmt: skip
+        return fail(
+            name,
+            f"rope type {rope_type!r} is not one the engine supports ({list(STATIC_ROPE_TYPES)})",
+            "set rollout.engine=reference for this model.",
+        )
     return ok(name, f"{spec.model_type} is supported ({', '.join(supported_model_types())})")
 
 
@@ -184,7 +203,8 @@ def env_names(cfg: RunConfig) -> list[str]:
 
 
 def renders(name: str) -> bool:
-    """Whether environment `name` (registered or pkg.module:Class) sets `needs_rendering = True` on its class."""
+    """Whether environment `name` (registered or pkg.module:Class) sets `needs_rendering = True` on its
+    class."""
 
     factory: Any = ENVIRONMENTS.get(name)
     if factory is None and ":" in name:
@@ -207,6 +227,9 @@ def rendering_envs(cfg: RunConfig) -> tuple[list[str], CheckResult | None]:
                 "environment", str(err), "fix rollout.env (a registered name or pkg.module:Class)."
             )
         except Exception as err:  # the environment's constructor raised
-            return out, fail("environment", f"env {name!r} does not load ({type(err).__name__}: {err})",
-                             "fix rollout.env (a registered name or pkg.module:Class).")  # fmt: skip
+            return out, fail(
+                "environment",
+                f"env {name!r} does not load ({type(err).__name__}: {err})",
+                "fix rollout.env (a registered name or pkg.module:Class).",
+            )
     return out, None

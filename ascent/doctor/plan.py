@@ -73,9 +73,12 @@ def check_micro_batch(cfg: RunConfig) -> CheckResult | None:
     _, _, seq = micro_batch(cfg)
     budget = cfg.train.max_tokens_per_micro_batch
     if seq > budget:
-        return warn("micro-batch", f"a sequence may reach {seq} tokens (data.max_prompt_tokens + the response "
-                    f"budget) but train.max_tokens_per_micro_batch={budget}; the trainer refuses longer ones",
-                    f"raise train.max_tokens_per_micro_batch to {seq} or more.")  # fmt: skip
+        return warn(
+            "micro-batch",
+            f"a sequence may reach {seq} tokens (data.max_prompt_tokens + the response "
+            f"budget) but train.max_tokens_per_micro_batch={budget}; the trainer refuses longer ones",
+            f"raise train.max_tokens_per_micro_batch to {seq} or more.",
+        )
     return None
 
 
@@ -87,10 +90,16 @@ def check_awake_engine(cfg: RunConfig) -> CheckResult | None:
         return None
     if c.generates_alongside and r.max_staleness >= 1:
         return ok("awake engine", "the replicas generate the next iteration during the update")
-    why = "cluster.backend=inline runs generation and update in one process" if c.backend != "ray" else (
-        "rollout.max_staleness=0 gives the engine nothing to generate during the update")  # fmt: skip
-    return warn("awake engine", f"cluster.engine_sleeps=false keeps the engine's memory through the update, "
-                f"but {why}", "set rollout.max_staleness=1 on Ray, or leave cluster.engine_sleeps=true.")  # fmt: skip
+    why = (
+        "cluster.backend=inline runs generation and update in one process"
+        if c.backend != "ray"
+        else ("rollout.max_staleness=0 gives the engine nothing to generate during the update")
+    )
+    return warn(
+        "awake engine",
+        f"cluster.engine_sleeps=false keeps the engine's memory through the update, but {why}",
+        "set rollout.max_staleness=1 on Ray, or leave cluster.engine_sleeps=true.",
+    )
 
 
 def check_memory(m: MemoryInputs, est: Estimate, target: str) -> CheckResult:
@@ -110,8 +119,13 @@ def check_memory(m: MemoryInputs, est: Estimate, target: str) -> CheckResult:
         and m.gpu_bytes
         and est.kv_cache < 2 * 64 * m.shape.kv_bytes_per_token(m.compute_bytes)
     ):
-        return fail(name, f"rollout.gpu_memory_fraction={m.gpu_memory_fraction} of {target} leaves no KV cache "
-                    "after the engine's weights and activation reserve", "raise rollout.gpu_memory_fraction.", **data)  # fmt: skip
+        return fail(
+            name,
+            f"rollout.gpu_memory_fraction={m.gpu_memory_fraction} of {target} leaves no KV cache "
+            "after the engine's weights and activation reserve",
+            "raise rollout.gpu_memory_fraction.",
+            **data,
+        )
     if not m.gpu_bytes:
         return skipped(name, text + "; no GPU to compare with (pass --gpu-memory GIB)", **data)
     tips = "; ".join(knobs(m, est))

@@ -40,7 +40,7 @@ def machine_checks(cfg: RunConfig, facts: system.GpuFacts) -> list[CheckResult]:
         system.check_cuda(facts, needs_gpu),
         *system.check_capability(
             facts, cfg.model.dtype, cfg.rollout.engine == "fast", plan.trainer_attention(cfg, gpu)
-        ),  # fmt: skip
+        ),
         system.check_nccl(facts, total, here),
     ]
 
@@ -48,13 +48,26 @@ def machine_checks(cfg: RunConfig, facts: system.GpuFacts) -> list[CheckResult]:
 def disk_checks(cfg: RunConfig, shape: object) -> list[CheckResult]:
     if not isinstance(shape, ModelShape):
         return [skipped("disk", "the model's size is unknown (see the model check)")]
-    out = [system.check_disk("disk: run_dir", cfg.run_dir, plan.run_dir_bytes(cfg, shape),
-                             f"{cfg.checkpoint.keep_last} checkpoints kept + 1 being written + final, "
-                             "and the experience store", "run_dir")]  # fmt: skip
+    out = [
+        system.check_disk(
+            "disk: run_dir",
+            cfg.run_dir,
+            plan.run_dir_bytes(cfg, shape),
+            f"{cfg.checkpoint.keep_last} checkpoints kept + 1 being written + final, "
+            "and the experience store",
+            "run_dir",
+        )
+    ]
     if cfg.cluster.backend == "ray" and not cfg.cluster.address:
-        out.append(system.check_disk("disk: Ray temp/spill", cfg.cluster.ray_temp_dir or "/tmp/ray",
-                                     plan.ray_temp_bytes(cfg, shape), "session files and spilled weights",
-                                     "cluster.ray_temp_dir"))  # fmt: skip
+        out.append(
+            system.check_disk(
+                "disk: Ray temp/spill",
+                cfg.cluster.ray_temp_dir or "/tmp/ray",
+                plan.ray_temp_bytes(cfg, shape),
+                "session files and spilled weights",
+                "cluster.ray_temp_dir",
+            )
+        )
     else:
         out.append(skipped("disk: Ray temp/spill", "no local Ray cluster is started"))
     return out

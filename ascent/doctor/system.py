@@ -1,5 +1,5 @@
-"""Doctor checks of the machine: Python, torch, CUDA and driver, GPU capability, NCCL, host memory, disk, ports,
-rendering.
+"""Doctor checks of the machine: Python, torch, CUDA and driver, GPU capability, NCCL, host memory, disk,
+ports, rendering.
 
 `gpu_facts()` queries the GPUs once (tests replace it); each `check_*` returns a `CheckResult` naming the fix.
 """
@@ -50,8 +50,13 @@ def _driver_version() -> str | None:
     if smi is None:
         return None
     try:
-        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10, check=False)  # fmt: skip
+        out = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
@@ -67,9 +72,14 @@ def gpu_facts() -> GpuFacts:
     if torch.distributed.is_available() and torch.distributed.is_nccl_available():
         nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
     return GpuFacts(
-        torch.__version__, torch.version.cuda, _driver_version(), [p.name for p in props],
-        [p.total_memory for p in props], [(p.major, p.minor) for p in props], nccl,
-    )  # fmt: skip
+        torch.__version__,
+        torch.version.cuda,
+        _driver_version(),
+        [p.name for p in props],
+        [p.total_memory for p in props],
+        [(p.major, p.minor) for p in props],
+        nccl,
+    )
 
 
 # ------------------------------------------------------------------------------------------ versions
@@ -110,19 +120,28 @@ def check_cuda(facts: GpuFacts, needs_gpu: bool) -> CheckResult:
             f"torch built for CUDA {facts.cuda_runtime}" if facts.cuda_runtime else "a CPU-only torch build"
         )
         if needs_gpu:
-            return fail("CUDA", f"no CUDA device visible ({built}; driver {facts.driver or 'not found'})",
-                        "run on a GPU machine with a CUDA build of torch, or set cluster.device=cpu "
-                        "(and rollout.engine=reference).")  # fmt: skip
+            return fail(
+                "CUDA",
+                f"no CUDA device visible ({built}; driver {facts.driver or 'not found'})",
+                "run on a GPU machine with a CUDA build of torch, or set cluster.device=cpu "
+                "(and rollout.engine=reference).",
+            )
         return skipped("CUDA", f"no CUDA device ({built}); this config runs on the CPU")
     gpus = ", ".join(
         f"{n} ({t / 2**30:.0f} GiB)" for n, t in zip(facts.names, facts.total_bytes, strict=True)
     )
-    return ok("CUDA", f"CUDA {facts.cuda_runtime}, driver {facts.driver or '?'}: {gpus}",
-              runtime=facts.cuda_runtime, driver=facts.driver, gpus=facts.names)  # fmt: skip
+    return ok(
+        "CUDA",
+        f"CUDA {facts.cuda_runtime}, driver {facts.driver or '?'}: {gpus}",
+        runtime=facts.cuda_runtime,
+        driver=facts.driver,
+        gpus=facts.names,
+    )
 
 
 def check_capability(facts: GpuFacts, dtype: str, fast_engine: bool, attention: str) -> list[CheckResult]:
-    """bf16 (and varlen attention, and the engine's Triton kernels at full speed) need compute capability >= 8.0."""
+    """bf16 (and varlen attention, and the engine's Triton kernels at full speed) need compute capability >=
+    8.0."""
     name = "GPU capability"
     if facts.count == 0:
         return [skipped(name, "no CUDA device")]
@@ -130,25 +149,42 @@ def check_capability(facts: GpuFacts, dtype: str, fast_engine: bool, attention: 
     cap = f"{low[0]}.{low[1]}"
     out: list[CheckResult] = []
     if dtype == "bf16" and low < (8, 0):
-        out.append(fail(name, f"model.dtype=bf16 needs compute capability >= 8.0; this GPU has {cap}",
-                        "set model.dtype=fp16 (or fp32) on this GPU, or use an Ampere-or-newer GPU."))  # fmt: skip
+        out.append(
+            fail(
+                name,
+                f"model.dtype=bf16 needs compute capability >= 8.0; this GPU has {cap}",
+                "set model.dtype=fp16 (or fp32) on this GPU, or use an Ampere-or-newer GPU.",
+            )
+        )
     if attention == "varlen" and low < (8, 0):
-        out.append(fail(name, f"train.attention=varlen (flash varlen kernels) needs capability >= 8.0; {cap} here",
-                        "set train.attention=sdpa (or auto)."))  # fmt: skip
+        out.append(
+            fail(
+                name,
+                f"train.attention=varlen (flash varlen kernels) needs capability >= 8.0; {cap} here",
+                "set train.attention=sdpa (or auto).",
+            )
+        )
     if fast_engine:
         out.append(check_triton(low))
     return out or [ok(name, f"compute capability {cap} runs model.dtype={dtype}", capability=cap)]
 
 
 def check_triton(capability: tuple[int, int]) -> CheckResult:
-    """The fast engine's decode attention and sampler are Triton kernels; without Triton it runs torch ones."""
+    """The fast engine's decode attention and sampler are Triton kernels; without Triton it runs torch
+    ones."""
 
     if importlib.util.find_spec("triton") is None:
-        return warn("fast engine kernels", "triton is not installed: the fast engine falls back to its slower "
-                    "torch attention and sampler", "install triton (it comes with CUDA builds of torch).")  # fmt: skip
+        return warn(
+            "fast engine kernels",
+            "triton is not installed: the fast engine falls back to its slower torch attention and sampler",
+            "install triton (it comes with CUDA builds of torch).",
+        )
     if capability < (8, 0):
-        return warn("fast engine kernels", f"Triton kernels are tuned for capability >= 8.0 (this GPU: "
-                    f"{capability[0]}.{capability[1]})", "use rollout.engine=reference if the fast engine fails.")  # fmt: skip
+        return warn(
+            "fast engine kernels",
+            f"Triton kernels are tuned for capability >= 8.0 (this GPU: {capability[0]}.{capability[1]})",
+            "use rollout.engine=reference if the fast engine fails.",
+        )
     return ok("fast engine kernels", "triton installed, capability >= 8.0")
 
 
@@ -161,9 +197,12 @@ def check_nccl(facts: GpuFacts, gpus_needed: int, node_gpus_needed: int) -> Chec
             "NCCL", "torch has no NCCL backend", "install a CUDA build of torch with NCCL (the Linux wheels)."
         )
     if node_gpus_needed > facts.count:
-        return fail("NCCL", f"the config needs {node_gpus_needed} GPUs on this node, {facts.count} are visible",
-                    "lower cluster.num_trainer_workers / num_rollout_workers, or join a Ray cluster "
-                    "(cluster.backend=ray, cluster.address).")  # fmt: skip
+        return fail(
+            "NCCL",
+            f"the config needs {node_gpus_needed} GPUs on this node, {facts.count} are visible",
+            "lower cluster.num_trainer_workers / num_rollout_workers, or join a Ray cluster "
+            "(cluster.backend=ray, cluster.address).",
+        )
     return ok("NCCL", f"NCCL {facts.nccl}, {facts.count} GPUs for {gpus_needed}", version=facts.nccl)
 
 
@@ -218,14 +257,21 @@ def check_ports(ports: list[int]) -> CheckResult:
     name = "ports"
     used = [p for p in ports if port_in_use(p)]
     if used:
-        return fail(name, f"port(s) {used} already in use", "stop what listens there or choose another port.",
-                    used=used)  # fmt: skip
+        return fail(
+            name,
+            f"port(s) {used} already in use",
+            "stop what listens there or choose another port.",
+            used=used,
+        )
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", 0))
     except OSError as err:
-        return fail(name, f"cannot bind a free local port ({err})",
-                    "allow local TCP ports: the trainer ranks and weight transport rendezvous on them.")  # fmt: skip
+        return fail(
+            name,
+            f"cannot bind a free local port ({err})",
+            "allow local TCP ports: the trainer ranks and weight transport rendezvous on them.",
+        )
     if ports:
         return ok(name, f"port(s) {ports} free; free ephemeral ports available")
     return ok(
@@ -250,6 +296,9 @@ def check_rendering(renderers: list[str]) -> CheckResult:
         return skipped(name, "no environment of this config renders (needs_rendering)")
     lib = find_render_library()
     if lib is None:
-        return fail(name, f"{', '.join(renderers)} render(s) but neither libEGL nor libOSMesa is installed",
-                    "install libegl1 (GPU) or libosmesa6 (CPU) and set PYOPENGL_PLATFORM=egl or osmesa.")  # fmt: skip
+        return fail(
+            name,
+            f"{', '.join(renderers)} render(s) but neither libEGL nor libOSMesa is installed",
+            "install libegl1 (GPU) or libosmesa6 (CPU) and set PYOPENGL_PLATFORM=egl or osmesa.",
+        )
     return ok(name, f"{lib} for {', '.join(renderers)}", library=lib)

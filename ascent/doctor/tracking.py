@@ -37,14 +37,20 @@ def check_wandb(tracking: Any) -> CheckResult:
         return skipped(name, "tracking.wandb_project is not set")
     mode = tracking.wandb_mode  # what the W&B sink passes to wandb.init
     if importlib.util.find_spec("wandb") is None:
-        return fail(name, f"tracking.wandb_project={project!r} but wandb is not installed",
-                    "pip install wandb, or unset tracking.wandb_project.")  # fmt: skip
+        return fail(
+            name,
+            f"tracking.wandb_project={project!r} but wandb is not installed",
+            "pip install wandb, or unset tracking.wandb_project.",
+        )
     if mode in ("offline", "disabled"):
         return ok(name, f"wandb installed, mode {mode}: no key needed (sync later with `wandb sync`)")
     source = wandb_key_source()
     if source is None:
-        return fail(name, "wandb is online but no key: WANDB_API_KEY is unset and ~/.netrc has no api.wandb.ai",
-                    "run `wandb login` (or export WANDB_API_KEY), or set tracking.wandb_mode=offline.")  # fmt: skip
+        return fail(
+            name,
+            "wandb is online but no key: WANDB_API_KEY is unset and ~/.netrc has no api.wandb.ai",
+            "run `wandb login` (or export WANDB_API_KEY), or set tracking.wandb_mode=offline.",
+        )
     proxy = tracking.http_proxy
     return ok(name, f"wandb installed, key from {source}" + (f", proxy {proxy}" if proxy else ""))
 
@@ -74,12 +80,18 @@ def check_mlflow(tracking: Any) -> CheckResult:
     if not uri:
         return skipped(name, "tracking.mlflow_uri is not set (or this ascent has no MLflow sink yet)")
     if importlib.util.find_spec("mlflow") is None:
-        return fail(name, f"tracking.mlflow_uri={uri!r} but mlflow is not installed",
-                    "pip install mlflow, or unset tracking.mlflow_uri.")  # fmt: skip
+        return fail(
+            name,
+            f"tracking.mlflow_uri={uri!r} but mlflow is not installed",
+            "pip install mlflow, or unset tracking.mlflow_uri.",
+        )
     error = uri_reachable(uri, tracking.http_proxy)
     if error is not None:
-        return fail(name, f"tracking.mlflow_uri={uri!r}: no answer ({error})",
-                    "start the MLflow server (`mlflow server`), fix the URI, or set tracking.http_proxy.")  # fmt: skip
+        return fail(
+            name,
+            f"tracking.mlflow_uri={uri!r}: no answer ({error})",
+            "start the MLflow server (`mlflow server`), fix the URI, or set tracking.http_proxy.",
+        )
     return ok(name, f"mlflow installed, {uri} answers")
 
 

@@ -46,8 +46,13 @@ def run_debug_env(
         Task(make_env(str(row_env(r) or env), "--env" if row_env(r) is None else f"row {i} env"), r, row_id=i)
         for i, r in enumerate(rows)
     ]
-    engine: Any = build_engine("reference", model_path=model, device=resolve_device(device),
-                               eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)  # fmt: skip
+    engine: Any = build_engine(
+        "reference",
+        model_path=model,
+        device=resolve_device(device),
+        eos_token_ids=[tok.eos_token_id],
+        pad_token_id=tok.pad_token_id,
+    )
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
     result = run_episodes(tasks, engine.generate, chat, params, max_turns=max_turns, max_tokens=max_tokens)
     for ep in result:
@@ -73,9 +78,11 @@ def segments(ep: Episode) -> list[tuple[int, list[int]]]:
 def describe(ep: Episode, decode: Any) -> str:
     """An episode as text, turn by turn."""
     rewards = ep.metadata.get("turn_rewards", [])
-    lines = [f"=== row {ep.row_id}: {ep.metadata.get('turns', 0)} turns, reward {ep.reward:g}, "
-             f"finish {ep.finish_reason}, {sum(ep.loss_mask)} model / "
-             f"{len(ep.loss_mask) - sum(ep.loss_mask)} observation tokens"]  # fmt: skip
+    lines = [
+        f"=== row {ep.row_id}: {ep.metadata.get('turns', 0)} turns, reward {ep.reward:g}, "
+        f"finish {ep.finish_reason}, {sum(ep.loss_mask)} model / "
+        f"{len(ep.loss_mask) - sum(ep.loss_mask)} observation tokens"
+    ]
     lines.append(f"[prompt] {decode(ep.prompt_ids)!r}")
     turn = 0
     for mask, ids in segments(ep):

@@ -1,6 +1,7 @@
-"""`ascent doctor [CONFIG] [key=value ...]`: check the machine, cluster, disk, trackers and model before a long
-run, and estimate the memory per GPU (or the RAM of a CPU run) (`ascent.doctor`). Prints a table (or `--json`); exits 0 when nothing
-failed, 1 when a check failed, 2 for a bad config or option. `ascent.cli` registers `doctor_command`.
+"""`ascent doctor [CONFIG] [key=value ...]`: check the machine, cluster, disk, trackers and model before a
+long run, and estimate the memory per GPU (or the RAM of a CPU run) (`ascent.doctor`). Prints a table (or
+`--json`); exits 0 when nothing failed, 1 when a check failed, 2 for a bad config or option. `ascent.cli`
+registers `doctor_command`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def doctor_command(
             help="Check the memory estimate against a GPU of this many GiB.",
             show_default=False,
         ),
-    ] = None,  # fmt: skip
+    ] = None,
     port: Annotated[
         list[int] | None, typer.Option("--port", help="A port the run or its server will bind (repeatable).")
     ] = None,

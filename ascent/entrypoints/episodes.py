@@ -46,7 +46,7 @@ def episodes_command(
         typer.Option(
             help=f"Only this status: {', '.join(STATUSES)}, or dropped (any but trained).", show_default=False
         ),
-    ] = None,  # fmt: skip
+    ] = None,
     limit: Annotated[
         int | None, typer.Option(min=1, help=f"At most N episodes (listing: {DEFAULT_LIMIT}; export: all).")
     ] = None,
@@ -68,8 +68,13 @@ def episodes_command(
     with ErrorGuard():
         if show is not None and out is not None:
             raise StoreError("--show and --export: choose one (--export writes the filtered episodes).")
-        filters = {"iteration": iteration, "min_reward": min_reward, "max_reward": max_reward,
-                   "env": env, "status": status}  # fmt: skip
+        filters = {
+            "iteration": iteration,
+            "min_reward": min_reward,
+            "max_reward": max_reward,
+            "env": env,
+            "status": status,
+        }
         with open_store(run_dir) as store:
             if show is not None:
                 print_episode(store, store.episode(show), tokens)
@@ -82,23 +87,34 @@ def episodes_command(
 
 def print_table(store: ExperienceStore, limit: int, filters: dict[str, Any]) -> None:
     """One line per episode: where it came from, what became of it, its reward and the start of its text.
-    Columns that say nothing here (one env, single turns, no staleness) are left out, so it fits 80 columns."""
+    Columns that say nothing here (one env, single turns, no staleness) are left out, so it fits 80
+    columns."""
     records = store.episodes(limit, **filters)
     if not records:
         typer.echo(f"{store.path}: no episodes match ({store.count()} in all).")
         return
     total = store.count(**filters)
     columns: dict[str, Any] = {
-        "id": lambda r: str(r.id), "it": lambda r: str(r.iteration), "grp": lambda r: _opt(r.group_index),
-        "row": lambda r: str(r.row_id), "env": lambda r: r.env or "-", "status": lambda r: r.status,
-        "reward": lambda r: f"{r.reward:.3g}", "adv": lambda r: _opt(r.advantage),
-        "turns": lambda r: str(r.turns), "finish": lambda r: r.finish_reason,
-        "tok": lambda r: str(r.response_len), "stale": lambda r: str(r.staleness),
+        "id": lambda r: str(r.id),
+        "it": lambda r: str(r.iteration),
+        "grp": lambda r: _opt(r.group_index),
+        "row": lambda r: str(r.row_id),
+        "env": lambda r: r.env or "-",
+        "status": lambda r: r.status,
+        "reward": lambda r: f"{r.reward:.3g}",
+        "adv": lambda r: _opt(r.advantage),
+        "turns": lambda r: str(r.turns),
+        "finish": lambda r: r.finish_reason,
+        "tok": lambda r: str(r.response_len),
+        "stale": lambda r: str(r.staleness),
         "response": lambda r: r.response_text.replace("\n", "⏎"),
-    }  # fmt: skip
+    }
     envs = {r.env for r in records}
-    for name, says_nothing in (("env", len(envs) <= 1), ("turns", all(r.turns == 1 for r in records)),
-                               ("stale", all(r.staleness == 0 for r in records))):  # fmt: skip
+    for name, says_nothing in (
+        ("env", len(envs) <= 1),
+        ("turns", all(r.turns == 1 for r in records)),
+        ("stale", all(r.staleness == 0 for r in records)),
+    ):
         if says_nothing:
             del columns[name]
     title = str(store.path) + (f" (env {next(iter(envs))})" if len(envs) == 1 and None not in envs else "")
@@ -123,8 +139,12 @@ def print_episode(store: ExperienceStore, r: EpisodeRecord, tokens: bool) -> Non
     console.print(Text(f"prompt ({r.prompt_len} tokens, loss mask 0)", style="cyan"))
     console.print(Text(r.prompt_text or str(r.prompt_ids)))
     for label, seg in labelled_segments(r):
-        console.print(Text(f"{label} ({seg['end'] - seg['start']} tokens, loss mask {seg['mask']})",
-                           style="green" if seg["mask"] else "yellow"))  # fmt: skip
+        console.print(
+            Text(
+                f"{label} ({seg['end'] - seg['start']} tokens, loss mask {seg['mask']})",
+                style="green" if seg["mask"] else "yellow",
+            )
+        )
         console.print(Text(seg["text"] or str(r.response_ids[seg["start"] : seg["end"]])))
         if decode is not None:
             console.print(_token_table(r, seg["start"], seg["end"], decode))

@@ -170,14 +170,28 @@ def run_env_eval(
     rows = load_rows(data)[:max_prompts] if max_prompts else load_rows(data)
     chat = ChatTokens(tok)
     tasks = [Task(row_env(r) or env, r, i) for i, r in enumerate(rows) for _ in range(samples)]
-    rollout = build_engine(engine, model_path=model, dtype=dtype, device=resolve_device(device),
-                           eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
-                           decode=chat.decode, generation_batch_size=batch_size)  # fmt: skip
+    rollout = build_engine(
+        engine,
+        model_path=model,
+        dtype=dtype,
+        device=resolve_device(device),
+        eos_token_ids=[tok.eos_token_id],
+        pad_token_id=tok.pad_token_id,
+        decode=chat.decode,
+        generation_batch_size=batch_size,
+    )
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
     hosts = EnvHosts(default_workers(None), env_timeout_s)
     try:
-        episodes = run_episodes(tasks, rollout.generate, chat, params, max_turns=max_turns,
-                                max_tokens=max_episode_tokens, hosts=hosts)  # fmt: skip
+        episodes = run_episodes(
+            tasks,
+            rollout.generate,
+            chat,
+            params,
+            max_turns=max_turns,
+            max_tokens=max_episode_tokens,
+            hosts=hosts,
+        )
     finally:
         hosts.close()
     n = len(episodes)
@@ -217,9 +231,10 @@ def run_agent_eval(
     reward_timeout_s: float = 30.0,
 ) -> dict[str, float]:
     """Play `samples` episodes of the agent at `agent` (pkg.module:run) on every row of `data`, against an
-    endpoint served from the checkpoint at `model` as `rollout.agent` serves the policy (the endpoint's context:
-    `max_prompt_tokens + max_episode_tokens`); `reward` scores the last reply of an episode whose agent
-    returns None. Accuracy is the share of episodes with reward >= 1; an episode that failed counts as 0."""
+    endpoint served from the checkpoint at `model` as `rollout.agent` serves the policy (the endpoint's
+    context: `max_prompt_tokens + max_episode_tokens`); `reward` scores the last reply of an episode whose
+    agent returns None. Accuracy is the share of episodes with reward >= 1; an episode that failed counts as
+    0."""
 
     try:  # a bad --agent fails before anything heavy starts
         load_agent(agent)
@@ -228,14 +243,33 @@ def run_agent_eval(
     tok = load_tokenizer(model)
     rows = load_rows(data)[:max_prompts] if max_prompts else load_rows(data)
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
-    rewards = RewardRunner(reward, max_failure_rate=ALL_BUT_NONE, logger=log,
-                           executor=reward_executor("process", reward_timeout_s, None))  # fmt: skip
-    rollout = build_engine(engine, model_path=model, dtype=dtype, device=resolve_device(device),
-                           eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id,
-                           decode=decode, generation_batch_size=batch_size)  # fmt: skip
-    setup = AgentSetup(agent, agent_timeout_s, concurrency=32, workers=None, inline=False,
-                       max_prompt_tokens=max_prompt_tokens, max_episode_tokens=max_episode_tokens,
-                       max_new_tokens=max_new_tokens, max_turns=max_turns)  # fmt: skip
+    rewards = RewardRunner(
+        reward,
+        max_failure_rate=ALL_BUT_NONE,
+        logger=log,
+        executor=reward_executor("process", reward_timeout_s, None),
+    )
+    rollout = build_engine(
+        engine,
+        model_path=model,
+        dtype=dtype,
+        device=resolve_device(device),
+        eos_token_ids=[tok.eos_token_id],
+        pad_token_id=tok.pad_token_id,
+        decode=decode,
+        generation_batch_size=batch_size,
+    )
+    setup = AgentSetup(
+        agent,
+        agent_timeout_s,
+        concurrency=32,
+        workers=None,
+        inline=False,
+        max_prompt_tokens=max_prompt_tokens,
+        max_episode_tokens=max_episode_tokens,
+        max_new_tokens=max_new_tokens,
+        max_turns=max_turns,
+    )
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples)
     service = AgentService(setup, rollout.generate, params, tok)
     try:
@@ -271,5 +305,8 @@ def _agent_metrics(groups: list[list[Any]], stats: Any) -> dict[str, float]:
 
 
 def _agent_record(e: Any, decode: Any) -> dict[str, Any]:
-    return {**record(e, decode), "session": e.metadata["session"],
-            **({"truncated": e.metadata["truncated"]} if "truncated" in e.metadata else {})}  # fmt: skip
+    return {
+        **record(e, decode),
+        "session": e.metadata["session"],
+        **({"truncated": e.metadata["truncated"]} if "truncated" in e.metadata else {}),
+    }

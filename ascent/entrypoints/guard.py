@@ -54,7 +54,8 @@ def print_error(exc: BaseException, label: str = "error: ") -> None:
 
 
 def environment_error(exc: BaseException) -> str | None:
-    """A one-line message for the machine's errors a user fixes (a file's OSError, out of memory), else None."""
+    """A one-line message for the machine's errors a user fixes (a file's OSError, out of memory), else
+    None."""
     if type(exc).__name__ == "OutOfMemoryError":
         return (
             f"out of memory ({str(exc).splitlines()[0] if str(exc) else 'no details'}). Lower "
@@ -119,7 +120,8 @@ class ErrorGuard:
 def load_for_command(
     config: str | None, overrides: list[str] | None, schema: type[BaseModel], resume: bool = False
 ) -> Any:
-    """Load `config` + `overrides`; a first argument that is `key=value` (not a file) counts as an override."""
+    """Load `config` + `overrides`; a first argument that is `key=value` (not a file) counts as an
+    override."""
     extra = list(overrides or [])
     if config is not None and "=" in config and not Path(config).exists():
         extra = [config, *extra]

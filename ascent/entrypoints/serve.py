@@ -1,12 +1,13 @@
 """`ascent serve --model DIR`: the policy behind an OpenAI-compatible HTTP API (`ascent.rollout.server`).
 
 It loads the checkpoint into the fast engine on a GPU or the reference engine on a CPU (`--engine`),
-wraps it in an `OpenAIServer` (its HTTP work in `--api-processes` front-end processes) and serves `/v1/chat/completions`, `/v1/completions`, `/v1/models` and
-`/health` until SIGTERM or Ctrl-C (exit 143 / 130 after a graceful shutdown). An API key is required
-(`--api-key` or ASCENT_API_KEY) unless `--no-api-key` is given, which is allowed only on a loopback
-address. `--record DIR` writes every returned sample to the experience store `DIR/experience.db`
-(`serve_record.py`); `--tool-parser` names the format replies' tool calls are read in (default: from the
-chat template). `ascent.cli` registers `serve_command` as the command; heavy imports wait until it runs.
+wraps it in an `OpenAIServer` (its HTTP work in `--api-processes` front-end processes) and serves
+`/v1/chat/completions`, `/v1/completions`, `/v1/models` and `/health` until SIGTERM or Ctrl-C (exit 143 / 130
+after a graceful shutdown). An API key is required (`--api-key` or ASCENT_API_KEY) unless `--no-api-key` is
+given, which is allowed only on a loopback address. `--record DIR` writes every returned sample to the
+experience store `DIR/experience.db` (`serve_record.py`); `--tool-parser` names the format replies' tool
+calls are read in (default: from the chat template). `ascent.cli` registers `serve_command` as the command;
+heavy imports wait until it runs.
 """
 
 from __future__ import annotations
@@ -110,14 +111,25 @@ def serve_command(
 
     with ErrorGuard():
         settings = ServeSettings(
-            model=model, api_key=check_access(host, api_key, no_api_key), served_model_name=served_model_name,
-            engine=_choose("--engine", engine, ENGINES), device=device, dtype=_choose("--dtype", dtype, DTYPES),
-            max_batch_size=max_batch_size, max_model_len=max_model_len, gpu_memory_fraction=gpu_memory_fraction,
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            pause_timeout=pause_timeout, trust_remote_code=trust_remote_code,
-            api_processes=parse_api_processes(api_processes), record=record,
+            model=model,
+            api_key=check_access(host, api_key, no_api_key),
+            served_model_name=served_model_name,
+            engine=_choose("--engine", engine, ENGINES),
+            device=device,
+            dtype=_choose("--dtype", dtype, DTYPES),
+            max_batch_size=max_batch_size,
+            max_model_len=max_model_len,
+            gpu_memory_fraction=gpu_memory_fraction,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            pause_timeout=pause_timeout,
+            trust_remote_code=trust_remote_code,
+            api_processes=parse_api_processes(api_processes),
+            record=record,
             tool_parser=_choose("--tool-parser", tool_parser, ("auto", *TOOL_PARSERS)),
-        )  # fmt: skip
+        )
         server = build_server(settings)
         sink = attach_record(server, settings)
         previous = {s: signal.signal(s, _raise_stopped) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -148,8 +160,10 @@ def serve(server: Any, host: str, port: int, log_level: str) -> None:
     except OSError as err:
         if err.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
             raise
-        raise ServeError(f"--host {host} --port {port}: cannot listen there ({err.strerror}); choose another "
-                         "--port (0 picks a free one) or --host.") from err  # fmt: skip
+        raise ServeError(
+            f"--host {host} --port {port}: cannot listen there ({err.strerror}); choose another "
+            "--port (0 picks a free one) or --host."
+        ) from err
 
 
 def _raise_stopped(signum: int, frame: Any) -> None:
@@ -187,8 +201,9 @@ def check_access(host: str, api_key: str | None, no_api_key: bool) -> str | None
     if no_api_key:
         if host not in LOOPBACK:
             raise ServeError(
-                f"--no-api-key with --host {host}: a server without a key may only listen on a loopback address "
-                f"({', '.join(sorted(LOOPBACK))}); set --api-key (or ASCENT_API_KEY) to serve on {host}."
+                f"--no-api-key with --host {host}: a server without a key may only listen on a loopback "
+                f"address ({', '.join(sorted(LOOPBACK))}); set --api-key (or ASCENT_API_KEY) to serve on "
+                f"{host}."
             )
         return None
     if not api_key:
@@ -235,18 +250,31 @@ def build_server(s: ServeSettings) -> Any:
     dev = resolve_device(s.device)
     name = s.engine if s.engine != "auto" else ("fast" if dev.type == "cuda" else "reference")
     dtype = s.dtype if s.dtype != "auto" else ("bf16" if dev.type == "cuda" else "fp32")
-    kwargs: dict[str, Any] = {"model_path": s.model, "dtype": dtype, "device": dev,
-                              "trust_remote_code": s.trust_remote_code}  # fmt: skip
+    kwargs: dict[str, Any] = {
+        "model_path": s.model,
+        "dtype": dtype,
+        "device": dev,
+        "trust_remote_code": s.trust_remote_code,
+    }
     if name == "fast":
-        kwargs |= {"max_batch_size": s.max_batch_size, "max_model_len": length,
-                   "gpu_memory_fraction": s.gpu_memory_fraction}  # fmt: skip
+        kwargs |= {
+            "max_batch_size": s.max_batch_size,
+            "max_model_len": length,
+            "gpu_memory_fraction": s.gpu_memory_fraction,
+        }
     else:
         kwargs |= {"generation_batch_size": s.max_batch_size}
     limits = Limits(length, max(vocab, len(tokenizer)), s.max_tokens, s.temperature, s.top_p, s.top_k)
     api_processes = s.api_processes or auto_api_processes(dev.type)
-    options = ServerOptions(s.served_model_name or Path(s.model).resolve().name, limits, s.api_key,
-                            max_batch_requests=s.max_batch_size, pause_timeout_s=s.pause_timeout,
-                            api_processes=api_processes, tool_parser=s.tool_parser)  # fmt: skip
+    options = ServerOptions(
+        s.served_model_name or Path(s.model).resolve().name,
+        limits,
+        s.api_key,
+        max_batch_requests=s.max_batch_size,
+        pause_timeout_s=s.pause_timeout,
+        api_processes=api_processes,
+        tool_parser=s.tool_parser,
+    )
     return OpenAIServer(build_engine(name, **kwargs), tokenizer, options)
 
 
@@ -270,8 +298,10 @@ def model_limits(model: str, max_model_len: int | None, trust_remote_code: bool 
     context = getattr(config, "max_position_embeddings", None)
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     if context and max_model_len and max_model_len > context:
-        raise ServeError(f"--max-model-len {max_model_len}: over the model's max_position_embeddings ({context}); "
-                         f"set it to {context} or less.")  # fmt: skip
+        raise ServeError(
+            f"--max-model-len {max_model_len}: over the model's max_position_embeddings ({context}); "
+            f"set it to {context} or less."
+        )
     if not (max_model_len or context):
         raise ServeError(f"--model {model}: config.json has no max_position_embeddings; set --max-model-len.")
     return int(max_model_len or context or 0), vocab

@@ -1,5 +1,6 @@
-"""`ascent serve --record DIR`: every sample the server returns, into `DIR/experience.db`, the experience store
-training writes (`ascent.transport.store`), so `ascent episodes DIR` and the studio show what was served.
+"""`ascent serve --record DIR`: every sample the server returns, into `DIR/experience.db`, the experience
+store training writes (`ascent.transport.store`), so `ascent episodes DIR` and the studio show what was
+served.
 
 Each sample is a one-turn episode with status `served`: its prompt ids, response ids (loss mask 1), the
 sampler's logprobs, the policy version, the finish reason; `row_id` numbers the prompts the server was asked

@@ -37,8 +37,8 @@ log = logging.getLogger("ascent")
 
 
 def sft_samples(examples: list[Any]) -> list[TrainSample]:
-    """Rendered pairs or conversations -> TrainSamples: response tokens in the loss (a conversation's assistant
-    turns only), advantage 1."""
+    """Rendered pairs or conversations -> TrainSamples: response tokens in the loss (a conversation's
+    assistant turns only), advantage 1."""
     return [
         TrainSample(
             prompt_ids=e.prompt_ids,
@@ -65,7 +65,8 @@ def _load(cfg: SFTConfig, path: str | None, tok: Any) -> list[TrainSample]:
 
 
 def run_sft(cfg: SFTConfig, resume_from: str | None = None, accept_changes: bool = False) -> dict[str, float]:
-    """Fine-tune `cfg.model` on the pairs of `cfg.data`; write `<run_dir>/final` (HF format). Returns metrics."""
+    """Fine-tune `cfg.model` on the pairs of `cfg.data`; write `<run_dir>/final` (HF format). Returns
+    metrics."""
 
     run_dir, lock = open_run_dir(cfg)
     try:
@@ -131,17 +132,31 @@ def _trainer_group(cfg: SFTConfig, steps: int) -> WorkerGroup[TrainerWorker]:
         init_ray(c.address, c.num_cpus, temp_dir=c.ray_temp_dir)
     spec = trainer_spec(cfg, steps)
     return make_worker_group(
-        TrainerWorker, num_workers=c.num_trainer_workers, backend=c.backend, name="trainer",
-        init_kwargs={"spec": spec, "seed": cfg.seed, "run_dir": cfg.run_dir}, run_dir=cfg.run_dir,
-        num_gpus_per_worker=c.gpus_per_worker, num_cpus_per_worker=c.cpus_per_worker, timeout_s=c.worker_timeout_s,
+        TrainerWorker,
+        num_workers=c.num_trainer_workers,
+        backend=c.backend,
+        name="trainer",
+        init_kwargs={"spec": spec, "seed": cfg.seed, "run_dir": cfg.run_dir},
+        run_dir=cfg.run_dir,
+        num_gpus_per_worker=c.gpus_per_worker,
+        num_cpus_per_worker=c.cpus_per_worker,
+        timeout_s=c.worker_timeout_s,
         log_level=cfg.tracking.log_level,
-    )  # fmt: skip
+    )
 
 
 def _train(
-    cfg: SFTConfig, run_dir: Any, stop: Any, trainer: WorkerGroup[TrainerWorker], train: list[TrainSample],
-    val: list[TrainSample], tok: Any, steps: int, found: Any, bus: Any,
-) -> dict[str, float]:  # fmt: skip
+    cfg: SFTConfig,
+    run_dir: Any,
+    stop: Any,
+    trainer: WorkerGroup[TrainerWorker],
+    train: list[TrainSample],
+    val: list[TrainSample],
+    tok: Any,
+    steps: int,
+    found: Any,
+    bus: Any,
+) -> dict[str, float]:
     """The SFT steps: each batch split over the ranks, its metrics on the tracking `bus`, a checkpoint when
     due, the final weights at the end."""
 
@@ -155,8 +170,9 @@ def _train(
             mb = [train[i] for i in sampler.next_batch()]
             tokens = float(sum(len(s.response_ids) for s in mb))
             shards = B.shard(mb, trainer.num_workers)
-            results = trainer.call_split(TrainerWorker.update, shards, total_tokens=tokens,
-                                         total_seqs=float(len(mb)))  # fmt: skip
+            results = trainer.call_split(
+                TrainerWorker.update, shards, total_tokens=tokens, total_seqs=float(len(mb))
+            )
             metrics = {k: sum(r[k] for r in results) / len(results) for k in results[0]}
             metrics["sft/nll"] = metrics.get("loss/policy", float("nan"))
             metrics |= _pace(mb, time.perf_counter() - t0)
@@ -203,7 +219,7 @@ def _checkpoint_or_stop(
                     hf_weights=cfg.checkpoint.hf_weights == "every",
                 ),
                 tok.save_pretrained,
-            ],  # fmt: skip
+            ],
             state,
             cfg.checkpoint.keep_last,
         )

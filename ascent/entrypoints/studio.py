@@ -41,7 +41,7 @@ def studio_command(
             help="Access token (or ASCENT_STUDIO_TOKEN); generated when bound wider and not given.",
             show_default=False,
         ),
-    ] = None,  # fmt: skip
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "warning",
 ) -> None:
     """Web UI: runs and their status, live metric plots, phase timeline, episodes, config editor.
@@ -64,7 +64,9 @@ def studio_command(
         except OSError as err:
             if err.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
                 raise
-            raise StudioError(f"--host {host} --port {port}: cannot listen there ({err.strerror}); choose "
-                              "another --port (0 picks a free one) or --host.") from err  # fmt: skip
+            raise StudioError(
+                f"--host {host} --port {port}: cannot listen there ({err.strerror}); choose "
+                "another --port (0 picks a free one) or --host."
+            ) from err
         typer.echo(f"ascent studio: {root.resolve()} at {server.url}", err=False)
         server.run(sock, log_level)

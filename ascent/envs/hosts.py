@@ -1,4 +1,5 @@
-"""Environments in their own processes: a hang, a crash or `sys.exit` in user code costs episodes, not the run.
+"""Environments in their own processes: a hang, a crash or `sys.exit` in user code costs episodes, not the
+run.
 
 `EnvHosts(num_hosts, timeout_s)` starts `num_hosts` worker processes (forkserver: they never inherit the
 caller's threads). The episodes of a batch are spread over the hosts in contiguous blocks (a group's episodes

@@ -16,7 +16,8 @@ the 400 `context_length_exceeded` that OpenAI answers, which a real agent raises
 responses for that answer (`BudgetWatch`, an httpx response hook), so the result says the episode was
 truncated, with whatever the agent did next (raised: reward 0; returned: its reward), never an error.
 
-Imports: openai (lazily, in the agent process), httpx (through openai), `ascent.errors`, `ascent.envs.watchdog`.
+Imports: openai (lazily, in the agent process), httpx (through openai), `ascent.errors`,
+`ascent.envs.watchdog`.
 """
 
 from __future__ import annotations

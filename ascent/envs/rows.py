@@ -43,7 +43,8 @@ def row_answer(row: Mapping[str, Any]) -> Any:
 
 
 def row_field(row: Mapping[str, Any], key: str, default: Any = _MISSING) -> Any:
-    """`row[key]`, else `row["extra_info"][key]` (where SkyRL's rows keep per-row arguments), else `default`."""
+    """`row[key]`, else `row["extra_info"][key]` (where SkyRL's rows keep per-row arguments), else
+    `default`."""
     if key in row:
         return row[key]
     extra = row.get("extra_info")

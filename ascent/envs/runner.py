@@ -88,8 +88,13 @@ class _Open:
 
     def episode(self, decode: Callable[[Sequence[int]], str]) -> Episode:
         failed = self.error is not None
-        meta = {**self.task.row, "turns": self.turns, "turn_rewards": list(self.turn_rewards),
-                "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens}  # fmt: skip
+        meta = {
+            **self.task.row,
+            "turns": self.turns,
+            "turn_rewards": list(self.turn_rewards),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+        }
         return Episode(
             prompt_ids=self.prompt_ids,
             response_ids=self.ids,
@@ -165,8 +170,8 @@ def started(t: Task, out: tuple[list[Message], Any] | str) -> tuple[list[Message
     if isinstance(out, str):
         name = t.env if isinstance(t.env, str) else type(t.env).__name__
         raise EnvResetError(
-            f"row {t.row_id + 1}: {name}.reset failed ({out}); the row has fields {sorted(t.row)}. Fix the row or "
-            "the environment (`ascent debug env` runs it where breakpoint() works)."
+            f"row {t.row_id + 1}: {name}.reset failed ({out}); the row has fields {sorted(t.row)}. Fix the "
+            "row or the environment (`ascent debug env` runs it where breakpoint() works)."
         )
     return out
 

@@ -58,8 +58,9 @@ class LoopWatchdog:
             self._thread.start()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._thread is not None:
             self._stop.set()
             self._thread.join()

@@ -273,8 +273,8 @@ def save_shards(model: nn.Module, directory: str | Path) -> None:
 
 @torch.no_grad()
 def load_shards(model: nn.Module, directory: str | Path) -> None:
-    """Read what `save_shards` wrote into `model` in place: each rank the slices of the shards it holds, however
-    many ranks wrote them; a plain (unsharded) model in a single process reads whole tensors."""
+    """Read what `save_shards` wrote into `model` in place: each rank the slices of the shards it holds,
+    however many ranks wrote them; a plain (unsharded) model in a single process reads whole tensors."""
     reshard(model)
     state = model.state_dict()  # views of the parameters: the load fills them
     dcp_load(state, Path(directory) / SHARDS_DIR)

@@ -57,9 +57,11 @@ def make_char_tokenizer(out_dir: str | Path, chars: str = DEFAULT_CHARS, words: 
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
-         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    )  # fmt: skip
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIAL_TOKENS)
     tok.add_tokens([AddedToken(w, normalized=False) for w in words])

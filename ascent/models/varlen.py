@@ -54,8 +54,12 @@ def attention_kwargs(model: nn.Module, cu_seqlens: Tensor | None, max_seqlen: in
     config: Any = getattr(model, "config", None)
     if cu_seqlens is None or getattr(config, "_attn_implementation", None) != NAME:
         return {}
-    return {"cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens,
-            "max_length_q": max_seqlen, "max_length_k": max_seqlen}  # fmt: skip
+    return {
+        "cu_seq_lens_q": cu_seqlens,
+        "cu_seq_lens_k": cu_seqlens,
+        "max_length_q": max_seqlen,
+        "max_length_k": max_seqlen,
+    }
 
 
 @torch.compiler.disable  # reads the boundaries on the host; compiled layers call it eagerly
@@ -125,7 +129,8 @@ def varlen_attention(
     position_ids: Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
-    """transformers attention function: query [1, nh, N, d], key/value [1, kvh, N, d] -> ([1, N, nh, d], None)."""
+    """transformers attention function: query [1, nh, N, d], key/value [1, kvh, N, d] -> ([1, N, nh, d],
+    None)."""
     if attention_mask is not None or position_ids is None or query.shape[0] != 1:
         raise ValueError(
             "ascent_varlen attention serves one packed row with position_ids and no attention mask (the "

@@ -5,7 +5,8 @@ A reward function has the signature
     fn(prompt: str, response: str, response_ids: list[int], metadata: dict, **kwargs) -> float | dict
 
 - `prompt`: the rendered prompt text; `response`: the decoded response; `response_ids`: its token ids.
-- `metadata`: the dataset row's fields besides the prompt, e.g. `metadata["answer"]`, `metadata["data_source"]`.
+- `metadata`: the dataset row's fields besides the prompt, e.g. `metadata["answer"]`,
+  `metadata["data_source"]`.
 - `**kwargs`: `reward.kwargs` from the config, passed to every call (built-ins ignore keys they do not use).
 - Return a float, or a dict `{"reward": float, "<name>": float, ...}` whose extra entries are logged as
   metrics `reward/<name>` (batch means). Exceptions, non-numbers and NaN/inf count as failures.

@@ -20,7 +20,8 @@ RewardFn = Callable[..., Any]
 
 
 class RewardConfigError(AscentError, ValueError):
-    """A reward function that cannot be found or called as configured; the message names the setting and fix."""
+    """A reward function that cannot be found or called as configured; the message names the setting and
+    fix."""
 
 
 REWARD_FUNCTIONS: dict[str, RewardFn] = {

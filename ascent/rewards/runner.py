@@ -5,10 +5,10 @@ when it has one, else the run's default. The calls go through an executor (`map(
 the orchestrator injects a pool of isolated processes with a per-call timeout (`reward.isolation=process`,
 ascent.cluster.isolated), so a function that raises, exits, hangs or kills its process costs that sample;
 without one they run in this process. A failed call, a non-numeric or a non-finite return costs that
-sample a 0.0 reward and is logged with its row (counted from 1, as data errors count them); the call's failure count and rate go into the metrics,
-and past `max_failure_rate` the whole call raises `RewardFailureError` rather than train on broken rewards.
-The functions are named by spec (built-in name or import path) and resolved once per process, so worker
-processes import them themselves.
+sample a 0.0 reward and is logged with its row (counted from 1, as data errors count them); the call's
+failure count and rate go into the metrics, and past `max_failure_rate` the whole call raises
+`RewardFailureError` rather than train on broken rewards. The functions are named by spec (built-in name or
+import path) and resolved once per process, so worker processes import them themselves.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ MAX_LOGGED_FAILURES = 5
 
 
 class RewardFailureError(AscentError, RuntimeError):
-    """Too many reward calls of one batch failed; the message names the count, the rate, the first error, the fix."""
+    """Too many reward calls of one batch failed; the message names the count, the rate, the first error, the
+    fix."""
 
 
 @dataclass
@@ -52,7 +53,8 @@ class RewardResult:
 
 
 def to_reward(value: Any) -> tuple[float, dict[str, float]]:
-    """A reward function's return (a number, or a dict with "reward" and extra components) -> (reward, components).
+    """A reward function's return (a number, or a dict with "reward" and extra components) -> (reward,
+    components).
 
     Raises TypeError / ValueError for anything else, and for non-finite numbers.
     """

@@ -137,8 +137,8 @@ class ReferenceEngine:
                 if name not in targets:
                     known = ", ".join(list(targets)[:3])
                     raise KeyError(
-                        f"update_weights: the model has no parameter named {name!r} (names look like {known}, "
-                        "...); send Hugging Face names without wrapper prefixes such as 'module.'."
+                        f"update_weights: the model has no parameter named {name!r} (names look like "
+                        f"{known}, ...); send Hugging Face names without wrapper prefixes such as 'module.'."
                     )
                 target = targets[name]
                 if tuple(target.shape) != tuple(tensor.shape):

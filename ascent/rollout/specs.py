@@ -1,8 +1,9 @@
 """`EngineSpec`: what one rollout engine replica is built from (the rollout worker's spec).
 
 Setup turns the config into it once (`ascent.orchestrator.specs.engine_spec`); the rollout worker resolves
-its device, loads the tokenizer and hands `builder_kwargs()` to the engine's builder (`ascent.rollout.ENGINES`).
-A frozen dataclass, so it pickles to Ray actors; nothing in `ascent.rollout` reads a config section.
+its device, loads the tokenizer and hands `builder_kwargs()` to the engine's builder
+(`ascent.rollout.ENGINES`). A frozen dataclass, so it pickles to Ray actors; nothing in `ascent.rollout`
+reads a config section.
 """
 
 from __future__ import annotations

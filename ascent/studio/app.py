@@ -33,8 +33,10 @@ from ascent.studio.metrics import MetricsCache, metrics_payload
 
 STATIC_DIR = Path(__file__).parent / "static"
 LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1"}
-UNAUTHORIZED = ("401: this studio needs its token. Open the URL `ascent studio` printed (it ends in "
-                "?token=...), or send the header `Authorization: Bearer TOKEN`.\n")  # fmt: skip
+UNAUTHORIZED = (
+    "401: this studio needs its token. Open the URL `ascent studio` printed (it ends in "
+    "?token=...), or send the header `Authorization: Bearer TOKEN`.\n"
+)
 
 
 class ConfigText(BaseModel):
@@ -80,6 +82,14 @@ def create_app(root: str | Path, token: str | None = None) -> FastAPI:
     def plotly() -> FileResponse:
         return FileResponse(plotly_js(), media_type="text/javascript")
 
+    _run_routes(app, root, cache)
+    _config_routes(app, root)
+    return app
+
+
+def _run_routes(app: FastAPI, root: Path, cache: MetricsCache) -> None:
+    """The read-only views of the runs: the list, one run, its metrics, timeline and episodes."""
+
     @app.get("/api/runs")
     def list_runs() -> dict[str, Any]:
         return {"root": str(root), "runs": runs.describe_runs(root, cache)}
@@ -99,18 +109,34 @@ def create_app(root: str | Path, token: str | None = None) -> FastAPI:
 
     @app.get("/api/episodes")
     def list_episodes(
-        run: str, iteration: int | None = None, min_reward: float | None = None,
-        max_reward: float | None = None, env: str | None = None, status: str | None = None,
-        search: str | None = None, offset: int = 0, limit: int = episodes.DEFAULT_LIMIT,
-    ) -> dict[str, Any]:  # fmt: skip
+        run: str,
+        iteration: int | None = None,
+        min_reward: float | None = None,
+        max_reward: float | None = None,
+        env: str | None = None,
+        status: str | None = None,
+        search: str | None = None,
+        offset: int = 0,
+        limit: int = episodes.DEFAULT_LIMIT,
+    ) -> dict[str, Any]:
         run_dir = runs.resolve_run(root, run)
-        filters = {"iteration": iteration, "min_reward": min_reward, "max_reward": max_reward,
-                   "env": env or None, "status": status or None, "search": search or None}  # fmt: skip
+        filters = {
+            "iteration": iteration,
+            "min_reward": min_reward,
+            "max_reward": max_reward,
+            "env": env or None,
+            "status": status or None,
+            "search": search or None,
+        }
         return episodes.list_episodes(run_dir, filters, offset, limit, runs.run_kind(run_dir))
 
     @app.get("/api/episode")
     def episode(run: str, id: int) -> dict[str, Any]:
         return episodes.episode_detail(runs.resolve_run(root, run), id)
+
+
+def _config_routes(app: FastAPI, root: Path) -> None:
+    """A run's config, the schema's field descriptions, and validating and saving a config's text."""
 
     @app.get("/api/config")
     def run_config(run: str) -> dict[str, Any]:
@@ -129,8 +155,6 @@ def create_app(root: str | Path, token: str | None = None) -> FastAPI:
     def save(body: SaveRequest) -> dict[str, Any]:
         path = configs.save_text(root, body.path, body.text, body.kind, body.overwrite)
         return {"saved": str(path), "relative": path.relative_to(root).as_posix()}
-
-    return app
 
 
 def _access_guard(token: str | None) -> Any:

@@ -67,7 +67,7 @@ def explain(cfg: BaseModel) -> dict[str, list[dict[str, Any]]]:
                 "changed": r.changed,
             }
             for r in rows
-        ]  # fmt: skip
+        ]
         for section, rows in explain_sections(cfg).items()
     }
 

@@ -22,8 +22,21 @@ MAX_LIMIT = 500
 PREVIEW_CHARS = 160
 PROMPT_PREVIEW_CHARS = 90
 SPECIAL_MARKER = re.compile(r"<\|[^|<>\s]{1,40}\|>")  # <|im_start|>, <|eot_id|>, ...
-SUMMARY_FIELDS = ("id", "iteration", "group_index", "row_id", "env", "status", "drop_reason", "reward",
-                  "advantage", "turns", "finish_reason", "response_len", "staleness")  # fmt: skip
+SUMMARY_FIELDS = (
+    "id",
+    "iteration",
+    "group_index",
+    "row_id",
+    "env",
+    "status",
+    "drop_reason",
+    "reward",
+    "advantage",
+    "turns",
+    "finish_reason",
+    "response_len",
+    "staleness",
+)
 
 
 def list_episodes(
@@ -100,11 +113,17 @@ def episode_detail(run_dir: Path, episode_id: int) -> dict[str, Any]:
         r = store.episode(conn, episode_id)
         decode = token_decoder(meta.get("tokenizer") or "")
     detail = _summary(r) | {
-        "reward_components": r["reward_components"], "turn_rewards": r["turn_rewards"],
-        "policy_version": r["policy_version"], "trainer_version": r["trainer_version"],
-        "prompt_len": r["prompt_len"], "prompt_text": r["prompt_text"], "response_text": r["response_text"],
-        "metadata": r["metadata"], "tokens_decoded": decode is not None, "trained_tokens": sum(r["loss_mask"]),
-    }  # fmt: skip
+        "reward_components": r["reward_components"],
+        "turn_rewards": r["turn_rewards"],
+        "policy_version": r["policy_version"],
+        "trainer_version": r["trainer_version"],
+        "prompt_len": r["prompt_len"],
+        "prompt_text": r["prompt_text"],
+        "response_text": r["response_text"],
+        "metadata": r["metadata"],
+        "tokens_decoded": decode is not None,
+        "trained_tokens": sum(r["loss_mask"]),
+    }
     prompt = [{"id": t, "text": _text(decode, t), "mask": 0} for t in r["prompt_ids"]]
     segments = [{"label": "prompt", "mask": 0, "text": r["prompt_text"], "tokens": prompt}]
     ids, mask, logprobs, versions = (
@@ -112,10 +131,15 @@ def episode_detail(run_dir: Path, episode_id: int) -> dict[str, Any]:
     )
     for label, seg in store.labelled_segments(r):
         tokens = [
-            {"id": ids[i], "text": _text(decode, ids[i]), "mask": mask[i], "logprob": logprobs[i],
-             "version": versions[i]}
+            {
+                "id": ids[i],
+                "text": _text(decode, ids[i]),
+                "mask": mask[i],
+                "logprob": logprobs[i],
+                "version": versions[i],
+            }
             for i in range(seg["start"], seg["end"])
-        ]  # fmt: skip
+        ]
         segments.append({"label": label, "mask": seg["mask"], "text": seg["text"], "tokens": tokens})
     detail["segments"] = segments
     return detail
@@ -127,7 +151,8 @@ def _text(decode: Any, token_id: int) -> str | None:
 
 @functools.lru_cache(maxsize=8)
 def token_decoder(tokenizer_dir: str) -> Any:
-    """id -> text with the tokenizer in `tokenizer_dir` (its tokenizer.json), or None when it does not load."""
+    """id -> text with the tokenizer in `tokenizer_dir` (its tokenizer.json), or None when it does not
+    load."""
     file = Path(tokenizer_dir) / "tokenizer.json"
     if not tokenizer_dir or not file.is_file():
         return None

@@ -30,8 +30,11 @@ def iteration_phases(run_dir: Path, iteration: int | None = None) -> dict[str, A
     """{iterations: [...], iteration, phases: [{name, process, start_s, duration_s, depth, args}]}: the
     phases of `iteration` (None: the latest), start times in seconds from the iteration's first phase."""
     events = read_trace(run_dir)
-    processes = {e.get("pid"): e.get("args", {}).get("name", "") for e in events
-                 if e.get("ph") == "M" and e.get("name") == "process_name"}  # fmt: skip
+    processes = {
+        e.get("pid"): e.get("args", {}).get("name", "")
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
     phases = [e for e in events if e.get("ph") == "X" and isinstance(e.get("ts"), int | float)]
     of = iteration_of(phases)
     iterations = sorted({it for it in of.values() if it is not None})
@@ -49,11 +52,16 @@ def iteration_phases(run_dir: Path, iteration: int | None = None) -> dict[str, A
         stack = open_ends.setdefault((e.get("pid"), e.get("tid")), [])
         while stack and stack[-1] <= e["ts"]:
             stack.pop()
-        rows.append({
-            "name": str(e.get("name", "?")), "process": processes.get(e.get("pid"), str(e.get("pid"))),
-            "start_s": (e["ts"] - origin) / 1e6, "duration_s": e.get("dur", 0) / 1e6, "depth": len(stack),
-            "args": e.get("args", {}),
-        })  # fmt: skip
+        rows.append(
+            {
+                "name": str(e.get("name", "?")),
+                "process": processes.get(e.get("pid"), str(e.get("pid"))),
+                "start_s": (e["ts"] - origin) / 1e6,
+                "duration_s": e.get("dur", 0) / 1e6,
+                "depth": len(stack),
+                "args": e.get("args", {}),
+            }
+        )
         stack.append(end)
     return {"iterations": iterations, "iteration": iteration, "phases": rows}
 

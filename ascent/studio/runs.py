@@ -150,16 +150,23 @@ def status_state(status: dict[str, Any], held: bool | None) -> RunStatus:
     elif state == "running" and held is None:
         detail = "status.json says running; the run has no lock file to confirm it"
     return RunStatus(
-        state=state, source=STATUS_FILE, detail=detail, step=_int(status.get("step")),
-        total_steps=_int(status.get("total_steps")), kind=status.get("kind"), pid=_int(status.get("pid")),
-        started_at=_float(status.get("started_at")), updated_at=_float(status.get("updated_at")),
+        state=state,
+        source=STATUS_FILE,
+        detail=detail,
+        step=_int(status.get("step")),
+        total_steps=_int(status.get("total_steps")),
+        kind=status.get("kind"),
+        pid=_int(status.get("pid")),
+        started_at=_float(status.get("started_at")),
+        updated_at=_float(status.get("updated_at")),
         error=status.get("error"),
-    )  # fmt: skip
+    )
 
 
 def inferred_state(run_dir: Path, records: list[dict[str, Any]], held: bool | None) -> RunStatus:
     """A run without status.json (older ascent): running while its lock is held; otherwise finished when
-    metrics reached the configured iterations, else it stopped early (crashed or interrupted: unknown which)."""
+    metrics reached the configured iterations, else it stopped early (crashed or interrupted: unknown
+    which)."""
     total = configured_steps(run_dir)
     owner = lock_owner(run_dir)
     last = _int(records[-1].get("step")) if records else None
@@ -173,9 +180,15 @@ def inferred_state(run_dir: Path, records: list[dict[str, Any]], held: bool | No
         state, detail = "finished", "no process holds the run; its length is unknown"
     else:
         state, detail = "crashed", f"stopped at step {last} of {total} (no status.json: crash or interrupt)"
-    return RunStatus(state=state, source="inferred", detail=detail, total_steps=total,
-                     kind=config_kind(run_dir), pid=_int(owner.get("pid")),
-                     started_at=_float(owner.get("started")))  # fmt: skip
+    return RunStatus(
+        state=state,
+        source="inferred",
+        detail=detail,
+        total_steps=total,
+        kind=config_kind(run_dir),
+        pid=_int(owner.get("pid")),
+        started_at=_float(owner.get("started")),
+    )
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:
@@ -195,7 +208,8 @@ def configured_steps(run_dir: Path) -> int | None:
 
 
 def config_kind(run_dir: Path) -> str | None:
-    """ "sft" or "train" as the run's config.yaml reads (an SFT config has `epochs`, an RL one `iterations`)."""
+    """ "sft" or "train" as the run's config.yaml reads (an SFT config has `epochs`, an RL one
+    `iterations`)."""
     data = read_config(run_dir)
     return "sft" if "epochs" in data else "train" if "iterations" in data else None
 
@@ -226,12 +240,16 @@ def describe_run(root: Path, run_dir: Path, metrics: MetricsCache) -> dict[str, 
         status.kind = config_kind(run_dir)
     has_trace = (run_dir / "trace.json").is_file()
     return {
-        "id": run_id(root, run_dir), "path": str(run_dir), **asdict(status),
-        "has_metrics": (run_dir / "metrics.jsonl").is_file(), "has_trace": has_trace,
-        "has_episodes": (run_dir / "experience.db").is_file(), "has_config": (run_dir / "config.yaml").is_file(),
+        "id": run_id(root, run_dir),
+        "path": str(run_dir),
+        **asdict(status),
+        "has_metrics": (run_dir / "metrics.jsonl").is_file(),
+        "has_trace": has_trace,
+        "has_episodes": (run_dir / "experience.db").is_file(),
+        "has_config": (run_dir / "config.yaml").is_file(),
         "trace_hint": None if has_trace else trace_hint(run_dir, status),
         "modified": _mtime(run_dir),
-    }  # fmt: skip
+    }
 
 
 def run_kind(run_dir: Path) -> str | None:

@@ -35,8 +35,9 @@ class StudioServer:
     def _server(self, log_level: str) -> Any:
         import uvicorn  # deferred: only a serving process needs it
 
-        config = uvicorn.Config(self.app, log_level=log_level, access_log=log_level == "debug",
-                                timeout_graceful_shutdown=2)  # fmt: skip
+        config = uvicorn.Config(
+            self.app, log_level=log_level, access_log=log_level == "debug", timeout_graceful_shutdown=2
+        )
         self._uvicorn = uvicorn.Server(config)
         return self._uvicorn
 
@@ -48,8 +49,9 @@ class StudioServer:
         """Serve on a background thread; returns `url` once the server accepts connections."""
         sock = self.bind()
         server = self._server(log_level)
-        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
-                                        name="ascent-studio")  # fmt: skip
+        self._thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="ascent-studio"
+        )
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not server.started:

@@ -1,5 +1,5 @@
-"""The tracking event bus: the run publishes typed events, sinks (JSONL, TensorBoard, W&B, MLflow, status.json,
-the studio) subscribe to them.
+"""The tracking event bus: the run publishes typed events, sinks (JSONL, TensorBoard, W&B, MLflow,
+status.json, the studio) subscribe to them.
 
 A run publishes `RunStarted` once, then one `Metrics` per step, then `RunEnded` however it ends (see
 `tracked_run`). A sink is any object with `handle(event)` and `close()`. Opening a sink (connecting to a

@@ -104,8 +104,8 @@ def probe_server(uri: str, proxy: str | None) -> None:
         reason = getattr(e, "reason", e)
         raise AscentError(
             f"tracking.mlflow_uri={uri!r} cannot be reached ({reason}). Start the MLflow server "
-            "(`mlflow server --port 5000`), fix the address, set tracking.http_proxy if it is behind a proxy, "
-            "or set tracking.mlflow_uri=null."
+            "(`mlflow server --port 5000`), fix the address, set tracking.http_proxy if it is behind a "
+            "proxy, or set tracking.mlflow_uri=null."
         ) from None
 
 

@@ -50,7 +50,8 @@ class TensorBoardSink:
 
 def open_tracking(tracking: Any, run_dir: str | os.PathLike[str], config: Mapping[str, Any]) -> EventBus:
     """A bus with the sinks `tracking` (a TrackingConfig) asks for; `config` is the resolved run config as a
-    plain dict (W&B config, MLflow params). Raises AscentError naming the field when a tracker cannot start."""
+    plain dict (W&B config, MLflow params). Raises AscentError naming the field when a tracker cannot
+    start."""
     sinks: list[Sink] = [JsonlSink(run_dir), StatusSink(run_dir)]
     if tracking.tensorboard:
         sinks.append(TensorBoardSink(run_dir))
@@ -60,16 +61,26 @@ def open_tracking(tracking: Any, run_dir: str | os.PathLike[str], config: Mappin
             from ascent.tracking.wandb_sink import WandbSink  # deferred: wandb, optional
 
             bus.subscribe(
-                WandbSink(run_dir, tracking.wandb_project, mode=tracking.wandb_mode,
-                          http_proxy=tracking.http_proxy, config=dict(config))
-            )  # fmt: skip
+                WandbSink(
+                    run_dir,
+                    tracking.wandb_project,
+                    mode=tracking.wandb_mode,
+                    http_proxy=tracking.http_proxy,
+                    config=dict(config),
+                )
+            )
         if tracking.mlflow_uri:
             from ascent.tracking.mlflow_sink import MlflowSink  # deferred: mlflow, optional
 
             bus.subscribe(
-                MlflowSink(run_dir, tracking.mlflow_uri, experiment=tracking.mlflow_experiment,
-                           http_proxy=tracking.http_proxy, config=config)
-            )  # fmt: skip
+                MlflowSink(
+                    run_dir,
+                    tracking.mlflow_uri,
+                    experiment=tracking.mlflow_experiment,
+                    http_proxy=tracking.http_proxy,
+                    config=config,
+                )
+            )
     except BaseException:
         bus.close()  # a W&B run already started is finished, not left dangling
         raise

@@ -28,7 +28,8 @@ SCHEMA = 1
 
 
 def read_status(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The run's status.json as a dict; None when there is none (runs from before it existed) or it is unreadable."""
+    """The run's status.json as a dict; None when there is none (runs from before it existed) or it is
+    unreadable."""
     try:
         data = json.loads((Path(run_dir) / STATUS_FILE).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):

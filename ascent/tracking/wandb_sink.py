@@ -42,7 +42,8 @@ def _import_wandb(project: str) -> Any:
 
 
 class WandbSink:
-    """Log each `Metrics` event's numbers to a W&B run; finish it (exit code 1 unless finished) at `RunEnded`."""
+    """Log each `Metrics` event's numbers to a W&B run; finish it (exit code 1 unless finished) at
+    `RunEnded`."""
 
     def __init__(
         self,

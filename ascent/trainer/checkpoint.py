@@ -14,8 +14,9 @@ Everything is written into a hidden staging directory `.tmp-iter_000005-<pid>` n
 renamed into place at the end (`os.replace` on the same filesystem), so a crash never leaves a half
 checkpoint under a name `latest_checkpoint` would pick. Multi-process runs use the two halves directly:
 `staging_dir` -> every worker writes its part -> `commit_checkpoint`; `save_checkpoint` does all three in
-one process (a full disk is a `CheckpointWriteError` naming the checkpoint and the intact previous one). The stage/commit/recover/prune mechanics are `ascent.trainer.checkpoint_commit`'s, shared with
-the run checkpoints of `ascent.orchestrator.checkpointing`.
+one process (a full disk is a `CheckpointWriteError` naming the checkpoint and the intact previous one). The
+stage/commit/recover/prune mechanics are `ascent.trainer.checkpoint_commit`'s, shared with the run
+checkpoints of `ascent.orchestrator.checkpointing`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def staging_dir(run_dir: str | Path, iteration: int) -> Path:
 
 
 def commit_checkpoint(tmp: str | Path, iteration: int, keep_last: int | None = None) -> Path:
-    """Rename the staging dir `tmp` to its final name (replacing an older one), prune; return the final path."""
+    """Rename the staging dir `tmp` to its final name (replacing an older one), prune; return the final
+    path."""
     final = Path(tmp).parent / checkpoint_name(iteration)
     C.commit(Path(tmp), final, STAGING.old(final))
     if keep_last:

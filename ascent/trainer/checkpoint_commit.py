@@ -151,9 +151,9 @@ def write_error(final: Path, previous: Path | None, why: str) -> CheckpointWrite
         else "there is no earlier checkpoint to resume from"
     )
     return CheckpointWriteError(
-        f"checkpoint {final} could not be written ({why}); nothing half-written was left behind and {intact}. "
-        f"Free space (or fix permissions) under {final.parent}, or point run_dir at a disk with room, then run "
-        "the same command with --resume."
+        f"checkpoint {final} could not be written ({why}); nothing half-written was left behind and "
+        f"{intact}. Free space (or fix permissions) under {final.parent}, or point run_dir at a disk with "
+        "room, then run the same command with --resume."
     )
 
 
@@ -171,7 +171,8 @@ def commit(tmp: Path, final: Path, old: Path) -> Path:
 
 def recover(root: Path, staging: Staging) -> list[Path]:
     """Repair saves killed between the two renames of `commit`: where `iter_X` is missing, its complete new
-    copy or else its complete old copy becomes `iter_X`; copies of a running writer are left alone. -> repaired."""
+    copy or else its complete old copy becomes `iter_X`; copies of a running writer are left alone. ->
+    repaired."""
     if not root.is_dir():
         return []
     repaired = []

@@ -247,8 +247,8 @@ def load_state(parts: TrainerParts, src: Path, *, rng: bool) -> None:
         load_optimizer(parts, src, state.get("optimizer"))
     else:
         log.warning(
-            "%s has no optimizer state (saved with checkpoint.save_optimizer=false): AdamW restarts from zero "
-            "moments, so this resume is not an exact continuation.",
+            "%s has no optimizer state (saved with checkpoint.save_optimizer=false): AdamW restarts from "
+            "zero moments, so this resume is not an exact continuation.",
             src,
         )
     if state.get("scheduler") is not None:

@@ -9,7 +9,8 @@ Model. `ValueModel` = the decoder stack of a causal LM checkpoint (the policy's 
 checkpoint that shares the policy's tokenizer; its LM head is dropped) + `value_head = nn.Linear(H, 1)`
 initialised to zeros. Values are read from the hidden rows `packed.logit_index`, the positions that PREDICT
 the response tokens (the rows of the policy's logprobs): value[t] = V(prompt + response[:t]), the state in
-which token t is chosen. So the flat values [M] align 1:1 with response tokens and with the `returns` of `gae`.
+which token t is chosen. So the flat values [M] align 1:1 with response tokens and with the `returns` of
+`gae`.
 
 Loss. Per token `value_loss(values, old_values, returns, clip_range=value_clip)`, aggregated token-mean over
 the loss-mask tokens with the mini-batch's GLOBAL `total_tokens`: each micro-batch (and worker) adds its
@@ -262,7 +263,8 @@ class CriticWorker:
         common.write_state(self, out, optimizer)
 
     def load(self, directory: str | Path) -> None:
-        """Restore weights, optimizer, scheduler, scaler and step from `save(directory)` (RNG: the policy's)."""
+        """Restore weights, optimizer, scheduler, scaler and step from `save(directory)` (RNG: the
+        policy's)."""
         src = Path(directory) / CRITIC_DIR
         if has_shards(src):  # each rank reads the slices it holds, whatever number of ranks wrote them
             load_shards(self.value_model, src)
@@ -280,8 +282,9 @@ class CriticWorker:
 def _require_returns(packed: PackedBatch, idx: Sequence[int]) -> Tensor:
     if packed.returns is None:
         raise ValueError(
-            f"CriticWorker.update: samples {list(idx)} include one without `returns`; set TrainSample.returns "
-            "from the advantage estimator's returns (advantage=gae) before updating the critic."
+            f"CriticWorker.update: samples {list(idx)} include one without `returns`; set "
+            "TrainSample.returns from the advantage estimator's returns (advantage=gae) before updating the "
+            "critic."
         )
     return packed.returns
 

@@ -30,7 +30,8 @@ def world_size() -> int:
 def all_reduce_grads(params: Iterable[torch.nn.Parameter], bucket_elems: int = BUCKET_ELEMS) -> None:
     """Sum the .grad of every trainable parameter over all processes, in place, in flat buckets.
 
-    A bucket holds grads of one dtype and device, at most `bucket_elems` elements (one larger grad goes alone).
+    A bucket holds grads of one dtype and device, at most `bucket_elems` elements (one larger grad goes
+    alone).
     """
     if world_size() == 1:
         return

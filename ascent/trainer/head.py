@@ -80,7 +80,8 @@ def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @functools.cache
 def _fp32_out_matmul(device_type: str) -> bool:
-    """Whether `addmm(acc_fp32, a_bf16, b_bf16, out_dtype=float32, out=acc)` runs here (CUDA, torch >= 2.9)."""
+    """Whether `addmm(acc_fp32, a_bf16, b_bf16, out_dtype=float32, out=acc)` runs here (CUDA, torch >=
+    2.9)."""
     if device_type != "cuda":
         return False
     try:
@@ -118,8 +119,10 @@ class _HeadLogprobs(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         h, w = hidden.to(dtype), weight.to(dtype)
         stats = _compiled(chunk_stats) if compiled else chunk_stats
-        parts = [stats(logits_fp32(hc, w), tc, temperature, with_entropy) for hc, tc in
-                 zip(h.split(chunk), targets.split(chunk), strict=True)]  # fmt: skip
+        parts = [
+            stats(logits_fp32(hc, w), tc, temperature, with_entropy)
+            for hc, tc in zip(h.split(chunk), targets.split(chunk), strict=True)
+        ]
         logp, lse, ent = (torch.cat(x) for x in zip(*parts, strict=True))
         ctx.save_for_backward(h, w, targets, lse, ent)
         ctx.args = (temperature, chunk, entropy_grad and with_entropy, compiled, hidden.dtype, weight.dtype)

@@ -59,9 +59,12 @@ def packed_forward(decoder: nn.Module, packed: PackedBatch) -> Tensor:
     """A decoder stack over one packed row -> last hidden states [N, H]; varlen attention gets the packer's
     sequence offsets (`ascent.models.varlen.attention_kwargs`)."""
     out = decoder(
-        input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False,
+        input_ids=packed.input_ids,
+        position_ids=packed.position_ids,
+        attention_mask=None,
+        use_cache=False,
         **attention_kwargs(decoder, packed.cu_seqlens, packed.max_seqlen),
-    )  # fmt: skip
+    )
     return out.last_hidden_state[0]
 
 
@@ -128,9 +131,15 @@ def logprobs_from_hidden(
         return empty, (empty if with_entropy else None)
     if fusable_head(head):
         lp, ent = head_logprobs(
-            head, hidden, targets, temperature=temperature, chunk_tokens=chunk_tokens,
-            with_entropy=with_entropy, entropy_grad=entropy_grad, compiled=compiled,
-        )  # fmt: skip
+            head,
+            hidden,
+            targets,
+            temperature=temperature,
+            chunk_tokens=chunk_tokens,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            compiled=compiled,
+        )
         return lp, (ent if with_entropy else None)
     use_ckpt = torch.is_grad_enabled() and hidden.requires_grad
     fused = compiled and not (with_entropy and entropy_grad and use_ckpt)

@@ -55,7 +55,8 @@ def load_adapter_shards(model: nn.Module, directory: str | Path) -> None:
 
 
 def gathered_adapter(model: nn.Module) -> dict[str, Tensor]:
-    """The adapter matrices as full CPU tensors on rank 0 ({} elsewhere), by name in `model` (a collective)."""
+    """The adapter matrices as full CPU tensors on rank 0 ({} elsewhere), by name in `model` (a
+    collective)."""
     reshard(model)
     keep = not dist.is_initialized() or dist.get_rank() == 0
     full = {name: t.cpu() for name, t in gather_full(adapter_parameters(model).items())}

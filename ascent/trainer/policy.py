@@ -17,7 +17,8 @@ of the global loss and gradients are SUMMED over workers (`ascent.trainer.distri
 `sharding="fsdp"` and several ranks the policy is sharded with FSDP2 (`ascent.models.parallel`): ranks run
 forwards in lock-step (`ascent.trainer.sharded`), `named_weights`, `save` and `load` are collectives (call
 them on every rank), and checkpoints hold weights and optimizer as DCP shards (`model_shards/`,
-`optimizer_shards/`) that any number of ranks, sharded or not, can load. `optim.offload` keeps AdamW on the CPU.
+`optimizer_shards/`) that any number of ranks, sharded or not, can load. `optim.offload` keeps AdamW on the
+CPU.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ _OOM_ADVICE = (
 
 
 class PolicyWorker:
-    """One trainer process: policy model, optimizer, LR schedule, optional frozen reference (see module doc)."""
+    """One trainer process: policy model, optimizer, LR schedule, optional frozen reference (see module
+    doc)."""
 
     def __init__(
         self,
@@ -315,8 +317,9 @@ class PolicyWorker:
         """Write HF weights (merged for LoRA when `save_merged`), the adapter, tokenizer, trainer_state.pt.
 
         Sharded (a collective): every rank writes its shards of the weights (`model_shards/`, the resume
-        state), of the optimizer (`optimizer_shards/`) and its RNG (`rng_rank*.pt`); rank 0 also writes gathered HF weights when `hf_weights`, the only step
-        that gathers the model. Unsharded, the HF weights are the resume state and always written.
+        state), of the optimizer (`optimizer_shards/`) and its RNG (`rng_rank*.pt`); rank 0 also writes
+        gathered HF weights when `hf_weights`, the only step that gathers the model. Unsharded, the HF
+        weights are the resume state and always written.
         """
         out = Path(directory)
         model = unwrap_model(self.model)

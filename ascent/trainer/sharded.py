@@ -27,7 +27,8 @@ SHARDINGS = ("none", "fsdp")
 def sharding_parallelize(
     sharding: str, *, param_dtype: torch.dtype, compute_dtype: torch.dtype, lora: bool
 ) -> Callable[[nn.Module], nn.Module] | None:
-    """`train.sharding` -> a parallelize function, or None (sharding off, or a single rank: nothing to shard)."""
+    """`train.sharding` -> a parallelize function, or None (sharding off, or a single rank: nothing to
+    shard)."""
     if sharding not in SHARDINGS:
         raise ValueError(f"train.sharding={sharding!r}: unknown; use one of {', '.join(SHARDINGS)}.")
     if sharding == "none" or world_size() == 1:

@@ -74,7 +74,8 @@ class ReplicaEnd:
     alongside: bool = False  # reach a replica between two decode steps of a running generate call
 
     def start(self, method: Callable[..., int], *args: Any) -> PendingCall[int]:
-        """`method(*args)` on every replica: after the calls queued before it, or alongside the one running."""
+        """`method(*args)` on every replica: after the calls queued before it, or alongside the one
+        running."""
         if self.alongside:
             return self.group.call_alongside_async(method, *args)
         return self.group.call_async(method, *args)

@@ -246,8 +246,12 @@ class Query:
     def where(self) -> tuple[str, list[Any]]:
         """The SQL WHERE clause (or "") and its parameters."""
         terms: list[tuple[str, Any]] = []
-        for column, op, value in (("iteration", "=", self.iteration), ("reward", ">=", self.min_reward),
-                                  ("reward", "<=", self.max_reward), ("env", "=", self.env)):  # fmt: skip
+        for column, op, value in (
+            ("iteration", "=", self.iteration),
+            ("reward", ">=", self.min_reward),
+            ("reward", "<=", self.max_reward),
+            ("env", "=", self.env),
+        ):
             if value is not None:
                 terms.append((f"{column} {op} ?", value))
         if self.status == DROPPED:
@@ -326,8 +330,14 @@ class ExperienceStore:
 
 
 def _sft_row(r: EpisodeRecord) -> dict[str, Any]:
-    return {"prompt": r.prompt_text or " ", "prompt_ids": r.prompt_ids, "response": r.response_text,
-            "reward": r.reward, "row_id": r.row_id, "episode_id": r.id}  # fmt: skip
+    return {
+        "prompt": r.prompt_text or " ",
+        "prompt_ids": r.prompt_ids,
+        "response": r.response_text,
+        "reward": r.reward,
+        "row_id": r.row_id,
+        "episode_id": r.id,
+    }
 
 
 # ---------------------------------------------------------------- export
@@ -376,11 +386,24 @@ def _export_parquet(records: Iterator[EpisodeRecord] | Sequence[EpisodeRecord], 
 
 
 def _arrow_schema(pa: Any) -> Any:
-    kinds = {"id": pa.int64(), "iteration": pa.int64(), "group_index": pa.int64(), "row_id": pa.int64(),
-             "reward": pa.float64(), "advantage": pa.float64(), "turns": pa.int64(),
-             "policy_version": pa.int64(), "trainer_version": pa.int64(), "staleness": pa.int64(),
-             "prompt_len": pa.int64(), "response_len": pa.int64(), "created": pa.float64(),
-             "prompt_ids": pa.list_(pa.int32()), "response_ids": pa.list_(pa.int32()),
-             "loss_mask": pa.list_(pa.int8()), "sampler_logprobs": pa.list_(pa.float64()),
-             "token_versions": pa.list_(pa.int32())}  # fmt: skip
+    kinds = {
+        "id": pa.int64(),
+        "iteration": pa.int64(),
+        "group_index": pa.int64(),
+        "row_id": pa.int64(),
+        "reward": pa.float64(),
+        "advantage": pa.float64(),
+        "turns": pa.int64(),
+        "policy_version": pa.int64(),
+        "trainer_version": pa.int64(),
+        "staleness": pa.int64(),
+        "prompt_len": pa.int64(),
+        "response_len": pa.int64(),
+        "created": pa.float64(),
+        "prompt_ids": pa.list_(pa.int32()),
+        "response_ids": pa.list_(pa.int32()),
+        "loss_mask": pa.list_(pa.int8()),
+        "sampler_logprobs": pa.list_(pa.float64()),
+        "token_versions": pa.list_(pa.int32()),
+    }
     return pa.schema([(name, kinds.get(name, pa.string())) for name in COLUMNS])

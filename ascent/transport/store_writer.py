@@ -47,10 +47,30 @@ log = logging.getLogger("ascent")
 
 Decode = Callable[[Sequence[int]], str]
 _INSERT_COLUMNS = (
-    "iteration", "group_index", "row_id", "env", "status", "drop_reason", "reward", "reward_components",
-    "advantage", "turns", "turn_rewards", "finish_reason", "policy_version", "trainer_version", "staleness",
-    "prompt_len", "response_len", "prompt_text", "response_text", "segments", *BLOBS, "metadata", "created",
-)  # fmt: skip
+    "iteration",
+    "group_index",
+    "row_id",
+    "env",
+    "status",
+    "drop_reason",
+    "reward",
+    "reward_components",
+    "advantage",
+    "turns",
+    "turn_rewards",
+    "finish_reason",
+    "policy_version",
+    "trainer_version",
+    "staleness",
+    "prompt_len",
+    "response_len",
+    "prompt_text",
+    "response_text",
+    "segments",
+    *BLOBS,
+    "metadata",
+    "created",
+)
 _INSERT = (
     f"INSERT INTO episodes ({', '.join(_INSERT_COLUMNS)}) VALUES ({', '.join('?' * len(_INSERT_COLUMNS))})"
 )
@@ -182,8 +202,11 @@ class ExperienceWriter:
                 if t0 is None:
                     t0 = time.perf_counter()
                     if self.waited_s == 0.0:
-                        log.warning("experience store: %s is %d tokens behind; the loop waits for it", self.path,
-                                    self._queued_tokens)  # fmt: skip
+                        log.warning(
+                            "experience store: %s is %d tokens behind; the loop waits for it",
+                            self.path,
+                            self._queued_tokens,
+                        )
                 self._room.wait(timeout=0.5)
             if t0 is not None:
                 self.waited_s += time.perf_counter() - t0
@@ -200,11 +223,19 @@ class ExperienceWriter:
         self._queue.put(None)
         self._thread.join(self.close_timeout_s + 1.0)
         if self._thread.is_alive():
-            log.warning("experience store: %s still writing after %.0f s; %d queued tokens are not stored",
-                        self.path, self.close_timeout_s, self._queued_tokens)  # fmt: skip
+            log.warning(
+                "experience store: %s still writing after %.0f s; %d queued tokens are not stored",
+                self.path,
+                self.close_timeout_s,
+                self._queued_tokens,
+            )
         elif self.error is not None:
-            log.warning("experience store: %s holds only the first %d episodes (%s)", self.path, self.written,
-                        self.error)  # fmt: skip
+            log.warning(
+                "experience store: %s holds only the first %d episodes (%s)",
+                self.path,
+                self.written,
+                self.error,
+            )
         if self.bad_rows or self.dropped:
             log.warning(
                 "experience store: %s holds %d episodes; %d could not be written (bad rows, logged above) "
@@ -228,8 +259,11 @@ class ExperienceWriter:
                     self._write_when_free(conn, entries)
                 except Exception as err:  # a full disk or a broken file costs the store, not the run
                     self.error = err
-                    log.error("experience store: writing %s failed (%s); no further episodes are stored",
-                              self.path, err)  # fmt: skip
+                    log.error(
+                        "experience store: writing %s failed (%s); no further episodes are stored",
+                        self.path,
+                        err,
+                    )
             with self._room:
                 self._queued_tokens -= sum(e.episode.num_tokens for e in entries)
                 self._room.notify_all()
@@ -324,15 +358,34 @@ class ExperienceWriter:
         oldest = min(versions, default=ep.policy_version)
         meta = ep.metadata
         return (
-            e.iteration, e.group_index, ep.row_id, e.env, e.status, e.reason, ep.reward,
-            json.dumps(ep.reward_components), e.advantage, int(meta.get("turns", 1)),
+            e.iteration,
+            e.group_index,
+            ep.row_id,
+            e.env,
+            e.status,
+            e.reason,
+            ep.reward,
+            json.dumps(ep.reward_components),
+            e.advantage,
+            int(meta.get("turns", 1)),
             json.dumps(list(meta.get("turn_rewards", []))),
-            ep.finish_reason, oldest, e.trainer_version, e.trainer_version - oldest, len(ep.prompt_ids),
-            len(ep.response_ids), self._prompt_text(ep.prompt_ids), ep.response_text,
-            json.dumps(self._segments(ep)), pack(ep.prompt_ids, "i"), pack(ep.response_ids, "i"),
-            pack(ep.loss_mask, "B"), pack(ep.sampler_logprobs, "d"), pack(versions, "i"),
-            json.dumps(meta, default=str), time.time(),
-        )  # fmt: skip
+            ep.finish_reason,
+            oldest,
+            e.trainer_version,
+            e.trainer_version - oldest,
+            len(ep.prompt_ids),
+            len(ep.response_ids),
+            self._prompt_text(ep.prompt_ids),
+            ep.response_text,
+            json.dumps(self._segments(ep)),
+            pack(ep.prompt_ids, "i"),
+            pack(ep.response_ids, "i"),
+            pack(ep.loss_mask, "B"),
+            pack(ep.sampler_logprobs, "d"),
+            pack(versions, "i"),
+            json.dumps(meta, default=str),
+            time.time(),
+        )
 
     def _prompt_text(self, ids: Sequence[int]) -> str:
         """Decoded once per prompt (the episodes of a group arrive one after another)."""

@@ -33,8 +33,9 @@ def main() -> None:
     run_dir = Path(a.sft)
     candidates = [*checkpointing.checkpoint_dirs(run_dir), run_dir / "final"]
     for path in candidates:
-        metrics = run_eval(model=str(path), data=a.data, max_new_tokens=a.max_new_tokens,
-                           max_prompts=a.prompts)  # fmt: skip
+        metrics = run_eval(
+            model=str(path), data=a.data, max_new_tokens=a.max_new_tokens, max_prompts=a.prompts
+        )
         print(
             f"{path.name}: accuracy {metrics['accuracy']:.3f} on {a.prompts} training prompts",
             file=sys.stderr,

@@ -27,9 +27,14 @@ HEAD_SCALE = 10.0
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     return make_tiny_checkpoint(
-        tmp_path_factory.mktemp("gpu_tiny"), hidden_size=128, num_layers=3, num_heads=4, num_kv_heads=2,
-        tie_word_embeddings=False, seed=3,
-    )  # fmt: skip
+        tmp_path_factory.mktemp("gpu_tiny"),
+        hidden_size=128,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        tie_word_embeddings=False,
+        seed=3,
+    )
 
 
 def _engines(ckpt, dtype, head_scale=HEAD_SCALE, **kw):
@@ -47,10 +52,13 @@ def _requests(seed=0, n=(1, 3, 2, 1, 4), lens=(5, 17, 33, 16, 3), max_new=24, te
     g = torch.Generator().manual_seed(seed)
     budgets = max_new if isinstance(max_new, tuple) else (max_new,) * len(lens)
     return [
-        GenerationRequest(torch.randint(4, 60, (length,), generator=g).tolist(),
-                          SamplingParams(temperature=temperature, max_new_tokens=m, n=k, seed=i), request_id=i)
+        GenerationRequest(
+            torch.randint(4, 60, (length,), generator=g).tolist(),
+            SamplingParams(temperature=temperature, max_new_tokens=m, n=k, seed=i),
+            request_id=i,
+        )
         for i, (length, k, m) in enumerate(zip(lens, n, budgets, strict=True))
-    ]  # fmt: skip
+    ]
 
 
 def _tokens(out):
@@ -190,8 +198,9 @@ def test_paged_prefill_kernel_matches_masked_torch(dtype, atol):
     q = torch.randn(b, lq, nh, d, generator=g, device="cuda", dtype=dtype)
     lk = int((starts + lens).max())
     out = paged_prefill_attention(q, kc, vc, bt.int(), starts, lens, d**-0.5)
-    want = prefill_attention(q.float(), q.float(), q.float(), d**-0.5,
-                             (kc.float(), vc.float(), bt.int(), starts.long(), lk))  # fmt: skip
+    want = prefill_attention(
+        q.float(), q.float(), q.float(), d**-0.5, (kc.float(), vc.float(), bt.int(), starts.long(), lk)
+    )
     for i in range(b):
         n = int(lens[i])
         assert torch.allclose(out[i, :n].float(), want[i, :n], atol=atol), i
@@ -207,8 +216,12 @@ def test_fp32_session_reuse_with_paged_prefill_equals_masked(ckpt):
         fast.runner.paged_prefill = paged
         history = [list(range(4 + i, 30 + 3 * i)) for i in range(8)]
         for turn in range(3):
-            reqs = [GenerationRequest(h, SamplingParams(temperature=0.0, max_new_tokens=12), request_id=i,
-                                      session_id=f"e{i}") for i, h in enumerate(history)]  # fmt: skip
+            reqs = [
+                GenerationRequest(
+                    h, SamplingParams(temperature=0.0, max_new_tokens=12), request_id=i, session_id=f"e{i}"
+                )
+                for i, h in enumerate(history)
+            ]
             got = _tokens(fast.generate(reqs))
             if turn == 2 and paged:
                 assert got == _tokens(ref.generate(reqs))

@@ -28,15 +28,24 @@ def test_varlen_matches_sdpa_forward_and_backward(tmp_path, heads, kv_heads, hid
     from ascent.trainer.logprobs import token_logprobs
     from ascent.trainer.packing import pack
 
-    path = make_tiny_checkpoint(tmp_path / "m", hidden_size=hidden, num_layers=2, num_heads=heads,
-                                num_kv_heads=kv_heads, max_position_embeddings=1024)  # fmt: skip
+    path = make_tiny_checkpoint(
+        tmp_path / "m",
+        hidden_size=hidden,
+        num_layers=2,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        max_position_embeddings=1024,
+    )
     g = torch.Generator().manual_seed(0)
     samples = [
-        TrainSample(prompt_ids=torch.randint(3, 80, (p,), generator=g).tolist(),
-                    response_ids=torch.randint(3, 80, (r,), generator=g).tolist(),
-                    loss_mask=[1] * r, advantages=[1.0] * r)
+        TrainSample(
+            prompt_ids=torch.randint(3, 80, (p,), generator=g).tolist(),
+            response_ids=torch.randint(3, 80, (r,), generator=g).tolist(),
+            loss_mask=[1] * r,
+            advantages=[1.0] * r,
+        )
         for p, r in ((100, 300), (7, 1), (256, 512), (33, 90))
-    ]  # fmt: skip
+    ]
 
     def run(attn: str, dtype: torch.dtype):
         model = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa").cuda()

@@ -32,8 +32,8 @@ def arithmetic_data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def warm_model(tmp_path_factory, arithmetic_data):
-    """A tiny model after a short SFT on 1-digit sums: about a quarter of sampled answers right (the warm start
-    of test_algorithms_learn.py; test_fsdp_curve.py starts from it too, instead of its own SFT)."""
+    """A tiny model after a short SFT on 1-digit sums: about a quarter of sampled answers right (the warm
+    start of test_algorithms_learn.py; test_fsdp_curve.py starts from it too, instead of its own SFT)."""
     from ascent.models.tiny import make_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("warm")

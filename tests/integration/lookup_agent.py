@@ -1,7 +1,7 @@
 """The lookup game of `lookup_env.py`, written as an agent that knows only the OpenAI client: ask the model,
 and when it asks back (`?`), answer with the secret as a tool message and ask again; repeating the secret
-earns 1. `guess_once` never shows the secret (the reward function scores its single reply); `talks_on` outgrows
-the run's context; `always_fails` raises."""
+earns 1. `guess_once` never shows the secret (the reward function scores its single reply); `talks_on`
+outgrows the run's context; `always_fails` raises."""
 
 from __future__ import annotations
 
@@ -35,5 +35,7 @@ async def talks_on(client: openai.AsyncOpenAI, row: dict[str, Any]) -> float:
     messages: list[Any] = [{"role": "user", "content": "key"}]
     while True:
         reply = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=4)
-        messages += [{"role": "assistant", "content": reply.choices[0].message.content or ""},
-                     {"role": "user", "content": "more"}]  # fmt: skip
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content or ""},
+            {"role": "user", "content": "more"},
+        ]

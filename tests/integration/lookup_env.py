@@ -75,7 +75,7 @@ def lookup_run(
             "prompts_per_step": 8,
             "samples_per_prompt": 8,
             "env_workers": 2,
-        },  # fmt: skip
+        },
         "train": {"lr": 1e-3, "trajectories_per_update": 32, "max_tokens_per_micro_batch": 1024},
         "tracking": {"progress": False, "tensorboard": False, "trace": False},
     }

@@ -1,8 +1,8 @@
 """Training an agent that knows only the OpenAI client, through the run's own endpoint (`rollout.agent`).
 
-The agent (`lookup_agent.run`) plays the lookup game of `lookup_env.py` with `client.chat.completions`: it asks
-the model, and when the model asks back (`?`) it appends the reply and the secret as a tool message and asks
-again. The run records each call token-exact; the two calls of an episode become one two-turn episode. So
+The agent (`lookup_agent.run`) plays the lookup game of `lookup_env.py` with `client.chat.completions`: it
+asks the model, and when the model asks back (`?`) it appends the reply and the secret as a tool message and
+asks again. The run records each call token-exact; the two calls of an episode become one two-turn episode. So
 GRPO must learn what it learns through the environment (test_env_learns.py), with the same measure (the exact
 expected reward of a temperature-1 episode), and it must show on held-out rows, greedily, through the real
 `ascent eval --agent` (the agent against an endpoint served from the checkpoint). The shared warm start
@@ -58,16 +58,22 @@ def greedy_eval(model: Path, rows: Path) -> dict[str, float]:
 def lazy_start(
     lookup_setup: tuple[Path, Path, list[int]], tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, Path, dict[str, float]]:
-    """The lazy start (see the module doc), the held-out rows (the secrets 0-9) and its greedy score on them."""
+    """The lazy start (see the module doc), the held-out rows (the secrets 0-9) and its greedy score on
+    them."""
     _, warm, _ = lookup_setup
     root = tmp_path_factory.mktemp("lazy")
     rng = random.Random(1)
     demos = [conversation(rng.randrange(10), i % 4 == 0, 7) for i in range(40)]
     (root / "sft.jsonl").write_text("".join(json.dumps(d) + "\n" for d in demos))
-    cfg = {"run_dir": str(root / "sft"), "epochs": 3.0, "batch_size": 8, "model": {"path": str(warm)},
-           "data": {"train_path": str(root / "sft.jsonl"), "max_prompt_tokens": 16},
-           "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 512},
-           "tracking": {"progress": False, "tensorboard": False}}  # fmt: skip
+    cfg = {
+        "run_dir": str(root / "sft"),
+        "epochs": 3.0,
+        "batch_size": 8,
+        "model": {"path": str(warm)},
+        "data": {"train_path": str(root / "sft.jsonl"), "max_prompt_tokens": 16},
+        "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 512},
+        "tracking": {"progress": False, "tensorboard": False},
+    }
     ascent("sft", str(write_yaml(root / "sft.yaml", cfg)))
     rows = root / "held_out.jsonl"
     rows.write_text("".join(json.dumps({"secret": s}) + "\n" for s in range(10)))
@@ -99,7 +105,8 @@ def test_grpo_through_the_endpoint_learns_to_ask(
     greedy_after = greedy_eval(final, held_out)
     assert greedy_after["episodes"] == 10 and greedy_after["agent_errors"] == 0
     assert greedy_after["accuracy"] >= greedy_before["accuracy"] + GREEDY_BAR, (
-        f"seed {seed}: held-out greedy accuracy {greedy_before['accuracy']:.2f} -> {greedy_after['accuracy']:.2f}"
+        f"seed {seed}: held-out greedy accuracy {greedy_before['accuracy']:.2f} -> "
+        f"{greedy_after['accuracy']:.2f}"
     )
 
 
@@ -154,8 +161,11 @@ def test_a_plain_agent_scored_by_the_reward_function_and_agent_failures(
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"secret": s}) + "\n" for s in range(4)))
     cfg = agent_config(tmp_path / "run", rows, tiny_model, seed=0, iterations=1)
-    cfg["rollout"] |= {"agent": "tests.integration.lookup_agent:guess_once", "prompts_per_step": 2,
-                       "samples_per_prompt": 2}  # fmt: skip
+    cfg["rollout"] |= {
+        "agent": "tests.integration.lookup_agent:guess_once",
+        "prompts_per_step": 2,
+        "samples_per_prompt": 2,
+    }
     cfg["train"]["trajectories_per_update"] = 4
     cfg["reward"] = {"fn": "format", "kwargs": {"pattern": "."}}  # any reply scores 1: the function ran
     ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))

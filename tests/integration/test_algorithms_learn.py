@@ -1,4 +1,5 @@
-"""Each advantage estimator and policy loss raises the reward of a warm-started tiny model on 1-digit addition.
+"""Each advantage estimator and policy loss raises the reward of a warm-started tiny model on 1-digit
+addition.
 
 One SFT warm-start is shared by the session; every variant then runs a short `ascent train` through the real
 CLI on a fixed set of 8 prompts and must end with a policy whose expected exact-match reward is clearly
@@ -51,8 +52,9 @@ def expected_reward(model_dir, prompts) -> float:
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
     total = 0.0
     for row in prompts:
-        text = tok.apply_chat_template([{"role": "user", "content": row["prompt"]}], tokenize=False,
-                                       add_generation_prompt=True)  # fmt: skip
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": row["prompt"]}], tokenize=False, add_generation_prompt=True
+        )
         prompt = tok(text, add_special_tokens=False)["input_ids"]
         answer = tok(str(row["answer"]), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         with torch.no_grad():

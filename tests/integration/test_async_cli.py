@@ -42,7 +42,8 @@ def test_async_staleness_one_inline_and_its_resume(tmp_path, tiny_model, arithme
     run = tmp_path / "run"
     eps = episodes(run)
     check_bound(eps, 4, 8, bound=1)
-    # the first iteration samples with the start weights; every later one was sampled while the previous trained
+    # the first iteration samples with the start weights; every later one was sampled while the previous
+    # trained
     assert [{r["staleness"] for r in eps[it]} for it in range(1, 5)] == [{0}, {1}, {1}, {1}]
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     trained = [m for m in metrics if "rollout/staleness_max" in m]
@@ -96,8 +97,14 @@ def env_config(tmp_path, tiny_model, iterations: int) -> dict:
     (data / "train.jsonl").write_text("".join(json.dumps({"target": t}) + "\n" for t in [3, 7, 1, 9, 5, 0]))
     cfg = run_config(tmp_path, tiny_model, data, iterations=iterations, val_every=0)
     cfg["data"] |= {"max_prompt_tokens": 40, "val_path": None}
-    cfg["rollout"] |= {"env": "guess_number", "max_turns": 3, "max_episode_tokens": 48, "max_staleness": 1,
-                       "stop_token_ids": list(range(4, 40)), "env_workers": 1}  # fmt: skip
+    cfg["rollout"] |= {
+        "env": "guess_number",
+        "max_turns": 3,
+        "max_episode_tokens": 48,
+        "max_staleness": 1,
+        "stop_token_ids": list(range(4, 40)),
+        "env_workers": 1,
+    }
     cfg["train"]["max_tokens_per_micro_batch"] = 88
     return cfg
 

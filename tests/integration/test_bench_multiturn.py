@@ -16,8 +16,24 @@ def test_multiturn_bench_counts_prefill_work(capsys) -> None:
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     b, p, t, r, turns = 3, 16, 4, 5, 3
-    res = bench.main(["--device", "cpu", "--shape", "tiny", "--episodes", str(b), "--turns", str(turns),
-                      "--prompt-len", str(p), "--obs-len", str(t), "--response-len", str(r)])  # fmt: skip
+    res = bench.main(
+        [
+            "--device",
+            "cpu",
+            "--shape",
+            "tiny",
+            "--episodes",
+            str(b),
+            "--turns",
+            str(turns),
+            "--prompt-len",
+            str(p),
+            "--obs-len",
+            str(t),
+            "--response-len",
+            str(r),
+        ]
+    )
     new = b * p + (turns - 1) * b * (t + 1)  # later turns: the observation and the last generated token
     history = sum(b * (p + k * (r + t)) for k in range(turns))
     reuse, plain, indep = res["reuse"], res["no_reuse"], res["independent"]

@@ -26,8 +26,22 @@ def _run(*argv: str) -> subprocess.CompletedProcess[str]:
 
 def test_one_gpu_mode_on_cpu_reports_its_iterations(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
-    proc = _run("--mode", "one_gpu", "--device", "cpu", "--shape", "tiny", "--root", str(tmp_path / "root"),
-                "--warmup", "1", "--iterations", "2", "--json", str(out))  # fmt: skip
+    proc = _run(
+        "--mode",
+        "one_gpu",
+        "--device",
+        "cpu",
+        "--shape",
+        "tiny",
+        "--root",
+        str(tmp_path / "root"),
+        "--warmup",
+        "1",
+        "--iterations",
+        "2",
+        "--json",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     table = proc.stdout
     assert "== one_gpu: inline" in table and "completions/s" in table

@@ -13,8 +13,24 @@ def test_debug_env_prints_and_writes_episodes(tmp_path: Path, tiny_model: Path) 
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"target": t}) + "\n" for t in (3, 7, 1)))
     out = tmp_path / "episodes.jsonl"
-    proc = ascent("debug", "env", "--model", str(tiny_model), "--data", str(rows), "--env", "guess_number",
-                  "--episodes", "2", "--max-turns", "3", "--max-new-tokens", "3", "--out", str(out))  # fmt: skip
+    proc = ascent(
+        "debug",
+        "env",
+        "--model",
+        str(tiny_model),
+        "--data",
+        str(rows),
+        "--env",
+        "guess_number",
+        "--episodes",
+        "2",
+        "--max-turns",
+        "3",
+        "--max-new-tokens",
+        "3",
+        "--out",
+        str(out),
+    )
     assert proc.stdout.count("=== row") == 2 and "[model 1]" in proc.stdout and "[prompt]" in proc.stdout
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["row_id"] for r in lines] == [0, 1]

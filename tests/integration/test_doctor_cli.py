@@ -42,8 +42,15 @@ def test_doctor_fails_on_missing_data_and_model_without_asking_the_hub(tmp_path)
 
 def test_doctor_exits_1_on_a_failed_check_and_2_on_a_bad_config(tmp_path, tiny_model, arithmetic_data):
     path = write_yaml(tmp_path / "run.yaml", run_config(tmp_path, tiny_model, arithmetic_data))
-    tight = ascent("doctor", str(path), "train.max_tokens_per_micro_batch=100000", "data.max_prompt_tokens=30000",
-                   "--gpu-memory", "0.01", check=False)  # fmt: skip
+    tight = ascent(
+        "doctor",
+        str(path),
+        "train.max_tokens_per_micro_batch=100000",
+        "data.max_prompt_tokens=30000",
+        "--gpu-memory",
+        "0.01",
+        check=False,
+    )
     assert tight.returncode == 1, tight.stdout + tight.stderr
     assert "memory per GPU" in tight.stdout and "fail" in tight.stdout
     bad = ascent("doctor", str(path), "train.lr=-1", check=False)

@@ -33,7 +33,8 @@ ITERATIONS, BAR, GREEDY_BAR = 15, 0.2, 0.3
 def guessing_start(
     lookup_setup: tuple[Path, Path, list[int]], tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    """The lookup warm start after two SFT steps on 32 conversations that answer 0 at once (see module doc)."""
+    """The lookup warm start after two SFT steps on 32 conversations that answer 0 at once (see module
+    doc)."""
     _, warm, _ = lookup_setup
     root = tmp_path_factory.mktemp("guessing")
     (root / "guess.jsonl").write_text(

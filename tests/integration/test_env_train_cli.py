@@ -19,7 +19,8 @@ def rows(path: Path, targets: list[int]) -> Path:
 
 @pytest.mark.parametrize("engine", ["reference", "fast"])
 def test_train_on_a_multi_turn_environment(tmp_path: Path, tiny_model: Path, engine: str) -> None:
-    """On the fast engine each later turn reuses the episode's cached history (rollout/prefix_reused_tokens)."""
+    """On the fast engine each later turn reuses the episode's cached history
+    (rollout/prefix_reused_tokens)."""
     data = tmp_path / "data"
     data.mkdir()
     rows(data / "train.jsonl", [3, 7, 1, 9, 5, 0])
@@ -75,8 +76,9 @@ def test_unsupported_combinations_name_the_field(tmp_path: Path, tiny_model: Pat
 
 
 def test_a_hanging_environment_costs_its_episodes_not_the_run(tmp_path: Path, tiny_model: Path) -> None:
-    """rollout.env_isolation=process (the default): one row's environment hangs at its first step; it is killed
-    after env_timeout_s, its episodes (and those sharing its process) count as env/errors, the run finishes."""
+    """rollout.env_isolation=process (the default): one row's environment hangs at its first step; it is
+    killed after env_timeout_s, its episodes (and those sharing its process) count as env/errors, the run
+    finishes."""
     data = tmp_path / "data"
     data.mkdir()
     counter, hang = "tests.unit.envs.hostile:Counter", "tests.unit.envs.hostile:Hang"
@@ -85,8 +87,14 @@ def test_a_hanging_environment_costs_its_episodes_not_the_run(tmp_path: Path, ti
     cfg = run_config(tmp_path, tiny_model, data, iterations=1, val_every=0)
     cfg["data"].pop("val_path")
     cfg["data"]["shuffle"] = False
-    cfg["rollout"] |= {"env": counter, "max_turns": 3, "max_episode_tokens": 24, "env_timeout_s": 3.0,
-                       "env_workers": 2, "stop_token_ids": list(range(4, 40))}  # fmt: skip
+    cfg["rollout"] |= {
+        "env": counter,
+        "max_turns": 3,
+        "max_episode_tokens": 24,
+        "env_timeout_s": 3.0,
+        "env_workers": 2,
+        "stop_token_ids": list(range(4, 40)),
+    }
     cfg["reward"] = {"max_failure_rate": 0.9}
     cfg["train"]["max_tokens_per_micro_batch"] = 64
     ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
@@ -114,8 +122,14 @@ def test_ray_runs_environments_in_actors_kept_across_iterations(tmp_path: Path, 
     cfg["data"].pop("val_path")
     cfg["data"]["shuffle"] = False
     every_token = list(range(len(load_tokenizer(str(tiny_model)))))  # each turn is one token, and stops
-    cfg["rollout"] |= {"env": f"{hostile}:Counter", "max_turns": 2, "max_episode_tokens": 16, "env_timeout_s": 3.0,
-                       "env_workers": 2, "stop_token_ids": every_token}  # fmt: skip
+    cfg["rollout"] |= {
+        "env": f"{hostile}:Counter",
+        "max_turns": 2,
+        "max_episode_tokens": 16,
+        "env_timeout_s": 3.0,
+        "env_workers": 2,
+        "stop_token_ids": every_token,
+    }
     cfg["reward"] = {"max_failure_rate": 0.9}
     cfg["train"]["max_tokens_per_micro_batch"] = 64
     cfg["cluster"] = {"backend": "ray", "num_cpus": 4}

@@ -18,9 +18,22 @@ from conftest import ROOT
 @pytest.mark.slow
 def test_fsdp_curve_cpu_two_ranks_match_one(tmp_path, warm_model, arithmetic_data):
     out = tmp_path / "curve.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "fsdp_curve.py"), "--device", "cpu", "--iterations", "3",
-           "--workdir", str(tmp_path / "work"), "--out", str(out), "--model", str(warm_model),
-           "--data", str(arithmetic_data)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "fsdp_curve.py"),
+        "--device",
+        "cpu",
+        "--iterations",
+        "3",
+        "--workdir",
+        str(tmp_path / "work"),
+        "--out",
+        str(out),
+        "--model",
+        str(warm_model),
+        "--data",
+        str(arithmetic_data),
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -47,7 +60,13 @@ def test_the_bench_warm_start_command_is_a_valid_sft_config(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     preset = bench.PRESETS["cpu"]
-    overrides = [f"run_dir={tmp_path / 'sft'}", f"model.path={tmp_path}", "data.train_path=x.jsonl",
-                 "data.val_path=null", *preset["sft"], *bench.compile_overrides("off")]  # fmt: skip
+    overrides = [
+        f"run_dir={tmp_path / 'sft'}",
+        f"model.path={tmp_path}",
+        "data.train_path=x.jsonl",
+        "data.val_path=null",
+        *preset["sft"],
+        *bench.compile_overrides("off"),
+    ]
     cfg = load_config(bench.EXAMPLE / preset["sft_yaml"], overrides, SFTConfig)
     assert cfg.epochs == 40.0 and cfg.batch_size == 16

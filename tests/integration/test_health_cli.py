@@ -1,4 +1,5 @@
-"""`ascent train` watches the run's health: a diverging run stops before it saves a checkpoint over good ones."""
+"""`ascent train` watches the run's health: a diverging run stops before it saves a checkpoint over good
+ones."""
 
 from __future__ import annotations
 

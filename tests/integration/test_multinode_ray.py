@@ -1,7 +1,7 @@
 """A run across several Ray nodes: a local multi-node cluster (`ray.cluster_utils.Cluster`: one raylet per
-"node", each with 1 CPU) joined through `cluster.address`, so the two FSDP trainer ranks and the rollout replica
-must each land on a different node. Rank 1 finds rank 0's rendezvous through the node address the group hands
-out, local ranks are counted per node, and the run ends where one unsharded trainer rank ends."""
+"node", each with 1 CPU) joined through `cluster.address`, so the two FSDP trainer ranks and the rollout
+replica must each land on a different node. Rank 1 finds rank 0's rendezvous through the node address the
+group hands out, local ranks are counted per node, and the run ends where one unsharded trainer rank ends."""
 
 from __future__ import annotations
 
@@ -45,8 +45,12 @@ def test_fsdp_ranks_and_replica_on_three_nodes_match_one_node(
     tmp_path, tiny_model, arithmetic_data, three_nodes
 ):
     cfg = run_config(tmp_path / "multi", tiny_model, arithmetic_data, iterations=2, val_every=0)
-    cfg["cluster"] = {"backend": "ray", "address": three_nodes.address, "num_trainer_workers": 2,
-                      "cpus_per_worker": 1}  # fmt: skip
+    cfg["cluster"] = {
+        "backend": "ray",
+        "address": three_nodes.address,
+        "num_trainer_workers": 2,
+        "cpus_per_worker": 1,
+    }
     cfg["train"]["sharding"] = "fsdp"
     cfg["checkpoint"] = {"every": 0}
     ascent("train", str(write_yaml(tmp_path / "multi.yaml", cfg)), timeout=600)

@@ -1,7 +1,7 @@
 """The README's plug-in examples through the real CLI, run from a directory that holds the user's `mypkg/`
 and nothing on PYTHONPATH but ascent itself: `reward.fn=mypkg.rewards:score` (scored in the reward worker
-processes, which resolve it too) and `ascent debug env --env mypkg.envs:GuessNumber`. Python runs with -P, as the `ascent` console script does: the
-current directory is not on sys.path unless ascent puts it there."""
+processes, which resolve it too) and `ascent debug env --env mypkg.envs:GuessNumber`. Python runs with -P, as
+the `ascent` console script does: the current directory is not on sys.path unless ascent puts it there."""
 
 from __future__ import annotations
 

@@ -39,8 +39,12 @@ from typer.testing import CliRunner
 from ascent.cli import app
 from ascent.models.tiny import make_tiny_checkpoint
 
-TRAIN_OVERRIDES = ["rollout.prompts_per_step=2", "rollout.max_new_tokens=4", "train.trajectories_per_update=16",
-                   "tracking.tensorboard=false"]  # fmt: skip
+TRAIN_OVERRIDES = [
+    "rollout.prompts_per_step=2",
+    "rollout.max_new_tokens=4",
+    "train.trajectories_per_update=16",
+    "tracking.tensorboard=false",
+]
 TEMPLATES = ("run.yaml",)  # a command naming one of these is the reader's to fill in
 WHAT_IT_SHOWS = ("train", "train", "sft", "eval", "config", "config", "doctor", "studio", "train")
 
@@ -93,8 +97,14 @@ def in_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., str]]:
 def studio_serves(cwd: Path, args: list[str]) -> list[str]:
     """Start `ascent studio ... --port 0`, read the URL it prints, return the run names `/api/runs` lists."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "ascent", *args, "--port", "0"], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ascent", *args, "--port", "0"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # `ascent studio: <root> at http://127.0.0.1:PORT/...`

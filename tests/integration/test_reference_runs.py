@@ -7,8 +7,9 @@ endpoint (two calls), async at staleness 1, SFT, and the GRPO run killed with SI
 checkpoint and resumed (it must end as the uninterrupted GRPO run: its stored reference is the same file).
 
 What is exact and what is tolerant (reference_runs/README.md has the measurements):
-- exact (discrete; the same on every CPU setting tried): every episode's rows, prompt and sampled token ids, loss mask, turns, finish reason,
-  policy version and reward; the metric names of every step; the tensor names, shapes and dtypes.
+- exact (discrete; the same on every CPU setting tried): every episode's rows, prompt and sampled token ids,
+  loss mask, turns, finish reason, policy version and reward; the metric names of every step; the tensor
+  names, shapes and dtypes.
 - within TOLERANCE: float rounding differs between vector ISAs (AVX-512, AVX2, none) and MKL code paths,
   so the final weights (a float64 digest per tensor: absolute, per element), the metrics, the sampler
   logprobs and the advantages (relative to max(|reference|, 1)) are compared with a tolerance of 10x the

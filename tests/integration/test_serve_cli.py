@@ -65,11 +65,33 @@ def test_serve_answers_the_openai_client_and_stops_on_sigterm(
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "ASCENT_API_KEY": "s3cret"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ascent", "serve", "--model", str(tiny_model), "--port", str(port),
-         "--max-tokens", "6", "--served-model-name", "tiny", "--log-level", "warning", "--device", "cpu",
-         "--api-processes", api_processes, "--record", str(tmp_path / "served")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "ascent",
+            "serve",
+            "--model",
+            str(tiny_model),
+            "--port",
+            str(port),
+            "--max-tokens",
+            "6",
+            "--served-model-name",
+            "tiny",
+            "--log-level",
+            "warning",
+            "--device",
+            "cpu",
+            "--api-processes",
+            api_processes,
+            "--record",
+            str(tmp_path / "served"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         assert wait_healthy(proc, f"http://127.0.0.1:{port}")["policy_version"] == 0
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="s3cret", max_retries=0, timeout=60)

@@ -71,8 +71,13 @@ def test_pick_warm_start_scans_sft_checkpoints_in_order(tmp_path, tiny_model, ar
     def pick(bar: float) -> subprocess.CompletedProcess:
         script = ROOT / "examples" / "arithmetic" / "pick_warm_start.py"
         args = ["--sft", str(tmp_path / "sft"), "--data", str(arithmetic_data / "train.jsonl")]
-        return subprocess.run([sys.executable, str(script), *args, "--min-accuracy", str(bar), "--prompts", "8"],
-                              capture_output=True, text=True, check=True, timeout=300)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, str(script), *args, "--min-accuracy", str(bar), "--prompts", "8"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        )
 
     first = pick(0.0)
     assert first.stdout.strip() == str(tmp_path / "sft" / "checkpoints" / "iter_000002")
@@ -150,8 +155,14 @@ def test_sft_on_two_trainer_ranks_equals_one(tmp_path, tiny_model, arithmetic_da
     from safetensors.torch import load_file
 
     one = one_rank_sft
-    two = _sft_run(tmp_path, tiny_model, arithmetic_data, "two", sharding=sharding,
-                   cluster={"backend": "ray", "num_trainer_workers": 2, "cpus_per_worker": 0.5})  # fmt: skip
+    two = _sft_run(
+        tmp_path,
+        tiny_model,
+        arithmetic_data,
+        "two",
+        sharding=sharding,
+        cluster={"backend": "ray", "num_trainer_workers": 2, "cpus_per_worker": 0.5},
+    )
     assert one.keys() == two.keys()
     start = load_file(tiny_model / "model.safetensors")
     for name, w in one.items():

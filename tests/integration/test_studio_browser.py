@@ -36,16 +36,23 @@ CHROMIUM_NAMES = ("chromium", "chromium-browser")
 def chromium_path() -> str:
     found = next((p for p in map(shutil.which, CHROMIUM_NAMES) if p), None)
     if found is None:
-        pytest.fail("no Chromium: the studio's browser tests need Debian's `chromium` package; run "
-                    "scripts/test.sh (it installs it) or `apt-get install -y chromium`.")  # fmt: skip
+        pytest.fail(
+            "no Chromium: the studio's browser tests need Debian's `chromium` package; run "
+            "scripts/test.sh (it installs it) or `apt-get install -y chromium`."
+        )
     return found
 
 
 def start_studio(root: Path, *args: str) -> tuple[subprocess.Popen, str]:
     """`ascent studio ROOT --port 0 ...` in a subprocess; returns it and the URL it printed."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "ascent", "studio", str(root), "--port", "0", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ascent", "studio", str(root), "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     lines: queue.Queue[str] = queue.Queue()
     assert proc.stdout is not None
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
@@ -98,8 +105,9 @@ def runs(tmp_path_factory, tiny_model, arithmetic_data) -> Iterator[dict]:
     log = (root.parent / "train.log").open("w")
     sft_log = (root.parent / "sft.log").open("w")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    train = subprocess.Popen([sys.executable, "-m", "ascent", "train", str(config)], stdout=log,
-                             stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    train = subprocess.Popen(
+        [sys.executable, "-m", "ascent", "train", str(config)], stdout=log, stderr=subprocess.STDOUT, env=env
+    )
     sft_proc = subprocess.Popen(
         [sys.executable, "-m", "ascent", "sft", str(sft)], stdout=sft_log, stderr=subprocess.STDOUT, env=env
     )
@@ -161,14 +169,16 @@ def plotted(page, metric: str) -> list[float]:
 def axis_titles(page, metric: str) -> list[str]:
     """[x title, y title] of the chart of `metric`, as drawn (the SVG text, not only the layout asked for)."""
     return page.evaluate(
-        "m => ['xtitle', 'ytitle'].map(c => document.getElementById('plot:' + m).querySelector('.' + c)?.textContent)",
+        "m => ['xtitle', 'ytitle'].map(c => document.getElementById('plot:' + m).querySelector('.' + "
+        "c)?.textContent)",
         metric,
     )
 
 
 def tick_labels(page, metric: str) -> list[str]:
     return page.evaluate(
-        "m => Array.from(document.getElementById('plot:' + m).querySelectorAll('.ytick text'), t => t.textContent)",
+        "m => Array.from(document.getElementById('plot:' + m).querySelectorAll('.ytick text'), t => "
+        "t.textContent)",
         metric,
     )
 
@@ -291,7 +301,8 @@ def test_episode_list_is_newest_first_with_prompts_a_search_and_pages(
     found = re.match(r"1–\d+ of (\d+) matching \(of (\d+)\)", count.inner_text())
     assert found and int(found.group(1)) < int(found.group(2))
     shown = rows.evaluate_all(
-        "els => els.map(e => e.querySelector('.prompt').textContent + e.querySelector('.response').textContent)"
+        "els => els.map(e => e.querySelector('.prompt').textContent + "
+        "e.querySelector('.response').textContent)"
     )
     assert shown and all(term in text for text in shown)
 

@@ -19,8 +19,13 @@ def test_train_logs_to_mlflow_and_wandb_offline(tmp_path, tiny_model, arithmetic
     monkeypatch.setenv("NETRC", str(tmp_path / "no.netrc"))
     store = tmp_path / "mlruns"
     cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=2, val_every=0)
-    cfg["tracking"] |= {"mlflow_uri": str(store), "mlflow_experiment": "tiny", "wandb_project": "tiny",
-                        "wandb_mode": "offline", "log_level": "warning"}  # fmt: skip
+    cfg["tracking"] |= {
+        "mlflow_uri": str(store),
+        "mlflow_experiment": "tiny",
+        "wandb_project": "tiny",
+        "wandb_mode": "offline",
+        "log_level": "warning",
+    }
     ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
     run_dir = tmp_path / "run"
 
@@ -41,8 +46,13 @@ def test_train_logs_to_mlflow_and_wandb_offline(tmp_path, tiny_model, arithmetic
     assert sorted(expected) == [1, 2] and logged == expected
 
     [wandb_file] = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(wandb_file)],
-                         capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(wandb_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     history = [json.loads(x)["history"]["item"] for x in out.splitlines() if '"type":"history"' in x]
     trained = [(h["_step"], h["loss/policy"]) for h in history if "loss/policy" in h]
     assert trained == [(s, pytest.approx(jsonl[s]["loss/policy"], rel=1e-6)) for s in (1, 2)]

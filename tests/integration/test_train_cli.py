@@ -69,8 +69,8 @@ def test_train_ray_backend_same_run_over_either_weight_transport(tmp_path, tiny_
 @pytest.mark.slow
 def test_train_ray_two_sharded_trainer_ranks(tmp_path, tiny_model, arithmetic_data):
     """Two trainer ranks (FSDP2 over gloo) and a rollout actor: the multi-process path of a cluster run. Its
-    mid-run checkpoint holds DCP shards only (checkpoint.hf_weights=last); one trainer rank resumes from it and
-    ends where the two ranks did."""
+    mid-run checkpoint holds DCP shards only (checkpoint.hf_weights=last); one trainer rank resumes from it
+    and ends where the two ranks did."""
     cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=2, val_every=0)
     cfg["cluster"] = {"backend": "ray", "num_trainer_workers": 2, "cpus_per_worker": 0.5}
     cfg["train"]["sharding"] = "fsdp"

@@ -69,7 +69,8 @@ def test_config_show_explain() -> None:
 
 
 def test_config_show_explain_piped_is_one_plain_line_per_field(tmp_path: Path) -> None:
-    """Not a terminal (a pipe, CliRunner): no table, so a long field name is never broken and grep finds it."""
+    """Not a terminal (a pipe, CliRunner): no table, so a long field name is never broken and grep finds
+    it."""
     result = runner.invoke(app, ["config", "show", "--explain"], env={"COLUMNS": "40"})
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
@@ -89,8 +90,8 @@ def test_config_show_explain_looks_fields_up_by_name(tmp_path: Path) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
-        "train.max_tokens_per_micro_batch=1024 *  (default: 8192)  Token budget of one forward pass; sequences "
-        "are packed up to it.",
+        "train.max_tokens_per_micro_batch=1024 *  (default: 8192)  Token budget of one forward pass; "
+        "sequences are packed up to it.",
         "seed=4 *  (default: 0)  Seed of data order, sampling and initialisation.",
     ]
     typo = runner.invoke(app, ["config", "show", "--explain", "max_tokens_per_microbatch"])
@@ -238,8 +239,13 @@ def test_eval_forwards_options_and_prints_metrics(monkeypatch: pytest.MonkeyPatc
     def run_env_eval(*args: Any, **kwargs: Any) -> dict[str, float]:
         raise AssertionError("no --env: the reward path runs")
 
-    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=run_eval, run_env_eval=run_env_eval,
-                run_agent_eval=run_env_eval)  # fmt: skip
+    fake_module(
+        monkeypatch,
+        "ascent.entrypoints.evaluate",
+        run_eval=run_eval,
+        run_env_eval=run_env_eval,
+        run_agent_eval=run_env_eval,
+    )
     args = [
         "eval",
         "--model",
@@ -256,10 +262,20 @@ def test_eval_forwards_options_and_prints_metrics(monkeypatch: pytest.MonkeyPatc
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert seen == {
-        "model": "m", "data": "d.jsonl", "reward": "exact_match", "max_new_tokens": 256, "temperature": 0.7,
-        "samples": 2, "out": None, "max_prompts": 4, "device": "auto", "engine": "reference", "dtype": "fp32",
-        "reward_timeout_s": 30.0, "progress": True,
-    }  # fmt: skip
+        "model": "m",
+        "data": "d.jsonl",
+        "reward": "exact_match",
+        "max_new_tokens": 256,
+        "temperature": 0.7,
+        "samples": 2,
+        "out": None,
+        "max_prompts": 4,
+        "device": "auto",
+        "engine": "reference",
+        "dtype": "fp32",
+        "reward_timeout_s": 30.0,
+        "progress": True,
+    }
     assert "accuracy: 0.2500" in result.stdout and "responses: 8" in result.stdout
 
 
@@ -273,8 +289,13 @@ def test_eval_with_env_plays_episodes(monkeypatch: pytest.MonkeyPatch) -> None:
     def run_eval(**kwargs: Any) -> dict[str, float]:
         raise AssertionError("--env: the episode path runs")
 
-    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=run_eval, run_env_eval=run_env_eval,
-                run_agent_eval=run_eval)  # fmt: skip
+    fake_module(
+        monkeypatch,
+        "ascent.entrypoints.evaluate",
+        run_eval=run_eval,
+        run_env_eval=run_env_eval,
+        run_agent_eval=run_eval,
+    )
     args = ["eval", "--model", "m", "--data", "d.jsonl", "--env", "python_math", "--max-turns", "3"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -293,10 +314,28 @@ def test_eval_with_agent_plays_it_against_the_model(monkeypatch: pytest.MonkeyPa
     def other(*args: Any, **kwargs: Any) -> dict[str, float]:
         raise AssertionError("--agent: the agent path runs")
 
-    fake_module(monkeypatch, "ascent.entrypoints.evaluate", run_eval=other, run_env_eval=other,
-                run_agent_eval=run_agent_eval)  # fmt: skip
-    args = ["eval", "--model", "m", "--data", "d.jsonl", "--agent", "pkg.mod:run", "--agent-timeout-s", "5",
-            "--max-prompt-tokens", "64", "--reward", "format"]  # fmt: skip
+    fake_module(
+        monkeypatch,
+        "ascent.entrypoints.evaluate",
+        run_eval=other,
+        run_env_eval=other,
+        run_agent_eval=run_agent_eval,
+    )
+    args = [
+        "eval",
+        "--model",
+        "m",
+        "--data",
+        "d.jsonl",
+        "--agent",
+        "pkg.mod:run",
+        "--agent-timeout-s",
+        "5",
+        "--max-prompt-tokens",
+        "64",
+        "--reward",
+        "format",
+    ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     got = (

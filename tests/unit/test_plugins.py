@@ -15,7 +15,8 @@ from ascent.plugins import PluginError, add_plugin_root, load_plugin, resolve, s
 
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The current directory holds a user package `plugpkg_t/` (a unique name: sys.modules outlives a test)."""
+    """The current directory holds a user package `plugpkg_t/` (a unique name: sys.modules outlives a
+    test)."""
     pkg = tmp_path / "plugpkg_t"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")

@@ -15,14 +15,90 @@ from typing import Any, Literal
 
 Shape = Literal["ascent", "skyrl"]
 
-FIRST_NAMES = ("Ada", "Bruno", "Clara", "Dario", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kira",
-               "Lars", "Mira", "Nils", "Olga", "Pavel", "Rosa", "Sami", "Tilda", "Umar", "Vera", "Yusuf")  # fmt: skip
-LAST_NAMES = ("Novak", "Berg", "Costa", "Dahl", "Eklund", "Fischer", "Garcia", "Horvat", "Ivanova", "Jensen",
-              "Kowalski", "Lindqvist", "Moreau", "Nagy", "Ortega", "Petrov", "Quist", "Rossi", "Sato", "Tanaka",
-              "Varga", "Weber", "Yilmaz", "Zeman")  # fmt: skip
-SYLLABLES = ("al", "bar", "bel", "cor", "dal", "dor", "el", "fen", "gal", "hal", "ith", "kal", "kor", "lan",
-             "mir", "mor", "nar", "ol", "qua", "ras", "ril", "sel", "tar", "thal", "ush", "val", "ven", "vor",
-             "wen", "yr", "zan", "zor")  # fmt: skip
+FIRST_NAMES = (
+    "Ada",
+    "Bruno",
+    "Clara",
+    "Dario",
+    "Elena",
+    "Farid",
+    "Greta",
+    "Hugo",
+    "Ines",
+    "Jonas",
+    "Kira",
+    "Lars",
+    "Mira",
+    "Nils",
+    "Olga",
+    "Pavel",
+    "Rosa",
+    "Sami",
+    "Tilda",
+    "Umar",
+    "Vera",
+    "Yusuf",
+)
+LAST_NAMES = (
+    "Novak",
+    "Berg",
+    "Costa",
+    "Dahl",
+    "Eklund",
+    "Fischer",
+    "Garcia",
+    "Horvat",
+    "Ivanova",
+    "Jensen",
+    "Kowalski",
+    "Lindqvist",
+    "Moreau",
+    "Nagy",
+    "Ortega",
+    "Petrov",
+    "Quist",
+    "Rossi",
+    "Sato",
+    "Tanaka",
+    "Varga",
+    "Weber",
+    "Yilmaz",
+    "Zeman",
+)
+SYLLABLES = (
+    "al",
+    "bar",
+    "bel",
+    "cor",
+    "dal",
+    "dor",
+    "el",
+    "fen",
+    "gal",
+    "hal",
+    "ith",
+    "kal",
+    "kor",
+    "lan",
+    "mir",
+    "mor",
+    "nar",
+    "ol",
+    "qua",
+    "ras",
+    "ril",
+    "sel",
+    "tar",
+    "thal",
+    "ush",
+    "val",
+    "ven",
+    "vor",
+    "wen",
+    "yr",
+    "zan",
+    "zor",
+)
 
 
 def made_up_names(rng: random.Random, n: int, avoid: Iterable[str] = ()) -> list[str]:
@@ -114,10 +190,15 @@ def main(make: Callable[..., Path], description: str, argv: Sequence[str] | None
     parser.add_argument("--rows", type=int, default=400, help="training rows (default 400)")
     parser.add_argument("--val", type=int, default=None, help="validation rows (default: a tenth of --rows)")
     parser.add_argument("--seed", type=int, default=0, help="the seed of everything drawn (default 0)")
-    parser.add_argument("--shape", choices=("ascent", "skyrl"), default="ascent",
-                        help="row shape: ascent's flat columns, or SkyRL-gym's (env_class, reward_spec)")  # fmt: skip
+    parser.add_argument(
+        "--shape",
+        choices=("ascent", "skyrl"),
+        default="ascent",
+        help="row shape: ascent's flat columns, or SkyRL-gym's (env_class, reward_spec)",
+    )
     args = parser.parse_args(argv)
     rows = make(args.out, args.rows, args.seed, n_val=args.val, shape=args.shape)
     print(
-        f"wrote {rows} and {rows.with_name('val.jsonl')} ({args.rows} + {n_val_rows(args.rows, args.val)} rows)"
+        f"wrote {rows} and {rows.with_name('val.jsonl')} ({args.rows} + {n_val_rows(args.rows, args.val)} "
+        "rows)"
     )

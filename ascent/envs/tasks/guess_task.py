@@ -21,8 +21,13 @@ SPANS = (10, 20, 50, 100)  # how many numbers a range holds
 def _row(rng: random.Random) -> dict[str, Any]:
     span = rng.choice(SPANS)
     low = rng.choice((0, 1, rng.randint(0, 900)))
-    row = {"answer": rng.randint(low, low + span - 1), "low": low, "high": low + span - 1,
-           "max_guesses": span.bit_length() + 1, "env": "guess_number"}  # fmt: skip
+    row = {
+        "answer": rng.randint(low, low + span - 1),
+        "low": low,
+        "high": low + span - 1,
+        "max_guesses": span.bit_length() + 1,
+        "env": "guess_number",
+    }
     (first,) = GuessNumber().reset(row)  # the prompt the game starts with, for readers and SkyRL's shape
     return {"prompt": first["content"], **row}
 

@@ -39,8 +39,20 @@ from ascent.envs.tasks.common import (
 from ascent.envs.tools import SearchIndex, ToolResult, function_tool
 
 N_COUNTRIES, N_CITIES, N_RIVERS, N_MOUNTAINS, N_PEOPLE = 10, 60, 30, 20, 60
-OCCUPATIONS = ("painter", "astronomer", "composer", "sculptor", "engineer", "poet", "cartographer", "physician",
-               "architect", "botanist", "weaver", "historian")  # fmt: skip
+OCCUPATIONS = (
+    "painter",
+    "astronomer",
+    "composer",
+    "sculptor",
+    "engineer",
+    "poet",
+    "cartographer",
+    "physician",
+    "architect",
+    "botanist",
+    "weaver",
+    "historian",
+)
 DOCS = {
     "country": "{name} is a country whose capital is {capital}. Its currency is the {currency}.",
     "city": "{name} is a city in {country}. It was founded in {founded} and has {population:,} inhabitants.",
@@ -60,15 +72,36 @@ QUESTIONS = (
     ("mountain", "mountain_height", "How high is {name}, in metres?", "height", None),
     ("country", "country_capital", "What is the capital of {name}?", "capital", None),
     ("country", "country_currency", "What is the currency of {name}?", "currency", None),
-    ("river", "river_country", "In which country is the city that the river {name} flows through?", "country",
-     "city"),
-    ("river", "river_city_population", "How many inhabitants does the city on the river {name} have?",
-     "population", "city"),
+    (
+        "river",
+        "river_country",
+        "In which country is the city that the river {name} flows through?",
+        "country",
+        "city",
+    ),
+    (
+        "river",
+        "river_city_population",
+        "How many inhabitants does the city on the river {name} have?",
+        "population",
+        "city",
+    ),
     ("person", "person_country", "In which country was {name} born?", "country", "city"),
-    ("person", "person_city_founded", "In what year was the birthplace of {name} founded?", "founded", "city"),
-    ("mountain", "mountain_capital", "What is the capital of the country where {name} rises?", "capital",
-     "country"),
-)  # fmt: skip
+    (
+        "person",
+        "person_city_founded",
+        "In what year was the birthplace of {name} founded?",
+        "founded",
+        "city",
+    ),
+    (
+        "mountain",
+        "mountain_capital",
+        "What is the capital of the country where {name} rises?",
+        "capital",
+        "country",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -90,10 +123,18 @@ def make_world(rng: random.Random) -> dict[str, Entity]:
     avoid = "".join(c if c.isalnum() else " " for c in vocabulary).split()
     names = iter(made_up_names(rng, N_COUNTRIES * 2 + N_CITIES + N_RIVERS + N_MOUNTAINS, avoid))
     countries = [next(names) for _ in range(N_COUNTRIES)]
-    cities = [Entity("city", next(names), {"country": countries[i] if i < N_COUNTRIES else rng.choice(countries),
-                                           "founded": rng.randint(800, 1900),
-                                           "population": 100 * rng.randint(50, 9000)})
-              for i in range(N_CITIES)]  # fmt: skip
+    cities = [
+        Entity(
+            "city",
+            next(names),
+            {
+                "country": countries[i] if i < N_COUNTRIES else rng.choice(countries),
+                "founded": rng.randint(800, 1900),
+                "population": 100 * rng.randint(50, 9000),
+            },
+        )
+        for i in range(N_CITIES)
+    ]
     world = {c.name: c for c in cities}
     for country in countries:
         capital = rng.choice([c.name for c in cities if c.attrs["country"] == country])
@@ -109,8 +150,12 @@ def make_world(rng: random.Random) -> dict[str, Entity]:
         world[mountain] = Entity("mountain", mountain, attrs)
     for person in person_names(rng, N_PEOPLE):
         job = rng.choice(OCCUPATIONS)
-        attrs = {"occupation": job, "article": "an" if job[0] in "aeiou" else "a",
-                 "city": rng.choice(cities).name, "born": rng.randint(1700, 1990)}  # fmt: skip
+        attrs = {
+            "occupation": job,
+            "article": "an" if job[0] in "aeiou" else "a",
+            "city": rng.choice(cities).name,
+            "born": rng.randint(1700, 1990),
+        }
         world[person] = Entity("person", person, attrs)
     return world
 
@@ -170,7 +215,8 @@ class SearchQa(ToolEnv):
         path = Path(str(row_field(row, "index_path")))
         if not path.is_file():
             raise FileNotFoundError(
-                f"index_path {str(path)!r}: no such index (write one: python -m ascent.envs.tasks.search_task OUT)"
+                f"index_path {str(path)!r}: no such index (write one: python -m "
+                "ascent.envs.tasks.search_task OUT)"
             )
         self.index = SearchIndex(path)
         return super().reset(row)

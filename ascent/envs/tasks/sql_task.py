@@ -37,8 +37,20 @@ CATEGORIES = {
     "sports": ("Ball", "Racket", "Helmet", "Bottle", "Glove", "Mat"),
 }
 ADJECTIVES = ("Copper", "Blue", "Classic", "Compact", "Deluxe", "Tiny", "Sturdy", "Bright", "Silver", "Green")
-MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-          "November", "December")  # fmt: skip
+MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 STATUSES, STATUS_WEIGHTS = ("delivered", "shipped", "cancelled"), (7, 2, 1)
 N_CUSTOMERS, N_PRODUCTS, N_ORDERS = 80, 30, 600
 
@@ -85,40 +97,86 @@ def _months(shop: Shop) -> list[dict[str, str]]:
 
 
 TEMPLATES = (
-    Template("customers_in_city", 1, "How many customers live in {city}?",
-             "SELECT COUNT(*) FROM customers WHERE city = {city}", _each("city", lambda s: s.cities)),
-    Template("product_price", 1, "What is the price of the product {product}?",
-             "SELECT price FROM products WHERE name = {product}", _each("product", lambda s: s.products)),
-    Template("orders_of_customer", 2, "How many orders did the customer {customer} place?",
-             f"SELECT COUNT(*) FROM {_BY_CUSTOMER} WHERE customers.name = {{customer}}",
-             _each("customer", lambda s: s.customers)),
-    Template("units_of_product", 2, "How many units of {product} were ordered in total?",
-             f"SELECT COALESCE(SUM(orders.quantity), 0) FROM {_BY_PRODUCT} WHERE products.name = {{product}}",
-             _each("product", lambda s: s.products)),
-    Template("cancelled_in_month", 2, "How many orders placed in {month} 2024 were cancelled?",
-             "SELECT COUNT(*) FROM orders WHERE status = 'cancelled' AND strftime('%m', order_date) = {mm}",
-             _months),
-    Template("product_orders_from_city", 2, "How many orders of {product} came from customers living in {city}?",
-             f"SELECT COUNT(*) FROM {_BY_CUSTOMER} JOIN products ON products.id = orders.product_id "
-             "WHERE products.name = {product} AND customers.city = {city}",
-             lambda s: [{"product": p, "city": c} for p in s.products for c in s.cities]),
-    Template("revenue_in_month", 3, f"What is the total price of the orders placed in {{month}} 2024, {_PRICE}?",
-             f"SELECT ROUND(COALESCE(SUM(orders.quantity * products.price), 0), 2) FROM {_BY_PRODUCT} "
-             "WHERE strftime('%m', orders.order_date) = {mm} AND orders.status != 'cancelled'", _months),
-    Template("spent_by_customer", 3, f"How much did the customer {{customer}} spend in total, {_PRICE}?",
-             f"SELECT ROUND(COALESCE(SUM(orders.quantity * products.price), 0), 2) FROM {_BY_CUSTOMER} "
-             "JOIN products ON products.id = orders.product_id "
-             "WHERE customers.name = {customer} AND orders.status != 'cancelled'",
-             _each("customer", lambda s: s.customers)),
-    Template("top_customer_in_category", 3, "Which customer bought the most units of {category} products?",
-             f"SELECT customers.name, SUM(orders.quantity) AS units FROM {_BY_CUSTOMER} JOIN products ON "
-             "products.id = orders.product_id WHERE products.category = {category} GROUP BY customers.id "
-             "ORDER BY units DESC", _each("category", lambda s: s.categories), ranked=True),
-    Template("top_product_in_month", 3, "Which product sold the most units in {month} 2024?",
-             f"SELECT products.name, SUM(orders.quantity) AS units FROM {_BY_PRODUCT} WHERE "
-             "strftime('%m', orders.order_date) = {mm} GROUP BY products.id ORDER BY units DESC",
-             _months, ranked=True),
-)  # fmt: skip
+    Template(
+        "customers_in_city",
+        1,
+        "How many customers live in {city}?",
+        "SELECT COUNT(*) FROM customers WHERE city = {city}",
+        _each("city", lambda s: s.cities),
+    ),
+    Template(
+        "product_price",
+        1,
+        "What is the price of the product {product}?",
+        "SELECT price FROM products WHERE name = {product}",
+        _each("product", lambda s: s.products),
+    ),
+    Template(
+        "orders_of_customer",
+        2,
+        "How many orders did the customer {customer} place?",
+        f"SELECT COUNT(*) FROM {_BY_CUSTOMER} WHERE customers.name = {{customer}}",
+        _each("customer", lambda s: s.customers),
+    ),
+    Template(
+        "units_of_product",
+        2,
+        "How many units of {product} were ordered in total?",
+        f"SELECT COALESCE(SUM(orders.quantity), 0) FROM {_BY_PRODUCT} WHERE products.name = {{product}}",
+        _each("product", lambda s: s.products),
+    ),
+    Template(
+        "cancelled_in_month",
+        2,
+        "How many orders placed in {month} 2024 were cancelled?",
+        "SELECT COUNT(*) FROM orders WHERE status = 'cancelled' AND strftime('%m', order_date) = {mm}",
+        _months,
+    ),
+    Template(
+        "product_orders_from_city",
+        2,
+        "How many orders of {product} came from customers living in {city}?",
+        f"SELECT COUNT(*) FROM {_BY_CUSTOMER} JOIN products ON products.id = orders.product_id "
+        "WHERE products.name = {product} AND customers.city = {city}",
+        lambda s: [{"product": p, "city": c} for p in s.products for c in s.cities],
+    ),
+    Template(
+        "revenue_in_month",
+        3,
+        f"What is the total price of the orders placed in {{month}} 2024, {_PRICE}?",
+        f"SELECT ROUND(COALESCE(SUM(orders.quantity * products.price), 0), 2) FROM {_BY_PRODUCT} "
+        "WHERE strftime('%m', orders.order_date) = {mm} AND orders.status != 'cancelled'",
+        _months,
+    ),
+    Template(
+        "spent_by_customer",
+        3,
+        f"How much did the customer {{customer}} spend in total, {_PRICE}?",
+        f"SELECT ROUND(COALESCE(SUM(orders.quantity * products.price), 0), 2) FROM {_BY_CUSTOMER} "
+        "JOIN products ON products.id = orders.product_id "
+        "WHERE customers.name = {customer} AND orders.status != 'cancelled'",
+        _each("customer", lambda s: s.customers),
+    ),
+    Template(
+        "top_customer_in_category",
+        3,
+        "Which customer bought the most units of {category} products?",
+        f"SELECT customers.name, SUM(orders.quantity) AS units FROM {_BY_CUSTOMER} JOIN products ON "
+        "products.id = orders.product_id WHERE products.category = {category} GROUP BY customers.id "
+        "ORDER BY units DESC",
+        _each("category", lambda s: s.categories),
+        ranked=True,
+    ),
+    Template(
+        "top_product_in_month",
+        3,
+        "Which product sold the most units in {month} 2024?",
+        f"SELECT products.name, SUM(orders.quantity) AS units FROM {_BY_PRODUCT} WHERE "
+        "strftime('%m', orders.order_date) = {mm} GROUP BY products.id ORDER BY units DESC",
+        _months,
+        ranked=True,
+    ),
+)
 
 
 def make_shop(path: Path, rng: random.Random) -> Shop:
@@ -130,16 +188,34 @@ def make_shop(path: Path, rng: random.Random) -> Shop:
     with sqlite3.connect(path) as conn:
         for statement in SCHEMA:
             conn.execute(statement)
-        conn.executemany("INSERT INTO customers VALUES (?, ?, ?, ?)", [
-            (i + 1, name, rng.choice(CITIES), str(date(2023, 1, 1) + timedelta(rng.randrange(365))))
-            for i, name in enumerate(customers)])  # fmt: skip
-        conn.executemany("INSERT INTO products VALUES (?, ?, ?, ?)", [
-            (i + 1, f"{a} {noun}", cat, round(rng.uniform(2, 150), 2)) for i, (a, noun, cat) in enumerate(products)
-        ])  # fmt: skip
-        conn.executemany("INSERT INTO orders VALUES (?, ?, ?, ?, ?, ?)", [
-            (i + 1, rng.randint(1, N_CUSTOMERS), rng.randint(1, N_PRODUCTS), rng.randint(1, 5),
-             str(date(2024, 1, 1) + timedelta(rng.randrange(366))), rng.choices(STATUSES, STATUS_WEIGHTS)[0])
-            for i in range(N_ORDERS)])  # fmt: skip
+        conn.executemany(
+            "INSERT INTO customers VALUES (?, ?, ?, ?)",
+            [
+                (i + 1, name, rng.choice(CITIES), str(date(2023, 1, 1) + timedelta(rng.randrange(365))))
+                for i, name in enumerate(customers)
+            ],
+        )
+        conn.executemany(
+            "INSERT INTO products VALUES (?, ?, ?, ?)",
+            [
+                (i + 1, f"{a} {noun}", cat, round(rng.uniform(2, 150), 2))
+                for i, (a, noun, cat) in enumerate(products)
+            ],
+        )
+        conn.executemany(
+            "INSERT INTO orders VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    i + 1,
+                    rng.randint(1, N_CUSTOMERS),
+                    rng.randint(1, N_PRODUCTS),
+                    rng.randint(1, 5),
+                    str(date(2024, 1, 1) + timedelta(rng.randrange(366))),
+                    rng.choices(STATUSES, STATUS_WEIGHTS)[0],
+                )
+                for i in range(N_ORDERS)
+            ],
+        )
     conn.close()
     return Shop(sorted(CITIES), customers, [f"{a} {noun}" for a, noun, _ in products], sorted(CATEGORIES))
 
@@ -209,7 +285,8 @@ class TextToSql(ToolEnv):
         self.db = Path(str(row_field(row, "db_path")))
         if not self.db.is_file():
             raise FileNotFoundError(
-                f"db_path {str(self.db)!r}: no such database (write one: python -m ascent.envs.tasks.sql_task OUT)"
+                f"db_path {str(self.db)!r}: no such database (write one: python -m "
+                "ascent.envs.tasks.sql_task OUT)"
             )
         return super().reset(row)
 

@@ -1,4 +1,5 @@
-"""The walls around the Python tool's code (design: "Environments and tools"): one bubblewrap sandbox per call.
+"""The walls around the Python tool's code (design: "Environments and tools"): one bubblewrap sandbox per
+call.
 
 `sandbox_command(argv, ...)` wraps a command so that it runs in namespaces of its own: a mount namespace whose
 root holds only /usr (read-only, with the /lib, /bin symlinks of a merged-/usr system), the interpreter's own
@@ -13,9 +14,10 @@ namespace, so a process limit set inside binds each call on its own: a fork bomb
 
 As an ordinary user, one unprivileged `bwrap` does all of it. As root, `bwrap` would map the sandbox's uid to
 root, which the kernel exempts from RLIMIT_NPROC, and a uid other than root could not read an interpreter
-under /root: so root's `bwrap` builds the mounts and the PID, network, IPC and UTS namespaces, keeping only the
-capabilities to change uid, then util-linux's `setpriv` hands the code to uid 65534 (no groups, NoNewPrivs)
-and `unshare` gives it the user namespace of its own, before a second `setpriv` empties the bounding set.
+under /root: so root's `bwrap` builds the mounts and the PID, network, IPC and UTS namespaces, keeping only
+the capabilities to change uid, then util-linux's `setpriv` hands the code to uid 65534 (no groups,
+NoNewPrivs) and `unshare` gives it the user namespace of its own, before a second `setpriv` empties the
+bounding set.
 
 Why bubblewrap (Debian's `bubblewrap`, installed by scripts/install_bubblewrap.sh): it is in Debian, takes
 plain arguments (no config language, unlike nsjail), is what Flatpak runs every app in, works unprivileged on
@@ -153,8 +155,8 @@ def check_sandbox(isolated: bool) -> None:
         )
     if missing:
         raise SandboxUnavailableError(
-            f"the Python tool's sandbox needs util-linux's {', '.join(missing)} (limits, the change of user): "
-            "install util-linux (apt-get install util-linux)."
+            f"the Python tool's sandbox needs util-linux's {', '.join(missing)} (limits, the change of "
+            "user): install util-linux (apt-get install util-linux)."
         )
     argv = ["prlimit", "--nproc=16", "--", interpreter(), "-I", "-S", "-c", "pass"]
     seccomp = seccomp_pipe()
@@ -170,9 +172,9 @@ def check_sandbox(isolated: bool) -> None:
         os.close(seccomp)
     if problem:
         raise SandboxUnavailableError(
-            f"the Python tool cannot build its sandbox here: `bwrap` said {problem.splitlines()[-1]!r}. It needs "
-            "bubblewrap 0.8 or newer (`bwrap --version`) and user namespaces: allow them (sysctl "
-            "kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; in a container, a seccomp or "
-            f"AppArmor profile that permits them), and the interpreter {interpreter()} readable by uid "
+            f"the Python tool cannot build its sandbox here: `bwrap` said {problem.splitlines()[-1]!r}. It "
+            "needs bubblewrap 0.8 or newer (`bwrap --version`) and user namespaces: allow them (sysctl "
+            "kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0; in a container, a seccomp "
+            f"or AppArmor profile that permits them), and the interpreter {interpreter()} readable by uid "
             f"{SANDBOX_UID}."
         )

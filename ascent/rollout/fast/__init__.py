@@ -3,8 +3,8 @@
 Map: spec.py (architecture facts, read by the model's family in ascent/models/families) -> weights.py
 (shared or owned tensors; IMPLEMENTATIONS, the layouts a family names) -> layers.py / attention.py /
 triton_decode.py (math) -> runner.py (prefill, decode step) -> graphs.py (CUDA graphs) -> engine.py (the
-loop); pages.py, scheduler.py, sequence.py, state.py and live.py are its bookkeeping, swap.py hands the weights
-to publications between decode steps. `build_fast_engine` is the
+engine's API) and batching.py (its loop); pages.py, scheduler.py, sequence.py, state.py and live.py are its
+bookkeeping, swap.py hands the weights to publications between decode steps. `build_fast_engine` is the
 builder registered as `ENGINES["fast"]`. On CPU the same engine runs eagerly (slowly) for the tests.
 """
 
@@ -145,9 +145,17 @@ def build_fast_engine(
     fast_default = "triton" if on_cuda and _has_triton() else "torch"
     attention, sampler = attention or fast_default, sampler or fast_default
     rope = rope_tables(config, spec, max_len, weights.embed.dtype, dev)  # the residual stream's dtype
-    runner = ModelRunner(spec, weights, cache, rope, max_len,
-                         attention=attention, compile=on_cuda if compile is None else compile,
-                         attn_options=attn_options, sampler=sampler)  # fmt: skip
+    runner = ModelRunner(
+        spec,
+        weights,
+        cache,
+        rope,
+        max_len,
+        attention=attention,
+        compile=on_cuda if compile is None else compile,
+        attn_options=attn_options,
+        sampler=sampler,
+    )
     use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
     return FastEngine(
         runner,
@@ -169,8 +177,10 @@ def _max_len(spec: Any, max_model_len: int | None) -> int:
     """The engine's context: max_model_len or the model's; refused past a sliding window (not supported)."""
     max_len = int(max_model_len or spec.max_position_embeddings)
     if spec.sliding_window is not None and spec.sliding_window < max_len:
-        raise ValueError(f"sliding_window={spec.sliding_window} < max_model_len={max_len}: the fast engine has "
-                         "no sliding-window attention; set max_model_len <= the window.")  # fmt: skip
+        raise ValueError(
+            f"sliding_window={spec.sliding_window} < max_model_len={max_len}: the fast engine has "
+            "no sliding-window attention; set max_model_len <= the window."
+        )
     return max_len
 
 
@@ -178,8 +188,12 @@ def _debug_overrides(cuda_graphs: Any, compile: Any, attention: Any, sampler: An
     """ASCENT_FAST_ENGINE='{"cuda_graphs": false, "compile": false, "attention": "torch", "sampler": "torch"}'
     switches engine parts off for a whole run, to locate a problem (BENCHMARKS.md, logprob agreement)."""
     o = json.loads(os.environ.get("ASCENT_FAST_ENGINE", "{}"))
-    return (o.get("cuda_graphs", cuda_graphs), o.get("compile", compile), o.get("attention", attention),
-            o.get("sampler", sampler))  # fmt: skip
+    return (
+        o.get("cuda_graphs", cuda_graphs),
+        o.get("compile", compile),
+        o.get("attention", attention),
+        o.get("sampler", sampler),
+    )
 
 
 def _on_swap(value: str) -> Literal["continue", "restart"]:

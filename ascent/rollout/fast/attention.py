@@ -3,7 +3,8 @@
 - `slots_for(block_tables, positions, page_size)`: token positions -> cache slots.
 - `prefill_attention`: prompt tokens, padded [B, Lq]. Fresh prompts use SDPA's causal path directly on the
   new K/V (grouped-query via enable_gqa, no K/V repeat). Rows that continue a cached prefix read their K/V
-  back from the cache with an explicit mask (the CPU path; on CUDA triton_prefill.py reads the cache in place).
+  back from the cache with an explicit mask (the CPU path; on CUDA triton_prefill.py reads the cache in
+  place).
 - `decode_attention_torch`: one query per row against its cached context, for CPU and as a fallback.
 The Triton kernel (triton_decode.py) reads each KV head once for its whole group of query heads and only up
 to each row's context length.

@@ -34,9 +34,10 @@ def pages_for_budget(
     pages = budget // page_bytes
     if pages < 2:
         raise ValueError(
-            f"rollout gpu_memory_fraction={gpu_memory_fraction}: {gpu_memory_fraction * total / 2**30:.1f} GiB "
-            f"minus {used / 2**30:.1f} GiB already allocated and a {reserve_bytes / 2**30:.1f} GiB activation "
-            "reserve leaves no room for the KV cache; raise gpu_memory_fraction or lower max_batch_size."
+            f"rollout gpu_memory_fraction={gpu_memory_fraction}: {gpu_memory_fraction * total / 2**30:.1f} "
+            f"GiB minus {used / 2**30:.1f} GiB already allocated and a {reserve_bytes / 2**30:.1f} GiB "
+            "activation reserve leaves no room for the KV cache; raise gpu_memory_fraction or lower "
+            "max_batch_size."
         )
     return int(pages)
 

@@ -52,5 +52,9 @@ class LiveCall:
 def fits(flags: Flags, p: Any) -> bool:
     """Whether a request with sampling params `p` can join a call whose graphs were captured for `flags`."""
     need = Flags.of([p])
-    return ((flags.top_k_top_p or not need.top_k_top_p) and (flags.min_p or not need.min_p)
-            and (flags.penalty or not need.penalty) and (need.all_greedy or not flags.all_greedy))  # fmt: skip
+    return (
+        (flags.top_k_top_p or not need.top_k_top_p)
+        and (flags.min_p or not need.min_p)
+        and (flags.penalty or not need.penalty)
+        and (need.all_greedy or not flags.all_greedy)
+    )

@@ -1,9 +1,10 @@
 """Forward passes of the fast engine: batched prompt prefill and one decode step, over the paged cache.
 
 `ModelRunner` strings the layer math (layers.py), the cache writes (kv_cache.py) and attention
-(attention.py / triton_decode.py / triton_prefill.py) together. With `compile=True` the three per-token pieces (attention
-input, attention output + MLP, head + sampling) go through `torch.compile`; the same compiled code serves
-every layer, since weights are arguments. The decode step makes no host sync, so graphs.py can capture it.
+(attention.py / triton_decode.py / triton_prefill.py) together. With `compile=True` the three per-token
+pieces (attention input, attention output + MLP, head + sampling) go through `torch.compile`; the same
+compiled code serves every layer, since weights are arguments. The decode step makes no host sync, so
+graphs.py can capture it.
 """
 
 from __future__ import annotations
@@ -96,8 +97,13 @@ class ModelRunner:
             return self.sample_first(torch.cat([hidden, hidden]), [0, 1], seqs * 2, flags)[:1]
         dev = self.cache.device
         st = SamplingTensors.from_params([s.params for s in seqs], [s.seed for s in seqs], dev)
-        st = dataclasses.replace(st, use_top_k_top_p=flags.top_k_top_p, use_min_p=flags.min_p,
-                                 use_penalty=flags.penalty, all_greedy=flags.all_greedy)  # fmt: skip
+        st = dataclasses.replace(
+            st,
+            use_top_k_top_p=flags.top_k_top_p,
+            use_min_p=flags.min_p,
+            use_penalty=flags.penalty,
+            all_greedy=flags.all_greedy,
+        )
         seen = None
         if flags.penalty:
             width = max(len(s.prompt) for s in seqs)
@@ -155,11 +161,20 @@ class ModelRunner:
                 k_all, v_all = self.cache.tensors()
                 cached = (k_all[i], v_all[i], bt, start_t, lk)
             if paged:  # continues cached prefixes: the paged kernel reads the history in place
-                out = paged_prefill_attention(q.view(b, lq, nh, d), k_all[i], v_all[i], bt, starts32,
-                                              lens32, self.scale, **self.prefill_options)  # fmt: skip
+                out = paged_prefill_attention(
+                    q.view(b, lq, nh, d),
+                    k_all[i],
+                    v_all[i],
+                    bt,
+                    starts32,
+                    lens32,
+                    self.scale,
+                    **self.prefill_options,
+                )
             else:
-                out = prefill_attention(q.view(b, lq, nh, d), k.view(b, lq, kvh, d), v.view(b, lq, kvh, d),
-                                        self.scale, cached)  # fmt: skip
+                out = prefill_attention(
+                    q.view(b, lq, nh, d), k.view(b, lq, kvh, d), v.view(b, lq, kvh, d), self.scale, cached
+                )
             # a fresh tensor, not a view: a view's base has b rows, and b = 1 (one prompt) would make
             # torch.compile build new graphs mid-run (it specializes sizes 0 and 1)
             return out.reshape(b * lq, nh * d).clone()
@@ -185,7 +200,8 @@ class ModelRunner:
         """One decode step over rows [0, b) of `st`: writes st.out_tokens/out_logprobs and advances st.
 
         Idle rows (active 0) have context 0: the Triton kernel skips them; the torch path writes their K/V
-        to the trash page through their all-zero block table. `max_len` bounds the context the torch attention reads (default max_model_len, as a graph needs).
+        to the trash page through their all-zero block table. `max_len` bounds the context the torch
+        attention reads (default max_model_len, as a graph needs).
         """
         pos = st.positions[:b].clamp(max=self.max_len - 1)
         bt = st.block_tables[:b]

@@ -67,7 +67,8 @@ class Scheduler:
         return True
 
     def _reuse(self, entry: CachedSequence | None, m: int) -> tuple[list[int], list[tuple[int, int]]]:
-        """Pages of a cached prefix of m tokens -> (kept pages, [(shared boundary page, -1)] if it needs a copy)."""
+        """Pages of a cached prefix of m tokens -> (kept pages, [(shared boundary page, -1)] if it needs a
+        copy)."""
         if entry is None or m == 0:
             if entry is not None:
                 self.alloc.release_all(entry.pages)
@@ -110,7 +111,8 @@ class Scheduler:
         return Admission(seqs=group, pages=pages, reuse=m, copies=copies)
 
     def new_tokens(self, seq: Sequence) -> int:
-        """Prompt tokens of `seq` that admitting it now would compute (those after a cached session prefix)."""
+        """Prompt tokens of `seq` that admitting it now would compute (those after a cached session
+        prefix)."""
         found = self.sessions.peek(seq.session_id, seq.prompt)
         return len(seq.prompt) - (found[1] if found else 0)
 

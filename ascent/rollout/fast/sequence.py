@@ -52,8 +52,13 @@ class Sequence:
     def generation(self, stamped: bool = True) -> Generation:
         """The sequence as a Generation; `stamped=False` leaves token_versions empty (no version known)."""
         versions = list(self.versions) if stamped else []
-        return Generation(list(self.tokens), list(self.logprobs), self.finish or "abort", versions,
-                          cached_tokens=self.cached)  # fmt: skip
+        return Generation(
+            list(self.tokens),
+            list(self.logprobs),
+            self.finish or "abort",
+            versions,
+            cached_tokens=self.cached,
+        )
 
     def restart(self) -> None:
         """Forget everything sampled (pages and reservation already returned): ready to be admitted again."""
@@ -124,16 +129,20 @@ def expand_requests(
         if not req.prompt_ids:
             raise ValueError(f"request {req.request_id}: prompt_ids is empty; give at least one token.")
         if p.stop_strings and not can_decode:
-            raise ValueError(f"request {req.request_id}: stop_strings need a decode callable; build the "
-                             "engine with decode=tokenizer.decode (or a tokenizer_path).")  # fmt: skip
+            raise ValueError(
+                f"request {req.request_id}: stop_strings need a decode callable; build the "
+                "engine with decode=tokenizer.decode (or a tokenizer_path)."
+            )
         max_new = min(p.max_new_tokens, max_model_len - len(req.prompt_ids))
         if max_new <= 0:
             out[pos] = [Generation([], [], "length") for _ in range(p.n)]
             continue
         stop_ids = eos | frozenset(p.stop_token_ids)
         seeds = [split_seed(p.seed, i) if p.seed is not None else fresh_seed() for i in range(p.n)]
-        groups.append([
-            Sequence(pos, i, list(req.prompt_ids), p, seeds[i], max_new, stop_ids, req.session_id)
-            for i in range(p.n)
-        ])  # fmt: skip
+        groups.append(
+            [
+                Sequence(pos, i, list(req.prompt_ids), p, seeds[i], max_new, stop_ids, req.session_id)
+                for i in range(p.n)
+            ]
+        )
     return groups

@@ -40,7 +40,8 @@ def engine_family(config: Any) -> Family:
 
 
 def spec_from_config(config: Any) -> ModelSpec:
-    """A transformers config -> ModelSpec, read by its model family; raises for what the engine does not run."""
+    """A transformers config -> ModelSpec, read by its model family; raises for what the engine does not
+    run."""
     spec = engine_family(config).spec
     assert spec is not None  # engine_family checked it
     return spec(config)

@@ -181,10 +181,12 @@ class HostOutputs:
         pin = device.type == "cuda"
         self.cuda = pin
         self.buffers = [
-            (torch.empty(rows, dtype=torch.long, pin_memory=pin),
-             torch.empty(rows, dtype=torch.float32, pin_memory=pin))
+            (
+                torch.empty(rows, dtype=torch.long, pin_memory=pin),
+                torch.empty(rows, dtype=torch.float32, pin_memory=pin),
+            )
             for _ in range(3)
-        ]  # fmt: skip
+        ]
         self.next = 0
 
     def copy(self, state: DecodeState, b: int) -> tuple[Tensor, Tensor, torch.cuda.Event | None]:

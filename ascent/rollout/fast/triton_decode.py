@@ -22,12 +22,41 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _split_kernel(
-    Q, K, V, KN, VN, BT, CTX, OP, LP, OUT, qk_scale,
-    stride_qb, stride_qh, stride_kp, stride_kh, stride_kb, stride_khn, stride_vb, stride_vhn, stride_bt,
-    stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_xb, stride_xh,
-    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, WRITE: tl.constexpr,
-):  # fmt: skip
+    Q,
+    K,
+    V,
+    KN,
+    VN,
+    BT,
+    CTX,
+    OP,
+    LP,
+    OUT,
+    qk_scale,
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_kh,
+    stride_kb,
+    stride_khn,
+    stride_vb,
+    stride_vhn,
+    stride_bt,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
+    stride_xb,
+    stride_xh,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    WRITE: tl.constexpr,
+):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -84,9 +113,20 @@ def _split_kernel(
 
 @triton.jit
 def _combine_kernel(
-    OP, LP, OUT, stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_xb, stride_xh,
-    SPLITS: tl.constexpr, S_PAD: tl.constexpr, D: tl.constexpr,
-):  # fmt: skip
+    OP,
+    LP,
+    OUT,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
+    stride_xb,
+    stride_xh,
+    SPLITS: tl.constexpr,
+    S_PAD: tl.constexpr,
+    D: tl.constexpr,
+):
     b = tl.program_id(0)
     hq = tl.program_id(1)
     offs_s = tl.arange(0, S_PAD)
@@ -142,16 +182,63 @@ def paged_decode_attention(
     assert kn.stride(-1) == 1 and vn.stride(-1) == 1
     extra = {} if num_stages is None else {"num_stages": num_stages}
     _split_kernel[(b, kvh, splits)](
-        q, k_cache, v_cache, kn, vn, block_tables, context_lens, op, lp, out, scale * LOG2E,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), kn.stride(0), kn.stride(1), vn.stride(0),
-        vn.stride(1), block_tables.stride(0), op.stride(0), op.stride(1), op.stride(2), lp.stride(0),
-        lp.stride(1), out.stride(0), out.stride(1),
-        G=g, G_PAD=max(16, triton.next_power_of_2(g)), D=d, PAGE=ps, BLOCK_N=block_n, SPLITS=splits,
-        WRITE=new_kv is not None, num_warps=num_warps, **extra,
-    )  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        kn,
+        vn,
+        block_tables,
+        context_lens,
+        op,
+        lp,
+        out,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        kn.stride(0),
+        kn.stride(1),
+        vn.stride(0),
+        vn.stride(1),
+        block_tables.stride(0),
+        op.stride(0),
+        op.stride(1),
+        op.stride(2),
+        lp.stride(0),
+        lp.stride(1),
+        out.stride(0),
+        out.stride(1),
+        G=g,
+        G_PAD=max(16, triton.next_power_of_2(g)),
+        D=d,
+        PAGE=ps,
+        BLOCK_N=block_n,
+        SPLITS=splits,
+        WRITE=new_kv is not None,
+        num_warps=num_warps,
+        **extra,
+    )
     if splits > 1:
-        _combine_kernel[(b, nh)](
-            op, lp, out, op.stride(0), op.stride(1), op.stride(2), lp.stride(0), lp.stride(1),
-            out.stride(0), out.stride(1), SPLITS=splits, S_PAD=triton.next_power_of_2(splits), D=d,
-        )  # fmt: skip
+        _combine(op, lp, out)
     return out.view(b, nh * d)
+
+
+def _combine(op: Tensor, lp: Tensor, out: Tensor) -> None:
+    """Launch the kernel that merges the splits: op [B, nh, splits, d] and lp [B, nh, splits] -> out."""
+    b, nh, splits, d = op.shape
+    _combine_kernel[(b, nh)](
+        op,
+        lp,
+        out,
+        op.stride(0),
+        op.stride(1),
+        op.stride(2),
+        lp.stride(0),
+        lp.stride(1),
+        out.stride(0),
+        out.stride(1),
+        SPLITS=splits,
+        S_PAD=triton.next_power_of_2(splits),
+        D=d,
+    )

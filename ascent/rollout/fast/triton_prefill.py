@@ -22,10 +22,29 @@ from ascent.rollout.fast.triton_decode import LOG2E
 
 @triton.jit
 def _prefill_kernel(
-    Q, K, V, BT, STARTS, LENS, OUT, qk_scale,
-    stride_qb, stride_ql, stride_qh, stride_kp, stride_kh, stride_bt, stride_ob, stride_ol, stride_oh,
-    G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
+    Q,
+    K,
+    V,
+    BT,
+    STARTS,
+    LENS,
+    OUT,
+    qk_scale,
+    stride_qb,
+    stride_ql,
+    stride_qh,
+    stride_kp,
+    stride_kh,
+    stride_bt,
+    stride_ob,
+    stride_ol,
+    stride_oh,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     b = tl.program_id(0)
     hq = tl.program_id(1)
     m0 = tl.program_id(2) * BLOCK_M
@@ -92,9 +111,29 @@ def paged_prefill_attention(
     out = torch.zeros(b, lq, nh, d, dtype=q.dtype, device=q.device)
     extra = {} if num_stages is None else {"num_stages": num_stages}
     _prefill_kernel[(b, nh, triton.cdiv(lq, block_m))](
-        q, k_cache, v_cache, block_tables, starts, lens, out, scale * LOG2E,
-        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
-        out.stride(0), out.stride(1), out.stride(2),
-        G=nh // kvh, D=d, PAGE=ps, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, **extra,
-    )  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        starts,
+        lens,
+        out,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        G=nh // kvh,
+        D=d,
+        PAGE=ps,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=num_warps,
+        **extra,
+    )
     return out.view(b, lq, nh * d)

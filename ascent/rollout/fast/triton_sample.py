@@ -38,9 +38,18 @@ def _row_keys(seed, step):
 
 @triton.jit
 def _partial_kernel(
-    LOGITS, stride_l, TEMP, SEEDS, STEPS, PART, V,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr, SAMPLE: tl.constexpr, LIBDEVICE: tl.constexpr,
-):  # fmt: skip
+    LOGITS,
+    stride_l,
+    TEMP,
+    SEEDS,
+    STEPS,
+    PART,
+    V,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SAMPLE: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+):
     row = tl.program_id(0)
     c = tl.program_id(1)
     t = tl.load(TEMP + row)
@@ -131,8 +140,21 @@ def triton_sample(
     tokens = torch.empty(b, dtype=torch.long, device=logits.device)
     logprobs = torch.empty(b, dtype=torch.float32, device=logits.device)
     sample = not all_greedy
-    _partial_kernel[(b, nc)](logits, logits.stride(0), temperature, seeds, steps, part, v,
-                             CHUNK=chunk, BLOCK=1024, SAMPLE=sample, LIBDEVICE=logits.is_cuda, num_warps=4)  # fmt: skip
-    _merge_kernel[(b,)](part, temperature, tokens, logprobs, NC=nc, NC_PAD=max(2, triton.next_power_of_2(nc)),
-                        SAMPLE=sample)  # fmt: skip
+    _partial_kernel[(b, nc)](
+        logits,
+        logits.stride(0),
+        temperature,
+        seeds,
+        steps,
+        part,
+        v,
+        CHUNK=chunk,
+        BLOCK=1024,
+        SAMPLE=sample,
+        LIBDEVICE=logits.is_cuda,
+        num_warps=4,
+    )
+    _merge_kernel[(b,)](
+        part, temperature, tokens, logprobs, NC=nc, NC_PAD=max(2, triton.next_power_of_2(nc)), SAMPLE=sample
+    )
     return tokens, logprobs

@@ -313,8 +313,16 @@ def build_weights(
     else:
         lm_head = sd["lm_head.weight"] if share else sd["lm_head.weight"].to(device, dtype).clone()
         targets["lm_head.weight"] = lm_head
-    return ModelWeights(embed=embed, norm=norm, lm_head=lm_head, layers=layers, targets=targets, shared=share,
-                        head_copy=tied and lm_head is not embed, rename=rename)  # fmt: skip
+    return ModelWeights(
+        embed=embed,
+        norm=norm,
+        lm_head=lm_head,
+        layers=layers,
+        targets=targets,
+        shared=share,
+        head_copy=tied and lm_head is not embed,
+        rename=rename,
+    )
 
 
 # The fast engine's implementations by the key a family names (`Family.engine`): each builds the weights its

@@ -71,8 +71,11 @@ def session_checker(api_key: str | None) -> Any:
         token = _bearer(request)
         if api_key is not None:
             if token is None:
-                raise APIError(401, "You didn't provide an API key: send it as `Authorization: Bearer <key>`.",
-                               code="invalid_api_key")  # fmt: skip
+                raise APIError(
+                    401,
+                    "You didn't provide an API key: send it as `Authorization: Bearer <key>`.",
+                    code="invalid_api_key",
+                )
             if not hmac.compare_digest(token.encode(), api_key.encode()):
                 raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
         return request.headers.get(SESSION_HEADER) or token or "default"
@@ -96,8 +99,13 @@ def build_app(server: Front, lifespan: Any = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(_: str = session) -> dict[str, Any]:
-        card = {"id": server.options.model_name, "object": "model", "created": created, "owned_by": "ascent",
-                "max_model_len": server.options.limits.max_model_len}  # fmt: skip
+        card = {
+            "id": server.options.model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "ascent",
+            "max_model_len": server.options.limits.max_model_len,
+        }
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/chat/completions", response_model=None)

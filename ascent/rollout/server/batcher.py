@@ -1,4 +1,5 @@
-"""The batcher: one thread owns the rollout engine; HTTP handlers queue requests for it (`ascent.rollout.server`).
+"""The batcher: one thread owns the rollout engine; HTTP handlers queue requests for it
+(`ascent.rollout.server`).
 
 Requests from any number of handlers wait in one queue. The batcher thread takes everything queued (up to
 `max_batch_requests`) and runs one engine call on it, so concurrent requests are served together. The

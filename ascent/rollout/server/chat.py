@@ -1,4 +1,5 @@
-"""Chat messages in, tool calls out: the OpenAI chat format <-> the model's chat template (`ascent.rollout.server`).
+"""Chat messages in, tool calls out: the OpenAI chat format <-> the model's chat template
+(`ascent.rollout.server`).
 
 Requests' messages become the dicts Hugging Face chat templates read (text parts joined, assistant
 `tool_calls` with their JSON arguments as objects, as Qwen's template expects; tool results as `tool`

@@ -1,4 +1,5 @@
-"""`Front`: what the HTTP handlers need from the server, whichever process they run in (`ascent.rollout.server`).
+"""`Front`: what the HTTP handlers need from the server, whichever process they run in
+(`ascent.rollout.server`).
 
 The handlers (`handlers.py`, `app.py`) do all the per-request host work (parse, validate, render the chat
 template, tokenize, detokenize, write JSON or SSE) and talk to the engine only through this interface:
@@ -57,9 +58,14 @@ class Front(ABC):
 
     @abstractmethod
     async def submit(
-        self, request: GenerationRequest, session: str, endpoint: Endpoint, completion_id: str,
-        on_token: TokenCallback | None = None, first_index: int = 0,
-    ) -> Future[BatchResult]:  # fmt: skip
+        self,
+        request: GenerationRequest,
+        session: str,
+        endpoint: Endpoint,
+        completion_id: str,
+        on_token: TokenCallback | None = None,
+        first_index: int = 0,
+    ) -> Future[BatchResult]:
         """Queue `request` (waiting out a weight update, up to pause_timeout_s, then a 503); the engine side
         records its samples under `session` once it is done. `on_token(index, token, logprob)` gets every
         sampled token (sample index shifted by nothing: callers offset it) before the future is done."""
@@ -96,8 +102,14 @@ class Front(ABC):
         except ValueError:  # the template rewrites earlier turns: render from scratch
             return None
 
-    async def remember(self, session: str, messages: Sequence[dict[str, Any]], tools: Any,
-                       reply: dict[str, Any], ids: list[int]) -> None:  # fmt: skip
+    async def remember(
+        self,
+        session: str,
+        messages: Sequence[dict[str, Any]],
+        tools: Any,
+        reply: dict[str, Any],
+        ids: list[int],
+    ) -> None:
         """`reply` (a template message: role assistant, content, tool_calls) answered `messages` with `ids`;
         returns once the store has it, so the client's next call (on any front end) finds it."""
         digest = conversation_digests([*messages, reply], tools)[-1]
@@ -121,5 +133,10 @@ def engine_error(err: BaseException) -> APIError:
 
 def unavailable(why: str, retry_after_s: int) -> APIError:
     """A 503 with Retry-After: the engine is being updated or is going away."""
-    return APIError(503, f"{why}; retry in {retry_after_s} s.", code="engine_paused", kind="server_error",
-                    headers={"Retry-After": str(retry_after_s)})  # fmt: skip
+    return APIError(
+        503,
+        f"{why}; retry in {retry_after_s} s.",
+        code="engine_paused",
+        kind="server_error",
+        headers={"Retry-After": str(retry_after_s)},
+    )

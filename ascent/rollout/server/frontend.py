@@ -97,17 +97,23 @@ class RemoteFront(Front):
     # ---- Front -------------------------------------------------------------------------------------------
 
     async def submit(
-        self, request: GenerationRequest, session: str, endpoint: Endpoint, completion_id: str,
-        on_token: TokenCallback | None = None, first_index: int = 0,
-    ) -> Future[BatchResult]:  # fmt: skip
+        self,
+        request: GenerationRequest,
+        session: str,
+        endpoint: Endpoint,
+        completion_id: str,
+        on_token: TokenCallback | None = None,
+        first_index: int = 0,
+    ) -> Future[BatchResult]:
         channel = self._channel()
         rid = next(self._ids)
         stream = on_token is not None
         call = _Call(Future(), on_token, asyncio.get_running_loop().create_future() if stream else None)
         self._calls[rid] = call
         call.future.add_done_callback(lambda f: self._cancel(rid) if f.cancelled() else None)
-        channel.post(["submit", rid, session, endpoint, completion_id, first_index, stream,
-                      request_to_wire(request)])  # fmt: skip
+        channel.post(
+            ["submit", rid, session, endpoint, completion_id, first_index, stream, request_to_wire(request)]
+        )
         if call.accepted is not None:  # a stream: a refusal (503) must come before its 200 does
             timeout_s = self.options.pause_timeout_s + RPC_TIMEOUT_S  # the engine may wait out an update
             try:
@@ -148,8 +154,9 @@ class RemoteFront(Front):
             raise self._no_answer(f"answer a {kind!r} call", RPC_TIMEOUT_S) from None
 
     def _no_answer(self, what: str, timeout_s: float) -> APIError:
-        return unavailable(f"the engine process did not {what} within {timeout_s:g} s",
-                           self.options.retry_after_s)  # fmt: skip
+        return unavailable(
+            f"the engine process did not {what} within {timeout_s:g} s", self.options.retry_after_s
+        )
 
     def _cancel(self, rid: int) -> None:
         """The handler stopped waiting (its client left): a request still queued in the engine is dropped."""
@@ -234,12 +241,12 @@ def _leave(signum: int, frame: Any) -> None:
 
 
 def hold_port(host: str, port: int) -> socket.socket:
-    """The engine process's socket holding (host, port) for its front ends (`reuse_port_socket`, not listening;
-    port 0: a free one). A port that something else listens on fails here with EADDRINUSE (`ascent serve`:
-    "choose another --port"), as a one-process server's bind does: SO_REUSEPORT alone would let a second
-    server bind it too, and the kernel would split the connections between the two. The check is a plain
-    listening socket (SO_REUSEADDR, as uvicorn's: TIME_WAIT connections of an earlier server do not count),
-    closed before the real one binds; a server whose front ends are not listening yet is not seen."""
+    """The engine process's socket holding (host, port) for its front ends (`reuse_port_socket`, not
+    listening; port 0: a free one). A port that something else listens on fails here with EADDRINUSE (`ascent
+    serve`: "choose another --port"), as a one-process server's bind does: SO_REUSEPORT alone would let a
+    second server bind it too, and the kernel would split the connections between the two. The check is a
+    plain listening socket (SO_REUSEADDR, as uvicorn's: TIME_WAIT connections of an earlier server do not
+    count), closed before the real one binds; a server whose front ends are not listening yet is not seen."""
     if port != 0:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         socket.create_server((host, port), family=family).close()
@@ -247,8 +254,8 @@ def hold_port(host: str, port: int) -> socket.socket:
 
 
 def reuse_port_socket(host: str, port: int, listen: bool) -> socket.socket:
-    """A TCP socket bound to (host, port) with SO_REUSEPORT: every front end binds one and listens; the engine's
-    process binds one without listening (it holds the port, and learns it when port is 0)."""
+    """A TCP socket bound to (host, port) with SO_REUSEPORT: every front end binds one and listens; the
+    engine's process binds one without listening (it holds the port, and learns it when port is 0)."""
     if not hasattr(socket, "SO_REUSEPORT"):
         raise OSError(
             "api_processes > 1 needs SO_REUSEPORT (Linux); serve from one process (api_processes=1)"
@@ -267,7 +274,8 @@ def reuse_port_socket(host: str, port: int, listen: bool) -> socket.socket:
 
 
 def run_frontend(spec: FrontendSpec) -> None:
-    """The body of a front-end process: serve the app on the server's port until SIGTERM or the engine goes away.
+    """The body of a front-end process: serve the app on the server's port until SIGTERM or the engine goes
+    away.
 
     It ends with `os._exit`: nothing here needs cleaning up once uvicorn has shut down, and the interpreter's
     own teardown (torch, tokenizers) would take seconds."""

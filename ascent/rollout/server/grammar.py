@@ -79,9 +79,14 @@ def request_grammar(extra: dict[str, Any], supported: bool) -> str | None:
     if grammar is None:
         return None
     if not supported:
-        raise APIError(400, f"{name}: this server's engine cannot constrain its sampling (the fast GPU engine "
-                       "and a training run's endpoint have no grammar mask); serve with --engine reference, or "
-                       "leave it out and validate the reply yourself.", param=name, code="unsupported_parameter")  # fmt: skip
+        raise APIError(
+            400,
+            f"{name}: this server's engine cannot constrain its sampling (the fast GPU engine "
+            "and a training run's endpoint have no grammar mask); serve with --engine reference, or "
+            "leave it out and validate the reply yourself.",
+            param=name,
+            code="unsupported_parameter",
+        )
     error = llguidance.LLMatcher.validate_grammar(grammar)
     if error:
         raise bad_request(f"{name}: the schema cannot be compiled into a grammar: {error}", name)
@@ -111,7 +116,8 @@ class GrammarConstraint:
 
 class LLGuidanceConstraints:
     """The constraint factory an engine is given: `(grammar, vocab_size) -> GrammarConstraint`. The llguidance
-    tokenizer is built from `tokenizer` (a fast Hugging Face one) on first use and kept per vocabulary size."""
+    tokenizer is built from `tokenizer` (a fast Hugging Face one) on first use and kept per vocabulary
+    size."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer

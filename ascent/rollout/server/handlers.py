@@ -60,8 +60,12 @@ def check_model(server: Front, body: SamplingBody) -> None:
         raise APIError(400, refused[1], param=refused[0], code="unsupported_parameter")
     name = server.options.model_name
     if body.model != name and not server.options.any_model:
-        raise APIError(404, f"The model `{body.model}` does not exist; this server serves `{name}`.",
-                       param="model", code="model_not_found")  # fmt: skip
+        raise APIError(
+            404,
+            f"The model `{body.model}` does not exist; this server serves `{name}`.",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def _streaming(chunks: Chunks) -> StreamingResponse:
@@ -127,10 +131,19 @@ async def _remember(server: Front, call: _Chat, result: BatchResult, replies: li
     for gen, r in zip(result.generations, replies, strict=True):
         if gen.finish_reason != "stop" or r.cut or not gen.token_ids or gen.token_ids[-1] != eos:
             continue
-        reply = {"role": "assistant", "content": r.content or "", "tool_calls": [
-            {"function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}}
-            for c in r.calls
-        ]}  # fmt: skip
+        reply = {
+            "role": "assistant",
+            "content": r.content or "",
+            "tool_calls": [
+                {
+                    "function": {
+                        "name": c["function"]["name"],
+                        "arguments": json.loads(c["function"]["arguments"]),
+                    }
+                }
+                for c in r.calls
+            ],
+        }
         await server.remember(
             call.session, call.messages, call.tools, reply, [*call.prompt_ids, *gen.token_ids]
         )
@@ -159,22 +172,33 @@ async def chat_completions(server: Front, body: ChatCompletionRequest, session: 
     return _chat_body(server, body, meta, prompt_ids, result, replies)
 
 
-def _chat_body(server: Front, body: ChatCompletionRequest, meta: Meta, prompt_ids: list[int],
-               result: BatchResult, replies: list[_Reply]) -> dict[str, Any]:  # fmt: skip
+def _chat_body(
+    server: Front,
+    body: ChatCompletionRequest,
+    meta: Meta,
+    prompt_ids: list[int],
+    result: BatchResult,
+    replies: list[_Reply],
+) -> dict[str, Any]:
     choices = []
     for i, (gen, r) in enumerate(zip(result.generations, replies, strict=True)):
         lp = chat_logprobs(gen.token_ids, gen.logprobs, server.piece) if body.logprobs else None
         ids = list(gen.token_ids) if body.return_token_ids else None
         choices.append(chat_choice(i, r.content, r.calls, r.finish, lp, ids))
-    out = {**meta.head("chat.completion"), "choices": choices, "system_fingerprint": None,
-           "usage": usage([len(prompt_ids)], result.generations, _cached(result.generations))}  # fmt: skip
+    out = {
+        **meta.head("chat.completion"),
+        "choices": choices,
+        "system_fingerprint": None,
+        "usage": usage([len(prompt_ids)], result.generations, _cached(result.generations)),
+    }
     if body.return_token_ids:
         out["prompt_token_ids"] = prompt_ids
     return out
 
 
-async def _chat_chunks(server: Front, body: ChatCompletionRequest, meta: Meta, feed: TokenFeed,
-                       call: _Chat) -> Chunks:  # fmt: skip
+async def _chat_chunks(
+    server: Front, body: ChatCompletionRequest, meta: Meta, feed: TokenFeed, call: _Chat
+) -> Chunks:
     tools = _uses_tools(body)
     texts = [TextStream(server.decode, body.stop_strings()) for _ in range(body.n)]
     for i in range(body.n):
@@ -237,8 +261,9 @@ async def completions(server: Front, body: CompletionRequest, session: str) -> A
     return _completion_body(server, body, meta, prompts, results)
 
 
-def _completion_body(server: Front, body: CompletionRequest, meta: Meta, prompts: list[list[int]],
-                     results: list[BatchResult]) -> dict[str, Any]:  # fmt: skip
+def _completion_body(
+    server: Front, body: CompletionRequest, meta: Meta, prompts: list[list[int]], results: list[BatchResult]
+) -> dict[str, Any]:
     choices, samples = [], [g for r in results for g in r.generations]
     for i, gen in enumerate(samples):
         text, _ = cut_at_stop(server.decode(gen.token_ids), body.stop_strings())
@@ -249,21 +274,27 @@ def _completion_body(server: Front, body: CompletionRequest, meta: Meta, prompts
         )
         ids = list(gen.token_ids) if body.return_token_ids else None
         choices.append(completion_choice(i, text, gen.finish_reason, lp, ids))
-    out = {**meta.head("text_completion"), "choices": choices, "system_fingerprint": None,
-           "usage": usage([len(p) for p in prompts], samples)}  # fmt: skip
+    out = {
+        **meta.head("text_completion"),
+        "choices": choices,
+        "system_fingerprint": None,
+        "usage": usage([len(p) for p in prompts], samples),
+    }
     if body.return_token_ids:
         out["prompt_token_ids"] = prompts[0] if len(prompts) == 1 else prompts
     return out
 
 
-def _text_chunk(meta: Meta, index: int, text: str, finish: str | None = None,
-                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def _text_chunk(
+    meta: Meta, index: int, text: str, finish: str | None = None, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
     choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
     return {**meta.head("text_completion"), "choices": [choice]}
 
 
-async def _completion_chunks(server: Front, body: CompletionRequest, meta: Meta, feed: TokenFeed,
-                             prompts: list[list[int]]) -> Chunks:  # fmt: skip
+async def _completion_chunks(
+    server: Front, body: CompletionRequest, meta: Meta, feed: TokenFeed, prompts: list[list[int]]
+) -> Chunks:
     texts = [TextStream(server.decode, body.stop_strings()) for _ in range(len(prompts) * body.n)]
     async for index, token_id, logprob in feed.events():
         start = texts[index].sent

@@ -86,9 +86,9 @@ class EngineHub:
         if self._failed is not None:
             self.close()
             raise RuntimeError(
-                f"the engine hub cannot listen on {self.path} ({type(self._failed).__name__}: {self._failed}); "
-                "if the path is longer than a unix socket allows (107 bytes on Linux), set TMPDIR to a shorter "
-                "directory."
+                f"the engine hub cannot listen on {self.path} ({type(self._failed).__name__}: "
+                f"{self._failed}); if the path is longer than a unix socket allows (107 bytes on Linux), set "
+                "TMPDIR to a shorter directory."
             ) from self._failed
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -174,8 +174,17 @@ class EngineHub:
         else:
             logger.error("a front-end process sent an unknown message %r; ignored", kind)
 
-    async def _submit(self, peer: _Peer, rid: int, session: str, endpoint: Any, completion_id: str,
-                      first_index: int, stream: bool, wire: list[Any]) -> None:  # fmt: skip
+    async def _submit(
+        self,
+        peer: _Peer,
+        rid: int,
+        session: str,
+        endpoint: Any,
+        completion_id: str,
+        first_index: int,
+        stream: bool,
+        wire: list[Any],
+    ) -> None:
         post = peer.channel.post
         on_token = None
         if stream and isinstance(self.server.batcher.engine, StreamingEngine):
@@ -201,8 +210,8 @@ class EngineHub:
 
     @staticmethod
     def _refuse(peer: _Peer, rid: int, err: Exception) -> None:
-        """`server.submit` raised: a 503 (paused too long, shutting down) as it is, anything else (a bug) logged
-        and answered as the 500 an engine failure gets, so the front end never waits forever."""
+        """`server.submit` raised: a 503 (paused too long, shutting down) as it is, anything else (a bug)
+        logged and answered as the 500 an engine failure gets, so the front end never waits forever."""
         if not isinstance(err, APIError):
             logger.error(
                 "a request of front end %s failed before reaching the engine", peer.pid, exc_info=err
@@ -211,7 +220,8 @@ class EngineHub:
         peer.channel.post(["error", rid, error_to_wire(err)])
 
     def _answer(self, peer: _Peer, rid: int, future: Future[BatchResult]) -> None:
-        """The request is done (on the batcher's thread, or here if it already was): its answer to the peer."""
+        """The request is done (on the batcher's thread, or here if it already was): its answer to the
+        peer."""
         peer.jobs.pop(rid, None)
         if future.cancelled():
             return

@@ -33,5 +33,6 @@ class ServerOptions:
 def uvicorn_config(app: Any, host: str, log_level: str) -> Any:
     import uvicorn  # deferred: only a process that serves HTTP needs it
 
-    return uvicorn.Config(app, host=host, log_level=log_level, timeout_graceful_shutdown=5,
-                          access_log=log_level == "debug")  # fmt: skip
+    return uvicorn.Config(
+        app, host=host, log_level=log_level, timeout_graceful_shutdown=5, access_log=log_level == "debug"
+    )

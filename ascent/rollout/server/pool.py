@@ -1,4 +1,5 @@
-"""`FrontendPool`: the HTTP front-end processes of `--api-processes N`, kept running (`ascent.rollout.server`).
+"""`FrontendPool`: the HTTP front-end processes of `--api-processes N`, kept running
+(`ascent.rollout.server`).
 
 Every front-end process (`frontend.py`) listens on the server's port with its own SO_REUSEPORT socket, and
 the kernel spreads new connections evenly over them (one socket shared by all would let whichever process
@@ -42,8 +43,14 @@ class FrontendError(AscentError):
 class FrontendPool:
     """See the module docstring. `start()` returns once all `count` processes serve."""
 
-    def __init__(self, hub: EngineHub, sock: socket.socket, spec: FrontendSpec, count: int,
-                 start_timeout_s: float = 120.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        hub: EngineHub,
+        sock: socket.socket,
+        spec: FrontendSpec,
+        count: int,
+        start_timeout_s: float = 120.0,
+    ) -> None:
         self.hub, self.sock, self.spec, self.count = hub, sock, spec, count
         self.start_timeout_s = start_timeout_s
         self.procs: list[Any] = []
@@ -63,8 +70,11 @@ class FrontendPool:
         ):
             dead = [f"{p.name} (exit code {p.exitcode})" for p in self.procs if not p.is_alive()]
             self.stop()
-            why = f"{', '.join(dead)} died; its error is above" if dead else (
-                f"not all connected to the engine within {self.start_timeout_s:g} s")  # fmt: skip
+            why = (
+                f"{', '.join(dead)} died; its error is above"
+                if dead
+                else (f"not all connected to the engine within {self.start_timeout_s:g} s")
+            )
             raise FrontendError(
                 f"--api-processes {self.count}: the front-end processes did not start: {why}."
             )
@@ -104,14 +114,18 @@ class FrontendPool:
         if len(self._deaths) >= MAX_DEATHS:
             self.failure = (
                 f"--api-processes {self.count}: {len(self._deaths)} front-end processes died within "
-                f"{DEATH_WINDOW_S:g} s (the last, {dead.name}, with exit code {dead.exitcode}); their errors are "
-                "above. Serving stopped; fix the cause, or serve from one process with --api-processes 1."
+                f"{DEATH_WINDOW_S:g} s (the last, {dead.name}, with exit code {dead.exitcode}); their errors "
+                "are above. Serving stopped; fix the cause, or serve from one process with --api-processes 1."
             )
             logger.error("%s", self.failure)
             self.stop()
             return
-        logger.warning("front-end process %s (pid %s) died with exit code %s; starting another",
-                       dead.name, dead.pid, dead.exitcode)  # fmt: skip
+        logger.warning(
+            "front-end process %s (pid %s) died with exit code %s; starting another",
+            dead.name,
+            dead.pid,
+            dead.exitcode,
+        )
         with self._lock:
             self.procs[i] = self._spawn(i)
         self.restarts += 1
@@ -119,7 +133,8 @@ class FrontendPool:
     # ---- stopping ----------------------------------------------------------------------------------------
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM every front end (uvicorn finishes their requests), kill those still there after `timeout_s`."""
+        """SIGTERM every front end (uvicorn finishes their requests), kill those still there after
+        `timeout_s`."""
         self._stopping.set()
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join(timeout_s)

@@ -39,8 +39,10 @@ def token_budget(prompt_len: int, max_tokens: int | None, limits: Limits, prompt
         return max_tokens
     head = f"This model's maximum context length is {limits.max_model_len} tokens. However, "
     if max_tokens is not None and room >= 1:
-        message = (f"you requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} "
-                   "for the completion). Please reduce the length of the prompt or max_tokens.")  # fmt: skip
+        message = (
+            f"you requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} "
+            "for the completion). Please reduce the length of the prompt or max_tokens."
+        )
     else:
         message = (
             f"the prompt has {prompt_len} tokens, which leaves no room for a completion. Please shorten it."

@@ -36,10 +36,15 @@ class Meta:
 
 
 def usage(prompt_lens: Sequence[int], samples: Sequence[Generation], cached: int = 0) -> dict[str, Any]:
-    """OpenAI's usage block; `cached`: prompt tokens whose K/V the engine kept from the session's last call."""
+    """OpenAI's usage block; `cached`: prompt tokens whose K/V the engine kept from the session's last
+    call."""
     prompt, completion = sum(prompt_lens), sum(len(g.token_ids) for g in samples)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 def chat_logprobs(token_ids: Sequence[int], logprobs: Sequence[float], piece: Decode) -> dict[str, Any]:
@@ -54,7 +59,8 @@ def chat_logprobs(token_ids: Sequence[int], logprobs: Sequence[float], piece: De
 def completion_logprobs(
     token_ids: Sequence[int], logprobs: Sequence[float], piece: Decode, start: int = 0
 ) -> dict[str, Any]:
-    """The legacy completions' logprobs: tokens, token_logprobs, text_offset from `start` (no top_logprobs)."""
+    """The legacy completions' logprobs: tokens, token_logprobs, text_offset from `start` (no
+    top_logprobs)."""
     tokens = [piece([t]) for t in token_ids]
     offsets, at = [], start
     for tok in tokens:
@@ -93,8 +99,13 @@ def completion_choice(
     return choice
 
 
-def chat_chunk(meta: Meta, index: int, delta: dict[str, Any], finish_reason: str | None = None,
-               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def chat_chunk(
+    meta: Meta,
+    index: int,
+    delta: dict[str, Any],
+    finish_reason: str | None = None,
+    logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     return {**meta.head("chat.completion.chunk"), "choices": [choice]}
 

@@ -146,8 +146,8 @@ def refuse(value: Any, info: ValidationInfo) -> Any:
 
 
 class SamplingBody(_Body):
-    """What both endpoints share: the model, sampling, stopping, seeding, streaming. Fields it does not declare
-    are kept in `model_extra` for `refused_field`."""
+    """What both endpoints share: the model, sampling, stopping, seeding, streaming. Fields it does not
+    declare are kept in `model_extra` for `refused_field`."""
 
     model_config = ConfigDict(extra="allow")
     model: str

@@ -207,9 +207,14 @@ class OpenAIServer(Front):
     # ---- Front: the engine, here (called on an event loop: uvicorn's, or the hub's) ----------------------
 
     async def submit(
-        self, request: GenerationRequest, session: str, endpoint: Endpoint, completion_id: str,
-        on_token: TokenCallback | None = None, first_index: int = 0,
-    ) -> Future[BatchResult]:  # fmt: skip
+        self,
+        request: GenerationRequest,
+        session: str,
+        endpoint: Endpoint,
+        completion_id: str,
+        on_token: TokenCallback | None = None,
+        first_index: int = 0,
+    ) -> Future[BatchResult]:
         started, deadline = time.time(), time.monotonic() + self.options.pause_timeout_s
         if request.params.n == 1 and request.session_id is None:  # the fast engine keeps the session's KV
             request = dataclasses.replace(request, session_id=f"http:{session}")
@@ -245,16 +250,32 @@ class OpenAIServer(Front):
     async def _remember(self, session: str, length: int, digest: bytes, ids: list[int]) -> None:
         self.threads.remember(session, length, digest, ids)
 
-    def _record(self, future: Future[BatchResult], request: GenerationRequest, session: str,
-                endpoint: Endpoint, completion_id: str, first_index: int, started: float) -> None:  # fmt: skip
+    def _record(
+        self,
+        future: Future[BatchResult],
+        request: GenerationRequest,
+        session: str,
+        endpoint: Endpoint,
+        completion_id: str,
+        first_index: int,
+        started: float,
+    ) -> None:
         if future.cancelled() or future.exception() is not None:
             return
         result = future.result()
         for index, gen in enumerate(result.generations):
-            self.recorder.record(CompletionRecord(
-                session_id=session, completion_id=completion_id, index=first_index + index, endpoint=endpoint,
-                prompt_ids=list(request.prompt_ids), response_ids=list(gen.token_ids),
-                logprobs=list(gen.logprobs), finish_reason=gen.finish_reason,
-                policy_version=result.policy_version, token_versions=list(gen.token_versions),
-                started=started,
-            ))  # fmt: skip
+            self.recorder.record(
+                CompletionRecord(
+                    session_id=session,
+                    completion_id=completion_id,
+                    index=first_index + index,
+                    endpoint=endpoint,
+                    prompt_ids=list(request.prompt_ids),
+                    response_ids=list(gen.token_ids),
+                    logprobs=list(gen.logprobs),
+                    finish_reason=gen.finish_reason,
+                    policy_version=result.policy_version,
+                    token_versions=list(gen.token_versions),
+                    started=started,
+                )
+            )

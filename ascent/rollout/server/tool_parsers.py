@@ -1,4 +1,5 @@
-"""Tool calls in each model family's own format -> OpenAI `tool_calls` (`ascent.rollout.server`; `chat` uses it).
+"""Tool calls in each model family's own format -> OpenAI `tool_calls` (`ascent.rollout.server`; `chat` uses
+it).
 
 A parser reads a reply's text (special tokens kept, the final end-of-turn token dropped) and returns its
 content and calls, or None when the reply is not a well-formed set of calls (the client then gets the text
@@ -123,7 +124,8 @@ def detect_tool_parser(chat_template: Any) -> str:
 
 
 def tool_parser(name: str, tokenizer: Any) -> tuple[str, Parser]:
-    """(name, parser) for `name` ("auto": from the tokenizer's chat template); ValueError for an unknown one."""
+    """(name, parser) for `name` ("auto": from the tokenizer's chat template); ValueError for an unknown
+    one."""
     if name == "auto":
         name = detect_tool_parser(getattr(tokenizer, "chat_template", None))
     if name not in TOOL_PARSERS:

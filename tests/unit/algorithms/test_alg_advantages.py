@@ -106,6 +106,7 @@ def test_everything_masked_and_empty_batch(name):
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
 def test_estimators_refuse_options_they_do_not_name(name):
-    """The builder hands each estimator only its own options (`options_for`); a stray one is a caller's bug."""
+    """The builder hands each estimator only its own options (`options_for`); a stray one is a caller's
+    bug."""
     with pytest.raises(TypeError, match="not_an_option"):
         ADVANTAGE_ESTIMATORS[name](full_inputs([1.0, 0.0], [0, 0], [[1, 1]] * 2), not_an_option=3)

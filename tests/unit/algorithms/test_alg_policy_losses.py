@@ -41,7 +41,8 @@ def test_ppo_hand_computed_with_asymmetric_and_dual_clip():
         clip_ratio_high=0.28,
         dual_clip_c=3.0,
     )
-    # 1.5 A>0 -> clipped at 1.28; 0.5 A<0 -> clipped at 0.8; 5 A<0 -> unclipped 5, dual cap 3; 1 -> -1; 1.1 -> -1.1
+    # 1.5 A>0 -> clipped at 1.28; 0.5 A<0 -> clipped at 0.8; 5 A<0 -> unclipped 5, dual cap 3; 1 -> -1; 1.1 ->
+    # -1.1
     torch.testing.assert_close(loss, torch.tensor([-1.28, 0.8, 3.0, -1.0, -1.1]))
     torch.testing.assert_close(m["clipfrac"], torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0]))
     torch.testing.assert_close(m["ratio"], ratios)

@@ -59,8 +59,11 @@ def test_default_actors_fill_the_free_cpus_of_every_node(two_nodes) -> None:
 def test_actors_that_cannot_fit_are_refused_naming_the_fields(two_nodes) -> None:
     from ascent.cluster.env_actors import RayEnvHosts
 
-    with pytest.raises(ClusterConfigError, match=r"rollout.env_workers=4 x rollout.env_cpus=1 = 4 CPUs, but the "
-                       r"Ray cluster has 3 CPUs in all"):  # fmt: skip
+    with pytest.raises(
+        ClusterConfigError,
+        match=r"rollout.env_workers=4 x rollout.env_cpus=1 = 4 CPUs, but the "
+        r"Ray cluster has 3 CPUs in all",
+    ):
         RayEnvHosts(4, timeout_s=10, cpus_per_host=1.0)
     with pytest.raises(ClusterConfigError, match=r"rollout.env_cpus=8: .* too few for one environment actor"):
         RayEnvHosts(None, timeout_s=10, cpus_per_host=8.0)

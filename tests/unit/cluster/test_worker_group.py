@@ -269,8 +269,16 @@ def test_a_plan_whose_groups_only_fit_one_at_a_time_is_refused_before_any_actor(
     from ascent.config import load_config
     from ascent.orchestrator.setup import build_worker_groups
 
-    cfg = load_config(None, ["model.path=unused", "data.train_path=unused", "cluster.backend=ray",
-                             "cluster.placement=split", "cluster.cpus_per_worker=2"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "model.path=unused",
+            "data.train_path=unused",
+            "cluster.backend=ray",
+            "cluster.placement=split",
+            "cluster.cpus_per_worker=2",
+        ],
+    )
     with pytest.raises(ClusterConfigError, match=r"ask 4 CPUs .* has 2.*cluster.cpus_per_worker"):
         build_worker_groups(cfg)
 

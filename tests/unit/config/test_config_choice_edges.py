@@ -145,8 +145,8 @@ def test_a_flat_builtin_setting_with_a_plugin_is_refused_at_any_value(value: flo
     """Before the choices a plug-in taking `clip_ratio_high` got ascent's value, even the default; silently
     dropping it would hand the plug-in its own default instead."""
     assert refused([f"algorithm.policy_loss={PLUGIN}", f"algorithm.clip_ratio_high={value}"]) == (
-        f"algorithm.clip_ratio_high={value}: only policy_loss=ppo reads it, and this run's policy_loss is the "
-        f"plug-in {PLUGIN!r}, whose settings go under algorithm.options; remove it or move it to "
+        f"algorithm.clip_ratio_high={value}: only policy_loss=ppo reads it, and this run's policy_loss is "
+        f"the plug-in {PLUGIN!r}, whose settings go under algorithm.options; remove it or move it to "
         "algorithm.options.clip_ratio_high."
     )
     text = refused(["algorithm.advantage=my.adv:fn", "algorithm.gamma=1.0"])
@@ -175,8 +175,8 @@ def test_a_bare_name_override_that_switches_the_choice_reports_the_settings_left
 ) -> None:
     path = write(tmp_path, {"policy_loss": {"name": "gspo", "gspo_clip_low": 1e-3}})
     assert refused(["algorithm.policy_loss=cispo"], path) == (
-        "algorithm.policy_loss.gspo_clip_low=0.001: only policy_loss=gspo reads it, and this run's policy_loss "
-        "is cispo; remove it or set policy_loss: {name: gspo, gspo_clip_low: 0.001}."
+        "algorithm.policy_loss.gspo_clip_low=0.001: only policy_loss=gspo reads it, and this run's "
+        "policy_loss is cispo; remove it or set policy_loss: {name: gspo, gspo_clip_low: 0.001}."
     )
 
 
@@ -185,7 +185,8 @@ def test_a_bare_name_override_that_switches_the_choice_reports_the_settings_left
 
 def test_a_misspelt_setting_of_another_choice_names_that_choice() -> None:
     assert refused(["algorithm.policy_loss.gspo_clip_lo=1"]) == (
-        "unknown key 'algorithm.policy_loss.gspo_clip_lo'; did you mean 'algorithm.policy_loss.gspo_clip_low'? "
+        "unknown key 'algorithm.policy_loss.gspo_clip_lo'; did you mean "
+        "'algorithm.policy_loss.gspo_clip_low'? "
         "(a setting of policy_loss=gspo)"
     )
     assert "(it belongs to another section)" in refused(["rollout.clip_ratio_hig=1"])

@@ -108,8 +108,8 @@ def test_flat_and_nested_values_that_differ_are_refused(tmp_path: Path) -> None:
 
 def test_an_unknown_name_lists_the_choices(tmp_path: Path) -> None:
     assert refused(tmp_path, {"policy_loss": "ppo2"}) == (
-        "algorithm.policy_loss='ppo2': unknown; use one of cispo, gspo, ppo, reinforce, sapo (or an import path "
-        "`pkg.module:function`)."
+        "algorithm.policy_loss='ppo2': unknown; use one of cispo, gspo, ppo, reinforce, sapo (or an import "
+        "path `pkg.module:function`)."
     )
     assert "algorithm.policy_loss=5: must be one of ppo, gspo" in refused(tmp_path, {"policy_loss": 5})
 

@@ -38,8 +38,8 @@ def test_unknown_key_in_the_wrong_section_points_to_the_right_one() -> None:
 def test_unknown_key_without_a_match_lists_the_section() -> None:
     (msg,) = problems(["checkpoint.zzz=1"])
     assert (
-        msg
-        == "unknown key 'checkpoint.zzz'; section 'checkpoint' has: every, keep_last, save_optimizer, hf_weights, on_interrupt."
+        msg == "unknown key 'checkpoint.zzz'; section 'checkpoint' has: "
+        "every, keep_last, save_optimizer, hf_weights, on_interrupt."
     )
 
 
@@ -127,8 +127,14 @@ def test_sft_refuses_rl_cluster_fields_and_ranks_it_cannot_run() -> None:
 
 
 def test_an_agent_run_refuses_what_agents_do_not_support_yet() -> None:
-    msgs = problems(["rollout.agent=pkg.mod:run", "rollout.env=guess_number", "rollout.engine=reference",
-                     "algorithm.advantage=remax"])  # fmt: skip
+    msgs = problems(
+        [
+            "rollout.agent=pkg.mod:run",
+            "rollout.env=guess_number",
+            "rollout.engine=reference",
+            "algorithm.advantage=remax",
+        ]
+    )
     assert msgs[0].startswith(
         "rollout.agent='pkg.mod:run': an agent brings its own episodes; set rollout.env=null"
     )

@@ -73,7 +73,8 @@ def test_corrupt_parquet(tmp_path):
 
 def test_relative_file_columns_are_relative_to_the_data_file(tmp_path, monkeypatch):
     """`db_path` / `index_path` (also in SkyRL's `extra_info`) name files beside the rows: a relative one
-    comes back absolute under the data file's folder, whatever the working directory; others stay as stored."""
+    comes back absolute under the data file's folder, whatever the working directory; others stay as
+    stored."""
     data = tmp_path / "data"
     data.mkdir()
     data = data.resolve()

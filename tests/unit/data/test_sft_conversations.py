@@ -35,9 +35,13 @@ def scripted(chat: ChatTokens, turns: list[str]) -> Any:
 def test_a_conversation_encodes_as_the_episode_that_plays_it(tokenizer: Any) -> None:
     chat = ChatTokens(tokenizer)
     (episode,) = run_episodes(
-        [Task(GuessNumber(), {"target": 7}, 0)], scripted(chat, ["3", "7"]), chat,
-        SamplingParams(max_new_tokens=4), max_turns=4, max_tokens=64,
-    )  # fmt: skip
+        [Task(GuessNumber(), {"target": 7}, 0)],
+        scripted(chat, ["3", "7"]),
+        chat,
+        SamplingParams(max_new_tokens=4),
+        max_turns=4,
+        max_tokens=64,
+    )
     (example,) = render_sft_examples([{"messages": GAME}], tokenizer, max_prompt_tokens=64)
     assert episode.reward == 1.0
     assert example.prompt_ids == episode.prompt_ids
@@ -51,9 +55,12 @@ def test_pairs_keep_no_mask_and_truncation_cuts_the_mask_too(tokenizer: Any) -> 
     assert pair.loss_mask is None
     (full,) = render_sft_examples([{"messages": GAME}], tokenizer, max_prompt_tokens=64)
     (cut,) = render_sft_examples(
-        [{"messages": GAME}], tokenizer, max_prompt_tokens=64,
-        max_total_tokens=len(full.prompt_ids) + 3, overlong="truncate",
-    )  # fmt: skip
+        [{"messages": GAME}],
+        tokenizer,
+        max_prompt_tokens=64,
+        max_total_tokens=len(full.prompt_ids) + 3,
+        overlong="truncate",
+    )
     assert cut.response_ids == full.response_ids[:3]
     assert cut.loss_mask == full.loss_mask[:3]  # type: ignore[index]
 

@@ -69,8 +69,15 @@ def test_nccl():
 
 def test_gpus_needed_by_placement():
     assert plan.gpus_needed(cfg(cluster={"num_trainer_workers": 2})) == (2, 2)
-    split = cfg(cluster={"backend": "ray", "placement": "split", "gpus_per_worker": 1, "num_trainer_workers": 2,
-                         "num_rollout_workers": 2})  # fmt: skip
+    split = cfg(
+        cluster={
+            "backend": "ray",
+            "placement": "split",
+            "gpus_per_worker": 1,
+            "num_trainer_workers": 2,
+            "num_rollout_workers": 2,
+        }
+    )
     assert plan.gpus_needed(split) == (4, 4)
 
 
@@ -93,8 +100,9 @@ def test_unreachable_ray_address_fails():
 
 
 def test_ray_resources_against_the_placement():
-    colocated = cfg(cluster={"backend": "ray", "gpus_per_worker": 1, "num_trainer_workers": 2,
-                             "num_rollout_workers": 2})  # fmt: skip
+    colocated = cfg(
+        cluster={"backend": "ray", "gpus_per_worker": 1, "num_trainer_workers": 2, "num_rollout_workers": 2}
+    )
     need = cluster.demand(colocated)
     assert (need.gpus, need.cpus, need.one_node) == (2, 4, True)
     short = cluster.check_resources(need, {"GPU": 1, "CPU": 8}, "x")
@@ -255,8 +263,12 @@ def test_rendering_env_without_egl_fails(monkeypatch):
 # ------------------------------------------------------------------------------------------ memory, all
 def test_memory_fails_on_a_small_gpu_and_names_the_knob(monkeypatch, tiny_dir):
     monkeypatch.setattr(system, "gpu_facts", lambda: CPU)
-    big = cfg(model={"path": str(tiny_dir)}, train={"max_tokens_per_micro_batch": 200_000,
-              "trajectories_per_update": 64}, data={"max_prompt_tokens": 4000}, rollout={"max_new_tokens": 4000})  # fmt: skip
+    big = cfg(
+        model={"path": str(tiny_dir)},
+        train={"max_tokens_per_micro_batch": 200_000, "trajectories_per_update": 64},
+        data={"max_prompt_tokens": 4000},
+        rollout={"max_new_tokens": 4000},
+    )
     report = run.run_checks(big, gpu_memory_gib=0.5)
     mem = report.results[-1]
     assert mem.name == "memory per GPU" and mem.status == "fail"

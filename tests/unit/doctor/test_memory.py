@@ -24,8 +24,9 @@ def qwen_shape(
     )
 
 
-SHAPE = M.ModelShape(params=1000, vocab=10, hidden=4, intermediate=8, layers=2, heads=2, kv_heads=1,
-                     head_dim=2, tied=True)  # fmt: skip
+SHAPE = M.ModelShape(
+    params=1000, vocab=10, hidden=4, intermediate=8, layers=2, heads=2, kv_heads=1, head_dim=2, tied=True
+)
 BASE = M.MemoryInputs(
     shape=SHAPE, compute_bytes=2, micro_batch_tokens=100, response_tokens=50, logprob_chunk=20
 )

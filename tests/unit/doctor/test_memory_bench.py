@@ -28,8 +28,26 @@ def test_memory_estimate_runs_an_iteration_of_the_tiny_e2e_config(tmp_path, regi
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     out = tmp_path / "res.json"
-    res = module.main(["--shape", "tiny", "--prompts", "2", "--samples", "2", "--prompt-len", "8",
-                       "--new-tokens", "4", "--micro-batch-tokens", "64", "--iterations", "1", "--json", str(out)])  # fmt: skip
+    res = module.main(
+        [
+            "--shape",
+            "tiny",
+            "--prompts",
+            "2",
+            "--samples",
+            "2",
+            "--prompt-len",
+            "8",
+            "--new-tokens",
+            "4",
+            "--micro-batch-tokens",
+            "64",
+            "--iterations",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
     assert out.is_file()
     assert res["estimate_peak_phase"] in res["estimate_gib"] and res["estimate_peak_gib"] > 0
     assert set(res["estimate_gib"]) >= {"rollout", "update"}

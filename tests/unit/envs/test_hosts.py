@@ -56,8 +56,15 @@ def answer_one(chat: ChatTokens):
 def run(chat: ChatTokens, envs: list[str], hosts: Any, turns: int = 3):
     row = {"turns": turns, "parent": os.getpid()}
     tasks = [Task(f"{HOSTILE}:{name}", row, i) for i, name in enumerate(envs)]
-    return run_episodes(tasks, answer_one(chat), chat, SamplingParams(max_new_tokens=4), max_turns=5,
-                        max_tokens=100, hosts=hosts)  # fmt: skip
+    return run_episodes(
+        tasks,
+        answer_one(chat),
+        chat,
+        SamplingParams(max_new_tokens=4),
+        max_turns=5,
+        max_tokens=100,
+        hosts=hosts,
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -81,8 +88,9 @@ def test_hosts_serve_batch_after_batch_and_forget_each(chat: ChatTokens, make_ho
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize(("bad", "reason"), [("Hang", "timed out after 2 s"), ("Crash", "died"),
-                                             ("Exit", "SystemExit: leaving")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("bad", "reason"), [("Hang", "timed out after 2 s"), ("Crash", "died"), ("Exit", "SystemExit: leaving")]
+)
 def test_a_misbehaving_environment_costs_episodes_not_the_batch(
     chat: ChatTokens, make_hosts, kind: str, bad: str, reason: str
 ) -> None:
@@ -117,8 +125,15 @@ def test_hosts_need_environment_names(chat: ChatTokens, tmp_path: Path) -> None:
     hosts = EnvHosts(1, timeout_s=5)
     try:
         with pytest.raises(TypeError, match="must name its environment"):
-            run_episodes([Task(GuessNumber(), {"target": 1}, 0)], answer_one(chat), chat, SamplingParams(),
-                         max_turns=1, max_tokens=10, hosts=hosts)  # fmt: skip
+            run_episodes(
+                [Task(GuessNumber(), {"target": 1}, 0)],
+                answer_one(chat),
+                chat,
+                SamplingParams(),
+                max_turns=1,
+                max_tokens=10,
+                hosts=hosts,
+            )
     finally:
         hosts.close()
 

@@ -1,6 +1,6 @@
 """Multi-turn episodes: token-exactness (what the engine generated plus the observation ids, masks aligned),
-the ends of an episode (done, max_turns, token budget, a turn cut by length), an environment that raises costing
-only its episode, and the real reference engine driven turn by turn."""
+the ends of an episode (done, max_turns, token budget, a turn cut by length), an environment that raises
+costing only its episode, and the real reference engine driven turn by turn."""
 
 from __future__ import annotations
 
@@ -100,8 +100,9 @@ def test_max_turns_and_the_token_budget_end_an_episode(chat: ChatTokens) -> None
         tasks(7), ScriptedEngine(chat, {0: ["1", "2"]}), chat, PARAMS, max_turns=5, max_tokens=8
     )[0]
     assert tight.finish_reason == "length" and len(tight.response_ids) <= 8
-    cut = run_episodes(tasks(7), ScriptedEngine(chat, {0: ["1234567"]}, cut=True), chat, PARAMS, max_turns=5,
-                       max_tokens=200)[0]  # fmt: skip
+    cut = run_episodes(
+        tasks(7), ScriptedEngine(chat, {0: ["1234567"]}, cut=True), chat, PARAMS, max_turns=5, max_tokens=200
+    )[0]
     assert cut.finish_reason == "length" and cut.response_ids == chat._encode("1234")  # cut at max_new_tokens
 
 
@@ -112,8 +113,9 @@ class Flaky(GuessNumber):
 
 def test_an_environment_that_raises_costs_only_its_episode(chat: ChatTokens) -> None:
     batch = [Task(Flaky(), {"target": 1}, row_id=0), Task(GuessNumber(), {"target": 2}, row_id=1)]
-    bad, good = run_episodes(batch, ScriptedEngine(chat, {0: ["1"], 1: ["0", "2"]}), chat, PARAMS, max_turns=4,
-                             max_tokens=200)  # fmt: skip
+    bad, good = run_episodes(
+        batch, ScriptedEngine(chat, {0: ["1"], 1: ["0", "2"]}), chat, PARAMS, max_turns=4, max_tokens=200
+    )
     assert bad.finish_reason == "abort" and bad.reward == 0.0
     assert bad.metadata["env_error"] == "RuntimeError: the tool crashed"
     assert good.reward == 1.0 and good.metadata["turns"] == 2
@@ -131,8 +133,9 @@ def test_the_registry_and_import_paths() -> None:
 def test_the_reference_engine_runs_episodes_turn_by_turn(tiny_path: Path, chat: ChatTokens) -> None:
     from ascent.rollout import build_engine
 
-    engine: Any = build_engine("reference", model_path=tiny_path, device="cpu",
-                               eos_token_ids=[chat.tok.eos_token_id], pad_token_id=0)  # fmt: skip
+    engine: Any = build_engine(
+        "reference", model_path=tiny_path, device="cpu", eos_token_ids=[chat.tok.eos_token_id], pad_token_id=0
+    )
     # every ordinary token ends a turn, so the random model plays several one-token turns
     one_token = SamplingParams(max_new_tokens=4, seed=0, stop_token_ids=tuple(range(4, len(chat.tok))))
     episodes = run_episodes(tasks(3, 8, 5, 1), engine.generate, chat, one_token, max_turns=3, max_tokens=40)
@@ -186,7 +189,8 @@ def test_a_broken_step_result_costs_its_episode_with_the_reason(
     chat: ChatTokens, answer: Any, reason: str
 ) -> None:
     tasks = [Task(BadAnswer(), {"answer": answer}, row_id=0), Task(GuessNumber(), {"target": 3}, row_id=1)]
-    bad, good = run_episodes(tasks, ScriptedEngine(chat, {0: ["1"], 1: ["3"]}), chat, PARAMS, max_turns=2,
-                             max_tokens=200)  # fmt: skip
+    bad, good = run_episodes(
+        tasks, ScriptedEngine(chat, {0: ["1"], 1: ["3"]}), chat, PARAMS, max_turns=2, max_tokens=200
+    )
     assert bad.finish_reason == "abort" and bad.reward == 0.0 and reason in bad.metadata["env_error"]
     assert good.finish_reason == "stop" and good.reward == 1.0  # the batch goes on

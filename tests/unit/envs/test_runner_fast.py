@@ -50,8 +50,15 @@ def engine(tiny_path: Path, chat: ChatTokens, name: str = "fast", **kw: Any) -> 
     from ascent.rollout import build_engine
 
     extra = {"dtype": "fp32", "page_size": 16, "max_model_len": 256} if name == "fast" else {}
-    eng = build_engine(name, model_path=tiny_path, device="cpu", eos_token_ids=[chat.tok.eos_token_id],
-                       pad_token_id=0, **extra, **kw)  # fmt: skip
+    eng = build_engine(
+        name,
+        model_path=tiny_path,
+        device="cpu",
+        eos_token_ids=[chat.tok.eos_token_id],
+        pad_token_id=0,
+        **extra,
+        **kw,
+    )
     eng.update_weights([("lm_head.weight", _head(tiny_path))])
     return eng
 

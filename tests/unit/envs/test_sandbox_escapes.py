@@ -75,21 +75,29 @@ def escapes(h: Host) -> dict[str, str]:
         "write-root": "attempt(lambda: open('/pwned', 'w'))",
         "write-usr": "attempt(lambda: open('/usr/pwned', 'w'))",
         "write-interpreter": "attempt(lambda: open(sys.base_prefix + '/pwned', 'w'))",
-        "tcp-loopback": f"attempt(lambda: socket.create_connection({h.tcp.getsockname()!r}, timeout=2))",
-        "unix-socket": f"attempt(lambda: socket.socket(socket.AF_UNIX).connect({h.unix.getsockname()!r}))",
-        "abstract-socket": f"attempt(lambda: socket.socket(socket.AF_UNIX).connect({h.abstract.getsockname()!r}))",
+        "tcp-loopback": (f"attempt(lambda: socket.create_connection({h.tcp.getsockname()!r}, timeout=2))"),
+        "unix-socket": (f"attempt(lambda: socket.socket(socket.AF_UNIX).connect({h.unix.getsockname()!r}))"),
+        "abstract-socket": (
+            f"attempt(lambda: socket.socket(socket.AF_UNIX).connect({h.abstract.getsockname()!r}))"
+        ),
         "fork-bomb": f"try:\n    while True: os.fork()\nexcept OSError:\n    print({HELD!r})",
-        "daemon": f"if os.fork() == 0:\n    os.setsid()\n    os.fork() or os.execv(sys.executable, {daemon})\n"
+        "daemon": "if os.fork() == 0:\n    os.setsid()\n"
+        f"    os.fork() or os.execv(sys.executable, {daemon})\n"
         f"    os._exit(0)\nos.wait()\nprint({HELD!r})",
         "kill-everything": "with contextlib.suppress(OSError): os.kill(os.getppid(), 9)\n"
         f"with contextlib.suppress(OSError): os.kill(-1, 9)\nprint({HELD!r})",
         "see-processes": "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
         f"print({HELD!r} if set(pids) == {{1, os.getpid()}} else ('ESCAPED', pids))",
         "witness": f"time.sleep(1.0)\nprint({HELD!r})",  # runs while kill-everything kills what it can
-        "environment": f"print({HELD!r} if 'ASCENT_TEST_SECRET' not in os.environ else ('ESCAPED', dict(os.environ)))",
+        "environment": (
+            f"print({HELD!r} if 'ASCENT_TEST_SECRET' not in os.environ else ('ESCAPED', dict(os.environ)))"
+        ),
         "privileges": privileges,
-        "ptrace": f"libc = ctypes.CDLL(None)\nprint({HELD!r} if libc.ptrace(16, 1, 0, 0) == -1 else 'ESCAPED')",
-        "leave-files": f"for d in ('/tmp', '/dev/shm'):\n    open(os.path.join(d, {h.tag!r}), 'w').write('x')\n"
+        "ptrace": (
+            f"libc = ctypes.CDLL(None)\nprint({HELD!r} if libc.ptrace(16, 1, 0, 0) == -1 else 'ESCAPED')"
+        ),
+        "leave-files": "for d in ('/tmp', '/dev/shm'):\n"
+        f"    open(os.path.join(d, {h.tag!r}), 'w').write('x')\n"
         f"print({HELD!r})",
     }
     return {name: PRELUDE + code for name, code in cases.items()}

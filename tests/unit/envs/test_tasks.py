@@ -96,13 +96,19 @@ def python_answer(t: dict[str, list[tuple[Any, ...]]], row: dict[str, Any]) -> A
     p = row["params"]
     month = lambda o: o[4][5:7] == f"{MONTHS.index(p['month']) + 1:02d}"  # noqa: E731
     paid = lambda o: o[5] != "cancelled"  # noqa: E731
-    by = {"customers_in_city": lambda: sum(c[2] == p.get("city") for c in customers.values()),
-          "orders_of_customer": lambda: sum(customers[o[1]][1] == p["customer"] for o in orders),
-          "units_of_product": lambda: sum(o[3] for o in orders if products[o[2]][1] == p["product"]),
-          "spent_by_customer": lambda: round(sum(o[3] * products[o[2]][3] for o in orders
-                                                 if customers[o[1]][1] == p["customer"] and paid(o)), 2),
-          "revenue_in_month": lambda: round(sum(o[3] * products[o[2]][3] for o in orders if month(o) and paid(o)), 2),
-          "cancelled_in_month": lambda: sum(month(o) and not paid(o) for o in orders)}  # fmt: skip
+    by = {
+        "customers_in_city": lambda: sum(c[2] == p.get("city") for c in customers.values()),
+        "orders_of_customer": lambda: sum(customers[o[1]][1] == p["customer"] for o in orders),
+        "units_of_product": lambda: sum(o[3] for o in orders if products[o[2]][1] == p["product"]),
+        "spent_by_customer": lambda: round(
+            sum(o[3] * products[o[2]][3] for o in orders if customers[o[1]][1] == p["customer"] and paid(o)),
+            2,
+        ),
+        "revenue_in_month": lambda: round(
+            sum(o[3] * products[o[2]][3] for o in orders if month(o) and paid(o)), 2
+        ),
+        "cancelled_in_month": lambda: sum(month(o) and not paid(o) for o in orders),
+    }
     if row["template"] == "top_customer_in_category":
         units: Counter[str] = Counter()
         for o in orders:

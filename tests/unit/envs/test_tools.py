@@ -45,8 +45,11 @@ def test_sql_stops_a_runaway_query(db: Path) -> None:
 
 
 def test_search_ranks_by_bm25(tmp_path: Path) -> None:
-    docs = [("Paris", "Paris is the capital of France."), ("Rome", "Rome is the capital of Italy."),
-            ("Cats", "Cats sleep a lot. Cats purr.")]  # fmt: skip
+    docs = [
+        ("Paris", "Paris is the capital of France."),
+        ("Rome", "Rome is the capital of Italy."),
+        ("Cats", "Cats sleep a lot. Cats purr."),
+    ]
     index = SearchIndex.build(tmp_path / "idx.db", docs)
     assert index.search("capital of Italy", k=1).output == "[Rome] Rome is the capital of Italy.\n"
     assert index.search("cats purr", k=3).output.startswith("[Cats]")
@@ -78,8 +81,10 @@ def test_a_function_becomes_a_tool_and_bad_arguments_are_an_answer() -> None:
 
 
 def test_tool_calls_are_parsed_and_bad_ones_reported() -> None:
-    text = ('<tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call> then '
-            '<tool_call>{"name": "b", "arguments": "{\\"y\\": 2}"}</tool_call><tool_call>{oops</tool_call>')  # fmt: skip
+    text = (
+        '<tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call> then '
+        '<tool_call>{"name": "b", "arguments": "{\\"y\\": 2}"}</tool_call><tool_call>{oops</tool_call>'
+    )
     calls, errors = parse_tool_calls(text)
     assert [(c.name, c.arguments) for c in calls] == [("a", {"x": 1}), ("b", {"y": 2})]
     assert len(errors) == 1 and "oops" in errors[0]
@@ -113,8 +118,14 @@ def test_python_math_through_the_runner(tmp_path: Path) -> None:
         ids = chat._encode(next(turns)) + [chat.tok.eos_token_id]
         return [[Generation(ids, [-0.1] * len(ids), "stop")] for _ in requests]
 
-    (ep,) = run_episodes([Task(make_env("python_math"), {"prompt": "12*34?", "answer": 408}, 0)], engine, chat,
-                         SamplingParams(max_new_tokens=200), max_turns=3, max_tokens=400)  # fmt: skip
+    (ep,) = run_episodes(
+        [Task(make_env("python_math"), {"prompt": "12*34?", "answer": 408}, 0)],
+        engine,
+        chat,
+        SamplingParams(max_new_tokens=200),
+        max_turns=3,
+        max_tokens=400,
+    )
     assert ep.reward == 1.0 and ep.metadata["turns"] == 2 and ep.finish_reason == "stop"
     observed = [t for t, m in zip(ep.response_ids, ep.loss_mask, strict=True) if m == 0]
     assert observed == chat.continuation_ids([{"role": "tool", "content": "408\n"}])

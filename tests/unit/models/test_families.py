@@ -13,8 +13,16 @@ from ascent.models.families import CAUSAL_LM, FAMILIES, Family, UnknownFamilyErr
 from ascent.models.loading import family_of_dir
 
 TEXT_FAMILIES = ("qwen2", "qwen3", "llama", "mistral")
-SIZES = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=8, max_position_embeddings=128)  # fmt: skip
+SIZES = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=128,
+)
 
 
 def tiny_model(model_type: str) -> torch.nn.Module:

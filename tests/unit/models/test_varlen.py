@@ -96,8 +96,10 @@ def _packed_tiny(tmp_path):
 
     path = make_tiny_checkpoint(tmp_path / "m", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
     model = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa").eval()
-    samples = [TrainSample(prompt_ids=[5] * p, response_ids=[7] * r, loss_mask=[1] * r, advantages=[0.0] * r)
-               for p, r in ((5, 7), (3, 2), (9, 11))]  # fmt: skip
+    samples = [
+        TrainSample(prompt_ids=[5] * p, response_ids=[7] * r, loss_mask=[1] * r, advantages=[0.0] * r)
+        for p, r in ((5, 7), (3, 2), (9, 11))
+    ]
     return model, pack(samples)
 
 

@@ -1,6 +1,6 @@
-"""Episodes from an agent's recorded calls (`ascent.orchestrator.agent_segments`): a call whose prompt extends an
-earlier call's ids continues its episode; one that does not starts a segment of its own; the cuts at
-max_turns / max_tokens; the ids between turns get mask 0, logprob 0 and the version of the turn before."""
+"""Episodes from an agent's recorded calls (`ascent.orchestrator.agent_segments`): a call whose prompt
+extends an earlier call's ids continues its episode; one that does not starts a segment of its own; the cuts
+at max_turns / max_tokens; the ids between turns get mask 0, logprob 0 and the version of the turn before."""
 
 from __future__ import annotations
 
@@ -24,10 +24,19 @@ def rec(
     """A recorded call; `at` = (started, completed), by default one after the other in creation order."""
     start = float(next(CLOCK)) if at is None else at[0]
     return CompletionRecord(
-        session_id="s", completion_id="c", index=0, endpoint="chat", prompt_ids=prompt, response_ids=response,
-        logprobs=[-0.5] * len(response), finish_reason=finish, policy_version=version,  # type: ignore[arg-type]
-        response_text="t" * len(response), started=start, created=start + 0.5 if at is None else at[1],
-    )  # fmt: skip
+        session_id="s",
+        completion_id="c",
+        index=0,
+        endpoint="chat",
+        prompt_ids=prompt,
+        response_ids=response,
+        logprobs=[-0.5] * len(response),
+        finish_reason=finish,
+        policy_version=version,  # type: ignore[arg-type]
+        response_text="t" * len(response),
+        started=start,
+        created=start + 0.5 if at is None else at[1],
+    )
 
 
 def decode(ids: list[int]) -> str:

@@ -1,5 +1,6 @@
-"""The collector: per-episode staleness, drop and regenerate, prefetching ahead, the sampler state a checkpoint
-saves, and the version every replica reports; on an inline group of scripted replicas (no model)."""
+"""The collector: per-episode staleness, drop and regenerate, prefetching ahead, the sampler state a
+checkpoint saves, and the version every replica reports; on an inline group of scripted replicas (no
+model)."""
 
 from __future__ import annotations
 
@@ -55,9 +56,16 @@ def ctx(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def episode(versions: list[int], row_id: int = 0) -> Episode:
-    return Episode(prompt_ids=[1], response_ids=[5] * len(versions), sampler_logprobs=[0.0] * len(versions),
-                   loss_mask=[1] * len(versions), finish_reason="stop", row_id=row_id,
-                   policy_version=min(versions), token_versions=versions)  # fmt: skip
+    return Episode(
+        prompt_ids=[1],
+        response_ids=[5] * len(versions),
+        sampler_logprobs=[0.0] * len(versions),
+        loss_mask=[1] * len(versions),
+        finish_reason="stop",
+        row_id=row_id,
+        policy_version=min(versions),
+        token_versions=versions,
+    )
 
 
 def test_staleness_counts_from_the_oldest_token() -> None:

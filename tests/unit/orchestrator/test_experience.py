@@ -19,9 +19,18 @@ from ascent.transport.store import FILE_NAME, open_store
 
 
 def ep(text: str, row: int, version: int = 0) -> Episode:
-    return Episode(prompt_ids=[1, row], response_ids=[5, 6], sampler_logprobs=[-0.5, -0.25], loss_mask=[1, 1],
-                   finish_reason="stop", row_id=row, policy_version=version, token_versions=[version] * 2,
-                   response_text=text, metadata={"answer": "4"})  # fmt: skip
+    return Episode(
+        prompt_ids=[1, row],
+        response_ids=[5, 6],
+        sampler_logprobs=[-0.5, -0.25],
+        loss_mask=[1, 1],
+        finish_reason="stop",
+        row_id=row,
+        policy_version=version,
+        token_versions=[version] * 2,
+        response_text=text,
+        metadata={"answer": "4"},
+    )
 
 
 def group(row: int, *texts: str, version: int = 0) -> Group:
@@ -50,8 +59,15 @@ def make_ctx(tmp_path: Path, batches: list[list[Group]], **algorithm: Any) -> An
     )
     tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens: " ".join(map(str, ids)))
     timeline = SimpleNamespace(phase=lambda *a, **k: nullcontext())
-    return SimpleNamespace(cfg=cfg, decode=lambda ids: "", rewards=RewardRunner("exact_match"), timeline=timeline,
-                           data=SimpleNamespace(tokenizer=tokenizer), collector=Batches(batches), experience=None)  # fmt: skip
+    return SimpleNamespace(
+        cfg=cfg,
+        decode=lambda ids: "",
+        rewards=RewardRunner("exact_match"),
+        timeline=timeline,
+        data=SimpleNamespace(tokenizer=tokenizer),
+        collector=Batches(batches),
+        experience=None,
+    )
 
 
 def test_collect_groups_records_the_groups_it_leaves_out(tmp_path: Path) -> None:
@@ -69,11 +85,17 @@ def test_collect_groups_records_the_groups_it_leaves_out(tmp_path: Path) -> None
         got = [(r.row_id, r.status, r.group_index, r.advantage) for r in store.episodes()]
         reasons = {r.status: r.drop_reason for r in store.episodes(status="dropped")}
     assert got == [
-        (2, "dropped_stale", None, None), (2, "dropped_stale", None, None),
-        (0, "filtered", None, None), (0, "filtered", None, None),
-        (4, "surplus", None, None), (4, "surplus", None, None),
-        (1, "trained", 0, 1.0), (1, "trained", 0, 1.0), (3, "trained", 1, 1.0), (3, "trained", 1, 1.0),
-    ]  # fmt: skip
+        (2, "dropped_stale", None, None),
+        (2, "dropped_stale", None, None),
+        (0, "filtered", None, None),
+        (0, "filtered", None, None),
+        (4, "surplus", None, None),
+        (4, "surplus", None, None),
+        (1, "trained", 0, 1.0),
+        (1, "trained", 0, 1.0),
+        (3, "trained", 1, 1.0),
+        (3, "trained", 1, 1.0),
+    ]
     assert "rollout.max_staleness=0" in reasons["dropped_stale"] and "dynamic_sampling" in reasons["filtered"]
 
 

@@ -19,7 +19,10 @@ from ascent.orchestrator.rundir import RunDirError, RunDirLock, check_writable_d
 
 def test_lock_refuses_a_second_holder_in_another_process_and_frees_on_exit(tmp_path):
     lock = RunDirLock(tmp_path).acquire()
-    code = "from pathlib import Path; from ascent.orchestrator.rundir import RunDirLock; RunDirLock(Path('{}')).acquire()"
+    code = (
+        "from pathlib import Path; from ascent.orchestrator.rundir import RunDirLock; "
+        "RunDirLock(Path('{}')).acquire()"
+    )
     other = subprocess.run([sys.executable, "-c", code.format(tmp_path)], capture_output=True, text=True)
     assert other.returncode != 0 and f"pid {os.getpid()}" in other.stderr
     lock.release()

@@ -49,8 +49,8 @@ def test_placement_plans_split_colocated_and_inline():
 
 
 def test_publications_land_mid_generation_only_where_replicas_generate_alongside():
-    """swap_mid_generation needs the fast engine on replicas that sample while the trainer computes: Ray split,
-    or Ray colocated with the engine awake; not inline, not colocated with the engine asleep."""
+    """swap_mid_generation needs the fast engine on replicas that sample while the trainer computes: Ray
+    split, or Ray colocated with the engine awake; not inline, not colocated with the engine asleep."""
     from ascent.config import load_config
 
     def swaps(*overrides: str) -> bool:

@@ -1,6 +1,6 @@
-"""The workers' specs (`ascent.orchestrator.specs`): each config field reaches the spec field its worker reads,
-no config section crosses into a spec, specs pickle (Ray), and the policy loss gets the settings of its choice,
-the same whether the config writes them flat (the older form) or under `algorithm.policy_loss`."""
+"""The workers' specs (`ascent.orchestrator.specs`): each config field reaches the spec field its worker
+reads, no config section crosses into a spec, specs pickle (Ray), and the policy loss gets the settings of
+its choice, the same whether the config writes them flat (the older form) or under `algorithm.policy_loss`."""
 
 from __future__ import annotations
 

@@ -20,9 +20,17 @@ from ascent.rewards import RewardRunner
 
 
 def ep(reward: float = 0.0, n: int = 3, finish: str = "stop", row_id: int = 0, text: str = "") -> Episode:
-    return Episode(prompt_ids=[1, 2], response_ids=[5] * n, sampler_logprobs=[-0.5] * n, loss_mask=[1] * n,
-                   finish_reason=finish, row_id=row_id, reward=reward, response_text=text,  # type: ignore[arg-type]
-                   metadata={"answer": "4"})  # fmt: skip
+    return Episode(
+        prompt_ids=[1, 2],
+        response_ids=[5] * n,
+        sampler_logprobs=[-0.5] * n,
+        loss_mask=[1] * n,
+        finish_reason=finish,
+        row_id=row_id,
+        reward=reward,
+        response_text=text,  # type: ignore[arg-type]
+        metadata={"answer": "4"},
+    )
 
 
 def ctx_for(**algorithm: Any) -> Any:
@@ -110,8 +118,10 @@ def test_to_groups_makes_one_group_per_prompt_in_engine_order() -> None:
         SimpleNamespace(prompt_ids=[1], row_id=7, metadata={}),
         SimpleNamespace(prompt_ids=[2], row_id=9, metadata={}),
     ]
-    gens = [[Generation([4], [-0.1], "stop", [2]), Generation([5, 6], [-0.2, -0.3], "length", [1, 2])],
-            [Generation([8], [-0.4], "stop")]]  # fmt: skip
+    gens = [
+        [Generation([4], [-0.1], "stop", [2]), Generation([5, 6], [-0.2, -0.3], "length", [1, 2])],
+        [Generation([8], [-0.4], "stop")],
+    ]
     groups = B.to_groups(items, gens, decode=str, policy_version=3)
     assert [g.row_id for g in groups] == [7, 9] and [len(g.episodes) for g in groups] == [2, 1]
     a, b = groups[0].episodes
@@ -138,9 +148,16 @@ def test_shard_requests_keeps_each_request_id_on_one_replica_and_restores_order(
 def _turns_ep(turn_rewards: list[float], reward: float) -> Episode:
     """Three model turns (tokens 0-1, 4-6, 8) with observations (2-3, 7) between them."""
     mask = [1, 1, 0, 0, 1, 1, 1, 0, 1]
-    return Episode(prompt_ids=[1, 2], response_ids=[5] * 9, sampler_logprobs=[-0.5] * 9, loss_mask=mask,
-                   finish_reason="stop", row_id=0, reward=reward,
-                   metadata={"turn_rewards": turn_rewards})  # fmt: skip
+    return Episode(
+        prompt_ids=[1, 2],
+        response_ids=[5] * 9,
+        sampler_logprobs=[-0.5] * 9,
+        loss_mask=mask,
+        finish_reason="stop",
+        row_id=0,
+        reward=reward,
+        metadata={"turn_rewards": turn_rewards},
+    )
 
 
 def test_token_level_estimators_place_each_turns_reward_at_the_end_of_its_turn() -> None:

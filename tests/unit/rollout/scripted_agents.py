@@ -25,8 +25,10 @@ async def in_parallel(client: Any, row: dict[str, Any]) -> float:
         return [*messages, {"role": "assistant", "content": out.choices[0].message.content or ""}]
 
     first = await ask([{"role": "user", "content": row["q"]}])
-    long, _ = await asyncio.gather(ask([*first, {"role": "user", "content": "long"}]),
-                                   ask([*first, {"role": "user", "content": "short"}], wait_s=0.1))  # fmt: skip
+    long, _ = await asyncio.gather(
+        ask([*first, {"role": "user", "content": "long"}]),
+        ask([*first, {"role": "user", "content": "short"}], wait_s=0.1),
+    )
     await ask([*long, {"role": "user", "content": "go on"}])
     return 1.0
 
@@ -71,8 +73,10 @@ async def _talk_on(client: Any, row: dict[str, Any]) -> None:
     messages = [{"role": "user", "content": row["q"]}]
     for _ in range(100):
         out = await client.chat.completions.create(model="any", messages=messages, max_tokens=4)
-        messages += [{"role": "assistant", "content": out.choices[0].message.content or ""},
-                     {"role": "user", "content": "more"}]  # fmt: skip
+        messages += [
+            {"role": "assistant", "content": out.choices[0].message.content or ""},
+            {"role": "user", "content": "more"},
+        ]
 
 
 async def talks_on(client: Any, row: dict[str, Any]) -> float:
@@ -95,8 +99,10 @@ def plain_talks_on(client: Any, row: dict[str, Any]) -> None:
     messages = [{"role": "user", "content": row["q"]}]
     for _ in range(100):
         out = client.chat.completions.create(model="any", messages=messages, max_tokens=4)
-        messages += [{"role": "assistant", "content": out.choices[0].message.content or ""},
-                     {"role": "user", "content": "more"}]  # fmt: skip
+        messages += [
+            {"role": "assistant", "content": out.choices[0].message.content or ""},
+            {"role": "user", "content": "more"},
+        ]
 
 
 def plain_hangs(client: Any, row: dict[str, Any]) -> None:

@@ -49,7 +49,8 @@ class ScriptedEngine:
 
 
 class StreamingScriptedEngine(ScriptedEngine):
-    """A ScriptedEngine that reports each token as it goes, `token_delay_s` apart (a real streaming engine)."""
+    """A ScriptedEngine that reports each token as it goes, `token_delay_s` apart (a real streaming
+    engine)."""
 
     def __init__(self, reply: Reply, token_delay_s: float) -> None:
         super().__init__(reply)
@@ -95,7 +96,8 @@ class ShortFirstEngine(ScriptedEngine):
 
 
 def chat_user_text(request: GenerationRequest) -> list[int]:
-    """The ids of the one user message of a tiny-template chat prompt: <|im_start|> u TEXT <|im_end|> <|im_start|> a."""
+    """The ids of the one user message of a tiny-template chat prompt: <|im_start|> u TEXT <|im_end|>
+    <|im_start|> a."""
     return request.prompt_ids[2:-3]
 
 

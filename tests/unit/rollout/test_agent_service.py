@@ -29,8 +29,17 @@ class Item:
 def service(chat_model: Path, request: pytest.FixtureRequest) -> Iterator[AgentService]:
     """A service for the agent named by the test's parameter, with a 2 s timeout and a 48-token context."""
     engine = ScriptedEngine(lambda r: [r.prompt_ids[-4], r.prompt_ids[-4], EOS])
-    setup = AgentSetup(f"{AGENTS}:{request.param}", timeout_s=2.0, concurrency=8, workers=1, inline=False,
-                       max_prompt_tokens=16, max_episode_tokens=32, max_new_tokens=4, max_turns=99)  # fmt: skip
+    setup = AgentSetup(
+        f"{AGENTS}:{request.param}",
+        timeout_s=2.0,
+        concurrency=8,
+        workers=1,
+        inline=False,
+        max_prompt_tokens=16,
+        max_episode_tokens=32,
+        max_new_tokens=4,
+        max_turns=99,
+    )
     svc = AgentService(setup, engine.generate, PARAMS, load_tokenizer(chat_model))
     try:
         yield svc
@@ -43,9 +52,10 @@ def decode(ids: list[int]) -> str:
 
 
 @pytest.mark.parametrize(
-    ("service", "reward"), [("talks_on", 0.0), ("talks_on_then_scores", 0.25), ("plain_talks_on", 0.0)],
+    ("service", "reward"),
+    [("talks_on", 0.0), ("talks_on_then_scores", 0.25), ("plain_talks_on", 0.0)],
     indirect=["service"],
-)  # fmt: skip
+)
 def test_an_episode_past_the_context_ends_truncated_not_failed(service: AgentService, reward: Any) -> None:
     groups, unscored, stats = play_agent_groups(service, [Item(0, "hi"), Item(1, "yo")], PARAMS, decode)
     episodes = [e for g in groups for e in g]
@@ -88,11 +98,19 @@ def test_a_batch_without_a_call_names_the_fix() -> None:
             [], AgentResult(reward=0.0, truncated="This model's maximum context length is 32 tokens.")
         )
         silent.add([], AgentResult(reward=1.0))
-    for stats, words in [(failed, "every one failed before its first call (first: RuntimeError: before any "
-                          "call), whatever reward.max_failure_rate allows"),
-                         (refused, "refused their first call, which does not fit the context of "
-                          "data.max_prompt_tokens + rollout.max_episode_tokens"),
-                         (silent, "must generate with the client it is given")]:  # fmt: skip
+    for stats, words in [
+        (
+            failed,
+            "every one failed before its first call (first: RuntimeError: before any "
+            "call), whatever reward.max_failure_rate allows",
+        ),
+        (
+            refused,
+            "refused their first call, which does not fit the context of "
+            "data.max_prompt_tokens + rollout.max_episode_tokens",
+        ),
+        (silent, "must generate with the client it is given"),
+    ]:
         with pytest.raises(AgentCallError, match="none of 3 agent episodes left a call to train on") as err:
             stats.require_calls()
         assert words in str(err.value)

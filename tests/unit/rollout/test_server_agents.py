@@ -51,8 +51,11 @@ def test_episodes_are_recorded_under_their_sessions(server: OpenAIServer) -> Non
 
 
 def test_failures_cost_their_episode_only(server: OpenAIServer) -> None:
-    for name, error in [("raises", "ValueError: no answer for hi"), ("nonsense", "TypeError: run(client, row) "
-                        "returned 'yes'"), ("hangs", "timed out after 0.5 s (rollout.agent_timeout_s)")]:  # fmt: skip
+    for name, error in [
+        ("raises", "ValueError: no answer for hi"),
+        ("nonsense", "TypeError: run(client, row) returned 'yes'"),
+        ("hangs", "timed out after 0.5 s (rollout.agent_timeout_s)"),
+    ]:
         (result,) = play(spec(server, name, timeout_s=0.5), [AgentJob("f", {"q": "hi"})])
         assert result.reward is None and result.error is not None and result.error.startswith(error), name
 
@@ -62,7 +65,10 @@ def test_a_process_that_dies_costs_its_chunk_and_a_blocked_loop_is_interrupted(s
     try:
         chunks = [[AgentJob("d", {"q": "a"})], [AgentJob("b", {"q": "b"})], [AgentJob("ok", {"q": "c"})]]
         names = ["dies", "blocks", "polite"]
-        outcomes = [runner.each(partial(play, spec(server, n, timeout_s=2)), [c])[0] for n, c in zip(names, chunks, strict=True)]  # fmt: skip
+        outcomes = [
+            runner.each(partial(play, spec(server, n, timeout_s=2)), [c])[0]
+            for n, c in zip(names, chunks, strict=True)
+        ]
     finally:
         runner.close()
     assert "died (exit code 3)" in str(outcomes[0].error)

@@ -46,9 +46,17 @@ def post(server: OpenAIServer, path: str, body: bytes, key: str | None = KEY) ->
 
 def test_chat_n_logprobs_and_token_exact_records(server: OpenAIServer, chat_model: Path) -> None:
     c = client(server)
-    out = c.chat.completions.create(model="tiny", messages=HI, n=3, logprobs=True, seed=7, max_tokens=10,
-                                    temperature=1.0, extra_body={"return_token_ids": True},
-                                    extra_headers={"X-Session-Id": "ep-1"})  # fmt: skip
+    out = c.chat.completions.create(
+        model="tiny",
+        messages=HI,
+        n=3,
+        logprobs=True,
+        seed=7,
+        max_tokens=10,
+        temperature=1.0,
+        extra_body={"return_token_ids": True},
+        extra_headers={"X-Session-Id": "ep-1"},
+    )
     assert out.object == "chat.completion" and len(out.choices) == 3
     assert [ch.index for ch in out.choices] == [0, 1, 2]
     records = server.recorder.drain("ep-1")
@@ -71,13 +79,23 @@ def test_chat_n_logprobs_and_token_exact_records(server: OpenAIServer, chat_mode
 
 def test_streamed_chat_matches_its_record(server: OpenAIServer) -> None:
     c = client(server)
-    stream = c.chat.completions.create(model="tiny", messages=HI, stream=True, max_tokens=8, logprobs=True,
-                                       stream_options={"include_usage": True},
-                                       extra_headers={"X-Session-Id": "stream-1"})  # fmt: skip
+    stream = c.chat.completions.create(
+        model="tiny",
+        messages=HI,
+        stream=True,
+        max_tokens=8,
+        logprobs=True,
+        stream_options={"include_usage": True},
+        extra_headers={"X-Session-Id": "stream-1"},
+    )
     chunks = list(stream)
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-    logprobs = [e.logprob for ch in chunks if ch.choices and ch.choices[0].logprobs
-                for e in ch.choices[0].logprobs.content]  # fmt: skip
+    logprobs = [
+        e.logprob
+        for ch in chunks
+        if ch.choices and ch.choices[0].logprobs
+        for e in ch.choices[0].logprobs.content
+    ]
     finish = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
     (rec,) = server.recorder.drain("stream-1")
     assert text == rec.response_text and logprobs == rec.logprobs and finish == [rec.finish_reason]

@@ -126,8 +126,12 @@ def test_client_leaving_mid_stream_leaves_the_server_up(chat_model: Path, api_pr
     engine = StreamingScriptedEngine(lambda r: [*([40] * 30), EOS], token_delay_s=0.02)
     with serving(engine, chat_model, default_max_tokens=64, api_processes=api_processes) as server:
         c = client(server)
-        stream = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "go"}], stream=True,
-                                           extra_headers={"X-Session-Id": "gone"})  # fmt: skip
+        stream = c.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "go"}],
+            stream=True,
+            extra_headers={"X-Session-Id": "gone"},
+        )
         chunks = iter(stream)
         next(chunks)  # the role chunk
         assert next(chunks).choices[0].delta.content and not engine.finished.is_set()  # tokens as they come
@@ -187,9 +191,12 @@ def test_the_fast_engine_takes_requests_mid_call_and_answers_each_as_it_ends(cha
 
         async def ask(i: int) -> list[int]:
             out = await c.chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": f"q{i}"}], seed=i, max_tokens=4 + i % 9,
+                model="tiny",
+                messages=[{"role": "user", "content": f"q{i}"}],
+                seed=i,
+                max_tokens=4 + i % 9,
                 extra_body={"return_token_ids": True},
-            )  # fmt: skip
+            )
             return list(out.choices[0].model_extra["token_ids"])  # type: ignore[index]
 
         async def main() -> list[list[int]]:
@@ -201,9 +208,12 @@ def test_the_fast_engine_takes_requests_mid_call_and_answers_each_as_it_ends(cha
         answers = asyncio.run(main())
         assert server.batcher.served == 40 and server.batcher.calls < 40
     prompts = [server.chat.prompt_ids([{"role": "user", "content": f"q{i}"}]) for i in range(40)]
-    direct = engine.generate([
-        GenerationRequest(p, SamplingParams(max_new_tokens=4 + i % 9, seed=i)) for i, p in enumerate(prompts)
-    ])  # fmt: skip
+    direct = engine.generate(
+        [
+            GenerationRequest(p, SamplingParams(max_new_tokens=4 + i % 9, seed=i))
+            for i, p in enumerate(prompts)
+        ]
+    )
     assert answers == [g[0].token_ids for g in direct]
 
 
@@ -221,8 +231,9 @@ def test_a_sessions_next_call_reuses_its_cached_history_on_the_fast_engine(chat_
         c = client(server)
 
         def say(history: list[dict], session: str) -> tuple[str, int]:
-            out = c.chat.completions.create(model="tiny", messages=history, temperature=0.0,
-                                            extra_headers={"x-session-id": session})  # fmt: skip
+            out = c.chat.completions.create(
+                model="tiny", messages=history, temperature=0.0, extra_headers={"x-session-id": session}
+            )
             return out.choices[0].message.content or "", out.usage.prompt_tokens_details.cached_tokens
 
         history: list[dict] = []

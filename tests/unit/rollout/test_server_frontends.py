@@ -43,8 +43,12 @@ async def _ask(c: openai.AsyncOpenAI, i: int) -> str:
     messages = [{"role": "user", "content": f"q{i}"}]
     headers = {"X-Session-Id": f"s{i}"}
     if i % 2:
-        stream = await c.chat.completions.create(model="tiny", messages=messages, stream=True,  # type: ignore[arg-type]
-                                                 extra_headers=headers)  # fmt: skip
+        stream = await c.chat.completions.create(
+            model="tiny",
+            messages=messages,
+            stream=True,  # type: ignore[arg-type]
+            extra_headers=headers,
+        )
         return "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices])
     out = await c.chat.completions.create(model="tiny", messages=messages, extra_headers=headers)  # type: ignore[arg-type]
     return out.choices[0].message.content or ""
@@ -117,10 +121,13 @@ def test_a_killed_front_end_is_restarted_and_costs_only_its_connections(
         _wait(lambda: pool.restarts == 1 and len(hub.peers) == 2)
         engine.delay_s = 0.0
         assert all(
-            client(server).chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"a{i}"}])
-            .choices[0].message.content == f"a{i}"
+            client(server)
+            .chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"a{i}"}])
+            .choices[0]
+            .message.content
+            == f"a{i}"
             for i in range(10)
-        )  # fmt: skip
+        )
         os.kill(pool.procs[0].pid, signal.SIGKILL)  # a second death within the window: a crash loop
         _wait(lambda: pool.failure is not None)
         assert "2 front-end processes died" in pool.failure and "--api-processes 1" in pool.failure

@@ -1,6 +1,6 @@
-"""Tool calls in each family's format (`ascent.rollout.server.tool_parsers`): Hermes/Qwen blocks, Llama 3 JSON,
-Mistral's two formats; a reply that is not well-formed calls is left as text; the parser is chosen from the
-chat template's markers or by name."""
+"""Tool calls in each family's format (`ascent.rollout.server.tool_parsers`): Hermes/Qwen blocks, Llama 3
+JSON, Mistral's two formats; a reply that is not well-formed calls is left as text; the parser is chosen from
+the chat template's markers or by name."""
 
 from __future__ import annotations
 
@@ -26,7 +26,10 @@ NOW = ParsedCall("now", {})
 def test_hermes_blocks_and_the_text_around_them() -> None:
     text = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
     assert hermes(text) == ("Let me add.", [ADD])
-    two = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><tool_call>{"name": "now"}</tool_call>'
+    two = (
+        '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+        '<tool_call>{"name": "now"}</tool_call>'
+    )
     assert hermes(two) == (None, [ADD, NOW])
     assert hermes("no call here") is None
     assert hermes('<tool_call>{"name": "add", "arguments": {"a": 1,</tool_call>') is None  # broken JSON

@@ -16,8 +16,19 @@ from ascent.rollout.server import OpenAIServer
 from tests.unit.rollout.server_support import API_PROCESSES, EOS, ScriptedEngine, client, serving
 
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
-TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two numbers.",
-          "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]  # fmt: skip
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            },
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +65,10 @@ def test_tool_call_round_trip(server: OpenAIServer) -> None:
     (call,) = choice.message.tool_calls
     assert call.type == "function" and call.function.name == "add" and call.id.startswith("call_")
     assert json.loads(call.function.arguments) == {"a": 2, "b": 3}
-    messages += [choice.message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": "5"}]  # fmt: skip
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "5"},
+    ]
     second = c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS)
     assert second.choices[0].message.content == "It is 5." and second.choices[0].finish_reason == "stop"
     assert second.choices[0].message.tool_calls is None
@@ -107,8 +120,10 @@ def _agent_turns(server: OpenAIServer, session: str) -> None:
     messages: list = [{"role": "user", "content": "what is 4+1?"}]
     first = c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS)
     (call,) = first.choices[0].message.tool_calls or []
-    messages += [first.choices[0].message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": "5"}]  # fmt: skip
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "5"},
+    ]
     c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS)
 
 
@@ -136,8 +151,17 @@ def test_an_echoed_reply_continues_its_exact_ids(chat_model: Path, tok, api_proc
         assert srv.threads.continued == 1 and srv.take("s1") == []
         srv.threads.forget("s2")  # a fresh session renders the history again: the ids differ
         rendered = srv.chat.prompt_ids(
-            [{"role": "user", "content": "what is 4+1?"},
-             {"role": "assistant", "content": "", "tool_calls": [
-                 {"type": "function", "function": {"name": "add", "arguments": {"a": 4, "b": 1}}}]},
-             {"role": "tool", "content": "5"}], tools=TOOLS)  # fmt: skip
+            [
+                {"role": "user", "content": "what is 4+1?"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"type": "function", "function": {"name": "add", "arguments": {"a": 4, "b": 1}}}
+                    ],
+                },
+                {"role": "tool", "content": "5"},
+            ],
+            tools=TOOLS,
+        )
         assert rendered[: len(first.prompt_ids) + len(call_ids)] != first.prompt_ids + call_ids

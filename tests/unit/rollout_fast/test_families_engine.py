@@ -18,8 +18,16 @@ from ascent.rollout.fast import build_fast_engine
 from ascent.rollout.fast.spec import spec_from_config, supported_model_types
 from ascent.rollout.fast.weights import build_weights, state_dict_of
 
-SIZES = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=8, max_position_embeddings=128)  # fmt: skip
+SIZES = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=128,
+)
 
 
 def tiny_model(model_type: str) -> nn.Module:
@@ -75,8 +83,14 @@ def greedy(engine) -> list[list[int]]:
 
 
 def test_a_new_family_runs_on_the_engine_by_one_registry_entry(monkeypatch):
-    toy = Family(name="toy_vl", model_types=("toy_vl",), engine="decoder", spec=decoder_spec,
-                 to_engine_name=vl_to_engine, to_checkpoint_name=vl_to_checkpoint)  # fmt: skip
+    toy = Family(
+        name="toy_vl",
+        model_types=("toy_vl",),
+        engine="decoder",
+        spec=decoder_spec,
+        to_engine_name=vl_to_engine,
+        to_checkpoint_name=vl_to_checkpoint,
+    )
     monkeypatch.setitem(FAMILIES, "toy_vl", toy)
     lm = tiny_model("qwen2")
     with torch.no_grad():
@@ -84,8 +98,15 @@ def test_a_new_family_runs_on_the_engine_by_one_registry_entry(monkeypatch):
     wrapped = LanguageModelInside(lm, "toy_vl")
     assert "model.language_model.layers.0.self_attn.q_proj.weight" in state_dict_of(wrapped)
     ref = ReferenceEngine(lm, eos_token_ids=[1], pad_token_id=0)
-    fast = build_fast_engine(model=wrapped, dtype="fp32", device="cpu", eos_token_ids=[1], max_model_len=64,
-                             share_weights=False, page_size=16)  # fmt: skip
+    fast = build_fast_engine(
+        model=wrapped,
+        dtype="fp32",
+        device="cpu",
+        eos_token_ids=[1],
+        max_model_len=64,
+        share_weights=False,
+        page_size=16,
+    )
     assert "toy_vl" in supported_model_types() and greedy(fast) == greedy(ref)
     with torch.no_grad():
         for p in lm.model.layers.parameters():

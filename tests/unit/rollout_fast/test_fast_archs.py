@@ -9,8 +9,15 @@ from ascent.messages import GenerationRequest, SamplingParams
 from ascent.rollout import ReferenceEngine
 from ascent.rollout.fast import build_fast_engine
 
-COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+COMMON = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 
 
 def _model(kind: str):
@@ -28,7 +35,7 @@ def _model(kind: str):
                 "original_max_position_embeddings": 64,
             },
             **COMMON,
-        ),  # fmt: skip
+        ),
         "qwen2_tied": lambda: Qwen2Config(tie_word_embeddings=True, **COMMON),
     }
     from transformers import AutoModelForCausalLM
@@ -45,12 +52,24 @@ def _model(kind: str):
 def test_greedy_equals_reference(kind):
     model = _model(kind)
     ref = ReferenceEngine(model, eos_token_ids=[1], pad_token_id=0)
-    fast = build_fast_engine(model=model, dtype="fp32", device="cpu", eos_token_ids=[1], max_model_len=200,
-                             share_weights=False, page_size=16)  # fmt: skip
+    fast = build_fast_engine(
+        model=model,
+        dtype="fp32",
+        device="cpu",
+        eos_token_ids=[1],
+        max_model_len=200,
+        share_weights=False,
+        page_size=16,
+    )
     assert not fast.weights.shared
     g = torch.Generator().manual_seed(0)
-    reqs = [GenerationRequest(torch.randint(2, 96, (n,), generator=g).tolist(),
-                              SamplingParams(temperature=0.0, max_new_tokens=24, n=2)) for n in (3, 40)]  # fmt: skip
+    reqs = [
+        GenerationRequest(
+            torch.randint(2, 96, (n,), generator=g).tolist(),
+            SamplingParams(temperature=0.0, max_new_tokens=24, n=2),
+        )
+        for n in (3, 40)
+    ]
     want = [[g.token_ids for g in r] for r in ref.generate(reqs)]
     got = fast.generate(reqs)
     assert [[g.token_ids for g in r] for r in got] == want

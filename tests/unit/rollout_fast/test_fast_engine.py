@@ -126,8 +126,11 @@ def test_one_token_prefill(engines):
         list(range(4, 30)), SamplingParams(temperature=0.0, max_new_tokens=6), session_id="a"
     )
     out = fast.generate([first])[0][0]
-    again = GenerationRequest(first.prompt_ids + out.token_ids, SamplingParams(temperature=0.0, max_new_tokens=6, n=2),
-                              session_id="a")  # fmt: skip
+    again = GenerationRequest(
+        first.prompt_ids + out.token_ids,
+        SamplingParams(temperature=0.0, max_new_tokens=6, n=2),
+        session_id="a",
+    )
     before = fast.stats["prefill_tokens"]
     assert _tokens(fast.generate([again])) == _tokens(ref.generate([again]))
     assert fast.stats["prefill_tokens"] - before == 1
@@ -142,8 +145,10 @@ def test_session_turn_fed_into_a_running_batch(engines):
     first = GenerationRequest(list(range(4, 40)), greedy, session_id="a")
     out = fast.generate([first])[0][0]
     turn2 = GenerationRequest(first.prompt_ids + out.token_ids + [7, 8, 9], greedy, session_id="a")
-    others = [GenerationRequest(list(range(50, 20, -1)), SamplingParams(temperature=0.0, max_new_tokens=n))
-              for n in (20, 2)]  # fmt: skip
+    others = [
+        GenerationRequest(list(range(50, 20, -1)), SamplingParams(temperature=0.0, max_new_tokens=n))
+        for n in (20, 2)
+    ]
     before = dict(fast.stats)
     got = fast.generate([*others, turn2])  # turn 2 waits for a row, then joins the 20-token one
     assert _tokens(got) == _tokens(ref.generate([*others, turn2]))
@@ -162,11 +167,15 @@ def test_conversations_sharing_a_session_id_each_keep_their_cache(engines):
     id: the turns of two interleaved conversations each continue their own cached K/V."""
     ref, fast = engines(max_batch_size=4)
     params = SamplingParams(temperature=0.0, max_new_tokens=6)
-    firsts = [GenerationRequest(list(range(4, 30)), params, session_id="http:s"),
-              GenerationRequest(list(range(60, 30, -1)), params, session_id="http:s")]  # fmt: skip
+    firsts = [
+        GenerationRequest(list(range(4, 30)), params, session_id="http:s"),
+        GenerationRequest(list(range(60, 30, -1)), params, session_id="http:s"),
+    ]
     outs = [fast.generate([r])[0][0] for r in firsts]
-    seconds = [GenerationRequest(r.prompt_ids + o.token_ids + [7, 8], params, session_id="http:s")
-               for r, o in zip(firsts, outs, strict=True)]  # fmt: skip
+    seconds = [
+        GenerationRequest(r.prompt_ids + o.token_ids + [7, 8], params, session_id="http:s")
+        for r, o in zip(firsts, outs, strict=True)
+    ]
     before = fast.stats["reused_tokens"]
     again = [fast.generate([r])[0][0] for r in seconds]
     expected = [turn2_reuse(r, o) for r, o in zip(firsts, outs, strict=True)]

@@ -29,8 +29,14 @@ def _requests(n: int) -> list[GenerationRequest]:
 
 
 def test_engine_logprobs_equal_the_trainers_with_early_stops_and_refills(fast_tiny_path):
-    engine = build_fast_engine(model_path=fast_tiny_path, dtype="fp32", device="cpu", page_size=16,
-                               max_model_len=160, max_batch_size=6)  # fmt: skip
+    engine = build_fast_engine(
+        model_path=fast_tiny_path,
+        dtype="fp32",
+        device="cpu",
+        page_size=16,
+        max_model_len=160,
+        max_batch_size=6,
+    )
     reqs = _requests(24)
     first = engine.generate(reqs[:8])
     counts: dict[int, int] = {}
@@ -52,7 +58,7 @@ def test_engine_logprobs_equal_the_trainers_with_early_stops_and_refills(fast_ti
             response_ids=g.token_ids,
             loss_mask=[1] * len(g.token_ids),
             advantages=[0.0] * len(g.token_ids),
-        )  # fmt: skip
+        )
         for r, g in gens
     ]
     trainer = policy.compute_logprobs(samples, temperature=1.0, which="policy")

@@ -26,7 +26,7 @@ def _requests() -> list[GenerationRequest]:
             SamplingParams(temperature=0.0, max_new_tokens=m, n=n),
             request_id=i,
             session_id="s0" if i == 0 else None,
-        )  # fmt: skip
+        )
         for i, (p, n, m) in enumerate(shapes)
     ]
 

@@ -41,14 +41,15 @@ def test_every_static_file_ships_in_the_package_and_plotly_is_local() -> None:
 
 
 def test_the_studio_imports_only_what_design_md_allows_and_no_torch() -> None:
-    """design.md: studio imports tracking and config (and errors); it reads the experience store and probes the
-    run-dir lock itself, so no transport or orchestrator module is loaded."""
+    """design.md: studio imports tracking and config (and errors); it reads the experience store and probes
+    the run-dir lock itself, so no transport or orchestrator module is loaded."""
     import subprocess
     import sys
 
     code = "import sys, ascent.studio; print(' '.join(sorted(sys.modules)))"
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            cwd=REPO).stdout.split()  # fmt: skip
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    ).stdout.split()
     assert "torch" not in loaded and "transformers" not in loaded
     allowed = ("ascent.studio", "ascent.config", "ascent.tracking", "ascent.errors")
     ours = [m for m in loaded if m.startswith("ascent.")]

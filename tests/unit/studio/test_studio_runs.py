@@ -25,9 +25,19 @@ from .conftest import make_run
 
 
 def write_status(run_dir: Path, state: str, **extra) -> None:
-    status = {"schema": 1, "state": state, "kind": "train", "pid": 4242, "host": "h", "command": ["ascent"],
-              "started_at": time.time() - 60, "updated_at": time.time(), "step": 2, "total_steps": 3,
-              "error": None} | extra  # fmt: skip
+    status = {
+        "schema": 1,
+        "state": state,
+        "kind": "train",
+        "pid": 4242,
+        "host": "h",
+        "command": ["ascent"],
+        "started_at": time.time() - 60,
+        "updated_at": time.time(),
+        "step": 2,
+        "total_steps": 3,
+        "error": None,
+    } | extra
     (run_dir / "status.json").write_text(json.dumps(status))
 
 

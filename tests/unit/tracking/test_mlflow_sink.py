@@ -44,8 +44,11 @@ def history(uri, run_id, key):
 
 
 def test_metrics_and_params_read_back(tmp_path, store):
-    run_id = run_once(tmp_path / "run", store, [(1, {"reward/mean": 0.25, "n": 3, "s": "x"}),
-                                                (2, {"reward/mean": 0.5, "bad": float("nan")})])  # fmt: skip
+    run_id = run_once(
+        tmp_path / "run",
+        store,
+        [(1, {"reward/mean": 0.25, "n": 3, "s": "x"}), (2, {"reward/mean": 0.5, "bad": float("nan")})],
+    )
     client = mlflow.tracking.MlflowClient(tracking_uri=store.as_uri())
     run = client.get_run(run_id)
     assert history(store, run_id, "reward/mean") == [(1, 0.25), (2, 0.5)]

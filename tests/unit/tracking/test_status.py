@@ -12,8 +12,19 @@ import pytest
 from ascent.orchestrator.interrupt import STOPS, stopped_message
 from ascent.tracking import EventBus, Metrics, RunStarted, StatusSink, read_status, tracked_run
 
-KEYS = {"schema", "state", "kind", "pid", "host", "command", "started_at", "updated_at", "step", "total_steps",
-        "error"}  # fmt: skip
+KEYS = {
+    "schema",
+    "state",
+    "kind",
+    "pid",
+    "host",
+    "command",
+    "started_at",
+    "updated_at",
+    "step",
+    "total_steps",
+    "error",
+}
 
 
 def run(tmp_path, body, kind="train", resume_step=0):

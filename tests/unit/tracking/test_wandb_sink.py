@@ -41,8 +41,13 @@ def offline_run(run_dir, steps, end="finished", resume_step=0):
 
 
 def records(run_file) -> list[dict]:
-    out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
-                         capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 

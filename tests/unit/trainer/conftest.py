@@ -1,4 +1,5 @@
-"""Shared fixtures of the trainer tests: one tiny Qwen2 checkpoint per session (helpers: trainer_helpers.py)."""
+"""Shared fixtures of the trainer tests: one tiny Qwen2 checkpoint per session (helpers:
+trainer_helpers.py)."""
 
 from __future__ import annotations
 

@@ -37,9 +37,13 @@ def test_fused_chunk_formula_equals_the_eager_one(temperature):
 
 def _run(path, compile_mode: str, samples):
     worker = PolicyWorker(
-        path, device="cpu", compile=compile_mode, seed=0, optim=OptimSettings(lr=1e-3),
+        path,
+        device="cpu",
+        compile=compile_mode,
+        seed=0,
+        optim=OptimSettings(lr=1e-3),
         gradient_checkpointing=True,
-    )  # fmt: skip
+    )
     worker.max_tokens = max(s.num_tokens for s in samples) * 3  # several packed micro-batches
     before = worker.compute_logprobs(samples, 0.9)
     totals = dict(zip(("total_tokens", "total_seqs"), minibatch_totals(samples), strict=True))

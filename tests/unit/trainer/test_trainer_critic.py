@@ -35,10 +35,13 @@ def _totals(samples):
 def _with_targets(worker, samples, old_shift=0.3, returns=None):
     """Set old_values near the current values (some tokens clip) and returns (a fixed target per sample)."""
     return [
-        replace(s, old_values=[x + old_shift * ((j % 3) - 1) for j, x in enumerate(v)],
-                returns=[(1.0 if i % 2 else -1.0) if returns is None else returns] * len(v))
+        replace(
+            s,
+            old_values=[x + old_shift * ((j % 3) - 1) for j, x in enumerate(v)],
+            returns=[(1.0 if i % 2 else -1.0) if returns is None else returns] * len(v),
+        )
         for i, (s, v) in enumerate(zip(samples, worker.compute_values(samples), strict=True))
-    ]  # fmt: skip
+    ]
 
 
 def _unpacked_values(worker, sample):
@@ -114,8 +117,10 @@ def test_clipped_value_loss(tiny_path):
     for clip, want_loss, want_clipfrac in ((0.2, 0.5 * 1.8**2, 1.0), (None, 0.5, 0.0)):
         worker = _worker(tiny_path, max_tokens_per_micro_batch=40, value_clip=clip)
         samples = make_samples(6, seed=3)
-        samples = [replace(s, old_values=[x - 1.0 for x in v], returns=[x + 1.0 for x in v])
-                   for s, v in zip(samples, worker.compute_values(samples), strict=True)]  # fmt: skip
+        samples = [
+            replace(s, old_values=[x - 1.0 for x in v], returns=[x + 1.0 for x in v])
+            for s, v in zip(samples, worker.compute_values(samples), strict=True)
+        ]
         before = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
         m = worker.update(samples, **_totals(samples))
         assert m["critic/loss"] == pytest.approx(want_loss, rel=1e-4)
@@ -188,8 +193,10 @@ def test_explained_variance_sums_combine():
 def test_pack_carries_critic_targets():
     samples = make_samples(3, seed=1)
     assert pack(samples).returns is None and pack(samples).old_values is None
-    samples = [replace(s, returns=[float(i)] * len(s.response_ids), old_values=[-float(i)] * len(s.response_ids))
-               for i, s in enumerate(samples)]  # fmt: skip
+    samples = [
+        replace(s, returns=[float(i)] * len(s.response_ids), old_values=[-float(i)] * len(s.response_ids))
+        for i, s in enumerate(samples)
+    ]
     packed = pack(samples)
     assert packed.split(packed.returns) == [s.returns for s in samples]
     assert packed.split(packed.old_values) == [s.old_values for s in samples]

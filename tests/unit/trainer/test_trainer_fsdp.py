@@ -188,7 +188,8 @@ def test_fsdp_two_ranks_match_one_process(tiny_path, tmp_path):
         "__0_0.distcp",
         "__1_0.distcp",
     ]
-    # the sharded checkpoint is also a plain HF checkpoint (rank 0 wrote gathered weights); the optimizer is in
+    # the sharded checkpoint is also a plain HF checkpoint (rank 0 wrote gathered weights); the optimizer is
+    # in
     # DCP shards (one file per rank), RNG states one file per rank
     ckpt = tmp_path / "ckpt"
     assert json.loads((ckpt / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]

@@ -1,4 +1,5 @@
-"""The trainer on CUDA: packed attention, fused AdamW with bf16 autocast, and the memory bound of chunked logprobs.
+"""The trainer on CUDA: packed attention, fused AdamW with bf16 autocast, and the memory bound of chunked
+logprobs.
 
 Marked `gpu`; skipped on machines without CUDA (CI). Run on the GPU machine with
 `python -m pytest tests/unit/trainer -m gpu`.
@@ -70,7 +71,8 @@ def _peak_bytes(n: int, hidden: int = 512, vocab: int = 151936, chunk: int = 102
 
 
 def test_chunked_logprobs_never_hold_full_logits():
-    """16k tokens x 151936 vocab: fp32 logits alone would be 9.3 GiB; the chunked peak does not grow with n."""
+    """16k tokens x 151936 vocab: fp32 logits alone would be 9.3 GiB; the chunked peak does not grow with
+    n."""
     small, large = _peak_bytes(4096), _peak_bytes(16384)
     full_logits = 16384 * 151936 * 4
     print(f"peak 4k tokens {small / 2**30:.2f} GiB, 16k tokens {large / 2**30:.2f} GiB")

@@ -1,4 +1,5 @@
-"""The one-function LM head (`ascent.trainer.head`) equals autograd through `log_softmax`, in value and grad."""
+"""The one-function LM head (`ascent.trainer.head`) equals autograd through `log_softmax`, in value and
+grad."""
 
 from __future__ import annotations
 
@@ -39,9 +40,14 @@ def test_values_and_gradients_match_autograd(chunk, temperature, compiled):
     """Logprobs, entropy, and the gradients to hidden rows and head weight (entropy in the loss too)."""
     head, hidden, targets, w_lp, w_ent = _case(0)
     lp, ent = head_logprobs(
-        head, hidden, targets, temperature=temperature, chunk_tokens=chunk, with_entropy=True,
+        head,
+        hidden,
+        targets,
+        temperature=temperature,
+        chunk_tokens=chunk,
+        with_entropy=True,
         compiled=compiled,
-    )  # fmt: skip
+    )
     ref_lp, ref_ent = _reference(head, hidden, targets, temperature)
     torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(ent, ref_ent, rtol=1e-5, atol=1e-6)

@@ -1,4 +1,5 @@
-"""LoRA: adapters train, the reference is the base with adapters off, merged weights load into a plain model."""
+"""LoRA: adapters train, the reference is the base with adapters off, merged weights load into a plain
+model."""
 
 from __future__ import annotations
 

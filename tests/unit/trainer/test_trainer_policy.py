@@ -1,4 +1,5 @@
-"""PolicyWorker: logprobs, micro-batch invariance of the update, KL reference, metrics, save/load, OOM message."""
+"""PolicyWorker: logprobs, micro-batch invariance of the update, KL reference, metrics, save/load, OOM
+message."""
 
 from __future__ import annotations
 

@@ -25,19 +25,37 @@ def decode(ids) -> str:
 
 def single(row: int, reward: float, n: int = 3, finish: str = "stop", version: int = 0) -> Episode:
     ids = [row * 10 + k for k in range(n)]
-    return Episode(prompt_ids=[1, 2, row], response_ids=ids, sampler_logprobs=[-0.1 * (k + 1) / 3 for k in range(n)],
-                   loss_mask=[1] * n, finish_reason=finish, row_id=row, policy_version=version,  # type: ignore[arg-type]
-                   token_versions=[version] * n, reward=reward, reward_components={"exact": reward},
-                   response_text=decode(ids), metadata={"answer": str(row)})  # fmt: skip
+    return Episode(
+        prompt_ids=[1, 2, row],
+        response_ids=ids,
+        sampler_logprobs=[-0.1 * (k + 1) / 3 for k in range(n)],
+        loss_mask=[1] * n,
+        finish_reason=finish,
+        row_id=row,
+        policy_version=version,  # type: ignore[arg-type]
+        token_versions=[version] * n,
+        reward=reward,
+        reward_components={"exact": reward},
+        response_text=decode(ids),
+        metadata={"answer": str(row)},
+    )
 
 
 def multi_turn() -> Episode:
     """Model turn (3 tokens), observation (2), model turn (2); versions differ between the turns."""
-    return Episode(prompt_ids=[7, 8], response_ids=[30, 31, 32, 40, 41, 33, 34],
-                   sampler_logprobs=[-0.5, -1.25, -1e-9, 0.0, 0.0, -2.0, -0.75], loss_mask=[1, 1, 1, 0, 0, 1, 1],
-                   finish_reason="stop", row_id=5, policy_version=1, token_versions=[1, 1, 1, 1, 1, 2, 2],
-                   reward=1.5, response_text="whole",
-                   metadata={"env": "calc", "turns": 2, "turn_rewards": [0.5, 1.0], "question": "1+1"})  # fmt: skip
+    return Episode(
+        prompt_ids=[7, 8],
+        response_ids=[30, 31, 32, 40, 41, 33, 34],
+        sampler_logprobs=[-0.5, -1.25, -1e-9, 0.0, 0.0, -2.0, -0.75],
+        loss_mask=[1, 1, 1, 0, 0, 1, 1],
+        finish_reason="stop",
+        row_id=5,
+        policy_version=1,
+        token_versions=[1, 1, 1, 1, 1, 2, 2],
+        reward=1.5,
+        response_text="whole",
+        metadata={"env": "calc", "turns": 2, "turn_rewards": [0.5, 1.0], "question": "1+1"},
+    )
 
 
 def write(path: Path, entries: list[Entry], keep_through: int = 0) -> Path:
@@ -70,7 +88,11 @@ def test_round_trip_is_token_exact(tmp_path: Path) -> None:
             e = entry.episode
             assert r.to_episode() == e  # ids, mask, float64 logprobs, versions, rewards, text, metadata
             assert (r.iteration, r.status, r.group_index, r.drop_reason) == (
-                entry.iteration, entry.status, entry.group_index, entry.reason)  # fmt: skip
+                entry.iteration,
+                entry.status,
+                entry.group_index,
+                entry.reason,
+            )
             assert r.prompt_text == decode(e.prompt_ids)
             assert r.prompt_len == len(e.prompt_ids) and r.response_len == len(e.response_ids)
         mt = store.episode(4)

@@ -115,8 +115,12 @@ def test_a_receiver_waiting_for_another_version_is_told_so():
     rv = _rendezvous(1, timeout_s=4.0)  # the sender then waits for the receiver that gave up, this long
     cpu = torch.device("cpu")
     links: dict[int, object] = {}
-    _run_all([lambda: links.__setitem__(0, sender_link(rv, 0, cpu)),
-              lambda: links.__setitem__(1, receiver_link(rv, 0, cpu))])  # fmt: skip
+    _run_all(
+        [
+            lambda: links.__setitem__(0, sender_link(rv, 0, cpu)),
+            lambda: links.__setitem__(1, receiver_link(rv, 0, cpu)),
+        ]
+    )
     errors = _run_all(
         [lambda: links[0].send(weights().items(), 3), lambda: links[1].receive(lambda p: None, 2)]
     )
