@@ -40,7 +40,7 @@ from ascent.orchestrator.agent_segments import Segment, segment_episode, segment
 from ascent.orchestrator.episodes import EnvFailureError
 from ascent.orchestrator.workers import RolloutWorker
 from ascent.rewards import RewardInput
-from ascent.rollout.server import CompletionRecord, Limits, OpenAIServer, ServerOptions
+from ascent.rollout.server import CompletionRecord, Limits, ServerOptions
 
 MODEL_NAME = "policy"
 PROCESS_GRACE_S = 10.0  # an agent process's kill, past rollout.agent_timeout_s (the watchdog acts first)
@@ -119,6 +119,8 @@ class AgentService:
         )
         key = secrets.token_urlsafe(16)
         options = ServerOptions(MODEL_NAME, limits, key, max_batch_requests=1024, any_model=True)
+        from ascent.rollout.server import OpenAIServer  # deferred: FastAPI and uvicorn, for agent runs only
+
         self.server = OpenAIServer(self.engine, tokenizer, options)
         url = self.server.start("127.0.0.1", 0)
         self.spec = AgentSpec(setup.agent, url, key, MODEL_NAME, setup.timeout_s)

@@ -16,11 +16,26 @@ front-end processes (`frontend`, kept running by `pool`), which send token ids a
 `ipc` channels to the `hub` in the engine's process; the recorder and the threads stay there.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ascent.rollout.server.batcher import Batcher, BatchResult, EnginePaused, StreamingEngine
 from ascent.rollout.server.options import ServerOptions
 from ascent.rollout.server.prepare import Limits
 from ascent.rollout.server.recorder import CompletionRecord, Recorder
-from ascent.rollout.server.server import OpenAIServer
+
+if TYPE_CHECKING:
+    from ascent.rollout.server.server import OpenAIServer
+
+
+def __getattr__(name: str) -> Any:
+    """`OpenAIServer` on first use (PEP 562): it imports FastAPI and uvicorn, which a run that only records
+    or limits completions (the loop's agent collector at import time) need not load."""
+    if name == "OpenAIServer":
+        from ascent.rollout.server.server import OpenAIServer  # deferred: FastAPI, uvicorn
+
+        return OpenAIServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BatchResult",
