@@ -33,21 +33,44 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ascent.messages import Episode, Group
-from ascent.orchestrator import batch as B
-from ascent.orchestrator.agents import collect_agent_groups
-from ascent.orchestrator.episodes import collect_env_groups
-from ascent.orchestrator.sampling import RolloutStats, Submitted, finish, submit
+from ascent.cluster.base import WorkerGroup
+from ascent.messages import Episode, Group, SamplingParams
+from ascent.orchestrator.sampling import Decode, RolloutStats, Submitted, finish, generate, submit
+from ascent.orchestrator.workers import RolloutWorker
+
+PlayBatch = Callable[[list[Any], SamplingParams, int], tuple[list[Group], RolloutStats]]
+"""Plays a batch of multi-turn episodes: (items, params, seed) -> one group per item and the batch's stats."""
 
 
 def batch_seed(seed: int, it: int, batch: int) -> int:
     """The sampling seed of prompt batch `batch` of iteration `it` (the same in sync and async runs)."""
     return seed * 1_000_003 + it * 10_007 + batch * 101
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What the collector samples from and with: the rollout replicas, the training prompts, the run's
+    sampling parameters and seed; `multi_turn` plays an environment's or an agent's episodes (None: single-turn
+    prompts, sampled on the replicas); `alongside`: those are played ahead on a thread (the replicas generate
+    beside the trainer: on Ray, `ClusterConfig.generates_alongside`)."""
+
+    rollout: WorkerGroup[RolloutWorker]
+    items: Sequence[Any]  # PromptItem
+    decode: Decode
+    params: SamplingParams
+    seed: int
+    multi_turn: PlayBatch | None = None
+    alongside: bool = False
+
+    def generate(self, items: list[Any], params: SamplingParams, *, seed: int) -> list[Group]:
+        """Single-turn groups of `items` sampled now with the replicas' current weights (ReMax's baseline)."""
+        return generate(self.rollout, self.decode, items, params, seed=seed)
 
 
 @dataclass(frozen=True)
@@ -63,57 +86,59 @@ class _Ahead:
 class Collector:
     """Hands each iteration its prompt batches: prefetched, fresh, or regenerated (see module docstring)."""
 
-    def __init__(self, max_staleness: int, stale_groups: str) -> None:
+    def __init__(self, sampling: Sampling, max_staleness: int, stale_groups: str) -> None:
+        self.sampling = sampling
         self.max_staleness, self.stale_groups = max_staleness, stale_groups
         self._ahead: dict[int, _Ahead] = {}
         self._redo: list[Any] = []  # prompts of stale groups to sample again (stale_groups=regenerate)
         self._waited = 0.0  # controller seconds spent starting and awaiting generation (take_waited)
         self._thread: ThreadPoolExecutor | None = None  # plays multi-turn episodes ahead (`_play_ahead`)
 
-    def next_batch(self, ctx: Any, sampler: Any, it: int, batch: int) -> tuple[list[Group], RolloutStats]:
+    def next_batch(self, sampler: Any, it: int, batch: int) -> tuple[list[Group], RolloutStats]:
         """Batch `batch` of iteration `it`: the prefetched one if there is one, else sampled now."""
         t0 = time.perf_counter()
+        s = self.sampling
         ahead = self._ahead.pop(it, None) if batch == 0 else None
         if ahead is not None:
             pending = ahead.submitted
         else:
-            items = self._redo or [ctx.data.train[i] for i in sampler.next_batch()]
+            items = self._redo or [s.items[i] for i in sampler.next_batch()]
             self._redo = []
-            params, seed = B.sampling_params(ctx.cfg.rollout), batch_seed(ctx.cfg.seed, it, batch)
-            if ctx.cfg.rollout.multi_turn:  # an environment's or an agent's turns, played now
-                pending = _played(_multi_turn(ctx, items, params, seed))
+            seed = batch_seed(s.seed, it, batch)
+            if s.multi_turn is not None:  # an environment's or an agent's turns, played now
+                pending = _played(s.multi_turn(items, s.params, seed))
             else:
-                pending = submit(ctx, items, params, seed=seed)
-        out = pending.result() if isinstance(pending, Future) else finish(ctx, pending)
+                pending = submit(s.rollout, items, s.params, seed=seed)
+        out = pending.result() if isinstance(pending, Future) else finish(pending, s.decode)
         self._waited += time.perf_counter() - t0
         return out
 
-    def prefetch(self, ctx: Any, sampler: Any, it: int, last: int) -> None:
+    def prefetch(self, sampler: Any, it: int, last: int) -> None:
         """After iteration `it` has its groups: submit the first batch of iterations it+1..it+k (<= last).
 
         On Ray this returns at once; inline, the generation runs here (nothing overlaps in one process)."""
         t0 = time.perf_counter()
-        params = B.sampling_params(ctx.cfg.rollout)
+        s = self.sampling
         for ahead in range(it + 1, min(it + self.max_staleness, last) + 1):
             if ahead not in self._ahead:
                 state = sampler.state_dict()
-                items = [ctx.data.train[i] for i in sampler.next_batch()]
-                seed = batch_seed(ctx.cfg.seed, ahead, 0)
-                if ctx.cfg.rollout.multi_turn:
-                    self._ahead[ahead] = _Ahead(self._play_ahead(ctx, items, params, seed), state)
+                items = [s.items[i] for i in sampler.next_batch()]
+                seed = batch_seed(s.seed, ahead, 0)
+                if s.multi_turn is not None:
+                    self._ahead[ahead] = _Ahead(self._play_ahead(s.multi_turn, items, seed), state)
                 else:
-                    self._ahead[ahead] = _Ahead(submit(ctx, items, params, seed=seed), state)
+                    self._ahead[ahead] = _Ahead(submit(s.rollout, items, s.params, seed=seed), state)
         self._waited += time.perf_counter() - t0
 
-    def _play_ahead(self, ctx: Any, items: list[Any], params: Any, seed: int) -> Future[Any]:
+    def _play_ahead(self, play: PlayBatch, items: list[Any], seed: int) -> Future[Any]:
         """Multi-turn episodes of a later iteration: on a thread of the controller when the replicas have GPUs
         of their own (Ray, split placement) or stay awake beside it (colocated, `cluster.engine_sleeps=false`),
         so they play while the trainer updates; else played now."""
-        if ctx.rollout.backend == "ray" and ctx.cfg.cluster.generates_alongside:
+        if self.sampling.alongside:
             if self._thread is None:
                 self._thread = ThreadPoolExecutor(1, thread_name_prefix="ascent-collector")
-            return self._thread.submit(_multi_turn, ctx, items, params, seed)
-        return _played(_multi_turn(ctx, items, params, seed))
+            return self._thread.submit(play, items, self.sampling.params, seed)
+        return _played(play(items, self.sampling.params, seed))
 
     def close(self) -> None:
         """Wait for episodes being played ahead, drop the ones not started."""
@@ -148,16 +173,6 @@ def _played(out: tuple[list[Group], RolloutStats]) -> Future[tuple[list[Group], 
     done: Future[tuple[list[Group], RolloutStats]] = Future()
     done.set_result(out)
     return done
-
-
-def _multi_turn(ctx: Any, items: list[Any], params: Any, seed: int) -> tuple[list[Group], RolloutStats]:
-    """A batch of episodes through the run's environment (one engine call per turn) or its agent (through
-    the run's endpoint)."""
-    if ctx.cfg.rollout.agent is not None:
-        groups, stats = collect_agent_groups(ctx, items, params)
-        return groups, RolloutStats(0.0, stats.metrics(ctx.cfg.reward.max_failure_rate))
-
-    return collect_env_groups(ctx, items, params, seed=seed), RolloutStats(engine_idle_s=0.0)
 
 
 def staleness(t: Episode, trainer_version: int) -> int:

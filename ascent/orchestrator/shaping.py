@@ -17,24 +17,36 @@ import torch
 
 from ascent.algorithms import AdaptiveKLController, FixedKLController, kl_penalty_rewards
 from ascent.algorithms.dapo import filter_groups_with_variance, overlong_penalty
+from ascent.config.schema import AlgorithmConfig, RunConfig
 from ascent.errors import AscentError
-from ascent.messages import Group, flatten, regroup
+from ascent.messages import Episode, Group, flatten, regroup
 from ascent.orchestrator import batch as B
 from ascent.orchestrator import experience
-from ascent.orchestrator.collector import batch_seed, item_of
+from ascent.orchestrator.collector import Collector, Sampling, batch_seed, item_of
 from ascent.orchestrator.episodes import env_metrics
-from ascent.orchestrator.sampling import generate, score
+from ascent.orchestrator.experience import ExperienceLog
+from ascent.orchestrator.sampling import Scorer
+from ascent.tracking import Timeline
 
 
 class DynamicSamplingError(AscentError):
     """Dynamic sampling could not fill the batch within `algorithm.max_sample_batches`."""
 
 
-def collect_groups(ctx: Any, sampler: Any, it: int) -> tuple[list[Group], dict[str, float]]:
+def collect_groups(
+    cfg: RunConfig,
+    collector: Collector,
+    scorer: Scorer,
+    timeline: Timeline,
+    log: ExperienceLog,
+    sampler: Any,
+    it: int,
+) -> tuple[list[Group], dict[str, float]]:
     """Sample, score and shape the groups of one iteration; returns them and the rollout/reward metrics.
-    Batches come from the collector (prefetched or fresh); groups over the staleness bound and, with DAPO
-    dynamic sampling, groups without reward signal are replaced until `prompts_per_step` remain."""
-    cfg, a = ctx.cfg, ctx.cfg.algorithm
+    Batches come from the `collector` (prefetched or fresh); groups over the staleness bound and, with DAPO
+    dynamic sampling, groups without reward signal are replaced until `prompts_per_step` remain; what is
+    left out goes to the experience `log`."""
+    a = cfg.algorithm
     want = cfg.rollout.prompts_per_step
     kept: list[Group] = []
     metrics: dict[str, float] = {}
@@ -42,29 +54,29 @@ def collect_groups(ctx: Any, sampler: Any, it: int) -> tuple[list[Group], dict[s
     while len(kept) < want:
         if batches >= a.max_sample_batches:
             raise DynamicSamplingError(_too_many_batches(a.max_sample_batches, len(kept), want, dropped))
-        with ctx.timeline.phase("generate", iteration=it):
-            groups, stats = ctx.collector.next_batch(ctx, sampler, it, batches)
+        with timeline.phase("generate", iteration=it):
+            groups, stats = collector.next_batch(sampler, it, batches)
         idle += stats.engine_idle_s
-        with ctx.timeline.phase("reward", iteration=it):
+        with timeline.phase("reward", iteration=it):
             if not cfg.rollout.multi_turn:
-                groups, batch_metrics = score(ctx, groups)
+                groups, batch_metrics = scorer(groups)
             else:  # the environment (or the agent) rewarded its episodes
                 batch_metrics = env_metrics(groups, cfg.reward.max_failure_rate)
             metrics = _merge(metrics, batch_metrics | stats.metrics, batches)
-        shaped = shape_rewards(ctx, groups)
-        groups, stale = ctx.collector.split_stale(shaped, trainer_version=it - 1)
-        experience.record_left_out(ctx, it, shaped, groups, "dropped_stale", _stale_reason(cfg.rollout))
+        shaped = shape_rewards(a, cfg.rollout.max_new_tokens, groups)
+        groups, stale = collector.split_stale(shaped, trainer_version=it - 1)
+        experience.record_left_out(log, it, shaped, groups, "dropped_stale", _stale_reason(cfg.rollout))
         dropped += stale
         if a.advantage.name == "remax":
-            groups = with_greedy_baseline(ctx, groups, it, batches)
+            groups = with_greedy_baseline(cfg, collector.sampling, scorer, groups, it, batches)
         if a.dynamic_sampling:
             before, groups = groups, _groups_with_signal(groups)
-            experience.record_left_out(ctx, it, before, groups, "filtered", "dynamic_sampling: equal rewards")
+            experience.record_left_out(log, it, before, groups, "filtered", "dynamic_sampling: equal rewards")
         kept.extend(groups)
         batches += 1
     metrics |= {"rollout/sample_batches": float(batches), "rollout/dropped_stale": float(dropped),
                 "time/engine_idle": idle}  # fmt: skip
-    experience.record_left_out(ctx, it, kept, kept[:want], "surplus", "prompts_per_step already filled")
+    experience.record_left_out(log, it, kept, kept[:want], "surplus", "prompts_per_step already filled")
     return kept[:want], metrics
 
 
@@ -82,10 +94,9 @@ def _too_many_batches(limit: int, have: int, want: int, dropped: int) -> str:
     )
 
 
-def shape_rewards(ctx: Any, groups: list[Group]) -> list[Group]:
+def shape_rewards(a: AlgorithmConfig, max_new: int, groups: list[Group]) -> list[Group]:
     """The groups after DAPO's overlong penalty (added to the reward) and truncation masking (loss mask
-    zeroed on responses cut at max_new_tokens)."""
-    a, max_new = ctx.cfg.algorithm, ctx.cfg.rollout.max_new_tokens
+    zeroed on responses cut at `max_new` tokens, `rollout.max_new_tokens`)."""
     episodes = flatten(groups)
     if a.overlong_buffer > 0:
         lengths = torch.tensor([len(e.response_ids) for e in episodes])
@@ -98,14 +109,15 @@ def shape_rewards(ctx: Any, groups: list[Group]) -> list[Group]:
     return regroup(groups, episodes)
 
 
-def with_greedy_baseline(ctx: Any, groups: list[Group], it: int, batch: int) -> list[Group]:
+def with_greedy_baseline(
+    cfg: RunConfig, sampling: Sampling, scorer: Scorer, groups: list[Group], it: int, batch: int
+) -> list[Group]:
     """ReMax: the groups, each with the (shaped) reward of one greedy response to its task, sampled with the
     current weights, as its baseline."""
-
-    params = replace(B.sampling_params(ctx.cfg.rollout), temperature=0.0, n=1)
+    params = replace(B.sampling_params(cfg.rollout), temperature=0.0, n=1)
     items = [item_of(g.episodes[0]) for g in groups]
-    greedy = generate(ctx, items, params, seed=batch_seed(ctx.cfg.seed, it, batch))
-    greedy = shape_rewards(ctx, score(ctx, greedy)[0])
+    greedy = sampling.generate(items, params, seed=batch_seed(cfg.seed, it, batch))
+    greedy = shape_rewards(cfg.algorithm, cfg.rollout.max_new_tokens, scorer(greedy)[0])
     return [replace(g, baseline_reward=b.episodes[0].reward) for g, b in zip(groups, greedy, strict=True)]
 
 
@@ -124,7 +136,10 @@ def _merge(old: dict[str, float], new: dict[str, float], n_before: int) -> dict[
     return {k: (old.get(k, 0.0) * n_before + v) / (n_before + 1) for k, v in new.items()}
 
 
-def make_kl_controller(algo_cfg: Any) -> FixedKLController | AdaptiveKLController | None:
+KLController = FixedKLController | AdaptiveKLController
+
+
+def make_kl_controller(algo_cfg: AlgorithmConfig) -> KLController | None:
     if algo_cfg.kl_penalty_coef <= 0:
         return None
     if algo_cfg.kl_target is None:
@@ -133,17 +148,22 @@ def make_kl_controller(algo_cfg: Any) -> FixedKLController | AdaptiveKLControlle
 
 
 def kl_penalty(
-    ctx: Any, episodes: list[Any], old_lp: list[list[float]] | None, ref_lp: list[list[float]] | None
+    controller: KLController | None,
+    estimator: str,
+    episodes: list[Episode],
+    old_lp: list[list[float]] | None,
+    ref_lp: list[list[float]] | None,
 ) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """Per-token KL-penalty rewards [B, T] (None when off) and the KL metrics; updates the controller."""
-    if ctx.kl_controller is None or ref_lp is None:
+    """Per-token KL-penalty rewards [B, T] (None when off) and the KL metrics; updates the `controller`
+    (`estimator`: `algorithm.kl_penalty_estimator`)."""
+    if controller is None or ref_lp is None:
         return None, {}
     assert old_lp is not None  # run_iteration computes them whenever a KL penalty is on
     width = max(1, max(len(t.response_ids) for t in episodes))
     lp, ref = B.padded(old_lp, width), B.padded(ref_lp, width)
     mask = B.padded([t.loss_mask for t in episodes], width)
-    coef = ctx.kl_controller.coef
-    token_rewards = kl_penalty_rewards(lp, ref, mask, coef, ctx.cfg.algorithm.kl_penalty_estimator)
+    coef = controller.coef
+    token_rewards = kl_penalty_rewards(lp, ref, mask, coef, estimator)
     kl = ((lp - ref) * mask).sum() / mask.sum().clamp(min=1)
-    ctx.kl_controller.update(kl.item(), len(episodes))
+    controller.update(kl.item(), len(episodes))
     return token_rewards, {"kl/penalty_coef": coef, "kl/policy_vs_ref": kl.item()}
