@@ -33,19 +33,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ascent.cluster.base import WorkerGroup
 from ascent.messages import Episode, Group, SamplingParams
-from ascent.orchestrator.sampling import Decode, RolloutStats, Submitted, finish, generate, submit
-from ascent.orchestrator.workers import RolloutWorker
-
-PlayBatch = Callable[[list[Any], SamplingParams, int], tuple[list[Group], RolloutStats]]
-"""Plays a batch of multi-turn episodes: (items, params, seed) -> one group per item and the batch's stats."""
+from ascent.orchestrator.sampling import RolloutStats
+from ascent.orchestrator.sources import EpisodeSource, Pending
 
 
 def batch_seed(seed: int, it: int, batch: int) -> int:
@@ -54,62 +49,44 @@ def batch_seed(seed: int, it: int, batch: int) -> int:
 
 
 @dataclass(frozen=True)
-class Sampling:
-    """What the collector samples from and with: the rollout replicas, the training prompts, the run's
-    sampling parameters and seed; `multi_turn` plays an environment's or an agent's episodes (None: single-turn
-    prompts, sampled on the replicas); `alongside`: those are played ahead on a thread (the replicas generate
-    beside the trainer: on Ray, `ClusterConfig.generates_alongside`)."""
-
-    rollout: WorkerGroup[RolloutWorker]
-    items: Sequence[Any]  # PromptItem
-    decode: Decode
-    params: SamplingParams
-    seed: int
-    multi_turn: PlayBatch | None = None
-    alongside: bool = False
-
-    def generate(self, items: list[Any], params: SamplingParams, *, seed: int) -> list[Group]:
-        """Single-turn groups of `items` sampled now with the replicas' current weights (ReMax's baseline)."""
-        return generate(self.rollout, self.decode, items, params, seed=seed)
-
-
-@dataclass(frozen=True)
 class _Ahead:
     """A first batch submitted before its iteration, and the sampler's state before it was drawn."""
 
-    submitted: (
-        Submitted | Future[Any]
-    )  # single-turn generation in flight, or multi-turn episodes being played
+    submitted: Pending  # generation in flight, or episodes being played (or played)
     sampler_state: dict[str, Any]
 
 
 class Collector:
     """Hands each iteration its prompt batches: prefetched, fresh, or regenerated (see module docstring)."""
 
-    def __init__(self, sampling: Sampling, max_staleness: int, stale_groups: str) -> None:
-        self.sampling = sampling
+    def __init__(
+        self,
+        source: EpisodeSource,
+        items: Sequence[Any],
+        params: SamplingParams,
+        seed: int,
+        max_staleness: int,
+        stale_groups: str,
+    ) -> None:
+        """Batches of the training prompts `items` (`PromptItem`s) from `source`, sampled with `params`
+        and seeds derived from `seed` (`batch_seed`)."""
+        self.source, self.items, self.params, self.seed = source, items, params, seed
         self.max_staleness, self.stale_groups = max_staleness, stale_groups
         self._ahead: dict[int, _Ahead] = {}
         self._redo: list[Any] = []  # prompts of stale groups to sample again (stale_groups=regenerate)
         self._waited = 0.0  # controller seconds spent starting and awaiting generation (take_waited)
-        self._thread: ThreadPoolExecutor | None = None  # plays multi-turn episodes ahead (`_play_ahead`)
 
     def next_batch(self, sampler: Any, it: int, batch: int) -> tuple[list[Group], RolloutStats]:
         """Batch `batch` of iteration `it`: the prefetched one if there is one, else sampled now."""
         t0 = time.perf_counter()
-        s = self.sampling
         ahead = self._ahead.pop(it, None) if batch == 0 else None
         if ahead is not None:
             pending = ahead.submitted
         else:
-            items = self._redo or [s.items[i] for i in sampler.next_batch()]
+            items = self._redo or [self.items[i] for i in sampler.next_batch()]
             self._redo = []
-            seed = batch_seed(s.seed, it, batch)
-            if s.multi_turn is not None:  # an environment's or an agent's turns, played now
-                pending = _played(s.multi_turn(items, s.params, seed))
-            else:
-                pending = submit(s.rollout, items, s.params, seed=seed)
-        out = pending.result() if isinstance(pending, Future) else finish(pending, s.decode)
+            pending = self.source.submit(items, self.params, batch_seed(self.seed, it, batch))
+        out = pending.result()
         self._waited += time.perf_counter() - t0
         return out
 
@@ -118,33 +95,17 @@ class Collector:
 
         On Ray this returns at once; inline, the generation runs here (nothing overlaps in one process)."""
         t0 = time.perf_counter()
-        s = self.sampling
         for ahead in range(it + 1, min(it + self.max_staleness, last) + 1):
             if ahead not in self._ahead:
                 state = sampler.state_dict()
-                items = [s.items[i] for i in sampler.next_batch()]
-                seed = batch_seed(s.seed, ahead, 0)
-                if s.multi_turn is not None:
-                    self._ahead[ahead] = _Ahead(self._play_ahead(s.multi_turn, items, seed), state)
-                else:
-                    self._ahead[ahead] = _Ahead(submit(s.rollout, items, s.params, seed=seed), state)
+                items = [self.items[i] for i in sampler.next_batch()]
+                seed = batch_seed(self.seed, ahead, 0)
+                self._ahead[ahead] = _Ahead(self.source.submit(items, self.params, seed, ahead=True), state)
         self._waited += time.perf_counter() - t0
 
-    def _play_ahead(self, play: PlayBatch, items: list[Any], seed: int) -> Future[Any]:
-        """Multi-turn episodes of a later iteration: on a thread of the controller when the replicas have GPUs
-        of their own (Ray, split placement) or stay awake beside it (colocated, `cluster.engine_sleeps=false`),
-        so they play while the trainer updates; else played now."""
-        if self.sampling.alongside:
-            if self._thread is None:
-                self._thread = ThreadPoolExecutor(1, thread_name_prefix="ascent-collector")
-            return self._thread.submit(play, items, self.sampling.params, seed)
-        return _played(play(items, self.sampling.params, seed))
-
     def close(self) -> None:
-        """Wait for episodes being played ahead, drop the ones not started."""
-        if self._thread is not None:
-            self._thread.shutdown(wait=True, cancel_futures=True)
-            self._thread = None
+        """Stop the source (waiting for episodes being played ahead)."""
+        self.source.close()
 
     def take_waited(self) -> float:
         """Seconds the controller (so the trainer) waited on generation since the last call; resets."""
@@ -167,12 +128,6 @@ class Collector:
             else:
                 fresh.append(group)
         return fresh, dropped
-
-
-def _played(out: tuple[list[Group], RolloutStats]) -> Future[tuple[list[Group], RolloutStats]]:
-    done: Future[tuple[list[Group], RolloutStats]] = Future()
-    done.set_result(out)
-    return done
 
 
 def staleness(t: Episode, trainer_version: int) -> int:

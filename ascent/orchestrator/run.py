@@ -1,9 +1,9 @@
 """What the loop is given: `Run`, the typed parts of a run built once at setup and never changed, and
 `LoopState`, the little the loop changes from one iteration to the next (what a checkpoint saves of it).
 
-`build_run` chooses, once, where the run's episodes come from: single-turn prompts sampled on the rollout
-replicas and scored with the reward function, an environment's episodes, or an agent's plays through the
-run's endpoint; the collector and the validation take that choice as given.
+`build_run` chooses, once, where the run's episodes come from (`ascent.orchestrator.sources`): single-turn
+prompts sampled on the rollout replicas and scored with the reward function, an environment's episodes, or
+an agent's plays through the run's endpoint; the collector and the validation take that choice as given.
 """
 
 from __future__ import annotations
@@ -15,15 +15,16 @@ from typing import Any
 from ascent.cluster.base import WorkerGroup
 from ascent.config.schema import RunConfig
 from ascent.data.sampler import PromptSampler
-from ascent.messages import Group, SamplingParams
+from ascent.messages import SamplingParams
 from ascent.orchestrator import batch as B
 from ascent.orchestrator import health
 from ascent.orchestrator.agents import AgentPlays, AgentSetup, replica_generate
-from ascent.orchestrator.collector import Collector, PlayBatch, Sampling
-from ascent.orchestrator.episodes import EnvRunners, collect_env_groups
-from ascent.orchestrator.sampling import Decode, RolloutStats, Scorer
+from ascent.orchestrator.collector import Collector
+from ascent.orchestrator.episodes import EnvRunners
+from ascent.orchestrator.sampling import Decode, Scorer
 from ascent.orchestrator.setup import Datasets, WorkerGroups, needs_reference
 from ascent.orchestrator.shaping import KLController, make_kl_controller
+from ascent.orchestrator.sources import AgentSource, EnvSource, EpisodeSource, PromptSource
 from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
 from ascent.rewards import RewardRunner
 from ascent.tracking import Timeline
@@ -33,7 +34,8 @@ from ascent.transport.publish import Publisher
 @dataclass(frozen=True)
 class Run:
     """The run's parts, as setup built them: the config, the data, the worker groups and their weight
-    publisher, the collector (and the environments or agent it plays), the reward scorer, the timeline.
+    publisher, the collector (over the run's episode source), the single-turn prompts (ReMax's greedy
+    baselines), the timeline.
     `colocated`: trainer and engine share the accelerator and take turns (design: colocated placement; with
     cluster.engine_sleeps=false the engine stays awake and, on Ray, generates alongside the update)."""
 
@@ -44,9 +46,7 @@ class Run:
     critic: WorkerGroup[CriticWorkerActor] | None
     publisher: Publisher
     collector: Collector
-    scorer: Scorer
-    envs: EnvRunners
-    agents: AgentPlays | None
+    prompts: PromptSource
     timeline: Timeline
     needs_reference: bool
     temperature: float
@@ -54,15 +54,12 @@ class Run:
 
     @property
     def decode(self) -> Decode:
-        return self.scorer.decode
+        return self.prompts.scorer.decode
 
     def close(self) -> None:
         """Stop what the loop started on demand (episodes played ahead, the agent endpoint and processes, the
         environment actors)."""
         self.collector.close()
-        if self.agents is not None:
-            self.agents.close()
-        self.envs.close()
 
 
 @dataclass
@@ -110,22 +107,11 @@ def build_run(
     def decode(ids: Sequence[int]) -> str:
         return str(tok.decode(ids, skip_special_tokens=True))
 
-    scorer = Scorer(rewards, decode)
-    envs = EnvRunners(cfg)  # where rollout.env's environments run (Ray actors: started on first use)
+    prompts = PromptSource(groups.rollout, Scorer(rewards, decode))
     params = B.sampling_params(cfg.rollout)
-    agents = (
-        AgentPlays(AgentSetup.of(cfg), replica_generate(groups.rollout), params, tok, scorer)
-        if cfg.rollout.agent is not None
-        else None
-    )
-    sampling = Sampling(
-        groups.rollout,
-        data.train,
-        decode,
-        params,
-        cfg.seed,
-        multi_turn=_multi_turn(cfg, groups.rollout, tok, envs, agents),
-        alongside=groups.rollout.backend == "ray" and cfg.cluster.generates_alongside,
+    source = _source(cfg, groups.rollout, tok, prompts, params)
+    collector = Collector(
+        source, data.train, params, cfg.seed, cfg.rollout.max_staleness, cfg.rollout.stale_groups
     )
     colocated = (
         cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast" and cfg.cluster.engine_sleeps
@@ -137,10 +123,8 @@ def build_run(
         trainer=groups.trainer,
         critic=groups.critic,
         publisher=groups.publisher,
-        collector=Collector(sampling, cfg.rollout.max_staleness, cfg.rollout.stale_groups),
-        scorer=scorer,
-        envs=envs,
-        agents=agents,
+        collector=collector,
+        prompts=prompts,
         timeline=timeline,
         needs_reference=needs_reference(cfg),
         temperature=cfg.rollout.temperature or 1.0,
@@ -148,29 +132,23 @@ def build_run(
     )
 
 
-def _multi_turn(
+def _source(
     cfg: RunConfig,
     rollout: WorkerGroup[RolloutWorker],
     tokenizer: Any,
-    envs: EnvRunners,
-    agents: AgentPlays | None,
-) -> PlayBatch | None:
-    """How a batch of multi-turn episodes is played: the agent's plays through the run's endpoint, or the
-    environment's episodes (one engine call per turn); None for single-turn prompts."""
+    prompts: PromptSource,
+    params: SamplingParams,
+) -> EpisodeSource:
+    """The run's episode source: the agent's plays through the run's endpoint (`rollout.agent`), an
+    environment's episodes (`rollout.env`, one engine call per turn), or the single-turn `prompts`."""
     max_failure_rate = cfg.reward.max_failure_rate
-    if agents is not None:
-
-        def play_agent(
-            items: list[Any], params: SamplingParams, seed: int
-        ) -> tuple[list[Group], RolloutStats]:
-            groups, stats = agents.play(items, params)
-            return groups, RolloutStats(0.0, stats.metrics(max_failure_rate))
-
-        return play_agent
+    alongside = (
+        rollout.backend == "ray" and cfg.cluster.generates_alongside
+    )  # multi-turn plays ahead on a thread
+    if cfg.rollout.agent is not None:
+        agents = AgentPlays(AgentSetup.of(cfg), replica_generate(rollout), params, tokenizer, prompts.scorer)
+        return AgentSource(agents, max_failure_rate, alongside)
     if cfg.rollout.env is not None:
-
-        def play_env(items: list[Any], params: SamplingParams, seed: int) -> tuple[list[Group], RolloutStats]:
-            return collect_env_groups(envs, rollout, tokenizer, items, params, seed=seed), RolloutStats(0.0)
-
-        return play_env
-    return None
+        envs = EnvRunners(cfg)  # where the environments run (Ray actors: started on first use)
+        return EnvSource(envs, rollout, tokenizer, max_failure_rate, alongside)
+    return prompts

@@ -22,10 +22,9 @@ from ascent.errors import AscentError
 from ascent.messages import Episode, Group, flatten, regroup
 from ascent.orchestrator import batch as B
 from ascent.orchestrator import experience
-from ascent.orchestrator.collector import Collector, Sampling, batch_seed, item_of
-from ascent.orchestrator.episodes import env_metrics
+from ascent.orchestrator.collector import Collector, batch_seed, item_of
 from ascent.orchestrator.experience import ExperienceLog
-from ascent.orchestrator.sampling import Scorer
+from ascent.orchestrator.sources import PromptSource
 from ascent.tracking import Timeline
 
 
@@ -36,16 +35,17 @@ class DynamicSamplingError(AscentError):
 def collect_groups(
     cfg: RunConfig,
     collector: Collector,
-    scorer: Scorer,
+    prompts: PromptSource,
     timeline: Timeline,
     log: ExperienceLog,
     sampler: Any,
     it: int,
 ) -> tuple[list[Group], dict[str, float]]:
     """Sample, score and shape the groups of one iteration; returns them and the rollout/reward metrics.
-    Batches come from the `collector` (prefetched or fresh); groups over the staleness bound and, with DAPO
-    dynamic sampling, groups without reward signal are replaced until `prompts_per_step` remain; what is
-    left out goes to the experience `log`."""
+    Batches come from the `collector` (prefetched or fresh) and are scored by its source; groups over the
+    staleness bound and, with DAPO dynamic sampling, groups without reward signal are replaced until
+    `prompts_per_step` remain; what is left out goes to the experience `log`. ReMax's greedy baselines are
+    sampled from the single-turn `prompts`."""
     a = cfg.algorithm
     want = cfg.rollout.prompts_per_step
     kept: list[Group] = []
@@ -58,17 +58,14 @@ def collect_groups(
             groups, stats = collector.next_batch(sampler, it, batches)
         idle += stats.engine_idle_s
         with timeline.phase("reward", iteration=it):
-            if not cfg.rollout.multi_turn:
-                groups, batch_metrics = scorer(groups)
-            else:  # the environment (or the agent) rewarded its episodes
-                batch_metrics = env_metrics(groups, cfg.reward.max_failure_rate)
+            groups, batch_metrics = collector.source.score(groups)
             metrics = _merge(metrics, batch_metrics | stats.metrics, batches)
         shaped = shape_rewards(a, cfg.rollout.max_new_tokens, groups)
         groups, stale = collector.split_stale(shaped, trainer_version=it - 1)
         experience.record_left_out(log, it, shaped, groups, "dropped_stale", _stale_reason(cfg.rollout))
         dropped += stale
         if a.advantage.name == "remax":
-            groups = with_greedy_baseline(cfg, collector.sampling, scorer, groups, it, batches)
+            groups = with_greedy_baseline(cfg, prompts, groups, it, batches)
         if a.dynamic_sampling:
             before, groups = groups, _groups_with_signal(groups)
             experience.record_left_out(log, it, before, groups, "filtered", "dynamic_sampling: equal rewards")
@@ -110,14 +107,14 @@ def shape_rewards(a: AlgorithmConfig, max_new: int, groups: list[Group]) -> list
 
 
 def with_greedy_baseline(
-    cfg: RunConfig, sampling: Sampling, scorer: Scorer, groups: list[Group], it: int, batch: int
+    cfg: RunConfig, prompts: PromptSource, groups: list[Group], it: int, batch: int
 ) -> list[Group]:
     """ReMax: the groups, each with the (shaped) reward of one greedy response to its task, sampled with the
     current weights, as its baseline."""
     params = replace(B.sampling_params(cfg.rollout), temperature=0.0, n=1)
     items = [item_of(g.episodes[0]) for g in groups]
-    greedy = sampling.generate(items, params, seed=batch_seed(cfg.seed, it, batch))
-    greedy = shape_rewards(cfg.algorithm, cfg.rollout.max_new_tokens, scorer(greedy)[0])
+    greedy = prompts.generate(items, params, seed=batch_seed(cfg.seed, it, batch))
+    greedy = shape_rewards(cfg.algorithm, cfg.rollout.max_new_tokens, prompts.score(greedy)[0])
     return [replace(g, baseline_reward=b.episodes[0].reward) for g, b in zip(groups, greedy, strict=True)]
 
 

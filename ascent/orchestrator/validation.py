@@ -7,8 +7,6 @@ from typing import TYPE_CHECKING
 
 from ascent.messages import flatten
 from ascent.orchestrator import batch as B
-from ascent.orchestrator.episodes import collect_env_groups
-from ascent.orchestrator.sampling import generate
 
 if TYPE_CHECKING:
     from ascent.orchestrator.run import Run
@@ -22,12 +20,7 @@ def validate(run: Run, iteration: int) -> dict[str, float]:
     """Score the validation set with the current policy; returns `val/*` metrics and logs a few samples."""
     cfg, val = run.cfg, run.data.val
     params, seed = B.sampling_params(cfg.rollout, validation=True), cfg.seed + 12345
-    if run.agents is not None:
-        groups, _ = run.agents.play(val, params)
-    elif cfg.rollout.env is not None:
-        groups = collect_env_groups(run.envs, run.rollout, run.data.tokenizer, val, params, seed=seed)
-    else:
-        groups, _ = run.scorer(generate(run.rollout, run.decode, val, params, seed=seed))
+    groups = run.collector.source.evaluate(val, params, seed)
     trajs = flatten(groups)
     n = len(trajs)
     metrics = {

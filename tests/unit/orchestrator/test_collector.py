@@ -9,12 +9,16 @@ from typing import Any
 import pytest
 
 from ascent.cluster import make_worker_group
+from ascent.cluster.base import WorkerGroup
 from ascent.config import RunConfig
 from ascent.data.sampler import PromptSampler
 from ascent.messages import Episode, Generation, GenerationRequest, Group, SamplingParams, flatten
 from ascent.orchestrator import batch as B
 from ascent.orchestrator import collector as C
+from ascent.orchestrator.sampling import Scorer
+from ascent.orchestrator.sources import PromptSource
 from ascent.orchestrator.workers import RolloutWorker
+from ascent.rewards import RewardRunner
 
 
 class ScriptedEngine:
@@ -41,17 +45,24 @@ class Item:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+TRAIN = [Item([10 + i], row_id=i) for i in range(6)]
+
+
 @pytest.fixture
-def sampling(monkeypatch: pytest.MonkeyPatch) -> C.Sampling:
+def rollout(monkeypatch: pytest.MonkeyPatch) -> WorkerGroup[RolloutWorker]:
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
+    return make_worker_group(ScriptedReplica, num_workers=1, backend="inline", name="rollout")
+
+
+def collector(rollout: WorkerGroup[RolloutWorker], max_staleness: int, stale_groups: str) -> C.Collector:
+    """A collector of single-turn prompts (`TRAIN`) sampled on the scripted replicas."""
     cfg = RunConfig(
         rollout={"prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 1},
         train={"trajectories_per_update": 4},
     )
-    group = make_worker_group(ScriptedReplica, num_workers=1, backend="inline", name="rollout")
-    train = [Item([10 + i], row_id=i) for i in range(6)]
-    return C.Sampling(group, train, decode=str, params=B.sampling_params(cfg.rollout), seed=cfg.seed)
+    source = PromptSource(rollout, Scorer(RewardRunner("exact_match"), decode=str))
+    return C.Collector(source, TRAIN, B.sampling_params(cfg.rollout), cfg.seed, max_staleness, stale_groups)
 
 
 def episode(versions: list[int], row_id: int = 0) -> Episode:
@@ -68,8 +79,8 @@ def test_staleness_counts_from_the_oldest_token() -> None:
 
 
 @pytest.mark.parametrize("policy", ["drop", "regenerate"])
-def test_a_group_with_one_stale_episode_is_taken_out_whole(sampling: C.Sampling, policy: str) -> None:
-    col = C.Collector(sampling, max_staleness=1, stale_groups=policy)
+def test_a_group_with_one_stale_episode_is_taken_out_whole(rollout: Any, policy: str) -> None:
+    col = collector(rollout, max_staleness=1, stale_groups=policy)
     fresh = Group((episode([4], 0), episode([4], 0)))
     mixed = Group(
         (episode([4], 1), episode([3, 4], 1))
@@ -79,15 +90,15 @@ def test_a_group_with_one_stale_episode_is_taken_out_whole(sampling: C.Sampling,
     assert [i.row_id for i in col._redo] == ([1] if policy == "regenerate" else [])
 
 
-def test_regenerate_samples_the_same_prompts_with_the_current_weights(sampling: C.Sampling) -> None:
-    col = C.Collector(sampling, max_staleness=1, stale_groups="regenerate")
-    sampler = PromptSampler(len(sampling.items), 2, seed=0)
+def test_regenerate_samples_the_same_prompts_with_the_current_weights(rollout: Any) -> None:
+    col = collector(rollout, max_staleness=1, stale_groups="regenerate")
+    sampler = PromptSampler(len(TRAIN), 2, seed=0)
     groups, _ = col.next_batch(sampler, it=1, batch=0)
     assert [len(g.episodes) for g in groups] == [2, 2] and all(
         len({e.row_id for e in g.episodes}) == 1 for g in groups
     )
     rows = [g.row_id for g in groups]
-    sampling.rollout.call(RolloutWorker.update_weights, {}, 3)  # three publications later
+    rollout.call(RolloutWorker.update_weights, {}, 3)  # three publications later
     kept, dropped = col.split_stale(groups, trainer_version=3)
     assert kept == [] and dropped == 4
     state = sampler.state_dict()
@@ -98,11 +109,11 @@ def test_regenerate_samples_the_same_prompts_with_the_current_weights(sampling: 
     )
 
 
-def test_prefetch_runs_ahead_and_a_checkpoint_saves_the_sampler_before_it(sampling: C.Sampling) -> None:
+def test_prefetch_runs_ahead_and_a_checkpoint_saves_the_sampler_before_it(rollout: Any) -> None:
     """Staleness 2: after iteration 1, iterations 2 and 3 are submitted with version 0; the sampler state a
     checkpoint after iteration 1 saves is the one before those draws, so a resumed run draws them again."""
-    col = C.Collector(sampling, max_staleness=2, stale_groups="drop")
-    sampler = PromptSampler(len(sampling.items), 2, seed=0)
+    col = collector(rollout, max_staleness=2, stale_groups="drop")
+    sampler = PromptSampler(len(TRAIN), 2, seed=0)
     col.next_batch(sampler, it=1, batch=0)
     before = sampler.state_dict()
     col.prefetch(sampler, it=1, last=10)
@@ -110,7 +121,7 @@ def test_prefetch_runs_ahead_and_a_checkpoint_saves_the_sampler_before_it(sampli
     assert sampler.state_dict() != before
     col.prefetch(sampler, it=1, last=10)  # idempotent: nothing is submitted twice
     assert sorted(col._ahead) == [2, 3]
-    sampling.rollout.call(RolloutWorker.update_weights, {}, 1)
+    rollout.call(RolloutWorker.update_weights, {}, 1)
     groups, stats = col.next_batch(sampler, it=2, batch=0)
     assert {C.staleness(t, trainer_version=1) for t in flatten(groups)} == {1} and stats.engine_idle_s >= 0
     assert col.take_waited() > 0 and col.take_waited() == 0.0
@@ -118,9 +129,9 @@ def test_prefetch_runs_ahead_and_a_checkpoint_saves_the_sampler_before_it(sampli
     assert 11 not in col._ahead and 10 in col._ahead
 
 
-def test_replicas_report_the_published_version_and_stamp_every_token(sampling: C.Sampling) -> None:
-    assert sampling.rollout.call(RolloutWorker.update_weights, {}, 7) == [7]
-    (rollout,) = sampling.rollout.call(
+def test_replicas_report_the_published_version_and_stamp_every_token(rollout: Any) -> None:
+    assert rollout.call(RolloutWorker.update_weights, {}, 7) == [7]
+    (rollout,) = rollout.call(
         RolloutWorker.generate, [GenerationRequest([4], SamplingParams(max_new_tokens=1))]
     )
     assert rollout.policy_version == 7 and rollout.generations[0][0].token_versions == [7]

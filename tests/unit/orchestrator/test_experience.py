@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from ascent.config import RunConfig
-from ascent.messages import Episode, Group, TrainSample, flatten
+from ascent.messages import Episode, Group, SamplingParams, TrainSample, flatten
 from ascent.orchestrator import experience, shaping
 from ascent.orchestrator.collector import Collector
 from ascent.orchestrator.sampling import RolloutStats, Scorer
+from ascent.orchestrator.sources import PromptSource
 from ascent.rewards import RewardRunner
 from ascent.tracking import Timeline
 from ascent.transport.store import FILE_NAME, open_store
@@ -27,11 +28,15 @@ def group(row: int, *texts: str, version: int = 0) -> Group:
     return Group(tuple(ep(t, row, version) for t in texts))
 
 
+SCORER = Scorer(RewardRunner("exact_match"), decode=lambda ids: "")
+
+
 class Batches(Collector):
     """A collector whose batches are given (nothing is sampled); staleness is the real collector's."""
 
     def __init__(self, batches: list[list[Group]]) -> None:
-        super().__init__(None, max_staleness=0, stale_groups="drop")  # type: ignore[arg-type]
+        source = PromptSource(None, SCORER)  # type: ignore[arg-type]  # scores; samples nothing
+        super().__init__(source, [], SamplingParams(), seed=0, max_staleness=0, stale_groups="drop")
         self.batches = batches
 
     def next_batch(self, sampler: Any, it: int, batch: int) -> tuple[list[Group], RolloutStats]:
@@ -43,9 +48,6 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
         return " ".join(map(str, ids))
-
-
-SCORER = Scorer(RewardRunner("exact_match"), decode=lambda ids: "")
 
 
 def config(tmp_path: Path, **algorithm: Any) -> RunConfig:
@@ -63,10 +65,9 @@ def test_collect_groups_records_the_groups_it_leaves_out(tmp_path: Path) -> None
         [group(3, "5", "4"), group(4, "4", "x")],  # ok; one more than the batch needs
     ]
     cfg = config(tmp_path, dynamic_sampling=True)
+    col = Batches(batches)
     with experience.recording(cfg, Tokenizer(), start=0) as log:
-        kept, _ = shaping.collect_groups(
-            cfg, Batches(batches), SCORER, Timeline(None), log, sampler=None, it=1
-        )
+        kept, _ = shaping.collect_groups(cfg, col, col.source, Timeline(None), log, sampler=None, it=1)
         assert [g.row_id for g in kept] == [1, 3]
         samples = [TrainSample(e.prompt_ids, e.response_ids, e.loss_mask, [0.5, 1.5]) for e in flatten(kept)]
         experience.record_trained(log, 1, kept, samples)
