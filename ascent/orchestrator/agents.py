@@ -31,7 +31,9 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from ascent.cluster.base import WorkerGroup
 from ascent.cluster.isolated import InlineRunner, IsolatedRunner, default_workers
+from ascent.config.schema import RunConfig
 from ascent.envs.openai_agents import AgentJob, AgentResult, AgentSpec, play
 from ascent.errors import AscentError
 from ascent.messages import Episode, Generation, GenerationRequest, Group, SamplingParams
@@ -68,13 +70,16 @@ class AgentSetup:
     max_turns: int
 
     @classmethod
-    def of(cls, cfg: Any) -> AgentSetup:
+    def of(cls, cfg: RunConfig) -> AgentSetup:
+        """The setup of `rollout.agent` (set: the run trains an agent)."""
         r = cfg.rollout
+        if r.agent is None:
+            raise ValueError("AgentSetup.of: the run has no rollout.agent")
         return cls(r.agent, r.agent_timeout_s, r.agent_concurrency, r.env_workers, r.env_isolation == "inline",
                    cfg.data.max_prompt_tokens, r.max_episode_tokens, r.max_new_tokens, r.max_turns)  # fmt: skip
 
 
-def replica_generate(rollout: Any) -> Generate:
+def replica_generate(rollout: WorkerGroup[RolloutWorker]) -> Generate:
     """The rollout replicas (a worker group) as one `generate`: the requests spread over them."""
 
     def generate(requests: list[GenerationRequest]) -> list[list[Generation]]:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ascent.data.sampler import PromptSampler
 from ascent.messages import Episode, Group, SamplingParams
 from ascent.orchestrator.sampling import RolloutStats
 from ascent.orchestrator.sources import EpisodeSource, Pending
@@ -76,7 +77,7 @@ class Collector:
         self._redo: list[Any] = []  # prompts of stale groups to sample again (stale_groups=regenerate)
         self._waited = 0.0  # controller seconds spent starting and awaiting generation (take_waited)
 
-    def next_batch(self, sampler: Any, it: int, batch: int) -> tuple[list[Group], RolloutStats]:
+    def next_batch(self, sampler: PromptSampler, it: int, batch: int) -> tuple[list[Group], RolloutStats]:
         """Batch `batch` of iteration `it`: the prefetched one if there is one, else sampled now."""
         t0 = time.perf_counter()
         ahead = self._ahead.pop(it, None) if batch == 0 else None
@@ -90,7 +91,7 @@ class Collector:
         self._waited += time.perf_counter() - t0
         return out
 
-    def prefetch(self, sampler: Any, it: int, last: int) -> None:
+    def prefetch(self, sampler: PromptSampler, it: int, last: int) -> None:
         """After iteration `it` has its groups: submit the first batch of iterations it+1..it+k (<= last).
 
         On Ray this returns at once; inline, the generation runs here (nothing overlaps in one process)."""
@@ -112,7 +113,7 @@ class Collector:
         waited, self._waited = self._waited, 0.0
         return waited
 
-    def sampler_state(self, sampler: Any, it: int) -> dict[str, Any]:
+    def sampler_state(self, sampler: PromptSampler, it: int) -> dict[str, Any]:
         """The sampler as a checkpoint after iteration `it` saves it: before any prefetched draw."""
         ahead = self._ahead.get(it + 1)
         return ahead.sampler_state if ahead is not None else sampler.state_dict()

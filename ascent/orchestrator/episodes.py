@@ -19,6 +19,7 @@ from typing import Any
 
 from ascent.cluster.base import WorkerGroup
 from ascent.cluster.isolated import default_workers
+from ascent.config.schema import RunConfig
 from ascent.data.prompts import PromptItem, RenderReport
 from ascent.envs import ChatTokens, Task, make_env, run_episodes
 from ascent.envs.hosts import EnvHosts, HostedEnvs, Hosts, InProcessEnvs
@@ -79,7 +80,7 @@ class EnvRunners:
     on the first batch and kept until `close()` at the end of the run (`process` with cluster.backend=ray;
     `ascent.cluster.env_actors`). The runner is the same for all three; only the hosts differ."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self._actors: Any = None
         self._lock = threading.Lock()  # the collector's thread and the controller's may both start a batch

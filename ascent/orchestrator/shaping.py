@@ -11,13 +11,14 @@ leaves out (stale, without reward signal, surplus) go to the experience store (`
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import torch
 
 from ascent.algorithms import AdaptiveKLController, FixedKLController, kl_penalty_rewards
 from ascent.algorithms.dapo import filter_groups_with_variance, overlong_penalty
+from ascent.config.rollout import RolloutConfig
 from ascent.config.schema import AlgorithmConfig, RunConfig
+from ascent.data.sampler import PromptSampler
 from ascent.errors import AscentError
 from ascent.messages import Episode, Group, flatten, regroup
 from ascent.orchestrator import batch as B
@@ -38,7 +39,7 @@ def collect_groups(
     prompts: PromptSource,
     timeline: Timeline,
     log: ExperienceLog,
-    sampler: Any,
+    sampler: PromptSampler,
     it: int,
 ) -> tuple[list[Group], dict[str, float]]:
     """Sample, score and shape the groups of one iteration; returns them and the rollout/reward metrics.
@@ -77,7 +78,7 @@ def collect_groups(
     return kept[:want], metrics
 
 
-def _stale_reason(r: Any) -> str:
+def _stale_reason(r: RolloutConfig) -> str:
     return f"older than rollout.max_staleness={r.max_staleness} (stale_groups={r.stale_groups})"
 
 
