@@ -1,5 +1,11 @@
 """The collector: each iteration's prompt batches, generated ahead of training within a per-episode staleness bound.
 
+`Collector.collect` gathers one iteration's groups: batches from the run's episode source
+(`ascent.orchestrator.sources`), scored by it, shaped (`shaping.shape_rewards`), taken out when stale, and
+with DAPO dynamic sampling replaced when their rewards are all equal (no signal), until `prompts_per_step`
+remain; ReMax adds a greedy baseline per prompt. A group's identity is its place in the list; the groups a
+step leaves out (stale, without signal, surplus) go to the experience store (`experience.record_left_out`).
+
 Policy versions count weight publications: the trainer's weights after iteration `it` are version `it`, and
 the engines get them at the end of that iteration. An episode sampled with version `v` and trained on in
 iteration `it` (trainer at version `it - 1`) is `it - 1 - v` versions stale; its oldest token counts.
@@ -34,19 +40,34 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from ascent.algorithms.dapo import filter_groups_with_variance
+from ascent.config.rollout import RolloutConfig
+from ascent.config.schema import RunConfig
 from ascent.data.sampler import PromptSampler
-from ascent.messages import Episode, Group, SamplingParams
+from ascent.errors import AscentError
+from ascent.messages import Episode, Group, SamplingParams, flatten
+from ascent.orchestrator import batch as B
+from ascent.orchestrator import experience
+from ascent.orchestrator.experience import ExperienceLog
 from ascent.orchestrator.sampling import RolloutStats
-from ascent.orchestrator.sources import EpisodeSource, Pending
+from ascent.orchestrator.shaping import shape_rewards
+from ascent.orchestrator.sources import EpisodeSource, Pending, PromptSource
+from ascent.tracking import Timeline
 
 
 def batch_seed(seed: int, it: int, batch: int) -> int:
     """The sampling seed of prompt batch `batch` of iteration `it` (the same in sync and async runs)."""
     return seed * 1_000_003 + it * 10_007 + batch * 101
+
+
+class DynamicSamplingError(AscentError):
+    """Dynamic sampling could not fill the batch within `algorithm.max_sample_batches`."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +129,52 @@ class Collector:
         """Stop the source (waiting for episodes being played ahead)."""
         self.source.close()
 
+    def collect(
+        self,
+        cfg: RunConfig,
+        prompts: PromptSource,
+        timeline: Timeline,
+        log: ExperienceLog,
+        sampler: PromptSampler,
+        it: int,
+    ) -> tuple[list[Group], dict[str, float]]:
+        """Sample, score and shape the groups of one iteration; returns them and the rollout/reward metrics.
+        Batches come from `next_batch` (prefetched or fresh) and are scored by the source; groups over the
+        staleness bound and, with DAPO dynamic sampling, groups without reward signal are replaced until
+        `prompts_per_step` remain; what is left out goes to the experience `log`. ReMax's greedy baselines are
+        sampled from the single-turn `prompts`."""
+        a = cfg.algorithm
+        want = cfg.rollout.prompts_per_step
+        kept: list[Group] = []
+        metrics: dict[str, float] = {}
+        batches, dropped, idle = 0, 0, 0.0
+        while len(kept) < want:
+            if batches >= a.max_sample_batches:
+                raise DynamicSamplingError(_too_many_batches(a.max_sample_batches, len(kept), want, dropped))
+            with timeline.phase("generate", iteration=it):
+                groups, stats = self.next_batch(sampler, it, batches)
+            idle += stats.engine_idle_s
+            with timeline.phase("reward", iteration=it):
+                groups, batch_metrics = self.source.score(groups)
+                metrics = _merge(metrics, batch_metrics | stats.metrics, batches)
+            shaped = shape_rewards(a, cfg.rollout.max_new_tokens, groups)
+            groups, stale = self.split_stale(shaped, trainer_version=it - 1)
+            experience.record_left_out(log, it, shaped, groups, "dropped_stale", _stale_reason(cfg.rollout))
+            dropped += stale
+            if a.advantage.name == "remax":
+                groups = with_greedy_baseline(cfg, prompts, groups, it, batches)
+            if a.dynamic_sampling:
+                before, groups = groups, _groups_with_signal(groups)
+                experience.record_left_out(
+                    log, it, before, groups, "filtered", "dynamic_sampling: equal rewards"
+                )
+            kept.extend(groups)
+            batches += 1
+        metrics |= {"rollout/sample_batches": float(batches), "rollout/dropped_stale": float(dropped),
+                    "time/engine_idle": idle}  # fmt: skip
+        experience.record_left_out(log, it, kept, kept[:want], "surplus", "prompts_per_step already filled")
+        return kept[:want], metrics
+
     def take_waited(self) -> float:
         """Seconds the controller (so the trainer) waited on generation since the last call; resets."""
         waited, self._waited = self._waited, 0.0
@@ -129,6 +196,47 @@ class Collector:
             else:
                 fresh.append(group)
         return fresh, dropped
+
+
+def _stale_reason(r: RolloutConfig) -> str:
+    return f"older than rollout.max_staleness={r.max_staleness} (stale_groups={r.stale_groups})"
+
+
+def _too_many_batches(limit: int, have: int, want: int, dropped: int) -> str:
+    stale = f" ({dropped} episodes were over rollout.max_staleness)" if dropped else ""
+    return (
+        f"algorithm.max_sample_batches={limit}: after {limit} prompt batches only {have} of "
+        f"rollout.prompts_per_step={want} groups were usable{stale}. With algorithm.dynamic_sampling the "
+        "task may be too easy or too hard for the policy (groups whose rewards are all equal are replaced): "
+        "raise max_sample_batches or rollout.samples_per_prompt, or turn dynamic sampling off."
+    )
+
+
+def with_greedy_baseline(
+    cfg: RunConfig, prompts: PromptSource, groups: list[Group], it: int, batch: int
+) -> list[Group]:
+    """ReMax: the groups, each with the (shaped) reward of one greedy response to its task, sampled with the
+    current weights, as its baseline."""
+    params = replace(B.sampling_params(cfg.rollout), temperature=0.0, n=1)
+    items = [item_of(g.episodes[0]) for g in groups]
+    greedy = prompts.generate(items, params, seed=batch_seed(cfg.seed, it, batch))
+    greedy = shape_rewards(cfg.algorithm, cfg.rollout.max_new_tokens, prompts.score(greedy)[0])
+    return [replace(g, baseline_reward=b.episodes[0].reward) for g, b in zip(groups, greedy, strict=True)]
+
+
+def _groups_with_signal(groups: list[Group]) -> list[Group]:
+    if not groups:
+        return groups
+    rewards = torch.tensor([e.reward for e in flatten(groups)])
+    ids = B.group_ids(groups)
+    keep = filter_groups_with_variance(rewards, ids)
+    kept_ids = {int(i) for i, k in zip(ids.tolist(), keep.tolist(), strict=True) if k}
+    return [g for i, g in enumerate(groups) if i in kept_ids]
+
+
+def _merge(old: dict[str, float], new: dict[str, float], n_before: int) -> dict[str, float]:
+    """Running mean of per-batch metrics over the sample batches of one iteration."""
+    return {k: (old.get(k, 0.0) * n_before + v) / (n_before + 1) for k, v in new.items()}
 
 
 def staleness(t: Episode, trainer_version: int) -> int:

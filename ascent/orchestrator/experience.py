@@ -3,7 +3,7 @@ episode an iteration sampled, with what became of it.
 
 `recording` opens the store for a run (keeping the iterations up to the one it starts after, so a resumed run
 drops what it samples again) and closes it however the run ends; `record_left_out` records the groups a
-stage of `collect_groups` took out (stale, without reward signal, surplus); `record_trained` the groups the
+stage of `Collector.collect` took out (stale, without reward signal, surplus); `record_trained` the groups the
 update used, with their advantages (episodes that `algorithm.filter_zero_advantage` took out of the loss
 count as filtered). Each call only queues frozen episodes; decoding and disk writes happen on the writer's
 thread, which decodes with its own copy of the tokenizer.

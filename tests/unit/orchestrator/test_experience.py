@@ -1,4 +1,4 @@
-"""The loop records what became of every episode: `collect_groups` records the stale, the signal-less (DAPO
+"""The loop records what became of every episode: `Collector.collect` records the stale, the signal-less (DAPO
 dynamic sampling) and the surplus groups it left out, `record_trained` the trained ones with their advantages
 (zero-advantage episodes taken out of the loss as filtered); nothing is recorded when the store is off."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from ascent.config import RunConfig
 from ascent.messages import Episode, Group, SamplingParams, TrainSample, flatten
-from ascent.orchestrator import experience, shaping
+from ascent.orchestrator import experience
 from ascent.orchestrator.collector import Collector
 from ascent.orchestrator.sampling import RolloutStats, Scorer
 from ascent.orchestrator.sources import PromptSource
@@ -67,7 +67,7 @@ def test_collect_groups_records_the_groups_it_leaves_out(tmp_path: Path) -> None
     cfg = config(tmp_path, dynamic_sampling=True)
     col = Batches(batches)
     with experience.recording(cfg, Tokenizer(), start=0) as log:
-        kept, _ = shaping.collect_groups(cfg, col, col.source, Timeline(None), log, sampler=None, it=1)
+        kept, _ = col.collect(cfg, col.source, Timeline(None), log, sampler=None, it=1)
         assert [g.row_id for g in kept] == [1, 3]
         samples = [TrainSample(e.prompt_ids, e.response_ids, e.loss_mask, [0.5, 1.5]) for e in flatten(kept)]
         experience.record_trained(log, 1, kept, samples)

@@ -14,6 +14,7 @@ import torch
 from ascent.config import RunConfig
 from ascent.messages import Episode, Generation, Group, TrainSample, flatten, regroup
 from ascent.orchestrator import batch as B
+from ascent.orchestrator import collector as C
 from ascent.orchestrator import shaping
 from ascent.orchestrator.sampling import Scorer
 from ascent.rewards import RewardRunner
@@ -93,8 +94,8 @@ def test_remax_baseline_is_the_groups() -> None:
 
 def test_dynamic_sampling_keeps_groups_with_signal() -> None:
     flat, mixed, single = Group((ep(1.0), ep(1.0))), Group((ep(1.0), ep(0.0))), Group((ep(0.0),))
-    assert shaping._groups_with_signal([flat, mixed, single]) == [mixed]
-    assert shaping._groups_with_signal([]) == []
+    assert C._groups_with_signal([flat, mixed, single]) == [mixed]
+    assert C._groups_with_signal([]) == []
 
 
 def test_filter_zero_advantage_masks_copies() -> None:
