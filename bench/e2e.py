@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import statistics
 import sys
@@ -121,10 +122,11 @@ def run_config(args: argparse.Namespace, model: Path, data: Path, run_dir: Path,
 
 
 def build_loop(args: argparse.Namespace, root: Path) -> tuple[Any, Any, dict[str, Any]]:
-    """(LoopContext, PromptSampler, setup facts): the parts `run_training` builds, plus our bench tweaks."""
+    """(Run, LoopState, setup facts): the parts `run_training` builds, plus our bench tweaks."""
     from ascent.data import PromptSampler
     from ascent.orchestrator import setup
-    from ascent.orchestrator.loop import LoopContext, publish_weights
+    from ascent.orchestrator.loop import publish_weights
+    from ascent.orchestrator.run import build_run, initial_state
     from ascent.rewards.registry import REWARD_FUNCTIONS
 
     REWARD_FUNCTIONS["bench_coin"] = W.coin_reward
@@ -147,15 +149,26 @@ def build_loop(args: argparse.Namespace, root: Path) -> tuple[Any, Any, dict[str
     facts["trainer_compiled"] = groups.trainer._worker.policy.compiled
     facts["capture_clock"] = P.CaptureClock(engine)
     timeline = PeakTimeline(str(root / f"trace_{args.shape}.json"), cuda)
-    ctx = LoopContext(cfg, datasets, rewards, groups, timeline)
-    sampler = PromptSampler(len(datasets.train), args.prompts, seed=0, shuffle=True)
-    publish_weights(ctx, version=0)
+    run = build_run(cfg, datasets, rewards, groups, timeline)
+    state = dataclasses.replace(
+        initial_state(cfg, datasets),
+        sampler=PromptSampler(len(datasets.train), args.prompts, seed=0, shuffle=True),
+    )
+    publish_weights(run, version=0)
     facts["setup_s"] = time.perf_counter() - t0
-    return ctx, sampler, facts
+    return run, state, facts
+
+
+def iterate(run: Any, state: Any, it: int) -> dict[str, float]:
+    """One iteration of the loop (no experience store)."""
+    from ascent.orchestrator.experience import ExperienceLog
+    from ascent.orchestrator.loop import run_iteration
+
+    return run_iteration(run, state, ExperienceLog(None, run.cfg.rollout), it)
 
 
 def iteration_row(
-    ctx: Any, metrics: dict[str, float], args: argparse.Namespace, peak: float
+    ctx: Any, metrics: dict[str, float], args: argparse.Namespace, peak: float, capture_clock: Any
 ) -> dict[str, Any]:
     """One iteration's numbers: phase times, peaks, throughput, MFU."""
     n_traj = args.prompts * args.samples
@@ -171,7 +184,7 @@ def iteration_row(
         response_len_mean=metrics["rollout/response_len_mean"],
         optimizer_steps=metrics.get("train/optimizer_steps"),
         peaks_gib=dict(ctx.timeline.peaks),
-        graph_capture_s=ctx.capture_clock.take(),
+        graph_capture_s=capture_clock.take(),
         logprob_diff_mean=metrics.get("rollout/logprob_diff_mean"),
         logprob_diff_max=metrics.get("rollout/logprob_diff_max"),
     )
@@ -185,25 +198,21 @@ def iteration_row(
     return row
 
 
-def profile_iteration(ctx: Any, sampler: Any, it: int) -> dict[str, Any]:
+def profile_iteration(ctx: Any, state: Any, it: int) -> dict[str, Any]:
     """One more iteration with the trainer's logprobs and update calls under torch.profiler."""
-    from ascent.orchestrator.loop import run_iteration
-
     out: dict[str, Any] = {}
     with P.profiled_methods(ctx.trainer._worker, ("compute_logprobs", "update"), out):
-        run_iteration(ctx, it, sampler)
+        iterate(ctx, state, it)
     return out
 
 
-def snapshot_iteration(ctx: Any, sampler: Any, it: int, path: Path) -> None:
+def snapshot_iteration(ctx: Any, state: Any, it: int, path: Path) -> None:
     """One more iteration with the CUDA caching allocator's history recorded; the snapshot (a pickle that
     pytorch.org/memory_viz or `bench/memory_peak.py` reads) goes to `path`."""
-    from ascent.orchestrator.loop import run_iteration
-
     torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
     base = torch.cuda.memory_allocated()
     try:
-        run_iteration(ctx, it, sampler)
+        iterate(ctx, state, it)
         torch.cuda.memory._dump_snapshot(str(path))
         path.with_suffix(".base").write_text(str(base))  # allocated before recording (weights, AdamW)
     finally:
@@ -277,19 +286,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; print a summary and return (and write to --json) the numbers."""
-    from ascent.orchestrator.loop import run_iteration
 
     args = parse(argv)
     args.root.mkdir(parents=True, exist_ok=True)
     res = W.report_header(args)
     peak = W.matmul_peak_flops() if args.device == "cuda" else 0.0
     res["facts"]["matmul_peak_tflops"] = peak / 1e12
-    ctx, sampler, facts = build_loop(args, args.root)
-    ctx.capture_clock = facts.pop("capture_clock")
+    ctx, state, facts = build_loop(args, args.root)
+    capture_clock = facts.pop("capture_clock")
     res["facts"].update(facts)
     res["iterations"], res["warmup"] = [], []
     for it in range(1, args.warmup + args.iterations + 1):
-        row = iteration_row(ctx, run_iteration(ctx, it, sampler), args, peak)
+        row = iteration_row(ctx, iterate(ctx, state, it), args, peak, capture_clock)
         (res["warmup"] if it <= args.warmup else res["iterations"]).append(row)
         if res["iterations"]:
             res["median"] = summarize(res["iterations"])
@@ -300,13 +308,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.json:
             args.json.write_text(json.dumps(res, indent=1, default=str))
     if args.profile:
-        res["profile"] = profile_iteration(ctx, sampler, args.warmup + args.iterations + 1)
+        res["profile"] = profile_iteration(ctx, state, args.warmup + args.iterations + 1)
         print(json.dumps(res["profile"], indent=1), flush=True)
         if args.json:
             args.json.write_text(json.dumps(res, indent=1, default=str))
     if args.memory_snapshot:
         try:
-            snapshot_iteration(ctx, sampler, args.warmup + args.iterations + 2, args.memory_snapshot)
+            snapshot_iteration(ctx, state, args.warmup + args.iterations + 2, args.memory_snapshot)
         except Exception as e:  # a failed snapshot must not lose the timings above (seen: torch 2.11 +
             print(f"memory snapshot failed: {e!r}", flush=True)  # compiled checkpointed chunks)
     ctx.rollout.shutdown()

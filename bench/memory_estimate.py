@@ -17,6 +17,7 @@ reports 'no CUDA: estimate only' and the process's peak RSS (a smoke test on the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import resource
 import sys
@@ -46,29 +47,28 @@ def estimate_for(cfg: Any, gpu_gib: float | None) -> Estimate:
 
 
 def build_from_config(path: str, overrides: list[str], root: Path) -> tuple[Any, Any]:
-    """(LoopContext, PromptSampler) of a run config, built the way `run_training` builds them."""
+    """(Run, LoopState) of a run config, built the way `run_training` builds them."""
     from ascent.config import RunConfig, load_config
     from ascent.data import PromptSampler
     from ascent.orchestrator import setup
-    from ascent.orchestrator.loop import LoopContext, publish_weights
+    from ascent.orchestrator.loop import publish_weights
+    from ascent.orchestrator.run import build_run, initial_state
 
     cfg = load_config(path, [f"run_dir={root / 'run'}", *overrides], RunConfig)
     datasets = setup.build_datasets(cfg)
     groups = setup.build_worker_groups(cfg)
     timeline = e2e.PeakTimeline(str(root / "trace.json"), torch.cuda.is_available())
-    ctx = LoopContext(cfg, datasets, setup.build_reward_runner(cfg), groups, timeline)
+    run = build_run(cfg, datasets, setup.build_reward_runner(cfg), groups, timeline)
     sampler = PromptSampler(len(datasets.train), cfg.rollout.prompts_per_step, seed=cfg.seed, shuffle=True)
-    publish_weights(ctx, version=0)
-    return ctx, sampler
+    publish_weights(run, version=0)
+    return run, dataclasses.replace(initial_state(cfg, datasets), sampler=sampler)
 
 
-def measure(ctx: Any, sampler: Any, iterations: int) -> list[dict[str, tuple[float, float]]]:
+def measure(ctx: Any, state: Any, iterations: int) -> list[dict[str, tuple[float, float]]]:
     """Run the iterations; each one's {phase: (peak allocated GiB, peak reserved GiB)}."""
-    from ascent.orchestrator.loop import run_iteration
-
     rows = []
     for it in range(1, iterations + 1):
-        run_iteration(ctx, it, sampler)
+        e2e.iterate(ctx, state, it)
         rows.append(dict(ctx.timeline.peaks))
         print(
             f"iteration {it}: "

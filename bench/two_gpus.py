@@ -133,7 +133,7 @@ def child_train(args: argparse.Namespace, mode: str) -> None:
     REWARD_FUNCTIONS["bench_coin"] = W.coin_reward
     cfg = run_config(args, mode, shapes_of(args, mode)[0])
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
-    checkpointing.save = lambda ctx, it, sampler: None  # type: ignore[assignment,return-value]
+    checkpointing.save = lambda run, state, it: None  # type: ignore[assignment,return-value]
     if cfg.cluster.backend == "ray":
         from ascent.cluster import init_ray
 

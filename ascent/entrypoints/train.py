@@ -12,10 +12,10 @@ import logging
 from typing import Any
 
 from ascent.config.schema import RunConfig
-from ascent.data import PromptSampler
 from ascent.orchestrator import checkpointing, preflight, rundir, setup
 from ascent.orchestrator.interrupt import STOPS, graceful_stop
-from ascent.orchestrator.loop import LoopContext, run_loop
+from ascent.orchestrator.loop import run_loop
+from ascent.orchestrator.run import build_run, initial_state
 from ascent.tracking import RunStarted, Timeline, open_tracking, setup_logging, tracked_run
 
 log = logging.getLogger("ascent")
@@ -69,16 +69,13 @@ def _build_and_run(cfg: RunConfig, run_dir: Any, stop: Any, found: Any, bus: Any
     rewards = setup.build_reward_runner(cfg)
     rewards.prepare(item.metadata for item in data.train + data.val)
     groups = setup.build_worker_groups(cfg)
-    sampler = PromptSampler(
-        len(data.train), cfg.rollout.prompts_per_step, seed=cfg.seed, shuffle=cfg.data.shuffle
-    )
     timeline = Timeline(str(run_dir / "trace.json") if cfg.tracking.trace else None)
-    ctx = LoopContext(cfg, data, rewards, groups, timeline)
+    run, state = build_run(cfg, data, rewards, groups, timeline), initial_state(cfg, data)
     try:
-        start = checkpointing.restore(ctx, sampler, found) if found else 0
-        return run_loop(ctx, sampler, start, stop, bus)
+        start = checkpointing.restore(run, state, found) if found else 0
+        return run_loop(run, state, start, stop, bus)
     finally:
         timeline.flush()
-        ctx.close()
+        run.close()
         groups.shutdown()
         rewards.close()

@@ -31,13 +31,16 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from ascent.cluster.base import WorkerGroup
 from ascent.cluster.isolated import InlineRunner, IsolatedRunner, default_workers
+from ascent.config.schema import RunConfig
 from ascent.envs.openai_agents import AgentJob, AgentResult, AgentSpec, play
 from ascent.errors import AscentError
 from ascent.messages import Episode, Generation, GenerationRequest, Group, SamplingParams
 from ascent.orchestrator import batch as B
 from ascent.orchestrator.agent_segments import Segment, segment_episode, segments
 from ascent.orchestrator.episodes import EnvFailureError
+from ascent.orchestrator.sampling import Scorer
 from ascent.orchestrator.workers import RolloutWorker
 from ascent.rewards import RewardInput
 from ascent.rollout.server import CompletionRecord, Limits, ServerOptions
@@ -67,13 +70,16 @@ class AgentSetup:
     max_turns: int
 
     @classmethod
-    def of(cls, cfg: Any) -> AgentSetup:
+    def of(cls, cfg: RunConfig) -> AgentSetup:
+        """The setup of `rollout.agent` (set: the run trains an agent)."""
         r = cfg.rollout
+        if r.agent is None:
+            raise ValueError("AgentSetup.of: the run has no rollout.agent")
         return cls(r.agent, r.agent_timeout_s, r.agent_concurrency, r.env_workers, r.env_isolation == "inline",
                    cfg.data.max_prompt_tokens, r.max_episode_tokens, r.max_new_tokens, r.max_turns)  # fmt: skip
 
 
-def replica_generate(rollout: Any) -> Generate:
+def replica_generate(rollout: WorkerGroup[RolloutWorker]) -> Generate:
     """The rollout replicas (a worker group) as one `generate`: the requests spread over them."""
 
     def generate(requests: list[GenerationRequest]) -> list[list[Generation]]:
@@ -204,18 +210,32 @@ def play_agent_groups(
     return groups, unscored, stats
 
 
-def collect_agent_groups(
-    ctx: Any, items: Sequence[Any], params: SamplingParams
-) -> tuple[list[Group], AgentStats]:
-    """`params.n` plays of the agent on every item -> one group per item with any recorded call, in order,
-    rewards set (the agent's, or the reward function's on the last reply); and the plays' counts."""
-    if ctx.agents is None:
-        ctx.agents = AgentService(AgentSetup.of(ctx.cfg), replica_generate(ctx.rollout),
-                                  B.sampling_params(ctx.cfg.rollout), ctx.data.tokenizer)  # fmt: skip
-    groups, unscored, stats = play_agent_groups(ctx.agents, items, params, ctx.decode)
-    stats.require_calls()
-    score_last_replies(ctx.rewards, ctx.decode, groups, unscored)
-    return [Group(tuple(g)) for g in groups], stats
+class AgentPlays:
+    """`rollout.agent` in the RL loop: its endpoint and agent processes (an `AgentService`), started on the
+    first play, stopped by `close`; scores the plays whose agent returned None with the reward function."""
+
+    def __init__(
+        self, setup: AgentSetup, generate: Generate, params: SamplingParams, tokenizer: Any, scorer: Scorer
+    ) -> None:
+        self.setup, self.generate, self.params, self.tokenizer = setup, generate, params, tokenizer
+        self.scorer = scorer
+        self._service: AgentService | None = None
+
+    def play(self, items: Sequence[Any], params: SamplingParams) -> tuple[list[Group], AgentStats]:
+        """`params.n` plays of the agent on every item -> one group per item with any recorded call, in order,
+        rewards set (the agent's, or the reward function's on the last reply); and the plays' counts."""
+        if self._service is None:
+            self._service = AgentService(self.setup, self.generate, self.params, self.tokenizer)
+        decode = self.scorer.decode
+        groups, unscored, stats = play_agent_groups(self._service, items, params, decode)
+        stats.require_calls()
+        score_last_replies(self.scorer.rewards, decode, groups, unscored)
+        return [Group(tuple(g)) for g in groups], stats
+
+    def close(self) -> None:
+        if self._service is not None:
+            self._service.close()
+            self._service = None
 
 
 def score_last_replies(

@@ -16,6 +16,8 @@ import torch
 
 from ascent.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, options_for
 from ascent.algorithms.advantage_types import turn_end_rewards
+from ascent.config.rollout import RolloutConfig
+from ascent.config.schema import AlgorithmConfig
 from ascent.messages import (
     Episode,
     Generation,
@@ -28,7 +30,7 @@ from ascent.messages import (
 from ascent.plugins import resolve
 
 
-def sampling_params(rollout_cfg: Any, *, validation: bool = False) -> SamplingParams:
+def sampling_params(rollout_cfg: RolloutConfig, *, validation: bool = False) -> SamplingParams:
     """The engine's sampling parameters from the rollout config section (training or validation)."""
     r = rollout_cfg
     return SamplingParams(
@@ -135,7 +137,7 @@ def _turn_rewards(e: Episode) -> list[float] | None:
 
 def compute_advantages(
     groups: Sequence[Group],
-    algo_cfg: Any,
+    algo_cfg: AlgorithmConfig,
     *,
     token_rewards: torch.Tensor | None = None,
     values: torch.Tensor | None = None,

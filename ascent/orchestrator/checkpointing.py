@@ -22,13 +22,16 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ascent.orchestrator import resume as R
 from ascent.orchestrator.collector import trim_after
 from ascent.orchestrator.workers import CriticWorkerActor, TrainerWorker
 from ascent.trainer import checkpoint_commit as K
 from ascent.trainer.checkpoint_commit import CheckpointWriteError as CheckpointWriteError  # re-exported
+
+if TYPE_CHECKING:
+    from ascent.orchestrator.run import LoopState, Run
 
 log = logging.getLogger("ascent")
 
@@ -136,38 +139,34 @@ def resume_state(
     return path, state
 
 
-def save(ctx: Any, iteration: int, sampler: Any) -> Path:
+def save(run: Run, state: LoopState, iteration: int) -> Path:
     """Checkpoint `iteration` of an RL run: trainer (and critic) weights and optimizer, data position, KL."""
-
-    cfg = ctx.cfg
+    cfg = run.cfg
     optimizer = cfg.checkpoint.save_optimizer
     hf = cfg.checkpoint.hf_weights == "every" or iteration == cfg.iterations
     writers = [
-        lambda d: ctx.trainer.call(TrainerWorker.save, d, optimizer, hf),
-        ctx.data.tokenizer.save_pretrained,
+        lambda d: run.trainer.call(TrainerWorker.save, d, optimizer, hf),
+        run.data.tokenizer.save_pretrained,
     ]
-    if ctx.critic is not None:
-        writers.append(lambda d: ctx.critic.call(CriticWorkerActor.save, d, optimizer, hf))
-    state = {
-        "sampler": ctx.collector.sampler_state(sampler, iteration),  # before draws prefetched for later
-        "kl_coef": None if ctx.kl_controller is None else ctx.kl_controller.coef,
+    critic = run.critic
+    if critic is not None:
+        writers.append(lambda d: critic.call(CriticWorkerActor.save, d, optimizer, hf))
+    saved = {
+        "sampler": run.collector.sampler_state(state.sampler, iteration),  # before draws prefetched for later
+        **state.state_dict(),
         "config": cfg.model_dump(mode="json"),
         "fingerprints": R.fingerprints(cfg.model_dump(mode="json")),
     }
-    return commit(cfg.run_dir, iteration, writers, state, cfg.checkpoint.keep_last)
+    return commit(cfg.run_dir, iteration, writers, saved, cfg.checkpoint.keep_last)
 
 
-def restore(ctx: Any, sampler: Any, found: tuple[Path, dict[str, Any]]) -> int:
-    """Load the checkpoint `resume_state` found into the workers and the sampler; return its iteration."""
-
-    path, state = found
-    ctx.trainer.call(TrainerWorker.load, str(path))
-    if ctx.critic is not None:
-        ctx.critic.call(CriticWorkerActor.load, str(path))
-    sampler.load_state_dict(state["sampler"])
-    if ctx.kl_controller is not None and state.get("kl_coef") is not None:
-        ctx.kl_controller.coef = state["kl_coef"]
-
-    trim_after(ctx.cfg.run_dir, int(state["iteration"]))
-    log.info("resumed from %s (iteration %d)", path, state["iteration"])
-    return int(state["iteration"])
+def restore(run: Run, state: LoopState, found: tuple[Path, dict[str, Any]]) -> int:
+    """Load the checkpoint `resume_state` found into the workers and the loop `state`; return its iteration."""
+    path, saved = found
+    run.trainer.call(TrainerWorker.load, str(path))
+    if run.critic is not None:
+        run.critic.call(CriticWorkerActor.load, str(path))
+    state.load_state_dict(saved)
+    trim_after(run.cfg.run_dir, int(saved["iteration"]))
+    log.info("resumed from %s (iteration %d)", path, saved["iteration"])
+    return int(saved["iteration"])

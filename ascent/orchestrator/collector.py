@@ -1,5 +1,11 @@
 """The collector: each iteration's prompt batches, generated ahead of training within a per-episode staleness bound.
 
+`Collector.collect` gathers one iteration's groups: batches from the run's episode source
+(`ascent.orchestrator.sources`), scored by it, shaped (`shaping.shape_rewards`), taken out when stale, and
+with DAPO dynamic sampling replaced when their rewards are all equal (no signal), until `prompts_per_step`
+remain; ReMax adds a greedy baseline per prompt. A group's identity is its place in the list; the groups a
+step leaves out (stale, without signal, surplus) go to the experience store (`experience.record_left_out`).
+
 Policy versions count weight publications: the trainer's weights after iteration `it` are version `it`, and
 the engines get them at the end of that iteration. An episode sampled with version `v` and trained on in
 iteration `it` (trainer at version `it - 1`) is `it - 1 - v` versions stale; its oldest token counts.
@@ -33,16 +39,26 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ascent.messages import Episode, Group
+import torch
+
+from ascent.algorithms.dapo import filter_groups_with_variance
+from ascent.config.rollout import RolloutConfig
+from ascent.config.schema import RunConfig
+from ascent.data.sampler import PromptSampler
+from ascent.errors import AscentError
+from ascent.messages import Episode, Group, SamplingParams, flatten
 from ascent.orchestrator import batch as B
-from ascent.orchestrator.agents import collect_agent_groups
-from ascent.orchestrator.episodes import collect_env_groups
-from ascent.orchestrator.sampling import RolloutStats, Submitted, finish, submit
+from ascent.orchestrator import experience
+from ascent.orchestrator.experience import ExperienceLog
+from ascent.orchestrator.sampling import RolloutStats
+from ascent.orchestrator.shaping import shape_rewards
+from ascent.orchestrator.sources import EpisodeSource, Pending, PromptSource
+from ascent.tracking import Timeline
 
 
 def batch_seed(seed: int, it: int, batch: int) -> int:
@@ -50,83 +66,121 @@ def batch_seed(seed: int, it: int, batch: int) -> int:
     return seed * 1_000_003 + it * 10_007 + batch * 101
 
 
+class DynamicSamplingError(AscentError):
+    """Dynamic sampling could not fill the batch within `algorithm.max_sample_batches`."""
+
+
 @dataclass(frozen=True)
 class _Ahead:
     """A first batch submitted before its iteration, and the sampler's state before it was drawn."""
 
-    submitted: (
-        Submitted | Future[Any]
-    )  # single-turn generation in flight, or multi-turn episodes being played
+    submitted: Pending  # generation in flight, or episodes being played (or played)
     sampler_state: dict[str, Any]
 
 
 class Collector:
     """Hands each iteration its prompt batches: prefetched, fresh, or regenerated (see module docstring)."""
 
-    def __init__(self, max_staleness: int, stale_groups: str) -> None:
+    def __init__(
+        self,
+        source: EpisodeSource,
+        items: Sequence[Any],
+        params: SamplingParams,
+        seed: int,
+        max_staleness: int,
+        stale_groups: str,
+    ) -> None:
+        """Batches of the training prompts `items` (`PromptItem`s) from `source`, sampled with `params`
+        and seeds derived from `seed` (`batch_seed`)."""
+        self.source, self.items, self.params, self.seed = source, items, params, seed
         self.max_staleness, self.stale_groups = max_staleness, stale_groups
         self._ahead: dict[int, _Ahead] = {}
         self._redo: list[Any] = []  # prompts of stale groups to sample again (stale_groups=regenerate)
         self._waited = 0.0  # controller seconds spent starting and awaiting generation (take_waited)
-        self._thread: ThreadPoolExecutor | None = None  # plays multi-turn episodes ahead (`_play_ahead`)
 
-    def next_batch(self, ctx: Any, sampler: Any, it: int, batch: int) -> tuple[list[Group], RolloutStats]:
+    def next_batch(self, sampler: PromptSampler, it: int, batch: int) -> tuple[list[Group], RolloutStats]:
         """Batch `batch` of iteration `it`: the prefetched one if there is one, else sampled now."""
         t0 = time.perf_counter()
         ahead = self._ahead.pop(it, None) if batch == 0 else None
         if ahead is not None:
             pending = ahead.submitted
         else:
-            items = self._redo or [ctx.data.train[i] for i in sampler.next_batch()]
+            items = self._redo or [self.items[i] for i in sampler.next_batch()]
             self._redo = []
-            params, seed = B.sampling_params(ctx.cfg.rollout), batch_seed(ctx.cfg.seed, it, batch)
-            if ctx.cfg.rollout.multi_turn:  # an environment's or an agent's turns, played now
-                pending = _played(_multi_turn(ctx, items, params, seed))
-            else:
-                pending = submit(ctx, items, params, seed=seed)
-        out = pending.result() if isinstance(pending, Future) else finish(ctx, pending)
+            pending = self.source.submit(items, self.params, batch_seed(self.seed, it, batch))
+        out = pending.result()
         self._waited += time.perf_counter() - t0
         return out
 
-    def prefetch(self, ctx: Any, sampler: Any, it: int, last: int) -> None:
+    def prefetch(self, sampler: PromptSampler, it: int, last: int) -> None:
         """After iteration `it` has its groups: submit the first batch of iterations it+1..it+k (<= last).
 
         On Ray this returns at once; inline, the generation runs here (nothing overlaps in one process)."""
         t0 = time.perf_counter()
-        params = B.sampling_params(ctx.cfg.rollout)
         for ahead in range(it + 1, min(it + self.max_staleness, last) + 1):
             if ahead not in self._ahead:
                 state = sampler.state_dict()
-                items = [ctx.data.train[i] for i in sampler.next_batch()]
-                seed = batch_seed(ctx.cfg.seed, ahead, 0)
-                if ctx.cfg.rollout.multi_turn:
-                    self._ahead[ahead] = _Ahead(self._play_ahead(ctx, items, params, seed), state)
-                else:
-                    self._ahead[ahead] = _Ahead(submit(ctx, items, params, seed=seed), state)
+                items = [self.items[i] for i in sampler.next_batch()]
+                seed = batch_seed(self.seed, ahead, 0)
+                self._ahead[ahead] = _Ahead(self.source.submit(items, self.params, seed, ahead=True), state)
         self._waited += time.perf_counter() - t0
 
-    def _play_ahead(self, ctx: Any, items: list[Any], params: Any, seed: int) -> Future[Any]:
-        """Multi-turn episodes of a later iteration: on a thread of the controller when the replicas have GPUs
-        of their own (Ray, split placement) or stay awake beside it (colocated, `cluster.engine_sleeps=false`),
-        so they play while the trainer updates; else played now."""
-        if ctx.rollout.backend == "ray" and ctx.cfg.cluster.generates_alongside:
-            if self._thread is None:
-                self._thread = ThreadPoolExecutor(1, thread_name_prefix="ascent-collector")
-            return self._thread.submit(_multi_turn, ctx, items, params, seed)
-        return _played(_multi_turn(ctx, items, params, seed))
-
     def close(self) -> None:
-        """Wait for episodes being played ahead, drop the ones not started."""
-        if self._thread is not None:
-            self._thread.shutdown(wait=True, cancel_futures=True)
-            self._thread = None
+        """Stop the source (waiting for episodes being played ahead)."""
+        self.source.close()
+
+    def collect(
+        self,
+        cfg: RunConfig,
+        prompts: PromptSource,
+        timeline: Timeline,
+        log: ExperienceLog,
+        sampler: PromptSampler,
+        it: int,
+    ) -> tuple[list[Group], dict[str, float]]:
+        """Sample, score and shape the groups of one iteration; returns them and the rollout/reward metrics.
+        Batches come from `next_batch` (prefetched or fresh) and are scored by the source; groups over the
+        staleness bound and, with DAPO dynamic sampling, groups without reward signal are replaced until
+        `prompts_per_step` remain; what is left out goes to the experience `log`. ReMax's greedy baselines are
+        sampled from the single-turn `prompts`."""
+        a = cfg.algorithm
+        want = cfg.rollout.prompts_per_step
+        kept: list[Group] = []
+        metrics: dict[str, float] = {}
+        batches, dropped, idle = 0, 0, 0.0
+        while len(kept) < want:
+            if batches >= a.max_sample_batches:
+                raise DynamicSamplingError(_too_many_batches(a.max_sample_batches, len(kept), want, dropped))
+            with timeline.phase("generate", iteration=it):
+                groups, stats = self.next_batch(sampler, it, batches)
+            idle += stats.engine_idle_s
+            with timeline.phase("reward", iteration=it):
+                groups, batch_metrics = self.source.score(groups)
+                metrics = _merge(metrics, batch_metrics | stats.metrics, batches)
+            shaped = shape_rewards(a, cfg.rollout.max_new_tokens, groups)
+            groups, stale = self.split_stale(shaped, trainer_version=it - 1)
+            experience.record_left_out(log, it, shaped, groups, "dropped_stale", _stale_reason(cfg.rollout))
+            dropped += stale
+            if a.advantage.name == "remax":
+                groups = with_greedy_baseline(cfg, prompts, groups, it, batches)
+            if a.dynamic_sampling:
+                before, groups = groups, _groups_with_signal(groups)
+                experience.record_left_out(
+                    log, it, before, groups, "filtered", "dynamic_sampling: equal rewards"
+                )
+            kept.extend(groups)
+            batches += 1
+        metrics |= {"rollout/sample_batches": float(batches), "rollout/dropped_stale": float(dropped),
+                    "time/engine_idle": idle}  # fmt: skip
+        experience.record_left_out(log, it, kept, kept[:want], "surplus", "prompts_per_step already filled")
+        return kept[:want], metrics
 
     def take_waited(self) -> float:
         """Seconds the controller (so the trainer) waited on generation since the last call; resets."""
         waited, self._waited = self._waited, 0.0
         return waited
 
-    def sampler_state(self, sampler: Any, it: int) -> dict[str, Any]:
+    def sampler_state(self, sampler: PromptSampler, it: int) -> dict[str, Any]:
         """The sampler as a checkpoint after iteration `it` saves it: before any prefetched draw."""
         ahead = self._ahead.get(it + 1)
         return ahead.sampler_state if ahead is not None else sampler.state_dict()
@@ -144,20 +198,45 @@ class Collector:
         return fresh, dropped
 
 
-def _played(out: tuple[list[Group], RolloutStats]) -> Future[tuple[list[Group], RolloutStats]]:
-    done: Future[tuple[list[Group], RolloutStats]] = Future()
-    done.set_result(out)
-    return done
+def _stale_reason(r: RolloutConfig) -> str:
+    return f"older than rollout.max_staleness={r.max_staleness} (stale_groups={r.stale_groups})"
 
 
-def _multi_turn(ctx: Any, items: list[Any], params: Any, seed: int) -> tuple[list[Group], RolloutStats]:
-    """A batch of episodes through the run's environment (one engine call per turn) or its agent (through
-    the run's endpoint)."""
-    if ctx.cfg.rollout.agent is not None:
-        groups, stats = collect_agent_groups(ctx, items, params)
-        return groups, RolloutStats(0.0, stats.metrics(ctx.cfg.reward.max_failure_rate))
+def _too_many_batches(limit: int, have: int, want: int, dropped: int) -> str:
+    stale = f" ({dropped} episodes were over rollout.max_staleness)" if dropped else ""
+    return (
+        f"algorithm.max_sample_batches={limit}: after {limit} prompt batches only {have} of "
+        f"rollout.prompts_per_step={want} groups were usable{stale}. With algorithm.dynamic_sampling the "
+        "task may be too easy or too hard for the policy (groups whose rewards are all equal are replaced): "
+        "raise max_sample_batches or rollout.samples_per_prompt, or turn dynamic sampling off."
+    )
 
-    return collect_env_groups(ctx, items, params, seed=seed), RolloutStats(engine_idle_s=0.0)
+
+def with_greedy_baseline(
+    cfg: RunConfig, prompts: PromptSource, groups: list[Group], it: int, batch: int
+) -> list[Group]:
+    """ReMax: the groups, each with the (shaped) reward of one greedy response to its task, sampled with the
+    current weights, as its baseline."""
+    params = replace(B.sampling_params(cfg.rollout), temperature=0.0, n=1)
+    items = [item_of(g.episodes[0]) for g in groups]
+    greedy = prompts.generate(items, params, seed=batch_seed(cfg.seed, it, batch))
+    greedy = shape_rewards(cfg.algorithm, cfg.rollout.max_new_tokens, prompts.score(greedy)[0])
+    return [replace(g, baseline_reward=b.episodes[0].reward) for g, b in zip(groups, greedy, strict=True)]
+
+
+def _groups_with_signal(groups: list[Group]) -> list[Group]:
+    if not groups:
+        return groups
+    rewards = torch.tensor([e.reward for e in flatten(groups)])
+    ids = B.group_ids(groups)
+    keep = filter_groups_with_variance(rewards, ids)
+    kept_ids = {int(i) for i, k in zip(ids.tolist(), keep.tolist(), strict=True) if k}
+    return [g for i, g in enumerate(groups) if i in kept_ids]
+
+
+def _merge(old: dict[str, float], new: dict[str, float], n_before: int) -> dict[str, float]:
+    """Running mean of per-batch metrics over the sample batches of one iteration."""
+    return {k: (old.get(k, 0.0) * n_before + v) / (n_before + 1) for k, v in new.items()}
 
 
 def staleness(t: Episode, trainer_version: int) -> int:

@@ -17,7 +17,9 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+from ascent.cluster.base import WorkerGroup
 from ascent.cluster.isolated import default_workers
+from ascent.config.schema import RunConfig
 from ascent.data.prompts import PromptItem, RenderReport
 from ascent.envs import ChatTokens, Task, make_env, run_episodes
 from ascent.envs.hosts import EnvHosts, HostedEnvs, Hosts, InProcessEnvs
@@ -78,7 +80,7 @@ class EnvRunners:
     on the first batch and kept until `close()` at the end of the run (`process` with cluster.backend=ray;
     `ascent.cluster.env_actors`). The runner is the same for all three; only the hosts differ."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self._actors: Any = None
         self._lock = threading.Lock()  # the collector's thread and the controller's may both start a batch
@@ -115,24 +117,29 @@ class EnvRunners:
                 self._actors = None
 
 
-def collect_env_groups(ctx: Any, items: Sequence[Any], params: SamplingParams, *, seed: int) -> list[Group]:
-    """`params.n` episodes of every item's environment -> one group per item, in order."""
-    r = ctx.cfg.rollout
+def collect_env_groups(
+    envs: EnvRunners,
+    rollout: WorkerGroup[RolloutWorker],
+    tokenizer: Any,
+    items: Sequence[Any],
+    params: SamplingParams,
+    *,
+    seed: int,
+) -> list[Group]:
+    """`params.n` episodes of every item's environment (run in `envs`, each turn sampled on the `rollout`
+    replicas) -> one group per item, in order."""
+    r = envs.cfg.rollout
     n = params.n
     tasks = [Task(env_name(it.metadata, r.env), it.metadata, it.row_id) for it in items for _ in range(n)]
 
     def generate(requests: list[GenerationRequest]) -> list[list[Generation]]:
         # by request_id, the episode's index: each episode keeps its replica (and its cached history)
-        shards, positions = B.shard_requests(requests, ctx.rollout.num_workers)
-        flat = [
-            g
-            for rollout in ctx.rollout.call_split(RolloutWorker.generate, shards)
-            for g in rollout.generations
-        ]
+        shards, positions = B.shard_requests(requests, rollout.num_workers)
+        flat = [g for out in rollout.call_split(RolloutWorker.generate, shards) for g in out.generations]
         return [flat[k] for k in positions]
 
-    with ctx.envs.batch() as hosts:
-        episodes = run_episodes(tasks, generate, ChatTokens(ctx.data.tokenizer), replace(params, seed=seed),
+    with envs.batch() as hosts:
+        episodes = run_episodes(tasks, generate, ChatTokens(tokenizer), replace(params, seed=seed),
                                 max_turns=r.max_turns, max_tokens=r.max_episode_tokens, hosts=hosts)  # fmt: skip
     return [Group(tuple(episodes[i * n : (i + 1) * n])) for i in range(len(items))]
 

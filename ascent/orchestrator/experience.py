@@ -3,7 +3,7 @@ episode an iteration sampled, with what became of it.
 
 `recording` opens the store for a run (keeping the iterations up to the one it starts after, so a resumed run
 drops what it samples again) and closes it however the run ends; `record_left_out` records the groups a
-stage of `collect_groups` took out (stale, without reward signal, surplus); `record_trained` the groups the
+stage of `Collector.collect` took out (stale, without reward signal, surplus); `record_trained` the groups the
 update used, with their advantages (episodes that `algorithm.filter_zero_advantage` took out of the loss
 count as filtered). Each call only queues frozen episodes; decoding and disk writes happen on the writer's
 thread, which decodes with its own copy of the tokenizer.
@@ -15,9 +15,12 @@ import copy
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ascent.config.rollout import RolloutConfig
+from ascent.config.schema import RunConfig
 from ascent.messages import Episode, Group, TrainSample, flatten
 from ascent.orchestrator.episodes import env_name
 from ascent.transport.store import FILE_NAME
@@ -27,20 +30,30 @@ log = logging.getLogger("ascent")
 ZERO_ADVANTAGE = "zero_advantage: every advantage is 0 (algorithm.filter_zero_advantage)"
 
 
+@dataclass(frozen=True)
+class ExperienceLog:
+    """Where the loop records episodes: the store's `writer` (None: `tracking.experience_store` is off, and
+    recording does nothing), and what labels an entry (the rollout section: the environment or agent of an
+    episode; whether zero-advantage episodes are filtered)."""
+
+    writer: ExperienceWriter | None
+    rollout: RolloutConfig
+    filter_zero_advantage: bool = False
+
+
 @contextmanager
-def recording(ctx: Any, start: int) -> Iterator[None]:
-    """Record the episodes of iterations `start + 1 ..` in `<run_dir>/experience.db` (as `ctx.experience`)."""
-    cfg = ctx.cfg
+def recording(cfg: RunConfig, tokenizer: Any, start: int) -> Iterator[ExperienceLog]:
+    """Record the episodes of iterations `start + 1 ..` in `<run_dir>/experience.db` through the log this
+    yields; the writer is closed however the run ends."""
     if not cfg.tracking.experience_store:
-        yield
+        yield ExperienceLog(None, cfg.rollout)
         return
     path = Path(cfg.run_dir) / FILE_NAME
     prepare_store(path, keep_through=start, meta={"tokenizer": cfg.model.tokenizer_path or cfg.model.path})
-    ctx.experience = ExperienceWriter(path, decode=_decoder(ctx.data.tokenizer))
+    writer = ExperienceWriter(path, decode=_decoder(tokenizer))
     try:
-        yield
+        yield ExperienceLog(writer, cfg.rollout, cfg.algorithm.filter_zero_advantage)
     finally:
-        writer, ctx.experience = ctx.experience, None
         writer.close()
 
 
@@ -55,33 +68,35 @@ def _decoder(tokenizer: Any) -> Decode:
 
 
 def record_left_out(
-    ctx: Any, it: int, before: Sequence[Group], after: Sequence[Group], status: str, reason: str
+    log: ExperienceLog, it: int, before: Sequence[Group], after: Sequence[Group], status: str, reason: str
 ) -> None:
     """Record the groups of `before` that a stage left out of `after` (compared by identity)."""
-    if ctx.experience is None:
+    if log.writer is None:
         return
     kept = {id(g) for g in after}
     left = [e for g in before if id(g) not in kept for e in g.episodes]
-    ctx.experience.put(
-        Entry(e, it, status, trainer_version=it - 1, reason=reason, env=_env(ctx, e)) for e in left
+    log.writer.put(
+        Entry(e, it, status, trainer_version=it - 1, reason=reason, env=_env(log.rollout, e)) for e in left
     )
 
 
-def record_trained(ctx: Any, it: int, groups: Sequence[Group], samples: Sequence[TrainSample]) -> None:
+def record_trained(
+    log: ExperienceLog, it: int, groups: Sequence[Group], samples: Sequence[TrainSample]
+) -> None:
     """Record the groups the update of iteration `it` used; `samples` are their train samples (advantages
     set, masks as the update sees them), one per episode of `flatten(groups)`."""
-    if ctx.experience is None:
+    if log.writer is None:
         return
     place = [g for g, group in enumerate(groups) for _ in group.episodes]
-    filtering = ctx.cfg.algorithm.filter_zero_advantage
+    filtering = log.filter_zero_advantage
     entries = []
     for g, e, s in zip(place, flatten(groups), samples, strict=True):
         filtered = filtering and any(e.loss_mask) and not any(s.loss_mask)
         entries.append(Entry(
             e, it, "filtered" if filtered else "trained", trainer_version=it - 1, group_index=g,
-            reason=ZERO_ADVANTAGE if filtered else None, env=_env(ctx, e), advantage=_mean_advantage(e, s),
+            reason=ZERO_ADVANTAGE if filtered else None, env=_env(log.rollout, e), advantage=_mean_advantage(e, s),
         ))  # fmt: skip
-    ctx.experience.put(entries)
+    log.writer.put(entries)
 
 
 def _mean_advantage(e: Episode, s: TrainSample) -> float | None:
@@ -90,10 +105,9 @@ def _mean_advantage(e: Episode, s: TrainSample) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _env(ctx: Any, e: Episode) -> str | None:
+def _env(r: RolloutConfig, e: Episode) -> str | None:
     """The environment an episode ran in (as `env_name` chose it), or the agent's import path; None for
     single-turn reward runs."""
-    r = ctx.cfg.rollout
     if r.agent is not None:
         return str(r.agent)
     return None if r.env is None else env_name(e.metadata, r.env)

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from ascent.config.schema import RunConfig
 from ascent.errors import AscentError
 from ascent.messages import Group, TrainSample
 from ascent.orchestrator.checkpointing import checkpoint_dirs
@@ -62,7 +62,7 @@ class EqualRewardWatch:
     def __init__(self, patience: int = EQUAL_REWARD_PATIENCE) -> None:
         self.patience, self.count, self.warned = patience, 0, False
 
-    def observe(self, groups: Sequence[Group], it: int, cfg: Any, truncated_frac: float) -> str | None:
+    def observe(self, groups: Sequence[Group], it: int, cfg: RunConfig, truncated_frac: float) -> str | None:
         equal = all(_spread([e.reward for e in g.episodes]) == 0.0 for g in groups)
         self.count = self.count + 1 if equal else 0
         if self.warned or self.count < self.patience:
@@ -76,7 +76,9 @@ def _spread(values: list[float]) -> float:
     return max(values) - min(values) if values else 0.0
 
 
-def equal_reward_message(cfg: Any, first: int, last: int, rewards: list[float], truncated_frac: float) -> str:
+def equal_reward_message(
+    cfg: RunConfig, first: int, last: int, rewards: list[float], truncated_frac: float
+) -> str:
     """The warning of `EqualRewardWatch`: what happened, and the likely causes with this run's settings."""
     r = cfg.rollout
     shown = ", ".join(f"{x:g}" for x in rewards[:5]) + (", ..." if len(rewards) > 5 else "")
@@ -101,7 +103,7 @@ class DivergenceCheck:
     the first iteration checked; every stepped mini-batch with a nonzero advantage had a gradient of exactly 0.
     """
 
-    def __init__(self, cfg: Any, vocab_size: int) -> None:
+    def __init__(self, cfg: RunConfig, vocab_size: int) -> None:
         self.cfg = cfg
         self.max_entropy = math.log(max(vocab_size, 2))
         self.first_entropy: float | None = None
@@ -135,7 +137,7 @@ class DivergenceCheck:
             raise TrainingDiverged(divergence_message(self.cfg, it, *found))
 
 
-def divergence_message(cfg: Any, it: int, metric: str, value: float, meaning: str) -> str:
+def divergence_message(cfg: RunConfig, it: int, metric: str, value: float, meaning: str) -> str:
     """What diverged, where the last good checkpoint is, and the fix."""
     good = checkpoint_dirs(cfg.run_dir)
     t = cfg.train

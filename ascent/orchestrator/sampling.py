@@ -2,20 +2,23 @@
 
 `submit` spreads requests over the rollout replicas and returns at once; `finish` waits for them and turns
 their generations into one group of episodes per prompt, each token stamped with the policy version it was
-sampled with; `generate` is the two in a row. `score` returns the groups with the reward function's rewards.
-All take the loop context (`ascent.orchestrator.loop.LoopContext`).
+sampled with; `generate` is the two in a row. `Scorer` returns the groups with the reward function's rewards.
+Each takes what it uses: the rollout worker group, the tokenizer's `decode`, the reward runner.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ascent.cluster.base import PendingCall
+from ascent.cluster.base import PendingCall, WorkerGroup
 from ascent.messages import Group, Rollout, SamplingParams, flatten, regroup
 from ascent.orchestrator import batch as B
 from ascent.orchestrator.workers import RolloutWorker
-from ascent.rewards import RewardInput
+from ascent.rewards import RewardInput, RewardRunner
+
+Decode = Callable[[Sequence[int]], str]
 
 
 @dataclass(frozen=True)
@@ -36,43 +39,60 @@ class RolloutStats:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def submit(ctx: Any, items: list[Any], params: SamplingParams, *, seed: int) -> Submitted:
+def submit(
+    rollout: WorkerGroup[RolloutWorker], items: list[Any], params: SamplingParams, *, seed: int
+) -> Submitted:
     """Start sampling `params.n` responses per prompt on the rollout replicas (contiguous shards)."""
     requests = B.make_requests([i.prompt_ids for i in items], params, seed)
-    shards = B.shard(requests, ctx.rollout.num_workers)
-    return Submitted(items, ctx.rollout.call_split_async(RolloutWorker.generate, shards))
+    shards = B.shard(requests, rollout.num_workers)
+    return Submitted(items, rollout.call_split_async(RolloutWorker.generate, shards))
 
 
-def finish(ctx: Any, sub: Submitted) -> tuple[list[Group], RolloutStats]:
+def finish(sub: Submitted, decode: Decode) -> tuple[list[Group], RolloutStats]:
     """Wait for a submitted batch -> its groups (one per prompt, in order) and the replicas' idle time."""
     rollouts = sub.pending.get()
     generations = [g for r in rollouts for g in r.generations]
-    groups = B.to_groups(sub.items, generations, decode=ctx.decode)
+    groups = B.to_groups(sub.items, generations, decode=decode)
     idle = sum(r.idle_s for r in rollouts) / len(rollouts)
     return groups, RolloutStats(engine_idle_s=idle)
 
 
-def generate(ctx: Any, items: list[Any], params: SamplingParams, *, seed: int) -> list[Group]:
+def generate(
+    rollout: WorkerGroup[RolloutWorker],
+    decode: Decode,
+    items: list[Any],
+    params: SamplingParams,
+    *,
+    seed: int,
+) -> list[Group]:
     """Sample a group of `params.n` episodes per prompt with the weights the replicas hold now."""
-    return finish(ctx, submit(ctx, items, params, seed=seed))[0]
+    return finish(submit(rollout, items, params, seed=seed), decode)[0]
 
 
-def score(ctx: Any, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
-    """The groups with every episode's reward and reward components set, and the reward runner's metrics
-    (reward/mean, /std, failures)."""
+@dataclass(frozen=True)
+class Scorer:
+    """Scores single-turn episodes with the reward function (`rewards`) on the decoded prompt and response."""
 
-    trajs = flatten(groups)
-    inputs = [
-        RewardInput(
-            prompt=ctx.decode(t.prompt_ids),
-            response=t.response_text,
-            response_ids=t.response_ids,
-            metadata=t.metadata,
-            row_id=t.row_id,
-        )
-        for t in trajs
-    ]
-    result = ctx.rewards.score(inputs)
-    scored = [replace(t, reward=r, reward_components=dict(c))
-              for t, r, c in zip(trajs, result.rewards, result.components, strict=True)]  # fmt: skip
-    return regroup(groups, scored), result.metrics
+    rewards: RewardRunner
+    decode: Decode
+
+    def __call__(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
+        """The groups with every episode's reward and reward components set, and the reward runner's
+        metrics (reward/mean, /std, failures)."""
+        trajs = flatten(groups)
+        inputs = [
+            RewardInput(
+                prompt=self.decode(t.prompt_ids),
+                response=t.response_text,
+                response_ids=t.response_ids,
+                metadata=t.metadata,
+                row_id=t.row_id,
+            )
+            for t in trajs
+        ]
+        result = self.rewards.score(inputs)
+        scored = [
+            replace(t, reward=r, reward_components=dict(c))
+            for t, r, c in zip(trajs, result.rewards, result.components, strict=True)
+        ]
+        return regroup(groups, scored), result.metrics

@@ -3,29 +3,24 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ascent.messages import flatten
 from ascent.orchestrator import batch as B
-from ascent.orchestrator.agents import collect_agent_groups
-from ascent.orchestrator.episodes import collect_env_groups
-from ascent.orchestrator.sampling import generate, score
+
+if TYPE_CHECKING:
+    from ascent.orchestrator.run import Run
 
 log = logging.getLogger("ascent")
 
 CORRECT_AT = 1.0 - 1e-6  # a response counts as correct when its reward is at least 1 (the 0/1 built-ins)
 
 
-def validate(ctx: Any, iteration: int) -> dict[str, float]:
+def validate(run: Run, iteration: int) -> dict[str, float]:
     """Score the validation set with the current policy; returns `val/*` metrics and logs a few samples."""
-    cfg = ctx.cfg
-    params = B.sampling_params(cfg.rollout, validation=True)
-    if cfg.rollout.agent is not None:
-        groups, _ = collect_agent_groups(ctx, ctx.data.val, params)
-    elif cfg.rollout.env is not None:
-        groups = collect_env_groups(ctx, ctx.data.val, params, seed=cfg.seed + 12345)
-    else:
-        groups, _ = score(ctx, generate(ctx, ctx.data.val, params, seed=cfg.seed + 12345))
+    cfg, val = run.cfg, run.data.val
+    params, seed = B.sampling_params(cfg.rollout, validation=True), cfg.seed + 12345
+    groups = run.collector.source.evaluate(val, params, seed)
     trajs = flatten(groups)
     n = len(trajs)
     metrics = {
@@ -36,7 +31,7 @@ def validate(ctx: Any, iteration: int) -> dict[str, float]:
     for t in trajs[: cfg.tracking.log_samples]:
         log.info(
             "val sample | prompt %r | response %r | reward %.2f",
-            ctx.decode(t.prompt_ids)[-80:],
+            run.decode(t.prompt_ids)[-80:],
             t.response_text[:200],
             t.reward,
         )

@@ -1,20 +1,20 @@
-"""The loop records what became of every episode: `collect_groups` records the stale, the signal-less (DAPO
+"""The loop records what became of every episode: `Collector.collect` records the stale, the signal-less (DAPO
 dynamic sampling) and the surplus groups it left out, `record_trained` the trained ones with their advantages
 (zero-advantage episodes taken out of the loss as filtered); nothing is recorded when the store is off."""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from ascent.config import RunConfig
-from ascent.messages import Episode, Group, TrainSample, flatten
-from ascent.orchestrator import experience, shaping
+from ascent.messages import Episode, Group, SamplingParams, TrainSample, flatten
+from ascent.orchestrator import experience
 from ascent.orchestrator.collector import Collector
-from ascent.orchestrator.sampling import RolloutStats
+from ascent.orchestrator.sampling import RolloutStats, Scorer
+from ascent.orchestrator.sources import PromptSource
 from ascent.rewards import RewardRunner
+from ascent.tracking import Timeline
 from ascent.transport.store import FILE_NAME, open_store
 
 
@@ -37,36 +37,34 @@ def group(row: int, *texts: str, version: int = 0) -> Group:
     return Group(tuple(ep(t, row, version) for t in texts))
 
 
-class Batches:
-    """A collector whose batches are given; staleness is the real collector's."""
+SCORER = Scorer(RewardRunner("exact_match"), decode=lambda ids: "")
+
+
+class Batches(Collector):
+    """A collector whose batches are given (nothing is sampled); staleness is the real collector's."""
 
     def __init__(self, batches: list[list[Group]]) -> None:
-        self.batches, self.real = batches, Collector(max_staleness=0, stale_groups="drop")
+        source = PromptSource(None, SCORER)  # type: ignore[arg-type]  # scores; samples nothing
+        super().__init__(source, [], SamplingParams(), seed=0, max_staleness=0, stale_groups="drop")
+        self.batches = batches
 
-    def next_batch(self, ctx: Any, sampler: Any, it: int, batch: int) -> tuple[list[Group], RolloutStats]:
+    def next_batch(self, sampler: Any, it: int, batch: int) -> tuple[list[Group], RolloutStats]:
         return self.batches[batch], RolloutStats(engine_idle_s=0.0)
 
-    def split_stale(self, groups: list[Group], trainer_version: int) -> tuple[list[Group], int]:
-        return self.real.split_stale(groups, trainer_version)
+
+class Tokenizer:
+    """Decodes ids as the numbers they are."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        return " ".join(map(str, ids))
 
 
-def make_ctx(tmp_path: Path, batches: list[list[Group]], **algorithm: Any) -> Any:
-    cfg = RunConfig(
+def config(tmp_path: Path, **algorithm: Any) -> RunConfig:
+    return RunConfig(
         run_dir=str(tmp_path),
         rollout={"prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 4},
         train={"trajectories_per_update": 4},
         algorithm=algorithm,
-    )
-    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens: " ".join(map(str, ids)))
-    timeline = SimpleNamespace(phase=lambda *a, **k: nullcontext())
-    return SimpleNamespace(
-        cfg=cfg,
-        decode=lambda ids: "",
-        rewards=RewardRunner("exact_match"),
-        timeline=timeline,
-        data=SimpleNamespace(tokenizer=tokenizer),
-        collector=Batches(batches),
-        experience=None,
     )
 
 
@@ -75,12 +73,13 @@ def test_collect_groups_records_the_groups_it_leaves_out(tmp_path: Path) -> None
         [group(0, "4", "4"), group(1, "4", "5"), group(2, "4", "5", version=-1)],  # equal rewards; ok; stale
         [group(3, "5", "4"), group(4, "4", "x")],  # ok; one more than the batch needs
     ]
-    ctx = make_ctx(tmp_path, batches, dynamic_sampling=True)
-    with experience.recording(ctx, start=0):
-        kept, _ = shaping.collect_groups(ctx, sampler=None, it=1)
+    cfg = config(tmp_path, dynamic_sampling=True)
+    col = Batches(batches)
+    with experience.recording(cfg, Tokenizer(), start=0) as log:
+        kept, _ = col.collect(cfg, col.source, Timeline(None), log, sampler=None, it=1)
         assert [g.row_id for g in kept] == [1, 3]
         samples = [TrainSample(e.prompt_ids, e.response_ids, e.loss_mask, [0.5, 1.5]) for e in flatten(kept)]
-        experience.record_trained(ctx, 1, kept, samples)
+        experience.record_trained(log, 1, kept, samples)
     with open_store(tmp_path) as store:
         got = [(r.row_id, r.status, r.group_index, r.advantage) for r in store.episodes()]
         reasons = {r.status: r.drop_reason for r in store.episodes(status="dropped")}
@@ -100,13 +99,13 @@ def test_collect_groups_records_the_groups_it_leaves_out(tmp_path: Path) -> None
 
 
 def test_zero_advantage_episodes_are_recorded_as_filtered(tmp_path: Path) -> None:
-    ctx = make_ctx(tmp_path, [], filter_zero_advantage=True)
+    cfg = config(tmp_path, filter_zero_advantage=True)
     groups = [group(0, "4", "5"), group(1, "4", "4")]
     masked = [TrainSample([1], [5, 6], [1, 1], [1.0, 1.0])] * 2 + [
         TrainSample([1], [5, 6], [0, 0], [0.0, 0.0])
     ] * 2
-    with experience.recording(ctx, start=0):
-        experience.record_trained(ctx, 3, groups, masked)
+    with experience.recording(cfg, Tokenizer(), start=0) as log:
+        experience.record_trained(log, 3, groups, masked)
     with open_store(tmp_path) as store:
         assert [(r.status, r.iteration, r.trainer_version) for r in store.episodes()] == (
             [("trained", 3, 2)] * 2 + [("filtered", 3, 2)] * 2
@@ -116,9 +115,9 @@ def test_zero_advantage_episodes_are_recorded_as_filtered(tmp_path: Path) -> Non
 
 
 def test_nothing_is_written_when_the_store_is_off(tmp_path: Path) -> None:
-    ctx = make_ctx(tmp_path, [])
-    ctx.cfg.tracking.experience_store = False
-    with experience.recording(ctx, start=0):
-        assert ctx.experience is None
-        experience.record_trained(ctx, 1, [group(0, "4")], [TrainSample([1], [5, 6], [1, 1], [0.0, 0.0])])
+    cfg = config(tmp_path)
+    cfg.tracking.experience_store = False
+    with experience.recording(cfg, Tokenizer(), start=0) as log:
+        assert log.writer is None
+        experience.record_trained(log, 1, [group(0, "4")], [TrainSample([1], [5, 6], [1, 1], [0.0, 0.0])])
     assert not (tmp_path / FILE_NAME).exists()

@@ -14,8 +14,9 @@ import torch
 from ascent.config import RunConfig
 from ascent.messages import Episode, Generation, Group, TrainSample, flatten, regroup
 from ascent.orchestrator import batch as B
+from ascent.orchestrator import collector as C
 from ascent.orchestrator import shaping
-from ascent.orchestrator.sampling import score
+from ascent.orchestrator.sampling import Scorer
 from ascent.rewards import RewardRunner
 
 
@@ -33,13 +34,12 @@ def ep(reward: float = 0.0, n: int = 3, finish: str = "stop", row_id: int = 0, t
     )
 
 
-def ctx_for(**algorithm: Any) -> Any:
-    cfg = RunConfig(
+def config(**algorithm: Any) -> RunConfig:
+    return RunConfig(
         rollout={"prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 4},
         train={"trajectories_per_update": 4},
         algorithm=algorithm,
     )
-    return SimpleNamespace(cfg=cfg, decode=lambda ids: "", rewards=RewardRunner("exact_match"))
 
 
 def test_messages_are_frozen() -> None:
@@ -62,16 +62,16 @@ def test_regroup_keeps_each_groups_size_and_refuses_a_wrong_count() -> None:
 
 def test_score_returns_rewarded_groups_and_leaves_its_input() -> None:
     groups = [Group((ep(text="4"), ep(text="5"))), Group((ep(text="four", row_id=1),))]
-    scored, metrics = score(ctx_for(), groups)
+    scored, metrics = Scorer(RewardRunner("exact_match"), decode=lambda ids: "")(groups)
     assert [[e.reward for e in g.episodes] for g in scored] == [[1.0, 0.0], [0.0]]
     assert all(e.reward == 0.0 for e in flatten(groups))  # the input is untouched
     assert metrics["reward/mean"] == pytest.approx(1 / 3)
 
 
 def test_shape_rewards_penalises_overlong_and_masks_truncated_in_new_groups() -> None:
-    ctx = ctx_for(overlong_buffer=2, overlong_penalty=1.0, mask_truncated=True)
+    cfg = config(overlong_buffer=2, overlong_penalty=1.0, mask_truncated=True)
     groups = [Group((ep(1.0, n=2), ep(1.0, n=4, finish="length"))), Group((ep(0.0, n=3),))]
-    shaped = shaping.shape_rewards(ctx, groups)
+    shaped = shaping.shape_rewards(cfg.algorithm, cfg.rollout.max_new_tokens, groups)
     (short, long), (mid,) = (g.episodes for g in shaped)
     assert short.reward == 1.0 and short.loss_mask == [1, 1]
     assert long.reward == pytest.approx(0.0) and long.loss_mask == [0] * 4  # -1 at the limit; masked
@@ -102,8 +102,8 @@ def test_remax_baseline_is_the_groups() -> None:
 
 def test_dynamic_sampling_keeps_groups_with_signal() -> None:
     flat, mixed, single = Group((ep(1.0), ep(1.0))), Group((ep(1.0), ep(0.0))), Group((ep(0.0),))
-    assert shaping._groups_with_signal([flat, mixed, single]) == [mixed]
-    assert shaping._groups_with_signal([]) == []
+    assert C._groups_with_signal([flat, mixed, single]) == [mixed]
+    assert C._groups_with_signal([]) == []
 
 
 def test_filter_zero_advantage_masks_copies() -> None:

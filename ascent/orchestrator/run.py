@@ -1,0 +1,154 @@
+"""What the loop is given: `Run`, the typed parts of a run built once at setup and never changed, and
+`LoopState`, the little the loop changes from one iteration to the next (what a checkpoint saves of it).
+
+`build_run` chooses, once, where the run's episodes come from (`ascent.orchestrator.sources`): single-turn
+prompts sampled on the rollout replicas and scored with the reward function, an environment's episodes, or
+an agent's plays through the run's endpoint; the collector and the validation take that choice as given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ascent.cluster.base import WorkerGroup
+from ascent.config.schema import RunConfig
+from ascent.data.sampler import PromptSampler
+from ascent.messages import SamplingParams
+from ascent.orchestrator import batch as B
+from ascent.orchestrator import health
+from ascent.orchestrator.agents import AgentPlays, AgentSetup, replica_generate
+from ascent.orchestrator.collector import Collector
+from ascent.orchestrator.episodes import EnvRunners
+from ascent.orchestrator.sampling import Decode, Scorer
+from ascent.orchestrator.setup import Datasets, WorkerGroups, needs_reference
+from ascent.orchestrator.shaping import KLController, make_kl_controller
+from ascent.orchestrator.sources import AgentSource, EnvSource, EpisodeSource, PromptSource
+from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
+from ascent.rewards import RewardRunner
+from ascent.tracking import Timeline
+from ascent.transport.publish import Publisher
+
+
+@dataclass(frozen=True)
+class Run:
+    """The run's parts, as setup built them: the config, the data, the worker groups and their weight
+    publisher, the collector (over the run's episode source), the single-turn prompts (ReMax's greedy
+    baselines), the timeline.
+    `colocated`: trainer and engine share the accelerator and take turns (design: colocated placement; with
+    cluster.engine_sleeps=false the engine stays awake and, on Ray, generates alongside the update)."""
+
+    cfg: RunConfig
+    data: Datasets
+    rollout: WorkerGroup[RolloutWorker]
+    trainer: WorkerGroup[TrainerWorker]
+    critic: WorkerGroup[CriticWorkerActor] | None
+    publisher: Publisher
+    collector: Collector
+    prompts: PromptSource
+    timeline: Timeline
+    needs_reference: bool
+    temperature: float
+    colocated: bool
+
+    @property
+    def decode(self) -> Decode:
+        return self.prompts.scorer.decode
+
+    def close(self) -> None:
+        """Stop what the loop started on demand (episodes played ahead, the agent endpoint and processes, the
+        environment actors)."""
+        self.collector.close()
+
+
+@dataclass
+class LoopState:
+    """What changes from one iteration to the next: the prompt sampler's position, the adaptive KL
+    coefficient, and the two health watches (not saved: they start over on resume)."""
+
+    sampler: PromptSampler
+    kl_controller: KLController | None
+    equal_rewards: health.EqualRewardWatch
+    divergence: health.DivergenceCheck
+
+    def state_dict(self) -> dict[str, Any]:
+        """The KL coefficient (the sampler's saved position is the collector's: `Collector.sampler_state`)."""
+        return {"kl_coef": None if self.kl_controller is None else self.kl_controller.coef}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Back to a checkpoint's `state`: the sampler's position and the KL coefficient."""
+        self.sampler.load_state_dict(state["sampler"])
+        if self.kl_controller is not None and state.get("kl_coef") is not None:
+            self.kl_controller.coef = state["kl_coef"]
+
+
+def initial_state(cfg: RunConfig, data: Datasets) -> LoopState:
+    """The loop's state before its first iteration."""
+    sampler = PromptSampler(
+        len(data.train), cfg.rollout.prompts_per_step, seed=cfg.seed, shuffle=cfg.data.shuffle
+    )
+    return LoopState(
+        sampler,
+        make_kl_controller(cfg.algorithm),
+        health.EqualRewardWatch(),  # warns once when nothing is learned for a while
+        health.DivergenceCheck(cfg, len(data.tokenizer)),
+    )
+
+
+def build_run(
+    cfg: RunConfig, data: Datasets, rewards: RewardRunner, groups: WorkerGroups, timeline: Timeline
+) -> Run:
+    """The loop's `Run` from the built parts; the episode source is chosen here, once."""
+    if groups.publisher is None:  # build_worker_groups sets it once both groups are up
+        raise ValueError("build_run: the worker groups have no weight publisher (setup.build_worker_groups)")
+    tok = data.tokenizer
+
+    def decode(ids: Sequence[int]) -> str:
+        return str(tok.decode(ids, skip_special_tokens=True))
+
+    prompts = PromptSource(groups.rollout, Scorer(rewards, decode))
+    params = B.sampling_params(cfg.rollout)
+    source = _source(cfg, groups.rollout, tok, prompts, params)
+    collector = Collector(
+        source, data.train, params, cfg.seed, cfg.rollout.max_staleness, cfg.rollout.stale_groups
+    )
+    colocated = (
+        cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast" and cfg.cluster.engine_sleeps
+    )
+    return Run(
+        cfg=cfg,
+        data=data,
+        rollout=groups.rollout,
+        trainer=groups.trainer,
+        critic=groups.critic,
+        publisher=groups.publisher,
+        collector=collector,
+        prompts=prompts,
+        timeline=timeline,
+        needs_reference=needs_reference(cfg),
+        temperature=cfg.rollout.temperature or 1.0,
+        colocated=colocated,
+    )
+
+
+def _source(
+    cfg: RunConfig,
+    rollout: WorkerGroup[RolloutWorker],
+    tokenizer: Any,
+    prompts: PromptSource,
+    params: SamplingParams,
+) -> EpisodeSource:
+    """The run's episode source: the agent's plays through the run's endpoint (`rollout.agent`), an
+    environment's episodes (`rollout.env`, one engine call per turn), or the single-turn `prompts`."""
+    max_failure_rate = cfg.reward.max_failure_rate
+    alongside = (
+        rollout.backend == "ray" and cfg.cluster.generates_alongside
+    )  # multi-turn plays ahead on a thread
+    if cfg.rollout.agent is not None:
+        agents = AgentPlays(AgentSetup.of(cfg), replica_generate(rollout), params, tokenizer, prompts.scorer)
+        return AgentSource(agents, max_failure_rate, alongside)
+    if cfg.rollout.env is not None:
+        envs = EnvRunners(cfg)  # where the environments run (Ray actors: started on first use)
+        return EnvSource(envs, rollout, tokenizer, max_failure_rate, alongside)
+    return prompts
