@@ -244,7 +244,11 @@ def _warm_client(url: str) -> None:
     from openai import OpenAI
 
     with OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600) as client:
-        client.chat.completions.create(model="bench", messages=messages(0), max_tokens=1)  # type: ignore[arg-type]
+        client.chat.completions.create(
+            model="bench",
+            messages=messages(0),  # type: ignore[arg-type]
+            max_tokens=1,
+        )
 
 
 def endpoint(url: str, args: argparse.Namespace, pool: Any) -> tuple[float, int]:

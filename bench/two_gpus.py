@@ -174,7 +174,12 @@ def child_publish(args: argparse.Namespace) -> None:
     out.unlink(missing_ok=True)
     data = Path(args.root) / "prompts_32.jsonl"
     for shape in shapes_of(args, "publish"):
-        row = publish.measure(ns, Path(args.root) / f"model_{shape}", data, "broadcast")  # type: ignore[arg-type]
+        row = publish.measure(
+            ns,  # type: ignore[arg-type]
+            Path(args.root) / f"model_{shape}",
+            data,
+            "broadcast",
+        )
         rows.append(
             {"shape": shape, "params": W.num_params(shape), "bytes_sent": 4 * W.num_params(shape), **row}
         )

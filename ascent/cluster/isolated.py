@@ -60,7 +60,8 @@ def apply_one(fn: Callable[[Any], Any], item: Any) -> Outcome:
     """fn(item) as an Outcome; every exception, SystemExit included, becomes an error outcome."""
     try:
         return Outcome(value=fn(item))
-    except BaseException as err:  # noqa: BLE001 - user code: sys.exit and KeyboardInterrupt cost the item only
+    # user code: sys.exit and KeyboardInterrupt cost the item only
+    except BaseException as err:  # noqa: BLE001
         return Outcome(error=f"{type(err).__name__}: {err}")
 
 

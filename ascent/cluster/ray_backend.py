@@ -233,7 +233,9 @@ class RayWorkerGroup(WorkerGroup[W]):
                     timeout_s=self.timeout_s,
                 )
         # a second thread for call_alongside_async (the stubs do not list ray.remote's actor options)
-        actor_cls = ray.remote(concurrency_groups={ALONGSIDE: 1})(RayWorkerHost)  # type: ignore[call-overload]
+        actor_cls = ray.remote(  # type: ignore[call-overload]
+            concurrency_groups={ALONGSIDE: 1}
+        )(RayWorkerHost)
         actors = []
         for rank in range(self.num_workers):
             options: dict[str, Any] = {

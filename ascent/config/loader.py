@@ -108,7 +108,10 @@ def load_config(
     return validate_config(data, schema)
 
 
-def validate_config(data: dict[str, Any], schema: type[ConfigT] = RunConfig) -> ConfigT:  # type: ignore[assignment]
+def validate_config(
+    data: dict[str, Any],
+    schema: type[ConfigT] = RunConfig,  # type: ignore[assignment]
+) -> ConfigT:
     """Build `schema` from a plain nested dict, turning validation errors into a ConfigError."""
     try:
         return schema.model_validate(_drop_empty_sections(data, schema))

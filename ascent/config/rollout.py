@@ -29,7 +29,8 @@ class RolloutConfig(Section):
     repetition_penalty: float = Field(
         1.0,
         gt=0,
-        description="Divide positive (multiply negative) logits of tokens already in the prompt or response by "
+        description="Divide positive (multiply negative) logits of tokens already in the prompt or "
+        "response by "
         "this; 1.0 is off. The sampler's logprobs are of the penalised distribution, so keep it at 1.0 when "
         "the trainer's logprobs must match the sampler's.",
     )
@@ -48,10 +49,12 @@ class RolloutConfig(Section):
     max_staleness: int = Field(
         0,
         ge=0,
-        description="Most policy versions (weight publications) an episode's oldest token may lag the trainer's "
+        description="Most policy versions (weight publications) an episode's oldest token may lag the "
+        "trainer's "
         "weights when it is trained on. 0: synchronous RL, each iteration samples with the latest weights. "
         "k >= 1: the replicas sample the next k iterations' prompts while the trainer updates (they overlap "
-        "on Ray with cluster.placement=split); importance correction (algorithm.rollout_correction) covers the gap.",
+        "on Ray with cluster.placement=split); importance correction (algorithm.rollout_correction) "
+        "covers the gap.",
     )
     stale_groups: Literal["drop", "regenerate"] = Field(
         "drop",
@@ -77,7 +80,8 @@ class RolloutConfig(Section):
     agent: str | None = Field(
         None,
         description="Train an agent written against the OpenAI API: `pkg.module:run`, a function "
-        "run(client, row) (async with an openai.AsyncOpenAI client, or plain with openai.OpenAI) that returns "
+        "run(client, row) (async with an openai.AsyncOpenAI client, or plain with openai.OpenAI) that "
+        "returns "
         "the episode's reward, or None to let reward.fn score its last reply. The run serves the policy on a "
         "local endpoint; each episode's calls are recorded token-exact and become one multi-turn episode.",
     )
@@ -106,7 +110,8 @@ class RolloutConfig(Section):
 
     env_isolation: Literal["process", "inline"] = Field(
         "process",
-        description="With rollout.env or rollout.agent: `process` runs the environments out of the controller "
+        description="With rollout.env or rollout.agent: `process` runs the environments out of the "
+        "controller "
         "(a hang or crash costs episodes, not the run): with cluster.backend=inline in worker processes on "
         "this machine, started for each batch; with cluster.backend=ray in Ray actors spread over the "
         "cluster's nodes, kept for the whole run (replaced when one fails). Agents (rollout.agent) and the "
@@ -116,13 +121,15 @@ class RolloutConfig(Section):
     env_timeout_s: float = Field(
         60.0,
         gt=0,
-        description="With rollout.env_isolation=process: most seconds one reset or step may take; past it the "
+        description="With rollout.env_isolation=process: most seconds one reset or step may take; past "
+        "it the "
         "process (Ray actor) is killed and replaced, and its episodes end with the error.",
     )
     env_workers: int | None = Field(
         None,
         gt=0,
-        description="With rollout.env_isolation=process: environment (or agent) processes (null: min(4, CPUs)); "
+        description="With rollout.env_isolation=process: environment (or agent) processes (null: min(4, "
+        "CPUs)); "
         "with cluster.backend=ray, environment actors (null: 4 per node, as many as the CPUs the workers "
         "leave free hold).",
     )

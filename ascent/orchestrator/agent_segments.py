@@ -55,7 +55,8 @@ def segments(records: Sequence[CompletionRecord]) -> list[Segment]:
 
 
 def _why_new(rec: CompletionRecord, earlier: Sequence[CompletionRecord]) -> SegmentStart:
-    """Why `rec` starts a segment: the first call, one made while an earlier-started call still ran, or not."""
+    """Why `rec` starts a segment: the first call, one made while an earlier-started call still ran,
+    or not."""
     if not earlier:
         return "first"
     return "parallel" if any(e.created > rec.started for e in earlier) else "rewritten"
@@ -71,7 +72,8 @@ def _extends(prompt: list[int], ids: list[int]) -> bool:
 
 def segment_episode(seg: Segment, row_id: int, max_turns: int, max_tokens: int, decode: Any) -> Episode:
     """One segment as an episode: the first call's prompt, then model turns (mask 1, the sampler's logprobs
-    and versions) and the ids between them (mask 0), cut at `max_turns` calls / `max_tokens` response tokens."""
+    and versions) and the ids between them (mask 0), cut at `max_turns` calls / `max_tokens` response
+    tokens."""
     first = seg.records[0]
     ids, mask, lps, versions = [], [], [], []  # type: ignore[var-annotated]
     finish, turns = first.finish_reason, 0
@@ -86,7 +88,15 @@ def segment_episode(seg: Segment, row_id: int, max_turns: int, max_tokens: int, 
         lps += [0.0] * len(obs) + rec.logprobs
         versions += [versions[-1] if versions else rec.policy_version] * len(obs) + sampled
         finish, turns = rec.finish_reason, turns + 1
-    return Episode(prompt_ids=list(first.prompt_ids), response_ids=ids, sampler_logprobs=lps, loss_mask=mask,
-                   finish_reason=finish, row_id=row_id, policy_version=min(versions, default=0),
-                   token_versions=versions, response_text=decode(ids),
-                   metadata={"turns": turns, "final_text": seg.records[turns - 1].response_text})  # fmt: skip
+    return Episode(
+        prompt_ids=list(first.prompt_ids),
+        response_ids=ids,
+        sampler_logprobs=lps,
+        loss_mask=mask,
+        finish_reason=finish,
+        row_id=row_id,
+        policy_version=min(versions, default=0),
+        token_versions=versions,
+        response_text=decode(ids),
+        metadata={"turns": turns, "final_text": seg.records[turns - 1].response_text},
+    )

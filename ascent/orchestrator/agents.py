@@ -1,4 +1,5 @@
-"""Training an agent through the run's own OpenAI-compatible endpoint (`rollout.agent`; `ascent eval --agent`).
+"""Training an agent through the run's own OpenAI-compatible endpoint (`rollout.agent`;
+`ascent eval --agent`).
 
 The run serves its policy (`AgentService`: an `OpenAIServer` whose engine is the rollout replicas, started on
 first use on a free localhost port with a random key) and plays the user's agent on every row,
@@ -75,8 +76,17 @@ class AgentSetup:
         r = cfg.rollout
         if r.agent is None:
             raise ValueError("AgentSetup.of: the run has no rollout.agent")
-        return cls(r.agent, r.agent_timeout_s, r.agent_concurrency, r.env_workers, r.env_isolation == "inline",
-                   cfg.data.max_prompt_tokens, r.max_episode_tokens, r.max_new_tokens, r.max_turns)  # fmt: skip
+        return cls(
+            r.agent,
+            r.agent_timeout_s,
+            r.agent_concurrency,
+            r.env_workers,
+            r.env_isolation == "inline",
+            cfg.data.max_prompt_tokens,
+            r.max_episode_tokens,
+            r.max_new_tokens,
+            r.max_turns,
+        )
 
 
 def replica_generate(rollout: WorkerGroup[RolloutWorker]) -> Generate:
@@ -103,8 +113,13 @@ class ReplicaEngine:
 
     def _run_params(self, asked: SamplingParams) -> SamplingParams:
         run = self.params
-        return replace(run, max_new_tokens=min(asked.max_new_tokens, run.max_new_tokens), n=asked.n, seed=None,
-                       stop_strings=asked.stop_strings + run.stop_strings)  # fmt: skip
+        return replace(
+            run,
+            max_new_tokens=min(asked.max_new_tokens, run.max_new_tokens),
+            n=asked.n,
+            seed=None,
+            stop_strings=asked.stop_strings + run.stop_strings,
+        )
 
     def update_weights(self, named_tensors: Any) -> None:
         raise RuntimeError("the replicas get weights from the run's transport, not through the endpoint")
@@ -133,9 +148,10 @@ class AgentService:
         self.workers = default_workers(setup.workers)
         preload = ["openai", setup.agent.partition(":")[0]]
         self.runner: InlineRunner | IsolatedRunner = (
-            InlineRunner() if setup.inline
+            InlineRunner()
+            if setup.inline
             else IsolatedRunner(self.workers, setup.timeout_s + PROCESS_GRACE_S, preload=preload)
-        )  # fmt: skip
+        )
         self._sessions = itertools.count()
         self._lock = threading.Lock()
 
@@ -194,8 +210,9 @@ def play_agent_groups(
             stats.add(segs, result)
             for seg in segs:
                 e = segment_episode(seg, item.row_id, setup.max_turns, setup.max_episode_tokens, decode)
-                e = replace(e, metadata={**item.metadata, **e.metadata, "session": job.session,
-                                         "segments": len(segs)})  # fmt: skip
+                e = replace(
+                    e, metadata={**item.metadata, **e.metadata, "session": job.session, "segments": len(segs)}
+                )
                 if result.error is not None:
                     e = replace(e, finish_reason="abort", metadata={**e.metadata, "env_error": result.error})
                 elif result.truncated is not None:
@@ -247,9 +264,16 @@ def score_last_replies(
         return
 
     episodes = [groups[g][k] for g, k in where]
-    inputs = [RewardInput(prompt=decode(e.prompt_ids), response=e.metadata["final_text"],
-                          response_ids=e.response_ids, metadata=e.metadata, row_id=e.row_id)
-              for e in episodes]  # fmt: skip
+    inputs = [
+        RewardInput(
+            prompt=decode(e.prompt_ids),
+            response=e.metadata["final_text"],
+            response_ids=e.response_ids,
+            metadata=e.metadata,
+            row_id=e.row_id,
+        )
+        for e in episodes
+    ]
     result = rewards.score(inputs)
     for (g, k), e, reward, parts in zip(where, episodes, result.rewards, result.components, strict=True):
         groups[g][k] = replace(e, reward=reward, reward_components=dict(parts))
@@ -293,15 +317,21 @@ class AgentStats:
         """agent/* metrics; raises when more plays failed than `reward.max_failure_rate` allows."""
         if self.errors > max_failure_rate * self.sessions:
             raise EnvFailureError(
-                f"reward.max_failure_rate={max_failure_rate}: {self.errors} of {self.sessions} agent episodes "
+                f"reward.max_failure_rate={max_failure_rate}: {self.errors} of {self.sessions} agent "
+                "episodes "
                 "failed (their errors are in the log and the experience store). Fix the agent, raise "
                 "rollout.agent_timeout_s if they time out, or raise reward.max_failure_rate."
             )
         n = max(self.sessions, 1)
-        return {"agent/calls_mean": self.calls / n, "agent/rewritten_segments": float(self.rewritten),
-                "agent/parallel_segments": float(self.parallel), "agent/errors": float(self.errors),
-                "agent/truncated": float(self.truncated), "agent/empty_sessions": float(self.empty),
-                "agent/seconds_mean": self.seconds / n}  # fmt: skip
+        return {
+            "agent/calls_mean": self.calls / n,
+            "agent/rewritten_segments": float(self.rewritten),
+            "agent/parallel_segments": float(self.parallel),
+            "agent/errors": float(self.errors),
+            "agent/truncated": float(self.truncated),
+            "agent/empty_sessions": float(self.empty),
+            "agent/seconds_mean": self.seconds / n,
+        }
 
     def _nothing_to_train(self) -> str:
         head = f"rollout.agent: none of {self.sessions} agent episodes left a call to train on"
@@ -319,5 +349,6 @@ class AgentStats:
             )
         return (
             f"{head}; run(client, row) must generate with the client it is given "
-            "(client.chat.completions.create(model=..., messages=...)), whose calls are what the run trains on."
+            "(client.chat.completions.create(model=..., messages=...)), whose calls are what the run "
+            "trains on."
         )

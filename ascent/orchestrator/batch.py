@@ -142,7 +142,9 @@ def compute_advantages(
     token_rewards: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the configured advantage estimator on the options it takes; returns (advantages [B, T], returns [B, T])."""
+    """Run the configured advantage estimator on the options it takes.
+
+    Returns (advantages [B, T], returns [B, T])."""
     estimator = resolve(ADVANTAGE_ESTIMATORS, algo_cfg.advantage.name, "algorithm.advantage")
     opts = options_for(estimator, algo_cfg.settings_for(algo_cfg.advantage))
     out = estimator(advantage_inputs(groups, token_rewards, values), **opts)
@@ -153,10 +155,15 @@ def train_samples(episodes: Sequence[Episode]) -> list[TrainSample]:
     """The episodes as trainer inputs: tokens, loss mask and sampler logprobs; no targets yet (advantages 0).
     The logprob passes (old, reference, critic values) read these; `with_targets` completes them."""
     return [
-        TrainSample(prompt_ids=e.prompt_ids, response_ids=e.response_ids, loss_mask=e.loss_mask,
-                    advantages=[0.0] * len(e.response_ids), sampler_logprobs=e.sampler_logprobs)
+        TrainSample(
+            prompt_ids=e.prompt_ids,
+            response_ids=e.response_ids,
+            loss_mask=e.loss_mask,
+            advantages=[0.0] * len(e.response_ids),
+            sampler_logprobs=e.sampler_logprobs,
+        )
         for e in episodes
-    ]  # fmt: skip
+    ]
 
 
 def with_targets(
@@ -174,14 +181,16 @@ def with_targets(
     out = []
     for i, s in enumerate(samples):
         n = len(s.response_ids)
-        out.append(replace(
-            s,
-            advantages=advantages[i, :n].tolist(),
-            old_logprobs=None if old_logprobs is None else old_logprobs[i],
-            ref_logprobs=None if ref_logprobs is None else ref_logprobs[i],
-            returns=returns[i, :n].tolist() if critic and returns is not None else None,
-            old_values=values[i, :n].tolist() if critic and values is not None else None,
-        ))  # fmt: skip
+        out.append(
+            replace(
+                s,
+                advantages=advantages[i, :n].tolist(),
+                old_logprobs=None if old_logprobs is None else old_logprobs[i],
+                ref_logprobs=None if ref_logprobs is None else ref_logprobs[i],
+                returns=returns[i, :n].tolist() if critic and returns is not None else None,
+                old_values=values[i, :n].tolist() if critic and values is not None else None,
+            )
+        )
     return out
 
 
@@ -233,10 +242,20 @@ def record_logprob_outliers(
     for t, lp in zip(episodes, trainer_lp, strict=True):
         for pos, (a, b, m) in enumerate(zip(t.sampler_logprobs, lp, t.loss_mask, strict=True)):
             if m and abs(a - b) > OUTLIER_NATS and len(rows) < MAX_OUTLIERS:
-                rows.append({"iteration": iteration, "row_id": t.row_id, "position": pos,
-                             "response_len": len(t.response_ids), "finish": t.finish_reason,
-                             "token": t.response_ids[pos], "sampler": a, "trainer": b,
-                             "prompt_len": len(t.prompt_ids), "response_ids": t.response_ids})  # fmt: skip
+                rows.append(
+                    {
+                        "iteration": iteration,
+                        "row_id": t.row_id,
+                        "position": pos,
+                        "response_len": len(t.response_ids),
+                        "finish": t.finish_reason,
+                        "token": t.response_ids[pos],
+                        "sampler": a,
+                        "trainer": b,
+                        "prompt_len": len(t.prompt_ids),
+                        "response_ids": t.response_ids,
+                    }
+                )
     if rows:
         with open(Path(run_dir) / "logprob_outliers.jsonl", "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)

@@ -5,10 +5,11 @@ trainer state (sharded runs: torch.distributed.checkpoint shards of weights and 
 rank at once), and `state.json` (iteration, data position, config). Everything is written into a temporary
 sibling directory `.tmp_iter_000005` and renamed at the end, so a crash, even one that kills a rank in the
 middle of a DCP write, never leaves a half-written checkpoint under a name a resume would pick; the next
-commit removes what it left. Saving an iteration again (`iter_X` exists) renames the old copy to `.old_iter_X`,
-the new one into place, and only then deletes the old copy; a death between the two renames is repaired by
-`recover` (run by every resume and commit): the complete new copy, else the old one, becomes `iter_X` again.
-These mechanics are `ascent.trainer.checkpoint_commit`'s, shared with the trainer's own checkpoints.
+commit removes what it left. Saving an iteration again (`iter_X` exists) renames the old copy to
+`.old_iter_X`, the new one into place, and only then deletes the old copy; a death between the two renames is
+repaired by `recover` (run by every resume and commit): the complete new copy, else the old one, becomes
+`iter_X` again. These mechanics are `ascent.trainer.checkpoint_commit`'s, shared with the trainer's own
+checkpoints.
 
 One run directory holds one timeline. A resume from a checkpoint older than the newest (`--resume-from`, a
 roll-back) moves the newer ones aside to `abandoned_iter_X` (`abandon_newer`; nothing is deleted), so pruning
@@ -161,7 +162,8 @@ def save(run: Run, state: LoopState, iteration: int) -> Path:
 
 
 def restore(run: Run, state: LoopState, found: tuple[Path, dict[str, Any]]) -> int:
-    """Load the checkpoint `resume_state` found into the workers and the loop `state`; return its iteration."""
+    """Load the checkpoint `resume_state` found into the workers and the loop `state`; return its
+    iteration."""
     path, saved = found
     run.trainer.call(TrainerWorker.load, str(path))
     if run.critic is not None:

@@ -1,4 +1,5 @@
-"""The collector: each iteration's prompt batches, generated ahead of training within a per-episode staleness bound.
+"""The collector: each iteration's prompt batches, generated ahead of training within a per-episode
+staleness bound.
 
 `Collector.collect` gathers one iteration's groups: batches from the run's episode source
 (`ascent.orchestrator.sources`), scored by it, shaped (`shaping.shape_rewards`), taken out when stale, and
@@ -170,8 +171,11 @@ class Collector:
                 )
             kept.extend(groups)
             batches += 1
-        metrics |= {"rollout/sample_batches": float(batches), "rollout/dropped_stale": float(dropped),
-                    "time/engine_idle": idle}  # fmt: skip
+        metrics |= {
+            "rollout/sample_batches": float(batches),
+            "rollout/dropped_stale": float(dropped),
+            "time/engine_idle": idle,
+        }
         experience.record_left_out(log, it, kept, kept[:want], "surplus", "prompts_per_step already filled")
         return kept[:want], metrics
 
@@ -186,7 +190,8 @@ class Collector:
         return ahead.sampler_state if ahead is not None else sampler.state_dict()
 
     def split_stale(self, groups: list[Group], trainer_version: int) -> tuple[list[Group], int]:
-        """Groups within the bound, and how many episodes were in stale ones (queued again for `regenerate`)."""
+        """Groups within the bound, and how many episodes were in stale ones (queued again for
+        `regenerate`)."""
         fresh, dropped = [], 0
         for group in groups:
             if max(staleness(e, trainer_version) for e in group.episodes) > self.max_staleness:
@@ -269,14 +274,21 @@ def record_episodes(run_dir: str, iteration: int, groups: list[Group], trainer_v
     came from, the versions its tokens were sampled with, its staleness, reward, finish reason and length
     (no text: see the samples log)."""
     rows = [
-        {"iteration": iteration, "group": g, "row_id": t.row_id,
-         "version_min": min(t.token_versions, default=t.policy_version),
-         "version_max": max(t.token_versions, default=t.policy_version),
-         "trainer_version": trainer_version, "staleness": staleness(t, trainer_version),
-         "reward": t.reward, "finish": t.finish_reason, "response_len": len(t.response_ids)}
+        {
+            "iteration": iteration,
+            "group": g,
+            "row_id": t.row_id,
+            "version_min": min(t.token_versions, default=t.policy_version),
+            "version_max": max(t.token_versions, default=t.policy_version),
+            "trainer_version": trainer_version,
+            "staleness": staleness(t, trainer_version),
+            "reward": t.reward,
+            "finish": t.finish_reason,
+            "response_len": len(t.response_ids),
+        }
         for g, group in enumerate(groups)
         for t in group.episodes
-    ]  # fmt: skip
+    ]
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     with open(Path(run_dir) / "episodes.jsonl", "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -288,8 +300,11 @@ def trim_after(run_dir: str, iteration: int) -> None:
     for name in ("episodes.jsonl", "logprob_outliers.jsonl"):
         path = Path(run_dir) / name
         if path.exists():
-            keep = [line for line in path.read_text().splitlines(keepends=True)
-                    if line.strip() and json.loads(line)["iteration"] <= iteration]  # fmt: skip
+            keep = [
+                line
+                for line in path.read_text().splitlines(keepends=True)
+                if line.strip() and json.loads(line)["iteration"] <= iteration
+            ]
             tmp = path.with_suffix(".jsonl.tmp")
             tmp.write_text("".join(keep))
             tmp.replace(path)

@@ -101,12 +101,20 @@ class EnvRunners:
 
                 r, c = self.cfg.rollout, self.cfg.cluster
                 self._actors = RayEnvHosts(
-                    r.env_workers, r.env_timeout_s, cpus_per_host=r.env_cpus, start_timeout_s=c.worker_timeout_s,
-                    run_dir=self.cfg.run_dir, log_level=self.cfg.tracking.log_level,
-                )  # fmt: skip
+                    r.env_workers,
+                    r.env_timeout_s,
+                    cpus_per_host=r.env_cpus,
+                    start_timeout_s=c.worker_timeout_s,
+                    run_dir=self.cfg.run_dir,
+                    log_level=self.cfg.tracking.log_level,
+                )
                 nodes = len(set(self._actors.node_ids()))
-                log.info("environments: %d Ray actors of %g CPU on %d node(s)", self._actors.num_hosts,
-                         r.env_cpus, nodes)  # fmt: skip
+                log.info(
+                    "environments: %d Ray actors of %g CPU on %d node(s)",
+                    self._actors.num_hosts,
+                    r.env_cpus,
+                    nodes,
+                )
             return self._actors
 
     def close(self) -> None:
@@ -139,8 +147,15 @@ def collect_env_groups(
         return [flat[k] for k in positions]
 
     with envs.batch() as hosts:
-        episodes = run_episodes(tasks, generate, ChatTokens(tokenizer), replace(params, seed=seed),
-                                max_turns=r.max_turns, max_tokens=r.max_episode_tokens, hosts=hosts)  # fmt: skip
+        episodes = run_episodes(
+            tasks,
+            generate,
+            ChatTokens(tokenizer),
+            replace(params, seed=seed),
+            max_turns=r.max_turns,
+            max_tokens=r.max_episode_tokens,
+            hosts=hosts,
+        )
     return [Group(tuple(episodes[i * n : (i + 1) * n])) for i in range(len(items))]
 
 
@@ -153,8 +168,10 @@ def env_metrics(groups: Sequence[Group], max_failure_rate: float) -> dict[str, f
     errors = [e for e in episodes if "env_error" in e.metadata]
     if len(errors) > max_failure_rate * len(episodes):
         raise EnvFailureError(
-            f"reward.max_failure_rate={max_failure_rate}: {len(errors)} of {len(episodes)} episodes failed in "
-            f"their environment (first: row {errors[0].row_id + 1}: {errors[0].metadata['env_error']}). Fix the "
+            f"reward.max_failure_rate={max_failure_rate}: {len(errors)} of {len(episodes)} episodes "
+            "failed in "
+            f"their environment (first: row {errors[0].row_id + 1}: {errors[0].metadata['env_error']}). "
+            "Fix the "
             "environment (`ascent debug env` shows episodes turn by turn), or raise reward.max_failure_rate."
         )
     return {

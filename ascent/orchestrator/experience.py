@@ -92,10 +92,18 @@ def record_trained(
     entries = []
     for g, e, s in zip(place, flatten(groups), samples, strict=True):
         filtered = filtering and any(e.loss_mask) and not any(s.loss_mask)
-        entries.append(Entry(
-            e, it, "filtered" if filtered else "trained", trainer_version=it - 1, group_index=g,
-            reason=ZERO_ADVANTAGE if filtered else None, env=_env(log.rollout, e), advantage=_mean_advantage(e, s),
-        ))  # fmt: skip
+        entries.append(
+            Entry(
+                e,
+                it,
+                "filtered" if filtered else "trained",
+                trainer_version=it - 1,
+                group_index=g,
+                reason=ZERO_ADVANTAGE if filtered else None,
+                env=_env(log.rollout, e),
+                advantage=_mean_advantage(e, s),
+            )
+        )
     log.writer.put(entries)
 
 

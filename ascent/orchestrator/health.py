@@ -86,7 +86,8 @@ def equal_reward_message(
     return (
         f"iterations {first}-{last}: every group had equal rewards (rewards seen: {shown}), so every "
         "advantage is zero and nothing is learned (train/skipped_steps counts the steps not taken). Likely "
-        f"causes: {source} returns the same value for every response (check it on a few); the answers are out "
+        f"causes: {source} returns the same value for every response (check it on a few); the answers "
+        "are out "
         "of the model's reach (start from an SFT warm start, or easier rows); "
         f"rollout.samples_per_prompt={r.samples_per_prompt} is too small for a group to differ; "
         f"rollout.temperature={r.temperature} is too low for the samples to differ; "
@@ -96,11 +97,13 @@ def equal_reward_message(
 
 
 class DivergenceCheck:
-    """`check(metrics, it)` after the update of iteration `it`: raises `TrainingDiverged` when the run diverged.
+    """`check(metrics, it)` after the update of iteration `it`: raises `TrainingDiverged` when the run
+    diverged.
 
     Diverged: a non-finite loss; a non-finite gradient norm (not with fp16, whose loss scaler skips such
     steps and lowers its scale by design); the entropy risen to >= 99% of log(vocab) from below 90% of it at
-    the first iteration checked; every stepped mini-batch with a nonzero advantage had a gradient of exactly 0.
+    the first iteration checked; every stepped mini-batch with a nonzero advantage had a gradient of
+    exactly 0.
     """
 
     def __init__(self, cfg: RunConfig, vocab_size: int) -> None:

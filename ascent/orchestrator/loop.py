@@ -69,7 +69,8 @@ def _stop_if_diverged(run: Run, state: LoopState, it: int, metrics: dict[str, fl
 
 
 def _checkpoint_or_stop(run: Run, state: LoopState, it: int, stop: StopFlag) -> None:
-    """Checkpoint when due (or when a signal asks to stop and `checkpoint.on_interrupt`); then obey the signal."""
+    """Checkpoint when due (or when a signal asks to stop and `checkpoint.on_interrupt`); then obey the
+    signal."""
     cfg = run.cfg
     due = it == cfg.iterations or (cfg.checkpoint.every and it % cfg.checkpoint.every == 0)
     interrupt = stop.requested and it < cfg.iterations

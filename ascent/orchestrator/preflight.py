@@ -33,7 +33,8 @@ def model_config(path: str | Path, field: str = "model.path") -> dict[str, Any]:
     p = Path(path)
     if p.is_dir() and not any(p.iterdir()):
         raise ModelLoadError(
-            f"{field}={str(path)!r} is an empty directory; point it at a Hugging Face checkpoint (config.json, "
+            f"{field}={str(path)!r} is an empty directory; point it at a Hugging Face checkpoint "
+            "(config.json, "
             "*.safetensors and the tokenizer files), e.g. one written by `save_pretrained`."
         )
     file = p / "config.json"
@@ -61,7 +62,8 @@ def check_vocab(tokenizer: Any, config: dict[str, Any], path: str) -> int:
     if len(tokenizer) > vocab:
         raise ModelLoadError(
             f"model.tokenizer_path: the tokenizer has {len(tokenizer)} tokens but the model at {path!r} has "
-            f"vocab_size={vocab}, so ids {vocab}..{len(tokenizer) - 1} would index past its embedding; use the "
+            f"vocab_size={vocab}, so ids {vocab}..{len(tokenizer) - 1} would index past its embedding; "
+            "use the "
             "tokenizer that came with the model (or resize the model's embeddings and save it)."
         )
     return vocab
@@ -90,7 +92,8 @@ def check_context(config: dict[str, Any], longest_prompt: int, max_new_tokens: i
         )
     if prompt_cap + max_new_tokens > limit:
         log.warning(
-            "data.max_prompt_tokens=%d + rollout.max_new_tokens=%d exceed the model's max_position_embeddings="
+            "data.max_prompt_tokens=%d + rollout.max_new_tokens=%d exceed the model's "
+            "max_position_embeddings="
             "%d; today's prompts fit (longest %d tokens), longer ones would not.",
             prompt_cap,
             max_new_tokens,
@@ -140,7 +143,8 @@ def unused_options(algorithm: Any, estimator: Callable[..., Any], loss: Callable
     who = "the plug-ins take" if len(names) > 1 else "the plug-in takes"
     takes = f"{who} {', '.join(known) or 'no options'}" if names else "only a plug-in takes options"
     return [
-        f"algorithm.options.{key}={value!r}: neither {where} takes {key!r}; {takes}. Fix the name, or drop it."
+        f"algorithm.options.{key}={value!r}: neither {where} takes {key!r}; {takes}. Fix the name, or "
+        "drop it."
         for key, value in algorithm.options.items()
         if key not in known
     ]

@@ -159,7 +159,8 @@ def check_iterations(done: int, total: int, what: str, where: Path) -> None:
 
 
 def fingerprint(path: str | Path) -> str:
-    """A cheap identity of a file or of a checkpoint directory's weight/config files: sizes + sampled bytes."""
+    """A cheap identity of a file or of a checkpoint directory's weight/config files: sizes + sampled
+    bytes."""
     p = Path(path)
     files = [p] if p.is_file() else sorted(f for f in p.glob("*") if f.suffix in (".json", ".safetensors"))
     digest = hashlib.sha256()

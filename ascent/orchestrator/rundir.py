@@ -44,7 +44,8 @@ class RunDirLock:
             owner = _read_owner(handle)
             handle.close()
             raise RunDirError(
-                f"{self.field}={str(self.path.parent)!r} is in use by another ascent run ({owner}); two runs in "
+                f"{self.field}={str(self.path.parent)!r} is in use by another ascent run ({owner}); two "
+                "runs in "
                 "one directory would overwrite each other's checkpoints and metrics. Wait for it to finish, "
                 "stop it, or choose another run_dir."
             ) from None
@@ -104,7 +105,8 @@ def _read_owner(handle: TextIO) -> str:
 
 
 def check_writable_dir(path: Path, field: str = "run_dir") -> None:
-    """Raise RunDirError naming `field` when `path` is a file, lies under a file, or cannot be created/written."""
+    """Raise RunDirError naming `field` when `path` is a file, lies under a file, or cannot be
+    created/written."""
     for parent in [path, *path.parents]:
         if parent.exists() and not parent.is_dir():
             where = "is a file" if parent == path else f"lies under {str(parent)!r}, which is a file"

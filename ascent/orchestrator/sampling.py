@@ -1,4 +1,5 @@
-"""Sampling and scoring one batch of prompts: the two steps that training, DAPO collection and validation share.
+"""Sampling and scoring one batch of prompts: the two steps that training, DAPO collection and validation
+share.
 
 `submit` spreads requests over the rollout replicas and returns at once; `finish` waits for them and turns
 their generations into one group of episodes per prompt, each token stamped with the policy version it was

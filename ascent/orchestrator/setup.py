@@ -178,8 +178,9 @@ def demand(cfg: RunConfig) -> Demand:
     the environment actors (`ascent.cluster.env_actors`; at least one when the run picks their count)."""
     c, env = cfg.cluster, env_actor_cpus(cfg)
     groups = 2 if uses_critic(cfg) else 1
-    plan = plan_placement(c.backend, c.placement, c.gpus_per_worker, c.cpus_per_worker,
-                          c.num_trainer_workers, groups)  # fmt: skip
+    plan = plan_placement(
+        c.backend, c.placement, c.gpus_per_worker, c.cpus_per_worker, c.num_trainer_workers, groups
+    )
     if plan.shared_bundles:
         cpus = plan.shared_bundles * plan.bundle_cpus + env
         return Demand(plan.shared_bundles * plan.bundle_gpus, cpus, True, env)
@@ -201,14 +202,21 @@ def demand_shortfall(need: Demand, total: dict[str, Any]) -> str | None:
     """None when the cluster's `total` resources cover `need`, else what is short and the knobs to turn."""
     have_gpu, have_cpu = float(total.get("GPU", 0)), float(total.get("CPU", 0))
     if need.gpus > have_gpu:
-        return (f"the workers ask {need.gpus:g} GPUs in all and the Ray cluster has {have_gpu:g}: lower "
-                "cluster.num_trainer_workers / num_rollout_workers or cluster.gpus_per_worker, or add GPU nodes.")  # fmt: skip
+        return (
+            f"the workers ask {need.gpus:g} GPUs in all and the Ray cluster has {have_gpu:g}: lower "
+            "cluster.num_trainer_workers / num_rollout_workers or cluster.gpus_per_worker, or add GPU nodes."
+        )
     if need.cpus > have_cpu:
-        env = (f", {need.env_cpus:g} of them for the environment actors: rollout.env_workers x rollout.env_cpus"
-               if need.env_cpus else "")  # fmt: skip
-        return (f"the workers ask {need.cpus:g} CPUs in all (cluster.cpus_per_worker per worker{env}) and the "
-                f"Ray cluster has {have_cpu:g}: lower cluster.cpus_per_worker{' or those' if env else ''} or "
-                "raise cluster.num_cpus (a local cluster), or add nodes.")  # fmt: skip
+        env = (
+            f", {need.env_cpus:g} of them for the environment actors: rollout.env_workers x rollout.env_cpus"
+            if need.env_cpus
+            else ""
+        )
+        return (
+            f"the workers ask {need.cpus:g} CPUs in all (cluster.cpus_per_worker per worker{env}) and the "
+            f"Ray cluster has {have_cpu:g}: lower cluster.cpus_per_worker{' or those' if env else ''} or "
+            "raise cluster.num_cpus (a local cluster), or add nodes."
+        )
     return None
 
 
@@ -220,8 +228,14 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
 
     c = cfg.cluster
-    plan = plan_placement(c.backend, c.placement, c.gpus_per_worker, c.cpus_per_worker,
-                          c.num_trainer_workers, 2 if uses_critic(cfg) else 1)  # fmt: skip
+    plan = plan_placement(
+        c.backend,
+        c.placement,
+        c.gpus_per_worker,
+        c.cpus_per_worker,
+        c.num_trainer_workers,
+        2 if uses_critic(cfg) else 1,
+    )
     shared = None
     if c.backend == "ray":
         from ascent.cluster import init_ray  # imports Ray: only for the Ray backend (inline runs without it)
@@ -231,9 +245,13 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
         if plan.shared_bundles:
             from ascent.cluster import make_placement_group
 
-            shared = make_placement_group(plan.shared_bundles, gpus_per_bundle=plan.bundle_gpus,
-                                          cpus_per_bundle=plan.bundle_cpus, placement="colocated",
-                                          timeout_s=c.worker_timeout_s)  # fmt: skip
+            shared = make_placement_group(
+                plan.shared_bundles,
+                gpus_per_bundle=plan.bundle_gpus,
+                cpus_per_bundle=plan.bundle_cpus,
+                placement="colocated",
+                timeout_s=c.worker_timeout_s,
+            )
     steps = cfg.iterations * optimizer_steps_per_iteration(cfg)
     common: dict[str, Any] = {
         "backend": c.backend,

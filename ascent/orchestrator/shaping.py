@@ -23,11 +23,15 @@ def shape_rewards(a: AlgorithmConfig, max_new: int, groups: list[Group]) -> list
     if a.overlong_buffer > 0:
         lengths = torch.tensor([len(e.response_ids) for e in episodes])
         penalty = overlong_penalty(lengths, max_new, a.overlong_buffer, a.overlong_penalty).tolist()
-        episodes = [replace(e, reward=e.reward + p, reward_components=e.reward_components | {"overlong_penalty": p})
-                    for e, p in zip(episodes, penalty, strict=True)]  # fmt: skip
+        episodes = [
+            replace(e, reward=e.reward + p, reward_components=e.reward_components | {"overlong_penalty": p})
+            for e, p in zip(episodes, penalty, strict=True)
+        ]
     if a.mask_truncated:
-        episodes = [replace(e, loss_mask=[0] * len(e.response_ids)) if e.finish_reason == "length" else e
-                    for e in episodes]  # fmt: skip
+        episodes = [
+            replace(e, loss_mask=[0] * len(e.response_ids)) if e.finish_reason == "length" else e
+            for e in episodes
+        ]
     return regroup(groups, episodes)
 
 

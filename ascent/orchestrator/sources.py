@@ -122,7 +122,8 @@ class _MultiTurn:
 
 
 class EnvSource(_MultiTurn):
-    """An environment's episodes (`rollout.env`), run in `envs`, each turn sampled on the `rollout` replicas."""
+    """An environment's episodes (`rollout.env`), run in `envs`, each turn sampled on the `rollout`
+    replicas."""
 
     def __init__(
         self,

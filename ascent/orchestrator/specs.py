@@ -88,7 +88,8 @@ def lora_settings(lora: LoraConfig) -> LoraSettings:
 
 
 def optim_settings(train: TrainConfig, total_optimizer_steps: int, lr: float | None = None) -> OptimSettings:
-    """AdamW and the LR schedule of `train`; `lr` overrides `train.lr` (the critic's `algorithm.critic_lr`)."""
+    """AdamW and the LR schedule of `train`; `lr` overrides `train.lr` (the critic's
+    `algorithm.critic_lr`)."""
     t = train
     return OptimSettings(
         lr=t.lr if lr is None else lr,

@@ -1,4 +1,5 @@
-"""Validation: sample the held-out prompts (greedy by default), score them, report reward, accuracy, length."""
+"""Validation: sample the held-out prompts (greedy by default), score them, report reward, accuracy,
+length."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The worker classes the controller places in worker groups: a rollout worker and a trainer worker.
 
-Each is a plain class built from its spec (a frozen, flat dataclass: `EngineSpec`, `TrainerSpec`, `CriticSpec`,
-made by `ascent.orchestrator.specs`; no config section crosses into a worker), so the inline and the Ray
-backend construct them the same way. Logs: under Ray the worker group sends each actor's log to
+Each is a plain class built from its spec (a frozen, flat dataclass: `EngineSpec`, `TrainerSpec`,
+`CriticSpec`, made by `ascent.orchestrator.specs`; no config section crosses into a worker), so the inline and
+the Ray backend construct them the same way. Logs: under Ray the worker group sends each actor's log to
 `<run_dir>/logs/<name>_<rank>.log`; inline, workers share the controller's process and its
 `logs/controller.log`. Trainers with several ranks join the torch.distributed group described by the
 RANK/WORLD_SIZE variables the worker group sets.
@@ -115,7 +115,8 @@ class RolloutWorker:
         return self.version
 
     def sleep(self, release_weights: bool = False) -> None:
-        """Free the engine's cache (and its weights with `release_weights`: publish a full set before wake)."""
+        """Free the engine's cache (and its weights with `release_weights`: publish a full set before
+        wake)."""
         if release_weights:
             self.engine.sleep(release_weights=True)
         else:
@@ -185,7 +186,8 @@ class TrainerWorker:
     def send_weights(self, version: int) -> int:
         """Publish the current weights as `version` over the joined link; returns the bytes sent by this rank.
 
-        Every rank is called (FSDP gathers each bucket with all ranks); a rank without a link only takes part."""
+        Every rank is called (FSDP gathers each bucket with all ranks); a rank without a link only takes
+        part."""
         weights = self.policy.named_weights()
         if self.link is None:
             for _ in weights:

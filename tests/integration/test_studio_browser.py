@@ -55,7 +55,10 @@ def start_studio(root: Path, *args: str) -> tuple[subprocess.Popen, str]:
     )
     lines: queue.Queue[str] = queue.Queue()
     assert proc.stdout is not None
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    threading.Thread(
+        target=lambda: [lines.put(line) for line in proc.stdout],  # type: ignore[union-attr]
+        daemon=True,
+    ).start()
     seen = []
     while True:
         try:

@@ -62,7 +62,9 @@ def _grammar_of(name: str, value: Any) -> str | None:
     schema = _schema_of(name, value)
     if schema is None:
         return None
-    return str(llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_COMPACT))  # type: ignore[arg-type]
+    return str(
+        llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_COMPACT)  # type: ignore[arg-type]
+    )
 
 
 def request_grammar(extra: dict[str, Any], supported: bool) -> str | None:

@@ -177,10 +177,19 @@ class BadAnswer:
             "StepResultError: step returned reward=nan (float); it must",
         ),
         (StepResult(reward=float("inf")), "reward=inf (float); it must be a finite number"),
-        (StepResult(reward=None, done=True), "reward=None (NoneType); it must be a finite number"),  # type: ignore[arg-type]
-        (StepResult(reward="1", done=True), "reward='1' (str); it must be a finite number"),  # type: ignore[arg-type]
+        (
+            StepResult(reward=None, done=True),  # type: ignore[arg-type]
+            "reward=None (NoneType); it must be a finite number",
+        ),
+        (
+            StepResult(reward="1", done=True),  # type: ignore[arg-type]
+            "reward='1' (str); it must be a finite number",
+        ),
         (StepResult(done="yes"), "done='yes' (str); it must be True or False"),  # type: ignore[arg-type]
-        (StepResult(observation="hi"), "observation='hi' (str); it must be a tuple of messages"),  # type: ignore[arg-type]
+        (
+            StepResult(observation="hi"),  # type: ignore[arg-type]
+            "observation='hi' (str); it must be a tuple of messages",
+        ),
         (StepResult(info=[1]), "info=[1] (list); it must be a dict"),  # type: ignore[arg-type]
         ((["obs"], 1.0, True, {}), "step returned (['obs'], 1.0, True, {}) (tuple), not a StepResult"),
     ],

@@ -52,7 +52,9 @@ def test_a_plugin_loss_gets_the_options_and_shared_settings_it_names() -> None:
     assert (settings.policy_loss, settings.loss_opts) == (path, {"temp": 0.5, "adv_eps": 1e-6})
 
 
-def _plugin_loss(logprobs, old, adv, mask, seq_ids, *, temp=1.0, adv_eps=0.0, clip_ratio_low=0.0):  # type: ignore[no-untyped-def]
+def _plugin_loss(  # type: ignore[no-untyped-def]
+    logprobs, old, adv, mask, seq_ids, *, temp=1.0, adv_eps=0.0, clip_ratio_low=0.0
+):
     return logprobs, {}
 
 

@@ -50,7 +50,11 @@ async def _ask(c: openai.AsyncOpenAI, i: int) -> str:
             extra_headers=headers,
         )
         return "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices])
-    out = await c.chat.completions.create(model="tiny", messages=messages, extra_headers=headers)  # type: ignore[arg-type]
+    out = await c.chat.completions.create(
+        model="tiny",
+        messages=messages,  # type: ignore[arg-type]
+        extra_headers=headers,
+    )
     return out.choices[0].message.content or ""
 
 
@@ -132,7 +136,9 @@ def test_a_killed_front_end_is_restarted_and_costs_only_its_connections(
         _wait(lambda: pool.failure is not None)
         assert "2 front-end processes died" in pool.failure and "--api-processes 1" in pool.failure
         _wait(lambda: not any(p.is_alive() for p in pool.procs))
-        host, port = server.url.removeprefix("http://").removesuffix("/v1").split(":")  # type: ignore[union-attr]
+        host, port = (
+            server.url.removeprefix("http://").removesuffix("/v1").split(":")  # type: ignore[union-attr]
+        )
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection((host, int(port)), timeout=5)
         with pytest.raises(FrontendError, match="2 front-end processes died"):

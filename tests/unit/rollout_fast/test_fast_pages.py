@@ -56,7 +56,8 @@ def test_session_store_keeps_every_conversation_of_a_shared_session():
     store.put("s", CachedSequence([1, 1, 1, 5, 6], p[:1] + p[2:3]))  # A's turn 2 done
     store.put("t", CachedSequence([3], p[3:]))
     entry, m = store.take("s", [2, 2, 2, 7])  # B, turn 2: A's latest turn stays
-    assert entry.pages == p[1:2] and m == 3 and store.take("s", [1, 1, 1, 5, 6, 8])[1] == 5  # type: ignore[index]
+    assert entry.pages == p[1:2] and m == 3
+    assert store.take("s", [1, 1, 1, 5, 6, 8])[1] == 5  # type: ignore[index]
     store.put("s", entry)
     assert store.evict_one() and a.refs[p[3]] == 0 and list(store.entries) == ["s"]  # "t" was cached first
 
