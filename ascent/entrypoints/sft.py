@@ -27,7 +27,7 @@ from ascent.orchestrator import checkpointing, preflight
 from ascent.orchestrator.interrupt import STOPS, graceful_stop, stopped_message
 from ascent.orchestrator.resume import fingerprints
 from ascent.orchestrator.rundir import open_run_dir, write_config
-from ascent.orchestrator.specs import lora_settings, optim_settings
+from ascent.orchestrator.specs import policy_trainer_spec
 from ascent.orchestrator.workers import TrainerWorker
 from ascent.tracking import Metrics, Progress, RunStarted, open_tracking, setup_logging, tracked_run
 from ascent.trainer.loss import LossSettings
@@ -102,24 +102,14 @@ def _sft(cfg: SFTConfig, run_dir: Any, stop: Any, resume_from: str | None, accep
 def trainer_spec(cfg: SFTConfig, steps: int) -> TrainerSpec:
     """SFT's own trainer spec: the policy trainer with the `reinforce` loss aggregated by `token-mean` (with
     advantage 1, the response's negative log-likelihood), no reference, temperature 1."""
-    m, t = cfg.model, cfg.train
-    return TrainerSpec(
-        model_path=m.path,
-        tokenizer_path=m.tokenizer_path,
-        device=cfg.cluster.device,
-        dtype=m.dtype,
-        gradient_checkpointing=m.gradient_checkpointing,
-        trust_remote_code=m.trust_remote_code,
-        lora=lora_settings(m.lora),
-        optim=optim_settings(t, steps),
+    return policy_trainer_spec(
+        cfg.model,
+        cfg.train,
+        cfg.cluster.device,
+        steps,
         loss=LossSettings(policy_loss="reinforce", loss_aggregation="token-mean"),
-        max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
-        logprob_chunk_tokens=t.logprob_chunk_tokens,
         temperature=1.0,
         need_reference=False,
-        sharding=t.sharding,
-        compile=t.compile,
-        attention=t.attention,
     )
 
 

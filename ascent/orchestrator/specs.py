@@ -1,8 +1,8 @@
 """Builders of the workers' specs: the run config turned into frozen, flat arguments at the edge.
 
 Setup builds each spec once (`trainer_spec`, `critic_spec`, `engine_spec`) and the worker groups construct
-their workers from it; `ascent sft` builds its own `TrainerSpec` from the same parts (`lora_settings`,
-`optim_settings`). No config section crosses below this module (design: "Setup builds, the loop moves").
+their workers from it; `ascent sft` builds its own `TrainerSpec` through the same `policy_trainer_spec` with
+its own loss. No config section crosses below this module (design: "Setup builds, the loop moves").
 The spec types live next to their consumers: `TrainerSpec` and `CriticSpec` in `ascent.trainer.settings`,
 `EngineSpec` in `ascent.rollout.specs`.
 """
@@ -10,7 +10,7 @@ The spec types live next to their consumers: `TrainerSpec` and `CriticSpec` in `
 from __future__ import annotations
 
 from ascent.algorithms import POLICY_LOSSES, options_for
-from ascent.config.schema import AlgorithmConfig, LoraConfig, RunConfig, TrainConfig
+from ascent.config.schema import AlgorithmConfig, LoraConfig, ModelConfig, RunConfig, TrainConfig
 from ascent.orchestrator.setup import needs_reference
 from ascent.plugins import resolve
 from ascent.rollout.specs import EngineSpec
@@ -26,26 +26,48 @@ _CORRECTION_KEYS = {
 
 def trainer_spec(cfg: RunConfig, total_optimizer_steps: int) -> TrainerSpec:
     """The policy trainer ranks' spec: model, LoRA, AdamW and schedule, loss, micro-batching, precision."""
-    m, t = cfg.model, cfg.train
-    return TrainerSpec(
-        model_path=m.path,
-        tokenizer_path=m.tokenizer_path,
-        device=cfg.cluster.device,
-        dtype=m.dtype,
-        gradient_checkpointing=m.gradient_checkpointing,
-        trust_remote_code=m.trust_remote_code,
-        lora=lora_settings(m.lora),
-        optim=optim_settings(t, total_optimizer_steps),
+    return policy_trainer_spec(
+        cfg.model,
+        cfg.train,
+        cfg.cluster.device,
+        total_optimizer_steps,
         # the Dr. GRPO length divisor (algorithm.max_response_tokens_norm defaults to it): one constant for
         # every worker and micro-batch, so the gradient does not depend on how a mini-batch is split
         loss=loss_settings(cfg.algorithm, cfg.rollout.response_budget),
-        max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
-        logprob_chunk_tokens=t.logprob_chunk_tokens,
         temperature=cfg.rollout.temperature or 1.0,
         need_reference=needs_reference(cfg),
-        sharding=t.sharding,
-        compile=t.compile,
-        attention=t.attention,
+    )
+
+
+def policy_trainer_spec(
+    model: ModelConfig,
+    train: TrainConfig,
+    device: str,
+    total_optimizer_steps: int,
+    *,
+    loss: LossSettings,
+    temperature: float,
+    need_reference: bool,
+) -> TrainerSpec:
+    """A policy trainer's spec from the model and train sections, which RL and SFT share; the loss, the
+    sampling temperature and whether a reference is kept are the caller's (SFT: `reinforce`, 1.0, none)."""
+    return TrainerSpec(
+        model_path=model.path,
+        tokenizer_path=model.tokenizer_path,
+        device=device,
+        dtype=model.dtype,
+        gradient_checkpointing=model.gradient_checkpointing,
+        trust_remote_code=model.trust_remote_code,
+        lora=lora_settings(model.lora),
+        optim=optim_settings(train, total_optimizer_steps),
+        loss=loss,
+        max_tokens_per_micro_batch=train.max_tokens_per_micro_batch,
+        logprob_chunk_tokens=train.logprob_chunk_tokens,
+        temperature=temperature,
+        need_reference=need_reference,
+        sharding=train.sharding,
+        compile=train.compile,
+        attention=train.attention,
     )
 
 
