@@ -11,7 +11,15 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ascent.cluster import make_worker_group
+from ascent.cluster.base import W
+from ascent.cluster.errors import ClusterConfigError
+from ascent.cluster.isolated import IsolatedRunner, default_workers
 from ascent.config.schema import RunConfig
+from ascent.data import load_rows, render_prompts, validate_rows
+from ascent.data.prompts import PromptItem, RenderReport
+from ascent.errors import AscentError
+from ascent.rewards import RewardRunner
 
 if TYPE_CHECKING:
     from ascent.cluster.base import WorkerGroup
@@ -31,8 +39,7 @@ class Datasets:
 
 def build_datasets(cfg: RunConfig) -> Datasets:
     """Load, validate and render the train and validation prompts; report every dropped prompt."""
-    from ascent.data import load_rows, render_prompts, validate_rows
-    from ascent.data.prompts import RenderReport
+    # deferred: imports torch (this module stays importable without it, for ascent doctor)
     from ascent.models.loading import load_tokenizer
 
     field = "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path"
@@ -52,7 +59,7 @@ def build_datasets(cfg: RunConfig) -> Datasets:
         if cfg.rollout.agent is not None:  # the agent writes its own prompts: a row is what run() is given
             items, report = agent_items(rows), RenderReport(total=len(rows), max_tokens=d.max_prompt_tokens)
         elif cfg.rollout.env is not None:  # the environment gives each row's prompt
-            from ascent.orchestrator.episodes import env_items
+            from ascent.orchestrator.episodes import env_items  # deferred: imports torch
 
             items, report = env_items(rows, tok, cfg)
         else:
@@ -68,8 +75,6 @@ def build_datasets(cfg: RunConfig) -> Datasets:
         log.info("data.%s_path=%s: %d prompts (%s)", name, path, len(items), report)
         sets[name] = items
     if not sets["train"]:
-        from ascent.errors import AscentError
-
         raise AscentError(
             f"data.train_path={d.train_path!r}: no usable training prompts; check the file and "
             "data.max_prompt_tokens / data.overlong_prompts."
@@ -79,8 +84,6 @@ def build_datasets(cfg: RunConfig) -> Datasets:
 
 def agent_items(rows: list[dict[str, Any]]) -> list[Any]:
     """Rows for `rollout.agent`: no prompt of ours (the agent's first call is the episode's prompt)."""
-    from ascent.data.prompts import PromptItem
-
     return [
         PromptItem(row_id=i, prompt_ids=[], prompt_text="", metadata=dict(row)) for i, row in enumerate(rows)
     ]
@@ -222,10 +225,12 @@ def demand_shortfall(need: Demand, total: dict[str, Any]) -> str | None:
 
 def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     """The rollout, trainer and (for GAE) critic worker groups, inline or as Ray actors."""
-    from ascent.cluster import make_worker_group
-    from ascent.cluster.base import W
     from ascent.orchestrator.specs import critic_spec, engine_spec, trainer_spec  # imports torch (see top)
-    from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
+    from ascent.orchestrator.workers import (  # deferred: imports torch
+        CriticWorkerActor,
+        RolloutWorker,
+        TrainerWorker,
+    )
 
     c = cfg.cluster
     plan = plan_placement(
@@ -243,7 +248,7 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
         init_ray(c.address, c.num_cpus, temp_dir=c.ray_temp_dir)
         _check_fits(cfg)
         if plan.shared_bundles:
-            from ascent.cluster import make_placement_group
+            from ascent.cluster import make_placement_group  # deferred: imports Ray
 
             shared = make_placement_group(
                 plan.shared_bundles,
@@ -294,9 +299,7 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
 def _check_fits(cfg: RunConfig) -> None:
     """Refuse a plan the Ray cluster can never hold: its groups would otherwise wait for resources forever
     (each group alone may fit while all of them together do not)."""
-    import ray
-
-    from ascent.cluster.errors import ClusterConfigError
+    import ray  # deferred: Ray, only for the Ray backend
 
     short = demand_shortfall(demand(cfg), dict(ray.cluster_resources()))
     if short is not None:
@@ -305,7 +308,7 @@ def _check_fits(cfg: RunConfig) -> None:
 
 def weight_transport_kind(cfg: RunConfig) -> str:
     """The transport `cluster.weight_transport` resolves to (`auto`: see `ascent.transport.select.choose`)."""
-    from ascent.transport.select import choose
+    from ascent.transport.select import choose  # deferred: imports torch
 
     c = cfg.cluster
     trainers, replicas = c.num_trainer_workers, c.num_rollout_workers
@@ -315,9 +318,9 @@ def weight_transport_kind(cfg: RunConfig) -> str:
 def build_publisher(cfg: RunConfig, groups: WorkerGroups) -> Publisher:
     """The run's weight `Publisher`, given the two worker groups and their workers' publication methods; a
     link transport joins both sides here (each waits at most `weight_sync_timeout_s` for the other)."""
-    from ascent.orchestrator.workers import RolloutWorker, TrainerWorker
-    from ascent.transport.publish import ReplicaEnd, TrainerEnd
-    from ascent.transport.select import build_publisher as build
+    from ascent.orchestrator.workers import RolloutWorker, TrainerWorker  # deferred: torch
+    from ascent.transport.publish import ReplicaEnd, TrainerEnd  # deferred: torch
+    from ascent.transport.select import build_publisher as build  # deferred: torch
 
     c = cfg.cluster
     trainer = TrainerEnd(
@@ -342,8 +345,6 @@ def build_publisher(cfg: RunConfig, groups: WorkerGroups) -> Publisher:
 
 def build_reward_runner(cfg: RunConfig) -> Any:
     """The reward runner of `cfg.reward`: isolated worker processes with a timeout unless isolation=inline."""
-    from ascent.rewards import RewardRunner
-
     r = cfg.reward
     return RewardRunner(
         r.fn,
@@ -358,8 +359,6 @@ def reward_executor(isolation: str, timeout_s: float, num_workers: int | None) -
     """A pool of processes for reward calls (None: inline, in this process)."""
     if isolation == "inline":
         return None
-    from ascent.cluster.isolated import IsolatedRunner, default_workers
-
     return IsolatedRunner(
         default_workers(num_workers),
         timeout_s,

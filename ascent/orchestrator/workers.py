@@ -20,11 +20,13 @@ from typing import Any
 
 import torch
 
+from ascent.cluster.base import find_free_port
 from ascent.messages import Generation, GenerationRequest, Rollout, TrainSample
 from ascent.models.loading import load_tokenizer, resolve_device
 from ascent.rollout.specs import EngineSpec
 from ascent.trainer.settings import CriticSpec, TrainerSpec
-from ascent.transport.weights import Rendezvous
+from ascent.transport.select import receiver_link, sender_link
+from ascent.transport.weights import Rendezvous, node_address
 
 log = logging.getLogger("ascent.workers")
 
@@ -102,8 +104,6 @@ class RolloutWorker:
 
     def join_weight_transport(self, rv: Rendezvous) -> None:
         """Form this replica's `Receiver` of `rv`'s link transport as replica RANK (`ascent.transport`)."""
-        from ascent.transport.select import receiver_link
-
         device = getattr(self.engine, "device", torch.device("cpu"))
         self.link = receiver_link(rv, int(os.environ.get("RANK", "0")), device)
 
@@ -172,15 +172,10 @@ class TrainerWorker:
 
     def weight_transport_address(self) -> tuple[str, int]:
         """(node IP, free port) where this rank would host the publication's rendezvous store."""
-        from ascent.cluster.base import find_free_port
-        from ascent.transport.weights import node_address
-
         return node_address(), find_free_port()
 
     def join_weight_transport(self, rv: Rendezvous) -> None:
         """Form this rank's `Sender` of `rv`'s link transport (rank 0 hosts the store; `ascent.transport`)."""
-        from ascent.transport.select import sender_link
-
         self.link = sender_link(rv, int(os.environ.get("RANK", "0")), self.policy.device)
 
     def send_weights(self, version: int) -> int:

@@ -195,15 +195,6 @@ def test_no_modules_of_different_packages_import_each_other() -> None:
             raise AssertionError("a cycle of modules across packages:\n" + "\n".join(closing))
 
 
-# Modules whose in-function imports of ascent modules are not yet moved up or explained (issue #27); they were
-# being reworked in parallel when the rest were. Remove a module from here once its imports are.
-NOT_YET_EXPLAINED = {
-    "ascent.orchestrator.setup",
-    "ascent.orchestrator.workers",
-    "ascent.trainer.settings",
-}
-
-
 def imports_in_functions(path: Path) -> Iterator[ast.Import | ast.ImportFrom]:
     for function in ast.walk(parsed(path)):
         if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -223,8 +214,6 @@ def test_an_import_of_ours_inside_a_function_says_why() -> None:
     says so in a comment on its line or the line above."""
     bad = []
     for module, path in module_files().items():
-        if module in NOT_YET_EXPLAINED:
-            continue
         lines = path.read_text().splitlines()
         for node in imports_in_functions(path):
             said = "#" in lines[node.lineno - 1] or lines[node.lineno - 2].strip().startswith("#")
