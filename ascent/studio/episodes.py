@@ -22,21 +22,7 @@ MAX_LIMIT = 500
 PREVIEW_CHARS = 160
 PROMPT_PREVIEW_CHARS = 90
 SPECIAL_MARKER = re.compile(r"<\|[^|<>\s]{1,40}\|>")  # <|im_start|>, <|eot_id|>, ...
-SUMMARY_FIELDS = (
-    "id",
-    "iteration",
-    "group_index",
-    "row_id",
-    "env",
-    "status",
-    "drop_reason",
-    "reward",
-    "advantage",
-    "turns",
-    "finish_reason",
-    "response_len",
-    "staleness",
-)
+SUMMARY_FIELDS = tuple(c for c in store.LIST_COLUMNS if c not in ("prompt_text", "response_text"))
 
 
 def list_episodes(

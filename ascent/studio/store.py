@@ -24,7 +24,7 @@ from ascent.errors import AscentError
 FILE_NAME = "experience.db"
 FORMAT = "ascent-experience"
 SCHEMA_VERSION = 1
-STATUSES = ("trained", "filtered", "dropped_stale", "surplus")
+STATUSES = ("trained", "filtered", "dropped_stale", "surplus", "served")  # as ascent.transport.store
 DROPPED = "dropped"
 LIST_COLUMNS = (
     "id",

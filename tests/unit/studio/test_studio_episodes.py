@@ -99,3 +99,12 @@ def test_a_run_without_a_store_lists_none_and_says_why(tmp_path: Path, kind: str
     why = got.json()["missing"]
     assert ("SFT runs record no episodes" in why) == (kind == "sft")
     assert client.get("/api/run", params={"run": "run"}).json()["has_episodes"] is False
+
+
+def test_the_studio_knows_every_status_the_store_writes() -> None:
+    """The studio reads the store without importing `transport` (design.md's import rules): its copy of the
+    statuses must not fall behind the writer's (a `served` episode is filterable)."""
+    from ascent.studio import store
+    from ascent.transport import store as written
+
+    assert set(store.STATUSES) == set(written.STATUSES)
