@@ -34,6 +34,25 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class ImageInput:
+    """One image as a vision-language model sees it: the image processor's patches, their grid, and how many
+    `<|image_pad|>` tokens stand for it in the token ids (design: "Episodes and the collector"; images
+    travel beside the ids, in the order of their placeholder runs).
+
+    `pixel_values` is a float array [patches, channels * temporal_patch * patch * patch] (a torch tensor or
+    a numpy array; compared by `digest`, never element-wise); `grid_thw` is (frames, rows, columns) of
+    patches; `num_tokens` = t * h * w / merge_size**2. `digest` identifies the image's pixels (a hash of
+    what was encoded), so engines may encode an image once for every sample and turn that shows it;
+    `source` says where it came from (a path, `row 3 part 1`, `turn 2: zoom_in`)."""
+
+    pixel_values: Any = field(compare=False, repr=False)
+    grid_thw: tuple[int, int, int]
+    num_tokens: int
+    digest: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """One prompt to sample `params.n` continuations of.
 
@@ -45,6 +64,7 @@ class GenerationRequest:
     params: SamplingParams
     request_id: int = 0
     session_id: str | None = None
+    images: tuple[ImageInput, ...] = ()  # one per `<|image_pad|>` run of prompt_ids, in order
 
 
 @dataclass(frozen=True)
@@ -99,6 +119,7 @@ class Episode:
     reward_components: dict[str, float] = field(default_factory=dict)
     response_text: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    images: tuple[ImageInput, ...] = ()  # one per image-token run of prompt_ids + response_ids, in order
 
     @property
     def num_tokens(self) -> int:
@@ -158,6 +179,7 @@ class TrainSample:
     ref_logprobs: list[float] | None = None
     returns: list[float] | None = None
     old_values: list[float] | None = None
+    images: tuple[ImageInput, ...] = ()  # the episode's images (`Episode.images`)
 
     @property
     def num_tokens(self) -> int:

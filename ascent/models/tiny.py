@@ -37,7 +37,13 @@ def byte_level_chars() -> dict[int, str]:
     return {**{b: chr(b) for b in keep}, **{b: chr(256 + i) for i, b in enumerate(shifted)}}
 
 
-def make_char_tokenizer(out_dir: str | Path, chars: str = DEFAULT_CHARS, words: Sequence[str] = ()):
+def make_char_tokenizer(
+    out_dir: str | Path,
+    chars: str = DEFAULT_CHARS,
+    words: Sequence[str] = (),
+    special: Sequence[str] = (),
+    chat_template: str = CHAT_TEMPLATE,
+):
     """Write a character-level tokenizer with a chat template to `out_dir`; return it.
 
     It is Qwen2's own format, a byte-level BPE, with one token per character of `chars` and no merges, so
@@ -45,13 +51,15 @@ def make_char_tokenizer(out_dir: str | Path, chars: str = DEFAULT_CHARS, words: 
     rebuilds the pre-tokenizer; a tokenizer of another kind lost its spaces there). The special tokens are
     whole tokens, and so is each of `words` (ordinary added tokens that decode as text, as Qwen's
     `<tool_call>`). Characters outside `chars` are dropped, as Qwen2Tokenizer drops what its vocabulary lacks.
+    `special` adds special tokens after the fixed four (a vision-language model's `<|image_pad|>` and its
+    kin, ids from 4 on); `chat_template` replaces the text-only template.
     """
     # deferred: tokenizers and transformers, slow to import
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     byte_char = byte_level_chars()
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *special])}
     for ch in dict.fromkeys(chars):
         vocab.setdefault("".join(byte_char[b] for b in ch.encode()), len(vocab))
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
@@ -63,7 +71,7 @@ def make_char_tokenizer(out_dir: str | Path, chars: str = DEFAULT_CHARS, words: 
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.add_special_tokens([*SPECIAL_TOKENS, *special])
     tok.add_tokens([AddedToken(w, normalized=False) for w in words])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -73,7 +81,9 @@ def make_char_tokenizer(out_dir: str | Path, chars: str = DEFAULT_CHARS, words: 
         unk_token=None,
         clean_up_tokenization_spaces=False,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    if special:
+        fast.add_special_tokens({"additional_special_tokens": list(special)})
+    fast.chat_template = chat_template
     fast.save_pretrained(str(out_dir))
     return fast
 

@@ -1,0 +1,71 @@
+"""The tiny vision-language checkpoints and the image codec: what a real Qwen-VL directory holds, read back
+through from_pretrained, images become the token count the pixel budget says, and the model runs on them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from ascent.models.tiny import make_tiny_checkpoint
+from ascent.models.tiny_vl import make_tiny_vl_checkpoint
+from ascent.models.vision import ImageCodecError, load_image_codec, model_inputs
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def vl_dir(request, tmp_path_factory):
+    return make_tiny_vl_checkpoint(tmp_path_factory.mktemp(request.param), family=request.param)
+
+
+def _image(h: int, w: int, seed: int = 0) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+
+def test_checkpoint_holds_what_a_real_one_does(vl_dir):
+    names = {p.name for p in vl_dir.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "preprocessor_config.json"} <= names
+
+
+def test_pixel_budget_bounds_the_token_count(vl_dir):
+    codec = load_image_codec(vl_dir)
+    small, large = codec.encode(_image(20, 20)), codec.encode(_image(900, 700))
+    assert small.num_tokens == 4  # raised to min_pixels
+    assert 32 <= large.num_tokens <= 64  # lowered to max_pixels
+    t, h, w = large.grid_thw
+    assert large.num_tokens == t * h * w // 4 and large.pixel_values.shape[0] == t * h * w
+    tight = load_image_codec(vl_dir, max_pixels=small.num_tokens * (small.pixel_values.shape[1] // 3) * 4)
+    assert tight.encode(_image(900, 700)).num_tokens < large.num_tokens
+
+
+def test_same_pixels_same_digest(vl_dir):
+    codec = load_image_codec(vl_dir)
+    assert codec.encode(_image(50, 60, 1)).digest == codec.encode(_image(50, 60, 1)).digest
+    assert codec.encode(_image(50, 60, 1)).digest != codec.encode(_image(50, 60, 2)).digest
+
+
+def test_expanded_prompt_runs_through_the_model(vl_dir):
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    codec = load_image_codec(vl_dir)
+    tokenizer = AutoTokenizer.from_pretrained(vl_dir)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what?"}]}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    images = [codec.encode(_image(100, 140))]
+    expanded = codec.expand(ids, images)
+    assert expanded.count(codec.image_token_id) == images[0].num_tokens
+    model = AutoModelForImageTextToText.from_pretrained(vl_dir)
+    x = torch.tensor([expanded])
+    logits = model(
+        input_ids=x, mm_token_type_ids=(x == codec.image_token_id).int(), **model_inputs(images)
+    ).logits
+    assert logits.shape == (1, len(expanded), len(tokenizer))
+    with pytest.raises(ImageCodecError, match="1 image placeholders for 2 images"):
+        codec.expand(ids, images * 2)
+
+
+def test_text_checkpoint_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(ImageCodecError, match="not a vision-language checkpoint"):
+        load_image_codec(make_tiny_checkpoint(tmp_path))
