@@ -40,7 +40,7 @@ from ascent.envs.openai_agents import AgentJob, AgentResult, AgentSpec, play
 from ascent.errors import AscentError
 from ascent.messages import Episode, Generation, GenerationRequest, Group, SamplingParams
 from ascent.orchestrator import batch as B
-from ascent.orchestrator.agent_segments import Segment, segment_episode, segments
+from ascent.orchestrator.agent_segments import Segment, count_tool_calls, segment_episode, segments
 from ascent.orchestrator.episodes import EnvFailureError
 from ascent.orchestrator.sampling import Scorer
 from ascent.orchestrator.workers import RolloutWorker
@@ -190,9 +190,7 @@ class AgentService:
     def tool_calls(self, records: Sequence[CompletionRecord]) -> int:
         """The tool calls written in `records`' replies, read by the endpoint's tool parser (the model
         family's format, as the agent was handed them)."""
-        parse, text = self.server.tool_parser, self.server.tool_text
-        parsed = [parse(text(list(r.response_ids))) for r in records]
-        return sum(len(p[1]) for p in parsed if p is not None)
+        return count_tool_calls(records, self.server.tool_parser, self.server.tool_text)
 
     def close(self) -> None:
         self.runner.close()

@@ -7,7 +7,6 @@ import pytest
 
 from ascent.messages import Episode, Group, tool_calls
 from ascent.rewards.group_hooks import (
-    GROUP_HOOKS,
     add_to_rewards,
     curiosity,
     difficulty_filter,
@@ -87,11 +86,3 @@ def test_add_to_rewards_returns_a_new_group_and_checks_the_count() -> None:
     assert rewards(add_to_rewards(g, [0.5, -0.5])) == [1.5, -0.5] and rewards(g) == [1.0, 0.0]
     with pytest.raises(ValueError, match="1 deltas for a group of 2"):
         add_to_rewards(g, [0.5])
-
-
-def test_the_registry_names_the_built_ins() -> None:
-    assert GROUP_HOOKS == {
-        "curiosity": curiosity,
-        "length_penalty": length_penalty,
-        "difficulty_filter": difficulty_filter,
-    }
