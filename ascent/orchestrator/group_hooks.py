@@ -2,7 +2,7 @@
 `ascent.rewards.group_hooks`).
 
 `build_group_hooks` resolves the configured hooks once (built-in names from `GROUP_HOOKS`, import paths
-through `ascent.plugins`; a plug-in's kwargs checked against its signature), so a typo fails at start-up with
+through `ascent.plugins`; a plug-in's kwargs checked against its signature: `fn(group, **kwargs)` must bind), so a typo fails at start-up with
 the entry named. `apply_group_hooks` runs them in order on each group of a batch: a shaping hook's change to
 each episode's reward is recorded as a reward component named after the hook, a filter's False drops the
 group. A hook that raises or breaks the protocol costs its group (a warning, `reward/<name>/errors`), never
@@ -11,13 +11,14 @@ the run, unless it fails on every group of a batch (a broken hook, not a bad gro
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ascent.algorithms import option_names
 from ascent.config import ConfigError
+from ascent.config.errors import show_value
 from ascent.config.group_hooks import GroupHookPlugin
 from ascent.errors import AscentError
 from ascent.messages import Group, flatten
@@ -68,7 +69,7 @@ def build_group_hooks(choices: Sequence[Any]) -> list[GroupHook]:
         plugin = isinstance(choice, GroupHookPlugin)
         settings = dict(choice.kwargs) if plugin else choice.model_dump(exclude={"name"})
         name = choice.name.rpartition(":")[2].rpartition(".")[2] if plugin else choice.name
-        problems += _unknown_kwargs(fn, settings, where) if plugin else []
+        problems += _call_problems(fn, settings, where) if plugin else []
         if name in [h.name for h in hooks]:
             problems.append(
                 f"{where}.name={choice.name!r}: a second hook named {name!r}; their reward components and "
@@ -80,16 +81,19 @@ def build_group_hooks(choices: Sequence[Any]) -> list[GroupHook]:
     return hooks
 
 
-def _unknown_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any], where: str) -> list[str]:
-    taken = option_names(fn)
-    if taken is None:  # it takes **kwargs
+def _call_problems(fn: Callable[..., Any], kwargs: dict[str, Any], where: str) -> list[str]:
+    """The problem when `fn(group, **kwargs)` could not be called: a keyword it does not take, or a
+    parameter it needs that `kwargs` lacks."""
+    try:
+        inspect.signature(fn).bind(None, **kwargs)
+    except TypeError as err:
+        return [
+            f"{where}.kwargs={show_value(kwargs)}: {getattr(fn, '__name__', fn)}(group, **kwargs) cannot be called "
+            f"({err}); its parameters are {inspect.signature(fn)}. Fix the kwargs or the function."
+        ]
+    except ValueError:  # no signature to read (a builtin): let the call say
         return []
-    return [
-        f"{where}.kwargs.{key}: {getattr(fn, '__name__', fn)} takes no such keyword argument (it takes "
-        f"{', '.join(sorted(taken)) or 'none'}); remove it or fix its spelling."
-        for key in kwargs
-        if key not in taken
-    ]
+    return []
 
 
 def apply_group_hooks(hooks: Sequence[GroupHook], groups: Sequence[Group]) -> HookOutcome:

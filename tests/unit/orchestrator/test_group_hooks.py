@@ -5,6 +5,7 @@ they came in, and a hook that breaks costing its group, or the run when it break
 from __future__ import annotations
 
 import inspect
+import re
 
 import pytest
 
@@ -21,6 +22,11 @@ HERE = "tests.unit.orchestrator.test_group_hooks"
 def bonus(group: Group, *, amount: float = 1.0) -> Group:
     """A plug-in: `amount` more for every episode."""
     return add_to_rewards(group, [amount] * len(group.episodes))
+
+
+def needs(group: Group, scale: float) -> Group:
+    """A plug-in with a setting it cannot do without."""
+    return add_to_rewards(group, [scale] * len(group.episodes))
 
 
 def picky(group: Group) -> Group:
@@ -63,18 +69,24 @@ def test_hooks_resolve_built_ins_and_plug_ins_with_their_settings() -> None:
     assert built[0].settings == {"target_rate": 0.3, "alpha": 0.5, "beta": 0.05, "max_calls": 1}
     assert built[1].settings == {"low": 0.1, "high": 0.9} and built[2].settings == {}
     assert hooks({"name": f"{HERE}:bonus", "kwargs": {"amount": 2}})[0].settings == {"amount": 2}
+    assert hooks({"name": f"{HERE}:needs", "kwargs": {"scale": 2}})[0].settings == {"scale": 2}
 
 
 @pytest.mark.parametrize(
     ("entries", "message"),
     [
         ([f"{HERE}:nothing"], "reward.group_hooks[0]="),
-        ([{"name": f"{HERE}:bonus", "kwargs": {"amuont": 2}}], "reward.group_hooks[0].kwargs.amuont: bonus"),
+        (
+            [{"name": f"{HERE}:bonus", "kwargs": {"amuont": 2}}],
+            "reward.group_hooks[0].kwargs={amuont: 2}: bonus(group, **kwargs) cannot be called (got an "
+            "unexpected keyword argument 'amuont')",
+        ),
+        ([f"{HERE}:needs"], "needs(group, **kwargs) cannot be called (missing a required argument: 'scale')"),
         (["curiosity", "curiosity"], "reward.group_hooks[1].name='curiosity': a second hook named"),
     ],
 )
 def test_bad_entries_are_named(entries: list, message: str) -> None:
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         hooks(*entries)
 
 
