@@ -57,7 +57,7 @@ from ascent.messages import Episode, Group, SamplingParams, flatten
 from ascent.orchestrator import batch as B
 from ascent.orchestrator import experience
 from ascent.orchestrator.experience import ExperienceLog
-from ascent.orchestrator.group_hooks import GroupHook, apply_group_hooks
+from ascent.orchestrator.group_hooks import GroupHook, HookTally, apply_group_hooks
 from ascent.orchestrator.sampling import RolloutStats
 from ascent.orchestrator.shaping import shape_rewards
 from ascent.orchestrator.sources import EpisodeSource, Pending, PromptSource
@@ -153,7 +153,7 @@ class Collector:
         want = cfg.rollout.prompts_per_step
         kept: list[Group] = []
         metrics: dict[str, float] = {}
-        counts: dict[str, float] = {}  # summed over the batches (the hooks' dropped groups)
+        tally = HookTally()  # the group hooks' metrics, over the batches
         batches, dropped, idle = 0, 0, 0.0
         while len(kept) < want:
             if batches >= a.max_sample_batches:
@@ -168,8 +168,7 @@ class Collector:
             experience.record_left_out(log, it, shaped, groups, "dropped_stale", _stale_reason(cfg.rollout))
             dropped += stale
             if self.hooks:
-                groups, hook_means = self._hooked(groups, log, it, counts)
-                batch_metrics = batch_metrics | hook_means
+                groups = self._hooked(groups, log, it, tally)
             metrics = _merge(metrics, batch_metrics | stats.metrics, batches)
             if a.advantage.name == "remax":
                 groups = with_greedy_baseline(cfg, prompts, groups, it, batches)
@@ -180,7 +179,7 @@ class Collector:
                 )
             kept.extend(groups)
             batches += 1
-        metrics |= counts | {
+        metrics |= tally.metrics() | {
             "rollout/sample_batches": float(batches),
             "rollout/dropped_stale": float(dropped),
             "time/engine_idle": idle,
@@ -188,17 +187,13 @@ class Collector:
         experience.record_left_out(log, it, kept, kept[:want], "surplus", "prompts_per_step already filled")
         return kept[:want], metrics
 
-    def _hooked(
-        self, groups: list[Group], log: ExperienceLog, it: int, counts: dict[str, float]
-    ) -> tuple[list[Group], dict[str, float]]:
-        """The groups after the run's group hooks, and their means (the batch's); what they dropped goes to
-        the experience `log`, their counts are added to `counts`."""
-        out = apply_group_hooks(self.hooks, groups)
+    def _hooked(self, groups: list[Group], log: ExperienceLog, it: int, tally: HookTally) -> list[Group]:
+        """The groups after the run's group hooks (their metrics go to `tally`); what they dropped goes to
+        the experience `log`."""
+        out = apply_group_hooks(self.hooks, groups, tally)
         for group, reason in out.dropped:
             experience.record_left_out(log, it, [group], [], "filtered", reason)
-        for key, value in out.counts.items():
-            counts[key] = counts.get(key, 0.0) + value
-        return out.kept, out.means
+        return out.kept
 
     def take_waited(self) -> float:
         """Seconds the controller (so the trainer) waited on generation since the last call; resets."""

@@ -46,13 +46,28 @@ class GroupHook:
 
 @dataclass
 class HookOutcome:
-    """What the hooks did to one batch: the groups kept, those dropped (as they came in, with the reason) and
-    the metrics (`reward/<name>/mean` of a shaping hook, `/dropped_groups` of a filter, `/errors`)."""
+    """What the hooks did to one batch: the groups kept, and those dropped (as they came in, with the
+    reason)."""
 
     kept: list[Group]
     dropped: list[tuple[Group, str]] = field(default_factory=list)
-    means: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class HookTally:
+    """The hooks' metrics over the batches of one iteration: each shaping hook's component over every episode
+    it shaped (`reward/<name>/mean`), each filter's dropped groups (`reward/<name>/dropped_groups`) and each
+    plug-in's errors (`reward/<name>/errors`), summed."""
+
+    components: dict[str, list[float]] = field(default_factory=dict)
     counts: dict[str, float] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        means = {f"reward/{k}/mean": sum(v) / len(v) for k, v in self.components.items() if v}
+        return means | self.counts
+
+    def count(self, key: str, n: int) -> None:
+        self.counts[key] = self.counts.get(key, 0.0) + n
 
 
 def build_group_hooks(choices: Sequence[Any]) -> list[GroupHook]:
@@ -96,8 +111,9 @@ def _call_problems(fn: Callable[..., Any], kwargs: dict[str, Any], where: str) -
     return []
 
 
-def apply_group_hooks(hooks: Sequence[GroupHook], groups: Sequence[Group]) -> HookOutcome:
-    """Run `hooks` in order on every group of `groups` (see the module docstring)."""
+def apply_group_hooks(hooks: Sequence[GroupHook], groups: Sequence[Group], tally: HookTally) -> HookOutcome:
+    """Run `hooks` in order on every group of `groups` (see the module docstring); their metrics go to
+    `tally`."""
     out = HookOutcome([])
     pairs = [(g, g) for g in groups]  # (as it came in, as the hooks so far left it)
     for hook in hooks:
@@ -123,7 +139,7 @@ def apply_group_hooks(hooks: Sequence[GroupHook], groups: Sequence[Group]) -> Ho
                 "say how; fix the hook or remove it."
             )
         pairs = kept
-        _metrics(out, hook, [g for _, g in pairs] if shaped else None, dropped if filtered else None, errors)
+        _tally(tally, hook, [g for _, g in pairs] if shaped else None, dropped if filtered else None, errors)
     out.kept = [g for _, g in pairs]
     return out
 
@@ -160,16 +176,17 @@ def _with_component(name: str, before: Group, after: Group) -> Group:
     return replace(after, episodes=episodes)
 
 
-def _metrics(
-    out: HookOutcome, hook: GroupHook, shaped: list[Group] | None, dropped: int | None, errors: int
+def _tally(
+    tally: HookTally, hook: GroupHook, shaped: list[Group] | None, dropped: int | None, errors: int
 ) -> None:
-    """A shaping hook's mean component over the episodes it shaped, a filter's dropped groups, a plug-in's
-    errors (each only for what the hook did in this batch: a hook shapes or filters)."""
+    """Count what `hook` did to a batch: the components of the episodes it shaped, the groups it dropped as
+    a filter, a plug-in's errors (a hook shapes or filters: only what it did is counted)."""
     prefix = f"reward/{hook.name}"
     if shaped is not None:
-        values = [e.reward_components[hook.name] for e in flatten(shaped)]
-        out.means[f"{prefix}/mean"] = sum(values) / len(values)
+        tally.components.setdefault(hook.name, []).extend(
+            e.reward_components[hook.name] for e in flatten(shaped)
+        )
     if dropped is not None:
-        out.counts[f"{prefix}/dropped_groups"] = float(dropped)
+        tally.count(f"{prefix}/dropped_groups", dropped)
     if hook.plugin:
-        out.counts[f"{prefix}/errors"] = float(errors)
+        tally.count(f"{prefix}/errors", errors)

@@ -102,7 +102,7 @@ def test_collect_groups_records_the_groups_it_leaves_out(tmp_path: Path) -> None
 
 def test_group_hooks_shape_and_filter_each_batch_and_their_drops_are_recorded(tmp_path: Path) -> None:
     """reward.group_hooks: the filter's dropped groups are replaced by the next batch, counted over both
-    batches and recorded as filtered; the bonus is a reward component whose mean is averaged over batches."""
+    batches and recorded as filtered; the bonus is a reward component, its mean over the episodes it shaped."""
     called = replace(ep("4", 1), metadata={"answer": "4", "tool_calls": 1})
     batches = [
         [group(0, "4", "4"), Group((called, ep("5", 1)))],  # all right: filtered; half right
@@ -121,7 +121,7 @@ def test_group_hooks_shape_and_filter_each_batch_and_their_drops_are_recorded(tm
     # row 1: rate 1/2, the caller gets 1.0 * (1.0 - 0.5); row 3: nobody called
     assert [[e.reward for e in g.episodes] for g in kept] == [[1.5, 0.0], [1.0, 0.0]]
     assert kept[0].episodes[0].reward_components == {"curiosity": 0.5}
-    assert metrics["reward/curiosity/mean"] == (0.25 + 0.0) / 2
+    assert metrics["reward/curiosity/mean"] == 0.5 / 4  # over the 4 episodes the bonus was computed for
     assert (
         metrics["reward/difficulty_filter/dropped_groups"] == 2.0 and metrics["rollout/sample_batches"] == 2
     )

@@ -13,7 +13,7 @@ from ascent.config import ConfigError
 from ascent.config.group_hooks import GROUP_HOOK_CHOICES
 from ascent.config.loader import validate_config
 from ascent.messages import Episode, Group
-from ascent.orchestrator.group_hooks import GroupHookError, apply_group_hooks, build_group_hooks
+from ascent.orchestrator.group_hooks import GroupHookError, HookTally, apply_group_hooks, build_group_hooks
 from ascent.rewards.group_hooks import GROUP_HOOKS, add_to_rewards
 
 HERE = "tests.unit.orchestrator.test_group_hooks"
@@ -98,24 +98,32 @@ def test_shaping_is_a_reward_component_with_its_mean_and_a_filter_counts_its_dro
         group(2, (1.0, 0), (1.0, 0)),
     ]
     target = {"name": "curiosity", "target_rate": 0.75, "alpha": 1.0, "beta": 0.5}
-    out = apply_group_hooks(hooks({"name": "difficulty_filter", "low": 0.0, "high": 0.5}, target), batch)
+    tally = HookTally()
+    out = apply_group_hooks(
+        hooks({"name": "difficulty_filter", "low": 0.0, "high": 0.5}, target), batch, tally
+    )
     assert out.dropped == [(batch[2], "reward.group_hooks[0] (difficulty_filter) filtered it")]
     # row 0: caller + (0.75 - 0.5) = 0.25; row 1: caller + (0.75 - 0.25) - 0.5 * (2 - 1) = 0
     assert [[e.reward for e in g.episodes] for g in out.kept] == [[1.25, 0.0], [1.0, 0.0, 0.0, 0.0]]
     parts = [[e.reward_components for e in g.episodes] for g in out.kept]
     assert parts == [[{"curiosity": 0.25}, {"curiosity": 0.0}], [{"curiosity": 0.0}] * 4]
-    assert out.means == {"reward/curiosity/mean": pytest.approx(0.25 / 6)}
-    assert out.counts == {"reward/difficulty_filter/dropped_groups": 1.0}
+    assert tally.metrics() == {
+        "reward/curiosity/mean": pytest.approx(0.25 / 6),
+        "reward/difficulty_filter/dropped_groups": 1.0,
+    }
+    apply_group_hooks(hooks(target), [group(4, (0.0, 1), (0.0, 0))], tally)  # the caller gets 0.25 again
+    assert tally.metrics()["reward/curiosity/mean"] == pytest.approx(0.5 / 8)  # over all 8 shaped episodes
 
 
 def test_a_hook_that_breaks_costs_its_group_and_one_that_always_breaks_stops_the_run(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     batch = [group(0, (1.0, 0)), group(1, (0.0, 1)), group(2, (0.5, 0))]
-    out = apply_group_hooks(hooks(f"{HERE}:picky"), batch)
+    tally = HookTally()
+    out = apply_group_hooks(hooks(f"{HERE}:picky"), batch, tally)
     assert [g.row_id for g in out.kept] == [0, 2]
     assert out.dropped == [(batch[1], "reward.group_hooks[0] (picky) failed: RuntimeError: no tools here")]
-    assert out.counts == {"reward/picky/errors": 1.0} and out.means == {"reward/picky/mean": 0.0}
+    assert tally.metrics() == {"reward/picky/mean": 0.0, "reward/picky/errors": 1.0}
     with pytest.raises(GroupHookError, match=r"reward.group_hooks\[0\] \(broken\) failed on all 3 groups"):
-        apply_group_hooks(hooks(f"{HERE}:broken"), batch)
+        apply_group_hooks(hooks(f"{HERE}:broken"), batch, HookTally())
     assert "it returned NoneType; a hook returns the group" in caplog.text
