@@ -24,7 +24,8 @@ HOOK_NAME = "Which hook: a built-in name (curiosity, length_penalty, difficulty_
 
 
 class CuriosityHook(Choice):
-    """Pixel-Reasoner's curiosity bonus and call penalty (the defaults are the paper's settings)."""
+    """Pixel-Reasoner's curiosity bonus and call penalty (defaults: the paper's settings, as we recall
+    them)."""
 
     name: Literal["curiosity"] = Field("curiosity", description=HOOK_NAME)
     target_rate: float = Field(

@@ -2,8 +2,8 @@
 `ascent.rewards.group_hooks`).
 
 `build_group_hooks` resolves the configured hooks once (built-in names from `GROUP_HOOKS`, import paths
-through `ascent.plugins`; a plug-in's kwargs checked against its signature: `fn(group, **kwargs)` must bind), so a typo fails at start-up with
-the entry named. `apply_group_hooks` runs them in order on each group of a batch: a shaping hook's change to
+through `ascent.plugins`; a plug-in's `fn(group, **kwargs)` must bind to its signature), so a typo fails at
+start-up with the entry named. `apply_group_hooks` runs them in order on each group of a batch: a shaping hook's change to
 each episode's reward is recorded as a reward component named after the hook, a filter's False drops the
 group. A hook that raises or breaks the protocol costs its group (a warning, `reward/<name>/errors`), never
 the run, unless it fails on every group of a batch (a broken hook, not a bad group: the run stops naming it).
@@ -103,8 +103,8 @@ def _call_problems(fn: Callable[..., Any], kwargs: dict[str, Any], where: str) -
         inspect.signature(fn).bind(None, **kwargs)
     except TypeError as err:
         return [
-            f"{where}.kwargs={show_value(kwargs)}: {getattr(fn, '__name__', fn)}(group, **kwargs) cannot be called "
-            f"({err}); its parameters are {inspect.signature(fn)}. Fix the kwargs or the function."
+            f"{where}.kwargs={show_value(kwargs)}: {getattr(fn, '__name__', fn)}(group, **kwargs) cannot be "
+            f"called ({err}); its parameters are {inspect.signature(fn)}. Fix the kwargs or the function."
         ]
     except ValueError:  # no signature to read (a builtin): let the call say
         return []
