@@ -5,8 +5,9 @@ staleness bound.
 (`ascent.orchestrator.sources`), scored by it, shaped (`shaping.shape_rewards`), taken out when stale, run
 through the group hooks of `reward.group_hooks` (`group_hooks.apply_group_hooks`: shaping, and filters whose
 dropped groups are replaced), and with DAPO dynamic sampling replaced when their rewards are all equal (no
-signal), until `prompts_per_step` remain; ReMax adds a greedy baseline per prompt. A group's identity is its place in the list; the groups a
-step leaves out (stale, without signal, surplus) go to the experience store (`experience.record_left_out`).
+signal), until `prompts_per_step` remain; ReMax adds a greedy baseline per prompt. A group's identity is its
+place in the list; the groups a step leaves out (stale, filtered, without signal, surplus) go to the
+experience store (`experience.record_left_out`).
 
 Policy versions count weight publications: the trainer's weights after iteration `it` are version `it`, and
 the engines get them at the end of that iteration. An episode sampled with version `v` and trained on in
@@ -163,13 +164,13 @@ class Collector:
             idle += stats.engine_idle_s
             with timeline.phase("reward", iteration=it):
                 groups, batch_metrics = self.source.score(groups)
+                metrics = _merge(metrics, batch_metrics | stats.metrics, batches)
             shaped = shape_rewards(a, cfg.rollout.max_new_tokens, groups)
             groups, stale = self.split_stale(shaped, trainer_version=it - 1)
             experience.record_left_out(log, it, shaped, groups, "dropped_stale", _stale_reason(cfg.rollout))
             dropped += stale
             if self.hooks:
                 groups = self._hooked(groups, log, it, tally)
-            metrics = _merge(metrics, batch_metrics | stats.metrics, batches)
             if a.advantage.name == "remax":
                 groups = with_greedy_baseline(cfg, prompts, groups, it, batches)
             if a.dynamic_sampling:
