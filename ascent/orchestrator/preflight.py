@@ -3,7 +3,8 @@ traceback deep inside a worker, or not at all (a run that trains on nonsense wit
 
 Called by `run_training` (and partly by `run_sft` and `ascent eval`) right after the data is rendered: the
 model directory and its weight files are whole, the tokenizer fits the model's vocabulary, stop tokens
-exist, prompts plus responses fit the model's context, and plug-in import paths resolve. (The trackers are
+exist, prompts plus responses fit the model's context, and plug-in import paths resolve (group hooks'
+included). (The trackers are
 checked earlier, when `ascent.tracking.open_tracking` opens them.) Every failure names the field or file and
 the fix.
 """
@@ -24,6 +25,7 @@ from ascent.data.prompts import PromptItem
 from ascent.envs.openai_agents import load_agent
 from ascent.models.files import damaged_weight_file
 from ascent.models.loading import ModelLoadError
+from ascent.orchestrator.group_hooks import build_group_hooks
 from ascent.plugins import resolve
 
 if TYPE_CHECKING:  # transformers is imported where the tokenizer is loaded
@@ -170,5 +172,6 @@ def check_run(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, prompts: list[
         model_config(cfg.model.path), longest, cfg.rollout.response_budget, cfg.data.max_prompt_tokens
     )
     check_plugins(cfg.algorithm)
+    build_group_hooks(cfg.reward.group_hooks)  # resolves each hook: a bad name or import path fails now
     if cfg.rollout.agent is not None:  # a bad import path fails before anything heavy starts
         load_agent(cfg.rollout.agent)
