@@ -8,7 +8,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from ascent.transport.store import open_store
+from ascent.tracking.experience_store import open_store
 from tests.integration.conftest import ascent, run_config, write_yaml
 
 
