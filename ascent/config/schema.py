@@ -53,6 +53,28 @@ class ModelConfig(Section):
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="Low-rank adapters (peft).")
     trust_remote_code: bool = Field(False, description="Allow model code shipped inside the checkpoint.")
+    min_pixels: int | None = Field(
+        None,
+        gt=0,
+        description="Vision-language models: the fewest pixels an image is resized to before it becomes "
+        "image tokens (one token per 28x28 pixels on Qwen2.5-VL, 32x32 on Qwen3-VL); null: the checkpoint's "
+        "preprocessor_config.json. `ascent doctor` shows the resulting tokens per image.",
+    )
+    max_pixels: int | None = Field(
+        None,
+        gt=0,
+        description="Vision-language models: the most pixels an image keeps (larger ones are scaled down), "
+        "which bounds its image tokens; null: the checkpoint's preprocessor_config.json.",
+    )
+
+    @model_validator(mode="after")
+    def _pixel_budget(self) -> ModelConfig:
+        if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
+            raise ValueError(
+                f"model.min_pixels={self.min_pixels} is over model.max_pixels={self.max_pixels}; "
+                "lower min_pixels or raise max_pixels."
+            )
+        return self
 
 
 class DataConfig(Section):
