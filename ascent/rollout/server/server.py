@@ -56,6 +56,7 @@ class OpenAIServer(Front):
         *,
         recorder: Recorder | None = None,
         policy_version: int = 0,
+        codec: Any = None,
     ) -> None:
         if options.api_processes < 1:
             raise ValueError(f"api_processes={options.api_processes}: set it to 1 or more.")
@@ -63,7 +64,7 @@ class OpenAIServer(Front):
             if engine.constraints is None:
                 engine.constraints = LLGuidanceConstraints(tokenizer)
             options = dataclasses.replace(options, constrained_decoding=True)
-        super().__init__(tokenizer, options)
+        super().__init__(tokenizer, options, codec)
         seeded_alone = isinstance(
             engine, ReferenceEngine
         )  # its seeded requests repeat whatever else is queued
@@ -157,7 +158,7 @@ class OpenAIServer(Front):
         self._hub = EngineHub(self)
         self._hub.start()
         port = int(sock.getsockname()[1])
-        spec = FrontendSpec(self._hub.path, self.options, self.tokenizer, host, port, log_level)
+        spec = FrontendSpec(self._hub.path, self.options, self.tokenizer, host, port, log_level, self.codec)
         self.frontends = FrontendPool(self._hub, sock, spec, self.options.api_processes)
         self.frontends.start()
 
@@ -277,5 +278,6 @@ class OpenAIServer(Front):
                     policy_version=result.policy_version,
                     token_versions=list(gen.token_versions),
                     started=started,
+                    images=request.images,
                 )
             )
