@@ -10,6 +10,9 @@ engine's left-padded decode and the trainer's packed rows see exactly the positi
 
 `vision_inputs` gives the image keywords of one forward over a batch (images in row-major order: row by
 row, each row's images in the order of their placeholder runs, which is how the model scatters them).
+The trainer's packed rows take `packed_positions` ([4, 1, N]: text positions for the block-causal mask,
+then each sequence's mrope rows, the layout transformers' Qwen-VL text models read as packed) and
+`image_features` (the vision tower run apart from the language model).
 """
 
 from __future__ import annotations
@@ -20,12 +23,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ascent.errors import AscentError
 from ascent.messages import ImageInput
 from ascent.models.vision import model_inputs
 
 
-class ImageCountError(ValueError):
+class ImageCountError(AscentError, ValueError):
     """A sequence whose image-token runs and images disagree in number or size."""
+
+
+class NoVisionTowerError(AscentError, ValueError):
+    """A vision setting (`model.freeze_vision_tower`) for a model without a vision tower."""
 
 
 def _language_model_holder(model: nn.Module) -> Any:
@@ -45,7 +53,7 @@ def image_token_id(model: nn.Module) -> int:
     return int(_language_model_holder(model).config.image_token_id)
 
 
-def multimodal_backbone(model: nn.Module) -> nn.Module:
+def multimodal_backbone(model: nn.Module) -> Any:
     """The part of a vision-language model that maps ids and images to hidden states (vision tower, merger
     and language model; `Qwen2_5_VLModel`), i.e. the model without its LM head."""
     inner = getattr(_language_model_holder(model), "model", None)
@@ -98,3 +106,49 @@ def vision_inputs(
     out = {k: v.to(device) for k, v in model_inputs(images).items()}
     out["mm_token_type_ids"] = (input_ids == image_token_id(model)).int()
     return out
+
+
+def packed_positions(
+    model: nn.Module, input_ids: Tensor, cu_seqlens: Sequence[int], seq_images: Sequence[Sequence[ImageInput]]
+) -> Tensor:
+    """One packed row of S sequences -> position_ids [4, 1, N]: row 0 the text positions (restarting at 0
+    per sequence, from which transformers builds the block-causal mask), rows 1-3 each sequence's own
+    multimodal RoPE positions (`mrope_positions`). input_ids [1, N]; cu_seqlens: S + 1 offsets."""
+    ids = input_ids[0]
+    text, mrope = [], []
+    for k, images in enumerate(seq_images):
+        piece = ids[cu_seqlens[k] : cu_seqlens[k + 1]]
+        text.append(torch.arange(piece.shape[0], device=ids.device))
+        mrope.append(mrope_positions(model, piece, images))
+    return torch.cat([torch.cat(text)[None], torch.cat(mrope, dim=1)])[:, None]
+
+
+def image_features(backbone: Any, images: Sequence[ImageInput], device: torch.device) -> dict[str, Any]:
+    """The vision tower's output for `images`, as the backbone's `mm_encoder_outputs` keyword ({} without
+    images). Run on its own so that the language model's attention keywords never reach the vision tower."""
+    if not images:
+        return {}
+    inputs = model_inputs(images)
+    features = backbone.get_image_features(
+        inputs["pixel_values"].to(device), inputs["image_grid_thw"].to(device), return_dict=True
+    )
+    return {"mm_encoder_outputs": {"image": features}}
+
+
+def vision_tower(model: nn.Module) -> nn.Module:
+    """The vision tower of a vision-language model (`model.model.visual`: patch embedding, blocks, merger)."""
+    return multimodal_backbone(model).visual
+
+
+def freeze_vision(model: nn.Module) -> int:
+    """Stop the vision tower (and its merger) of a vision-language model from training: requires_grad off,
+    so the optimizer never holds its weights. -> the number of parameters frozen; raises for a text model."""
+    if not is_vision_language(model):
+        raise NoVisionTowerError(
+            f"model.freeze_vision_tower=true: {type(model).__name__} has no vision tower; set it to false "
+            "for a text-only model."
+        )
+    params = list(vision_tower(model).parameters())
+    for p in params:
+        p.requires_grad_(False)
+    return sum(p.numel() for p in params)

@@ -33,7 +33,13 @@ from torch import Tensor, nn
 
 from ascent.messages import FinishReason, Generation, GenerationRequest, ImageInput, SamplingParams
 from ascent.models.loading import cache_kwarg, load_model
-from ascent.models.multimodal import check_images, is_vision_language, mrope_positions, vision_inputs
+from ascent.models.multimodal import (
+    check_images,
+    image_token_id,
+    is_vision_language,
+    mrope_positions,
+    vision_inputs,
+)
 from ascent.rollout.sampling import SamplingTensors, sample, split_seed, token_presence
 
 
@@ -202,7 +208,7 @@ class ReferenceEngine:
                 "Qwen3-VL) for image prompts."
             )
         ids = torch.tensor(req.prompt_ids, dtype=torch.long)
-        check_images(ids, req.images, int(self.model.config.image_token_id), f"request {req.request_id}")
+        check_images(ids, req.images, image_token_id(self.model), f"request {req.request_id}")
 
     def _prompt_inputs(self, rows: list[_Row]) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
         """-> input_ids, attention_mask [b, L] (left-padded), position_ids ([b, L], or [3, b, L] when a row
