@@ -1,7 +1,8 @@
 """The policy trainer on tiny Qwen2.5-VL and Qwen3-VL models: samples with images score with their images
 (packed several to a row, with and without images, as one forward of each alone with the model's own
 multimodal positions), a frozen vision tower stays out of training, LoRA adapts the language model only,
-and gradient checkpointing gives the same update."""
+gradient checkpointing gives the same update, and the reference engine's image-prompt logprobs agree with
+the trainer's before and after an update it receives."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from ascent.messages import TrainSample
+from ascent.messages import GenerationRequest, SamplingParams, TrainSample
 from ascent.models.loading import load_model
 from ascent.models.multimodal import vision_inputs, vision_tower
 from ascent.models.tiny_vl import make_tiny_vl_checkpoint
 from ascent.models.vision import load_image_codec
+from ascent.rollout import build_engine
 from ascent.trainer import LoraSettings, OptimSettings, PolicyWorker, minibatch_totals
 from tests.unit.vl_support import VL_FAMILIES, image_prompt
 
@@ -104,3 +106,52 @@ def test_lora_adapts_the_language_model_only_and_checkpointing_changes_nothing(v
     merged = dict(plain.named_weights())
     names = set(load_model(path, device="cpu").state_dict())  # plain HF names, as the engine holds them
     assert set(merged) <= names and any(n.startswith("model.visual.") for n in merged)
+
+
+def _rollout(engine, samples, seed):
+    """One sampled response (T = 1, 6 tokens) per sample's prompt and images -> on-policy train samples."""
+    params = [
+        SamplingParams(temperature=1.0, max_new_tokens=6, n=2, seed=seed + i) for i in range(len(samples))
+    ]
+    requests = [
+        GenerationRequest(s.prompt_ids, p, request_id=i, images=s.images)
+        for i, (s, p) in enumerate(zip(samples, params, strict=True))
+    ]
+    return [
+        TrainSample(
+            req.prompt_ids,
+            g.token_ids,
+            [1] * len(g.token_ids),
+            [0.1 * (i % 3) - 0.1] * len(g.token_ids),
+            sampler_logprobs=g.logprobs,
+            images=req.images,
+        )
+        for i, (req, gens) in enumerate(zip(requests, engine.generate(requests), strict=True))
+        for g in gens
+    ]
+
+
+def _gap(worker, samples) -> float:
+    lps = worker.compute_logprobs(samples)
+    pairs = [(lp, s.sampler_logprobs) for s, lp in zip(samples, lps, strict=True)]
+    return max(abs(a - b) for lp, sampled in pairs for a, b in zip(lp, sampled, strict=True))
+
+
+def test_sampler_and_trainer_agree_on_image_prompts_and_an_update_reaches_the_engine(vl):
+    """The bound the CLI runs hold for text (fp32, CPU: |sampler - trainer| < 1e-3 on every sampled token),
+    before and after one update published to the engine, whose weights then equal the trainer's."""
+    path, prompts = vl
+    engine = build_engine("reference", model_path=path, device="cpu")
+    worker = _worker(path, max_tokens_per_micro_batch=400)
+    first = _rollout(engine, prompts, seed=1)
+    assert _gap(worker, first) < 1e-3
+    metrics = _update(worker, first)
+    assert metrics["rollout/logprob_diff_max"] < 1e-3 and metrics["skipped"] == 0
+    engine.update_weights(worker.named_weights())
+    engine_weights, initial = engine.model.state_dict(), load_model(path, device="cpu").state_dict()
+    trained = worker.model.state_dict()
+    assert engine_weights.keys() == trained.keys()
+    assert all(torch.equal(engine_weights[n], t) for n, t in trained.items())
+    assert any(not torch.equal(initial[n], t) for n, t in trained.items() if n.startswith("model.visual."))
+    second = _rollout(engine, prompts, seed=2)
+    assert _gap(worker, second) < 1e-3
