@@ -79,7 +79,7 @@ def choice_members(annotation: Any) -> dict[str, type[BaseModel]]:
     return out
 
 
-def sub_models(annotation: Any) -> list[type[BaseModel]]:
+def sub_models(annotation: object) -> list[type[BaseModel]]:
     """The models a field holds: [the section] for a section, every member of a choice, [] for a value."""
     if is_section(annotation):
         return [annotation]

@@ -346,7 +346,8 @@ class TrackingConfig(Section):
         True,
         description="Record every episode in <run_dir>/experience.db (SQLite): text, token ids, loss mask, "
         "logprobs, versions, rewards and whether it was trained on or dropped (stale, filtered); written on "
-        "a background thread. Read it with `ascent episodes RUN_DIR` or ascent.transport.store.open_store.",
+        "a background thread. Read it with `ascent episodes RUN_DIR` or "
+        "ascent.tracking.experience_store.open_store.",
     )
 
 

@@ -26,6 +26,9 @@ from ascent.models.content import template_messages
 if TYPE_CHECKING:
     from ascent.models.vision import ImageCodec
 
+if TYPE_CHECKING:  # transformers is imported where the tokenizer is loaded
+    from transformers import PreTrainedTokenizerBase
+
 Overlong = Literal["drop", "truncate", "error"]
 Side = Literal["left", "right"]
 PROMPT_FIELDS = ("prompt", "prompt_ids", "images")
@@ -148,7 +151,7 @@ def overlong_problem(row_no: int, length: int, max_tokens: int, what: str = "pro
 
 def render_prompts(
     rows: Sequence[dict[str, Any]],
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     *,
     max_prompt_tokens: int,
     overlong: Overlong = "drop",
@@ -192,7 +195,7 @@ def render_prompts(
                 report.dropped_row_ids.append(row_id)
                 continue
             ids = cut(ids, max_prompt_tokens, truncation_side)
-            text = tokenizer.decode(ids)
+            text = str(tokenizer.decode(ids))  # one sequence: a str (the stubs say str | list[str])
             report.truncated += 1
         metadata = {k: v for k, v in row.items() if k not in PROMPT_FIELDS}
         report.image_tokens += [im.num_tokens for im in images]

@@ -45,6 +45,9 @@ from ascent.models.content import IMAGES_COLUMN, content_problem, template_messa
 if TYPE_CHECKING:
     from ascent.models.vision import ImageCodec
 
+if TYPE_CHECKING:  # transformers is imported where the tokenizer is loaded
+    from transformers import PreTrainedTokenizerBase
+
 log = logging.getLogger(__name__)
 
 
@@ -90,7 +93,9 @@ def encode_response(text: str, tokenizer: Any) -> list[int]:
     return [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
 
 
-def render_sft_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, **options: Any) -> list[SFTExample]:
+def render_sft_examples(
+    rows: Sequence[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, **options: Any
+) -> list[SFTExample]:
     """`render_sft_examples_and_report` (same keyword options) returning only the examples; drops and cuts
     are logged as a warning."""
     examples, report = render_sft_examples_and_report(rows, tokenizer, **options)

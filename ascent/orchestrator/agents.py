@@ -42,9 +42,9 @@ from ascent.messages import Episode, Generation, GenerationRequest, Group, Sampl
 from ascent.orchestrator import batch as B
 from ascent.orchestrator.agent_segments import Segment, segment_episode, segments
 from ascent.orchestrator.episodes import EnvFailureError
-from ascent.orchestrator.sampling import Scorer
+from ascent.orchestrator.sampling import Decode, Scorer
 from ascent.orchestrator.workers import RolloutWorker
-from ascent.rewards import RewardInput
+from ascent.rewards import RewardInput, RewardRunner
 from ascent.rollout.server import CompletionRecord, Limits, ServerOptions
 
 MODEL_NAME = "policy"
@@ -195,7 +195,7 @@ class AgentService:
 
 
 def play_agent_groups(
-    service: AgentService, items: Sequence[Any], params: SamplingParams, decode: Any
+    service: AgentService, items: Sequence[Any], params: SamplingParams, decode: Decode
 ) -> tuple[list[list[Episode]], list[tuple[int, int]], AgentStats]:
     """`params.n` plays of the agent on every item -> per item with any recorded call, its episodes (rewards
     set from the agent; failed ones finish "abort", budget-truncated ones "length"); where the episodes whose
@@ -259,7 +259,7 @@ class AgentPlays:
 
 
 def score_last_replies(
-    rewards: Any, decode: Any, groups: list[list[Episode]], where: list[tuple[int, int]]
+    rewards: RewardRunner, decode: Decode, groups: list[list[Episode]], where: list[tuple[int, int]]
 ) -> None:
     """Episodes whose agent returned None get the reward function's (`rewards`, a RewardRunner) score of
     their last reply."""

@@ -14,16 +14,20 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ascent import algorithms as A
 from ascent.algorithms import option_names
-from ascent.config import ConfigError
+from ascent.config import ConfigError, RunConfig
 from ascent.config.choices import PluginChoice
+from ascent.data.prompts import PromptItem
 from ascent.envs.openai_agents import load_agent
 from ascent.models.files import damaged_weight_file
 from ascent.models.loading import ModelLoadError
 from ascent.plugins import resolve
+
+if TYPE_CHECKING:  # transformers is imported where the tokenizer is loaded
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("ascent")
 
@@ -150,14 +154,14 @@ def unused_options(algorithm: Any, estimator: Callable[..., Any], loss: Callable
     ]
 
 
-def check_model(path: str, tokenizer: Any) -> int:
+def check_model(path: str, tokenizer: PreTrainedTokenizerBase) -> int:
     """Model directory, weight files and vocabulary together; returns the model's vocabulary size."""
     config = model_config(path)
     check_weight_files(path)
     return check_vocab(tokenizer, config, path)
 
 
-def check_run(cfg: Any, tokenizer: Any, prompts: list[Any]) -> None:
+def check_run(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, prompts: list[PromptItem]) -> None:
     """Every pre-flight check of `ascent train`, given the tokenizer and the rendered training prompts."""
     vocab = check_model(cfg.model.path, tokenizer)
     check_stop_tokens(list(cfg.rollout.stop_token_ids), vocab)

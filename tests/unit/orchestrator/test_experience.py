@@ -15,7 +15,7 @@ from ascent.orchestrator.sampling import RolloutStats, Scorer
 from ascent.orchestrator.sources import PromptSource
 from ascent.rewards import RewardRunner
 from ascent.tracking import Timeline
-from ascent.transport.store import FILE_NAME, open_store
+from ascent.tracking.experience_store import FILE_NAME, open_store
 
 
 def ep(text: str, row: int, version: int = 0) -> Episode:
