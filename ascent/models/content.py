@@ -78,7 +78,7 @@ def _part_value(part: Mapping[str, Any]) -> Any:
     return part.get("image")
 
 
-def part_problem(part: Any) -> str | None:
+def part_problem(part: object) -> str | None:
     """What is wrong with one content part, or None."""
     if not isinstance(part, Mapping):
         return f"has type {type(part).__name__}; a content part is an object with a 'type'"
@@ -95,7 +95,7 @@ def part_problem(part: Any) -> str | None:
     return None
 
 
-def content_problem(content: Any) -> str | None:
+def content_problem(content: object) -> str | None:
     """What is wrong with a message's `content` (a string or a list of parts), or None."""
     if isinstance(content, str):
         return None
@@ -109,7 +109,7 @@ def content_problem(content: Any) -> str | None:
     return None
 
 
-def has_images(messages: Any) -> bool:
+def has_images(messages: object) -> bool:
     """Whether any message of `messages` (a list of message dicts) holds an image part."""
     if not isinstance(messages, list):
         return False
@@ -198,7 +198,9 @@ def resolve_paths(row: dict[str, Any], folder: Path) -> None:
                     if isinstance(url, str):
                         part["image_url"]["url"] = _absolute(url, folder)
     entries = row.get(IMAGES_COLUMN)
-    for k, entry in enumerate(entries if isinstance(entries, list) else []):
+    if not isinstance(entries, list):
+        return
+    for k, entry in enumerate(entries):
         if isinstance(entry, str):
             entries[k] = _absolute(entry, folder)
         elif isinstance(entry, dict) and not entry.get("bytes") and isinstance(entry.get("path"), str):

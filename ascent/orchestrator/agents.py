@@ -39,6 +39,7 @@ from ascent.data import image_codec
 from ascent.envs.openai_agents import AgentJob, AgentResult, AgentSpec, play
 from ascent.errors import AscentError
 from ascent.messages import Episode, Generation, GenerationRequest, Group, SamplingParams
+from ascent.models.vision import ImageCodec
 from ascent.orchestrator import batch as B
 from ascent.orchestrator.agent_segments import Segment, segment_episode, segments
 from ascent.orchestrator.episodes import EnvFailureError
@@ -70,7 +71,9 @@ class AgentSetup:
     max_episode_tokens: int
     max_new_tokens: int
     max_turns: int
-    codec: Any = None  # a vision-language model's ImageCodec: the endpoint takes image parts (None: refused)
+    codec: ImageCodec | None = (
+        None  # a vision-language model's: the endpoint takes image parts (None: refused)
+    )
 
     @classmethod
     def of(cls, cfg: RunConfig) -> AgentSetup:

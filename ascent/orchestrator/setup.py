@@ -23,6 +23,7 @@ from ascent.rewards import RewardRunner
 
 if TYPE_CHECKING:
     from ascent.cluster.base import WorkerGroup
+    from ascent.models.vision import ImageCodec
     from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
     from ascent.trainer.settings import CriticSpec, TrainerSpec
     from ascent.transport.publish import Publisher
@@ -35,7 +36,7 @@ class Datasets:
     train: list[Any]  # PromptItem
     val: list[Any]
     tokenizer: Any
-    codec: Any = None  # a vision-language model's ImageCodec (`ascent.models.vision`); None: text only
+    codec: ImageCodec | None = None  # a vision-language model's (`ascent.models.vision`); None: text only
 
 
 def build_datasets(cfg: RunConfig) -> Datasets:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ascent.envs.chat import ChatTokens
 from ascent.messages import GenerationRequest
+from ascent.models.vision import ImageCodec
 from ascent.rollout.server.batcher import BatchResult, TokenCallback
 from ascent.rollout.server.errors import APIError
 from ascent.rollout.server.recorder import Endpoint
@@ -35,7 +36,7 @@ class Front(ABC):
     """See the module docstring. `tokenizer` is a Hugging Face tokenizer; `options` the server's; `codec` a
     vision-language model's `ImageCodec` (`ascent.models.vision`; None: a text model, images refused)."""
 
-    def __init__(self, tokenizer: Any, options: ServerOptions, codec: Any = None) -> None:
+    def __init__(self, tokenizer: Any, options: ServerOptions, codec: ImageCodec | None = None) -> None:
         self.tokenizer, self.options, self.codec = tokenizer, options, codec
         self.chat = ChatTokens(tokenizer)
         self.tool_parser_name, self.tool_parser = tool_parser(options.tool_parser, tokenizer)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ascent.messages import GenerationRequest
+from ascent.models.vision import ImageCodec
 from ascent.rollout.server.app import build_app
 from ascent.rollout.server.batcher import BatchResult, TokenCallback
 from ascent.rollout.server.errors import APIError
@@ -50,7 +51,7 @@ class FrontendSpec:
     host: str
     port: int
     log_level: str
-    codec: Any = None
+    codec: ImageCodec | None = None
 
 
 @dataclass

@@ -18,6 +18,7 @@ from typing import Any
 
 from ascent.messages import GenerationRequest, ImageInput, SamplingParams
 from ascent.models import content
+from ascent.models.vision import ImageCodec
 from ascent.rollout.server.chat import template_messages, template_tools
 from ascent.rollout.server.errors import APIError, bad_request
 from ascent.rollout.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingBody
@@ -83,7 +84,7 @@ def chat_inputs(body: ChatCompletionRequest) -> tuple[list[dict[str, Any]], list
 
 
 def chat_images(
-    messages: list[dict[str, Any]], codec: Any
+    messages: list[dict[str, Any]], codec: ImageCodec | None
 ) -> tuple[list[dict[str, Any]], tuple[ImageInput, ...]]:
     """Template messages that show images -> (the messages with the template's image placeholders, the
     images encoded by `codec`, in order); messages without images come back as they are. A 400 for images
@@ -105,10 +106,12 @@ def chat_images(
         raise bad_request(f"messages: an image cannot be encoded: {err}.", "messages") from err
 
 
-def expand_images(prompt_ids: list[int], images: tuple[ImageInput, ...], codec: Any) -> list[int]:
+def expand_images(
+    prompt_ids: list[int], images: tuple[ImageInput, ...], codec: ImageCodec | None
+) -> list[int]:
     """The prompt with each image's placeholder repeated to its token count (a 400 if the text itself
     writes the image token, so placeholders and images do not pair up)."""
-    if not images:
+    if not images or codec is None:  # no images (chat_images refused them for a text model)
         return prompt_ids
     try:
         return list(codec.expand(prompt_ids, images))

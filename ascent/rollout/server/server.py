@@ -29,6 +29,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ascent.messages import GenerationRequest
+from ascent.models.vision import ImageCodec
 from ascent.rollout.base import RolloutEngine
 from ascent.rollout.reference import ReferenceEngine
 from ascent.rollout.server.app import build_app
@@ -56,7 +57,7 @@ class OpenAIServer(Front):
         *,
         recorder: Recorder | None = None,
         policy_version: int = 0,
-        codec: Any = None,
+        codec: ImageCodec | None = None,
     ) -> None:
         if options.api_processes < 1:
             raise ValueError(f"api_processes={options.api_processes}: set it to 1 or more.")
