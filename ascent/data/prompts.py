@@ -67,10 +67,11 @@ class RenderReport:
         return self.summary()
 
     def summary(self) -> str:
-        bad = len(self.bad_images)
+        bad, tokens = len(self.bad_images), self.image_tokens
         return (
             f"{self.kept}/{self.total} prompts kept; {self.dropped - bad} dropped and {self.truncated} "
             f"truncated over {self.max_tokens} tokens (longest: {self.longest})"
+            + (f"; {len(tokens)} images of {min(tokens)}..{max(tokens)} image tokens" if tokens else "")
             + (f"; {bad} left out for an unusable image (first: {self.bad_images[0]})" if bad else "")
         )
 

@@ -77,7 +77,7 @@ def test_a_missing_image_costs_its_row_with_row_number_and_path(tmp_path, vl, ca
         f"row 2: image {tmp_path / 'gone.png'}: no such file; check the path (relative paths are relative to the dataset file)"
     ]
     assert "row 2: image" in caplog.text and "gone.png" in caplog.text
-    assert "1 left out for an unusable image" in report.summary()
+    assert "; 2 images of 4..4 image tokens; 1 left out for an unusable image" in report.summary()
 
 
 def test_every_row_bad_is_the_no_usable_rows_error(tmp_path, vl):
