@@ -143,3 +143,10 @@ def test_sft_conversation_with_a_tool_call_returning_an_image(tmp_path, vl):
     assert all(m == 0 for t, m in zip(ex.response_ids, ex.loss_mask, strict=True) if t == pad)
     trained = [t for t, m in zip(ex.response_ids, ex.loss_mask, strict=True) if m]
     assert tok.decode(trained).replace("<|im_end|>", "|") == "<tool_call>zoom</tool_call>|42|"
+
+
+def test_a_pixel_budget_for_a_text_model_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    assert image_codec(str(tmp_path)) is None
+    with pytest.raises(DataError, match="model.max_pixels=1000: .* is a text-only model"):
+        image_codec(str(tmp_path), max_pixels=1000)
