@@ -6,6 +6,7 @@ cross the front-end processes' wire intact."""
 from __future__ import annotations
 
 import base64
+import pickle
 from collections.abc import Iterator
 from io import BytesIO
 
@@ -94,7 +95,9 @@ def test_a_text_model_refuses_images(vl_processor_dir):
         srv.stop()
 
 
-def test_images_cross_the_front_end_wire_intact():
+def test_images_cross_the_front_end_wire_intact(codec):
+    again = pickle.loads(pickle.dumps(codec))  # front-end processes get the codec in their spawn spec
+    assert again.encode(_decoded(URL)).digest == codec.encode(_decoded(URL)).digest
     pixels = np.arange(24, dtype=np.float32).reshape(4, 6)
     image = ImageInput(pixels, (1, 2, 2), 1, "abc", "message 0 part 1 (data URL)")
     back = request_from_wire(request_to_wire(GenerationRequest([1, 6, 2], SamplingParams(), images=(image,))))
