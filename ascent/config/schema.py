@@ -53,7 +53,35 @@ class ModelConfig(Section):
         False, description="Recompute activations in backward to save memory."
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="Low-rank adapters (peft).")
+    freeze_vision_tower: bool = Field(
+        False,
+        description="Vision-language models (Qwen2.5-VL, Qwen3-VL): keep the vision tower and its patch merger "
+        "fixed (no gradients, no optimizer state); the language model trains. Default false trains both, as "
+        "verl and EasyR1 do; with LoRA the tower is frozen anyway (adapters go to the language model).",
+    )
     trust_remote_code: bool = Field(False, description="Allow model code shipped inside the checkpoint.")
+    min_pixels: int | None = Field(
+        None,
+        gt=0,
+        description="Vision-language models: the fewest pixels an image is resized to before it becomes "
+        "image tokens (one token per 28x28 pixels on Qwen2.5-VL, 32x32 on Qwen3-VL); null: the checkpoint's "
+        "preprocessor_config.json. `ascent doctor` shows the resulting tokens per image.",
+    )
+    max_pixels: int | None = Field(
+        None,
+        gt=0,
+        description="Vision-language models: the most pixels an image keeps (larger ones are scaled down), "
+        "which bounds its image tokens; null: the checkpoint's preprocessor_config.json.",
+    )
+
+    @model_validator(mode="after")
+    def _pixel_budget(self) -> ModelConfig:
+        if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
+            raise ValueError(
+                f"model.min_pixels={self.min_pixels} is over model.max_pixels={self.max_pixels}; "
+                "lower min_pixels or raise max_pixels."
+            )
+        return self
 
 
 class DataConfig(Section):

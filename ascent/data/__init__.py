@@ -4,7 +4,7 @@ The path through this package: `load_rows` -> `validate_rows` -> `render_prompts
 `render_sft_examples` (SFT pairs) -> `PromptSampler` picks each iteration's prompts. Imports without torch.
 """
 
-from ascent.data.builders import load_prompts, prompts_from_config, sft_examples_from_config
+from ascent.data.builders import image_codec, load_prompts, prompts_from_config, sft_examples_from_config
 from ascent.data.loading import load_rows
 from ascent.data.prompts import PromptItem, RenderReport, encode_prompt, render_prompts
 from ascent.data.sampler import PromptSampler
@@ -19,6 +19,7 @@ __all__ = [
     "RenderReport",
     "SFTExample",
     "encode_prompt",
+    "image_codec",
     "load_prompts",
     "load_rows",
     "prompts_from_config",

@@ -2,11 +2,13 @@
 edge").
 
 `load_prompts` / `load_sft_examples` take flat arguments (load -> validate -> render); the `*_from_config`
-helpers only pick those arguments out of a `DataConfig` / `SFTConfig`.
+helpers only pick those arguments out of a `DataConfig` / `SFTConfig`; `image_codec` loads a
+vision-language model's image codec with the `model.min_pixels` / `model.max_pixels` budget.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ascent.data.loading import load_rows
@@ -16,6 +18,24 @@ from ascent.data.validation import DataError, validate_rows
 
 if TYPE_CHECKING:
     from ascent.config.schema import DataConfig, SFTConfig
+    from ascent.models.vision import ImageCodec
+
+
+def image_codec(path: str, min_pixels: int | None = None, max_pixels: int | None = None) -> ImageCodec | None:
+    """The image codec of the vision-language checkpoint in `path` (`model.path`) under the pixel budget
+    `model.min_pixels` / `model.max_pixels` (None: the checkpoint's); None for a text model, where a
+    pixel budget is refused (nothing would read it)."""
+    from ascent.models.vision import image_token_id, load_image_codec  # deferred: imports torch
+
+    if image_token_id(Path(path)) is None:
+        for name, value in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
+            if value is not None:
+                raise DataError(
+                    f"model.{name}={value}: model.path={path!r} is a text-only model, which sees no images; "
+                    f"remove model.{name} or point model.path at a vision-language checkpoint."
+                )
+        return None
+    return load_image_codec(path, min_pixels, max_pixels)
 
 
 def load_prompts(
@@ -28,8 +48,10 @@ def load_prompts(
     truncation_side: Side = "left",
     chat_template: bool = True,
     max_rows: int | None = None,
+    codec: ImageCodec | None = None,
 ) -> tuple[list[PromptItem], RenderReport]:
-    """Read, validate and render one prompt file; `max_rows` keeps only the first rows (validation sets)."""
+    """Read, validate and render one prompt file; `max_rows` keeps only the first rows (validation sets);
+    `codec` renders rows that show images (a vision-language model's, `image_codec`)."""
     rows = load_rows(path, source=source)[:max_rows]
     validate_rows(rows, source, tokenizer_vocab_size=len(tokenizer))
     return render_prompts(
@@ -40,6 +62,7 @@ def load_prompts(
         truncation_side=truncation_side,
         chat_template=chat_template,
         source=source,
+        codec=codec,
     )
 
 
@@ -54,9 +77,9 @@ def _split_path(data: DataConfig, split: str) -> tuple[str, str]:
 
 
 def prompts_from_config(
-    data: DataConfig, tokenizer: Any, split: str = "train"
+    data: DataConfig, tokenizer: Any, split: str = "train", codec: ImageCodec | None = None
 ) -> tuple[list[PromptItem], RenderReport]:
-    """The train or val prompts described by a DataConfig section."""
+    """The train or val prompts described by a DataConfig section (`codec`: see `load_prompts`)."""
     path, source = _split_path(data, split)
     return load_prompts(
         path,
@@ -67,13 +90,19 @@ def prompts_from_config(
         truncation_side=data.truncation_side,
         chat_template=data.chat_template,
         max_rows=data.max_val_prompts if split == "val" else None,
+        codec=codec,
     )
 
 
 def sft_examples_from_config(
-    cfg: SFTConfig, tokenizer: Any, split: str = "train", *, max_total_tokens: int | None = None
+    cfg: SFTConfig,
+    tokenizer: Any,
+    split: str = "train",
+    *,
+    max_total_tokens: int | None = None,
+    codec: ImageCodec | None = None,
 ) -> tuple[list[SFTExample], RenderReport]:
-    """The train or val prompt/response pairs described by an SFTConfig."""
+    """The train or val prompt/response pairs described by an SFTConfig (`codec`: see `load_prompts`)."""
     path, source = _split_path(cfg.data, split)
     rows = load_rows(path, source=source)
     if split == "val":
@@ -88,4 +117,5 @@ def sft_examples_from_config(
         truncation_side=cfg.data.truncation_side,
         chat_template=cfg.data.chat_template,
         source=source,
+        codec=codec,
     )

@@ -2,8 +2,9 @@
 
 The first step of the data path (design: "dataset rows -> prompts"). Rows come back as plain dicts, as stored
 but for one thing: a relative path in a column that names a file (`FILE_COLUMNS`, also inside SkyRL's
-`extra_info`) is relative to the data file's folder and comes back absolute, so a data folder with its
-database or index beside the rows can move. `ascent.data.validation` checks the rows and
+`extra_info`) or an image (message content parts and the `images` column: `ascent.models.content`) is
+relative to the data file's folder and comes back absolute, so a data folder with its database, index or
+images beside the rows can move. `ascent.data.validation` checks the rows and
 `ascent.data.prompts` renders them into token ids.
 """
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ascent.data.validation import DataError
+from ascent.models.content import resolve_paths
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet")
 # columns that name a file the environment opens (the built-in tasks' `text_to_sql` and `search_qa`)
@@ -46,6 +48,7 @@ def load_rows(path: str | Path, *, source: str | None = None) -> list[dict[str, 
     folder = file.resolve().parent
     for row in rows:
         _resolve_files(row, folder)
+        resolve_paths(row, folder)
         if isinstance(row.get("extra_info"), dict):
             _resolve_files(row["extra_info"], folder)
     return rows

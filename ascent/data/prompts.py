@@ -5,6 +5,11 @@ a string prompt goes through it as one user message (or is encoded raw with `cha
 text is encoded without adding special tokens: the template already holds them. Rows that carry
 `prompt_ids` skip rendering. Prompts longer than `max_prompt_tokens` are dropped, truncated or rejected, and
 the `RenderReport` always counts what happened: nothing is cut silently.
+
+Messages that show images (content parts, `ascent.models.content`) need the model's `ImageCodec`: their ids
+hold each image's pads and the item carries the images (`ascent.data.images`). A row whose image is missing
+or unreadable is left out and counted (`RenderReport.bad_images`); an overlong image prompt is dropped,
+never truncated (a cut would split an image's pads).
 """
 
 from __future__ import annotations
@@ -13,24 +18,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ascent.data.images import BadImageRow, image_prompt, log_bad_row, row_has_images, text_model_problem
 from ascent.data.validation import DataError, raise_problems
+from ascent.messages import ImageInput
+from ascent.models.content import template_messages
+
+if TYPE_CHECKING:
+    from ascent.models.vision import ImageCodec
 
 if TYPE_CHECKING:  # transformers is imported where the tokenizer is loaded
     from transformers import PreTrainedTokenizerBase
 
 Overlong = Literal["drop", "truncate", "error"]
 Side = Literal["left", "right"]
-PROMPT_FIELDS = ("prompt", "prompt_ids")
+PROMPT_FIELDS = ("prompt", "prompt_ids", "images")
 
 
 @dataclass
 class PromptItem:
-    """One renderable prompt: its row index (0-based), token ids, rendered text and the row's other fields."""
+    """One renderable prompt: its row index (0-based), token ids, rendered text, the row's other fields and
+    the images its ids show (one per image-pad run, in order)."""
 
     row_id: int
     prompt_ids: list[int]
     prompt_text: str
     metadata: dict[str, Any]
+    images: tuple[ImageInput, ...] = ()
 
 
 @dataclass
@@ -43,6 +56,8 @@ class RenderReport:
     longest: int = 0
     max_tokens: int = 0
     dropped_row_ids: list[int] = field(default_factory=list)
+    bad_images: list[str] = field(default_factory=list)  # "row N: image <path>: <why>", one per row left out
+    image_tokens: list[int] = field(default_factory=list)  # image tokens of every image kept, in order
 
     @property
     def kept(self) -> int:
@@ -52,9 +67,33 @@ class RenderReport:
         return self.summary()
 
     def summary(self) -> str:
+        bad, tokens = len(self.bad_images), self.image_tokens
         return (
-            f"{self.kept}/{self.total} prompts kept; {self.dropped} dropped and {self.truncated} truncated "
-            f"over {self.max_tokens} tokens (longest: {self.longest})"
+            f"{self.kept}/{self.total} prompts kept; {self.dropped - bad} dropped and {self.truncated} "
+            f"truncated over {self.max_tokens} tokens (longest: {self.longest})"
+            + (f"; {len(tokens)} images of {min(tokens)}..{max(tokens)} image tokens" if tokens else "")
+            + (f"; {bad} left out for an unusable image (first: {self.bad_images[0]})" if bad else "")
+        )
+
+    def drop_bad_image(self, row_id: int, err: BadImageRow, source: str) -> None:
+        """Count (and log) row `row_id`, left out for an image it cannot show."""
+        self.dropped += 1
+        self.dropped_row_ids.append(row_id)
+        self.bad_images.append(err.problem)
+        log_bad_row(source, err.problem, len(self.bad_images))
+
+    def no_rows_left(self, source: str, num_rows: int) -> DataError:
+        """The error when every row was left out: over the length limit or with an unusable image."""
+        if self.bad_images and len(self.bad_images) == num_rows:
+            return DataError(
+                f"{source}: all {num_rows} rows were left out for an unusable image (first: "
+                f"{self.bad_images[0]}); fix the image paths (relative to the dataset file) or the files."
+            )
+        return DataError(
+            f"{source}: no usable prompts: {self.summary()}; raise data.max_prompt_tokens or fix the images."
+            if self.bad_images
+            else f"{source}: all {num_rows} prompts are over data.max_prompt_tokens={self.max_tokens} "
+            f"(longest: {self.longest}) and were dropped; raise data.max_prompt_tokens."
         )
 
 
@@ -79,7 +118,12 @@ def encode_prompt(
 ) -> tuple[list[int], str]:
     """Prompt (string or message list) -> (token ids, rendered text)."""
     if isinstance(prompt, list) or chat_template:
-        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        # text parts joined into one string, as a text model's template reads them
+        messages = (
+            template_messages(prompt)[0]
+            if isinstance(prompt, list)
+            else [{"role": "user", "content": prompt}]
+        )
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     else:
         text = prompt
@@ -115,11 +159,13 @@ def render_prompts(
     truncation_side: Side = "left",
     chat_template: bool = True,
     source: str = "dataset",
+    codec: ImageCodec | None = None,
 ) -> tuple[list[PromptItem], RenderReport]:
-    """Validated rows -> (prompt items, report). `metadata` is the row without `prompt` and `prompt_ids`.
+    """Validated rows -> (prompt items, report). `metadata` is the row without `prompt`, `prompt_ids` and
+    `images`; `codec` (a vision-language model's) renders rows whose messages show images.
 
     overlong: "drop" skips prompts over `max_prompt_tokens`, "truncate" cuts them from `truncation_side`,
-    "error" raises a DataError listing them. Raises DataError too when every prompt was dropped.
+    "error" raises a DataError listing them. Raises DataError too when every prompt was left out.
     """
     if overlong not in ("drop", "truncate", "error"):
         raise ValueError(f"overlong={overlong!r}: use drop, truncate or error.")
@@ -128,13 +174,24 @@ def render_prompts(
     items: list[PromptItem] = []
     problems: list[str] = []
     for row_id, row in enumerate(rows):
-        ids, text = row_prompt(row, tokenizer, chat_template=chat_template)
+        images: tuple[ImageInput, ...] = ()
+        if row.get("prompt_ids") is None and row_has_images(row):
+            if codec is None:
+                problems.append(text_model_problem(row_id + 1))
+                continue
+            try:
+                ids, text, images = image_prompt(row, tokenizer, codec, row_id + 1)
+            except BadImageRow as err:
+                report.drop_bad_image(row_id, err, source)
+                continue
+        else:
+            ids, text = row_prompt(row, tokenizer, chat_template=chat_template)
         report.longest = max(report.longest, len(ids))
         if len(ids) > max_prompt_tokens:
             if overlong == "error":
                 problems.append(overlong_problem(row_id + 1, len(ids), max_prompt_tokens))
                 continue
-            if overlong == "drop":
+            if overlong == "drop" or images:
                 report.dropped += 1
                 report.dropped_row_ids.append(row_id)
                 continue
@@ -142,11 +199,9 @@ def render_prompts(
             text = str(tokenizer.decode(ids))  # one sequence: a str (the stubs say str | list[str])
             report.truncated += 1
         metadata = {k: v for k, v in row.items() if k not in PROMPT_FIELDS}
-        items.append(PromptItem(row_id=row_id, prompt_ids=ids, prompt_text=text, metadata=metadata))
+        report.image_tokens += [im.num_tokens for im in images]
+        items.append(PromptItem(row_id, ids, text, metadata, images))
     raise_problems(source, problems, len(rows))
     if rows and not items:
-        raise DataError(
-            f"{source}: all {len(rows)} prompts are over data.max_prompt_tokens={max_prompt_tokens} "
-            f"(longest: {report.longest}) and were dropped; raise data.max_prompt_tokens."
-        )
+        raise report.no_rows_left(source, len(rows))
     return items, report

@@ -8,6 +8,10 @@ A row with `messages` instead (a conversation: system/user messages, then assist
 or the world's answers between them; optional `tools` schemas) is encoded the way a multi-turn episode is
 sampled (`ascent.envs.chat.ChatTokens.conversation_ids`, token for token), with loss on the assistant turns
 only: demonstrations of tool use train on exactly the ids RL will later sample.
+
+Messages may show images (content parts in user and tool messages, `ascent.models.content`): with a
+vision-language model's `codec` each image becomes its pads in the ids (loss mask 0) and the example carries
+the images; a row whose image is missing or unreadable is left out and counted, as `render_prompts` does.
 """
 
 from __future__ import annotations
@@ -17,6 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ascent.data.images import (
+    BadImageRow,
+    decode_images,
+    expand_turns,
+    image_prompt,
+    row_has_images,
+    text_model_problem,
+)
 from ascent.data.prompts import (
     Overlong,
     RenderReport,
@@ -27,6 +39,11 @@ from ascent.data.prompts import (
     row_prompt,
 )
 from ascent.data.validation import DataError, raise_problems, validate_rows
+from ascent.messages import ImageInput
+from ascent.models.content import IMAGES_COLUMN, content_problem, template_messages
+
+if TYPE_CHECKING:
+    from ascent.models.vision import ImageCodec
 
 if TYPE_CHECKING:  # transformers is imported where the tokenizer is loaded
     from transformers import PreTrainedTokenizerBase
@@ -42,6 +59,7 @@ class SFTExample:
     response_ids: list[int]
     row_id: int = 0
     loss_mask: list[int] | None = None  # conversations: 0 on tool and world tokens; None: all 1
+    images: tuple[ImageInput, ...] = ()  # one per image-pad run of prompt_ids + response_ids, in order
 
     @property
     def num_tokens(self) -> int:
@@ -97,11 +115,13 @@ def render_sft_examples_and_report(
     truncation_side: Side = "left",
     chat_template: bool = True,
     source: str = "dataset",
+    codec: ImageCodec | None = None,
 ) -> tuple[list[SFTExample], RenderReport]:
     """Validate rows (prompt and `response_key`) and render them -> (examples, report).
 
     Prompts over `max_prompt_tokens` follow `overlong` like `render_prompts`. A pair over `max_total_tokens`
-    is dropped, has its response's tail cut ("truncate"), or is reported ("error").
+    is dropped, has its response's tail cut ("truncate"), or is reported ("error"); an example with images
+    is dropped rather than cut. `codec` renders rows that show images (a vision-language model's).
     """
     conversations = is_conversations(rows, source, response_key)
     if not conversations:
@@ -112,24 +132,30 @@ def render_sft_examples_and_report(
     examples: list[SFTExample] = []
     problems: list[str] = []
     for row_id, row in enumerate(rows):
-        if conversations:
-            prompt_ids, response_ids, mask = conversation_tokens(row, row_id, tokenizer, source)
-        else:
-            prompt_ids, _ = row_prompt(row, tokenizer, chat_template=chat_template)
-            response_ids, mask = encode_response(row[response_key], tokenizer), None
+        try:
+            options = (response_key, chat_template, source)
+            rendered = _render_row(row, row_id, tokenizer, conversations, options, codec)
+        except BadImageRow as err:
+            report.drop_bad_image(row_id, err, source)
+            continue
+        if rendered is None:
+            problems.append(text_model_problem(row_id + 1))
+            continue
+        prompt_ids, response_ids, mask, images = rendered
         report.longest = max(report.longest, len(prompt_ids))
         over_prompt = len(prompt_ids) > max_prompt_tokens
         total = len(prompt_ids if not over_prompt else cut(prompt_ids, max_prompt_tokens, truncation_side))
         room = None if max_total_tokens is None else max_total_tokens - total
         over_total = room is not None and len(response_ids) > room
         if not (over_prompt or over_total):
-            examples.append(SFTExample(prompt_ids, response_ids, row_id, mask))
+            report.image_tokens += [im.num_tokens for im in images]
+            examples.append(SFTExample(prompt_ids, response_ids, row_id, mask, images))
             continue
         if overlong == "error":
             problems.append(
                 _sft_problem(row_id + 1, prompt_ids, response_ids, max_prompt_tokens, max_total_tokens)
             )
-        elif overlong == "drop" or (room is not None and room <= 0):
+        elif overlong == "drop" or images or (room is not None and room <= 0):
             report.dropped += 1
             report.dropped_row_ids.append(row_id)
         else:
@@ -140,10 +166,41 @@ def render_sft_examples_and_report(
             examples.append(SFTExample(prompt_ids, response_ids, row_id, mask))
     raise_problems(source, problems, len(rows))
     if rows and not examples:
+        if report.bad_images:
+            raise report.no_rows_left(source, len(rows))
         raise DataError(
             f"{source}: every pair was dropped as too long ({report.summary()}); raise the token limits."
         )
     return examples, report
+
+
+Rendered = tuple[list[int], list[int], list[int] | None, tuple[ImageInput, ...]]
+
+
+def _render_row(
+    row: dict[str, Any],
+    row_id: int,
+    tokenizer: Any,
+    conversations: bool,
+    options: tuple[str, bool, str],
+    codec: ImageCodec | None,
+) -> Rendered | None:
+    """One row -> (prompt ids, response ids, loss mask or None, images); None: it shows images and there is
+    no codec (a text model). `options`: (response_key, chat_template, source). Raises BadImageRow for an
+    image it cannot use."""
+    response_key, chat_template, source = options
+    if row.get("prompt_ids") is None and row_has_images(row, "messages" if conversations else "prompt"):
+        if codec is None:
+            return None
+    else:
+        codec = None
+    if conversations:
+        return conversation_tokens(row, row_id, tokenizer, source, codec)
+    response_ids = encode_response(row[response_key], tokenizer)
+    if codec is not None:
+        prompt_ids, _, images = image_prompt(row, tokenizer, codec, row_id + 1)
+        return prompt_ids, response_ids, None, images
+    return row_prompt(row, tokenizer, chat_template=chat_template)[0], response_ids, None, ()
 
 
 def is_conversations(rows: Sequence[dict[str, Any]], source: str, response_key: str) -> bool:
@@ -160,24 +217,36 @@ def is_conversations(rows: Sequence[dict[str, Any]], source: str, response_key: 
 
 
 def conversation_tokens(
-    row: dict[str, Any], row_id: int, tokenizer: Any, source: str
-) -> tuple[list[int], list[int], list[int]]:
-    """A `messages` row -> (prompt ids, response ids, loss mask) as a multi-turn episode samples them."""
+    row: dict[str, Any], row_id: int, tokenizer: Any, source: str, codec: ImageCodec | None = None
+) -> Rendered:
+    """A `messages` row -> (prompt ids, response ids, loss mask, images) as a multi-turn episode samples them;
+    with `codec`, the images its messages show (each its pads, mask 0)."""
     from ascent.envs.chat import ChatTokens  # tokenizer-only module: the episode's own encoding
 
     messages = row["messages"]
     where = f"{source}: row {row_id + 1}: field 'messages'"
     if not isinstance(messages, list) or not all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        isinstance(m, dict) and isinstance(m.get("role"), str) and content_problem(m.get("content")) is None
         for m in messages
     ):
-        raise DataError(f"{where} must be a list of {{role, content}} messages with string values.")
+        raise DataError(
+            f"{where} must be a list of {{role, content}} messages with string roles and string (or "
+            "content-part list) contents."
+        )
     if tokenizer.eos_token_id is None or not getattr(tokenizer, "chat_template", None):
         raise DataError(f"{where}: conversations need a tokenizer with an EOS token and a chat template.")
+    images: tuple[ImageInput, ...] = ()
     try:
-        return ChatTokens(tokenizer).conversation_ids(messages, row.get("tools"))
-    except ValueError as e:
+        if codec is not None:
+            messages, images = decode_images(messages, row.get(IMAGES_COLUMN), codec, row_id + 1)
+        else:  # text parts joined into one string, as a text model's template reads them
+            messages = template_messages(messages)[0]
+        prompt, response, mask = ChatTokens(tokenizer).conversation_ids(messages, row.get("tools"))
+    except ValueError as e:  # ContentError is one: a malformed part or an images column that does not match
         raise DataError(f"{where}: {e}.") from e
+    if codec is not None:
+        prompt, response, mask = expand_turns(prompt, response, mask, images, codec, row_id + 1)
+    return prompt, response, mask, images
 
 
 def _sft_problem(

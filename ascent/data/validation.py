@@ -1,6 +1,7 @@
 """Check dataset rows before anything is rendered, and report every problem at once.
 
-A row is a dict with a `prompt` (a non-empty string, or a non-empty list of `{role, content}` messages), an
+A row is a dict with a `prompt` (a non-empty string, or a non-empty list of `{role, content}` messages whose
+content is a string or a list of text and image parts, `ascent.models.content`), an
 optional `reward_fn` and `data_source` (strings), optional `prompt_ids` (pre-tokenized prompt: a list of
 ints) and any other metadata the reward reads (e.g. `answer`). Problems are collected over the whole file
 and raised as one `DataError` naming the source, the row (1-based) and the field, so a user fixes a file in
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ascent.errors import AscentError
+from ascent.models.content import ContentError, content_problem, has_images, template_messages
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 MAX_REPORTED_PROBLEMS = 10
@@ -88,6 +90,12 @@ def _check_prompt(row: dict[str, Any], row_no: int, problems: list[str]) -> str 
         if not prompt.strip():
             problems.append(f"row {row_no}: field 'prompt' is empty; every row needs a non-empty prompt.")
             return None
+        if row.get("images"):
+            problems.append(
+                f"row {row_no}: field 'images' is set but 'prompt' is a string; write the prompt as messages "
+                "whose content shows each image with a {'type': 'image'} part."
+            )
+            return None
         return "string"
     if isinstance(prompt, list):
         if not prompt:
@@ -98,6 +106,11 @@ def _check_prompt(row: dict[str, Any], row_no: int, problems: list[str]) -> str 
         found = len(problems)
         for msg_index, message in enumerate(prompt):
             _check_message(message, row_no, msg_index, problems)
+        if len(problems) == found and (has_images(prompt) or row.get("images") is not None):
+            try:
+                template_messages(prompt, row.get("images"))
+            except ContentError as err:
+                problems.append(f"row {row_no}: field 'prompt' {err}.")
         return "messages" if len(problems) == found else None
     problems.append(
         f"row {row_no}: field 'prompt' has type {type(prompt).__name__}; "
@@ -116,9 +129,9 @@ def _check_message(message: Any, row_no: int, msg_index: int, problems: list[str
     role = message.get("role")
     if role not in MESSAGE_ROLES:
         problems.append(f"{where} has role {role!r}; use one of {', '.join(MESSAGE_ROLES)}.")
-    if not isinstance(message.get("content"), str):
-        kind = "missing" if "content" not in message else f"of type {type(message['content']).__name__}"
-        problems.append(f"{where}: 'content' is {kind}; each message needs a string content.")
+    problem = content_problem(message.get("content"))
+    if problem is not None:
+        problems.append(f"{where}: {problem}.")
 
 
 def _check_optional_strings(row: dict[str, Any], row_no: int, problems: list[str]) -> None:

@@ -13,6 +13,7 @@ from ascent.data import load_rows
 from ascent.doctor.memory import ModelShape
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
 from ascent.envs import ENVIRONMENTS, make_env
+from ascent.models.families import CAUSAL_LM, FAMILIES, model_type_of, resolve_class
 from ascent.plugins import PluginError, load_plugin
 
 
@@ -25,14 +26,14 @@ def load_hf_config(cfg: RunConfig) -> Any:
 
 
 def count_params(hf_config: Any) -> int:
-    """Parameters of the model the config describes, built on the meta device (no memory, no weights);
-    a tied embedding counts once."""
-    # deferred: torch and transformers; doctor imports without them
-    import torch
-    from transformers import AutoModelForCausalLM
+    """Parameters of the model the config describes (with its family's model class: a vision-language
+    model's vision tower counts), built on the meta device (no memory, no weights); a tied embedding counts
+    once."""
+    import torch  # deferred: torch; doctor imports without it
 
+    family = FAMILIES.get(model_type_of(hf_config), CAUSAL_LM)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config)
+        model = resolve_class(family.trainer_class).from_config(hf_config)
     return sum(p.numel() for p in model.parameters())
 
 

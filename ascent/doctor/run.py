@@ -1,6 +1,6 @@
 """Run every doctor check of a config, in the order a user fixes things: machine, cluster, trackers, data,
-model, disk, memory (per GPU, or this machine's RAM for a run on the CPU). `run_checks` returns the results
-and the memory estimate (for the table and `--json`).
+model (and the images it is shown), disk, memory (per GPU, or this machine's RAM for a run on the CPU).
+`run_checks` returns the results and the memory estimate (for the table and `--json`).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ascent.config.schema import RunConfig
-from ascent.doctor import cluster, data, model, plan, system, tracking
+from ascent.doctor import cluster, data, images, model, plan, system, tracking
 from ascent.doctor.memory import GIB, Estimate, MemoryInputs, ModelShape
 from ascent.doctor.report import CheckResult, skipped
 
@@ -84,6 +84,7 @@ def run_checks(
     report.results += data.check_data(cfg)
     model_result, shape = model.check_model(cfg)
     report.results += [model_result, model.check_tokenizer(cfg), model.check_engine_architecture(cfg)]
+    report.results.append(images.check_images(cfg))
     renderers, env_error = model.rendering_envs(cfg)
     report.results += [env_error] if env_error else []
     report.results.append(system.check_rendering(renderers))

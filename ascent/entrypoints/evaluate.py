@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ascent.cluster.isolated import default_workers
-from ascent.data import load_rows, render_prompts, validate_rows
+from ascent.data import image_codec, load_rows, render_prompts, validate_rows
 from ascent.entrypoints.debug_env import record
 from ascent.envs import ChatTokens, Task, run_episodes
 from ascent.envs.hosts import EnvHosts
@@ -66,7 +66,9 @@ def run_eval(
     rows = load_rows(data)
     validate_rows(rows, data, tokenizer_vocab_size=len(tok))
     rows = rows[:max_prompts] if max_prompts else rows
-    items, _ = render_prompts(rows, tok, max_prompt_tokens=max_prompt_tokens, overlong="truncate")
+    items, _ = render_prompts(
+        rows, tok, max_prompt_tokens=max_prompt_tokens, overlong="truncate", codec=image_codec(model)
+    )
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     runner = RewardRunner(  # resolved before any generation: a bad --reward fails in a second
         reward,
@@ -85,7 +87,7 @@ def run_eval(
         generation_batch_size=batch_size,
     )
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples)
-    requests = make_requests([i.prompt_ids for i in items], params, seed)
+    requests = make_requests([i.prompt_ids for i in items], params, seed, [i.images for i in items])
     gens = generate_with_progress(rollout, requests, batch_size) if progress else rollout.generate(requests)
     trajs = flatten(to_groups(items, gens, decode=decode, policy_version=0))
     try:

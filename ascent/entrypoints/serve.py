@@ -241,7 +241,8 @@ class ServeSettings:
 def build_server(s: ServeSettings) -> Any:
     """Load the tokenizer, the model's limits and the engine; an OpenAIServer around them."""
     # deferred: torch; `ascent.cli` imports this module
-    from ascent.models.loading import load_tokenizer, resolve_device
+    from ascent.data import image_codec  # deferred: ascent.data imports torch
+    from ascent.models.loading import load_tokenizer, resolve_device  # deferred: torch
     from ascent.rollout import build_engine  # deferred: torch
     from ascent.rollout.server import Limits, OpenAIServer, ServerOptions  # deferred: torch, fastapi
 
@@ -275,7 +276,8 @@ def build_server(s: ServeSettings) -> Any:
         api_processes=api_processes,
         tool_parser=s.tool_parser,
     )
-    return OpenAIServer(build_engine(name, **kwargs), tokenizer, options)
+    codec = image_codec(s.model)  # a vision-language model's: the endpoint takes image content parts
+    return OpenAIServer(build_engine(name, **kwargs), tokenizer, options, codec=codec)
 
 
 def attach_record(server: Any, s: ServeSettings) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 from ascent.cluster import make_worker_group
 from ascent.cluster.base import WorkerGroup
 from ascent.config.schema import SFTConfig
-from ascent.data import PromptSampler, load_rows, render_sft_examples
+from ascent.data import PromptSampler, image_codec, load_rows, render_sft_examples
 from ascent.messages import TrainSample
 from ascent.models.loading import load_tokenizer
 from ascent.orchestrator import batch as B
@@ -45,6 +45,7 @@ def sft_samples(examples: list[Any]) -> list[TrainSample]:
             response_ids=e.response_ids,
             loss_mask=e.loss_mask or [1] * len(e.response_ids),
             advantages=[1.0] * len(e.response_ids),
+            images=e.images,
         )
         for e in examples
     ]
@@ -60,6 +61,7 @@ def _load(cfg: SFTConfig, path: str | None, tok: Any) -> list[TrainSample]:
         response_key=cfg.response_key,
         max_prompt_tokens=cfg.data.max_prompt_tokens,
         chat_template=cfg.data.chat_template,
+        codec=image_codec(cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels),
     )
     return sft_samples(examples)
 

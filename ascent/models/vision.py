@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 from ascent.errors import AscentError
 from ascent.messages import ImageInput
@@ -44,9 +45,9 @@ class ImageCodec:
     image_token_id: int
     merge_size: int
 
-    def encode(self, image: Any, source: str = "") -> ImageInput:
+    def encode(self, image: Image.Image | np.ndarray, source: str = "") -> ImageInput:
         """One PIL image or RGB uint8 array [H, W, 3] -> its `ImageInput`."""
-        pixels = np.asarray(image.convert("RGB") if hasattr(image, "convert") else image, dtype=np.uint8)
+        pixels = np.asarray(image.convert("RGB") if isinstance(image, Image.Image) else image, dtype=np.uint8)
         if pixels.ndim != 3 or pixels.shape[2] != 3:
             raise ImageCodecError(f"{source or 'image'}: expected RGB pixels [H, W, 3], got {pixels.shape}")
         out = self.processor(images=[pixels], return_tensors="pt")

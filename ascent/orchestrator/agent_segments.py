@@ -99,6 +99,7 @@ def segment_episode(seg: Segment, row_id: int, max_turns: int, max_tokens: int, 
         token_versions=versions,
         response_text=decode(ids),
         metadata={"turns": turns, "final_text": seg.records[turns - 1].response_text},
+        images=seg.records[max(turns, 1) - 1].images,  # the last call's prompt shows them all, in order
     )
 
 

@@ -36,9 +36,11 @@ from typing import Any
 from ascent.cluster.base import WorkerGroup
 from ascent.cluster.isolated import InlineRunner, IsolatedRunner, default_workers
 from ascent.config.schema import RunConfig
+from ascent.data import image_codec
 from ascent.envs.openai_agents import AgentJob, AgentResult, AgentSpec, play
 from ascent.errors import AscentError
 from ascent.messages import Episode, Generation, GenerationRequest, Group, SamplingParams
+from ascent.models.vision import ImageCodec
 from ascent.orchestrator import batch as B
 from ascent.orchestrator.agent_segments import Segment, count_tool_calls, segment_episode, segments
 from ascent.orchestrator.episodes import EnvFailureError
@@ -70,6 +72,9 @@ class AgentSetup:
     max_episode_tokens: int
     max_new_tokens: int
     max_turns: int
+    codec: ImageCodec | None = (
+        None  # a vision-language model's: the endpoint takes image parts (None: refused)
+    )
 
     @classmethod
     def of(cls, cfg: RunConfig) -> AgentSetup:
@@ -87,6 +92,7 @@ class AgentSetup:
             r.max_episode_tokens,
             r.max_new_tokens,
             r.max_turns,
+            image_codec(cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels),
         )
 
 
@@ -143,7 +149,7 @@ class AgentService:
         options = ServerOptions(MODEL_NAME, limits, key, max_batch_requests=1024, any_model=True)
         from ascent.rollout.server import OpenAIServer  # deferred: FastAPI and uvicorn, for agent runs only
 
-        self.server = OpenAIServer(self.engine, tokenizer, options)
+        self.server = OpenAIServer(self.engine, tokenizer, options, codec=setup.codec)
         url = self.server.start("127.0.0.1", 0)
         self.spec = AgentSpec(setup.agent, url, key, MODEL_NAME, setup.timeout_s)
         self.workers = default_workers(setup.workers)

@@ -23,6 +23,7 @@ from ascent.messages import (
     Generation,
     GenerationRequest,
     Group,
+    ImageInput,
     SamplingParams,
     TrainSample,
     flatten,
@@ -47,11 +48,20 @@ def sampling_params(rollout_cfg: RolloutConfig, *, validation: bool = False) -> 
 
 
 def make_requests(
-    prompt_ids: Sequence[list[int]], params: SamplingParams, seed: int
+    prompt_ids: Sequence[list[int]],
+    params: SamplingParams,
+    seed: int,
+    images: Sequence[tuple[ImageInput, ...]] | None = None,
 ) -> list[GenerationRequest]:
-    """One request per prompt; request i samples with seed `seed + i` so a resumed run draws the same."""
+    """One request per prompt (with its images, when given); request i samples with seed `seed + i` so a
+    resumed run draws the same."""
     return [
-        GenerationRequest(prompt_ids=list(ids), params=_with_seed(params, seed + i), request_id=i)
+        GenerationRequest(
+            prompt_ids=list(ids),
+            params=_with_seed(params, seed + i),
+            request_id=i,
+            images=tuple(images[i]) if images is not None else (),
+        )
         for i, ids in enumerate(prompt_ids)
     ]
 
@@ -89,7 +99,13 @@ def _episode(item: Any, gen: Generation, decode: Callable[[list[int]], str], pol
         token_versions=list(gen.token_versions),
         response_text=decode(gen.token_ids),
         metadata=item.metadata,
+        images=item_images(item),
     )
+
+
+def item_images(item: Any) -> tuple[ImageInput, ...]:
+    """The images a data item's prompt shows (`PromptItem.images`; an item without the field shows none)."""
+    return tuple(getattr(item, "images", ()))
 
 
 def group_ids(groups: Sequence[Group]) -> torch.Tensor:
@@ -161,6 +177,7 @@ def train_samples(episodes: Sequence[Episode]) -> list[TrainSample]:
             loss_mask=e.loss_mask,
             advantages=[0.0] * len(e.response_ids),
             sampler_logprobs=e.sampler_logprobs,
+            images=e.images,
         )
         for e in episodes
     ]

@@ -54,7 +54,7 @@ from ascent.config.rollout import RolloutConfig
 from ascent.config.schema import RunConfig
 from ascent.data.sampler import PromptSampler
 from ascent.errors import AscentError
-from ascent.messages import Episode, Group, SamplingParams, flatten
+from ascent.messages import Episode, Group, ImageInput, SamplingParams, flatten
 from ascent.orchestrator import batch as B
 from ascent.orchestrator import experience
 from ascent.orchestrator.experience import ExperienceLog
@@ -274,11 +274,12 @@ class _Item:
     prompt_ids: list[int]
     row_id: int
     metadata: dict[str, Any]
+    images: tuple[ImageInput, ...] = ()
 
 
 def item_of(t: Episode) -> _Item:
     """The prompt `t` answered, as a data item to sample again (regenerate, ReMax's greedy baseline)."""
-    return _Item(list(t.prompt_ids), t.row_id, t.metadata)
+    return _Item(list(t.prompt_ids), t.row_id, t.metadata, t.images)
 
 
 def staleness_metrics(episodes: list[Episode], trainer_version: int) -> dict[str, float]:

@@ -44,7 +44,7 @@ def submit(
     rollout: WorkerGroup[RolloutWorker], items: list[Any], params: SamplingParams, *, seed: int
 ) -> Submitted:
     """Start sampling `params.n` responses per prompt on the rollout replicas (contiguous shards)."""
-    requests = B.make_requests([i.prompt_ids for i in items], params, seed)
+    requests = B.make_requests([i.prompt_ids for i in items], params, seed, [B.item_images(i) for i in items])
     shards = B.shard(requests, rollout.num_workers)
     return Submitted(items, rollout.call_split_async(RolloutWorker.generate, shards))
 

@@ -16,13 +16,14 @@ from ascent.cluster.base import W
 from ascent.cluster.errors import ClusterConfigError
 from ascent.cluster.isolated import IsolatedRunner, default_workers
 from ascent.config.schema import RunConfig
-from ascent.data import load_rows, render_prompts, validate_rows
+from ascent.data import image_codec, load_rows, render_prompts, validate_rows
 from ascent.data.prompts import PromptItem, RenderReport
 from ascent.errors import AscentError
 from ascent.rewards import RewardRunner
 
 if TYPE_CHECKING:
     from ascent.cluster.base import WorkerGroup
+    from ascent.models.vision import ImageCodec
     from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
     from ascent.trainer.settings import CriticSpec, TrainerSpec
     from ascent.transport.publish import Publisher
@@ -35,6 +36,7 @@ class Datasets:
     train: list[Any]  # PromptItem
     val: list[Any]
     tokenizer: Any
+    codec: ImageCodec | None = None  # a vision-language model's (`ascent.models.vision`); None: text only
 
 
 def build_datasets(cfg: RunConfig) -> Datasets:
@@ -44,6 +46,7 @@ def build_datasets(cfg: RunConfig) -> Datasets:
 
     field = "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path"
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code, field)
+    codec = image_codec(cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels)
     d = cfg.data
     sets: dict[str, list[Any]] = {}
     for name, path in (("train", d.train_path), ("val", d.val_path)):
@@ -71,6 +74,7 @@ def build_datasets(cfg: RunConfig) -> Datasets:
                 truncation_side=d.truncation_side,
                 chat_template=d.chat_template,
                 source=source,
+                codec=codec,
             )
         log.info("data.%s_path=%s: %d prompts (%s)", name, path, len(items), report)
         sets[name] = items
@@ -79,7 +83,7 @@ def build_datasets(cfg: RunConfig) -> Datasets:
             f"data.train_path={d.train_path!r}: no usable training prompts; check the file and "
             "data.max_prompt_tokens / data.overlong_prompts."
         )
-    return Datasets(train=sets["train"], val=sets["val"], tokenizer=tok)
+    return Datasets(train=sets["train"], val=sets["val"], tokenizer=tok, codec=codec)
 
 
 def agent_items(rows: list[dict[str, Any]]) -> list[Any]:

@@ -16,3 +16,12 @@ def ray_cluster():
     yield
     if started_here:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def vl_processor_dir(tmp_path_factory):
+    """A vision-language checkpoint's tokenizer, image processor and config.json, without weights
+    (`tests/unit/vl_files.py`)."""
+    from tests.unit.vl_files import make_vl_processor_dir
+
+    return make_vl_processor_dir(tmp_path_factory.mktemp("vl_processor"))

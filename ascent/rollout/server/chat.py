@@ -1,7 +1,8 @@
 """Chat messages in, tool calls out: the OpenAI chat format <-> the model's chat template
 (`ascent.rollout.server`).
 
-Requests' messages become the dicts Hugging Face chat templates read (text parts joined, assistant
+Requests' messages become the dicts Hugging Face chat templates read (text parts joined; a content list with
+image parts kept as parts, which `prepare.chat_images` turns into the template's image placeholders; assistant
 `tool_calls` with their JSON arguments as objects, as Qwen's template expects; tool results as `tool`
 messages) and are rendered with `tools=` by `ascent.envs.chat.ChatTokens`, the same encoding episodes use.
 A reply's tool calls, in its model family's format (`tool_parsers.py`: Hermes/Qwen `<tool_call>` blocks,
@@ -17,17 +18,24 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from ascent.rollout.server.schemas import ChatMessage, TextPart, Tool, ToolCallIn
+from ascent.rollout.server.schemas import ChatMessage, ContentPart, TextPart, Tool, ToolCallIn
 from ascent.rollout.server.tool_parsers import Parser
 
 
-def message_text(content: str | Sequence[TextPart] | None) -> str:
-    """A message's content as one string (text parts joined)."""
+def message_text(content: str | Sequence[ContentPart] | None) -> str:
+    """A message's content as one string (text parts joined, image parts left out)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(part.text for part in content)
+    return "".join(part.text for part in content if isinstance(part, TextPart))
+
+
+def template_content(content: str | Sequence[ContentPart] | None) -> str | list[dict[str, Any]]:
+    """A message's content for the template: one string, or its parts as dicts when it shows an image."""
+    if content is None or isinstance(content, str) or all(isinstance(p, TextPart) for p in content):
+        return message_text(content)
+    return [p.model_dump(exclude_none=True) for p in content]
 
 
 def _template_call(call: ToolCallIn) -> dict[str, Any]:
@@ -45,7 +53,7 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """Request messages -> the dicts a chat template renders."""
     out = []
     for m in messages:
-        d: dict[str, Any] = {"role": m.role, "content": message_text(m.content)}
+        d: dict[str, Any] = {"role": m.role, "content": template_content(m.content)}
         if m.name is not None:
             d["name"] = m.name
         if m.tool_calls:

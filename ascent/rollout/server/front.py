@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ascent.envs.chat import ChatTokens
 from ascent.messages import GenerationRequest
+from ascent.models.vision import ImageCodec
 from ascent.rollout.server.batcher import BatchResult, TokenCallback
 from ascent.rollout.server.errors import APIError
 from ascent.rollout.server.recorder import Endpoint
@@ -32,10 +33,11 @@ if TYPE_CHECKING:
 
 
 class Front(ABC):
-    """See the module docstring. `tokenizer` is a Hugging Face tokenizer; `options` the server's."""
+    """See the module docstring. `tokenizer` is a Hugging Face tokenizer; `options` the server's; `codec` a
+    vision-language model's `ImageCodec` (`ascent.models.vision`; None: a text model, images refused)."""
 
-    def __init__(self, tokenizer: Any, options: ServerOptions) -> None:
-        self.tokenizer, self.options = tokenizer, options
+    def __init__(self, tokenizer: Any, options: ServerOptions, codec: ImageCodec | None = None) -> None:
+        self.tokenizer, self.options, self.codec = tokenizer, options, codec
         self.chat = ChatTokens(tokenizer)
         self.tool_parser_name, self.tool_parser = tool_parser(options.tool_parser, tokenizer)
         self._specials = frozenset(getattr(tokenizer, "all_special_ids", ()) or ()) | {tokenizer.eos_token_id}

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ascent.messages import GenerationRequest
+from ascent.models.vision import ImageCodec
 from ascent.rollout.server.app import build_app
 from ascent.rollout.server.batcher import BatchResult, TokenCallback
 from ascent.rollout.server.errors import APIError
@@ -41,7 +42,8 @@ RPC_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class FrontendSpec:
-    """What a front-end process needs: where the engine listens, the server's options and tokenizer."""
+    """What a front-end process needs: where the engine listens, the server's options, tokenizer and image
+    codec (None: a text model)."""
 
     hub_path: str
     options: ServerOptions
@@ -49,6 +51,7 @@ class FrontendSpec:
     host: str
     port: int
     log_level: str
+    codec: ImageCodec | None = None
 
 
 @dataclass
@@ -65,7 +68,7 @@ class RemoteFront(Front):
     """`Front` over the channel to the engine process (see the module docstring)."""
 
     def __init__(self, spec: FrontendSpec) -> None:
-        super().__init__(spec.tokenizer, spec.options)
+        super().__init__(spec.tokenizer, spec.options, spec.codec)
         self.hub_path = spec.hub_path
         self.channel: Channel | None = None
         self.server: Any = None  # the uvicorn.Server, told to exit when the engine goes away

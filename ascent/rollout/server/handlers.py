@@ -17,16 +17,18 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from ascent.messages import Generation, GenerationRequest
+from ascent.messages import Generation, GenerationRequest, ImageInput
 from ascent.rollout.server.batcher import BatchResult
 from ascent.rollout.server.chat import cut_at_stop, split_tool_calls
 from ascent.rollout.server.errors import APIError
 from ascent.rollout.server.front import Front, result_of
 from ascent.rollout.server.grammar import request_grammar
 from ascent.rollout.server.prepare import (
+    chat_images,
     chat_inputs,
     chat_prompt,
     completion_prompts,
+    expand_images,
     sampling_params,
     token_budget,
     with_grammar,
@@ -116,17 +118,22 @@ def _chat_replies(server: Front, body: ChatCompletionRequest, result: BatchResul
 
 @dataclass(frozen=True)
 class _Chat:
-    """A chat call's session, its messages and tools as the template reads them, and its prompt ids."""
+    """A chat call's session, its messages and tools as the template reads them, its prompt ids and the
+    images they show."""
 
     session: str
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     prompt_ids: list[int]
+    images: tuple[ImageInput, ...] = ()
 
 
 async def _remember(server: Front, call: _Chat, result: BatchResult, replies: list[_Reply]) -> None:
     """Keep each reply that ended on the end-of-turn token, so the call that echoes it continues its ids
-    (`threads.py`); a reply cut by length or by a stop string is not a finished turn."""
+    (`threads.py`); a reply cut by length or by a stop string is not a finished turn. A conversation with
+    images is rendered afresh every call (the digests compare text only)."""
+    if call.images:
+        return
     eos = server.tokenizer.eos_token_id
     for gen, r in zip(result.generations, replies, strict=True):
         if gen.finish_reason != "stop" or r.cut or not gen.token_ids or gen.token_ids[-1] != eos:
@@ -154,12 +161,13 @@ async def chat_completions(server: Front, body: ChatCompletionRequest, session: 
     limits = server.options.limits
     grammar = request_grammar(body.model_extra or {}, server.options.constrained_decoding)
     messages, tools = chat_inputs(body)
-    prompt_ids = await server.remembered_ids(session, messages, tools)
+    messages, images = chat_images(messages, server.codec)
+    prompt_ids = None if images else await server.remembered_ids(session, messages, tools)
     if prompt_ids is None:
-        prompt_ids = chat_prompt(server.chat, messages, tools)
-    call = _Chat(session, messages, tools, prompt_ids)
+        prompt_ids = expand_images(chat_prompt(server.chat, messages, tools), images, server.codec)
+    call = _Chat(session, messages, tools, prompt_ids, images)
     budget = token_budget(len(prompt_ids), body.token_budget(), limits, "messages")
-    request = GenerationRequest(prompt_ids, sampling_params(body, budget, limits))
+    request = GenerationRequest(prompt_ids, sampling_params(body, budget, limits), images=images)
     request = with_grammar(request, grammar)
     meta = Meta(new_id("chatcmpl"), server.options.model_name)
     if body.stream:

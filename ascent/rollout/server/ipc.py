@@ -2,8 +2,8 @@
 
 One unix-socket stream per front-end process (asyncio streams on both ends), carrying frames: a 4-byte
 length, then a msgpack array of messages, each an array `[kind, request id, ...]`. Only token ids,
-sampling params, logprobs, finish reasons and conversation digests cross it; all text work stays in the
-front ends. `Channel.post` may be called from any thread (the engine's batcher thread posts tokens and
+sampling params, a request's encoded images (float32 patches as bytes), logprobs, finish reasons and
+conversation digests cross it; all text and image decoding work stays in the front ends. `Channel.post` may be called from any thread (the engine's batcher thread posts tokens and
 results): messages queue up and are written together once per event-loop turn, so a busy engine costs one
 write per turn, not one per token. The codecs below turn the messages' dataclasses into plain arrays and back.
 
@@ -24,8 +24,9 @@ from dataclasses import asdict
 from typing import Any
 
 import msgpack
+import numpy as np
 
-from ascent.messages import Generation, GenerationRequest, SamplingParams
+from ascent.messages import Generation, GenerationRequest, ImageInput, SamplingParams
 from ascent.rollout.server.errors import APIError
 
 _HEADER = struct.Struct("!I")
@@ -94,14 +95,32 @@ def _plain(value: Any) -> Any:
 
 
 def request_to_wire(request: GenerationRequest) -> list[Any]:
-    return [request.prompt_ids, asdict(request.params)]
+    return [request.prompt_ids, asdict(request.params), [image_to_wire(im) for im in request.images]]
 
 
 def request_from_wire(wire: list[Any]) -> GenerationRequest:
-    ids, params = wire
+    ids, params, images = wire
     params["stop_token_ids"] = tuple(params["stop_token_ids"])
     params["stop_strings"] = tuple(params["stop_strings"])
-    return GenerationRequest(ids, SamplingParams(**params))
+    return GenerationRequest(ids, SamplingParams(**params), images=tuple(image_from_wire(w) for w in images))
+
+
+def image_to_wire(image: ImageInput) -> list[Any]:
+    pixels = np.ascontiguousarray(np.asarray(image.pixel_values, dtype=np.float32))
+    return [
+        pixels.tobytes(),
+        list(pixels.shape),
+        list(image.grid_thw),
+        image.num_tokens,
+        image.digest,
+        image.source,
+    ]
+
+
+def image_from_wire(wire: list[Any]) -> ImageInput:
+    data, shape, grid, num_tokens, digest, source = wire
+    pixels = np.frombuffer(data, dtype=np.float32).reshape(shape).copy()
+    return ImageInput(pixels, (grid[0], grid[1], grid[2]), num_tokens, digest, source)
 
 
 def generation_to_wire(gen: Generation) -> list[Any]:

@@ -5,6 +5,10 @@ tokenizer does by default, or token ids taken as given) and checked against the 
 plus `max_tokens` over the model's `max_model_len` is a 400 naming the limit, as OpenAI answers
 (`context_length_exceeded`). Without `max_tokens` a request gets the server's default, cut to what the
 context leaves. Sampling fields the request leaves out take the server's defaults.
+
+Image content parts (`ascent.models.content`, the parser dataset rows use: data URLs or absolute paths;
+http(s) URLs refused) are decoded and encoded by a vision-language model's `ImageCodec`; the prompt's image
+placeholders become each image's tokens, and its prompt tokens count them. A text model answers a 400.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ascent.messages import GenerationRequest, SamplingParams
+from ascent.messages import GenerationRequest, ImageInput, SamplingParams
+from ascent.models import content
+from ascent.models.vision import ImageCodec
 from ascent.rollout.server.chat import template_messages, template_tools
 from ascent.rollout.server.errors import APIError, bad_request
 from ascent.rollout.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingBody
@@ -75,6 +81,44 @@ def chat_inputs(body: ChatCompletionRequest) -> tuple[list[dict[str, Any]], list
     """The request's messages and tools as the chat template reads them (tools None with tool_choice none)."""
     tools = template_tools(body.tools) if body.tool_choice != "none" else None
     return template_messages(body.messages), tools
+
+
+def chat_images(
+    messages: list[dict[str, Any]], codec: ImageCodec | None
+) -> tuple[list[dict[str, Any]], tuple[ImageInput, ...]]:
+    """Template messages that show images -> (the messages with the template's image placeholders, the
+    images encoded by `codec`, in order); messages without images come back as they are. A 400 for images
+    sent to a text model (`codec` None) and for an image that is refused or cannot be read."""
+    if not content.has_images(messages):
+        return messages, ()
+    if codec is None:
+        raise bad_request(
+            "messages: this model reads no images (a text-only model); send text only, or serve a "
+            "vision-language model (Qwen2.5-VL, Qwen3-VL).",
+            "messages",
+        )
+    try:
+        template, refs = content.template_messages(messages)
+        return template, tuple(codec.encode(content.open_image(r), r.source) for r in refs)
+    except (content.ContentError, content.ImageLoadError) as err:
+        raise bad_request(f"messages: {err}.", "messages") from err
+    except ValueError as err:  # the codec's ImageCodecError: pixels it cannot take
+        raise bad_request(f"messages: an image cannot be encoded: {err}.", "messages") from err
+
+
+def expand_images(
+    prompt_ids: list[int], images: tuple[ImageInput, ...], codec: ImageCodec | None
+) -> list[int]:
+    """The prompt with each image's placeholder repeated to its token count (a 400 if the text itself
+    writes the image token, so placeholders and images do not pair up)."""
+    if not images or codec is None:  # no images (chat_images refused them for a text model)
+        return prompt_ids
+    try:
+        return list(codec.expand(prompt_ids, images))
+    except ValueError as err:
+        raise bad_request(
+            f"messages: {err}; the text must not hold the image token itself.", "messages"
+        ) from err
 
 
 def chat_prompt(chat: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:

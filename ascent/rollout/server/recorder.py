@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from ascent.messages import FinishReason
+from ascent.messages import FinishReason, ImageInput
 
 Endpoint = Literal["chat", "completions"]
 logger = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class CompletionRecord:
     response_text: str = ""
     created: float = field(default_factory=time.time)  # when it completed
     started: float = field(default_factory=time.time)  # when the server received the call
+    images: tuple[ImageInput, ...] = ()  # the images the prompt showed (one per image-pad run, in order)
 
 
 class Recorder:

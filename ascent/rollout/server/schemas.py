@@ -13,7 +13,7 @@ send back the assistant message it received (with its `refusal`, `annotations`, 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -41,9 +41,31 @@ class TextPart(_Body):
     text: str
 
 
+class ImageUrl(_Body):
+    url: str  # a data URL (data:image/png;base64,...) or an absolute path; http(s) URLs are refused
+    detail: Literal["auto"] | None = None  # the server's pixel budget decides an image's tokens
+
+
+class ImageUrlPart(_Body):
+    """OpenAI's image part; read by `ascent.models.content` (for a vision-language model only)."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+class ImagePart(_Body):
+    """Hugging Face's image part: `image` is a data URL or an absolute path."""
+
+    type: Literal["image"]
+    image: str
+
+
+ContentPart = Annotated[TextPart | ImageUrlPart | ImagePart, Field(discriminator="type")]
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None

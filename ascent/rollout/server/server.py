@@ -29,6 +29,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ascent.messages import GenerationRequest
+from ascent.models.vision import ImageCodec
 from ascent.rollout.base import RolloutEngine
 from ascent.rollout.reference import ReferenceEngine
 from ascent.rollout.server.app import build_app
@@ -56,6 +57,7 @@ class OpenAIServer(Front):
         *,
         recorder: Recorder | None = None,
         policy_version: int = 0,
+        codec: ImageCodec | None = None,
     ) -> None:
         if options.api_processes < 1:
             raise ValueError(f"api_processes={options.api_processes}: set it to 1 or more.")
@@ -63,7 +65,7 @@ class OpenAIServer(Front):
             if engine.constraints is None:
                 engine.constraints = LLGuidanceConstraints(tokenizer)
             options = dataclasses.replace(options, constrained_decoding=True)
-        super().__init__(tokenizer, options)
+        super().__init__(tokenizer, options, codec)
         seeded_alone = isinstance(
             engine, ReferenceEngine
         )  # its seeded requests repeat whatever else is queued
@@ -157,7 +159,7 @@ class OpenAIServer(Front):
         self._hub = EngineHub(self)
         self._hub.start()
         port = int(sock.getsockname()[1])
-        spec = FrontendSpec(self._hub.path, self.options, self.tokenizer, host, port, log_level)
+        spec = FrontendSpec(self._hub.path, self.options, self.tokenizer, host, port, log_level, self.codec)
         self.frontends = FrontendPool(self._hub, sock, spec, self.options.api_processes)
         self.frontends.start()
 
@@ -277,5 +279,6 @@ class OpenAIServer(Front):
                     policy_version=result.policy_version,
                     token_versions=list(gen.token_versions),
                     started=started,
+                    images=request.images,
                 )
             )

@@ -12,7 +12,16 @@ import pytest
 import torch
 
 from ascent.config import RunConfig
-from ascent.messages import Episode, Generation, Group, TrainSample, flatten, regroup
+from ascent.messages import (
+    Episode,
+    Generation,
+    Group,
+    ImageInput,
+    SamplingParams,
+    TrainSample,
+    flatten,
+    regroup,
+)
 from ascent.orchestrator import batch as B
 from ascent.orchestrator import collector as C
 from ascent.orchestrator import shaping
@@ -210,3 +219,14 @@ def test_the_estimator_gets_its_choices_settings(monkeypatch, algorithm, name, o
     values = torch.zeros(2, 3) if name == "gae" else None
     B.compute_advantages(groups, cfg.algorithm, values=values)
     assert seen == opts
+
+
+def test_a_prompts_images_reach_its_requests_episodes_and_train_samples() -> None:
+    image = ImageInput(pixel_values=None, grid_thw=(1, 4, 4), num_tokens=4, digest="d", source="a.png")
+    items = [SimpleNamespace(prompt_ids=[1, 6, 6, 6, 6], row_id=0, metadata={}, images=(image,))]
+    (request,) = B.make_requests([i.prompt_ids for i in items], SamplingParams(n=2), 0, [(image,)])
+    assert request.images == (image,)
+    groups = B.to_groups(items, [[Generation([4], [-0.1], "stop")] * 2], decode=str)
+    assert [e.images for e in groups[0].episodes] == [(image,), (image,)]
+    assert [s.images for s in B.train_samples(flatten(groups))] == [(image,), (image,)]
+    assert C.item_of(groups[0].episodes[0]).images == (image,)  # regenerated prompts keep their images

@@ -1,0 +1,260 @@
+"""Message content with images, written the way the OpenAI API and Hugging Face processors write it: one
+parser for dataset rows (`ascent.data`) and the OpenAI endpoint (`ascent.rollout.server`).
+
+A message's `content` is a string or a list of parts:
+
+- `{"type": "text", "text": "..."}`;
+- `{"type": "image", "image": X}` (Hugging Face processors) where X is a path, a data URL
+  (`data:image/png;base64,...`), raw bytes, or `{"bytes": ..., "path": ...}` (what HF datasets' Image
+  feature stores); `{"type": "image"}` with no `image` takes the row's next entry of its `images` column;
+- `{"type": "image_url", "image_url": {"url": U}}` (OpenAI), U a data URL or a path (`file://` allowed).
+
+Paths are absolute, or relative to the dataset file's folder (`resolve_paths`, applied when rows are loaded).
+http(s) URLs are refused: ascent never downloads (download the image and reference it by path).
+
+The `images` column (TRL's and HF datasets' convention): a list whose entries are bytes, `{"bytes": b,
+"path": p}` dicts (bytes when present, else the path) or path strings; the k-th `{"type": "image"}` part
+without its own `image` shows entry k, and a row has exactly as many such parts as entries.
+
+`template_messages` turns messages into what a chat template reads (each image part becomes
+`{"type": "image"}`, text-only part lists become one string) plus an `ImageRef` per image, in order;
+`open_image(ref)` decodes one with PIL, raising `ImageLoadError` (naming the image) when it is missing,
+unreadable or not an image. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from ascent.errors import AscentError
+
+PART_TYPES = ("text", "image", "image_url")
+IMAGES_COLUMN = "images"
+MESSAGE_COLUMNS = ("prompt", "messages")  # row columns that may hold messages with image parts
+NO_DOWNLOAD = (
+    "ascent never downloads images; download it and reference it by path (absolute, or relative to the "
+    "dataset file) or send it inline as a data URL (data:image/png;base64,...)"
+)
+
+
+class ContentError(AscentError, ValueError):
+    """A malformed content part (unknown type, missing field, an http(s) URL); names the part and the fix."""
+
+
+class ImageLoadError(AscentError, ValueError):
+    """An image that cannot be opened: missing file, unreadable, not an image. `source` names it."""
+
+    def __init__(self, source: str, why: str) -> None:
+        super().__init__(f"{source}: {why}")
+        self.source, self.why = source, why
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """One image of a conversation, not yet decoded: `value` (a path, a data URL, bytes or an HF
+    `{"bytes", "path"}` dict) and `source`, what errors and `ImageInput.source` call it."""
+
+    value: Any
+    source: str
+
+
+def is_remote(url: str) -> bool:
+    return url.lower().startswith(("http://", "https://"))
+
+
+def _part_value(part: Mapping[str, Any]) -> Any:
+    """The image a part names (None: `{"type": "image"}` taking the next `images` entry)."""
+    if part.get("type") == "image_url":
+        url = part.get("image_url")
+        return url.get("url") if isinstance(url, Mapping) else url
+    return part.get("image")
+
+
+def part_problem(part: object) -> str | None:
+    """What is wrong with one content part, or None."""
+    if not isinstance(part, Mapping):
+        return f"has type {type(part).__name__}; a content part is an object with a 'type'"
+    kind = part.get("type")
+    if kind not in PART_TYPES:
+        return f"has type {kind!r}; use one of {', '.join(PART_TYPES)}"
+    if kind == "text":
+        return None if isinstance(part.get("text"), str) else "is a text part without a string 'text'"
+    value = _part_value(part)
+    if kind == "image_url" and not isinstance(value, str):
+        return "is an image_url part without image_url.url; give {'image_url': {'url': 'data:...'}}"
+    if isinstance(value, str) and is_remote(value):
+        return f"names the URL {value[:80]!r}: {NO_DOWNLOAD}"
+    return None
+
+
+def content_problem(content: object) -> str | None:
+    """What is wrong with a message's `content` (a string or a list of parts), or None."""
+    if isinstance(content, str):
+        return None
+    if not isinstance(content, list):
+        kind = "missing" if content is None else f"of type {type(content).__name__}"
+        return f"'content' is {kind}; give a string or a list of content parts"
+    for k, part in enumerate(content):
+        problem = part_problem(part)
+        if problem is not None:
+            return f"content part {k} {problem}"
+    return None
+
+
+def has_images(messages: object) -> bool:
+    """Whether any message of `messages` (a list of message dicts) holds an image part."""
+    if not isinstance(messages, list):
+        return False
+    return any(
+        isinstance(m, Mapping)
+        and isinstance(m.get("content"), list)
+        and any(isinstance(p, Mapping) and p.get("type") in ("image", "image_url") for p in m["content"])
+        for m in messages
+    )
+
+
+def template_messages(
+    messages: Sequence[Mapping[str, Any]], images: Sequence[Any] | None = None
+) -> tuple[list[dict[str, Any]], list[ImageRef]]:
+    """Messages -> (the dicts a chat template renders, one `ImageRef` per image in order). `images` is the
+    row's `images` column; raises ContentError for a malformed part or a part/column count mismatch."""
+    column = list(images or [])
+    out: list[dict[str, Any]] = []
+    refs: list[ImageRef] = []
+    taken = 0
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        problem = content_problem(content) if content is not None else None
+        if problem is not None:
+            raise ContentError(f"message {i}: {problem}")
+        if not isinstance(content, list):
+            out.append(dict(m))
+            continue
+        parts: list[dict[str, Any]] = []
+        for k, part in enumerate(content):
+            if part["type"] == "text":
+                parts.append({"type": "text", "text": part["text"]})
+                continue
+            value = _part_value(part)
+            if value is None:
+                if taken >= len(column):
+                    raise ContentError(
+                        f"message {i} content part {k}: an image part without an image, and the "
+                        f"'{IMAGES_COLUMN}' column has only {len(column)} entries; give one entry per "
+                        "{'type': 'image'} part, or put the image in the part ('image': path or data URL)"
+                    )
+                value, where = column[taken], f"{IMAGES_COLUMN}[{taken}]"
+                taken += 1
+            else:
+                where = f"message {i} part {k}"
+            refs.append(ImageRef(value, _source(value, where)))
+            parts.append({"type": "image"})
+        text_only = all(p["type"] == "text" for p in parts)
+        out.append({**m, "content": "".join(p["text"] for p in parts) if text_only else parts})
+    if taken != len(column):
+        raise ContentError(
+            f"the '{IMAGES_COLUMN}' column has {len(column)} entries but the messages have {taken} "
+            "{'type': 'image'} parts without an image; give one entry per such part"
+        )
+    return out, refs
+
+
+def _source(value: Any, where: str) -> str:
+    """How errors name an image: its path when it has one, else where it sits (and what it is)."""
+    if isinstance(value, Mapping):
+        path = value.get("path")
+        if not value.get("bytes") and isinstance(path, str):
+            return path
+        return f"{where} (bytes of {path})" if isinstance(path, str) and path else f"{where} (bytes)"
+    if isinstance(value, str):
+        return f"{where} (data URL)" if value.startswith("data:") else value
+    return f"{where} (bytes)"
+
+
+def resolve_paths(row: dict[str, Any], folder: Path) -> None:
+    """Relative image paths of `row` (in message parts and the `images` column) -> absolute under `folder`,
+    in place."""
+    for column in MESSAGE_COLUMNS:
+        messages = row.get(column)
+        if not isinstance(messages, list):
+            continue
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            for part in content if isinstance(content, list) else []:
+                if not isinstance(part, dict):
+                    continue
+                if part.get("type") == "image" and isinstance(part.get("image"), str):
+                    part["image"] = _absolute(part["image"], folder)
+                elif part.get("type") == "image_url" and isinstance(part.get("image_url"), dict):
+                    url = part["image_url"].get("url")
+                    if isinstance(url, str):
+                        part["image_url"]["url"] = _absolute(url, folder)
+    entries = row.get(IMAGES_COLUMN)
+    if not isinstance(entries, list):
+        return
+    for k, entry in enumerate(entries):
+        if isinstance(entry, str):
+            entries[k] = _absolute(entry, folder)
+        elif isinstance(entry, dict) and not entry.get("bytes") and isinstance(entry.get("path"), str):
+            entry["path"] = _absolute(entry["path"], folder)
+
+
+def _absolute(value: str, folder: Path) -> str:
+    if value.startswith("data:") or is_remote(value):
+        return value
+    path = Path(value.removeprefix("file://")).expanduser()
+    return str(path if path.is_absolute() else folder / path)
+
+
+def image_bytes(ref: ImageRef) -> bytes:
+    """The encoded bytes of one image (a file's, a data URL's, a bytes column's); raises ImageLoadError."""
+    value = ref.value
+    if isinstance(value, Mapping):
+        value = value.get("bytes") or value.get("path")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if not isinstance(value, str) or not value:
+        return _fail(ref, f"expected a path, a data URL or bytes, got {type(value).__name__}")
+    if is_remote(value):
+        return _fail(ref, NO_DOWNLOAD)
+    if value.startswith("data:"):
+        head, sep, data = value.partition(",")
+        if not sep or not head.endswith(";base64"):
+            return _fail(ref, "a data URL must be base64: data:image/png;base64,<data>")
+        try:
+            return base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError) as err:
+            return _fail(ref, f"the data URL is not valid base64 ({err})")
+    path = Path(value.removeprefix("file://")).expanduser()
+    if not path.is_absolute():
+        return _fail(
+            ref, "a relative path, and no dataset folder to resolve it against; give an absolute path"
+        )
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return _fail(ref, "no such file; check the path (relative paths are relative to the dataset file)")
+    except OSError as err:
+        return _fail(ref, f"cannot be read ({err.strerror or err})")
+
+
+def open_image(ref: ImageRef) -> Image.Image:
+    """One image decoded with PIL, as RGB; raises ImageLoadError naming it when it cannot be."""
+    data = image_bytes(ref)
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.convert("RGB")
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        return _fail(ref, f"not a readable image ({type(err).__name__}: {err})")
+
+
+def _fail(ref: ImageRef, why: str) -> Any:
+    raise ImageLoadError(ref.source, why)

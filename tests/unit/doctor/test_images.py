@@ -1,0 +1,70 @@
+"""The doctor's image check: the pixel budget and image tokens per image (min / median / max) of a
+vision-language run, the rows whose images the run would leave out, and images shown to a text model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ascent.config.schema import RunConfig
+from ascent.doctor.images import check_images
+from tests.unit.vl_files import UNIT, png_bytes
+
+
+def _rows(tmp_path: Path, images: list[str]) -> str:
+    rows = [
+        {"prompt": [{"role": "user", "content": [{"type": "image", "image": name}]}], "answer": "a"}
+        for name in images
+    ]
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _cfg(model: Path, data: str, **model_fields) -> RunConfig:
+    return RunConfig.model_validate(
+        {"model": {"path": str(model), **model_fields}, "data": {"train_path": data}}
+    )
+
+
+def test_budget_and_tokens_per_image_are_shown(tmp_path, vl_processor_dir):
+    for name, (h, w) in {"s.png": (20, 20), "m.png": (112, 112), "l.png": (600, 600)}.items():
+        (tmp_path / name).write_bytes(png_bytes(h, w))
+    data = _rows(tmp_path, ["s.png", "m.png", "l.png"])
+    result = check_images(_cfg(vl_processor_dir, data))
+    assert result.status == "ok", result
+    assert f"pixel budget {4 * UNIT}..{64 * UNIT} pixels (preprocessor_config.json)" in result.detail
+    tokens = result.data["image_tokens"]
+    assert tokens[0] == 4 and tokens[1] == 16 and 32 <= tokens[2] <= 64
+    assert f"over 3 images of the first 3 rows: min 4, median 16, max {tokens[2]}" in result.detail
+    tight = check_images(_cfg(vl_processor_dir, data, max_pixels=8 * UNIT, min_pixels=UNIT))
+    assert "(model.min_pixels/max_pixels)" in tight.detail and max(tight.data["image_tokens"]) <= 8
+
+
+def test_bad_image_rows_are_named_and_images_over_the_prompt_budget_warned(tmp_path, vl_processor_dir):
+    (tmp_path / "ok.png").write_bytes(png_bytes(600, 600))
+    result = check_images(_cfg(vl_processor_dir, _rows(tmp_path, ["ok.png", "gone.png"])))
+    assert (
+        result.status == "warn"
+        and f"1 rows with an unusable image: row 2: image {tmp_path / 'gone.png'}" in result.detail
+    )
+    assert "leaves these rows out" in result.fix
+    over = RunConfig.model_validate(
+        {
+            "model": {"path": str(vl_processor_dir)},
+            "data": {"train_path": _rows(tmp_path, ["ok.png"]), "max_prompt_tokens": 8},
+        }
+    )
+    result = check_images(over)
+    assert (
+        result.status == "warn"
+        and "over data.max_prompt_tokens=8" in result.detail
+        and "model.max_pixels" in result.fix
+    )
+
+
+def test_images_shown_to_a_text_model_fail(tmp_path, tiny_dir):
+    result = check_images(_cfg(tiny_dir, _rows(tmp_path, ["x.png"])))
+    assert (
+        result.status == "fail" and "row 1 shows images" in result.detail and "vision-language" in result.fix
+    )
