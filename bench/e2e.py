@@ -164,7 +164,7 @@ def iterate(run: Any, state: Any, it: int) -> dict[str, float]:
     from ascent.orchestrator.experience import ExperienceLog
     from ascent.orchestrator.loop import run_iteration
 
-    return run_iteration(run, state, ExperienceLog(None, run.cfg.rollout), it)
+    return run_iteration(run, state, ExperienceLog(None), it)
 
 
 def iteration_row(

@@ -82,7 +82,7 @@ def equal_reward_message(
     """The warning of `EqualRewardWatch`: what happened, and the likely causes with this run's settings."""
     r = cfg.rollout
     shown = ", ".join(f"{x:g}" for x in rewards[:5]) + (", ..." if len(rewards) > 5 else "")
-    source = f"rollout.env={r.env!r}" if r.env else f"reward.fn={cfg.reward.fn!r}"
+    source = r.source.label if r.multi_turn else f"reward.fn={cfg.reward.fn!r}"
     return (
         f"iterations {first}-{last}: every group had equal rewards (rewards seen: {shown}), so every "
         "advantage is zero and nothing is learned (train/skipped_steps counts the steps not taken). Likely "

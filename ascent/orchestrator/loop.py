@@ -87,7 +87,7 @@ def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> d
     cfg, tl, collector = run.cfg, run.timeline, run.collector
     t0 = time.perf_counter()
     with tl.phase("rollout", iteration=it):
-        groups, collect_metrics = collector.collect(cfg, run.prompts, tl, log_, state.sampler, it)
+        groups, collect_metrics = collector.collect(run.prompts, tl, log_, state.sampler, it)
         # async (max_staleness >= 1): the replicas sample the next iterations while this one trains
         collector.prefetch(state.sampler, it, last=cfg.iterations)
     episodes = flatten(groups)

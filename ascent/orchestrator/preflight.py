@@ -20,6 +20,7 @@ from ascent import algorithms as A
 from ascent.algorithms import option_names
 from ascent.config import ConfigError
 from ascent.config.choices import PluginChoice
+from ascent.config.sources import AgentSourceConfig
 from ascent.envs.openai_agents import load_agent
 from ascent.models.files import damaged_weight_file
 from ascent.models.loading import ModelLoadError
@@ -166,5 +167,5 @@ def check_run(cfg: Any, tokenizer: Any, prompts: list[Any]) -> None:
         model_config(cfg.model.path), longest, cfg.rollout.response_budget, cfg.data.max_prompt_tokens
     )
     check_plugins(cfg.algorithm)
-    if cfg.rollout.agent is not None:  # a bad import path fails before anything heavy starts
-        load_agent(cfg.rollout.agent)
+    if isinstance(cfg.rollout.source, AgentSourceConfig):  # a bad import path fails before anything heavy
+        load_agent(cfg.rollout.source.agent)

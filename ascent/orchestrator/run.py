@@ -14,6 +14,7 @@ from typing import Any
 
 from ascent.cluster.base import WorkerGroup
 from ascent.config.schema import RunConfig
+from ascent.config.sources import AgentSourceConfig, EnvSourceConfig
 from ascent.data.sampler import PromptSampler
 from ascent.messages import SamplingParams
 from ascent.orchestrator import batch as B
@@ -25,6 +26,7 @@ from ascent.orchestrator.sampling import Decode, Scorer
 from ascent.orchestrator.setup import Datasets, WorkerGroups, needs_reference
 from ascent.orchestrator.shaping import KLController, make_kl_controller
 from ascent.orchestrator.sources import AgentSource, EnvSource, EpisodeSource, PromptSource
+from ascent.orchestrator.specs import collect_spec, env_episodes
 from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
 from ascent.rewards import RewardRunner
 from ascent.tracking import Timeline
@@ -110,9 +112,7 @@ def build_run(
     prompts = PromptSource(groups.rollout, Scorer(rewards, decode))
     params = B.sampling_params(cfg.rollout)
     source = _source(cfg, groups.rollout, tok, prompts, params)
-    collector = Collector(
-        source, data.train, params, cfg.seed, cfg.rollout.max_staleness, cfg.rollout.stale_groups
-    )
+    collector = Collector(source, data.train, params, collect_spec(cfg))
     colocated = (
         cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast" and cfg.cluster.engine_sleeps
     )
@@ -139,16 +139,17 @@ def _source(
     prompts: PromptSource,
     params: SamplingParams,
 ) -> EpisodeSource:
-    """The run's episode source: the agent's plays through the run's endpoint (`rollout.agent`), an
-    environment's episodes (`rollout.env`, one engine call per turn), or the single-turn `prompts`."""
+    """The run's episode source (`rollout.source`): the agent's plays through the run's endpoint, an
+    environment's episodes (one engine call per turn), or the single-turn `prompts`."""
     max_failure_rate = cfg.reward.max_failure_rate
     alongside = (
         rollout.backend == "ray" and cfg.cluster.generates_alongside
     )  # multi-turn plays ahead on a thread
-    if cfg.rollout.agent is not None:
+    source = cfg.rollout.source
+    if isinstance(source, AgentSourceConfig):
         agents = AgentPlays(AgentSetup.of(cfg), replica_generate(rollout), params, tokenizer, prompts.scorer)
         return AgentSource(agents, max_failure_rate, alongside)
-    if cfg.rollout.env is not None:
+    if isinstance(source, EnvSourceConfig):
         envs = EnvRunners(cfg)  # where the environments run (Ray actors: started on first use)
-        return EnvSource(envs, rollout, tokenizer, max_failure_rate, alongside)
+        return EnvSource(envs, env_episodes(source), rollout, tokenizer, max_failure_rate, alongside)
     return prompts

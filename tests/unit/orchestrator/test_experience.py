@@ -10,9 +10,10 @@ from typing import Any
 from ascent.config import RunConfig
 from ascent.messages import Episode, Group, SamplingParams, TrainSample, flatten
 from ascent.orchestrator import experience
-from ascent.orchestrator.collector import Collector
+from ascent.orchestrator.collector import Collector, CollectSpec
 from ascent.orchestrator.sampling import RolloutStats, Scorer
 from ascent.orchestrator.sources import PromptSource
+from ascent.orchestrator.specs import collect_spec
 from ascent.rewards import RewardRunner
 from ascent.tracking import Timeline
 from ascent.transport.store import FILE_NAME, open_store
@@ -43,9 +44,9 @@ SCORER = Scorer(RewardRunner("exact_match"), decode=lambda ids: "")
 class Batches(Collector):
     """A collector whose batches are given (nothing is sampled); staleness is the real collector's."""
 
-    def __init__(self, batches: list[list[Group]]) -> None:
+    def __init__(self, batches: list[list[Group]], spec: CollectSpec) -> None:
         source = PromptSource(None, SCORER)  # type: ignore[arg-type]  # scores; samples nothing
-        super().__init__(source, [], SamplingParams(), seed=0, max_staleness=0, stale_groups="drop")
+        super().__init__(source, [], SamplingParams(), spec)
         self.batches = batches
 
     def next_batch(self, sampler: Any, it: int, batch: int) -> tuple[list[Group], RolloutStats]:
@@ -74,9 +75,9 @@ def test_collect_groups_records_the_groups_it_leaves_out(tmp_path: Path) -> None
         [group(3, "5", "4"), group(4, "4", "x")],  # ok; one more than the batch needs
     ]
     cfg = config(tmp_path, dynamic_sampling=True)
-    col = Batches(batches)
+    col = Batches(batches, collect_spec(cfg))
     with experience.recording(cfg, Tokenizer(), start=0) as log:
-        kept, _ = col.collect(cfg, col.source, Timeline(None), log, sampler=None, it=1)
+        kept, _ = col.collect(col.source, Timeline(None), log, sampler=None, it=1)
         assert [g.row_id for g in kept] == [1, 3]
         samples = [TrainSample(e.prompt_ids, e.response_ids, e.loss_mask, [0.5, 1.5]) for e in flatten(kept)]
         experience.record_trained(log, 1, kept, samples)

@@ -12,7 +12,7 @@ from ascent.algorithms import AdaptiveKLController
 from ascent.data.sampler import PromptSampler
 from ascent.messages import Episode, Group, SamplingParams
 from ascent.orchestrator import health
-from ascent.orchestrator.collector import Collector, batch_seed
+from ascent.orchestrator.collector import Collector, CollectSpec, batch_seed
 from ascent.orchestrator.run import LoopState
 from ascent.orchestrator.sampling import RolloutStats
 from ascent.orchestrator.sources import Pending, _MultiTurn
@@ -63,7 +63,9 @@ class Recorded:
 
 def test_the_collector_submits_to_its_source_and_prefetches_ahead() -> None:
     source, items = Recorded(), [Item(i) for i in range(6)]
-    col = Collector(source, items, SamplingParams(n=1), seed=3, max_staleness=1, stale_groups="drop")
+    col = Collector(
+        source, items, SamplingParams(n=1), CollectSpec(prompts_per_step=2, seed=3, max_staleness=1)
+    )
     sampler = PromptSampler(len(items), 2, seed=0, shuffle=False)
     first, _ = col.next_batch(sampler, it=1, batch=0)
     col.prefetch(sampler, it=1, last=5)

@@ -17,6 +17,7 @@ from ascent.orchestrator import batch as B
 from ascent.orchestrator import collector as C
 from ascent.orchestrator import shaping
 from ascent.orchestrator.sampling import Scorer
+from ascent.orchestrator.specs import collect_spec
 from ascent.rewards import RewardRunner
 
 
@@ -71,7 +72,7 @@ def test_score_returns_rewarded_groups_and_leaves_its_input() -> None:
 def test_shape_rewards_penalises_overlong_and_masks_truncated_in_new_groups() -> None:
     cfg = config(overlong_buffer=2, overlong_penalty=1.0, mask_truncated=True)
     groups = [Group((ep(1.0, n=2), ep(1.0, n=4, finish="length"))), Group((ep(0.0, n=3),))]
-    shaped = shaping.shape_rewards(cfg.algorithm, cfg.rollout.max_new_tokens, groups)
+    shaped = shaping.shape_rewards(collect_spec(cfg).shaping, groups)
     (short, long), (mid,) = (g.episodes for g in shaped)
     assert short.reward == 1.0 and short.loss_mask == [1, 1]
     assert long.reward == pytest.approx(0.0) and long.loss_mask == [0] * 4  # -1 at the limit; masked
