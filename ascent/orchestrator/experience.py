@@ -43,21 +43,40 @@ class ExperienceLog:
     filter_zero_advantage: bool = False
 
 
+@dataclass(frozen=True)
+class ExperienceSpec:
+    """What `recording` is built from, taken from the config once at setup (`of`): the store's file (None:
+    `tracking.experience_store` is off), the tokenizer it names, and the labels of `ExperienceLog`."""
+
+    path: str | None
+    tokenizer: str
+    agent: str | None = None
+    env: str | None = None
+    filter_zero_advantage: bool = False
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> ExperienceSpec:
+        source = cfg.rollout.source
+        return cls(
+            str(Path(cfg.run_dir) / FILE_NAME) if cfg.tracking.experience_store else None,
+            cfg.model.tokenizer_path or cfg.model.path,
+            source.agent if isinstance(source, AgentSourceConfig) else None,
+            source.env if isinstance(source, EnvSourceConfig) else None,
+            cfg.algorithm.filter_zero_advantage,
+        )
+
+
 @contextmanager
-def recording(cfg: RunConfig, tokenizer: Any, start: int) -> Iterator[ExperienceLog]:
-    """Record the episodes of iterations `start + 1 ..` in `<run_dir>/experience.db` through the log this
+def recording(spec: ExperienceSpec, tokenizer: Any, start: int) -> Iterator[ExperienceLog]:
+    """Record the episodes of iterations `start + 1 ..` in the store (`spec.path`) through the log this
     yields; the writer is closed however the run ends."""
-    source = cfg.rollout.source
-    agent = source.agent if isinstance(source, AgentSourceConfig) else None
-    env = source.env if isinstance(source, EnvSourceConfig) else None
-    if not cfg.tracking.experience_store:
-        yield ExperienceLog(None, agent, env)
+    if spec.path is None:
+        yield ExperienceLog(None, spec.agent, spec.env)
         return
-    path = Path(cfg.run_dir) / FILE_NAME
-    prepare_store(path, keep_through=start, meta={"tokenizer": cfg.model.tokenizer_path or cfg.model.path})
-    writer = ExperienceWriter(path, decode=_decoder(tokenizer))
+    prepare_store(Path(spec.path), keep_through=start, meta={"tokenizer": spec.tokenizer})
+    writer = ExperienceWriter(Path(spec.path), decode=_decoder(tokenizer))
     try:
-        yield ExperienceLog(writer, agent, env, cfg.algorithm.filter_zero_advantage)
+        yield ExperienceLog(writer, spec.agent, spec.env, spec.filter_zero_advantage)
     finally:
         writer.close()
 

@@ -76,7 +76,7 @@ def test_collect_groups_records_the_groups_it_leaves_out(tmp_path: Path) -> None
     ]
     cfg = config(tmp_path, dynamic_sampling=True)
     col = Batches(batches, collect_spec(cfg))
-    with experience.recording(cfg, Tokenizer(), start=0) as log:
+    with experience.recording(experience.ExperienceSpec.of(cfg), Tokenizer(), start=0) as log:
         kept, _ = col.collect(col.source, Timeline(None), log, sampler=None, it=1)
         assert [g.row_id for g in kept] == [1, 3]
         samples = [TrainSample(e.prompt_ids, e.response_ids, e.loss_mask, [0.5, 1.5]) for e in flatten(kept)]
@@ -105,7 +105,7 @@ def test_zero_advantage_episodes_are_recorded_as_filtered(tmp_path: Path) -> Non
     masked = [TrainSample([1], [5, 6], [1, 1], [1.0, 1.0])] * 2 + [
         TrainSample([1], [5, 6], [0, 0], [0.0, 0.0])
     ] * 2
-    with experience.recording(cfg, Tokenizer(), start=0) as log:
+    with experience.recording(experience.ExperienceSpec.of(cfg), Tokenizer(), start=0) as log:
         experience.record_trained(log, 3, groups, masked)
     with open_store(tmp_path) as store:
         assert [(r.status, r.iteration, r.trainer_version) for r in store.episodes()] == (
@@ -118,7 +118,7 @@ def test_zero_advantage_episodes_are_recorded_as_filtered(tmp_path: Path) -> Non
 def test_nothing_is_written_when_the_store_is_off(tmp_path: Path) -> None:
     cfg = config(tmp_path)
     cfg.tracking.experience_store = False
-    with experience.recording(cfg, Tokenizer(), start=0) as log:
+    with experience.recording(experience.ExperienceSpec.of(cfg), Tokenizer(), start=0) as log:
         assert log.writer is None
         experience.record_trained(log, 1, [group(0, "4")], [TrainSample([1], [5, 6], [1, 1], [0.0, 0.0])])
     assert not (tmp_path / FILE_NAME).exists()

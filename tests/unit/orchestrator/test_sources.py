@@ -9,6 +9,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ascent.algorithms import AdaptiveKLController
+from ascent.config import RunConfig
 from ascent.data.sampler import PromptSampler
 from ascent.messages import Episode, Group, SamplingParams
 from ascent.orchestrator import health
@@ -100,8 +101,8 @@ def test_the_loop_state_comes_back_from_what_a_checkpoint_saves() -> None:
         return LoopState(
             PromptSampler(10, 2, seed=1),
             AdaptiveKLController(0.1, target=1.0, horizon=10),
-            health.EqualRewardWatch(),
-            health.DivergenceCheck(None, 100),
+            health.EqualRewardWatch(health.RunFacts.of(RunConfig())),
+            health.DivergenceCheck(health.RunFacts.of(RunConfig()), 100),
         )
 
     run = state()
