@@ -64,7 +64,7 @@ def test_unsupported_combinations_name_the_field(tmp_path: Path, tiny_model: Pat
     proc = ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), check=False)
     assert proc.returncode == 2 and "algorithm.advantage='remax'" in proc.stderr
     cfg.pop("algorithm")
-    cfg["rollout"] |= {"source": {"name": "env", "env": "no_such_env"}}
+    cfg["rollout"]["source"]["env"] = "no_such_env"
     proc = ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), check=False)
     assert (
         proc.returncode == 2

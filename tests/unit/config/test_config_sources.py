@@ -4,18 +4,16 @@ spelling, and translated silently where an older checkpoint's saved config is co
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from ascent.cli import app
 from ascent.config import ConfigError, RunConfig, dump_config, load_config
 from ascent.config.explain import explain_rows, matching_rows
 from ascent.config.sources import AgentSourceConfig, EnvSourceConfig, PromptSourceConfig
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def refused(overrides: list[str], path: Path | None = None) -> list[str]:
@@ -74,16 +72,8 @@ def test_the_older_flat_fields_are_refused_with_the_new_spelling(tmp_path: Path)
 
 
 def test_the_cli_refuses_an_old_spelling_with_exit_status_2() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "ascent", "config", "show", "rollout.env=guess_number"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert (
-        out.returncode == 2 and "rollout.source='{name: env, env: guess_number}'" in out.stderr + out.stdout
-    )
+    result = CliRunner().invoke(app, ["config", "show", "rollout.env=guess_number"])
+    assert result.exit_code == 2 and "rollout.source='{name: env, env: guess_number}'" in result.output
 
 
 def test_a_setting_of_another_source_names_the_source_that_reads_it() -> None:
