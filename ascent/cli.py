@@ -174,7 +174,9 @@ def evaluate(
     ] = 512,
     agent: Annotated[
         str | None,
-        typer.Option(help="Play this agent (pkg.module:run, as rollout.agent) against the model instead."),
+        typer.Option(
+            help="Play this agent (pkg.module:run, as rollout.source.agent) against the model instead."
+        ),
     ] = None,
     agent_timeout_s: Annotated[
         float, typer.Option(min=0.001, help="With --agent: seconds one episode may take.")

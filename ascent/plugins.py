@@ -1,5 +1,6 @@
 """The one loader of user plug-ins named by import path: rewards, policy losses, advantage estimators,
-environments, agents (`reward.fn=mypkg.rewards:score`, `rollout.env=mypkg.envs:GuessNumber`).
+environments, agents (`reward.fn=mypkg.rewards:score`,
+`rollout.source={name: env, env: mypkg.envs:GuessNumber}`).
 
 User code resolves as under `python -m`: from the current directory first, then PYTHONPATH, then the
 installed packages. `add_plugin_root` puts the current directory on `sys.path` and on PYTHONPATH, so that the
@@ -62,7 +63,7 @@ def split_import_path(spec: str, field: str) -> tuple[str, str]:
 
 def load_plugin(spec: str, field: str, *, must_call: bool = True) -> Any:
     """The object `pkg.module:name` (name may be dotted: `Class.method`) names, importing the module from the
-    current directory first. `field` names the setting in errors (`reward.fn`, `rollout.env`)."""
+    current directory first. `field` names the setting in errors (`reward.fn`, `rollout.source.env`)."""
     module_name, attr = split_import_path(spec, field)
     label = f"{field}={spec.strip()!r}"
     add_plugin_root()

@@ -156,6 +156,7 @@ def build_loop(args: argparse.Namespace, root: Path) -> tuple[Any, Any, dict[str
     )
     publish_weights(run, version=0)
     facts["setup_s"] = time.perf_counter() - t0
+    facts["config"] = cfg  # the run keeps only what its loop reads (memory_estimate sizes from the config)
     return run, state, facts
 
 
@@ -164,7 +165,7 @@ def iterate(run: Any, state: Any, it: int) -> dict[str, float]:
     from ascent.orchestrator.experience import ExperienceLog
     from ascent.orchestrator.loop import run_iteration
 
-    return run_iteration(run, state, ExperienceLog(None, run.cfg.rollout), it)
+    return run_iteration(run, state, ExperienceLog(None), it)
 
 
 def iteration_row(
@@ -294,6 +295,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     res["facts"]["matmul_peak_tflops"] = peak / 1e12
     ctx, state, facts = build_loop(args, args.root)
     capture_clock = facts.pop("capture_clock")
+    facts.pop("config")
     res["facts"].update(facts)
     res["iterations"], res["warmup"] = [], []
     for it in range(1, args.warmup + args.iterations + 1):

@@ -46,8 +46,8 @@ def estimate_for(cfg: Any, gpu_gib: float | None) -> Estimate:
     return plan.run_estimate(cfg, shape, gpu, 1 if gpu else 0)[1]
 
 
-def build_from_config(path: str, overrides: list[str], root: Path) -> tuple[Any, Any]:
-    """(Run, LoopState) of a run config, built the way `run_training` builds them."""
+def build_from_config(path: str, overrides: list[str], root: Path) -> tuple[Any, Any, Any]:
+    """(Run, LoopState, RunConfig) of a run config, built the way `run_training` builds them."""
     from ascent.config import RunConfig, load_config
     from ascent.data import PromptSampler
     from ascent.orchestrator import setup
@@ -61,7 +61,7 @@ def build_from_config(path: str, overrides: list[str], root: Path) -> tuple[Any,
     run = build_run(cfg, datasets, setup.build_reward_runner(cfg), groups, timeline)
     sampler = PromptSampler(len(datasets.train), cfg.rollout.prompts_per_step, seed=cfg.seed, shuffle=True)
     publish_weights(run, version=0)
-    return run, dataclasses.replace(initial_state(cfg, datasets), sampler=sampler)
+    return run, dataclasses.replace(initial_state(cfg, datasets), sampler=sampler), cfg
 
 
 def measure(ctx: Any, state: Any, iterations: int) -> list[dict[str, tuple[float, float]]]:
@@ -161,10 +161,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 *rest,
             ]
         )
-        ctx, sampler, _ = e2e.build_loop(e2e_args, root)
+        ctx, sampler, facts = e2e.build_loop(e2e_args, root)
+        cfg = facts["config"]
     else:
-        ctx, sampler = build_from_config(args.config, [r for r in rest if "=" in r], root)
-    est = estimate_for(ctx.cfg, args.gpu_memory)
+        ctx, sampler, cfg = build_from_config(args.config, [r for r in rest if "=" in r], root)
+    est = estimate_for(cfg, args.gpu_memory)
     res = summary(est, measure(ctx, sampler, args.iterations))
     ctx.rollout.shutdown()
     ctx.trainer.shutdown()

@@ -65,9 +65,7 @@ def build_runs(work: Path) -> Path:
     for split, targets in (("train", [3, 7, 1, 9, 5, 0]), ("val", [4, 6])):
         (guess / f"{split}.jsonl").write_text("".join(json.dumps({"target": t}) + "\n" for t in targets))
     env = {
-        "env": "guess_number",
-        "max_turns": 3,
-        "max_episode_tokens": 48,
+        "source": {"name": "env", "env": "guess_number", "max_turns": 3, "max_episode_tokens": 48},
         "stop_token_ids": list(range(4, 40)),
     }
     cfg = base_config(runs / "guess_number", model, guess / "train.jsonl", guess / "val.jsonl",

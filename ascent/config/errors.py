@@ -13,7 +13,7 @@ from typing import get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
-from pydantic_core import ErrorDetails, PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError, PydanticUndefined
 
 from ascent.config.fields import (
     Loc,
@@ -77,7 +77,10 @@ def from_validation_error(exc: ValidationError, schema: type[BaseModel]) -> Conf
 
 
 def show_value(value: object, limit: int = 80) -> str:
-    """A value as the user would write it: strings quoted, YAML spelling for null/bools/lists/dicts."""
+    """A value as the user would write it: strings quoted, YAML spelling for null/bools/lists/dicts; a
+    required field's missing default as `(required)`."""
+    if value is PydanticUndefined:
+        return "(required)"
     if isinstance(value, str):
         text = repr(value)
     elif value is None or isinstance(value, bool | list | tuple | dict):

@@ -12,22 +12,16 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from ascent.config.errors import show_value
+from ascent.config.sources import EnvSourceConfig
 
 if TYPE_CHECKING:
     from ascent.config.schema import RunConfig, SFTConfig
 
 # `reward` fields that only score single-turn responses (max_failure_rate also bounds env/agent failures)
 REWARD_SCORING_FIELDS = ("fn", "kwargs", "isolation", "timeout_s", "num_workers")
-# `rollout` fields of multi-turn episodes (rollout.env or rollout.agent), and those of agents only
-MULTI_TURN_FIELDS = (
-    "max_turns",
-    "max_episode_tokens",
-    "env_isolation",
-    "env_timeout_s",
-    "env_workers",
-    "env_cpus",
-)
-AGENT_FIELDS = ("agent_timeout_s", "agent_concurrency")
+# `rollout` fields of multi-turn episodes (an env or agent rollout.source; the source's own settings are its
+# union member's fields, so no source can be given another's)
+MULTI_TURN_FIELDS = ("env_isolation", "env_timeout_s", "env_workers", "env_cpus")
 
 
 def _given(section: BaseModel, names: tuple[str, ...]) -> list[tuple[str, Any]]:
@@ -58,35 +52,28 @@ def ignored_sft_settings(cfg: SFTConfig) -> list[str]:
 
 
 def _reward_with_env(cfg: RunConfig) -> list[str]:
-    env = cfg.rollout.env
-    if env is None:
+    source = cfg.rollout.source
+    if not isinstance(source, EnvSourceConfig):
         return []
     return [
-        f"reward.{name}={show_value(value)}: rollout.env={env!r} scores its own episodes (the rewards its "
-        f"step() returns), so reward.{name} is never used. To score with your reward function, call it in "
-        "the environment's step() and return its value as StepResult.reward; or drop rollout.env to train "
-        "single-turn with reward.fn; or remove this setting."
+        f"reward.{name}={show_value(value)}: rollout.source env={source.env!r} scores its own episodes (the "
+        f"rewards its step() returns), so reward.{name} is never used. To score with your reward function, "
+        "call it in the environment's step() and return its value as StepResult.reward; or set "
+        "rollout.source=prompt to train single-turn with reward.fn; or remove this setting."
         for name, value in _given(cfg.reward, REWARD_SCORING_FIELDS)
     ]
 
 
 def _episode_fields(cfg: RunConfig) -> list[str]:
     r = cfg.rollout
-    out = []
-    if not r.multi_turn:
-        out += [
-            f"rollout.{name}={show_value(value)}: only multi-turn episodes (rollout.env or rollout.agent) "
-            "read it, and this run makes one response per prompt; set rollout.env (or rollout.agent), or "
-            "remove this setting."
-            for name, value in _given(r, MULTI_TURN_FIELDS)
-        ]
-    if r.agent is None:
-        out += [
-            f"rollout.{name}={show_value(value)}: only an agent's episodes read it; set rollout.agent, or "
-            "remove this setting."
-            for name, value in _given(r, AGENT_FIELDS)
-        ]
-    return out
+    if r.multi_turn:
+        return []
+    return [
+        f"rollout.{name}={show_value(value)}: only multi-turn episodes (an env or agent rollout.source) "
+        "read it, and this run makes one response per prompt (rollout.source=prompt); set rollout.source: "
+        "{name: env, env: ...} (or {name: agent, agent: ...}), or remove this setting."
+        for name, value in _given(r, MULTI_TURN_FIELDS)
+    ]
 
 
 def validation_without_data(cfg: RunConfig | SFTConfig) -> list[str]:

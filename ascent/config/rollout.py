@@ -1,4 +1,5 @@
-"""The `rollout` section of the run configuration: engines, sampling, staleness, environments and agents.
+"""The `rollout` section of the run configuration: engines, sampling, staleness, the episode source
+(`rollout.source`, a union of its own in sources.py) and where environments run.
 
 Kept apart from schema.py (which re-exports it) for size only; the same rules hold: no torch, every field
 with a default and a description.
@@ -6,11 +7,19 @@ with a default and a description.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from ascent.config.errors import rule_error
 from ascent.config.section import Section
+from ascent.config.sources import (
+    DEFAULT_SOURCE,
+    PromptSourceConfig,
+    Source,
+    legacy_problem,
+    source_problems,
+)
 
 
 class RolloutConfig(Section):
@@ -71,50 +80,21 @@ class RolloutConfig(Section):
         "sampled again from their prompt; `off`: the publication waits for the call. Every token records "
         "the version that sampled it either way. Elsewhere publications never overlap generation.",
     )
-    env: str | None = Field(
-        None,
-        description="Multi-turn episodes through an environment (a name of ascent.envs.ENVIRONMENTS or "
-        "pkg.module:Class; a row's own `env` column wins): the environment gives the prompt and the rewards, "
-        "reward.fn is not used. null: one response per prompt, scored by reward.fn.",
+    source: Source = Field(
+        default_factory=PromptSourceConfig,
+        description="Where episodes come from: `prompt` (one response per prompt, scored by reward.fn), "
+        "{name: env, env: NAME, max_turns, max_episode_tokens} (an environment's multi-turn episodes) or "
+        "{name: agent, agent: pkg.module:run, timeout_s, concurrency, max_turns, max_episode_tokens} (an "
+        "agent written against the OpenAI API); a name or {name: ..., <its own settings>}.",
     )
-    agent: str | None = Field(
-        None,
-        description="Train an agent written against the OpenAI API: `pkg.module:run`, a function "
-        "run(client, row) (async with an openai.AsyncOpenAI client, or plain with openai.OpenAI) that "
-        "returns "
-        "the episode's reward, or None to let reward.fn score its last reply. The run serves the policy on a "
-        "local endpoint; each episode's calls are recorded token-exact and become one multi-turn episode.",
-    )
-    agent_timeout_s: float = Field(
-        300.0,
-        gt=0,
-        description="With rollout.agent: most seconds one episode (one run(client, row)) may take.",
-    )
-    agent_concurrency: int = Field(
-        32, gt=0, description="With rollout.agent: episodes one agent process runs at once (asyncio)."
-    )
-    max_turns: int = Field(
-        4, gt=0, description="With rollout.env or rollout.agent: most model turns (calls) per episode."
-    )
-
-    @property
-    def multi_turn(self) -> bool:
-        """Episodes come from an environment or an agent (they bring their own prompts and rewards)."""
-        return self.env is not None or self.agent is not None
-
-    @property
-    def response_budget(self) -> int:
-        """The most response tokens of one episode: max_episode_tokens with an environment (model turns and
-        observations), else max_new_tokens."""
-        return self.max_episode_tokens if self.multi_turn else self.max_new_tokens
 
     env_isolation: Literal["process", "inline"] = Field(
         "process",
-        description="With rollout.env or rollout.agent: `process` runs the environments out of the "
+        description="With an env or agent source: `process` runs the environments out of the "
         "controller "
         "(a hang or crash costs episodes, not the run): with cluster.backend=inline in worker processes on "
         "this machine, started for each batch; with cluster.backend=ray in Ray actors spread over the "
-        "cluster's nodes, kept for the whole run (replaced when one fails). Agents (rollout.agent) and the "
+        "cluster's nodes, kept for the whole run (replaced when one fails). Agents (an agent source) and the "
         "one reset per row that renders the prompts at start-up always run in processes on the controller's "
         "node. `inline` runs them in the controller (breakpoint() works; a hang hangs the run).",
     )
@@ -139,10 +119,34 @@ class RolloutConfig(Section):
         description="With cluster.backend=ray and rollout.env_isolation=process: CPUs each environment actor "
         "asks Ray for (on top of the workers' cluster.cpus_per_worker).",
     )
-    max_episode_tokens: int = Field(
-        512,
-        gt=0,
-        description="With rollout.env or rollout.agent: most response tokens per episode (model turns and "
-        "observations); "
-        "each turn samples at most rollout.max_new_tokens of them.",
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_source(cls, data: Any) -> Any:
+        """The older flat source fields (`rollout.env`, ...) are refused with the new spelling; a setting
+        the chosen source does not read is refused naming the source that does (see sources.py)."""
+        if not isinstance(data, dict):
+            return data
+        legacy = legacy_problem(data)
+        if legacy is not None:
+            raise rule_error([legacy])
+        source = data.get("source")
+        if isinstance(source, dict) and "name" not in source:
+            data = data | {"source": {"name": DEFAULT_SOURCE} | source}
+        problems = source_problems(data.get("source"))
+        if problems:
+            raise rule_error(problems)
+        return data
+
+    @property
+    def multi_turn(self) -> bool:
+        """Episodes come from an environment or an agent (they bring their own prompts and rewards)."""
+        return not isinstance(self.source, PromptSourceConfig)
+
+    @property
+    def response_budget(self) -> int:
+        """The most response tokens of one episode: the source's max_episode_tokens with an environment or
+        an agent (model turns and observations), else max_new_tokens."""
+        if isinstance(self.source, PromptSourceConfig):
+            return self.max_new_tokens
+        return self.source.max_episode_tokens

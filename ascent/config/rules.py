@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ascent.config.choices import GrpoAdvantage
 from ascent.config.ignored import ignored_run_settings, ignored_sft_settings
+from ascent.config.sources import PromptSourceConfig
 
 if TYPE_CHECKING:
     from ascent.config.schema import RunConfig, SFTConfig
@@ -105,7 +106,7 @@ def _batch_rules(cfg: RunConfig) -> list[str]:
             f"cluster.num_trainer_workers={c.num_trainer_workers}, or use cluster.placement=split."
         )
     out += _transport_rules(cfg)
-    budget = "rollout.max_episode_tokens" if r.env is not None else "rollout.max_new_tokens"
+    budget = "rollout.source.max_episode_tokens" if r.multi_turn else "rollout.max_new_tokens"
     needed = cfg.data.max_prompt_tokens + r.response_budget
     if t.max_tokens_per_micro_batch < needed:
         out.append(
@@ -154,15 +155,10 @@ def _algorithm_rules(cfg: RunConfig) -> list[str]:
 def _env_rules(cfg: RunConfig) -> list[str]:
     """What multi-turn episodes (an environment or an agent) do not support yet (each says what to set)."""
     r, a = cfg.rollout, cfg.algorithm
-    if not r.multi_turn:
+    if isinstance(r.source, PromptSourceConfig):
         return []
-    src = "rollout.env" if r.env is not None else "rollout.agent"
+    src = f"rollout.source={r.source.name}"
     out = []
-    if r.env is not None and r.agent is not None:
-        out.append(
-            f"rollout.agent={r.agent!r}: an agent brings its own episodes; set rollout.env=null (or "
-            "rollout.agent=null to train on the environment)."
-        )
     if a.advantage.name == "remax":
         out.append(
             f"algorithm.advantage='remax': its greedy baseline is single-turn; with {src} pick "
@@ -171,12 +167,12 @@ def _env_rules(cfg: RunConfig) -> list[str]:
     if a.overlong_buffer:
         out.append(
             f"algorithm.overlong_buffer={a.overlong_buffer}: the overlong penalty is single-turn; set "
-            f"it to 0 with {src} (rollout.max_episode_tokens bounds an episode)."
+            f"it to 0 with {src} (rollout.source.max_episode_tokens bounds an episode)."
         )
-    if r.max_episode_tokens < r.max_new_tokens:
+    if r.source.max_episode_tokens < r.max_new_tokens:
         out.append(
-            f"rollout.max_episode_tokens={r.max_episode_tokens}: an episode must hold at least one "
-            f"turn of rollout.max_new_tokens={r.max_new_tokens}; raise it."
+            f"rollout.source.max_episode_tokens={r.source.max_episode_tokens}: an episode must hold at least "
+            f"one turn of rollout.max_new_tokens={r.max_new_tokens}; raise it."
         )
     return out
 

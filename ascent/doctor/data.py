@@ -125,8 +125,7 @@ def row_problems(cfg: RunConfig, rows: list[Any]) -> tuple[list[str], str]:
     if problems:
         return problems, ""
     if r.multi_turn:
-        source = f"rollout.env={r.env!r}" if r.env is not None else f"rollout.agent={r.agent!r}"
-        return [], f"{source} reads the rows (their fields are not checked here)"
+        return [], f"{r.source.label} reads the rows (their fields are not checked here)"
     answer_key = str(cfg.reward.kwargs.get("answer_key", "answer"))
     for i, row in enumerate(rows, start=1):
         prompt = row.get("prompt")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ascent.config.schema import RunConfig
+from ascent.config.sources import EnvSourceConfig
 from ascent.data import load_rows
 from ascent.doctor.memory import ModelShape
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
@@ -109,7 +110,7 @@ def local_dir_problem(path: str, field: str, files: tuple[str, ...], any_of: boo
 def uses_chat(cfg: RunConfig) -> bool:
     """Whether prompts go through the chat template: message-list rows, data.chat_template or an
     environment."""
-    if cfg.rollout.env is not None or cfg.data.chat_template:
+    if isinstance(cfg.rollout.source, EnvSourceConfig) or cfg.data.chat_template:
         return True
     return any(isinstance(r.get("prompt"), list) for r in train_rows(cfg))
 
@@ -155,7 +156,7 @@ def check_tokenizer(cfg: RunConfig) -> CheckResult:
         return fail(
             name,
             f"{path}: no chat template, but prompts go through it (message lists, "
-            "data.chat_template=true or rollout.env)",
+            "data.chat_template=true or an env rollout.source)",
             "use a chat/instruct tokenizer, or set data.chat_template=false for string prompts.",
         )
     if tok.pad_token is None:
@@ -194,9 +195,12 @@ def check_engine_architecture(cfg: RunConfig) -> CheckResult:
 
 
 def env_names(cfg: RunConfig) -> list[str]:
-    """rollout.env and every distinct `env` column value of the training rows."""
-    names = [cfg.rollout.env] if cfg.rollout.env else []
-    for row in train_rows(cfg) if cfg.rollout.env is not None else []:
+    """The env source's environment and every distinct `env` column value of the training rows."""
+    source = cfg.rollout.source
+    if not isinstance(source, EnvSourceConfig):
+        return []
+    names = [source.env]
+    for row in train_rows(cfg):
         env = row.get("env")
         if isinstance(env, str) and env not in names:
             names.append(env)
@@ -209,7 +213,7 @@ def renders(name: str) -> bool:
 
     factory: Any = ENVIRONMENTS.get(name)
     if factory is None and ":" in name:
-        factory = load_plugin(name, "rollout.env")
+        factory = load_plugin(name, "rollout.source.env")
     if factory is None:
         return False
     target = factory if isinstance(factory, type) else make_env(name)
@@ -225,12 +229,12 @@ def rendering_envs(cfg: RunConfig) -> tuple[list[str], CheckResult | None]:
                 out.append(name)
         except PluginError as err:  # an import path that does not resolve: the run would fail the same way
             return out, fail(
-                "environment", str(err), "fix rollout.env (a registered name or pkg.module:Class)."
+                "environment", str(err), "fix rollout.source.env (a registered name or pkg.module:Class)."
             )
         except Exception as err:  # the environment's constructor raised
             return out, fail(
                 "environment",
                 f"env {name!r} does not load ({type(err).__name__}: {err})",
-                "fix rollout.env (a registered name or pkg.module:Class).",
+                "fix rollout.source.env (a registered name or pkg.module:Class).",
             )
     return out, None

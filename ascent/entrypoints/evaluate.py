@@ -2,8 +2,8 @@
 environment's episodes (`--env`), or with an agent written against the OpenAI API (`--agent`).
 
 It runs the same pieces as validation inside `ascent train`: prompt rendering, the rollout engine, the
-reward runner; environments in worker processes; for an agent, the endpoint and agent processes that
-`rollout.agent` trains through (`ascent.orchestrator.agents`), served from the evaluated checkpoint. Greedy
+reward runner; environments in worker processes; for an agent, the endpoint and agent processes that an agent
+`rollout.source` trains through (`ascent.orchestrator.agents`), served from the evaluated checkpoint. Greedy
 decoding by default, so two evaluations of one checkpoint agree. With `progress` (the CLI's case) the prompts
 go to the engine in about `PROGRESS_PARTS` parts of whole generation batches, each followed by a progress
 line (`ascent.tracking.Progress`), so a long evaluation is not silent.
@@ -233,7 +233,7 @@ def run_agent_eval(
     reward_timeout_s: float = 30.0,
 ) -> dict[str, float]:
     """Play `samples` episodes of the agent at `agent` (pkg.module:run) on every row of `data`, against an
-    endpoint served from the checkpoint at `model` as `rollout.agent` serves the policy (the endpoint's
+    endpoint served from the checkpoint at `model` as `rollout.source.agent` serves the policy (the endpoint's
     context: `max_prompt_tokens + max_episode_tokens`); `reward` scores the last reply of an episode whose
     agent returns None. Accuracy is the share of episodes with reward >= 1; an episode that failed counts as
     0."""
@@ -241,7 +241,7 @@ def run_agent_eval(
     try:  # a bad --agent fails before anything heavy starts
         load_agent(agent)
     except AgentLoadError as err:
-        raise AgentLoadError(str(err).replace("rollout.agent", "--agent")) from err
+        raise AgentLoadError(str(err).replace("rollout.source.agent", "--agent")) from err
     tok = load_tokenizer(model)
     rows = load_rows(data)[:max_prompts] if max_prompts else load_rows(data)
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731

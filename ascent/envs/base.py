@@ -106,7 +106,7 @@ def _lazy(import_path: str) -> Callable[[], Environment]:
     such as pydantic for tools, load only when asked for)."""
 
     def factory() -> Environment:
-        made: Environment = load_plugin(import_path, "rollout.env")()
+        made: Environment = load_plugin(import_path, "rollout.source.env")()
         return made
 
     return factory
@@ -124,7 +124,7 @@ class EnvNotFoundError(AscentError):
     """An environment name or import path that does not resolve."""
 
 
-def make_env(name_or_import_path: str, field: str = "rollout.env") -> Environment:
+def make_env(name_or_import_path: str, field: str = "rollout.source.env") -> Environment:
     """A fresh environment: a registered name, or `pkg.module:Class` (any zero-argument callable); `field`
     names the setting in errors."""
     factory = ENVIRONMENTS.get(name_or_import_path)

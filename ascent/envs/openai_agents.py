@@ -5,15 +5,16 @@ A user's agent is a function `run(client, row)`: async with an `openai.AsyncOpen
 `openai.OpenAI` one. The client points at the run's own endpoint (`ascent.rollout.server`) and sends a session
 header, so every call the agent makes is recorded under its episode. `run` returns the episode's reward, or
 None to have the run's reward function score the last reply. It is named by import path
-(`rollout.agent=pkg.module:run`) and runs in agent processes (`play` is what a process runs: one chunk of
-episodes at once on an asyncio loop, each bounded by its timeout, a `LoopWatchdog` stopping an agent that
-blocks the loop; a plain agent runs on a daemon thread of its own, so one that hangs is left behind, not
-waited for), so an agent that raises, hangs or kills its process costs its episodes, never the run.
+(`rollout.source={name: agent, agent: pkg.module:run}`) and runs in agent processes (`play` is what a process
+runs: one chunk of episodes at once on an asyncio loop, each bounded by its timeout, a `LoopWatchdog` stopping
+an agent that blocks the loop; a plain agent runs on a daemon thread of its own, so one that hangs is left
+behind, not waited for), so an agent that raises, hangs or kills its process costs its episodes, never the
+run.
 
 An episode that outgrows its budget is the policy's doing, not the agent's: the endpoint answers a call whose
-prompt and `max_tokens` pass the run's context (`data.max_prompt_tokens + rollout.max_episode_tokens`) with
-the 400 `context_length_exceeded` that OpenAI answers, which a real agent raises on. Each client watches its
-responses for that answer (`BudgetWatch`, an httpx response hook), so the result says the episode was
+prompt and `max_tokens` pass the run's context (`data.max_prompt_tokens + rollout.source.max_episode_tokens`)
+with the 400 `context_length_exceeded` that OpenAI answers, which a real agent raises on. Each client watches
+its responses for that answer (`BudgetWatch`, an httpx response hook), so the result says the episode was
 truncated, with whatever the agent did next (raised: reward 0; returned: its reward), never an error.
 
 Imports: openai (lazily, in the agent process), httpx (through openai), `ascent.errors`,
@@ -41,7 +42,7 @@ BUDGET_CODE = "context_length_exceeded"  # the endpoint's (and OpenAI's) 400 for
 
 
 class AgentLoadError(AscentError):
-    """`rollout.agent` does not name a function that can be imported."""
+    """`rollout.source.agent` does not name a function that can be imported."""
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,9 @@ class BudgetWatch:
 
 
 def load_agent(path: str) -> Callable[..., Any]:
-    """The function `pkg.module:name` names; an error naming `rollout.agent` and the fix otherwise."""
+    """The function `pkg.module:name` names; an error naming `rollout.source.agent` and the fix otherwise."""
     try:
-        fn = load_plugin(path, "rollout.agent")
+        fn = load_plugin(path, "rollout.source.agent")
     except PluginError as err:
         raise AgentLoadError(f"{err} An agent is a function run(client, row).") from err
     return fn  # type: ignore[no-any-return]
@@ -152,7 +153,7 @@ async def _play_one(fn: Callable[..., Any], spec: AgentSpec, job: AgentJob, dog:
                 out = await asyncio.wait_for(_on_thread(fn, sync_client, dict(job.row)), spec.timeout_s)
         reward, error = _reward(out), None
     except TimeoutError:
-        reward, error = None, f"timed out after {spec.timeout_s:g} s (rollout.agent_timeout_s)"
+        reward, error = None, f"timed out after {spec.timeout_s:g} s (rollout.source.timeout_s)"
     except BaseException as err:  # noqa: BLE001 - user code: anything it raises costs this episode only
         reward, error = None, f"{type(err).__name__}: {err}"
     finally:

@@ -97,7 +97,7 @@ class LoopWatchdog:
             return
         self._firing = False
         raise AgentBlockedError(
-            f"the agent blocked its event loop past rollout.agent_timeout_s={self.timeout_s:g} s (a blocking "
-            "call in async code, e.g. time.sleep or a long computation: await asyncio.sleep, or run it with "
-            "asyncio.to_thread)"
+            f"the agent blocked its event loop past rollout.source.timeout_s={self.timeout_s:g} s (a "
+            "blocking call in async code, e.g. time.sleep or a long computation: await asyncio.sleep, or run "
+            "it with asyncio.to_thread)"
         )

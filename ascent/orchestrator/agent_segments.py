@@ -1,4 +1,5 @@
-"""An agent session's recorded calls -> episodes (`rollout.agent`; the endpoint records, `agents.py` plays).
+"""An agent session's recorded calls -> episodes (an agent `rollout.source`; the endpoint records, `agents.py`
+plays).
 
 What the server generated for a session is recorded token-exact (prompt ids, sampled ids, sampler logprobs,
 policy versions, when each call started and ended), and `segments` assembles the episode from those records

@@ -1,4 +1,4 @@
-"""Training an agent through the run's own OpenAI-compatible endpoint (`rollout.agent`;
+"""Training an agent through the run's own OpenAI-compatible endpoint (an agent `rollout.source`;
 `ascent eval --agent`).
 
 The run serves its policy (`AgentService`: an `OpenAIServer` whose engine is the rollout replicas, started on
@@ -9,17 +9,18 @@ tool calls its replies wrote (`AgentService.tool_calls`, the endpoint's parser),
 
 The replicas sample as the run is configured, whatever a call asks: temperature, top_p, top_k, min_p and
 the repetition penalty are the run's, `max_tokens` is capped at `rollout.max_new_tokens` (the trainer's
-logprobs and the importance correction assume the run's sampling). An episode is cut at `rollout.max_turns`
-calls or `rollout.max_episode_tokens` response tokens. Rewards come from `run` or, when it returns None,
-from the reward function on the last reply; an agent that fails costs its episodes (reward 0, counted in
-`env/errors` and bounded by `reward.max_failure_rate`).
+logprobs and the importance correction assume the run's sampling). An episode is cut at
+`rollout.source.max_turns` calls or `rollout.source.max_episode_tokens` response tokens. Rewards come from
+`run` or, when it returns None, from the reward function on the last reply; an agent that fails costs its
+episodes (reward 0, counted in `env/errors` and bounded by `reward.max_failure_rate`).
 
 An episode that outgrows its budget ends as truncated, as the environment path's do: the endpoint refuses a
-call past `data.max_prompt_tokens + rollout.max_episode_tokens` with OpenAI's 400 `context_length_exceeded`,
-the agent process notes it (whatever the agent then does), and the session's episodes finish "length" (in
-`rollout/truncated_frac`, masked by `algorithm.mask_truncated`), reward 0 when the agent raised on it, never
-an agent failure; `agent/truncated` counts them. A batch in which no episode made a call stops the run with
-a sentence naming the fix: there is nothing to train on, whatever `reward.max_failure_rate` allows.
+call past `data.max_prompt_tokens + rollout.source.max_episode_tokens` with OpenAI's 400
+`context_length_exceeded`, the agent process notes it (whatever the agent then does), and the session's
+episodes finish "length" (in `rollout/truncated_frac`, masked by `algorithm.mask_truncated`), reward 0 when
+the agent raised on it, never an agent failure; `agent/truncated` counts them. A batch in which no episode
+made a call stops the run with a sentence naming the fix: there is nothing to train on, whatever
+`reward.max_failure_rate` allows.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 from ascent.cluster.base import WorkerGroup
 from ascent.cluster.isolated import InlineRunner, IsolatedRunner, default_workers
 from ascent.config.schema import RunConfig
+from ascent.config.sources import AgentSourceConfig
 from ascent.data import image_codec
 from ascent.envs.openai_agents import AgentJob, AgentResult, AgentSpec, play
 from ascent.errors import AscentError
@@ -50,7 +52,7 @@ from ascent.rewards import RewardInput, RewardRunner
 from ascent.rollout.server import CompletionRecord, Limits, ServerOptions
 
 MODEL_NAME = "policy"
-PROCESS_GRACE_S = 10.0  # an agent process's kill, past rollout.agent_timeout_s (the watchdog acts first)
+PROCESS_GRACE_S = 10.0  # an agent process's kill, past rollout.source.timeout_s (the watchdog acts first)
 log = logging.getLogger("ascent")
 Generate = Callable[[list[GenerationRequest]], list[list[Generation]]]
 
@@ -78,20 +80,20 @@ class AgentSetup:
 
     @classmethod
     def of(cls, cfg: RunConfig) -> AgentSetup:
-        """The setup of `rollout.agent` (set: the run trains an agent)."""
-        r = cfg.rollout
-        if r.agent is None:
-            raise ValueError("AgentSetup.of: the run has no rollout.agent")
+        """The setup of the run's agent source (`rollout.source: {name: agent, ...}`)."""
+        r, source = cfg.rollout, cfg.rollout.source
+        if not isinstance(source, AgentSourceConfig):
+            raise ValueError(f"AgentSetup.of: the run's source is {source.name}, not agent")
         return cls(
-            r.agent,
-            r.agent_timeout_s,
-            r.agent_concurrency,
+            source.agent,
+            source.timeout_s,
+            source.concurrency,
             r.env_workers,
             r.env_isolation == "inline",
             cfg.data.max_prompt_tokens,
-            r.max_episode_tokens,
+            source.max_episode_tokens,
             r.max_new_tokens,
-            r.max_turns,
+            source.max_turns,
             image_codec(cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels),
         )
 
@@ -240,8 +242,9 @@ def play_agent_groups(
 
 
 class AgentPlays:
-    """`rollout.agent` in the RL loop: its endpoint and agent processes (an `AgentService`), started on the
-    first play, stopped by `close`; scores the plays whose agent returned None with the reward function."""
+    """An agent `rollout.source` in the RL loop: its endpoint and agent processes (an `AgentService`), started
+    on the first play, stopped by `close`; scores the plays whose agent returned None with the reward
+    function."""
 
     def __init__(
         self, setup: AgentSetup, generate: Generate, params: SamplingParams, tokenizer: Any, scorer: Scorer
@@ -332,7 +335,7 @@ class AgentStats:
                 f"reward.max_failure_rate={max_failure_rate}: {self.errors} of {self.sessions} agent "
                 "episodes "
                 "failed (their errors are in the log and the experience store). Fix the agent, raise "
-                "rollout.agent_timeout_s if they time out, or raise reward.max_failure_rate."
+                "rollout.source.timeout_s if they time out, or raise reward.max_failure_rate."
             )
         n = max(self.sessions, 1)
         return {
@@ -346,18 +349,19 @@ class AgentStats:
         }
 
     def _nothing_to_train(self) -> str:
-        head = f"rollout.agent: none of {self.sessions} agent episodes left a call to train on"
+        head = f"rollout.source.agent: none of {self.sessions} agent episodes left a call to train on"
         if self.first_refusal is not None:
             return (
                 f"{head}: the endpoint refused their first call, which does not fit the context of "
-                f"data.max_prompt_tokens + rollout.max_episode_tokens ({self.first_refusal}). Raise those, "
-                "or have the agent ask for fewer max_tokens (the run caps replies at rollout.max_new_tokens)."
+                f"data.max_prompt_tokens + rollout.source.max_episode_tokens ({self.first_refusal}). Raise "
+                "those, or have the agent ask for fewer max_tokens (the run caps replies at "
+                "rollout.max_new_tokens)."
             )
         if self.first_error is not None:
             return (
                 f"{head}: every one failed before its first call (first: {self.first_error}), whatever "
                 "reward.max_failure_rate allows. Fix the agent (its errors are in the log); raise "
-                "rollout.agent_timeout_s if they time out."
+                "rollout.source.timeout_s if they time out."
             )
         return (
             f"{head}; run(client, row) must generate with the client it is given "

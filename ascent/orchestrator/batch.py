@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -151,19 +151,31 @@ def _turn_rewards(e: Episode) -> list[float] | None:
     return turn_end_rewards(turns, e.loss_mask)
 
 
+@dataclass(frozen=True)
+class Advantage:
+    """The run's advantage estimator and the options it takes, resolved once at setup (`advantage_of`)."""
+
+    estimator: Callable[..., Any]
+    options: dict[str, Any]
+
+
+def advantage_of(algo_cfg: AlgorithmConfig) -> Advantage:
+    """`algorithm.advantage` (a built-in or a plug-in) with the settings it names as parameters."""
+    estimator = resolve(ADVANTAGE_ESTIMATORS, algo_cfg.advantage.name, "algorithm.advantage")
+    return Advantage(estimator, options_for(estimator, algo_cfg.settings_for(algo_cfg.advantage)))
+
+
 def compute_advantages(
     groups: Sequence[Group],
-    algo_cfg: AlgorithmConfig,
+    advantage: Advantage,
     *,
     token_rewards: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the configured advantage estimator on the options it takes.
+    """Run the run's advantage estimator on the options it takes.
 
     Returns (advantages [B, T], returns [B, T])."""
-    estimator = resolve(ADVANTAGE_ESTIMATORS, algo_cfg.advantage.name, "algorithm.advantage")
-    opts = options_for(estimator, algo_cfg.settings_for(algo_cfg.advantage))
-    out = estimator(advantage_inputs(groups, token_rewards, values), **opts)
+    out = advantage.estimator(advantage_inputs(groups, token_rewards, values), **advantage.options)
     return out.advantages, out.returns
 
 

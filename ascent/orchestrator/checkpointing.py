@@ -22,6 +22,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -141,11 +142,42 @@ def resume_state(
     return path, state
 
 
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """What the loop's checkpoints read of the config, taken once at setup (`of`): when to save
+    (`checkpoint.every`, and on a signal `checkpoint.on_interrupt`), what (`save_optimizer`, `hf_weights`),
+    how many to keep, and the resolved config a checkpoint saves for `--resume` to compare."""
+
+    run_dir: str
+    iterations: int
+    every: int
+    keep_last: int
+    save_optimizer: bool
+    hf_weights: str
+    on_interrupt: bool
+    config: dict[str, Any]
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> CheckpointSpec:
+        c = cfg.checkpoint
+        config = cfg.model_dump(mode="json")
+        return cls(
+            cfg.run_dir,
+            cfg.iterations,
+            c.every,
+            c.keep_last,
+            c.save_optimizer,
+            c.hf_weights,
+            c.on_interrupt,
+            config,
+        )
+
+
 def save(run: Run, state: LoopState, iteration: int) -> Path:
     """Checkpoint `iteration` of an RL run: trainer (and critic) weights and optimizer, data position, KL."""
-    cfg = run.cfg
-    optimizer = cfg.checkpoint.save_optimizer
-    hf = cfg.checkpoint.hf_weights == "every" or iteration == cfg.iterations
+    spec = run.spec.checkpoint
+    optimizer = spec.save_optimizer
+    hf = spec.hf_weights == "every" or iteration == spec.iterations
     writers = [
         lambda d: run.trainer.call(TrainerWorker.save, d, optimizer, hf),
         run.data.tokenizer.save_pretrained,
@@ -156,10 +188,10 @@ def save(run: Run, state: LoopState, iteration: int) -> Path:
     saved = {
         "sampler": run.collector.sampler_state(state.sampler, iteration),  # before draws prefetched for later
         **state.state_dict(),
-        "config": cfg.model_dump(mode="json"),
-        "fingerprints": R.fingerprints(cfg.model_dump(mode="json")),
+        "config": spec.config,
+        "fingerprints": R.fingerprints(spec.config),
     }
-    return commit(cfg.run_dir, iteration, writers, saved, cfg.checkpoint.keep_last)
+    return commit(spec.run_dir, iteration, writers, saved, spec.keep_last)
 
 
 def restore(run: Run, state: LoopState, found: tuple[Path, dict[str, Any]]) -> int:
@@ -170,6 +202,6 @@ def restore(run: Run, state: LoopState, found: tuple[Path, dict[str, Any]]) -> i
     if run.critic is not None:
         run.critic.call(CriticWorkerActor.load, str(path))
     state.load_state_dict(saved)
-    trim_after(run.cfg.run_dir, int(saved["iteration"]))
+    trim_after(run.spec.run_dir, int(saved["iteration"]))
     log.info("resumed from %s (iteration %d)", path, saved["iteration"])
     return int(saved["iteration"])

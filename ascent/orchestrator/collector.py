@@ -50,8 +50,6 @@ from typing import Any
 import torch
 
 from ascent.algorithms.dapo import filter_groups_with_variance
-from ascent.config.rollout import RolloutConfig
-from ascent.config.schema import RunConfig
 from ascent.data.sampler import PromptSampler
 from ascent.errors import AscentError
 from ascent.messages import Episode, Group, ImageInput, SamplingParams, flatten
@@ -60,7 +58,7 @@ from ascent.orchestrator import experience
 from ascent.orchestrator.experience import ExperienceLog
 from ascent.orchestrator.group_hooks import GroupHook, HookTally, apply_group_hooks
 from ascent.orchestrator.sampling import RolloutStats
-from ascent.orchestrator.shaping import shape_rewards
+from ascent.orchestrator.shaping import Shaping, shape_rewards
 from ascent.orchestrator.sources import EpisodeSource, Pending, PromptSource
 from ascent.tracking import Timeline
 
@@ -72,6 +70,24 @@ def batch_seed(seed: int, it: int, batch: int) -> int:
 
 class DynamicSamplingError(AscentError):
     """Dynamic sampling could not fill the batch within `algorithm.max_sample_batches`."""
+
+
+@dataclass(frozen=True)
+class CollectSpec:
+    """What the collector reads of the run's config, built once at setup (`specs.collect_spec`): the groups
+    an iteration trains on (`rollout.prompts_per_step`), the sampling seed (`seed`), the staleness bound and
+    what becomes of a stale group (`rollout.max_staleness`, `rollout.stale_groups`), DAPO dynamic sampling
+    and its bound (`algorithm.dynamic_sampling`, `algorithm.max_sample_batches`), ReMax's greedy baseline
+    (`algorithm.advantage=remax`) and the reward shaping."""
+
+    prompts_per_step: int
+    seed: int
+    max_staleness: int = 0
+    stale_groups: str = "drop"
+    max_sample_batches: int = 10
+    dynamic_sampling: bool = False
+    greedy_baseline: bool = False
+    shaping: Shaping = Shaping(max_new_tokens=256)
 
 
 @dataclass(frozen=True)
@@ -90,16 +106,14 @@ class Collector:
         source: EpisodeSource,
         items: Sequence[Any],
         params: SamplingParams,
-        seed: int,
-        max_staleness: int,
-        stale_groups: str,
+        spec: CollectSpec,
         hooks: Sequence[GroupHook] = (),
     ) -> None:
         """Batches of the training prompts `items` (`PromptItem`s) from `source`, sampled with `params`
-        and seeds derived from `seed` (`batch_seed`); `hooks`: the run's group hooks
+        and seeds derived from `spec.seed` (`batch_seed`); `hooks`: the run's group hooks
         (`group_hooks.build_group_hooks`)."""
-        self.source, self.items, self.params, self.seed = source, items, params, seed
-        self.max_staleness, self.stale_groups = max_staleness, stale_groups
+        self.source, self.items, self.params, self.spec = source, items, params, spec
+        self.seed, self.max_staleness = spec.seed, spec.max_staleness
         self.hooks = list(hooks)
         self._ahead: dict[int, _Ahead] = {}
         self._redo: list[Any] = []  # prompts of stale groups to sample again (stale_groups=regenerate)
@@ -138,7 +152,6 @@ class Collector:
 
     def collect(
         self,
-        cfg: RunConfig,
         prompts: PromptSource,
         timeline: Timeline,
         log: ExperienceLog,
@@ -150,30 +163,32 @@ class Collector:
         staleness bound and, with DAPO dynamic sampling, groups without reward signal are replaced until
         `prompts_per_step` remain; what is left out goes to the experience `log`. ReMax's greedy baselines are
         sampled from the single-turn `prompts`."""
-        a = cfg.algorithm
-        want = cfg.rollout.prompts_per_step
+        spec = self.spec
+        want = spec.prompts_per_step
         kept: list[Group] = []
         metrics: dict[str, float] = {}
         tally = HookTally()  # the group hooks' metrics, over the batches
         batches, dropped, idle = 0, 0, 0.0
         while len(kept) < want:
-            if batches >= a.max_sample_batches:
-                raise DynamicSamplingError(_too_many_batches(a.max_sample_batches, len(kept), want, dropped))
+            if batches >= spec.max_sample_batches:
+                raise DynamicSamplingError(
+                    _too_many_batches(spec.max_sample_batches, len(kept), want, dropped)
+                )
             with timeline.phase("generate", iteration=it):
                 groups, stats = self.next_batch(sampler, it, batches)
             idle += stats.engine_idle_s
             with timeline.phase("reward", iteration=it):
                 groups, batch_metrics = self.source.score(groups)
                 metrics = _merge(metrics, batch_metrics | stats.metrics, batches)
-            shaped = shape_rewards(a, cfg.rollout.max_new_tokens, groups)
+            shaped = shape_rewards(spec.shaping, groups)
             groups, stale = self.split_stale(shaped, trainer_version=it - 1)
-            experience.record_left_out(log, it, shaped, groups, "dropped_stale", _stale_reason(cfg.rollout))
+            experience.record_left_out(log, it, shaped, groups, "dropped_stale", _stale_reason(spec))
             dropped += stale
             if self.hooks:
                 groups = self._hooked(groups, log, it, tally)
-            if a.advantage.name == "remax":
-                groups = with_greedy_baseline(cfg, prompts, groups, it, batches)
-            if a.dynamic_sampling:
+            if spec.greedy_baseline:
+                groups = self.with_greedy_baseline(prompts, groups, it, batches)
+            if spec.dynamic_sampling:
                 before, groups = groups, _groups_with_signal(groups)
                 experience.record_left_out(
                     log, it, before, groups, "filtered", "dynamic_sampling: equal rewards"
@@ -213,15 +228,26 @@ class Collector:
         for group in groups:
             if max(staleness(e, trainer_version) for e in group.episodes) > self.max_staleness:
                 dropped += len(group.episodes)
-                if self.stale_groups == "regenerate":
+                if self.spec.stale_groups == "regenerate":
                     self._redo.append(item_of(group.episodes[0]))
             else:
                 fresh.append(group)
         return fresh, dropped
 
+    def with_greedy_baseline(
+        self, prompts: PromptSource, groups: list[Group], it: int, batch: int
+    ) -> list[Group]:
+        """ReMax: the groups, each with the (shaped) reward of one greedy response to its task, sampled with
+        the current weights, as its baseline."""
+        params = replace(self.params, temperature=0.0, n=1)
+        items = [item_of(g.episodes[0]) for g in groups]
+        greedy = prompts.generate(items, params, seed=batch_seed(self.seed, it, batch))
+        greedy = shape_rewards(self.spec.shaping, prompts.score(greedy)[0])
+        return [replace(g, baseline_reward=b.episodes[0].reward) for g, b in zip(groups, greedy, strict=True)]
 
-def _stale_reason(r: RolloutConfig) -> str:
-    return f"older than rollout.max_staleness={r.max_staleness} (stale_groups={r.stale_groups})"
+
+def _stale_reason(spec: CollectSpec) -> str:
+    return f"older than rollout.max_staleness={spec.max_staleness} (stale_groups={spec.stale_groups})"
 
 
 def _too_many_batches(limit: int, have: int, want: int, dropped: int) -> str:
@@ -233,18 +259,6 @@ def _too_many_batches(limit: int, have: int, want: int, dropped: int) -> str:
         "raise max_sample_batches or rollout.samples_per_prompt, or turn dynamic sampling off (the filters of "
         "reward.group_hooks replace the groups they drop the same way: widen them)."
     )
-
-
-def with_greedy_baseline(
-    cfg: RunConfig, prompts: PromptSource, groups: list[Group], it: int, batch: int
-) -> list[Group]:
-    """ReMax: the groups, each with the (shaped) reward of one greedy response to its task, sampled with the
-    current weights, as its baseline."""
-    params = replace(B.sampling_params(cfg.rollout), temperature=0.0, n=1)
-    items = [item_of(g.episodes[0]) for g in groups]
-    greedy = prompts.generate(items, params, seed=batch_seed(cfg.seed, it, batch))
-    greedy = shape_rewards(cfg.algorithm, cfg.rollout.max_new_tokens, prompts.score(greedy)[0])
-    return [replace(g, baseline_reward=b.episodes[0].reward) for g, b in zip(groups, greedy, strict=True)]
 
 
 def _groups_with_signal(groups: list[Group]) -> list[Group]:

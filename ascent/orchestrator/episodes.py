@@ -1,4 +1,5 @@
-"""Multi-turn episodes in the RL loop (`rollout.env`): prompts from the environments, groups from the runner.
+"""Multi-turn episodes in the RL loop (an env `rollout.source`): prompts from the environments, groups from
+the runner.
 
 `env_items` renders each row's prompt from its environment's `reset(row)` (so the length checks and the
 prompt report work as for single-turn data); `collect_env_groups` plays a batch of rows through
@@ -14,7 +15,7 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ascent.cluster.base import WorkerGroup
@@ -38,15 +39,18 @@ class EnvFailureError(AscentError):
 
 
 def env_name(row: dict[str, Any], default: str | None) -> str:
-    """The row's own `env` (or SkyRL's `env_class`) column, else `rollout.env`."""
+    """The row's own `env` (or SkyRL's `env_class`) column, else `default` (the env source's `env`)."""
     return str(row_env(row) or default)
 
 
-def env_items(rows: Sequence[dict[str, Any]], tok: Any, cfg: Any) -> tuple[list[PromptItem], RenderReport]:
-    """Each row's prompt as its environment starts it (reset in the environment processes unless
-    `rollout.env_isolation=inline`); rows whose prompt is over `data.max_prompt_tokens` are left out
-    (reported). A row an environment refuses is an error naming the row."""
-    limit, names = cfg.data.max_prompt_tokens, [env_name(row, cfg.rollout.env) for row in rows]
+def env_items(
+    rows: Sequence[dict[str, Any]], tok: Any, env: str, cfg: Any
+) -> tuple[list[PromptItem], RenderReport]:
+    """Each row's prompt as its environment (its `env` column, else `env`) starts it (reset in the
+    environment processes unless `rollout.env_isolation=inline`); rows whose prompt is over
+    `data.max_prompt_tokens` are left out (reported). A row an environment refuses is an error naming the
+    row."""
+    limit, names = cfg.data.max_prompt_tokens, [env_name(row, env) for row in rows]
     chat, items, report = ChatTokens(tok), [], RenderReport(total=len(rows), max_tokens=limit)
     with env_hosts(cfg.rollout) as hosts:
         envs = HostedEnvs(hosts, names) if hosts else InProcessEnvs([make_env(n) for n in names])
@@ -125,8 +129,19 @@ class EnvRunners:
                 self._actors = None
 
 
+@dataclass(frozen=True)
+class EnvEpisodes:
+    """What an env source's episodes are (`rollout.source` env): the environment of rows without an `env`
+    column, and the cuts at `max_turns` model turns and `max_tokens` response tokens."""
+
+    env: str
+    max_turns: int
+    max_tokens: int
+
+
 def collect_env_groups(
     envs: EnvRunners,
+    episodes: EnvEpisodes,
     rollout: WorkerGroup[RolloutWorker],
     tokenizer: Any,
     items: Sequence[Any],
@@ -136,9 +151,10 @@ def collect_env_groups(
 ) -> list[Group]:
     """`params.n` episodes of every item's environment (run in `envs`, each turn sampled on the `rollout`
     replicas) -> one group per item, in order."""
-    r = envs.cfg.rollout
     n = params.n
-    tasks = [Task(env_name(it.metadata, r.env), it.metadata, it.row_id) for it in items for _ in range(n)]
+    tasks = [
+        Task(env_name(it.metadata, episodes.env), it.metadata, it.row_id) for it in items for _ in range(n)
+    ]
 
     def generate(requests: list[GenerationRequest]) -> list[list[Generation]]:
         # by request_id, the episode's index: each episode keeps its replica (and its cached history)
@@ -147,16 +163,16 @@ def collect_env_groups(
         return [flat[k] for k in positions]
 
     with envs.batch() as hosts:
-        episodes = run_episodes(
+        played = run_episodes(
             tasks,
             generate,
             ChatTokens(tokenizer),
             replace(params, seed=seed),
-            max_turns=r.max_turns,
-            max_tokens=r.max_episode_tokens,
+            max_turns=episodes.max_turns,
+            max_tokens=episodes.max_tokens,
             hosts=hosts,
         )
-    return [Group(tuple(episodes[i * n : (i + 1) * n])) for i in range(len(items))]
+    return [Group(tuple(played[i * n : (i + 1) * n])) for i in range(len(items))]
 
 
 def env_metrics(groups: Sequence[Group], max_failure_rate: float) -> dict[str, float]:

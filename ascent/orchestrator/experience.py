@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ascent.config.rollout import RolloutConfig
 from ascent.config.schema import RunConfig
+from ascent.config.sources import AgentSourceConfig, EnvSourceConfig
 from ascent.messages import Episode, Group, TrainSample, flatten
 from ascent.orchestrator.episodes import env_name
 from ascent.tracking.experience_store import FILE_NAME
@@ -33,26 +33,50 @@ ZERO_ADVANTAGE = "zero_advantage: every advantage is 0 (algorithm.filter_zero_ad
 @dataclass(frozen=True)
 class ExperienceLog:
     """Where the loop records episodes: the store's `writer` (None: `tracking.experience_store` is off, and
-    recording does nothing), and what labels an entry (the rollout section: the environment or agent of an
-    episode; whether zero-advantage episodes are filtered)."""
+    recording does nothing), and what labels an entry: the run's agent (its import path) or environment
+    (a row's own `env` column wins), None for single-turn runs; whether zero-advantage episodes are
+    filtered."""
 
     writer: ExperienceWriter | None
-    rollout: RolloutConfig
+    agent: str | None = None
+    env: str | None = None
     filter_zero_advantage: bool = False
 
 
+@dataclass(frozen=True)
+class ExperienceSpec:
+    """What `recording` is built from, taken from the config once at setup (`of`): the store's file (None:
+    `tracking.experience_store` is off), the tokenizer it names, and the labels of `ExperienceLog`."""
+
+    path: str | None
+    tokenizer: str
+    agent: str | None = None
+    env: str | None = None
+    filter_zero_advantage: bool = False
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> ExperienceSpec:
+        source = cfg.rollout.source
+        return cls(
+            str(Path(cfg.run_dir) / FILE_NAME) if cfg.tracking.experience_store else None,
+            cfg.model.tokenizer_path or cfg.model.path,
+            source.agent if isinstance(source, AgentSourceConfig) else None,
+            source.env if isinstance(source, EnvSourceConfig) else None,
+            cfg.algorithm.filter_zero_advantage,
+        )
+
+
 @contextmanager
-def recording(cfg: RunConfig, tokenizer: Any, start: int) -> Iterator[ExperienceLog]:
-    """Record the episodes of iterations `start + 1 ..` in `<run_dir>/experience.db` through the log this
+def recording(spec: ExperienceSpec, tokenizer: Any, start: int) -> Iterator[ExperienceLog]:
+    """Record the episodes of iterations `start + 1 ..` in the store (`spec.path`) through the log this
     yields; the writer is closed however the run ends."""
-    if not cfg.tracking.experience_store:
-        yield ExperienceLog(None, cfg.rollout)
+    if spec.path is None:
+        yield ExperienceLog(None, spec.agent, spec.env)
         return
-    path = Path(cfg.run_dir) / FILE_NAME
-    prepare_store(path, keep_through=start, meta={"tokenizer": cfg.model.tokenizer_path or cfg.model.path})
-    writer = ExperienceWriter(path, decode=_decoder(tokenizer))
+    prepare_store(Path(spec.path), keep_through=start, meta={"tokenizer": spec.tokenizer})
+    writer = ExperienceWriter(Path(spec.path), decode=_decoder(tokenizer))
     try:
-        yield ExperienceLog(writer, cfg.rollout, cfg.algorithm.filter_zero_advantage)
+        yield ExperienceLog(writer, spec.agent, spec.env, spec.filter_zero_advantage)
     finally:
         writer.close()
 
@@ -76,7 +100,7 @@ def record_left_out(
     kept = {id(g) for g in after}
     left = [e for g in before if id(g) not in kept for e in g.episodes]
     log.writer.put(
-        Entry(e, it, status, trainer_version=it - 1, reason=reason, env=_env(log.rollout, e)) for e in left
+        Entry(e, it, status, trainer_version=it - 1, reason=reason, env=_env(log, e)) for e in left
     )
 
 
@@ -100,7 +124,7 @@ def record_trained(
                 trainer_version=it - 1,
                 group_index=g,
                 reason=ZERO_ADVANTAGE if filtered else None,
-                env=_env(log.rollout, e),
+                env=_env(log, e),
                 advantage=_mean_advantage(e, s),
             )
         )
@@ -113,9 +137,9 @@ def _mean_advantage(e: Episode, s: TrainSample) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _env(r: RolloutConfig, e: Episode) -> str | None:
+def _env(log: ExperienceLog, e: Episode) -> str | None:
     """The environment an episode ran in (as `env_name` chose it), or the agent's import path; None for
     single-turn reward runs."""
-    if r.agent is not None:
-        return str(r.agent)
-    return None if r.env is None else env_name(e.metadata, r.env)
+    if log.agent is not None:
+        return log.agent
+    return None if log.env is None else env_name(e.metadata, log.env)

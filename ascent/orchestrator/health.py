@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ascent.config.schema import RunConfig
@@ -33,6 +34,37 @@ random-init model starts at the maximum; that is not a divergence)."""
 
 class TrainingDiverged(AscentError):
     """The loss or the gradient diverged; the message names the metric, the last good checkpoint, the fix."""
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """The settings the health messages name (and the one the divergence check reads), taken from the config
+    once at setup (`of`)."""
+
+    run_dir: str
+    model_path: str
+    fp16: bool  # model.dtype=fp16: a non-finite gradient is the loss scaler's, not a divergence
+    lr: float
+    max_grad_norm: float | None
+    reward_source: str  # what rewards the episodes: `reward.fn=...` or the env or agent source
+    samples_per_prompt: int
+    temperature: float
+    max_new_tokens: int
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> RunFacts:
+        r = cfg.rollout
+        return cls(
+            run_dir=cfg.run_dir,
+            model_path=cfg.model.path,
+            fp16=cfg.model.dtype == "fp16",
+            lr=cfg.train.lr,
+            max_grad_norm=cfg.train.max_grad_norm,
+            reward_source=r.source.label if r.multi_turn else f"reward.fn={cfg.reward.fn!r}",
+            samples_per_prompt=r.samples_per_prompt,
+            temperature=r.temperature,
+            max_new_tokens=r.max_new_tokens,
+        )
 
 
 def has_policy_gradient(samples: Sequence[TrainSample]) -> bool:
@@ -57,19 +89,19 @@ def zero_gradient(metrics: dict[str, float]) -> bool:
 
 class EqualRewardWatch:
     """Counts consecutive iterations whose every group had equal reward; `observe` returns a warning once,
-    when the count reaches `patience` (None otherwise, and ever after)."""
+    when the count reaches `patience` (None otherwise, and ever after), naming the run's settings (`facts`)."""
 
-    def __init__(self, patience: int = EQUAL_REWARD_PATIENCE) -> None:
-        self.patience, self.count, self.warned = patience, 0, False
+    def __init__(self, facts: RunFacts, patience: int = EQUAL_REWARD_PATIENCE) -> None:
+        self.facts, self.patience, self.count, self.warned = facts, patience, 0, False
 
-    def observe(self, groups: Sequence[Group], it: int, cfg: RunConfig, truncated_frac: float) -> str | None:
+    def observe(self, groups: Sequence[Group], it: int, truncated_frac: float) -> str | None:
         equal = all(_spread([e.reward for e in g.episodes]) == 0.0 for g in groups)
         self.count = self.count + 1 if equal else 0
         if self.warned or self.count < self.patience:
             return None
         self.warned = True
         rewards = sorted({e.reward for g in groups for e in g.episodes})
-        return equal_reward_message(cfg, it - self.count + 1, it, rewards, truncated_frac)
+        return equal_reward_message(self.facts, it - self.count + 1, it, rewards, truncated_frac)
 
 
 def _spread(values: list[float]) -> float:
@@ -77,21 +109,19 @@ def _spread(values: list[float]) -> float:
 
 
 def equal_reward_message(
-    cfg: RunConfig, first: int, last: int, rewards: list[float], truncated_frac: float
+    facts: RunFacts, first: int, last: int, rewards: list[float], truncated_frac: float
 ) -> str:
     """The warning of `EqualRewardWatch`: what happened, and the likely causes with this run's settings."""
-    r = cfg.rollout
     shown = ", ".join(f"{x:g}" for x in rewards[:5]) + (", ..." if len(rewards) > 5 else "")
-    source = f"rollout.env={r.env!r}" if r.env else f"reward.fn={cfg.reward.fn!r}"
     return (
         f"iterations {first}-{last}: every group had equal rewards (rewards seen: {shown}), so every "
         "advantage is zero and nothing is learned (train/skipped_steps counts the steps not taken). Likely "
-        f"causes: {source} returns the same value for every response (check it on a few); the answers "
+        f"causes: {facts.reward_source} returns the same value for every response (check it on a few); the answers "
         "are out "
         "of the model's reach (start from an SFT warm start, or easier rows); "
-        f"rollout.samples_per_prompt={r.samples_per_prompt} is too small for a group to differ; "
-        f"rollout.temperature={r.temperature} is too low for the samples to differ; "
-        f"rollout.max_new_tokens={r.max_new_tokens} cuts responses short "
+        f"rollout.samples_per_prompt={facts.samples_per_prompt} is too small for a group to differ; "
+        f"rollout.temperature={facts.temperature} is too low for the samples to differ; "
+        f"rollout.max_new_tokens={facts.max_new_tokens} cuts responses short "
         f"({truncated_frac:.0%} were truncated this iteration)."
     )
 
@@ -106,8 +136,8 @@ class DivergenceCheck:
     exactly 0.
     """
 
-    def __init__(self, cfg: RunConfig, vocab_size: int) -> None:
-        self.cfg = cfg
+    def __init__(self, facts: RunFacts, vocab_size: int) -> None:
+        self.facts = facts
         self.max_entropy = math.log(max(vocab_size, 2))
         self.first_entropy: float | None = None
 
@@ -117,7 +147,7 @@ class DivergenceCheck:
         if loss is not None and not math.isfinite(loss):
             return "loss/total", loss, "the loss is not finite"
         norm = metrics.get("grad_norm")
-        if norm is not None and not math.isfinite(norm) and self.cfg.model.dtype != "fp16":
+        if norm is not None and not math.isfinite(norm) and not self.facts.fp16:
             return "grad_norm", norm, "the gradient is not finite"
         entropy = metrics.get("entropy")
         if entropy is not None:
@@ -137,24 +167,23 @@ class DivergenceCheck:
     def check(self, metrics: dict[str, float], it: int) -> None:
         found = self.diverged(metrics)
         if found is not None:
-            raise TrainingDiverged(divergence_message(self.cfg, it, *found))
+            raise TrainingDiverged(divergence_message(self.facts, it, *found))
 
 
-def divergence_message(cfg: RunConfig, it: int, metric: str, value: float, meaning: str) -> str:
+def divergence_message(facts: RunFacts, it: int, metric: str, value: float, meaning: str) -> str:
     """What diverged, where the last good checkpoint is, and the fix."""
-    good = checkpoint_dirs(cfg.run_dir)
-    t = cfg.train
+    good = checkpoint_dirs(facts.run_dir)
     clip = "set train.max_grad_norm (now null: no clipping; 1.0 clips the gradient norm)"
-    if t.max_grad_norm is not None:
-        clip = f"lower train.max_grad_norm (now {t.max_grad_norm})"
+    if facts.max_grad_norm is not None:
+        clip = f"lower train.max_grad_norm (now {facts.max_grad_norm})"
     if good:
         where = (
             f"the last good checkpoint is {str(good[-1])!r}: resume from it with `ascent train <config> "
             f"train.lr=<lower> --resume-from {Path(good[-1]).name} --accept-changes`"
         )
     else:
-        where = f"no checkpoint was saved before it: start again from model.path={cfg.model.path!r}"
+        where = f"no checkpoint was saved before it: start again from model.path={facts.model_path!r}"
     return (
         f"training diverged at iteration {it}: {metric}={value} ({meaning}). The run stopped before saving "
-        f"this iteration's checkpoint; {where}. Fix: lower train.lr (now {t.lr}) and {clip}."
+        f"this iteration's checkpoint; {where}. Fix: lower train.lr (now {facts.lr}) and {clip}."
     )

@@ -15,14 +15,13 @@ import time
 import torch
 
 from ascent.cluster.base import WorkerGroup
-from ascent.config.schema import RunConfig
 from ascent.messages import Episode, TrainSample, flatten
 from ascent.orchestrator import batch as B
 from ascent.orchestrator import checkpointing, experience, health, shaping
 from ascent.orchestrator.collector import record_episodes, staleness_metrics
 from ascent.orchestrator.experience import ExperienceLog
 from ascent.orchestrator.interrupt import StopFlag, stopped_message
-from ascent.orchestrator.run import LoopState, Run
+from ascent.orchestrator.run import LoopState, Run, UpdateSpec
 from ascent.orchestrator.shaping import KLController
 from ascent.orchestrator.validation import validate
 from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
@@ -32,23 +31,23 @@ log = logging.getLogger("ascent")
 
 
 def run_loop(run: Run, state: LoopState, start: int, stop: StopFlag, bus: EventBus) -> dict[str, float]:
-    """Iterations `start + 1 .. cfg.iterations`, each followed by its validation (when due), metrics (one
+    """Iterations `start + 1 .. spec.iterations`, each followed by its validation (when due), metrics (one
     `Metrics` event on the tracking `bus`), progress line and checkpoint (when due, or when a signal asks to
     stop); returns the last validation metrics."""
-    cfg, data, timeline = run.cfg, run.data, run.timeline
+    spec, data, timeline = run.spec, run.data, run.timeline
     final: dict[str, float] = {}
     publish_weights(run, version=start)  # the engines start from the trainer's weights
     if start == 0 and data.val:
         bus.publish(Metrics.of(0, validate(run, iteration=0)))
     stop.arm()  # from here a signal waits for the end of the iteration and its checkpoint
     with (
-        experience.recording(cfg, data.tokenizer, start) as log_,
-        Progress(cfg.iterations, enabled=cfg.tracking.progress, start_iteration=start) as progress,
+        experience.recording(spec.experience, data.tokenizer, start) as log_,
+        Progress(spec.iterations, enabled=spec.progress, start_iteration=start) as progress,
     ):
-        for it in range(start + 1, cfg.iterations + 1):
+        for it in range(start + 1, spec.iterations + 1):
             metrics = run_iteration(run, state, log_, it)
-            _stop_if_diverged(run, state, it, metrics, bus)
-            if data.val and (it == cfg.iterations or (cfg.val_every and it % cfg.val_every == 0)):
+            _stop_if_diverged(state, it, metrics, bus)
+            if data.val and (it == spec.iterations or (spec.val_every and it % spec.val_every == 0)):
                 with timeline.phase("validation", iteration=it):
                     final = validate(run, iteration=it)
                 metrics.update(final)
@@ -59,47 +58,47 @@ def run_loop(run: Run, state: LoopState, start: int, stop: StopFlag, bus: EventB
     return final
 
 
-def _stop_if_diverged(run: Run, state: LoopState, it: int, metrics: dict[str, float], bus: EventBus) -> None:
+def _stop_if_diverged(state: LoopState, it: int, metrics: dict[str, float], bus: EventBus) -> None:
     """After the update, before validation and the checkpoint: a diverged run logs this iteration's metrics
     and stops (`health.TrainingDiverged`, exit status 2), leaving the checkpoints saved before it intact."""
     found = state.divergence.diverged(metrics)
     if found is not None:
         bus.publish(Metrics.of(it, metrics))
-        raise health.TrainingDiverged(health.divergence_message(run.cfg, it, *found))
+        raise health.TrainingDiverged(health.divergence_message(state.divergence.facts, it, *found))
 
 
 def _checkpoint_or_stop(run: Run, state: LoopState, it: int, stop: StopFlag) -> None:
     """Checkpoint when due (or when a signal asks to stop and `checkpoint.on_interrupt`); then obey the
     signal."""
-    cfg = run.cfg
-    due = it == cfg.iterations or (cfg.checkpoint.every and it % cfg.checkpoint.every == 0)
-    interrupt = stop.requested and it < cfg.iterations
+    c = run.spec.checkpoint
+    due = it == c.iterations or (c.every and it % c.every == 0)
+    interrupt = stop.requested and it < c.iterations
     path = None
-    if due or (interrupt and cfg.checkpoint.on_interrupt):
+    if due or (interrupt and c.on_interrupt):
         with run.timeline.phase("checkpoint", iteration=it):
             path = checkpointing.save(run, state, it)
     if interrupt and stop.signum is not None:
-        raise stopped_message(stop.signum, "iteration", str(path) if path else None, it, cfg.iterations)
+        raise stopped_message(stop.signum, "iteration", str(path) if path else None, it, c.iterations)
 
 
 def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> dict[str, float]:
     """One iteration: sample and score, logprobs, advantages, update, publish. Returns its metrics."""
-    cfg, tl, collector = run.cfg, run.timeline, run.collector
+    spec, tl, collector = run.spec, run.timeline, run.collector
     t0 = time.perf_counter()
     with tl.phase("rollout", iteration=it):
-        groups, collect_metrics = collector.collect(cfg, run.prompts, tl, log_, state.sampler, it)
+        groups, collect_metrics = collector.collect(run.prompts, tl, log_, state.sampler, it)
         # async (max_staleness >= 1): the replicas sample the next iterations while this one trains
-        collector.prefetch(state.sampler, it, last=cfg.iterations)
+        collector.prefetch(state.sampler, it, last=spec.iterations)
     episodes = flatten(groups)
     collect_metrics |= staleness_metrics(episodes, trainer_version=it - 1)
     truncated = sum(e.finish_reason == "length" for e in episodes) / len(episodes)
-    if warning := state.equal_rewards.observe(groups, it, cfg, truncated):
+    if warning := state.equal_rewards.observe(groups, it, truncated):
         log.warning(warning)
     collect_metrics["time/trainer_idle"] = collector.take_waited()  # generation the trainer waited for
-    if cfg.tracking.episodes:
-        record_episodes(cfg.run_dir, it, groups, trainer_version=it - 1)
+    if spec.record_episodes:
+        record_episodes(spec.run_dir, it, groups, trainer_version=it - 1)
     samples = B.train_samples(episodes)
-    reuse = update_gives_old_logprobs(cfg, state.kl_controller, len(episodes), it)
+    reuse = update_gives_old_logprobs(spec.update, state.kl_controller, len(episodes), it)
     if run.colocated:
         # the engine is idle until the next publish: free its KV cache and weights before the trainer's
         # logprob passes and update (a full set of weights is published before "wake")
@@ -109,14 +108,15 @@ def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> d
         ref_lp = _logprobs(run, samples, "reference") if run.needs_reference else None
         values = critic_values(run.critic, samples)
     with tl.phase("advantages", iteration=it):
-        estimator = cfg.algorithm.kl_penalty_estimator
         token_rewards, kl_metrics = shaping.kl_penalty(
-            state.kl_controller, estimator, episodes, old_lp, ref_lp
+            state.kl_controller, spec.kl_penalty_estimator, episodes, old_lp, ref_lp
         )
-        adv, returns = B.compute_advantages(groups, cfg.algorithm, token_rewards=token_rewards, values=values)
+        adv, returns = B.compute_advantages(
+            groups, spec.advantage, token_rewards=token_rewards, values=values
+        )
         samples = B.with_targets(samples, adv, old_lp, ref_lp, returns=returns, values=values)
         filter_metrics: dict[str, float] = {}
-        if cfg.algorithm.filter_zero_advantage:
+        if spec.filter_zero_advantage:
             samples, filter_metrics = B.filter_zero_advantage(samples)
         experience.record_trained(log_, it, groups, samples)  # queued: written on the store's thread
     with tl.phase("update", iteration=it):
@@ -130,7 +130,7 @@ def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> d
     if old_lp is not None:  # else the update reported the sampler/trainer mismatch from its own logprobs
         diff = B.logprob_diff(old_lp, [t.sampler_logprobs for t in episodes], [t.loss_mask for t in episodes])
         update_metrics |= {"rollout/logprob_diff_mean": diff[0], "rollout/logprob_diff_max": diff[1]}
-        B.record_logprob_outliers(cfg.run_dir, it, episodes, old_lp)
+        B.record_logprob_outliers(spec.run_dir, it, episodes, old_lp)
     tokens = sum(t.num_tokens for t in episodes)
     return {
         **collect_metrics,
@@ -148,7 +148,7 @@ def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> d
 
 
 def update_gives_old_logprobs(
-    cfg: RunConfig, kl_controller: KLController | None, num_trajectories: int, it: int
+    u: UpdateSpec, kl_controller: KLController | None, num_trajectories: int, it: int
 ) -> bool:
     """True when the separate old-logprob forward can be skipped (`train.old_logprobs=auto`).
 
@@ -157,12 +157,11 @@ def update_gives_old_logprobs(
     in the reward): the update's own logprobs, detached, are then exactly the old logprobs (ratio 1), and
     the trainer reports the sampler/trainer mismatch from them.
     """
-    t, a = cfg.train, cfg.algorithm
     return (
-        t.old_logprobs == "auto"
-        and t.epochs_per_rollout == 1
-        and num_trajectories <= t.trajectories_per_update
-        and it > a.critic_warmup_iterations
+        u.old_logprobs_auto
+        and u.epochs_per_rollout == 1
+        and num_trajectories <= u.trajectories_per_update
+        and it > u.critic_warmup_iterations
         and kl_controller is None
     )
 
@@ -208,16 +207,14 @@ def update_policy(run: Run, samples: list[TrainSample], it: int) -> dict[str, fl
     taken), train/nonfinite_steps (skipped by the trainer: non-finite gradient norm), train/zero_grad_frac
     (share of the mini-batches with a nonzero advantage whose gradient was exactly 0; see `health`).
     """
-    t, a = run.cfg.train, run.cfg.algorithm
-    critic, trainer = run.critic, run.trainer
-    gen = torch.Generator().manual_seed(run.cfg.seed * 7919 + it) if t.shuffle_mini_batches else None
-    train_actor = it > a.critic_warmup_iterations
-    other_terms = a.kl_loss_coef > 0 or a.entropy_coef != 0
+    u, critic, trainer = run.spec.update, run.critic, run.trainer
+    gen = torch.Generator().manual_seed(run.spec.seed * 7919 + it) if u.shuffle_mini_batches else None
+    train_actor = it > u.critic_warmup_iterations
     sums: dict[str, float] = {}
     counts = {"train/optimizer_steps": 0.0, "train/skipped_steps": 0.0, "train/nonfinite_steps": 0.0}
     steps, with_advantage, zero_grad = 0, 0, 0
-    for _ in range(t.epochs_per_rollout):
-        for idx in B.mini_batches(len(samples), t.trajectories_per_update, gen):
+    for _ in range(u.epochs_per_rollout):
+        for idx in B.mini_batches(len(samples), u.trajectories_per_update, gen):
             mb = [samples[i] for i in idx]
             totals = {"total_tokens": float(sum(sum(s.loss_mask) for s in mb)), "total_seqs": float(len(mb))}
             results: list[dict[str, float]] = []
@@ -227,7 +224,7 @@ def update_policy(run: Run, samples: list[TrainSample], it: int) -> dict[str, fl
                 )
             if train_actor:
                 step = health.steps_mini_batch(
-                    mb, step_on_zero_advantage=t.step_on_zero_advantage, other_terms=other_terms
+                    mb, step_on_zero_advantage=u.step_on_zero_advantage, other_terms=u.other_terms
                 )
                 shards = B.shard(mb, trainer.num_workers)
                 actor = _mean_dicts(trainer.call_split(TrainerWorker.update, shards, **totals, step=step))

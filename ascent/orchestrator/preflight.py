@@ -21,6 +21,7 @@ from ascent import algorithms as A
 from ascent.algorithms import option_names
 from ascent.config import ConfigError, RunConfig
 from ascent.config.choices import PluginChoice
+from ascent.config.sources import AgentSourceConfig
 from ascent.data.prompts import PromptItem
 from ascent.envs.openai_agents import load_agent
 from ascent.models.files import damaged_weight_file
@@ -173,5 +174,5 @@ def check_run(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, prompts: list[
     )
     check_plugins(cfg.algorithm)
     build_group_hooks(cfg.reward.group_hooks)  # resolves each hook: a bad name or import path fails now
-    if cfg.rollout.agent is not None:  # a bad import path fails before anything heavy starts
-        load_agent(cfg.rollout.agent)
+    if isinstance(cfg.rollout.source, AgentSourceConfig):  # a bad import path fails before anything heavy
+        load_agent(cfg.rollout.source.agent)

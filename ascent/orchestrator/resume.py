@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ascent.config.choices import CHOICE_FIELDS, PluginChoice, name_of, nest_choices
+from ascent.config.sources import nest_legacy
 from ascent.errors import AscentError
 from ascent.models.files import safetensors_problem
 
@@ -95,9 +96,11 @@ def config_changes(
 
 def _nested_choices(saved: dict[str, Any]) -> dict[str, Any]:
     """A config saved before the policy loss and the advantage became choices (`policy_loss: ppo` beside a
-    flat `clip_ratio_low`), in today's form; the settings its choice did not read are dropped."""
-
-    algorithm = saved.get("algorithm")
+    flat `clip_ratio_low`), or before the episode source did (`rollout.env`, `rollout.max_turns`, ...), in
+    today's form; the settings its choice did not read are dropped."""
+    algorithm, rollout = saved.get("algorithm"), saved.get("rollout")
+    if isinstance(rollout, dict):
+        saved = saved | {"rollout": nest_legacy(rollout)[0]}
     if not isinstance(algorithm, dict):
         return saved
     return saved | {"algorithm": nest_choices(algorithm, strict=False).data}

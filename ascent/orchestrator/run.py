@@ -1,5 +1,6 @@
-"""What the loop is given: `Run`, the typed parts of a run built once at setup and never changed, and
-`LoopState`, the little the loop changes from one iteration to the next (what a checkpoint saves of it).
+"""What the loop is given: `Run`, the typed parts of a run built once at setup and never changed (among them
+`LoopSpec`, what the loop reads of the config, flat), and `LoopState`, the little the loop changes from one
+iteration to the next (what a checkpoint saves of it).
 
 `build_run` chooses, once, where the run's episodes come from (`ascent.orchestrator.sources`): single-turn
 prompts sampled on the rollout replicas and scored with the reward function, an environment's episodes, or
@@ -14,18 +15,22 @@ from typing import Any
 
 from ascent.cluster.base import WorkerGroup
 from ascent.config.schema import RunConfig
+from ascent.config.sources import AgentSourceConfig, EnvSourceConfig
 from ascent.data.sampler import PromptSampler
 from ascent.messages import SamplingParams
 from ascent.orchestrator import batch as B
 from ascent.orchestrator import health
 from ascent.orchestrator.agents import AgentPlays, AgentSetup, replica_generate
+from ascent.orchestrator.checkpointing import CheckpointSpec
 from ascent.orchestrator.collector import Collector
 from ascent.orchestrator.episodes import EnvRunners
+from ascent.orchestrator.experience import ExperienceSpec
 from ascent.orchestrator.group_hooks import build_group_hooks
 from ascent.orchestrator.sampling import Decode, Scorer
 from ascent.orchestrator.setup import Datasets, WorkerGroups, needs_reference
 from ascent.orchestrator.shaping import KLController, make_kl_controller
 from ascent.orchestrator.sources import AgentSource, EnvSource, EpisodeSource, PromptSource
+from ascent.orchestrator.specs import collect_spec, env_episodes
 from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
 from ascent.rewards import RewardRunner
 from ascent.tracking import Timeline
@@ -33,14 +38,82 @@ from ascent.transport.publish import Publisher
 
 
 @dataclass(frozen=True)
+class UpdateSpec:
+    """What the policy update reads of `train` and `algorithm`: its mini-batches and epochs, when a mini-batch
+    is stepped (`step_on_zero_advantage`; `other_terms`: a KL loss or entropy bonus has a gradient of its
+    own), the critic's warm-up, and whether `train.old_logprobs=auto` may reuse the update's logprobs."""
+
+    epochs_per_rollout: int
+    trajectories_per_update: int
+    shuffle_mini_batches: bool
+    step_on_zero_advantage: bool
+    other_terms: bool
+    critic_warmup_iterations: int
+    old_logprobs_auto: bool
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """What the loop reads of the run's config, built once at setup (`loop_spec`): the iterations and seed,
+    validation (when, with which sampling, how many samples to log), what is recorded (progress line,
+    episodes.jsonl, the experience store), the advantage estimator, the KL penalty's estimator, the
+    zero-advantage filter, the update and the checkpoints."""
+
+    iterations: int
+    seed: int
+    run_dir: str
+    val_every: int
+    val_params: SamplingParams
+    log_samples: int
+    progress: bool
+    record_episodes: bool
+    experience: ExperienceSpec
+    advantage: B.Advantage
+    kl_penalty_estimator: str
+    filter_zero_advantage: bool
+    update: UpdateSpec
+    checkpoint: CheckpointSpec
+
+
+def loop_spec(cfg: RunConfig) -> LoopSpec:
+    """The loop's spec from the run config (the advantage estimator resolved here, once)."""
+    t, a = cfg.train, cfg.algorithm
+    update = UpdateSpec(
+        epochs_per_rollout=t.epochs_per_rollout,
+        trajectories_per_update=t.trajectories_per_update,
+        shuffle_mini_batches=t.shuffle_mini_batches,
+        step_on_zero_advantage=t.step_on_zero_advantage,
+        other_terms=a.kl_loss_coef > 0 or a.entropy_coef != 0,
+        critic_warmup_iterations=a.critic_warmup_iterations,
+        old_logprobs_auto=t.old_logprobs == "auto",
+    )
+    return LoopSpec(
+        iterations=cfg.iterations,
+        seed=cfg.seed,
+        run_dir=cfg.run_dir,
+        val_every=cfg.val_every,
+        val_params=B.sampling_params(cfg.rollout, validation=True),
+        log_samples=cfg.tracking.log_samples,
+        progress=cfg.tracking.progress,
+        record_episodes=cfg.tracking.episodes,
+        experience=ExperienceSpec.of(cfg),
+        advantage=B.advantage_of(a),
+        kl_penalty_estimator=a.kl_penalty_estimator,
+        filter_zero_advantage=a.filter_zero_advantage,
+        update=update,
+        checkpoint=CheckpointSpec.of(cfg),
+    )
+
+
+@dataclass(frozen=True)
 class Run:
-    """The run's parts, as setup built them: the config, the data, the worker groups and their weight
-    publisher, the collector (over the run's episode source), the single-turn prompts (ReMax's greedy
-    baselines), the timeline.
+    """The run's parts, as setup built them: what the loop reads of the config (`spec`), the data, the worker
+    groups and their weight publisher, the collector (over the run's episode source), the single-turn prompts
+    (ReMax's greedy baselines), the timeline.
     `colocated`: trainer and engine share the accelerator and take turns (design: colocated placement; with
     cluster.engine_sleeps=false the engine stays awake and, on Ray, generates alongside the update)."""
 
-    cfg: RunConfig
+    spec: LoopSpec
     data: Datasets
     rollout: WorkerGroup[RolloutWorker]
     trainer: WorkerGroup[TrainerWorker]
@@ -89,11 +162,12 @@ def initial_state(cfg: RunConfig, data: Datasets) -> LoopState:
     sampler = PromptSampler(
         len(data.train), cfg.rollout.prompts_per_step, seed=cfg.seed, shuffle=cfg.data.shuffle
     )
+    facts = health.RunFacts.of(cfg)
     return LoopState(
         sampler,
         make_kl_controller(cfg.algorithm),
-        health.EqualRewardWatch(),  # warns once when nothing is learned for a while
-        health.DivergenceCheck(cfg, len(data.tokenizer)),
+        health.EqualRewardWatch(facts),  # warns once when nothing is learned for a while
+        health.DivergenceCheck(facts, len(data.tokenizer)),
     )
 
 
@@ -112,14 +186,12 @@ def build_run(
     params = B.sampling_params(cfg.rollout)
     source = _source(cfg, groups.rollout, tok, prompts, params)
     hooks = build_group_hooks(cfg.reward.group_hooks)
-    collector = Collector(
-        source, data.train, params, cfg.seed, cfg.rollout.max_staleness, cfg.rollout.stale_groups, hooks
-    )
+    collector = Collector(source, data.train, params, collect_spec(cfg), hooks)
     colocated = (
         cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast" and cfg.cluster.engine_sleeps
     )
     return Run(
-        cfg=cfg,
+        spec=loop_spec(cfg),
         data=data,
         rollout=groups.rollout,
         trainer=groups.trainer,
@@ -141,16 +213,17 @@ def _source(
     prompts: PromptSource,
     params: SamplingParams,
 ) -> EpisodeSource:
-    """The run's episode source: the agent's plays through the run's endpoint (`rollout.agent`), an
-    environment's episodes (`rollout.env`, one engine call per turn), or the single-turn `prompts`."""
+    """The run's episode source (`rollout.source`): the agent's plays through the run's endpoint, an
+    environment's episodes (one engine call per turn), or the single-turn `prompts`."""
     max_failure_rate = cfg.reward.max_failure_rate
     alongside = (
         rollout.backend == "ray" and cfg.cluster.generates_alongside
     )  # multi-turn plays ahead on a thread
-    if cfg.rollout.agent is not None:
+    source = cfg.rollout.source
+    if isinstance(source, AgentSourceConfig):
         agents = AgentPlays(AgentSetup.of(cfg), replica_generate(rollout), params, tokenizer, prompts.scorer)
         return AgentSource(agents, max_failure_rate, alongside)
-    if cfg.rollout.env is not None:
+    if isinstance(source, EnvSourceConfig):
         envs = EnvRunners(cfg)  # where the environments run (Ray actors: started on first use)
-        return EnvSource(envs, rollout, tokenizer, max_failure_rate, alongside)
+        return EnvSource(envs, env_episodes(source), rollout, tokenizer, max_failure_rate, alongside)
     return prompts

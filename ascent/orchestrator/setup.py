@@ -16,6 +16,7 @@ from ascent.cluster.base import W
 from ascent.cluster.errors import ClusterConfigError
 from ascent.cluster.isolated import IsolatedRunner, default_workers
 from ascent.config.schema import RunConfig
+from ascent.config.sources import AgentSourceConfig, EnvSourceConfig
 from ascent.data import image_codec, load_rows, render_prompts, validate_rows
 from ascent.data.prompts import PromptItem, RenderReport
 from ascent.errors import AscentError
@@ -47,7 +48,7 @@ def build_datasets(cfg: RunConfig) -> Datasets:
     field = "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path"
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code, field)
     codec = image_codec(cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels)
-    d = cfg.data
+    d, episodes = cfg.data, cfg.rollout.source
     sets: dict[str, list[Any]] = {}
     for name, path in (("train", d.train_path), ("val", d.val_path)):
         if not path:
@@ -59,12 +60,12 @@ def build_datasets(cfg: RunConfig) -> Datasets:
             validate_rows(rows, source, tokenizer_vocab_size=len(tok))
         if name == "val" and d.max_val_prompts:
             rows = rows[: d.max_val_prompts]
-        if cfg.rollout.agent is not None:  # the agent writes its own prompts: a row is what run() is given
+        if isinstance(episodes, AgentSourceConfig):  # the agent writes its prompts: a row is what run() gets
             items, report = agent_items(rows), RenderReport(total=len(rows), max_tokens=d.max_prompt_tokens)
-        elif cfg.rollout.env is not None:  # the environment gives each row's prompt
+        elif isinstance(episodes, EnvSourceConfig):  # the environment gives each row's prompt
             from ascent.orchestrator.episodes import env_items  # deferred: imports torch
 
-            items, report = env_items(rows, tok, cfg)
+            items, report = env_items(rows, tok, episodes.env, cfg)
         else:
             items, report = render_prompts(
                 rows,
@@ -87,7 +88,7 @@ def build_datasets(cfg: RunConfig) -> Datasets:
 
 
 def agent_items(rows: list[dict[str, Any]]) -> list[Any]:
-    """Rows for `rollout.agent`: no prompt of ours (the agent's first call is the episode's prompt)."""
+    """Rows for an agent source: no prompt of ours (the agent's first call is the episode's prompt)."""
     return [
         PromptItem(row_id=i, prompt_ids=[], prompt_text="", metadata=dict(row)) for i, row in enumerate(rows)
     ]
@@ -197,10 +198,14 @@ def demand(cfg: RunConfig) -> Demand:
 
 
 def env_actor_cpus(cfg: RunConfig) -> float:
-    """CPUs the environment actors ask for: with cluster.backend=ray, rollout.env and env_isolation=process
+    """CPUs the environment actors ask for: with cluster.backend=ray, an env source and env_isolation=process
     (`rollout.env_workers` x `rollout.env_cpus`, at least one actor), else none."""
     r = cfg.rollout
-    if cfg.cluster.backend != "ray" or r.env is None or r.env_isolation == "inline":
+    if (
+        cfg.cluster.backend != "ray"
+        or not isinstance(r.source, EnvSourceConfig)
+        or r.env_isolation == "inline"
+    ):
         return 0.0
     return (r.env_workers or 1) * r.env_cpus
 

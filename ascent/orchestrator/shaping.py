@@ -5,7 +5,7 @@ fixed or adaptive coefficient). Each step takes groups and returns new ones.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -16,18 +16,29 @@ from ascent.messages import Episode, Group, flatten, regroup
 from ascent.orchestrator import batch as B
 
 
-def shape_rewards(a: AlgorithmConfig, max_new: int, groups: list[Group]) -> list[Group]:
+@dataclass(frozen=True)
+class Shaping:
+    """DAPO's reward shaping (`algorithm.overlong_buffer`, `.overlong_penalty`, `.mask_truncated`) against the
+    response budget `max_new_tokens` (`rollout.max_new_tokens`)."""
+
+    max_new_tokens: int
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+    mask_truncated: bool = False
+
+
+def shape_rewards(s: Shaping, groups: list[Group]) -> list[Group]:
     """The groups after DAPO's overlong penalty (added to the reward) and truncation masking (loss mask
-    zeroed on responses cut at `max_new` tokens, `rollout.max_new_tokens`)."""
+    zeroed on responses that ended by length)."""
     episodes = flatten(groups)
-    if a.overlong_buffer > 0:
+    if s.overlong_buffer > 0:
         lengths = torch.tensor([len(e.response_ids) for e in episodes])
-        penalty = overlong_penalty(lengths, max_new, a.overlong_buffer, a.overlong_penalty).tolist()
+        penalty = overlong_penalty(lengths, s.max_new_tokens, s.overlong_buffer, s.overlong_penalty).tolist()
         episodes = [
             replace(e, reward=e.reward + p, reward_components=e.reward_components | {"overlong_penalty": p})
             for e, p in zip(episodes, penalty, strict=True)
         ]
-    if a.mask_truncated:
+    if s.mask_truncated:
         episodes = [
             replace(e, loss_mask=[0] * len(e.response_ids)) if e.finish_reason == "length" else e
             for e in episodes

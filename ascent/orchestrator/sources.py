@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from ascent.cluster.base import WorkerGroup
 from ascent.messages import Group, SamplingParams
 from ascent.orchestrator.agents import AgentPlays
-from ascent.orchestrator.episodes import EnvRunners, collect_env_groups, env_metrics
+from ascent.orchestrator.episodes import EnvEpisodes, EnvRunners, collect_env_groups, env_metrics
 from ascent.orchestrator.sampling import RolloutStats, Scorer, Submitted, finish, generate, submit
 from ascent.orchestrator.workers import RolloutWorker
 
@@ -122,25 +122,28 @@ class _MultiTurn:
 
 
 class EnvSource(_MultiTurn):
-    """An environment's episodes (`rollout.env`), run in `envs`, each turn sampled on the `rollout`
+    """An environment's episodes (`rollout.source.env`), run in `envs`, each turn sampled on the `rollout`
     replicas."""
 
     def __init__(
         self,
         envs: EnvRunners,
+        episodes: EnvEpisodes,
         rollout: WorkerGroup[RolloutWorker],
         tokenizer: Any,
         max_failure_rate: float,
         alongside: bool,
     ) -> None:
         super().__init__(max_failure_rate, alongside)
-        self.envs, self.rollout, self.tokenizer = envs, rollout, tokenizer
+        self.envs, self.episodes, self.rollout, self.tokenizer = envs, episodes, rollout, tokenizer
 
     def play(self, items: list[Any], params: SamplingParams, seed: int) -> Batch:
         return self.evaluate(items, params, seed), RolloutStats(engine_idle_s=0.0)
 
     def evaluate(self, items: Sequence[Any], params: SamplingParams, seed: int) -> list[Group]:
-        return collect_env_groups(self.envs, self.rollout, self.tokenizer, items, params, seed=seed)
+        return collect_env_groups(
+            self.envs, self.episodes, self.rollout, self.tokenizer, items, params, seed=seed
+        )
 
     def close(self) -> None:
         super().close()
@@ -148,7 +151,7 @@ class EnvSource(_MultiTurn):
 
 
 class AgentSource(_MultiTurn):
-    """The user's agent (`rollout.agent`) played through the run's endpoint (`AgentPlays`)."""
+    """The user's agent (`rollout.source.agent`) played through the run's endpoint (`AgentPlays`)."""
 
     def __init__(self, agents: AgentPlays, max_failure_rate: float, alongside: bool) -> None:
         super().__init__(max_failure_rate, alongside)

@@ -1,17 +1,22 @@
-"""Builders of the workers' specs: the run config turned into frozen, flat arguments at the edge.
+"""Builders of the specs: the run config turned into frozen, flat arguments at the edge.
 
-Setup builds each spec once (`trainer_spec`, `critic_spec`, `engine_spec`) and the worker groups construct
-their workers from it; `ascent sft` builds its own `TrainerSpec` through the same `policy_trainer_spec` with
-its own loss. No config section crosses below this module (design: "Setup builds, the loop moves").
-The spec types live next to their consumers: `TrainerSpec` and `CriticSpec` in `ascent.trainer.settings`,
-`EngineSpec` in `ascent.rollout.specs`.
+Setup builds each spec once (`trainer_spec`, `critic_spec`, `engine_spec`, from which the worker groups
+construct their workers; the collector's `collect_spec`, an env source's `env_episodes`); `ascent sft` builds
+its own `TrainerSpec` through the same `policy_trainer_spec` with its own loss. No config section crosses
+below this module (design: "Setup builds, the loop moves"). The spec types live next to their consumers:
+`TrainerSpec` and `CriticSpec` in `ascent.trainer.settings`, `EngineSpec` in `ascent.rollout.specs`,
+`CollectSpec` in `ascent.orchestrator.collector`.
 """
 
 from __future__ import annotations
 
 from ascent.algorithms import POLICY_LOSSES, options_for
 from ascent.config.schema import AlgorithmConfig, LoraConfig, ModelConfig, RunConfig, TrainConfig
+from ascent.config.sources import EnvSourceConfig
+from ascent.orchestrator.collector import CollectSpec
+from ascent.orchestrator.episodes import EnvEpisodes
 from ascent.orchestrator.setup import needs_reference
+from ascent.orchestrator.shaping import Shaping
 from ascent.plugins import resolve
 from ascent.rollout.specs import EngineSpec
 from ascent.trainer.loss import LossSettings
@@ -155,3 +160,24 @@ def loss_settings(algo: AlgorithmConfig, max_new_tokens: int | None = None) -> L
         rollout_correction=None if mode in (None, "none") else mode,
         correction_opts=correction,
     )
+
+
+def collect_spec(cfg: RunConfig) -> CollectSpec:
+    """The collector's spec: batch sizes, staleness, DAPO dynamic sampling, ReMax's baseline, shaping."""
+    a, r = cfg.algorithm, cfg.rollout
+    shaping = Shaping(r.max_new_tokens, a.overlong_buffer, a.overlong_penalty, a.mask_truncated)
+    return CollectSpec(
+        prompts_per_step=r.prompts_per_step,
+        seed=cfg.seed,
+        max_staleness=r.max_staleness,
+        stale_groups=r.stale_groups,
+        max_sample_batches=a.max_sample_batches,
+        dynamic_sampling=a.dynamic_sampling,
+        greedy_baseline=a.advantage.name == "remax",
+        shaping=shaping,
+    )
+
+
+def env_episodes(source: EnvSourceConfig) -> EnvEpisodes:
+    """An env source's episodes: its environment and the cuts at max_turns and max_episode_tokens."""
+    return EnvEpisodes(source.env, source.max_turns, source.max_episode_tokens)

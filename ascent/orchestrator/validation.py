@@ -7,7 +7,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from ascent.messages import flatten
-from ascent.orchestrator import batch as B
 
 if TYPE_CHECKING:
     from ascent.orchestrator.run import Run
@@ -19,9 +18,8 @@ CORRECT_AT = 1.0 - 1e-6  # a response counts as correct when its reward is at le
 
 def validate(run: Run, iteration: int) -> dict[str, float]:
     """Score the validation set with the current policy; returns `val/*` metrics and logs a few samples."""
-    cfg, val = run.cfg, run.data.val
-    params, seed = B.sampling_params(cfg.rollout, validation=True), cfg.seed + 12345
-    groups = run.collector.source.evaluate(val, params, seed)
+    spec, val = run.spec, run.data.val
+    groups = run.collector.source.evaluate(val, spec.val_params, spec.seed + 12345)
     trajs = flatten(groups)
     n = len(trajs)
     metrics = {
@@ -29,7 +27,7 @@ def validate(run: Run, iteration: int) -> dict[str, float]:
         "val/accuracy": sum(t.reward >= CORRECT_AT for t in trajs) / n,
         "val/response_len_mean": sum(len(t.response_ids) for t in trajs) / n,
     }
-    for t in trajs[: cfg.tracking.log_samples]:
+    for t in trajs[: spec.log_samples]:
         log.info(
             "val sample | prompt %r | response %r | reward %.2f",
             run.decode(t.prompt_ids)[-80:],

@@ -44,7 +44,7 @@ CREATE TABLE IF NOT EXISTS episodes (
     iteration INTEGER NOT NULL,      -- the iteration that sampled (and trained on, or dropped) it
     group_index INTEGER,             -- its group's place in the iteration's update; NULL if dropped
     row_id INTEGER NOT NULL,         -- the dataset row (task) it answered
-    env TEXT,                        -- environment name (rollout.env runs); NULL for single-turn rewards
+    env TEXT,                        -- environment name (env source runs); NULL for single-turn rewards
     status TEXT NOT NULL,            -- one of STATUSES
     drop_reason TEXT,                -- why it was not trained on; NULL when trained
     reward REAL NOT NULL,

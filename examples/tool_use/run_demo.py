@@ -8,9 +8,10 @@ the built-in `python_math` environment: it may call a sandboxed Python interpret
 format, reads the tool's answer, then answers. Steps, each a real CLI call (echoed): write the model and the
 data (`make_data.py`: the SFT demonstrations are played through the environment itself), SFT on the
 demonstrations (`ascent sft` on whole conversations, loss on the model's turns only), held-out accuracy,
-GRPO on episodes (`ascent train` with `rollout.env=python_math`), held-out accuracy again. Accuracy is
-reported greedy and at temperature 1 (what RL samples); after SFT the greedy answer is mostly right but a
-sampled episode rarely is (every one of ~60 tokens of the call must be right), and RL closes that gap.
+GRPO on episodes (`ascent train` with `rollout.source={name: env, env: python_math}`), held-out accuracy
+again. Accuracy is reported greedy and at temperature 1 (what RL samples); after SFT the greedy answer is
+mostly right but a sampled episode rarely is (every one of ~60 tokens of the call must be right), and RL
+closes that gap.
 """
 
 from __future__ import annotations

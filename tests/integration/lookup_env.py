@@ -60,7 +60,9 @@ def expected_reward(model_dir: Path, secrets: list[int]) -> float:
 def lookup_run(
     run_dir: Path, data: Path, model: Path, seed: int, iterations: int, **source: str
 ) -> dict[str, Any]:
-    """The GRPO run of the lookup learning tests; `source` is `env=...` or `agent=...`."""
+    """The GRPO run of the lookup learning tests; `source` is `env=...` or `agent=...` (the episode source's
+    name and its own setting)."""
+    ((name, where),) = source.items()
     return {
         "run_dir": str(run_dir),
         "seed": seed,
@@ -68,10 +70,8 @@ def lookup_run(
         "model": {"path": str(model)},
         "data": {"train_path": str(data), "max_prompt_tokens": 16},
         "rollout": {
-            **source,
-            "max_turns": 2,
+            "source": {"name": name, name: where, "max_turns": 2, "max_episode_tokens": 16},
             "max_new_tokens": 4,
-            "max_episode_tokens": 16,
             "prompts_per_step": 8,
             "samples_per_prompt": 8,
             "env_workers": 2,

@@ -1,4 +1,5 @@
-"""Training an agent that knows only the OpenAI client, through the run's own endpoint (`rollout.agent`).
+"""Training an agent that knows only the OpenAI client, through the run's own endpoint (an agent
+`rollout.source`).
 
 The agent (`lookup_agent.run`) plays the lookup game of `lookup_env.py` with `client.chat.completions`: it
 asks the model, and when the model asks back (`?`) it appends the reply and the secret as a tool message and
@@ -161,11 +162,8 @@ def test_a_plain_agent_scored_by_the_reward_function_and_agent_failures(
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"secret": s}) + "\n" for s in range(4)))
     cfg = agent_config(tmp_path / "run", rows, tiny_model, seed=0, iterations=1)
-    cfg["rollout"] |= {
-        "agent": "tests.integration.lookup_agent:guess_once",
-        "prompts_per_step": 2,
-        "samples_per_prompt": 2,
-    }
+    cfg["rollout"]["source"]["agent"] = "tests.integration.lookup_agent:guess_once"
+    cfg["rollout"] |= {"prompts_per_step": 2, "samples_per_prompt": 2}
     cfg["train"]["trajectories_per_update"] = 4
     cfg["reward"] = {"fn": "format", "kwargs": {"pattern": "."}}  # any reply scores 1: the function ran
     ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
@@ -173,15 +171,17 @@ def test_a_plain_agent_scored_by_the_reward_function_and_agent_failures(
     assert last["reward/mean"] == 1.0 and last["agent/calls_mean"] == 1.0
 
     cfg["run_dir"] = str(tmp_path / "long")  # past the context: truncated episodes, not failures (issue #26)
-    cfg["rollout"]["agent"] = "tests.integration.lookup_agent:talks_on"
+    cfg["rollout"]["source"]["agent"] = "tests.integration.lookup_agent:talks_on"
     ascent("train", str(write_yaml(tmp_path / "long.yaml", cfg)))
     (last,) = [json.loads(x) for x in (tmp_path / "long" / "metrics.jsonl").read_text().splitlines()][-1:]
     assert last["agent/truncated"] == 4 and last["agent/errors"] == 0 and last["rollout/truncated_frac"] == 1
 
     cfg["run_dir"] = str(tmp_path / "bad")
-    cfg["rollout"]["agent"] = "tests.integration.lookup_agent:always_fails"
+    cfg["rollout"]["source"]["agent"] = "tests.integration.lookup_agent:always_fails"
     out = ascent("train", str(write_yaml(tmp_path / "bad.yaml", cfg)), check=False)
     assert out.returncode == 2 and "reward.max_failure_rate=0.05: 4 of 4 agent episodes failed" in out.stderr
-    cfg["rollout"]["agent"] = "tests.integration.lookup_agent:missing"
+    cfg["rollout"]["source"]["agent"] = "tests.integration.lookup_agent:missing"
     out = ascent("train", str(write_yaml(tmp_path / "bad.yaml", cfg)), check=False)
-    assert out.returncode == 2 and "rollout.agent='tests.integration.lookup_agent:missing'" in out.stderr
+    assert (
+        out.returncode == 2 and "rollout.source.agent='tests.integration.lookup_agent:missing'" in out.stderr
+    )

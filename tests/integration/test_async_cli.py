@@ -98,9 +98,7 @@ def env_config(tmp_path, tiny_model, iterations: int) -> dict:
     cfg = run_config(tmp_path, tiny_model, data, iterations=iterations, val_every=0)
     cfg["data"] |= {"max_prompt_tokens": 40, "val_path": None}
     cfg["rollout"] |= {
-        "env": "guess_number",
-        "max_turns": 3,
-        "max_episode_tokens": 48,
+        "source": {"name": "env", "env": "guess_number", "max_turns": 3, "max_episode_tokens": 48},
         "max_staleness": 1,
         "stop_token_ids": list(range(4, 40)),
         "env_workers": 1,

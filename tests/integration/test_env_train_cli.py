@@ -1,6 +1,6 @@
-"""`ascent train` with `rollout.env`: multi-turn episodes collected through an environment, rewarded by it,
-trained on (observation tokens masked out), validated the same way; unsupported combinations are refused
-with the field named."""
+"""`ascent train` with an env `rollout.source`: multi-turn episodes collected through an environment,
+rewarded by it, trained on (observation tokens masked out), validated the same way; unsupported combinations
+are refused with the field named."""
 
 from __future__ import annotations
 
@@ -28,9 +28,7 @@ def test_train_on_a_multi_turn_environment(tmp_path: Path, tiny_model: Path, eng
     stop_tokens = list(range(4, 40))  # every ordinary character ends a turn: one-token guesses, several turns
     cfg = run_config(tmp_path, tiny_model, data, iterations=2, val_every=1)
     cfg["rollout"] |= {
-        "env": "guess_number",
-        "max_turns": 3,
-        "max_episode_tokens": 48,
+        "source": {"name": "env", "env": "guess_number", "max_turns": 3, "max_episode_tokens": 48},
         "stop_token_ids": stop_tokens,
         "engine": engine,
     }
@@ -61,12 +59,12 @@ def test_unsupported_combinations_name_the_field(tmp_path: Path, tiny_model: Pat
     rows(data / "train.jsonl", [3])
     cfg = run_config(tmp_path, tiny_model, data, iterations=1, val_every=0)
     cfg["data"].pop("val_path")
-    cfg["rollout"] |= {"env": "guess_number", "max_episode_tokens": 16}
+    cfg["rollout"] |= {"source": {"name": "env", "env": "guess_number", "max_episode_tokens": 16}}
     cfg["algorithm"] = {"advantage": "remax"}
     proc = ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), check=False)
     assert proc.returncode == 2 and "algorithm.advantage='remax'" in proc.stderr
     cfg.pop("algorithm")
-    cfg["rollout"] |= {"env": "no_such_env"}
+    cfg["rollout"]["source"]["env"] = "no_such_env"
     proc = ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), check=False)
     assert (
         proc.returncode == 2
@@ -88,9 +86,7 @@ def test_a_hanging_environment_costs_its_episodes_not_the_run(tmp_path: Path, ti
     cfg["data"].pop("val_path")
     cfg["data"]["shuffle"] = False
     cfg["rollout"] |= {
-        "env": counter,
-        "max_turns": 3,
-        "max_episode_tokens": 24,
+        "source": {"name": "env", "env": counter, "max_turns": 3, "max_episode_tokens": 24},
         "env_timeout_s": 3.0,
         "env_workers": 2,
         "stop_token_ids": list(range(4, 40)),
@@ -123,9 +119,7 @@ def test_ray_runs_environments_in_actors_kept_across_iterations(tmp_path: Path, 
     cfg["data"]["shuffle"] = False
     every_token = list(range(len(load_tokenizer(str(tiny_model)))))  # each turn is one token, and stops
     cfg["rollout"] |= {
-        "env": f"{hostile}:Counter",
-        "max_turns": 2,
-        "max_episode_tokens": 16,
+        "source": {"name": "env", "env": f"{hostile}:Counter", "max_turns": 2, "max_episode_tokens": 16},
         "env_timeout_s": 3.0,
         "env_workers": 2,
         "stop_token_ids": every_token,

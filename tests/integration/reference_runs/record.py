@@ -64,7 +64,7 @@ def train_config(run_dir: Path, model: Path, data: Path) -> dict[str, Any]:
 
 def configs(root: Path, model: Path, data: Path) -> dict[str, tuple[str, dict[str, Any]]]:
     """kind -> (the `ascent` command, its config); `resume` is the GRPO config, killed and resumed."""
-    multi_turn = {"max_turns": 2, "max_episode_tokens": 16, "env_workers": 1}
+    episodes = {"max_turns": 2, "max_episode_tokens": 16}  # the env and agent sources' own settings
     out: dict[str, tuple[str, dict[str, Any]]] = {}
     for kind in ("grpo", "ppo", "env", "agent", "async", "resume"):
         cfg = train_config(root / kind, model, data)
@@ -72,10 +72,12 @@ def configs(root: Path, model: Path, data: Path) -> dict[str, tuple[str, dict[st
             cfg["algorithm"] = {"advantage": {"name": "gae", "lam": 0.95}, "critic_lr": 1e-3}
         elif kind == "env":
             # every ordinary character ends a turn: one-character answers, two turns an episode
-            cfg["rollout"] |= {"env": f"{SOURCES}:Digits", "stop_token_ids": list(range(4, 40)), **multi_turn}
-            del cfg["reward"]  # the environment scores its episodes (reward.* with rollout.env is refused)
+            env = {"name": "env", "env": f"{SOURCES}:Digits", **episodes}
+            cfg["rollout"] |= {"source": env, "stop_token_ids": list(range(4, 40)), "env_workers": 1}
+            del cfg["reward"]  # the environment scores its episodes (reward.* with an env source is refused)
         elif kind == "agent":
-            cfg["rollout"] |= {"agent": f"{SOURCES}:agent", "agent_concurrency": 1, **multi_turn}
+            agent = {"name": "agent", "agent": f"{SOURCES}:agent", "concurrency": 1, **episodes}
+            cfg["rollout"] |= {"source": agent, "env_workers": 1}
         elif kind == "async":
             cfg["rollout"]["max_staleness"] = 1
         out[kind] = ("train", cfg)

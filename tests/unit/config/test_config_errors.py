@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from ascent.config import ConfigError, RunConfig, SFTConfig, load_config
+from ascent.config.sources import EnvSourceConfig
 from ascent.errors import AscentError
+
+ENV = "rollout.source={name: env, env: guess_number}"
 
 
 def problems(overrides: list[str], schema: type = RunConfig) -> list[str]:
@@ -127,30 +130,19 @@ def test_sft_refuses_rl_cluster_fields_and_ranks_it_cannot_run() -> None:
 
 
 def test_an_agent_run_refuses_what_agents_do_not_support_yet() -> None:
-    msgs = problems(
-        [
-            "rollout.agent=pkg.mod:run",
-            "rollout.env=guess_number",
-            "rollout.engine=reference",
-            "algorithm.advantage=remax",
-        ]
-    )
-    assert msgs[0].startswith(
-        "rollout.agent='pkg.mod:run': an agent brings its own episodes; set rollout.env=null"
-    )
-    (only,) = problems(["rollout.agent=pkg.mod:run", "algorithm.advantage=remax"])
+    (only,) = problems(["rollout.source={name: agent, agent: pkg.mod:run}", "algorithm.advantage=remax"])
     assert only.startswith(
-        "algorithm.advantage='remax': its greedy baseline is single-turn; with rollout.agent"
+        "algorithm.advantage='remax': its greedy baseline is single-turn; with rollout.source=agent"
     )
 
 
 def test_episodes_run_on_either_engine_and_name_what_they_still_refuse() -> None:
     for engine in ("reference", "fast"):
-        cfg = load_config(
-            None, ["rollout.env=guess_number", f"rollout.engine={engine}", "rollout.max_staleness=1"]
-        )
-        assert (cfg.rollout.env, cfg.rollout.engine, cfg.rollout.max_staleness) == ("guess_number", engine, 1)
-    (msg,) = problems(["rollout.env=guess_number", "rollout.engine=fast", "algorithm.overlong_buffer=4"])
+        cfg = load_config(None, [ENV, f"rollout.engine={engine}", "rollout.max_staleness=1"])
+        got = (cfg.rollout.source, cfg.rollout.engine, cfg.rollout.max_staleness)
+        assert got == (EnvSourceConfig(env="guess_number"), engine, 1)
+    (msg,) = problems([ENV, "rollout.engine=fast", "algorithm.overlong_buffer=4"])
     assert msg.startswith(
-        "algorithm.overlong_buffer=4: the overlong penalty is single-turn; set it to 0 with rollout.env"
+        "algorithm.overlong_buffer=4: the overlong penalty is single-turn; set it to 0 with "
+        "rollout.source=env"
     )

@@ -16,7 +16,8 @@ from ascent.config import (
     validate_config,
 )
 
-ENV = "rollout.env=guess_number"
+ENV = "rollout.source={name: env, env: guess_number}"
+AGENT = "rollout.source={name: agent, agent: mypkg.agent:run}"
 RAY_GPU = ["cluster.backend=ray", "cluster.gpus_per_worker=1", "cluster.device=cuda"]
 
 
@@ -29,15 +30,13 @@ def problems(overrides: list[str], schema: type = RunConfig) -> list[str]:
 def test_a_reward_function_beside_an_environment_is_refused_with_both_ways_out() -> None:
     (only,) = problems([ENV, "reward.fn=mypkg.rewards:score"])
     assert only.startswith(
-        "reward.fn='mypkg.rewards:score': rollout.env='guess_number' scores its own episodes"
+        "reward.fn='mypkg.rewards:score': rollout.source env='guess_number' scores its own episodes"
     )
-    assert "call it in the environment's step()" in only and "drop rollout.env" in only
+    assert "call it in the environment's step()" in only and "set rollout.source=prompt" in only
     (kwargs,) = problems([ENV, "reward.kwargs={tolerance: 0.1}"])
     assert kwargs.startswith("reward.kwargs={tolerance: 0.1}:")
     load_config(None, ["reward.fn=mypkg.rewards:score"])  # single-turn: the function scores
-    load_config(
-        None, ["rollout.agent=mypkg.agent:run", "reward.fn=mypkg.rewards:score"]
-    )  # scores None replies
+    load_config(None, [AGENT, "reward.fn=mypkg.rewards:score"])  # scores None replies
     load_config(None, [ENV, "reward.max_failure_rate=0.2"])  # bounds the environment's failures too
 
 
@@ -63,15 +62,18 @@ def test_validation_settings_without_validation_data_are_refused() -> None:
 
 
 def test_episode_settings_of_a_single_turn_run_are_refused() -> None:
-    got = problems(["rollout.max_turns=6", "rollout.env_workers=2", "rollout.agent_concurrency=4"])
-    assert got[0].startswith(
-        "rollout.max_turns=6: only multi-turn episodes (rollout.env or rollout.agent) read"
+    (timeout, workers) = problems(["rollout.env_workers=2", "rollout.env_timeout_s=5"])
+    assert workers.startswith(
+        "rollout.env_workers=2: only multi-turn episodes (an env or agent rollout.source) read"
     )
-    assert got[1].startswith("rollout.env_workers=2:") and "set rollout.env (or rollout.agent)" in got[1]
-    assert got[2].startswith("rollout.agent_concurrency=4: only an agent's episodes read it")
-    load_config(None, [ENV, "rollout.max_turns=6", "rollout.env_workers=2"])
-    (agent_only,) = problems([ENV, "rollout.agent_timeout_s=10"])
-    assert agent_only.startswith("rollout.agent_timeout_s=10")
+    assert "set rollout.source: {name: env, env: ...}" in workers and timeout.startswith(
+        "rollout.env_timeout_s=5"
+    )
+    load_config(None, [ENV, "rollout.env_workers=2"])
+    load_config(None, [AGENT, "rollout.env_workers=2"])
+    # a source's own settings: the other sources cannot be given them (sources.source_problems)
+    (agent_only,) = problems([ENV, "rollout.source.timeout_s=10"])
+    assert agent_only.startswith("rollout.source.timeout_s=10: only source=agent reads it")
 
 
 def test_cluster_settings_that_do_not_apply_are_refused() -> None:
@@ -97,8 +99,8 @@ def test_a_kl_estimator_of_a_kl_term_that_is_off_is_refused() -> None:
 
 def test_a_resolved_config_with_every_default_reads_back() -> None:
     for overrides in (
-        [ENV, "rollout.max_turns=3"],
-        ["rollout.agent=m:run"],
+        [ENV, "rollout.source.max_turns=3"],
+        ["rollout.source={name: agent, agent: m:run, concurrency: 2}"],
         ["data.val_path=v.jsonl", "val_every=1"],
     ):
         cfg = load_config(None, overrides)

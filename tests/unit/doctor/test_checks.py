@@ -114,7 +114,11 @@ def test_ray_resources_against_the_placement():
 
 def test_ray_resources_count_the_environment_actors():
     """Under Ray the environments are actors with CPUs of their own: 2 workers + 3 x 0.5 = 3.5 CPUs."""
-    env = {"env": "guess_number", "max_episode_tokens": 256, "env_workers": 3, "env_cpus": 0.5}
+    env = {
+        "source": {"name": "env", "env": "guess_number", "max_episode_tokens": 256},
+        "env_workers": 3,
+        "env_cpus": 0.5,
+    }
     ray_env = cfg(cluster={"backend": "ray", "num_cpus": 3}, rollout=env)
     assert (cluster.demand(ray_env).cpus, cluster.demand(ray_env).env_cpus) == (3.5, 1.5)
     out = cluster.check_ray(ray_env, 0)
@@ -247,7 +251,7 @@ class RenderingEnv:
 
 
 def test_rendering_env_without_egl_fails(monkeypatch):
-    c = cfg(rollout={"env": f"{__name__}:RenderingEnv"})
+    c = cfg(rollout={"source": {"name": "env", "env": f"{__name__}:RenderingEnv"}})
     names, error = model.rendering_envs(c)
     assert names == [f"{__name__}:RenderingEnv"] and error is None
     monkeypatch.setattr(system.ctypes.util, "find_library", lambda name: None)
@@ -257,7 +261,7 @@ def test_rendering_env_without_egl_fails(monkeypatch):
         system.ctypes.util, "find_library", lambda name: "libEGL.so.1" if name == "EGL" else None
     )
     assert system.check_rendering(names).status == "ok"
-    assert model.rendering_envs(cfg(rollout={"env": "guess_number"}))[0] == []
+    assert model.rendering_envs(cfg(rollout={"source": {"name": "env", "env": "guess_number"}}))[0] == []
 
 
 # ------------------------------------------------------------------------------------------ memory, all

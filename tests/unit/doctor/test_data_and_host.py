@@ -52,7 +52,12 @@ def test_the_first_rows_must_parse_and_hold_the_prompt_and_answer(tmp_path: Path
     no_prompt = jsonl(tmp_path / "no_prompt.jsonl", [{"question": "?", "answer": "1"}])
     assert "row 1: field 'prompt' is missing" in data.check_split(cfg(), "train", no_prompt).detail
     env_rows = jsonl(tmp_path / "env.jsonl", [{"target": 3}])  # the environment reads its rows
-    assert data.check_split(cfg(rollout={"env": "guess_number"}), "train", env_rows).status == "ok"
+    assert (
+        data.check_split(
+            cfg(rollout={"source": {"name": "env", "env": "guess_number"}}), "train", env_rows
+        ).status
+        == "ok"
+    )
 
 
 def test_only_the_head_of_a_file_is_read(tmp_path: Path) -> None:

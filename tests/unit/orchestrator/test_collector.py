@@ -17,6 +17,7 @@ from ascent.messages import Episode, Generation, GenerationRequest, Group, Sampl
 from ascent.orchestrator import batch as B
 from ascent.orchestrator import collector as C
 from ascent.orchestrator.sampling import Scorer
+from ascent.orchestrator.shaping import Shaping
 from ascent.orchestrator.sources import PromptSource
 from ascent.orchestrator.workers import RolloutWorker
 from ascent.rewards import RewardRunner
@@ -63,7 +64,8 @@ def collector(rollout: WorkerGroup[RolloutWorker], max_staleness: int, stale_gro
         train={"trajectories_per_update": 4},
     )
     source = PromptSource(rollout, Scorer(RewardRunner("exact_match"), decode=str))
-    return C.Collector(source, TRAIN, B.sampling_params(cfg.rollout), cfg.seed, max_staleness, stale_groups)
+    spec = C.CollectSpec(2, cfg.seed, max_staleness, stale_groups, shaping=Shaping(max_new_tokens=1))
+    return C.Collector(source, TRAIN, B.sampling_params(cfg.rollout), spec)
 
 
 def episode(versions: list[int], row_id: int = 0) -> Episode:

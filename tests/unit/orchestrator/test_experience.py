@@ -11,10 +11,11 @@ from typing import Any
 from ascent.config import RunConfig
 from ascent.messages import Episode, Group, SamplingParams, TrainSample, flatten
 from ascent.orchestrator import experience
-from ascent.orchestrator.collector import Collector
+from ascent.orchestrator.collector import Collector, CollectSpec
 from ascent.orchestrator.group_hooks import build_group_hooks
 from ascent.orchestrator.sampling import RolloutStats, Scorer
 from ascent.orchestrator.sources import PromptSource
+from ascent.orchestrator.specs import collect_spec
 from ascent.rewards import RewardRunner
 from ascent.tracking import Timeline
 from ascent.tracking.experience_store import FILE_NAME, open_store
@@ -45,9 +46,9 @@ SCORER = Scorer(RewardRunner("exact_match"), decode=lambda ids: "")
 class Batches(Collector):
     """A collector whose batches are given (nothing is sampled); staleness is the real collector's."""
 
-    def __init__(self, batches: list[list[Group]]) -> None:
+    def __init__(self, batches: list[list[Group]], spec: CollectSpec) -> None:
         source = PromptSource(None, SCORER)  # type: ignore[arg-type]  # scores; samples nothing
-        super().__init__(source, [], SamplingParams(), seed=0, max_staleness=0, stale_groups="drop")
+        super().__init__(source, [], SamplingParams(), spec)
         self.batches = batches
 
     def next_batch(self, sampler: Any, it: int, batch: int) -> tuple[list[Group], RolloutStats]:
@@ -76,9 +77,9 @@ def test_collect_groups_records_the_groups_it_leaves_out(tmp_path: Path) -> None
         [group(3, "5", "4"), group(4, "4", "x")],  # ok; one more than the batch needs
     ]
     cfg = config(tmp_path, dynamic_sampling=True)
-    col = Batches(batches)
-    with experience.recording(cfg, Tokenizer(), start=0) as log:
-        kept, _ = col.collect(cfg, col.source, Timeline(None), log, sampler=None, it=1)
+    col = Batches(batches, collect_spec(cfg))
+    with experience.recording(experience.ExperienceSpec.of(cfg), Tokenizer(), start=0) as log:
+        kept, _ = col.collect(col.source, Timeline(None), log, sampler=None, it=1)
         assert [g.row_id for g in kept] == [1, 3]
         samples = [TrainSample(e.prompt_ids, e.response_ids, e.loss_mask, [0.5, 1.5]) for e in flatten(kept)]
         experience.record_trained(log, 1, kept, samples)
@@ -137,7 +138,7 @@ def test_zero_advantage_episodes_are_recorded_as_filtered(tmp_path: Path) -> Non
     masked = [TrainSample([1], [5, 6], [1, 1], [1.0, 1.0])] * 2 + [
         TrainSample([1], [5, 6], [0, 0], [0.0, 0.0])
     ] * 2
-    with experience.recording(cfg, Tokenizer(), start=0) as log:
+    with experience.recording(experience.ExperienceSpec.of(cfg), Tokenizer(), start=0) as log:
         experience.record_trained(log, 3, groups, masked)
     with open_store(tmp_path) as store:
         assert [(r.status, r.iteration, r.trainer_version) for r in store.episodes()] == (
@@ -150,7 +151,7 @@ def test_zero_advantage_episodes_are_recorded_as_filtered(tmp_path: Path) -> Non
 def test_nothing_is_written_when_the_store_is_off(tmp_path: Path) -> None:
     cfg = config(tmp_path)
     cfg.tracking.experience_store = False
-    with experience.recording(cfg, Tokenizer(), start=0) as log:
+    with experience.recording(experience.ExperienceSpec.of(cfg), Tokenizer(), start=0) as log:
         assert log.writer is None
         experience.record_trained(log, 1, [group(0, "4")], [TrainSample([1], [5, 6], [1, 1], [0.0, 0.0])])
     assert not (tmp_path / FILE_NAME).exists()

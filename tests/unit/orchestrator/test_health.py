@@ -56,14 +56,14 @@ def test_equal_rewards_warn_once_after_three_iterations_in_a_row() -> None:
     cfg = RunConfig(rollout=rollout, train={"trajectories_per_update": 16})
     equal = [Group((multi_turn(1.0), multi_turn(1.0))), Group((multi_turn(0.0), multi_turn(0.0)))]
     mixed = [Group((multi_turn(1.0), multi_turn(0.0)))]
-    watch = health.EqualRewardWatch()
-    seen = [watch.observe(g, it, cfg, 0.25) for it, g in enumerate([equal, equal, mixed, equal, equal], 1)]
+    watch = health.EqualRewardWatch(health.RunFacts.of(cfg))
+    seen = [watch.observe(g, it, 0.25) for it, g in enumerate([equal, equal, mixed, equal, equal], 1)]
     assert seen == [None] * 5  # a mixed iteration restarts the count
-    message = watch.observe(equal, 6, cfg, 0.25)
+    message = watch.observe(equal, 6, 0.25)
     assert message is not None and "iterations 4-6" in message
     for cause in ("reward.fn='exact_match'", "samples_per_prompt=2", "temperature=0.3", "25% were truncated"):
         assert cause in message
-    assert watch.observe(equal, 7, cfg, 0.25) is None  # once
+    assert watch.observe(equal, 7, 0.25) is None  # once
 
 
 def metrics(**kw: float) -> dict[str, float]:
@@ -80,18 +80,18 @@ def metrics(**kw: float) -> dict[str, float]:
     ],
 )
 def test_divergence_is_named(bad: dict[str, float], metric: str) -> None:
-    check = health.DivergenceCheck(RunConfig(), vocab_size=100)
+    check = health.DivergenceCheck(health.RunFacts.of(RunConfig()), vocab_size=100)
     assert check.diverged(metrics()) is None  # the first iteration: entropy well below log(100)
     found = check.diverged(metrics(**bad))
     assert found is not None and found[0] == metric
 
 
 def test_what_is_not_divergence() -> None:
-    check = health.DivergenceCheck(RunConfig(), vocab_size=100)
+    check = health.DivergenceCheck(health.RunFacts.of(RunConfig()), vocab_size=100)
     at_max = 0.999 * math.log(100)
     assert check.diverged(metrics(entropy=at_max)) is None  # a random-init model starts uniform
     assert check.diverged(metrics(entropy=at_max, grad_norm=0.0, **{"train/zero_grad_frac": 0.5})) is None
-    fp16 = health.DivergenceCheck(RunConfig(model={"dtype": "fp16"}), vocab_size=100)
+    fp16 = health.DivergenceCheck(health.RunFacts.of(RunConfig(model={"dtype": "fp16"})), vocab_size=100)
     assert fp16.diverged(metrics(grad_norm=math.inf)) is None  # the loss scaler's overflow, by design
     clipped = {"grad_norm": 0.0, "clipfrac": 1.0}
     assert not health.zero_gradient(clipped) and health.zero_gradient({"grad_norm": 0.0, "clipfrac": 0.5})
@@ -99,7 +99,7 @@ def test_what_is_not_divergence() -> None:
 
 def test_the_message_names_metric_iteration_last_checkpoint_and_fix(tmp_path: Path) -> None:
     cfg = RunConfig(run_dir=str(tmp_path), train={"lr": 1e3, "max_grad_norm": None})
-    check = health.DivergenceCheck(cfg, vocab_size=100)
+    check = health.DivergenceCheck(health.RunFacts.of(cfg), vocab_size=100)
     with pytest.raises(health.TrainingDiverged, match="no checkpoint was saved before it"):
         check.check(metrics(grad_norm=math.nan), 1)
     good = tmp_path / "checkpoints" / "iter_000002"

@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from ascent.config import RunConfig
+from ascent.config import RunConfig, load_config
+from ascent.config.sources import nest_legacy
 from ascent.orchestrator import resume as R
 
 
@@ -184,4 +185,32 @@ def test_fields_newer_than_the_checkpoint_count_as_unchanged_at_their_default() 
     assert R.config_changes(saved, cfg_dict(), defaults) == []
     assert R.config_changes(saved, cfg_dict(**{"rollout.max_staleness": 2}), defaults) == [
         "rollout.max_staleness: '(absent)' -> 2"
+    ]
+
+
+def test_an_older_checkpoints_flat_fields_compare_as_their_source() -> None:
+    old = RunConfig().model_dump(mode="json")
+    flat = {k: v for k, v in old["rollout"].items() if k != "source"}
+    flat |= {"env": "guess_number", "agent": None, "agent_timeout_s": 300.0, "agent_concurrency": 32}
+    flat |= {"max_turns": 3, "max_episode_tokens": 512}
+    nested, found = nest_legacy(flat)
+    assert nested["source"] == {
+        "name": "env",
+        "env": "guess_number",
+        "max_turns": 3,
+        "max_episode_tokens": 512,
+    }
+    assert set(found) == {
+        "env",
+        "agent",
+        "agent_timeout_s",
+        "agent_concurrency",
+        "max_turns",
+        "max_episode_tokens",
+    }
+    new = load_config(None, ["rollout.source={name: env, env: guess_number, max_turns: 3}"])
+    assert R.config_changes(old | {"rollout": flat}, new.model_dump(mode="json")) == []
+    other = load_config(None, ["rollout.source={name: env, env: guess_number, max_turns: 4}"])
+    assert R.config_changes(old | {"rollout": flat}, other.model_dump(mode="json")) == [
+        "rollout.source.max_turns: 3 -> 4"
     ]

@@ -9,10 +9,11 @@ from concurrent.futures import Future
 from typing import Any
 
 from ascent.algorithms import AdaptiveKLController
+from ascent.config import RunConfig
 from ascent.data.sampler import PromptSampler
 from ascent.messages import Episode, Group, SamplingParams
 from ascent.orchestrator import health
-from ascent.orchestrator.collector import Collector, batch_seed
+from ascent.orchestrator.collector import Collector, CollectSpec, batch_seed
 from ascent.orchestrator.run import LoopState
 from ascent.orchestrator.sampling import RolloutStats
 from ascent.orchestrator.sources import Pending, _MultiTurn
@@ -63,7 +64,9 @@ class Recorded:
 
 def test_the_collector_submits_to_its_source_and_prefetches_ahead() -> None:
     source, items = Recorded(), [Item(i) for i in range(6)]
-    col = Collector(source, items, SamplingParams(n=1), seed=3, max_staleness=1, stale_groups="drop")
+    col = Collector(
+        source, items, SamplingParams(n=1), CollectSpec(prompts_per_step=2, seed=3, max_staleness=1)
+    )
     sampler = PromptSampler(len(items), 2, seed=0, shuffle=False)
     first, _ = col.next_batch(sampler, it=1, batch=0)
     col.prefetch(sampler, it=1, last=5)
@@ -98,8 +101,8 @@ def test_the_loop_state_comes_back_from_what_a_checkpoint_saves() -> None:
         return LoopState(
             PromptSampler(10, 2, seed=1),
             AdaptiveKLController(0.1, target=1.0, horizon=10),
-            health.EqualRewardWatch(),
-            health.DivergenceCheck(None, 100),
+            health.EqualRewardWatch(health.RunFacts.of(RunConfig())),
+            health.DivergenceCheck(health.RunFacts.of(RunConfig()), 100),
         )
 
     run = state()

@@ -26,6 +26,7 @@ from ascent.orchestrator import batch as B
 from ascent.orchestrator import collector as C
 from ascent.orchestrator import shaping
 from ascent.orchestrator.sampling import Scorer
+from ascent.orchestrator.specs import collect_spec
 from ascent.rewards import RewardRunner
 
 
@@ -80,7 +81,7 @@ def test_score_returns_rewarded_groups_and_leaves_its_input() -> None:
 def test_shape_rewards_penalises_overlong_and_masks_truncated_in_new_groups() -> None:
     cfg = config(overlong_buffer=2, overlong_penalty=1.0, mask_truncated=True)
     groups = [Group((ep(1.0, n=2), ep(1.0, n=4, finish="length"))), Group((ep(0.0, n=3),))]
-    shaped = shaping.shape_rewards(cfg.algorithm, cfg.rollout.max_new_tokens, groups)
+    shaped = shaping.shape_rewards(collect_spec(cfg).shaping, groups)
     (short, long), (mid,) = (g.episodes for g in shaped)
     assert short.reward == 1.0 and short.loss_mask == [1, 1]
     assert long.reward == pytest.approx(0.0) and long.loss_mask == [0] * 4  # -1 at the limit; masked
@@ -92,7 +93,7 @@ def test_shape_rewards_penalises_overlong_and_masks_truncated_in_new_groups() ->
 def test_advantages_group_by_place_whatever_the_group_sizes() -> None:
     """Groups of 3, 1 and 2 episodes (an index // samples_per_prompt rule would mix them)."""
     groups = [Group((ep(1.0), ep(0.0), ep(0.0))), Group((ep(1.0),)), Group((ep(0.0), ep(1.0)))]
-    adv, _ = B.compute_advantages(groups, RunConfig().algorithm)
+    adv, _ = B.compute_advantages(groups, B.advantage_of(RunConfig().algorithm))
     first = adv[:, 0]
     g0 = torch.tensor([1.0, 0.0, 0.0])
     want0 = (g0 - g0.mean()) / (g0.std() + 1e-6)
@@ -174,13 +175,19 @@ def test_token_level_estimators_place_each_turns_reward_at_the_end_of_its_turn()
     1.0 for turn 1, 1.25 for turn 2, 1.0 for turn 3); an outcome estimator (GRPO) sees the sum; a failed
     episode (reward 0 whatever its turns gave) keeps the outcome placement."""
     groups = [Group((_turns_ep([0.5, 0.25, 1.0], 1.75), _turns_ep([0.0, 0.0, 1.0], 1.0)))]
-    _, returns = B.compute_advantages(groups, RunConfig(algorithm={"advantage": "reinforce_pp"}).algorithm)
+    _, returns = B.compute_advantages(
+        groups, B.advantage_of(RunConfig(algorithm={"advantage": "reinforce_pp"}).algorithm)
+    )
     assert returns[0].tolist() == pytest.approx([1.75, 1.75, 0, 0, 1.25, 1.25, 1.25, 0, 1.0])
     assert returns[1].tolist() == pytest.approx([1.0, 1.0, 0, 0, 1.0, 1.0, 1.0, 0, 1.0])
-    adv, _ = B.compute_advantages(groups, RunConfig().algorithm)  # grpo on the sums 1.75 vs 1.0
+    adv, _ = B.compute_advantages(
+        groups, B.advantage_of(RunConfig().algorithm)
+    )  # grpo on the sums 1.75 vs 1.0
     assert adv[0, 0] > 0 > adv[1, 0] and adv[0, 0] == pytest.approx(adv[0, 8])
     failed = [Group((_turns_ep([0.5, 0.25], 0.0), _turns_ep([0.0, 0.0, 1.0], 1.0)))]
-    _, returns = B.compute_advantages(failed, RunConfig(algorithm={"advantage": "reinforce_pp"}).algorithm)
+    _, returns = B.compute_advantages(
+        failed, B.advantage_of(RunConfig(algorithm={"advantage": "reinforce_pp"}).algorithm)
+    )
     assert returns[0].abs().max() == 0.0
 
 
@@ -217,7 +224,7 @@ def test_the_estimator_gets_its_choices_settings(monkeypatch, algorithm, name, o
     cfg = RunConfig(algorithm=algorithm)
     groups = [Group((ep(1.0), ep(0.0)), baseline_reward=0.5)]
     values = torch.zeros(2, 3) if name == "gae" else None
-    B.compute_advantages(groups, cfg.algorithm, values=values)
+    B.compute_advantages(groups, B.advantage_of(cfg.algorithm), values=values)
     assert seen == opts
 
 

@@ -77,7 +77,7 @@ def test_an_agent_blocking_its_loop_is_stopped_at_its_timeout(service: AgentServ
         1.0,
     ]  # the loop's others had finished: kept
     assert stats.errors == 1 and "AgentBlockedError" in str(stats.first_error)
-    assert "rollout.agent_timeout_s=2 s" in str(stats.first_error)
+    assert "rollout.source.timeout_s=2 s" in str(stats.first_error)
 
 
 @pytest.mark.timeout(20)
@@ -107,7 +107,7 @@ def test_a_batch_without_a_call_names_the_fix() -> None:
         (
             refused,
             "refused their first call, which does not fit the context of "
-            "data.max_prompt_tokens + rollout.max_episode_tokens",
+            "data.max_prompt_tokens + rollout.source.max_episode_tokens",
         ),
         (silent, "must generate with the client it is given"),
     ]:

@@ -54,7 +54,7 @@ def test_failures_cost_their_episode_only(server: OpenAIServer) -> None:
     for name, error in [
         ("raises", "ValueError: no answer for hi"),
         ("nonsense", "TypeError: run(client, row) returned 'yes'"),
-        ("hangs", "timed out after 0.5 s (rollout.agent_timeout_s)"),
+        ("hangs", "timed out after 0.5 s (rollout.source.timeout_s)"),
     ]:
         (result,) = play(spec(server, name, timeout_s=0.5), [AgentJob("f", {"q": "hi"})])
         assert result.reward is None and result.error is not None and result.error.startswith(error), name
@@ -80,7 +80,7 @@ def test_a_process_that_dies_costs_its_chunk_and_a_blocked_loop_is_interrupted(s
     "path", ["nocolon", f"{AGENTS}:missing", "no.such.module:run", f"{AGENTS}:NOT_A_FUNCTION"]
 )
 def test_a_bad_agent_path_names_the_field(path: str) -> None:
-    with pytest.raises(AgentLoadError, match=r"rollout.agent="):
+    with pytest.raises(AgentLoadError, match=r"rollout.source.agent="):
         load_agent(path)
 
 
