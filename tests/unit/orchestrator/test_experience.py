@@ -114,10 +114,10 @@ def test_group_hooks_shape_and_filter_each_batch_and_their_drops_are_recorded(tm
         {"name": "difficulty_filter", "low": 0.1, "high": 0.9},
         {"name": "curiosity", "target_rate": 1.0, "alpha": 1.0},
     ]
-    col = Batches(batches)
+    col = Batches(batches, collect_spec(cfg))
     col.hooks = build_group_hooks(cfg.reward.group_hooks)
-    with experience.recording(cfg, Tokenizer(), start=0) as log:
-        kept, metrics = col.collect(cfg, col.source, Timeline(None), log, sampler=None, it=1)
+    with experience.recording(experience.ExperienceSpec.of(cfg), Tokenizer(), start=0) as log:
+        kept, metrics = col.collect(col.source, Timeline(None), log, sampler=None, it=1)
     assert [g.row_id for g in kept] == [1, 3]
     # row 1: rate 1/2, the caller gets 1.0 * (1.0 - 0.5); row 3: nobody called
     assert [[e.reward for e in g.episodes] for g in kept] == [[1.5, 0.0], [1.0, 0.0]]
