@@ -27,7 +27,9 @@ from ascent.envs.rows import RowFieldError, row_answer, row_field
 from ascent.errors import AscentError
 from ascent.plugins import PluginError, load_plugin
 
-Message = Mapping[str, Any]  # {"role": "user" | "tool" | ..., "content": "..." or content parts (envs.images)}
+Message = Mapping[
+    str, Any
+]  # {"role": "user" | "tool" | ..., "content": "..." or content parts (envs.images)}
 
 
 @dataclass(frozen=True)
