@@ -27,9 +27,8 @@ from ascent.envs.rows import RowFieldError, row_answer, row_field
 from ascent.errors import AscentError
 from ascent.plugins import PluginError, load_plugin
 
-Message = Mapping[
-    str, Any
-]  # {"role": "user" | "tool" | ..., "content": "..." or content parts (envs.images)}
+# {"role": "user" | "tool" | ..., "content": "..."}; content may be a list of parts (`ascent.envs.images`)
+Message = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
