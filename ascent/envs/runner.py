@@ -148,7 +148,7 @@ def run_episodes(
     try:
         resets = envs.reset([t.row for t in tasks])
         open_ = [
-            _Open(t, *_prompt(chat, images, t, out), k, f"row{t.row_id}.{k}")
+            _Open(t, *prompt_tokens(chat, images, t, out), k, f"row{t.row_id}.{k}")
             for k, (t, out) in enumerate(zip(tasks, resets, strict=True))
         ]
         for turn in range(max_turns):
@@ -195,10 +195,11 @@ def started(t: Task, out: tuple[list[Message], Any] | str) -> tuple[list[Message
     return out
 
 
-def _prompt(
+def prompt_tokens(
     chat: ChatTokens, images: ImageEncoder | None, t: Task, out: tuple[list[Message], Any] | str
 ) -> tuple[list[int], list[ImageInput]]:
-    """The episode's prompt ids (image placeholders expanded) and its images, from the environment's reset."""
+    """The episode's prompt ids (image placeholders expanded) and its images, from the environment's reset
+    `out` ((messages, tools), or why it failed)."""
     messages, tools = started(t, out)
     try:
         return render_with_images(

@@ -6,6 +6,10 @@ prompt report work as for single-turn data); `collect_env_groups` plays a batch 
 replicas (every token stamped with the version that sampled it), its environments in the run's `EnvRunners`;
 `env_metrics` reports rewards, turns and environment errors, which are bounded by `reward.max_failure_rate`
 like reward failures.
+
+Environments that show images (`zoom_qa`) need the model's image encoder: `env_image_encoder` loads the
+checkpoint's `ImageCodec` when `model.path` is a vision-language model (None for a text model), and both the
+prompt report and the runner encode with it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from ascent.cluster.base import WorkerGroup
@@ -23,10 +28,12 @@ from ascent.config.schema import RunConfig
 from ascent.data.prompts import PromptItem, RenderReport
 from ascent.envs import ChatTokens, Task, make_env, run_episodes
 from ascent.envs.hosts import EnvHosts, HostedEnvs, Hosts, InProcessEnvs
+from ascent.envs.images import ImageEncoder
 from ascent.envs.rows import row_env
-from ascent.envs.runner import started
+from ascent.envs.runner import prompt_tokens
 from ascent.errors import AscentError
 from ascent.messages import Generation, GenerationRequest, Group, SamplingParams, flatten
+from ascent.models.vision import image_token_id, load_image_codec
 from ascent.orchestrator import batch as B
 from ascent.orchestrator.workers import RolloutWorker
 
@@ -48,16 +55,23 @@ def env_items(rows: Sequence[dict[str, Any]], tok: Any, cfg: Any) -> tuple[list[
     (reported). A row an environment refuses is an error naming the row."""
     limit, names = cfg.data.max_prompt_tokens, [env_name(row, cfg.rollout.env) for row in rows]
     chat, items, report = ChatTokens(tok), [], RenderReport(total=len(rows), max_tokens=limit)
+    images = env_image_encoder(cfg.model.path)
     with env_hosts(cfg.rollout) as hosts:
         envs = HostedEnvs(hosts, names) if hosts else InProcessEnvs([make_env(n) for n in names])
         for i, (row, out) in enumerate(zip(rows, envs.reset(rows), strict=True)):
-            ids = chat.prompt_ids(*started(Task(names[i], row, i), out))
+            ids, _ = prompt_tokens(chat, images, Task(names[i], row, i), out)  # image tokens counted
             report.longest = max(report.longest, len(ids))
             if len(ids) > limit:
                 report.dropped += 1
                 continue
             items.append(PromptItem(row_id=i, prompt_ids=ids, prompt_text="", metadata=dict(row)))
     return items, report
+
+
+def env_image_encoder(model_path: str) -> ImageEncoder | None:
+    """The image codec of the checkpoint in `model_path` for environments that show images; None for a text
+    model (an environment that shows one an image then costs its episode, saying so)."""
+    return load_image_codec(model_path) if image_token_id(Path(model_path)) is not None else None
 
 
 @contextmanager
@@ -82,6 +96,7 @@ class EnvRunners:
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
+        self.images = env_image_encoder(cfg.model.path)  # the model's image codec (None: a text model)
         self._actors: Any = None
         self._lock = threading.Lock()  # the collector's thread and the controller's may both start a batch
 
@@ -155,6 +170,7 @@ def collect_env_groups(
             max_turns=r.max_turns,
             max_tokens=r.max_episode_tokens,
             hosts=hosts,
+            images=envs.images,
         )
     return [Group(tuple(episodes[i * n : (i + 1) * n])) for i in range(len(items))]
 
