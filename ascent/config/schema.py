@@ -52,6 +52,12 @@ class ModelConfig(Section):
         False, description="Recompute activations in backward to save memory."
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="Low-rank adapters (peft).")
+    freeze_vision_tower: bool = Field(
+        False,
+        description="Vision-language models (Qwen2.5-VL, Qwen3-VL): keep the vision tower and its patch merger "
+        "fixed (no gradients, no optimizer state); the language model trains. Default false trains both, as "
+        "verl and EasyR1 do; with LoRA the tower is frozen anyway (adapters go to the language model).",
+    )
     trust_remote_code: bool = Field(False, description="Allow model code shipped inside the checkpoint.")
 
 

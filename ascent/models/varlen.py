@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ascent.models.multimodal import is_vision_language
+
 NAME = "ascent_varlen"
 _CACHE_ATTR = "_ascent_varlen_offsets"
 
@@ -167,8 +169,11 @@ def register() -> None:
 
 
 def enable_varlen_attention(model: nn.Module) -> bool:
-    """Switch a Hugging Face causal LM (peft-wrapped too) to varlen attention; False where unavailable."""
-    if not available():
+    """Switch a Hugging Face causal LM (peft-wrapped too) to varlen attention; False where unavailable.
+
+    A vision-language model stays on SDPA (False): its vision tower's attention runs under the same setting
+    and calls it with per-image masks this function refuses; its packed rows get the block-causal mask."""
+    if not available() or is_vision_language(model):
         return False
     register()
     get_base = getattr(model, "get_base_model", None)

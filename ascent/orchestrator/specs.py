@@ -58,6 +58,7 @@ def policy_trainer_spec(
         dtype=model.dtype,
         gradient_checkpointing=model.gradient_checkpointing,
         trust_remote_code=model.trust_remote_code,
+        freeze_vision_tower=model.freeze_vision_tower,
         lora=lora_settings(model.lora),
         optim=optim_settings(train, total_optimizer_steps),
         loss=loss,

@@ -13,6 +13,12 @@ Batching: up to `batch_size` sequences decode together. Prompts are left-padded;
 the padding and explicit position ids start every row at 0, so a row's tokens do not depend on its
 neighbours (up to float rounding). Finished rows keep running until the whole batch is done (simple, and
 the reference engine is not the fast path).
+
+Images (a vision-language model, `ascent.models.multimodal`): a request's `images` go with its prompt in the
+first forward of the batch (every image of every row, row by row). Positions are then multimodal RoPE's
+three rows, computed per row by the model's own `get_rope_index` and left-padded like the ids; each
+generated token takes the row's largest position plus one (what transformers' `rope_deltas` amount to), so
+rows with different images, or none, batch together and score as a lone forward of the same sequence does.
 """
 
 from __future__ import annotations
@@ -25,8 +31,15 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from ascent.messages import FinishReason, Generation, GenerationRequest, SamplingParams
+from ascent.messages import FinishReason, Generation, GenerationRequest, ImageInput, SamplingParams
 from ascent.models.loading import cache_kwarg, load_model
+from ascent.models.multimodal import (
+    check_images,
+    image_token_id,
+    is_vision_language,
+    mrope_positions,
+    vision_inputs,
+)
 from ascent.rollout.sampling import SamplingTensors, sample, split_seed, token_presence
 
 
@@ -50,6 +63,7 @@ class _Row:
     prompt_ids: list[int]
     params: SamplingParams
     seed: int
+    images: tuple[ImageInput, ...] = ()
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
@@ -174,13 +188,41 @@ class ReferenceEngine:
                     f"request {req.request_id}: it has a grammar, and this engine was given no constraint "
                     "factory; set engine.constraints (ascent.rollout.server.grammar.LLGuidanceConstraints)."
                 )
+            self._check_images(req)
             for i in range(req.params.n):
                 if req.params.seed is None:
                     seed = int(torch.randint(0, 2**62, ()).item())
                 else:
                     seed = split_seed(req.params.seed, i)
-                rows.append(_Row(pos, list(req.prompt_ids), req.params, seed))
+                rows.append(_Row(pos, list(req.prompt_ids), req.params, seed, req.images))
         return rows
+
+    def _check_images(self, req: GenerationRequest) -> None:
+        """Refuse images for a text-only model, and images that do not match the prompt's image-token runs."""
+        if not req.images:
+            return
+        if not is_vision_language(self.model):
+            raise ValueError(
+                f"request {req.request_id}: it has {len(req.images)} images and the model "
+                f"({type(self.model).__name__}) takes none; use a vision-language checkpoint (Qwen2.5-VL, "
+                "Qwen3-VL) for image prompts."
+            )
+        ids = torch.tensor(req.prompt_ids, dtype=torch.long)
+        check_images(ids, req.images, image_token_id(self.model), f"request {req.request_id}")
+
+    def _prompt_inputs(self, rows: list[_Row]) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
+        """-> input_ids, attention_mask [b, L] (left-padded), position_ids ([b, L], or [3, b, L] when a row
+        has images: multimodal RoPE, padding at 0) and the image keywords of the first forward."""
+        input_ids, attention_mask = self._left_pad(rows)
+        if not any(r.images for r in rows):
+            return input_ids, attention_mask, (attention_mask.cumsum(-1) - 1).clamp(min=0), {}
+        length = input_ids.shape[1]
+        positions = torch.zeros((3, len(rows), length), dtype=torch.long, device=input_ids.device)
+        for i, r in enumerate(rows):
+            n = len(r.prompt_ids)
+            positions[:, i, length - n :] = mrope_positions(self.model, input_ids[i, length - n :], r.images)
+        images = [im for r in rows for im in r.images]
+        return input_ids, attention_mask, positions, vision_inputs(self.model, input_ids, images, self.device)
 
     def _left_pad(self, rows: list[_Row]) -> tuple[Tensor, Tensor]:
         """-> input_ids [b, L] (left-padded with pad_token_id), attention_mask [b, L] (1 = real token)."""
@@ -198,8 +240,10 @@ class ReferenceEngine:
         from transformers import DynamicCache  # deferred: transformers, slow to import
 
         device = self.device
-        input_ids, attention_mask = self._left_pad(rows)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        input_ids, attention_mask, position_ids, images = self._prompt_inputs(rows)
+        next_position = position_ids.amax(dim=-1, keepdim=True)  # [b, 1] or [3, b, 1]
+        if next_position.dim() == 3:
+            next_position = next_position.amax(dim=0, keepdim=True).expand(3, -1, -1)
         st = SamplingTensors.from_params([r.params for r in rows], [r.seed for r in rows], device)
         prompt_tokens = torch.where(attention_mask.bool(), input_ids, -1)  # [b, L], -1 = padding
         seen = None
@@ -213,6 +257,7 @@ class ReferenceEngine:
                 position_ids=position_ids,
                 use_cache=True,
                 **cache,
+                **(images if step == 0 else {}),
                 logits_to_keep=1,
             )
             logits = out.logits[:, -1, :]
@@ -222,6 +267,7 @@ class ReferenceEngine:
             if step == 0:
                 grammars = self._constraints(rows, logits.shape[-1])
             allowed = _allowed(rows, grammars, logits.shape[-1], device) if grammars else None
+            allowed = self._without_image_tokens(allowed, logits.shape)
             tokens, logprobs = sample(logits, st, steps, seen, allowed)
             token_list = tokens.tolist()
             # grammars holds one entry per row, or none at all
@@ -234,7 +280,22 @@ class ReferenceEngine:
                 seen.scatter_(1, tokens[:, None], True)
             input_ids = tokens[:, None]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], dim=1)
-            position_ids = position_ids[:, -1:] + 1
+            next_position = next_position + 1
+            position_ids = next_position
+
+    def _without_image_tokens(self, allowed: Tensor | None, shape: torch.Size) -> Tensor | None:
+        """`allowed` [b, V] (or everything) less the image and video pad tokens, for a vision-language
+        model: a generated pad would stand for an image that does not exist, and the trainer could not score
+        it. Text models: `allowed` as it is. (A filter: logprobs stay those of the unfiltered distribution.)"""
+        if not is_vision_language(self.model):
+            return allowed
+        out = allowed if allowed is not None else torch.ones(shape, dtype=torch.bool, device=self.device)
+        config = self.model.config
+        for name in ("image_token_id", "video_token_id"):
+            token = getattr(config, name, None)
+            if isinstance(token, int) and token < shape[-1]:
+                out[:, token] = False
+        return out
 
     def _constraints(self, rows: list[_Row], vocab_size: int) -> list[TokenConstraint | None]:
         """One constraint per row with a grammar, else None; [] when no row has one."""

@@ -41,6 +41,7 @@ def compile_decoder_layers(model: nn.Module) -> int:
     Returns the number of layers compiled. Idempotent: a layer compiled before is left alone.
     """
     decoder, _ = backbone_and_head(model)
+    decoder = getattr(decoder, "language_model", decoder)  # a vision-language model: its decoder layers
     layers: Any = getattr(decoder, "layers", None)
     if layers is None:
         raise TypeError(f"{type(decoder).__name__}: no `layers` to compile; set train.compile=off.")

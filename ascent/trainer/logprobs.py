@@ -8,6 +8,10 @@ function (`ascent.trainer.head`: one weight cast per micro-batch, the weight gra
 matmuls); any other head (LoRA on the head, a bias) wraps each chunk in `torch.utils.checkpoint`.
 Temperature follows the rollout contract: the sampler reports `log_softmax(logits / T)` of the sampled token
 and so do we.
+
+A vision-language policy (Qwen2.5-VL, Qwen3-VL) runs its multimodal backbone instead (vision tower, merger,
+language model: `ascent.models.multimodal`): the row's images through the vision tower, then the language
+model with each sequence's own multimodal RoPE positions; sequences with and without images pack together.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ascent.algorithms import entropy_from_logits
+from ascent.models.multimodal import image_features, is_vision_language, multimodal_backbone, packed_positions
 from ascent.models.parallel import run_as_forward
 from ascent.models.varlen import attention_kwargs
 from ascent.trainer.head import fusable_head, head_logprobs
@@ -37,9 +42,13 @@ def unwrap_model(model: nn.Module) -> PreTrainedModel:
 
 
 def backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
-    """(decoder stack that returns `last_hidden_state`, LM head module) of a causal LM."""
+    """(decoder stack that returns `last_hidden_state`, LM head module) of a causal LM; for a vision-language
+    model the backbone includes the vision tower (its `get_decoder()` is the language model alone)."""
     lm = unwrap_model(model)
-    decoder = lm.get_decoder() if hasattr(lm, "get_decoder") else getattr(lm, "model", None)
+    if is_vision_language(lm):
+        decoder: nn.Module | None = multimodal_backbone(lm)
+    else:
+        decoder = lm.get_decoder() if hasattr(lm, "get_decoder") else getattr(lm, "model", None)
     head = lm.get_output_embeddings()
     if decoder is None or head is None:
         raise TypeError(f"{type(lm).__name__}: expected a causal LM with get_decoder() and an output head.")
@@ -52,7 +61,25 @@ def hidden_states(model: nn.Module, packed: PackedBatch) -> Tensor:
     `attention_mask=None` and `use_cache=False` are both required for transformers to detect packing.
     """
     decoder, _ = backbone_and_head(model)
+    if is_vision_language(model):
+        return _multimodal_forward(model, decoder, packed)
     return packed_forward(decoder, packed)
+
+
+def _multimodal_forward(model: nn.Module, backbone: nn.Module, packed: PackedBatch) -> Tensor:
+    """A vision-language backbone over one packed row -> last hidden states [N, H]: the row's images through
+    the vision tower, per-sequence multimodal RoPE positions ([4, 1, N], see `packed_positions`)."""
+    assert packed.cu_seqlens is not None  # `pack` always sets it
+    offsets = packed.cu_seqlens.tolist()
+    seq_images = packed.seq_images or [() for _ in packed.response_lens]
+    out = backbone(
+        input_ids=packed.input_ids,
+        position_ids=packed_positions(model, packed.input_ids, offsets, seq_images),
+        attention_mask=None,
+        use_cache=False,
+        **image_features(backbone, packed.images, packed.input_ids.device),
+    )
+    return out.last_hidden_state[0]
 
 
 def packed_forward(decoder: nn.Module, packed: PackedBatch) -> Tensor:

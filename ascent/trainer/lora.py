@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 from torch import Tensor, nn
 
+from ascent.models.multimodal import is_vision_language
+
 if TYPE_CHECKING:
     from peft import PeftModel
     from peft.tuners.lora import LoraLayer
@@ -42,7 +44,9 @@ def apply_lora(
     """Wrap `model` with LoRA adapters (peft) on `target_modules`; returns the PeftModel.
 
     Base weights are frozen; adapters start as a no-op (B = 0). peft keeps adapter weights in fp32 when the
-    base is bf16/fp16 (`autocast_adapter_dtype`), so the optimizer state of the adapters is fp32.
+    base is bf16/fp16 (`autocast_adapter_dtype`), so the optimizer state of the adapters is fp32. A
+    vision-language model gets adapters in its language model only (Qwen2.5-VL's vision MLPs share the names
+    gate_proj/up_proj/down_proj), unless a target names the tower itself (an entry containing "visual").
     """
     try:
         from peft import LoraConfig, get_peft_model  # deferred: peft, only for LoRA
@@ -57,8 +61,17 @@ def apply_lora(
         target_modules=list(target_modules),
         bias="none",
         task_type="CAUSAL_LM",
+        exclude_modules=_vision_modules(model, target_modules),
     )
     return get_peft_model(model, cfg)
+
+
+def _vision_modules(model: nn.Module, target_modules: Sequence[str]) -> str | None:
+    """peft's `exclude_modules` for `model`: its vision tower's modules (a regex) for a vision-language model
+    whose targets do not name the tower, else None."""
+    if not is_vision_language(model) or any("visual" in t for t in target_modules):
+        return None
+    return r".*\bvisual\b.*"
 
 
 def is_lora(model: nn.Module) -> bool:

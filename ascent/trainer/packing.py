@@ -17,12 +17,12 @@ tokens sits at row position o + P + j and is predicted by the logit at o + P + j
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from ascent.messages import TrainSample
+from ascent.messages import ImageInput, TrainSample
 
 
 def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -65,7 +65,8 @@ class PackedBatch:
     critic's targets `returns`, `old_values` are float [M] or None when any sample lacks them.
     `response_lens`: S ints, to split [M] back per sequence. `cu_seqlens` [S+1] int32 (sequence starts in the
     row, then N) and `max_seqlen` (longest sequence) are the boundaries varlen attention needs, known here on
-    the host so the GPU never has to be asked for them.
+    the host so the GPU never has to be asked for them. `seq_images`: S tuples, each sequence's images in
+    the order of its image-token runs (empty for text).
     """
 
     input_ids: Tensor
@@ -83,10 +84,16 @@ class PackedBatch:
     old_values: Tensor | None = None
     cu_seqlens: Tensor | None = None
     max_seqlen: int = 0
+    seq_images: list[tuple[ImageInput, ...]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[1])
+
+    @property
+    def images(self) -> list[ImageInput]:
+        """Every image of the row, sequence by sequence (the order the model scatters them in)."""
+        return [im for seq in self.seq_images for im in seq]
 
     @property
     def num_seqs(self) -> int:
@@ -167,4 +174,5 @@ def pack(samples: Sequence[TrainSample], device: torch.device | str = "cpu") -> 
         old_values=_optional_flat(samples, "old_values", device),
         cu_seqlens=torch.tensor(starts + [len(ids)], dtype=torch.int32, device=device),
         max_seqlen=max((s.num_tokens for s in samples), default=0),
+        seq_images=[tuple(s.images) for s in samples],
     )

@@ -19,6 +19,10 @@ forwards in lock-step (`ascent.trainer.sharded`), `named_weights`, `save` and `l
 them on every rank), and checkpoints hold weights and optimizer as DCP shards (`model_shards/`,
 `optimizer_shards/`) that any number of ranks, sharded or not, can load. `optim.offload` keeps AdamW on the
 CPU.
+
+Vision-language policies (Qwen2.5-VL, Qwen3-VL) train the same way: samples carry their images, the forward
+runs the vision tower (`ascent.trainer.logprobs`); `freeze_vision_tower` leaves the tower and merger out of
+training, and LoRA adapters go to the language model (`ascent.trainer.lora`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from torch import Tensor, nn
 
 from ascent.messages import TrainSample
 from ascent.models.loading import load_model, load_tokenizer, resolve_device, torch_dtype
+from ascent.models.multimodal import freeze_vision
 from ascent.models.parallel import (
     full_parameters,
     full_state_dict,
@@ -73,6 +78,7 @@ class PolicyWorker:
         master_fp32: bool = True,
         gradient_checkpointing: bool = False,
         trust_remote_code: bool = False,
+        freeze_vision_tower: bool = False,
         tokenizer_path: str | Path | None = None,
         lora: LoraSettings | None = None,
         optim: OptimSettings | None = None,
@@ -100,6 +106,8 @@ class PolicyWorker:
             torch.manual_seed(seed)
         param_dtype = torch.float32 if master_fp32 and self.lora is None else self.compute_dtype
         self.model = self._load_policy(model_path, param_dtype, gradient_checkpointing, trust_remote_code)
+        if freeze_vision_tower:
+            freeze_vision(self.model)
         self.param_dtype = param_dtype
         self.model, self.grads_synced_by_wrapper, self.sharded = common.wrap_model(
             self.model,
@@ -128,6 +136,7 @@ class PolicyWorker:
             dtype=spec.dtype,
             gradient_checkpointing=spec.gradient_checkpointing,
             trust_remote_code=spec.trust_remote_code,
+            freeze_vision_tower=spec.freeze_vision_tower,
             tokenizer_path=spec.tokenizer_path,
             lora=spec.lora,
             optim=spec.optim,

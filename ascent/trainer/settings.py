@@ -75,6 +75,7 @@ class TrainerSpec:
     `device` is resolved by the rank itself ("auto": its GPU, else the CPU). `need_reference`: hold a frozen
     copy of the initial policy for a KL term (with LoRA the base with adapters off serves, never a copy).
     `attention` picks the packed micro-batches' kernels (`ascent.models.varlen.enable_for_training`).
+    `freeze_vision_tower`: a vision-language policy trains its language model only.
     """
 
     model_path: str
@@ -83,6 +84,7 @@ class TrainerSpec:
     dtype: str = "fp32"
     gradient_checkpointing: bool = False
     trust_remote_code: bool = False
+    freeze_vision_tower: bool = False
     lora: LoraSettings = field(default_factory=LoraSettings)
     optim: OptimSettings = field(default_factory=OptimSettings)
     loss: LossSettings = field(default_factory=LossSettings)

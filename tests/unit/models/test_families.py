@@ -1,4 +1,4 @@
-"""The model-family registry: the four text families, the error for an unknown model_type, name mappings."""
+"""The model-family registry: the four text families, the two vision-language ones, the error for an unknown model_type, name mappings."""
 
 from __future__ import annotations
 
@@ -57,6 +57,20 @@ def test_weight_names_round_trip(model_type):
     names = list(tiny_model(model_type).state_dict())
     assert any(".self_attn.q_proj.weight" in n for n in names)
     assert [family.to_checkpoint_name(family.to_engine_name(n)) for n in names] == names
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl"])
+def test_vision_language_families_load_as_image_text_models_on_the_reference_engine(model_type, tmp_path):
+    from ascent.models.loading import load_model
+    from ascent.models.multimodal import is_vision_language
+    from ascent.models.tiny_vl import make_tiny_vl_checkpoint
+
+    family = family_for(model_type)
+    assert family.trainer_class == "AutoModelForImageTextToText" and family.is_multimodal
+    assert family.engine is None and family.spec is None
+    model = load_model(make_tiny_vl_checkpoint(tmp_path, family=model_type), device="cpu")
+    assert type(model).__name__.endswith("ForConditionalGeneration") and is_vision_language(model)
+    assert resolve_class(family.processor_class or "").__name__ == "AutoImageProcessor"
 
 
 def test_unknown_model_type_names_it_the_known_families_and_the_fix():
