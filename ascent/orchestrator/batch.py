@@ -161,6 +161,7 @@ def train_samples(episodes: Sequence[Episode]) -> list[TrainSample]:
             loss_mask=e.loss_mask,
             advantages=[0.0] * len(e.response_ids),
             sampler_logprobs=e.sampler_logprobs,
+            images=e.images,
         )
         for e in episodes
     ]
