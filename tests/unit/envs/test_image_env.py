@@ -13,7 +13,7 @@ from PIL import Image
 
 from ascent.envs import make_env
 from ascent.envs.image_env import ZoomQa
-from ascent.envs.tasks.zoom_task import PATTERNS, make_zoom_task, pattern
+from ascent.envs.tasks.zoom_task import PATTERNS, main, make_zoom_task, pattern
 from ascent.envs.tools.image_tools import load_image
 
 
@@ -149,3 +149,23 @@ def test_generated_details_vanish_at_half_size(rows) -> None:
         x1, y1, x2, y2 = (v // 2 for v in row["box"])
         inner = half[y1 + 1 : y2 - 1, x1 + 1 : x2 - 1, 0]
         assert abs(inner.mean() - 128) < 8 and inner.std() < 8  # a flat grey, whatever the pattern
+
+
+def test_the_generator_is_seeded_splits_by_image_and_writes_both_envs_and_shapes(tmp_path) -> None:
+    def load(path) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    first = make_zoom_task(tmp_path / "a", 6, seed=4, n_val=3, size=256, detail=8)
+    assert load(first) == load(make_zoom_task(tmp_path / "b", 6, seed=4, n_val=3, size=256, detail=8))
+    train, val = load(first), load(first.with_name("val.jsonl"))
+    assert len(train) == 6 and len(val) == 3 and not {r["image"] for r in train} & {r["image"] for r in val}
+    assert load_image(train[0]["image"]).size == (256, 256) and {r["env"] for r in train} == {"zoom_qa"}
+    main([str(tmp_path / "c"), "--rows", "4", "--val", "1", "--env", "image_qa", "--shape", "skyrl"])
+    (row,) = load(tmp_path / "c" / "val.jsonl")
+    assert row["env_class"] == "image_qa" and row["reward_spec"]["ground_truth"] in PATTERNS
+    env = make_env(row["env_class"])
+    _, user = env.reset(row)  # SkyRL's shape: the image read from extra_info
+    assert images_of(user)[0].size == (448, 448)
+    assert env.step(f"<answer>{row['reward_spec']['ground_truth']}</answer>").reward == 1.0
+    with pytest.raises(ValueError, match="size >= 16 \\* detail"):
+        make_zoom_task(tmp_path / "d", 4, size=100, detail=8)
