@@ -14,13 +14,18 @@ only guess (one in four).
 `make_zoom_task(out_dir, n_rows, seed)` writes `rows.jsonl` and `val.jsonl`, each row `{"prompt", "answer",
 "image" (a PNG data URI: rows carry their image, so a data folder moves as one file), "quarter", "box" (the
 framed square's pixel box, for analysis and demonstrations), "env"}`; `env="image_qa"` writes the same task
-for the environment without tools (the baseline of a learning comparison).
-Command line: `python -m ascent.envs.tasks.zoom_task OUT --rows 400 --seed 0 [--size 448] [--env image_qa]`.
+for the environment without tools (the baseline of a learning comparison). `sft=True` also writes
+`sft.jsonl`: for each training row, the conversation `zoom_qa` plays when the model zooms into the named
+quarter and answers (`demonstration`: played by the environment itself, so it is token for token what an
+episode samples), its images as data URIs in content parts, for a supervised warm-start before RL.
+Command line: `python -m ascent.envs.tasks.zoom_task OUT --rows 400 --seed 0 [--size 448] [--env image_qa]
+[--sft]`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +34,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
+from ascent.envs.base import Message
+from ascent.envs.image_env import ZoomQa
 from ascent.envs.tasks.common import Shape, n_val_rows, write_rows
 from ascent.envs.tools.image_tools import data_uri
 
@@ -94,6 +101,29 @@ def _rows(rng: random.Random, size: int, detail: int, env: str) -> list[dict[str
     ]
 
 
+def demonstration(row: dict[str, Any]) -> dict[str, Any]:
+    """The `zoom_qa` conversation of `row` played right: zoom into the named quarter (fractions of the image),
+    then answer; `{"messages": [...], "tools": [...]}` with the images as PNG data URIs."""
+    env = ZoomQa()
+    messages = [*env.reset(row)]
+    col, line = QUARTERS[row["quarter"]]
+    call = {"name": "zoom_in", "arguments": {"bbox": [col / 2, line / 2, col / 2 + 0.5, line / 2 + 0.5]}}
+    action = f"<tool_call>{json.dumps(call)}</tool_call>"
+    step = env.step(action)
+    answer = {"role": "assistant", "content": f"<answer>{row['answer']}</answer>"}
+    messages += [{"role": "assistant", "content": action}, *step.observation, answer]
+    return {"messages": [_portable(m) for m in messages], "tools": env.tools}
+
+
+def _portable(message: Message) -> dict[str, Any]:
+    """`message` with its images as data URIs (JSON-ready)."""
+    content = message["content"]
+    if isinstance(content, str):
+        return dict(message)
+    parts = [{**p, "image": data_uri(p["image"])} if p.get("type") == "image" else dict(p) for p in content]
+    return {**message, "content": parts}
+
+
 def make_zoom_task(
     out_dir: str | Path,
     n_rows: int,
@@ -104,10 +134,12 @@ def make_zoom_task(
     size: int = 448,
     detail: int = 12,
     env: str = "zoom_qa",
+    sft: bool = False,
 ) -> Path:
     """Write `rows.jsonl` (`n_rows` questions) and `val.jsonl` (`n_val`, default a tenth, about other images)
     to `out_dir`; return the path of `rows.jsonl`. `size`: the images' side in pixels; `detail`: the framed
-    squares' side; `env`: `zoom_qa` (with the tool) or `image_qa` (without)."""
+    squares' side; `env`: `zoom_qa` (with the tool) or `image_qa` (without); `sft`: also write `sft.jsonl`,
+    a demonstration per training row."""
     if size < 16 * detail or detail < 4:
         raise ValueError(f"size={size}, detail={detail}: need detail >= 4 and size >= 16 * detail")
     out = Path(out_dir)
@@ -119,7 +151,10 @@ def make_zoom_task(
 
     train, val = questions(n_rows), questions(n_val_rows(n_rows, n_val))
     write_rows(out / "val.jsonl", rng.sample(val, len(val)), shape)
-    return write_rows(out / "rows.jsonl", rng.sample(train, len(train)), shape)
+    train = rng.sample(train, len(train))
+    if sft:
+        write_rows(out / "sft.jsonl", [demonstration(r) for r in train])
+    return write_rows(out / "rows.jsonl", train, shape)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -139,6 +174,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the rows' environment: zoom_qa (with the zoom_in tool) or image_qa (without: the baseline)",
     )
     parser.add_argument("--shape", choices=("ascent", "skyrl"), default="ascent", help="row shape")
+    parser.add_argument(
+        "--sft", action="store_true", help="also write sft.jsonl: a zoom-then-answer conversation per row"
+    )
     args = parser.parse_args(argv)
     rows = make_zoom_task(
         args.out,
@@ -149,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         size=args.size,
         detail=args.detail,
         env=args.env,
+        sft=args.sft,
     )
     print(f"wrote {rows} and {rows.with_name('val.jsonl')}")
 

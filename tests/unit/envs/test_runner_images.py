@@ -15,7 +15,8 @@ import pytest
 from ascent.envs import ChatTokens, StepResult, Task, run_episodes
 from ascent.envs.image_env import ZoomQa
 from ascent.envs.images import image_part, text_part
-from ascent.envs.tasks.zoom_task import make_zoom_task
+from ascent.envs.tasks.zoom_task import demonstration, make_zoom_task
+from ascent.envs.tools.image_tools import load_image
 from ascent.messages import Episode, Generation, GenerationRequest, SamplingParams
 from ascent.models import make_tiny_checkpoint
 from ascent.models.loading import load_tokenizer
@@ -175,3 +176,24 @@ def test_text_episodes_carry_no_images(vl) -> None:
         for kw in ({"images": codec}, {})
     )
     assert isinstance(with_codec, Episode) and with_codec.images == () and with_codec == without
+
+
+def test_a_demonstration_is_the_episode_zoom_qa_plays(vl, rows) -> None:
+    chat, codec = vl
+    demo = json.loads(json.dumps(demonstration(rows[0])))  # as sft.jsonl holds it
+    assert [m["role"] for m in demo["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+    said = [m["content"] for m in demo["messages"] if m["role"] == "assistant"]
+    (ep,) = run_episodes(
+        [Task(ZoomQa(), rows[0], 0)],
+        Script(chat, [said]),
+        chat,
+        PARAMS,
+        max_turns=3,
+        max_tokens=2000,
+        images=codec,
+    )
+    assert ep.reward == 1.0
+    parts = [p for m in demo["messages"] if isinstance(m["content"], list) for p in m["content"]]
+    pictures = [load_image(p["image"]) for p in parts if p["type"] == "image"]
+    assert len(pictures) == 2 and all(p["image"].startswith("data:image/png") for p in parts if "image" in p)
+    assert [codec.encode(p).digest for p in pictures] == [im.digest for im in ep.images]
