@@ -51,6 +51,9 @@ class ZoomQa:
     def __init__(self, use_tools: bool = True) -> None:
         self.use_tools = use_tools
         self.tools: list[dict[str, Any]] | None = None
+        self._new: list[
+            tuple[str, Image.Image]
+        ] = []  # (label, image) a tool call returns, shown after its text
 
     def reset(self, row: Mapping[str, Any]) -> list[Message]:
         self.row = row
@@ -92,7 +95,7 @@ class ZoomQa:
 
     def _call(self, name: str, arguments: dict[str, Any]) -> Message:
         tool = self.by_name.get(name)
-        self._new: list[tuple[str, Image.Image]] = []
+        self._new = []
         if tool is None:
             text = f"[error] no tool {name!r}; the tools are {', '.join(sorted(self.by_name))}"
         else:
