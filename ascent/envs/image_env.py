@@ -51,9 +51,8 @@ class ZoomQa:
     def __init__(self, use_tools: bool = True) -> None:
         self.use_tools = use_tools
         self.tools: list[dict[str, Any]] | None = None
-        self._new: list[
-            tuple[str, Image.Image]
-        ] = []  # (label, image) a tool call returns, shown after its text
+        # (label, image) pairs the tool call being answered returns, shown after its text
+        self._new: list[tuple[str, Image.Image]] = []
 
     def reset(self, row: Mapping[str, Any]) -> list[Message]:
         self.row = row
