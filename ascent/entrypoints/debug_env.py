@@ -19,6 +19,7 @@ from ascent.envs.rows import row_env
 from ascent.errors import AscentError
 from ascent.messages import Episode, SamplingParams
 from ascent.models.loading import load_tokenizer, resolve_device
+from ascent.orchestrator.episodes import env_image_encoder
 from ascent.rollout import build_engine
 
 
@@ -54,7 +55,10 @@ def run_debug_env(
         pad_token_id=tok.pad_token_id,
     )
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    result = run_episodes(tasks, engine.generate, chat, params, max_turns=max_turns, max_tokens=max_tokens)
+    images = env_image_encoder(model)  # environments that show images need a vision-language model's codec
+    result = run_episodes(
+        tasks, engine.generate, chat, params, max_turns=max_turns, max_tokens=max_tokens, images=images
+    )
     for ep in result:
         print(describe(ep, chat.decode))
     if out:

@@ -30,6 +30,7 @@ from ascent.messages import Generation, GenerationRequest, SamplingParams, flatt
 from ascent.models.loading import load_tokenizer, resolve_device
 from ascent.orchestrator.agents import AgentService, AgentSetup, play_agent_groups, score_last_replies
 from ascent.orchestrator.batch import make_requests, to_groups
+from ascent.orchestrator.episodes import env_image_encoder
 from ascent.orchestrator.setup import agent_items, reward_executor
 from ascent.orchestrator.validation import CORRECT_AT
 from ascent.rewards import RewardFailureError, RewardInput, RewardRunner
@@ -193,6 +194,7 @@ def run_env_eval(
             max_turns=max_turns,
             max_tokens=max_episode_tokens,
             hosts=hosts,
+            images=env_image_encoder(model),
         )
     finally:
         hosts.close()

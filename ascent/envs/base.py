@@ -14,8 +14,9 @@ An environment may also have a `tools` attribute (function schemas, `ascent.envs
 runner passes it to the chat template, which describes the tools to the model (`ascent.envs.agent.ToolEnv`).
 
 `ENVIRONMENTS` maps names to factories (`guess_number`, `python_math`, and the tasks of `ascent.envs.tasks`:
-`text_to_sql`, `search_qa`); `make_env(name)` also takes an import path `pkg.module:Class`. A row names its
-own environment with an `env` column (or SkyRL's `env_class`: `ascent.envs.rows.row_env`).
+`text_to_sql`, `search_qa`; the image questions of `ascent.envs.image_env`: `zoom_qa`, `image_qa`);
+`make_env(name)` also takes an import path `pkg.module:Class`. A row names its own environment with an `env`
+column (or SkyRL's `env_class`: `ascent.envs.rows.row_env`).
 Only `ascent.errors` and the plug-in loader `ascent.plugins` (a leaf like errors) are imported from ascent.
 """
 
@@ -30,7 +31,8 @@ from ascent.envs.rows import RowFieldError, row_answer, row_field
 from ascent.errors import AscentError
 from ascent.plugins import PluginError, load_plugin
 
-Message = Mapping[str, str]  # {"role": "user" | "tool" | ..., "content": "..."}
+# {"role": "user" | "tool" | ..., "content": "..."}; content may be a list of parts (`ascent.envs.images`)
+Message = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,8 @@ ENVIRONMENTS: dict[str, Callable[[], Environment]] = {
     "python_math": _lazy("ascent.envs.agent:python_math"),
     "text_to_sql": _lazy("ascent.envs.tasks.sql_task:TextToSql"),
     "search_qa": _lazy("ascent.envs.tasks.search_task:SearchQa"),
+    "zoom_qa": _lazy("ascent.envs.image_env:zoom_qa"),
+    "image_qa": _lazy("ascent.envs.image_env:image_qa"),
 }
 
 

@@ -12,6 +12,12 @@ appended as the token ids with which the chat template continues the conversatio
 the engine generated plus the observation ids. Model tokens have loss mask 1, the sampler's logprobs and
 their policy versions; observation tokens have mask 0.
 
+Images (`ascent.envs.images`): a prompt or an observation may show pictures as content parts; with the
+model's image encoder (`run_episodes(images=...)`) each becomes its run of image tokens in the ids and an
+`ImageInput` in the episode's `images`, in order, and every turn's request carries all images so far. A
+model turn that samples an image placeholder itself is cut before it, ending the episode (finish "abort",
+`metadata["cut"]` says where): no image could stand behind that token.
+
 An episode ends when the environment says done, at `max_turns` model turns, when its response (model and
 observation tokens) would pass `max_tokens`, when a turn stops without a stop token (cut by length), or when
 the environment fails (raises; answers with something that is not a valid `StepResult`: a reward that is
@@ -35,8 +41,9 @@ from typing import Any
 from ascent.envs.base import Environment, Message, StepResult, make_env
 from ascent.envs.chat import ChatTokens
 from ascent.envs.hosts import HostedEnvs, Hosts, InProcessEnvs
+from ascent.envs.images import ImageEncoder, render_with_images
 from ascent.errors import AscentError
-from ascent.messages import Episode, FinishReason, Generation, GenerationRequest, SamplingParams
+from ascent.messages import Episode, FinishReason, Generation, GenerationRequest, ImageInput, SamplingParams
 
 log = logging.getLogger("ascent.envs")
 
@@ -58,6 +65,7 @@ class _Open:
 
     task: Task
     prompt_ids: list[int]
+    prompt_images: list[ImageInput]  # one per image-token run of prompt_ids
     index: int  # the task's position: the request_id of every turn (a caller keeps it on one replica)
     session: str  # the engine's session id: one per episode, so each continues its own cached history
     ids: list[int] = field(default_factory=list)
@@ -65,12 +73,14 @@ class _Open:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
+    images: list[ImageInput] = field(default_factory=list)  # the observations' images, in order
     turns: int = 0
     tool_calls: int = 0  # summed over the turns' info["tool_calls"]
     prompt_tokens: int = 0  # tokens sent to the engine as prompts, over all turns
     cached_tokens: int = 0  # of those, tokens whose K/V the engine reused from the episode's session
     finish: FinishReason | None = None
     error: str | None = None
+    cut: str | None = None  # why a model turn was cut short (it sampled an image placeholder)
 
     def add_model_turn(self, gen: Generation, version: int) -> None:
         self.prompt_tokens += len(self.prompt_ids) + len(self.ids)  # what this turn's request sent
@@ -81,8 +91,9 @@ class _Open:
         self.versions += gen.token_versions or [version] * len(gen.token_ids)
         self.turns += 1
 
-    def add_observation(self, ids: list[int]) -> None:
+    def add_observation(self, ids: list[int], images: Sequence[ImageInput] = ()) -> None:
         last = self.versions[-1] if self.versions else 0  # not sampled: the version of the turn before
+        self.images += images
         self.ids += ids
         self.mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
@@ -98,6 +109,8 @@ class _Open:
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
         }
+        if self.cut:
+            meta["cut"] = self.cut
         return Episode(
             prompt_ids=self.prompt_ids,
             response_ids=self.ids,
@@ -110,6 +123,7 @@ class _Open:
             reward=0.0 if failed else sum(self.turn_rewards),
             response_text=decode(self.ids),
             metadata=meta | ({"env_error": self.error} if failed else {}),
+            images=(*self.prompt_images, *self.images),
         )
 
 
@@ -123,18 +137,21 @@ def run_episodes(
     max_tokens: int,
     version: int = 0,
     hosts: Hosts | None = None,
+    images: ImageEncoder | None = None,
 ) -> list[Episode]:
     """Run every task's episode to its end, all open episodes batched into one engine call per turn.
 
     `params` sample each turn (`n` is taken as 1, `max_new_tokens` capped by what is left of `max_tokens`;
     request i of turn t gets seed `params.seed + 1000 * t + i` when a seed is set). `version`: the policy
     version stamped on tokens the engine returns without one. `hosts`: run the environments there (host
-    processes or Ray actors; tasks then name their environment), else in this process."""
+    processes or Ray actors; tasks then name their environment), else in this process. `images`: the model's
+    image encoder (`ascent.envs.images`), which turns the images of prompts and observations into image
+    tokens; None for a text model (an environment that shows images then costs its episodes)."""
     envs = _envs(tasks, hosts)
     try:
         resets = envs.reset([t.row for t in tasks])
         open_ = [
-            _Open(t, chat.prompt_ids(*started(t, out)), k, f"row{t.row_id}.{k}")
+            _Open(t, *prompt_tokens(chat, images, t, out), k, f"row{t.row_id}.{k}")
             for k, (t, out) in enumerate(zip(tasks, resets, strict=True))
         ]
         for turn in range(max_turns):
@@ -144,14 +161,16 @@ def run_episodes(
             requests = [_request(s, params, max_tokens, turn, i) for i, (_, s) in enumerate(active)]
             to_step = []
             for (k, s), (gen, *_) in zip(active, generate(requests), strict=True):
-                s.add_model_turn(gen, version)
+                s.add_model_turn(_without_placeholders(s, gen, images), version)
+                if s.finish is not None:  # it sampled an image placeholder: cut there
+                    continue
                 if gen.finish_reason == "stop":
                     to_step.append((k, chat.decode(gen.token_ids)))
                 else:  # cut by the token budget: the turn is unfinished, so is the episode
                     s.finish = gen.finish_reason
             last = turn == max_turns - 1  # no observation after the last turn: nobody would answer it
             for (k, _), result in zip(to_step, envs.step(to_step), strict=True):
-                _answer(open_[k], result, chat, 0 if last else max_tokens)
+                _answer(open_[k], result, chat, images, 0 if last else max_tokens)
         return [s.episode(chat.decode) for s in open_]
     finally:
         envs.close()  # hosts that outlive the batch (Ray actors) drop its environments
@@ -179,20 +198,59 @@ def started(t: Task, out: tuple[list[Message], Any] | str) -> tuple[list[Message
     return out
 
 
+def prompt_tokens(
+    chat: ChatTokens, images: ImageEncoder | None, t: Task, out: tuple[list[Message], Any] | str
+) -> tuple[list[int], list[ImageInput]]:
+    """The episode's prompt ids (image placeholders expanded) and its images, from the environment's reset
+    `out` ((messages, tools), or why it failed)."""
+    messages, tools = started(t, out)
+    try:
+        return render_with_images(
+            lambda m: chat.prompt_ids(m, tools), messages, images, f"row {t.row_id + 1}"
+        )
+    except Exception as e:  # an image the encoder refuses: the row's fault, named like a failed reset
+        raise EnvResetError(f"row {t.row_id + 1}: its prompt's images: {type(e).__name__}: {e}") from e
+
+
+def _without_placeholders(s: _Open, gen: Generation, images: ImageEncoder | None) -> Generation:
+    """`gen`, cut before the first image placeholder it sampled (an image token without an image, which no
+    later turn nor the trainer could feed), ending the episode; unchanged when it sampled none."""
+    if images is None or images.image_token_id not in gen.token_ids:
+        return gen
+    cut = gen.token_ids.index(images.image_token_id)
+    s.finish, s.cut = "abort", f"turn {s.turns + 1} sampled the image placeholder at token {cut}"
+    versions = gen.token_versions[:cut]
+    return replace(gen, token_ids=gen.token_ids[:cut], logprobs=gen.logprobs[:cut], token_versions=versions)
+
+
 def _request(s: _Open, params: SamplingParams, max_tokens: int, turn: int, i: int) -> GenerationRequest:
     left = max(1, max_tokens - len(s.ids))
     seed = None if params.seed is None else params.seed + 1000 * turn + i
     turn_params = replace(params, n=1, max_new_tokens=min(params.max_new_tokens, left), seed=seed)
-    return GenerationRequest(s.prompt_ids + s.ids, turn_params, request_id=s.index, session_id=s.session)
+    return GenerationRequest(
+        s.prompt_ids + s.ids,
+        turn_params,
+        request_id=s.index,
+        session_id=s.session,
+        images=(*s.prompt_images, *s.images),
+    )
 
 
-def _answer(s: _Open, result: StepResult | str, chat: ChatTokens, max_tokens: int) -> None:
-    """The environment's answer to the turn just added: end the episode, or append the observation."""
+def _answer(
+    s: _Open, result: StepResult | str, chat: ChatTokens, images: ImageEncoder | None, max_tokens: int
+) -> None:
+    """The environment's answer to the turn just added: end the episode, or append the observation (its
+    images encoded and their placeholders expanded)."""
     try:
         if isinstance(result, str):  # it raised, hung or died where it runs: `result` says how
             raise _EnvFailed(result)
         reward = checked_step(result)
-        observation = [] if result.done else chat.continuation_ids(result.observation)
+        where = f"row {s.task.row_id + 1} turn {s.turns}"
+        observation, pictures = (
+            ([], [])
+            if result.done
+            else render_with_images(chat.continuation_ids, result.observation, images, where)
+        )
     except Exception as e:  # user code (or its process): it costs this episode, never the batch
         s.finish, s.error = "abort", str(e) if isinstance(e, _EnvFailed) else f"{type(e).__name__}: {e}"
         log.warning("environment failed on row %d turn %d: %s", s.task.row_id + 1, s.turns, s.error)
@@ -204,7 +262,7 @@ def _answer(s: _Open, result: StepResult | str, chat: ChatTokens, max_tokens: in
     elif len(s.ids) + len(observation) >= max_tokens:  # out of tokens (or of turns: max_tokens=0)
         s.finish = "length"
     else:
-        s.add_observation(observation)
+        s.add_observation(observation, pictures)
 
 
 class _EnvFailed(Exception):

@@ -7,6 +7,10 @@ prompt report work as for single-turn data); `collect_env_groups` plays a batch 
 replicas (every token stamped with the version that sampled it), its environments in the run's `EnvRunners`;
 `env_metrics` reports rewards, turns and environment errors, which are bounded by `reward.max_failure_rate`
 like reward failures.
+
+Environments that show images (`zoom_qa`) need the model's image encoder: `env_image_encoder` loads the
+checkpoint's `ImageCodec` when `model.path` is a vision-language model (None for a text model), and both the
+prompt report and the runner encode with it.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from typing import Any
 from ascent.cluster.base import WorkerGroup
 from ascent.cluster.isolated import default_workers
 from ascent.config.schema import RunConfig
+from ascent.data import image_codec
 from ascent.data.prompts import PromptItem, RenderReport
 from ascent.envs import ChatTokens, Task, make_env, run_episodes
 from ascent.envs.hosts import EnvHosts, HostedEnvs, Hosts, InProcessEnvs
+from ascent.envs.images import ImageEncoder
 from ascent.envs.rows import row_env
-from ascent.envs.runner import started
+from ascent.envs.runner import prompt_tokens
 from ascent.errors import AscentError
 from ascent.messages import Generation, GenerationRequest, Group, SamplingParams, flatten
 from ascent.orchestrator import batch as B
@@ -52,16 +58,26 @@ def env_items(
     row."""
     limit, names = cfg.data.max_prompt_tokens, [env_name(row, env) for row in rows]
     chat, items, report = ChatTokens(tok), [], RenderReport(total=len(rows), max_tokens=limit)
+    images = env_image_encoder(cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels)
     with env_hosts(cfg.rollout) as hosts:
         envs = HostedEnvs(hosts, names) if hosts else InProcessEnvs([make_env(n) for n in names])
         for i, (row, out) in enumerate(zip(rows, envs.reset(rows), strict=True)):
-            ids = chat.prompt_ids(*started(Task(names[i], row, i), out))
+            ids, _ = prompt_tokens(chat, images, Task(names[i], row, i), out)  # image tokens counted
             report.longest = max(report.longest, len(ids))
             if len(ids) > limit:
                 report.dropped += 1
                 continue
             items.append(PromptItem(row_id=i, prompt_ids=ids, prompt_text="", metadata=dict(row)))
     return items, report
+
+
+def env_image_encoder(
+    model_path: str, min_pixels: int | None = None, max_pixels: int | None = None
+) -> ImageEncoder | None:
+    """The image codec of the checkpoint in `model_path` for environments that show images, under the same
+    pixel budget as the data's (`model.min_pixels` / `model.max_pixels`); None for a text model (an
+    environment that shows one an image then costs its episode, saying so)."""
+    return image_codec(model_path, min_pixels, max_pixels)
 
 
 @contextmanager
@@ -86,6 +102,9 @@ class EnvRunners:
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
+        self.images = env_image_encoder(
+            cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels
+        )  # the model's image codec (None: a text model)
         self._actors: Any = None
         self._lock = threading.Lock()  # the collector's thread and the controller's may both start a batch
 
@@ -171,6 +190,7 @@ def collect_env_groups(
             max_turns=episodes.max_turns,
             max_tokens=episodes.max_tokens,
             hosts=hosts,
+            images=envs.images,
         )
     return [Group(tuple(played[i * n : (i + 1) * n])) for i in range(len(items))]
 

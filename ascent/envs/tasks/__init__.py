@@ -5,6 +5,9 @@ module writes a task's data and rows, and holds its environment.
 - `search_task`: an encyclopedia of made-up entities, its BM25 index and one- or two-hop questions;
   environment `search_qa` (a `search` tool).
 - `guess_task`: ranges and numbers for the `guess_number` game (`ascent.envs.base.GuessNumber`).
+- `zoom_task`: large synthetic images whose answer is a detail seen only when zoomed in; environment `zoom_qa`
+  (a `zoom_in` tool that returns images: `ascent.envs.image_env`), or `image_qa` without it
+  (`--env image_qa`). Rows carry their image as a PNG data URI.
 
 Each has `make_*_task(out_dir, n_rows, seed) -> rows path` and a command line,
 `python -m ascent.envs.tasks.sql_task OUT --rows 400 --seed 0` (`--shape skyrl` writes SkyRL-gym's rows).
@@ -24,9 +27,15 @@ if TYPE_CHECKING:
     from ascent.envs.tasks.guess_task import make_guess_task
     from ascent.envs.tasks.search_task import make_search_task
     from ascent.envs.tasks.sql_task import make_sql_task
+    from ascent.envs.tasks.zoom_task import make_zoom_task
 
-GENERATORS = {"make_guess_task": "guess_task", "make_search_task": "search_task", "make_sql_task": "sql_task"}
-__all__ = ["make_guess_task", "make_search_task", "make_sql_task"]
+GENERATORS = {
+    "make_guess_task": "guess_task",
+    "make_search_task": "search_task",
+    "make_sql_task": "sql_task",
+    "make_zoom_task": "zoom_task",
+}
+__all__ = ["make_guess_task", "make_search_task", "make_sql_task", "make_zoom_task"]
 
 
 def __getattr__(name: str) -> Any:
