@@ -52,7 +52,7 @@ class Family:
         return self.processor_class is not None
 
 
-def resolve_class(name: str) -> Any:
+def resolve_class(name: str) -> type[Any]:
     """`AutoModelForCausalLM` (a transformers attribute) or `pkg.module:Class` -> the class."""
     if ":" in name:
         module, _, attr = name.partition(":")
