@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from ascent.cluster.hosts import IsolationPolicy
 from ascent.config import RunConfig
+from ascent.envs.hosts import InlineHosts
 from ascent.orchestrator import setup, specs
 from ascent.orchestrator.batch import sampling_params
 
@@ -29,8 +31,9 @@ def test_engine_gets_trust_remote_code_and_sampling_gets_repetition_penalty():
 
 def test_reward_isolation_settings_build_the_pool():
     runner = setup.build_reward_runner(cfg(reward={"timeout_s": 2.5, "num_workers": 3}))
-    assert runner.executor.timeout_s == 2.5 and runner.executor.num_workers == 3
-    assert setup.build_reward_runner(cfg(reward={"isolation": "inline"})).executor is None
+    assert runner.executor.policy == IsolationPolicy("reward", 2.5, "reward.timeout_s")
+    assert runner.executor.num_hosts == 3
+    assert isinstance(setup.build_reward_runner(cfg(reward={"isolation": "inline"})).executor, InlineHosts)
 
 
 def test_placement_plans_split_colocated_and_inline():
