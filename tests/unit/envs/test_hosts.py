@@ -14,7 +14,7 @@ import pytest
 
 from ascent.cluster.hosts import IsolationPolicy, ProcessHosts
 from ascent.envs import ChatTokens, Task, run_episodes
-from ascent.envs.hosts import drop, reset
+from ascent.envs.hosts import InlineHosts, drop, reset
 from ascent.messages import Generation, GenerationRequest, SamplingParams
 from ascent.models.tiny import make_char_tokenizer
 
@@ -75,6 +75,11 @@ def test_state_lives_in_the_host_between_turns(chat: ChatTokens, make_hosts, kin
     episodes = run(chat, ["Counter"] * 4, make_hosts(kind, 2, 30))
     assert [e.reward for e in episodes] == [3.5] * 4  # 3 turns counted, in another process (+0.5)
     assert all(e.finish_reason == "stop" and e.metadata["turns"] == 3 for e in episodes)
+
+
+def test_inline_hosts_keep_the_environments_in_this_process(chat: ChatTokens) -> None:
+    """rollout.env_isolation=inline: the same runner and commands, in the caller's process (no +0.5)."""
+    assert [e.reward for e in run(chat, ["Counter"] * 2, InlineHosts())] == [3.0, 3.0]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -36,6 +36,20 @@ def test_reward_isolation_settings_build_the_pool():
     assert isinstance(setup.build_reward_runner(cfg(reward={"isolation": "inline"})).executor, InlineHosts)
 
 
+def test_env_isolation_settings_build_the_hosts():
+    """inline: the environments run in this process (`breakpoint()` works); process: hosts under the
+    environment policy, read from rollout.env_timeout_s and rollout.env_workers."""
+    from ascent.orchestrator.episodes import env_hosts
+
+    with env_hosts(cfg(rollout={"env": "guess_number", "env_isolation": "inline"}).rollout) as hosts:
+        assert isinstance(hosts, InlineHosts)
+    with env_hosts(
+        cfg(rollout={"env": "guess_number", "env_timeout_s": 7, "env_workers": 2}).rollout
+    ) as hosts:
+        assert hosts.policy == IsolationPolicy("environment", 7, "rollout.env_timeout_s")
+        assert hosts.num_hosts == 2
+
+
 def test_placement_plans_split_colocated_and_inline():
     """split: own GPUs per worker; colocated on Ray: bundle i shared by trainer rank i and replica i (and
     critic rank i), equal fractions; inline or CPU: nothing to place."""
