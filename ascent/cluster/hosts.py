@@ -150,7 +150,7 @@ class HostPool(ABC):
                 if now > deadline and not self._ready([h], 0.0):  # not one that answered meanwhile
                     busy.pop(h)
                     out[i] = Outcome(error=self.policy.timed_out(self.host))
-                    log.warning("%s %s %d: %s; replacing it", self.policy.what, self.host, h, out[i].error)
+                    log.info("%s %s %d: %s; replacing it", self.policy.what, self.host, h, out[i].error)
                     self._replace(h)
             notice.tick(len(busy) + len(free) + sum(len(q) for q in pinned.values()))
         return out
@@ -158,7 +158,7 @@ class HostPool(ABC):
     def _died(self, h: int, how: str, op: str) -> Outcome:
         """The outcome of a command whose host `h` died; the host is replaced."""
         error = self.policy.died(self.host, how, op)
-        log.warning("%s %s %d: %s; replacing it", self.policy.what, self.host, h, error)
+        log.info("%s %s %d: %s; replacing it", self.policy.what, self.host, h, error)
         self._replace(h)
         return Outcome(error=error)
 

@@ -97,7 +97,7 @@ def test_hanging_calls_time_out_together_and_the_wait_says_so(caplog):
     # 6 hanging one-item chunks on 3 workers: two rounds of timeouts (each call timed once, never re-run)
     runner = ProcessHosts(3, IsolationPolicy("reward", 1.0, "reward.timeout_s", notice_s=0.5))
     try:
-        with caplog.at_level(logging.WARNING, logger="ascent.cluster.hosts"):
+        with caplog.at_level(logging.INFO, logger="ascent.cluster.hosts"):
             out = runner.map(misbehave, ["hang"] * 6, detail="reward.fn=mypkg:score")
     finally:
         runner.close()
