@@ -9,7 +9,7 @@ re-tokenized.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -197,3 +197,28 @@ class TrainSample:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
+
+
+USER_ERRORS = (Exception, SystemExit)  # what user code may raise at the cost of its call (not Ctrl-C)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one call of user code (a reward, an environment's step, an agent's episode) gave: `value` when
+    `error` is None, else `error` says why it failed ("ValueError: ...", "timed out after 30 s (...)")."""
+
+    value: Any = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], *args: Any) -> Outcome:
+        """fn(*args) as an Outcome: an exception, `sys.exit` included, becomes its error (KeyboardInterrupt,
+        the user's Ctrl-C, is not user code's failure and goes on up)."""
+        try:
+            return cls(value=fn(*args))
+        except USER_ERRORS as err:
+            return cls(error=f"{type(err).__name__}: {err}")

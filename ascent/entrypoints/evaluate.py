@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ascent.cluster.isolated import default_workers
+from ascent.cluster.hosts import IsolationPolicy, ProcessHosts, default_workers
 from ascent.data import image_codec, load_rows, render_prompts, validate_rows
 from ascent.entrypoints.debug_env import record
 from ascent.envs import ChatTokens, Task, run_episodes
-from ascent.envs.hosts import EnvHosts
 from ascent.envs.openai_agents import AgentLoadError, load_agent
 from ascent.envs.rows import row_env
 from ascent.errors import AscentError
@@ -31,7 +30,7 @@ from ascent.models.loading import load_tokenizer, resolve_device
 from ascent.orchestrator.agents import AgentService, AgentSetup, play_agent_groups, score_last_replies
 from ascent.orchestrator.batch import make_requests, to_groups
 from ascent.orchestrator.episodes import env_image_encoder
-from ascent.orchestrator.setup import agent_items, reward_executor
+from ascent.orchestrator.setup import agent_items, reward_hosts
 from ascent.orchestrator.validation import CORRECT_AT
 from ascent.rewards import RewardFailureError, RewardInput, RewardRunner
 from ascent.rollout import RolloutEngine, build_engine
@@ -75,7 +74,7 @@ def run_eval(
         reward,
         max_failure_rate=ALL_BUT_NONE,
         logger=log,
-        executor=reward_executor("process", reward_timeout_s, None),
+        executor=reward_hosts("process", reward_timeout_s, None),
     )
     rollout = build_engine(
         engine,
@@ -184,7 +183,9 @@ def run_env_eval(
         generation_batch_size=batch_size,
     )
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    hosts = EnvHosts(default_workers(None), env_timeout_s)
+    hosts = ProcessHosts(
+        default_workers(None), IsolationPolicy("environment", env_timeout_s, "rollout.env_timeout_s")
+    )
     try:
         episodes = run_episodes(
             tasks,
@@ -251,7 +252,7 @@ def run_agent_eval(
         reward,
         max_failure_rate=ALL_BUT_NONE,
         logger=log,
-        executor=reward_executor("process", reward_timeout_s, None),
+        executor=reward_hosts("process", reward_timeout_s, None),
     )
     rollout = build_engine(
         engine,

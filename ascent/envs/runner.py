@@ -22,7 +22,7 @@ An episode ends when the environment says done, at `max_turns` model turns, when
 observation tokens) would pass `max_tokens`, when a turn stops without a stop token (cut by length), or when
 the environment fails (raises; answers with something that is not a valid `StepResult`: a reward that is
 None, not a number, NaN or infinite, `done` not a bool, an observation that is not a list of messages,
-`info` not a dict; or, in a host of `ascent.envs.hosts`, a process or a Ray actor, hangs or dies): that
+`info` not a dict; or, on a host of `ascent.cluster.hosts`, a process or a Ray actor, hangs or dies): that
 costs the episode (finish "abort", reward 0, the reason in its metadata's `env_error`, counted by the
 loop's env/errors like any environment failure), never the batch. The episode's reward is the sum of its
 turns' rewards (`metadata["turn_rewards"]` keeps them; token-level estimators place each on the last token
@@ -38,9 +38,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ascent.envs.base import Environment, Message, StepResult, make_env
+from ascent.envs.base import Environment, Message, StepResult
 from ascent.envs.chat import ChatTokens
-from ascent.envs.hosts import HostedEnvs, Hosts, InProcessEnvs
+from ascent.envs.hosts import HostedEnvs, Hosts, InlineHosts
 from ascent.envs.images import ImageEncoder, render_with_images
 from ascent.errors import AscentError
 from ascent.messages import Episode, FinishReason, Generation, GenerationRequest, ImageInput, SamplingParams
@@ -144,9 +144,10 @@ def run_episodes(
     `params` sample each turn (`n` is taken as 1, `max_new_tokens` capped by what is left of `max_tokens`;
     request i of turn t gets seed `params.seed + 1000 * t + i` when a seed is set). `version`: the policy
     version stamped on tokens the engine returns without one. `hosts`: run the environments there (host
-    processes or Ray actors; tasks then name their environment), else in this process. `images`: the model's
-    image encoder (`ascent.envs.images`), which turns the images of prompts and observations into image
-    tokens; None for a text model (an environment that shows images then costs its episodes)."""
+    processes or Ray actors: tasks then name their environment), else in this process (`InlineHosts`).
+    `images`: the model's image encoder (`ascent.envs.images`), which turns the images of prompts and
+    observations into image tokens; None for a text model (an environment that shows images then costs its
+    episodes)."""
     envs = _envs(tasks, hosts)
     try:
         resets = envs.reset([t.row for t in tasks])
@@ -176,12 +177,11 @@ def run_episodes(
         envs.close()  # hosts that outlive the batch (Ray actors) drop its environments
 
 
-def _envs(tasks: Sequence[Task], hosts: Hosts | None) -> InProcessEnvs | HostedEnvs:
-    if hosts is None:
-        return InProcessEnvs([make_env(t.env) if isinstance(t.env, str) else t.env for t in tasks])
-    if not all(isinstance(t.env, str) for t in tasks):
+def _envs(tasks: Sequence[Task], hosts: Hosts | None) -> HostedEnvs:
+    inline = hosts is None or isinstance(hosts, InlineHosts)
+    if not inline and not all(isinstance(t.env, str) for t in tasks):
         raise TypeError("run_episodes(hosts=...): each Task must name its environment (a str), not hold one")
-    return HostedEnvs(hosts, [str(t.env) for t in tasks])
+    return HostedEnvs(InlineHosts() if hosts is None else hosts, [t.env for t in tasks])
 
 
 class EnvResetError(AscentError):

@@ -3,9 +3,11 @@
 
 The run serves its policy (`AgentService`: an `OpenAIServer` whose engine is the rollout replicas, started on
 first use on a free localhost port with a random key) and plays the user's agent on every row,
-`samples_per_prompt` times, in agent processes (`ascent.envs.openai_agents`); each play is a session, whose
-recorded calls `agent_segments.py` assembles into episodes. An episode's `metadata["tool_calls"]` counts the
-tool calls its replies wrote (`AgentService.tool_calls`, the endpoint's parser), as the environment path's do.
+`samples_per_prompt` times (`ascent.envs.openai_agents`) on hosts (`agent_hosts`: processes under the
+isolation policy of `ascent.cluster.hosts`, or inline); each play is a session, whose
+recorded calls `agent_segments.py` assembles into episodes.
+An episode's `metadata["tool_calls"]` counts the tool calls its replies wrote (`AgentService.tool_calls`,
+the endpoint's parser), as the environment path's do.
 
 The replicas sample as the run is configured, whatever a call asks: temperature, top_p, top_k, min_p and
 the repetition penalty are the run's, `max_tokens` is capped at `rollout.max_new_tokens` (the trainer's
@@ -35,10 +37,11 @@ from functools import partial
 from typing import Any
 
 from ascent.cluster.base import WorkerGroup
-from ascent.cluster.isolated import InlineRunner, IsolatedRunner, default_workers
+from ascent.cluster.hosts import IsolationPolicy, ProcessHosts, default_workers
 from ascent.config.schema import RunConfig
 from ascent.config.sources import AgentSourceConfig
 from ascent.data import image_codec
+from ascent.envs.hosts import Hosts, InlineHosts
 from ascent.envs.openai_agents import AgentJob, AgentResult, AgentSpec, play
 from ascent.errors import AscentError
 from ascent.messages import Episode, Generation, GenerationRequest, Group, SamplingParams
@@ -155,12 +158,7 @@ class AgentService:
         url = self.server.start("127.0.0.1", 0)
         self.spec = AgentSpec(setup.agent, url, key, MODEL_NAME, setup.timeout_s)
         self.workers = default_workers(setup.workers)
-        preload = ["openai", setup.agent.partition(":")[0]]
-        self.runner: InlineRunner | IsolatedRunner = (
-            InlineRunner()
-            if setup.inline
-            else IsolatedRunner(self.workers, setup.timeout_s + PROCESS_GRACE_S, preload=preload)
-        )
+        self.hosts = agent_hosts(setup, self.workers)
         self._sessions = itertools.count()
         self._lock = threading.Lock()
 
@@ -190,7 +188,7 @@ class AgentService:
     def _chunked(self, jobs: list[AgentJob]) -> tuple[list[list[AgentJob]], list[Any]]:
         count = max(1, min(len(jobs), max(self.workers, -(-len(jobs) // self.setup.concurrency))))
         chunks = [c for c in B.shard(jobs, count) if c]
-        return chunks, self.runner.each(partial(play, self.spec), chunks)
+        return chunks, self.hosts.each(partial(play, self.spec), chunks, f"rollout.agent={self.setup.agent}")
 
     def take(self, session: str) -> list[CompletionRecord]:
         return self.server.take(session)
@@ -201,8 +199,17 @@ class AgentService:
         return count_tool_calls(records, self.server.tool_parser, self.server.tool_text)
 
     def close(self) -> None:
-        self.runner.close()
+        self.hosts.close()
         self.server.stop()
+
+
+def agent_hosts(setup: AgentSetup, workers: int) -> Hosts:
+    """The hosts of agent plays: processes under `rollout.agent_timeout_s` (plus a grace: an episode's own
+    watchdog acts first), or this process (`rollout.env_isolation=inline`)."""
+    if setup.inline:
+        return InlineHosts()
+    policy = IsolationPolicy("agent", setup.timeout_s + PROCESS_GRACE_S, "rollout.agent_timeout_s")
+    return ProcessHosts(workers, policy, preload=["openai", setup.agent.partition(":")[0]])
 
 
 def play_agent_groups(

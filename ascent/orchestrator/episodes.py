@@ -23,12 +23,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ascent.cluster.base import WorkerGroup
-from ascent.cluster.isolated import default_workers
+from ascent.cluster.hosts import IsolationPolicy, ProcessHosts, default_workers
 from ascent.config.schema import RunConfig
 from ascent.data import image_codec
 from ascent.data.prompts import PromptItem, RenderReport
-from ascent.envs import ChatTokens, Task, make_env, run_episodes
-from ascent.envs.hosts import EnvHosts, HostedEnvs, Hosts, InProcessEnvs
+from ascent.envs import ChatTokens, Task, run_episodes
+from ascent.envs.hosts import HostedEnvs, Hosts, InlineHosts
 from ascent.envs.images import ImageEncoder
 from ascent.envs.rows import row_env
 from ascent.envs.runner import prompt_tokens
@@ -60,7 +60,7 @@ def env_items(
     chat, items, report = ChatTokens(tok), [], RenderReport(total=len(rows), max_tokens=limit)
     images = env_image_encoder(cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels)
     with env_hosts(cfg.rollout) as hosts:
-        envs = HostedEnvs(hosts, names) if hosts else InProcessEnvs([make_env(n) for n in names])
+        envs = HostedEnvs(hosts, names)
         for i, (row, out) in enumerate(zip(rows, envs.reset(rows), strict=True)):
             ids, _ = prompt_tokens(chat, images, Task(names[i], row, i), out)  # image tokens counted
             report.longest = max(report.longest, len(ids))
@@ -80,14 +80,20 @@ def env_image_encoder(
     return image_codec(model_path, min_pixels, max_pixels)
 
 
+def env_policy(r: Any) -> IsolationPolicy:
+    """The isolation policy of environments (`rollout.env_timeout_s`), on process hosts and Ray actors."""
+    return IsolationPolicy("environment", r.env_timeout_s, "rollout.env_timeout_s")
+
+
 @contextmanager
-def env_hosts(r: Any) -> Iterator[EnvHosts | None]:
-    """The environment processes of `rollout.env_isolation=process` for one batch on this machine (None when
-    inline)."""
-    if r.env_isolation == "inline":
-        yield None
-        return
-    hosts = EnvHosts(default_workers(r.env_workers), r.env_timeout_s)
+def env_hosts(r: Any) -> Iterator[Hosts]:
+    """The hosts of one batch's environments on this machine: processes started for it
+    (`rollout.env_isolation=process`), or this process (`inline`)."""
+    hosts: Hosts = (
+        InlineHosts()
+        if r.env_isolation == "inline"
+        else ProcessHosts(default_workers(r.env_workers), env_policy(r))
+    )
     try:
         yield hosts
     finally:
@@ -98,7 +104,7 @@ class EnvRunners:
     """Where a run's environments live, batch after batch: in the controller (`rollout.env_isolation=inline`),
     in processes started for each batch (`process` with cluster.backend=inline), or in Ray actors started
     on the first batch and kept until `close()` at the end of the run (`process` with cluster.backend=ray;
-    `ascent.cluster.env_actors`). The runner is the same for all three; only the hosts differ."""
+    `ascent.cluster.ray_hosts`). The runner and the policy are the same for all three; only the hosts differ."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -109,8 +115,8 @@ class EnvRunners:
         self._lock = threading.Lock()  # the collector's thread and the controller's may both start a batch
 
     @contextmanager
-    def batch(self) -> Iterator[Hosts | None]:
-        """The hosts of one batch's environments (None: in this process)."""
+    def batch(self) -> Iterator[Hosts]:
+        """The hosts of one batch's environments."""
         if self.cfg.cluster.backend != "ray" or self.cfg.rollout.env_isolation == "inline":
             with env_hosts(self.cfg.rollout) as hosts:
                 yield hosts
@@ -120,12 +126,12 @@ class EnvRunners:
     def _ray_actors(self) -> Any:
         with self._lock:
             if self._actors is None:
-                from ascent.cluster.env_actors import RayEnvHosts  # deferred: Ray, only for env actors on Ray
+                from ascent.cluster.ray_hosts import RayHosts  # deferred: Ray, only for env actors on Ray
 
                 r, c = self.cfg.rollout, self.cfg.cluster
-                self._actors = RayEnvHosts(
+                self._actors = RayHosts(
                     r.env_workers,
-                    r.env_timeout_s,
+                    env_policy(r),
                     cpus_per_host=r.env_cpus,
                     start_timeout_s=c.worker_timeout_s,
                     run_dir=self.cfg.run_dir,

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 from ascent.cluster import make_worker_group
 from ascent.cluster.base import W
 from ascent.cluster.errors import ClusterConfigError
-from ascent.cluster.isolated import IsolatedRunner, default_workers
+from ascent.cluster.hosts import IsolationPolicy, ProcessHosts, default_workers
 from ascent.config.schema import RunConfig
 from ascent.config.sources import AgentSourceConfig, EnvSourceConfig
 from ascent.data import image_codec, load_rows, render_prompts, validate_rows
 from ascent.data.prompts import PromptItem, RenderReport
+from ascent.envs.hosts import Hosts, InlineHosts
 from ascent.errors import AscentError
 from ascent.rewards import RewardRunner
 
@@ -183,7 +184,7 @@ class Demand:
 
 def demand(cfg: RunConfig) -> Demand:
     """GPUs and CPUs of every worker (trainer, rollout, critic) as `build_worker_groups` places them, and of
-    the environment actors (`ascent.cluster.env_actors`; at least one when the run picks their count)."""
+    the environment actors (`ascent.cluster.ray_hosts`; at least one when the run picks their count)."""
     c, env = cfg.cluster, env_actor_cpus(cfg)
     groups = 2 if uses_critic(cfg) else 1
     plan = plan_placement(
@@ -353,25 +354,21 @@ def build_publisher(cfg: RunConfig, groups: WorkerGroups) -> Publisher:
 
 
 def build_reward_runner(cfg: RunConfig) -> RewardRunner:
-    """The reward runner of `cfg.reward`: isolated worker processes with a timeout unless isolation=inline."""
+    """The reward runner of `cfg.reward`: its calls on process hosts with a timeout, or inline."""
     r = cfg.reward
     return RewardRunner(
         r.fn,
         kwargs=r.kwargs,
         max_failure_rate=r.max_failure_rate,
         logger=log,
-        executor=reward_executor(r.isolation, r.timeout_s, r.num_workers),
+        executor=reward_hosts(r.isolation, r.timeout_s, r.num_workers),
     )
 
 
-def reward_executor(isolation: str, timeout_s: float, num_workers: int | None) -> IsolatedRunner | None:
-    """A pool of processes for reward calls (None: inline, in this process)."""
+def reward_hosts(isolation: str, timeout_s: float, num_workers: int | None) -> Hosts:
+    """The hosts of reward calls: processes under `reward.timeout_s` (`reward.isolation=process`), or this
+    process (`inline`)."""
     if isolation == "inline":
-        return None
-    return IsolatedRunner(
-        default_workers(num_workers),
-        timeout_s,
-        preload=["ascent.rewards"],
-        what="reward",
-        timeout_field="reward.timeout_s",
-    )
+        return InlineHosts()
+    policy = IsolationPolicy("reward", timeout_s, "reward.timeout_s")
+    return ProcessHosts(default_workers(num_workers), policy, preload=["ascent.rewards"])

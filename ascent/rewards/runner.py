@@ -2,9 +2,9 @@
 
 The orchestrator hands it one iteration's responses as `RewardInput`s. Each row uses its own `reward_fn` field
 when it has one, else the run's default. The calls go through an executor (`map(fn, items) -> outcomes`):
-the orchestrator injects a pool of isolated processes with a per-call timeout (`reward.isolation=process`,
-ascent.cluster.isolated), so a function that raises, exits, hangs or kills its process costs that sample;
-without one they run in this process. A failed call, a non-numeric or a non-finite return costs that
+the orchestrator injects the run's hosts for reward calls (`ascent.cluster.hosts`: processes with a per-call
+timeout for `reward.isolation=process`), so a function that raises, exits, hangs or kills its process costs
+that sample; without one they run in this process. A failed call, a non-numeric or a non-finite return costs that
 sample a 0.0 reward and is logged with its row (counted from 1, as data errors count them); the call's
 failure count and rate go into the metrics, and past `max_failure_rate` the whole call raises
 `RewardFailureError` rather than train on broken rewards. The functions are named by spec (built-in name or
@@ -22,6 +22,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from ascent.errors import AscentError
+from ascent.messages import Outcome
 from ascent.rewards.registry import RewardConfigError, RewardFn, check_reward_signature, resolve_reward_fn
 
 MAX_LOGGED_FAILURES = 5
@@ -97,10 +98,10 @@ def score_task(
 
 
 class Executor(Protocol):
-    """Runs `fn` on every item -> one outcome per item with `.ok`, `.value`, `.error` (cluster.isolated);
+    """Runs `fn` on every item -> one `Outcome` per item (`ascent.envs.hosts.Hosts` keeps this contract);
     `detail` says what the calls run, for messages while it waits."""
 
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], detail: str = "") -> Sequence[Any]: ...
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], detail: str = "") -> Sequence[Outcome]: ...
 
     def close(self) -> None: ...
 
@@ -170,8 +171,8 @@ class RewardRunner:
         components: list[dict[str, float]] = []
         failures: list[tuple[RewardInput, str]] = []
         for spec, item, outcome in zip(specs, items, outcomes, strict=True):
-            reward, extras = outcome.value if outcome.ok else (0.0, {})
-            if not outcome.ok:
+            reward, extras = outcome.value if outcome.error is None else (0.0, {})
+            if outcome.error is not None:
                 failures.append((item, outcome.error))
                 self._log_failure(spec, item, outcome.error, len(failures))
             rewards.append(reward)
@@ -219,30 +220,13 @@ class RewardRunner:
 
 
 class _InlineExecutor:
-    """Calls in this process, each failure caught (what runs without an injected executor)."""
+    """Calls in this process, each failure its outcome (what runs without an injected executor)."""
 
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], detail: str = "") -> list[Any]:
-        return [_call(fn, item) for item in items]
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], detail: str = "") -> list[Outcome]:
+        return [Outcome.of(fn, item) for item in items]
 
     def close(self) -> None:
         pass
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    value: Any = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-def _call(fn: Callable[[Any], Any], item: Any) -> _Outcome:
-    try:
-        return _Outcome(value=fn(item))
-    except Exception as err:
-        return _Outcome(error=f"{type(err).__name__}: {err}")
 
 
 _INLINE = _InlineExecutor()

@@ -1,6 +1,7 @@
-"""Environments in hosts, forkserver processes (`EnvHosts`) or Ray actors (`RayEnvHosts`, on a local Ray
+"""Environments on hosts, forkserver processes (`ProcessHosts`) or Ray actors (`RayHosts`, on a local Ray
 cluster): state kept between turns, hosts reused across batches, and a hang, a crash or sys.exit costing
-only episodes (the hung or crashed one, and the others its host held), never the batch or the caller."""
+only episodes (the hung or crashed one, and the others its host held), never the batch or the caller; and
+Ray actors running stateless calls (rewards, agents) under the same policy as processes (tests/unit/cluster)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from ascent.cluster.hosts import IsolationPolicy, ProcessHosts
 from ascent.envs import ChatTokens, Task, run_episodes
-from ascent.envs.hosts import EnvHosts
+from ascent.envs.hosts import InlineHosts, drop, reset
 from ascent.messages import Generation, GenerationRequest, SamplingParams
 from ascent.models.tiny import make_char_tokenizer
 
@@ -31,13 +33,14 @@ def make_hosts(request: pytest.FixtureRequest):
     made: list[Any] = []
 
     def hosts(kind: str, n: int, timeout_s: float) -> Any:
+        policy = IsolationPolicy("environment", timeout_s, "rollout.env_timeout_s")
         if kind == "process":
-            made.append(EnvHosts(n, timeout_s))
+            made.append(ProcessHosts(n, policy))
         else:
             request.getfixturevalue("ray_cluster")
-            from ascent.cluster.env_actors import RayEnvHosts
+            from ascent.cluster.ray_hosts import RayHosts
 
-            made.append(RayEnvHosts(n, timeout_s, cpus_per_host=0.5, start_timeout_s=60))
+            made.append(RayHosts(n, policy, cpus_per_host=0.5, start_timeout_s=60))
         return made[-1]
 
     yield hosts
@@ -74,6 +77,11 @@ def test_state_lives_in_the_host_between_turns(chat: ChatTokens, make_hosts, kin
     assert all(e.finish_reason == "stop" and e.metadata["turns"] == 3 for e in episodes)
 
 
+def test_inline_hosts_keep_the_environments_in_this_process(chat: ChatTokens) -> None:
+    """rollout.env_isolation=inline: the same runner and commands, in the caller's process (no +0.5)."""
+    assert [e.reward for e in run(chat, ["Counter"] * 2, InlineHosts())] == [3.0, 3.0]
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_hosts_serve_batch_after_batch_and_forget_each(chat: ChatTokens, make_hosts, kind: str) -> None:
     """One host, three batches: the same process counts on (it is not restarted per batch) until a crash
@@ -81,15 +89,20 @@ def test_hosts_serve_batch_after_batch_and_forget_each(chat: ChatTokens, make_ho
     hosts = make_hosts(kind, 1, 30)
     assert [e.reward for e in run(chat, ["Tally"] * 2, hosts)] == [1.0, 2.0]
     assert [e.reward for e in run(chat, ["Tally"] * 2, hosts)] == [3.0, 4.0]  # the same process
-    (dropped,) = hosts.run([(0, ("drop", None, None))])  # no batch is named None: nothing left to drop
-    assert dropped == ("ok", 0)
+    (dropped,) = hosts.run([(0, ("drop", drop, (None,)))])  # no batch is named None: nothing left to drop
+    assert dropped.value == 0
     run(chat, ["Crash"], hosts)
     assert [e.reward for e in run(chat, ["Tally"], hosts)] == [1.0]  # a fresh process after the crash
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(
-    ("bad", "reason"), [("Hang", "timed out after 2 s"), ("Crash", "died"), ("Exit", "SystemExit: leaving")]
+    ("bad", "reason"),
+    [
+        ("Hang", "timed out after 2 s (rollout.env_timeout_s"),
+        ("Crash", "died"),
+        ("Exit", "SystemExit: leaving"),
+    ],
 )
 def test_a_misbehaving_environment_costs_episodes_not_the_batch(
     chat: ChatTokens, make_hosts, kind: str, bad: str, reason: str
@@ -122,7 +135,7 @@ def test_a_misbehaving_environment_costs_episodes_not_the_batch(
 def test_hosts_need_environment_names(chat: ChatTokens, tmp_path: Path) -> None:
     from ascent.envs import GuessNumber
 
-    hosts = EnvHosts(1, timeout_s=5)
+    hosts = ProcessHosts(1, IsolationPolicy("environment", 5, "rollout.env_timeout_s"))
     try:
         with pytest.raises(TypeError, match="must name its environment"):
             run_episodes(
@@ -152,9 +165,9 @@ def test_an_actor_that_cannot_be_replaced_ends_the_batch_and_the_actors_at_once(
     with pytest.raises(RuntimeError, match="no node can hold it"):
         run(chat, ["Crash", "Counter"], hosts)
     t0 = time.monotonic()
-    assert hosts.run([(1, ("drop", None, None))]) == [("ok", 0)]  # nothing left to drop
+    assert [o.value for o in hosts.run([(1, ("drop", drop, (None,)))])] == [0]  # nothing left to drop
     with pytest.raises(RuntimeError, match="environment actors were closed"):
-        hosts.run([(1, ("reset", None, None))])
+        hosts.run([(1, ("reset", reset, (None, "Counter", {})))])
     assert time.monotonic() - t0 < 1
 
 
@@ -171,5 +184,22 @@ def test_a_host_that_exits_with_status_0_is_noticed_at_once(chat: ChatTokens, ma
 def test_an_answer_that_cannot_travel_costs_its_episode_only(chat: ChatTokens, make_hosts) -> None:
     episodes = run(chat, ["Unsendable", "Counter"], make_hosts("process", 1, 30))
     assert episodes[0].finish_reason == "abort"
-    assert "its step answer cannot be sent back" in episodes[0].metadata["env_error"]
+    assert "its answer to step cannot be sent back" in episodes[0].metadata["env_error"]
     assert episodes[1].reward == 3.5  # the same process serves on
+
+
+def test_ray_actor_hosts_run_the_same_calls_under_the_same_policy(ray_cluster):
+    """The stateless calls of rewards and agents on Ray actors: the contract and the texts of processes."""
+    from ascent.cluster.ray_hosts import RayHosts
+    from tests.unit.cluster.test_hosts import misbehave
+
+    hosts = RayHosts(
+        2, IsolationPolicy("reward", 1.0, "reward.timeout_s"), cpus_per_host=0.5, start_timeout_s=60
+    )
+    try:
+        out = hosts.map(misbehave, ["a", "raise", "exit", "b"])  # (timeouts on actors: the Hang test above)
+        assert [o.value for o in out if o.ok] == ["aa", "bb"]
+        assert [o.error for o in out[1:3]] == ["ValueError: bad item", "SystemExit: 3"]
+        assert [o.value for o in hosts.each(misbehave, ["c", "d"])] == ["cc", "dd"]
+    finally:
+        hosts.close()

@@ -287,14 +287,14 @@ def test_skyrl_shaped_rows_run_as_they_are(chat: ChatTokens, tmp_path: Path) -> 
 
 def test_skyrl_rows_in_environment_processes(chat: ChatTokens, shops: list[Path], corpus: Path) -> None:
     """The registered tasks are made by name in host processes (imported lazily there)."""
-    from ascent.envs.hosts import EnvHosts
+    from ascent.cluster.hosts import IsolationPolicy, ProcessHosts
     from ascent.envs.tasks.common import to_skyrl
 
     rows = [to_skyrl(load(shops[0])[2]), to_skyrl(load(corpus)[2])]
     flat = [{**r["extra_info"], "answer": row_answer(r)} for r in rows]
     tasks = [Task(str(row_env(r)), r, i) for i, r in enumerate(rows)]
     engine = ScriptedEngine(chat, {0: sql_policy(flat[0]), 1: search_policy(flat[1])})
-    hosts = EnvHosts(1, timeout_s=30)
+    hosts = ProcessHosts(1, IsolationPolicy("environment", 30, "rollout.env_timeout_s"))
     try:
         episodes = run_episodes(tasks, engine, chat, PARAMS, max_turns=4, max_tokens=3000, hosts=hosts)
     finally:

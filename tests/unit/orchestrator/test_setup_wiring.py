@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from ascent.cluster.hosts import IsolationPolicy
 from ascent.config import RunConfig
+from ascent.envs.hosts import InlineHosts
 from ascent.orchestrator import setup, specs
 from ascent.orchestrator.batch import sampling_params
 
@@ -29,8 +31,23 @@ def test_engine_gets_trust_remote_code_and_sampling_gets_repetition_penalty():
 
 def test_reward_isolation_settings_build_the_pool():
     runner = setup.build_reward_runner(cfg(reward={"timeout_s": 2.5, "num_workers": 3}))
-    assert runner.executor.timeout_s == 2.5 and runner.executor.num_workers == 3
-    assert setup.build_reward_runner(cfg(reward={"isolation": "inline"})).executor is None
+    assert runner.executor.policy == IsolationPolicy("reward", 2.5, "reward.timeout_s")
+    assert runner.executor.num_hosts == 3
+    assert isinstance(setup.build_reward_runner(cfg(reward={"isolation": "inline"})).executor, InlineHosts)
+
+
+def test_env_isolation_settings_build_the_hosts():
+    """inline: the environments run in this process (`breakpoint()` works); process: hosts under the
+    environment policy, read from rollout.env_timeout_s and rollout.env_workers."""
+    from ascent.orchestrator.episodes import env_hosts
+
+    with env_hosts(cfg(rollout={"env": "guess_number", "env_isolation": "inline"}).rollout) as hosts:
+        assert isinstance(hosts, InlineHosts)
+    with env_hosts(
+        cfg(rollout={"env": "guess_number", "env_timeout_s": 7, "env_workers": 2}).rollout
+    ) as hosts:
+        assert hosts.policy == IsolationPolicy("environment", 7, "rollout.env_timeout_s")
+        assert hosts.num_hosts == 2
 
 
 def test_placement_plans_split_colocated_and_inline():

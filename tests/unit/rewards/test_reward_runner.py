@@ -124,6 +124,7 @@ def test_bad_specs_fail_early():
 
 def test_built_from_config_and_empty_batch():
     from ascent.config import RunConfig
+    from ascent.envs.hosts import InlineHosts
     from ascent.orchestrator.setup import build_reward_runner
 
     cfg = RunConfig(
@@ -132,7 +133,7 @@ def test_built_from_config_and_empty_batch():
         )
     )
     runner = build_reward_runner(cfg)
-    assert runner.max_failure_rate == 0.2 and runner.executor is None
+    assert runner.max_failure_rate == 0.2 and isinstance(runner.executor, InlineHosts)
     assert runner.score(inputs(["about 4.4"])).rewards == [1.0]
     empty = runner.score([])
     assert empty.rewards == [] and empty.metrics["reward/failure_rate"] == 0.0
@@ -141,9 +142,9 @@ def test_built_from_config_and_empty_batch():
 @pytest.mark.timeout(60)
 def test_a_reward_that_ends_its_process_with_status_0_costs_its_sample(caplog):
     """A missed death would wait out reward.timeout_s (120 s); the test's own timeout (60 s) fails that."""
-    from ascent.cluster.isolated import IsolatedRunner
+    from ascent.orchestrator.setup import reward_hosts
 
-    pool = IsolatedRunner(2, 120.0, what="reward", timeout_field="reward.timeout_s")
+    pool = reward_hosts("process", 120.0, 2)
     runner = RewardRunner("tests.integration.bad_rewards:score", max_failure_rate=0.5, executor=pool)
     items = [
         RewardInput("p", "r", [1], {"answer": a}, row_id=i) for i, a in enumerate(["ok", "os_exit", "ok"])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ascent.cluster.isolated import IsolatedRunner
+from ascent.cluster.hosts import IsolationPolicy, ProcessHosts
 from ascent.envs.openai_agents import AgentJob, AgentLoadError, AgentSpec, load_agent, play
 from ascent.messages import GenerationRequest
 from ascent.rollout.server import OpenAIServer
@@ -61,7 +61,7 @@ def test_failures_cost_their_episode_only(server: OpenAIServer) -> None:
 
 
 def test_a_process_that_dies_costs_its_chunk_and_a_blocked_loop_is_interrupted(server: OpenAIServer) -> None:
-    runner = IsolatedRunner(2, timeout_s=5)
+    runner = ProcessHosts(2, IsolationPolicy("agent", 5, "rollout.agent_timeout_s"))
     try:
         chunks = [[AgentJob("d", {"q": "a"})], [AgentJob("b", {"q": "b"})], [AgentJob("ok", {"q": "c"})]]
         names = ["dies", "blocks", "polite"]

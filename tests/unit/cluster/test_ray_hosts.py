@@ -12,6 +12,10 @@ import tempfile
 import pytest
 
 from ascent.cluster import ClusterConfigError
+from ascent.cluster.hosts import IsolationPolicy
+from ascent.envs.hosts import drop
+
+POLICY = IsolationPolicy("environment", 10, "rollout.env_timeout_s")
 
 
 @pytest.fixture(scope="module")
@@ -43,34 +47,34 @@ def two_nodes():
 
 
 def test_default_actors_fill_the_free_cpus_of_every_node(two_nodes) -> None:
-    from ascent.cluster.env_actors import RayEnvHosts
+    from ascent.cluster.ray_hosts import RayHosts
 
-    hosts = RayEnvHosts(None, timeout_s=10, cpus_per_host=1.0, start_timeout_s=60)
+    hosts = RayHosts(None, POLICY, cpus_per_host=1.0, start_timeout_s=60)
     try:
         assert hosts.num_hosts == 3  # 4 per node, capped by the 3 free CPUs
         nodes = hosts.node_ids()
         assert len(set(nodes)) == 2  # both nodes run environments
-        ok = hosts.run([(h, ("drop", "none", None)) for h in range(3)])
-        assert ok == [("ok", 0)] * 3
+        ok = hosts.run([(h, ("drop", drop, ("none",))) for h in range(3)])
+        assert [o.value for o in ok] == [0] * 3
     finally:
         hosts.close()
 
 
 def test_actors_that_cannot_fit_are_refused_naming_the_fields(two_nodes) -> None:
-    from ascent.cluster.env_actors import RayEnvHosts
+    from ascent.cluster.ray_hosts import RayHosts
 
     with pytest.raises(
         ClusterConfigError,
         match=r"rollout.env_workers=4 x rollout.env_cpus=1 = 4 CPUs, but the "
         r"Ray cluster has 3 CPUs in all",
     ):
-        RayEnvHosts(4, timeout_s=10, cpus_per_host=1.0)
+        RayHosts(4, POLICY, cpus_per_host=1.0)
     with pytest.raises(ClusterConfigError, match=r"rollout.env_cpus=8: .* too few for one environment actor"):
-        RayEnvHosts(None, timeout_s=10, cpus_per_host=8.0)
-    held = RayEnvHosts(2, timeout_s=10, cpus_per_host=1.0)  # as the trainer and rollout workers would
+        RayHosts(None, POLICY, cpus_per_host=8.0)
+    held = RayHosts(2, POLICY, cpus_per_host=1.0)  # as the trainer and rollout workers would
     try:
         with pytest.raises(ClusterConfigError, match=r"has 1 CPUs free after the workers"):
-            RayEnvHosts(2, timeout_s=10, cpus_per_host=1.0)
+            RayHosts(2, POLICY, cpus_per_host=1.0)
     finally:
         held.close()
-    RayEnvHosts(3, timeout_s=10, cpus_per_host=1.0).close()  # nothing refused or closed kept its CPUs
+    RayHosts(3, POLICY, cpus_per_host=1.0).close()  # nothing refused or closed kept its CPUs

@@ -1,12 +1,12 @@
-"""Environment hosts as Ray actors (`cluster.backend=ray`): the process hosts' contract, over the cluster.
+"""Hosts as Ray actors (`cluster.backend=ray`): `ascent.cluster.hosts`' scheduler and policy, over the cluster.
 
-`RayEnvHosts` is `ascent.envs.hosts.EnvHosts` with Ray actors in place of forkserver processes: each actor
-(`EnvActor`) holds environments and answers one command at a time with `ascent.envs.hosts.serve`, the code
-the process hosts run, so the runner and the episode logic are the same. Every command gets `timeout_s`
-seconds; an actor that times out is killed, one that dies (os._exit, a segfault, an out-of-memory kill, a
-lost node) is noticed, and either way its command ends that episode with the reason and the actor is
-replaced; the other environments it held end too ("lost with its process"). An exception in user code,
-`sys.exit` included, costs the episode only and the actor lives on.
+`RayHosts` is `ascent.cluster.hosts.ProcessHosts` with Ray actors in place of forkserver processes: each actor
+(`HostActor`) holds state and answers one command at a time with `ascent.envs.hosts.serve`, the code every
+host runs, and the scheduler, the timeout and the failure texts are `HostPool`'s. An actor that times out
+is killed, one that dies (os._exit, a segfault, an out-of-memory kill, a lost node) is noticed, and either
+way it is replaced; an exception in user code, `sys.exit` included, costs that command only. A replacement
+that cannot start is an error, and every actor goes with it (no later command waits behind work abandoned
+on the others). Environments run here today; rewards and agents run on process hosts on the controller.
 
 The actors ask for `cpus_per_host` CPUs each, reserved in one placement group of SPREAD strategy, so the
 environments of a multi-node run use every node's CPUs (a replacement takes its predecessor's bundle).
@@ -14,71 +14,73 @@ Without a count, there are up to 4 per node, as many as the CPUs the workers lef
 live for the whole run (created on the first batch, reused by every later one, replaced only when they
 fail) and go at `close()`. Each logs to `<run_dir>/logs/env_<i>.log`.
 
-One batch command runs at a time (a lock): episodes played ahead on the collector's thread and validation
-on the controller's thread take turns per command, so no command waits behind another batch's and every
-deadline measures the environment alone.
+One run of commands at a time (`HostPool`'s lock): episodes played ahead on the collector's thread and
+validation on the controller's thread take turns, so every deadline measures the user code alone.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ascent.cluster.errors import ClusterConfigError
+from ascent.cluster.hosts import HostPool, IsolationPolicy
 from ascent.cluster.ray_backend import init_ray, kill_actors, reserve
-from ascent.envs.hosts import serve
+from ascent.envs.hosts import Command, serve
+from ascent.messages import Outcome
 from ascent.tracking.logs import setup_logging
 
 PER_NODE = 4  # environment actors per node when rollout.env_workers is unset (CPUs permitting)
 SETTLE_S = 5.0  # how long free CPUs may take to show in Ray's view after their holder went
 
 
-class EnvActor:
-    """One Ray actor holding environments (not used directly: see `RayEnvHosts`)."""
+class HostActor:
+    """One Ray actor holding state for commands (not used directly: see `RayHosts`)."""
 
     def __init__(self, name: str, run_dir: str | None, log_level: str) -> None:
         self.log = setup_logging(run_dir, name, log_level, console=False)
-        self.envs: dict[Any, Any] = {}
+        self.state: dict[Any, Any] = {}
 
     def ping(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
-    def handle(self, msg: tuple[str, Any, Any]) -> tuple[str, Any]:
-        reply = serve(self.envs, msg)
-        if reply[0] == "err":
-            self.log.warning("%s %s failed: %s", msg[0], msg[1], reply[1])
-        return reply
+    def handle(self, command: Command) -> Outcome:
+        outcome = serve(self.state, command)
+        if not outcome.ok:
+            self.log.warning("%s failed: %s", command[0], outcome.error)
+        return outcome
 
 
-class RayEnvHosts:
-    """`num_hosts` environment actors (None: `default_env_actors`); see the module doc."""
+class RayHosts(HostPool):
+    """`num_hosts` host actors (None: `default_env_actors`) under `policy`; see the module doc."""
+
+    host = "actor"
 
     def __init__(
         self,
         num_hosts: int | None,
-        timeout_s: float,
+        policy: IsolationPolicy,
         *,
         cpus_per_host: float = 1.0,
         start_timeout_s: float = 300.0,
         run_dir: str | None = None,
         log_level: str = "INFO",
     ) -> None:
+        super().__init__(policy)
         init_ray()  # a no-op in a run: the worker groups started or joined the cluster
-        self.timeout_s, self.cpus, self.start_timeout_s = timeout_s, cpus_per_host, start_timeout_s
+        self.cpus, self.start_timeout_s = cpus_per_host, start_timeout_s
         self.run_dir, self.log_level = run_dir, log_level
         n = num_hosts or default_env_actors(cpus_per_host)
         self._group: PlacementGroup | None = _reserve(n, cpus_per_host, start_timeout_s)
-        self._actor_cls = ray.remote(EnvActor)
-        self._lock = threading.Lock()
+        self._actor_cls = ray.remote(HostActor)
         self._actors: list[Any] = []
+        self._refs: dict[int, Any] = {}  # host -> the object ref of its command in progress
         try:
             self._actors = [self._start(h) for h in range(n)]
             self._wait_started(list(range(n)))
@@ -87,9 +89,12 @@ class RayEnvHosts:
             raise
 
     # actors ----------------------------------------------------------------------------------------
+    def _open(self) -> None:
+        """Nothing: the actors start in `__init__`, so a count or a size that cannot fit is refused at once."""
+
     def _start(self, h: int) -> Any:
         if self._group is None:
-            raise RuntimeError("the environment actors were closed; make a new RayEnvHosts")
+            raise RuntimeError("the host actors were closed; make a new RayHosts")
         strategy = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=h)
         options = {"num_cpus": self.cpus, "scheduling_strategy": strategy}
         return self._actor_cls.options(**options).remote(f"env_{h}", self.run_dir, self.log_level)
@@ -99,13 +104,14 @@ class RayEnvHosts:
             ray.get([self._actors[h].ping.remote() for h in hosts], timeout=self.start_timeout_s)
         except (GetTimeoutError, RayError) as e:
             raise RuntimeError(
-                f"environment actors {hosts} {what} within cluster.worker_timeout_s="
+                f"{self.policy.what} actors {hosts} {what} within cluster.worker_timeout_s="
                 f"{self.start_timeout_s:g} s ({type(e).__name__}: {str(e).strip().splitlines()[0]}); free "
                 f"now: {ray.available_resources()}. Check Ray's logs (/tmp/ray/session_latest/logs)."
             ) from None
 
     def _replace(self, h: int) -> None:
         ray.kill(self._actors[h], no_restart=True)
+        self._refs.pop(h, None)
         try:
             self._actors[h] = self._start(h)
             self._wait_started([h], "(replacing one that died or timed out) did not start")
@@ -122,60 +128,43 @@ class RayEnvHosts:
         return list(ray.get([a.ping.remote() for a in self._actors], timeout=self.start_timeout_s))
 
     # commands --------------------------------------------------------------------------------------
-    def run(self, commands: Sequence[tuple[int, tuple[str, Any, Any]]]) -> list[tuple[str, Any]]:
-        """(host, command) pairs -> one reply each, in order; actors run in parallel, each in order."""
-        with self._lock:
-            return self._run(commands)
-
-    def _run(self, commands: Sequence[tuple[int, tuple[str, Any, Any]]]) -> list[tuple[str, Any]]:
+    def run(self, commands: Sequence[tuple[int | None, Command]], detail: str = "") -> list[Outcome]:
         if self._group is None:
-            if all(msg[0] == "drop" for _, msg in commands):  # their environments went with the actors
-                return [("ok", 0)] * len(commands)
-            raise RuntimeError("the environment actors were closed (after a failure, or by close())")
-        queues: dict[int, deque[tuple[int, tuple[str, Any, Any]]]] = {}
-        for i, (h, msg) in enumerate(commands):
-            queues.setdefault(h, deque()).append((i, msg))
-        out: list[tuple[str, Any]] = [("err", "not run")] * len(commands)
-        busy: dict[Any, tuple[int, int, float]] = {}  # object ref -> (host, command index, deadline)
-        while any(queues.values()) or busy:
-            held = {h for h, _, _ in busy.values()}
-            for h, q in queues.items():
-                if h not in held and q:
-                    i, msg = q.popleft()
-                    busy[self._actors[h].handle.remote(msg)] = (h, i, time.monotonic() + self.timeout_s)
-            soonest = min(deadline for _, _, deadline in busy.values())
-            ready, _ = ray.wait(list(busy), num_returns=1, timeout=max(0.0, soonest - time.monotonic()))
-            for ref in ready:
-                h, i, _ = busy.pop(ref)
-                out[i] = self._reply(ref, h)
-            now = time.monotonic()
-            for ref in [r for r, (_, _, deadline) in busy.items() if now > deadline]:
-                h, i, _ = busy.pop(ref)
-                if ray.wait([ref], timeout=0)[0]:  # it finished while another actor was being replaced
-                    out[i] = self._reply(ref, h)
-                else:
-                    out[i] = (
-                        "err",
-                        f"the environment timed out after {self.timeout_s:g} s (its actor was killed)",
-                    )
-                    self._replace(h)
-        return out
+            if all(c[0] == "drop" for _, c in commands):  # their environments went with the actors
+                return [Outcome(value=0)] * len(commands)
+            raise RuntimeError(f"the {self.policy.what} actors were closed (after a failure, or by close())")
+        return super().run(commands, detail)
 
-    def _reply(self, ref: Any, h: int) -> tuple[str, Any]:
+    def _submit(self, h: int, command: Command) -> Outcome | None:
         try:
-            reply: tuple[str, Any] = ray.get(ref)
-            return reply
-        except RayTaskError as e:  # the actor lives; its reply could not travel (e.g. does not pickle)
-            return ("err", f"{type(e.cause).__name__}: {e.cause}" if e.cause is not None else _first_line(e))
-        except RayError as e:  # the process is gone (os._exit, a signal, OOM, a lost node) or its reply lost
-            self._replace(h)
-            what = "died" if isinstance(e, RayActorError) else "failed"
-            return ("err", f"its environment actor {what} ({_first_line(e)})")
+            self._refs[h] = self._actors[h].handle.remote(command)
+        except Exception as e:  # noqa: BLE001 - e.g. a command that does not pickle
+            return Outcome(error=f"{command[0]} cannot be sent to its actor ({type(e).__name__}: {e})")
+        return None
+
+    def _ready(self, hosts: list[int], timeout: float) -> list[int]:
+        refs = {self._refs[h]: h for h in hosts}
+        ready, _ = ray.wait(list(refs), num_returns=1, timeout=timeout)
+        if ready:  # and whatever else is done by now
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        return sorted(refs[r] for r in ready)
+
+    def _answer(self, h: int, op: str) -> Outcome:
+        ref = self._refs.pop(h)
+        try:
+            outcome: Outcome = ray.get(ref)
+            return outcome
+        except RayTaskError as e:  # the actor lives; its answer could not travel (e.g. does not pickle)
+            return Outcome(
+                error=f"{type(e.cause).__name__}: {e.cause}" if e.cause is not None else _first_line(e)
+            )
+        except RayError as e:  # the process is gone (os._exit, a signal, OOM, a lost node) or its answer lost
+            return self._died(h, _first_line(e), op)
 
     def close(self) -> None:
         """Kill the actors and free their CPUs. Safe to call twice."""
         kill_actors(self._actors, self._group)
-        self._actors, self._group = [], None
+        self._actors, self._group, self._refs = [], None, {}
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,4 +1,5 @@
-"""The isolated runner: a call that raises, exits, hangs or kills its process costs that item only."""
+"""Stateless calls on hosts (`ascent.cluster.hosts`): a call that raises, exits, hangs or kills its process
+costs that item only; inline hosts keep the interface in this process."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import time
 
 import pytest
 
-from ascent.cluster.isolated import InlineRunner, IsolatedRunner, apply_one
+from ascent.cluster.hosts import IsolationPolicy, ProcessHosts
+from ascent.envs.hosts import InlineHosts
+from ascent.messages import Outcome
 
 
 def misbehave(item: str) -> str:
@@ -33,7 +36,7 @@ def pid_of(_: object) -> int:
 
 @pytest.fixture
 def runner():
-    r = IsolatedRunner(2, timeout_s=1.0)
+    r = ProcessHosts(2, IsolationPolicy("test", 1.0, "test.timeout_s"))
     yield r
     r.close()
 
@@ -43,7 +46,7 @@ def test_each_failure_costs_its_item_only(runner):
     out = runner.map(misbehave, items)
     assert [o.value for o in out if o.ok] == ["aa", "bb", "cc", "dd"]
     errors = {item: o.error for item, o in zip(items, out, strict=True) if not o.ok}
-    assert "timed out after 1 s" in errors["hang"]
+    assert errors["hang"] == "timed out after 1 s (test.timeout_s; its process was killed)"
     assert errors["exit"] == "SystemExit: 3"
     assert "killed by SIGKILL" in errors["kill"] or "died" in errors["kill"]
     assert errors["raise"] == "ValueError: bad item"
@@ -63,14 +66,14 @@ def test_runs_outside_this_process_in_order_and_stops_its_workers(runner):
             os.kill(pid, 0)
 
 
-def test_inline_runner_has_the_same_interface():
-    out = InlineRunner().map(misbehave, ["a", "raise", "exit"])
+def test_inline_hosts_have_the_same_interface():
+    out = InlineHosts().map(misbehave, ["a", "raise", "exit"])
     assert out[0].value == "aa" and out[1].error == "ValueError: bad item" and out[2].error == "SystemExit: 3"
-    assert apply_one(misbehave, "b").value == "bb"
+    assert InlineHosts().each(misbehave, ["b"]) == [Outcome.of(misbehave, "b")] == [Outcome(value="bb")]
 
 
 def quiet_exit(item: str) -> str:
-    """User code that ends its process with status 0 (pebble does not count that as a death)."""
+    """User code that ends its process with status 0 (no exception, no signal: only the process's end tells)."""
     if item == "os_exit":
         os._exit(0)
     return item * 2
@@ -78,14 +81,13 @@ def quiet_exit(item: str) -> str:
 
 @pytest.mark.timeout(60)
 def test_a_worker_that_exits_with_status_0_costs_its_item_and_is_replaced():
-    runner = IsolatedRunner(
-        2, timeout_s=120.0
-    )  # a missed death would wait 120 s: the test's timeout fails it
+    # a missed death would wait 120 s: the test's own timeout fails it
+    runner = ProcessHosts(2, IsolationPolicy("reward", 120.0, "reward.timeout_s"))
     try:
         out = runner.map(quiet_exit, ["a", "os_exit", "b", "os_exit"])
         assert [o.value for o in out if o.ok] == ["aa", "bb"]
         for o in (out[1], out[3]):
-            assert o.error == "its process died (exit code 0) while running a call"
+            assert o.error == "its process died (exit code 0) while running a reward call"
         assert [o.value for o in runner.map(quiet_exit, ["x"] * 8)] == ["xx"] * 8  # the pool serves on
     finally:
         runner.close()
@@ -93,12 +95,13 @@ def test_a_worker_that_exits_with_status_0_costs_its_item_and_is_replaced():
 
 def test_hanging_calls_time_out_together_and_the_wait_says_so(caplog):
     # 6 hanging one-item chunks on 3 workers: two rounds of timeouts (each call timed once, never re-run)
-    runner = IsolatedRunner(3, timeout_s=1.0, what="reward", timeout_field="reward.timeout_s", notice_s=0.5)
+    runner = ProcessHosts(3, IsolationPolicy("reward", 1.0, "reward.timeout_s", notice_s=0.5))
     try:
-        with caplog.at_level(logging.WARNING, logger="ascent.cluster.isolated"):
+        with caplog.at_level(logging.INFO, logger="ascent.cluster.hosts"):
             out = runner.map(misbehave, ["hang"] * 6, detail="reward.fn=mypkg:score")
     finally:
         runner.close()
     assert all(o.error == "timed out after 1 s (reward.timeout_s; its process was killed)" for o in out)
     assert "waiting for 6 of 6 reward calls (reward.fn=mypkg:score), " in caplog.text
     assert "reward.timeout_s=1 s" in caplog.text
+    assert caplog.text.count("timed out after 1 s") == 6  # each call timed once, never re-run
