@@ -188,7 +188,9 @@ class AgentService:
     def _chunked(self, jobs: list[AgentJob]) -> tuple[list[list[AgentJob]], list[Any]]:
         count = max(1, min(len(jobs), max(self.workers, -(-len(jobs) // self.setup.concurrency))))
         chunks = [c for c in B.shard(jobs, count) if c]
-        return chunks, self.hosts.each(partial(play, self.spec), chunks, f"rollout.agent={self.setup.agent}")
+        return chunks, self.hosts.each(
+            partial(play, self.spec), chunks, f"rollout.source.agent={self.setup.agent}"
+        )
 
     def take(self, session: str) -> list[CompletionRecord]:
         return self.server.take(session)
@@ -204,11 +206,11 @@ class AgentService:
 
 
 def agent_hosts(setup: AgentSetup, workers: int) -> Hosts:
-    """The hosts of agent plays: processes under `rollout.agent_timeout_s` (plus a grace: an episode's own
+    """The hosts of agent plays: processes under `rollout.source.timeout_s` (plus a grace: an episode's own
     watchdog acts first), or this process (`rollout.env_isolation=inline`)."""
     if setup.inline:
         return InlineHosts()
-    policy = IsolationPolicy("agent", setup.timeout_s + PROCESS_GRACE_S, "rollout.agent_timeout_s")
+    policy = IsolationPolicy("agent", setup.timeout_s + PROCESS_GRACE_S, "rollout.source.timeout_s")
     return ProcessHosts(workers, policy, preload=["openai", setup.agent.partition(":")[0]])
 
 

@@ -19,10 +19,13 @@ def test_curiosity_and_a_filter_shape_a_run_on_a_tool_environment(tmp_path: Path
     cfg = run_config(tmp_path, tiny_model, data, iterations=1, val_every=0)
     cfg["data"].pop("val_path")
     cfg["rollout"] |= {
-        "env": "tests.integration.tool_env:ToolProbe",
+        "source": {
+            "name": "env",
+            "env": "tests.integration.tool_env:ToolProbe",
+            "max_turns": 3,
+            "max_episode_tokens": 24,
+        },
         "env_isolation": "inline",
-        "max_turns": 3,
-        "max_episode_tokens": 24,
         "stop_token_ids": list(range(4, 40)),  # every ordinary character ends a turn
     }
     curiosity = {"name": "curiosity", "target_rate": 1.0, "alpha": 1.0, "beta": 0.5, "max_calls": 1}

@@ -41,10 +41,14 @@ def test_env_isolation_settings_build_the_hosts():
     environment policy, read from rollout.env_timeout_s and rollout.env_workers."""
     from ascent.orchestrator.episodes import env_hosts
 
-    with env_hosts(cfg(rollout={"env": "guess_number", "env_isolation": "inline"}).rollout) as hosts:
+    with env_hosts(
+        cfg(rollout={"source": {"name": "env", "env": "guess_number"}, "env_isolation": "inline"}).rollout
+    ) as hosts:
         assert isinstance(hosts, InlineHosts)
     with env_hosts(
-        cfg(rollout={"env": "guess_number", "env_timeout_s": 7, "env_workers": 2}).rollout
+        cfg(
+            rollout={"source": {"name": "env", "env": "guess_number"}, "env_timeout_s": 7, "env_workers": 2}
+        ).rollout
     ) as hosts:
         assert hosts.policy == IsolationPolicy("environment", 7, "rollout.env_timeout_s")
         assert hosts.num_hosts == 2

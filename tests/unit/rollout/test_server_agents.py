@@ -61,7 +61,7 @@ def test_failures_cost_their_episode_only(server: OpenAIServer) -> None:
 
 
 def test_a_process_that_dies_costs_its_chunk_and_a_blocked_loop_is_interrupted(server: OpenAIServer) -> None:
-    runner = ProcessHosts(2, IsolationPolicy("agent", 5, "rollout.agent_timeout_s"))
+    runner = ProcessHosts(2, IsolationPolicy("agent", 5, "rollout.source.timeout_s"))
     try:
         chunks = [[AgentJob("d", {"q": "a"})], [AgentJob("b", {"q": "b"})], [AgentJob("ok", {"q": "c"})]]
         names = ["dies", "blocks", "polite"]
