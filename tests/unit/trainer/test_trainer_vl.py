@@ -77,6 +77,7 @@ def _update(worker, samples):
     return worker.update(samples, **totals)
 
 
+@pytest.mark.parametrize("vl", ["qwen2_5_vl"], indirect=True)  # Qwen3-VL frozen: test_trainer_vl_fsdp.py
 def test_frozen_vision_tower_stays_out_of_training(vl):
     path, samples = vl
     for freeze in (True, False):
@@ -93,6 +94,7 @@ def test_frozen_vision_tower_stays_out_of_training(vl):
         assert any(n.startswith("model.language_model.") for n in moved)
 
 
+@pytest.mark.parametrize("vl", ["qwen2_5_vl"], indirect=True)  # its vision MLPs share the LLM's names
 def test_lora_adapts_the_language_model_only_and_checkpointing_changes_nothing(vl):
     path, samples = vl
     lora = LoraSettings(rank=4, alpha=8.0)
@@ -109,10 +111,8 @@ def test_lora_adapts_the_language_model_only_and_checkpointing_changes_nothing(v
 
 
 def _rollout(engine, samples, seed):
-    """One sampled response (T = 1, 6 tokens) per sample's prompt and images -> on-policy train samples."""
-    params = [
-        SamplingParams(temperature=1.0, max_new_tokens=6, n=2, seed=seed + i) for i in range(len(samples))
-    ]
+    """One sampled response (T = 1, 6 tokens) per prompt and its images -> on-policy train samples."""
+    params = [SamplingParams(temperature=1.0, max_new_tokens=6, seed=seed + i) for i in range(len(samples))]
     requests = [
         GenerationRequest(s.prompt_ids, p, request_id=i, images=s.images)
         for i, (s, p) in enumerate(zip(samples, params, strict=True))
@@ -155,3 +155,12 @@ def test_sampler_and_trainer_agree_on_image_prompts_and_an_update_reaches_the_en
     assert any(not torch.equal(initial[n], t) for n, t in trained.items() if n.startswith("model.visual."))
     second = _rollout(engine, prompts, seed=2)
     assert _gap(worker, second) < 1e-3
+
+
+@pytest.mark.parametrize("vl", ["qwen3_vl"], indirect=True)
+def test_a_critic_on_a_vision_language_model_is_refused_with_the_fix(vl):
+    from ascent.trainer import CriticWorker
+    from ascent.trainer.critic import VisionCriticError
+
+    with pytest.raises(VisionCriticError, match="algorithm.advantage=grpo"):
+        CriticWorker(vl[0], device="cpu")
