@@ -164,3 +164,12 @@ def test_a_critic_on_a_vision_language_model_is_refused_with_the_fix(vl):
 
     with pytest.raises(VisionCriticError, match="algorithm.advantage=grpo"):
         CriticWorker(vl[0], device="cpu")
+
+
+@pytest.mark.parametrize("vl", ["qwen3_vl"], indirect=True)
+def test_compilation_finds_the_language_models_decoder_layers(vl):
+    from ascent.trainer.compiled import compile_decoder_layers
+
+    model = load_model(vl[0], device="cpu")
+    assert compile_decoder_layers(model) == model.config.text_config.num_hidden_layers  # lazy: no compile yet
+    assert all(getattr(b, "_ascent_compiled", False) is False for b in vision_tower(model).blocks)
