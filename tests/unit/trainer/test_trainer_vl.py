@@ -19,7 +19,7 @@ from ascent.models.tiny_vl import make_tiny_vl_checkpoint
 from ascent.models.vision import load_image_codec
 from ascent.rollout import build_engine
 from ascent.trainer import LoraSettings, OptimSettings, PolicyWorker, minibatch_totals
-from tests.unit.vl_support import VL_FAMILIES, image_prompt
+from tests.unit.vl_support import VL_FAMILIES, image_prompt, random_image
 
 
 @pytest.fixture(scope="module", params=VL_FAMILIES)
@@ -173,3 +173,15 @@ def test_compilation_finds_the_language_models_decoder_layers(vl):
     model = load_model(vl[0], device="cpu")
     assert compile_decoder_layers(model) == model.config.text_config.num_hidden_layers  # lazy: no compile yet
     assert all(getattr(b, "_ascent_compiled", False) is False for b in vision_tower(model).blocks)
+
+
+@pytest.mark.parametrize("vl", ["qwen3_vl"], indirect=True)
+def test_a_saved_policy_is_a_vision_language_checkpoint_with_its_image_processor(vl, tmp_path):
+    path, samples = vl
+    worker = _worker(path)
+    worker.save(tmp_path / "ckpt")
+    image = samples[0].images[0]
+    again = load_image_codec(tmp_path / "ckpt").encode(random_image(60, 90, seed=0))
+    assert (again.digest, again.grid_thw) == (image.digest, image.grid_thw)
+    saved = load_model(tmp_path / "ckpt", device="cpu").state_dict()
+    assert all(torch.equal(saved[n], t) for n, t in worker.model.state_dict().items())
