@@ -105,6 +105,9 @@ class Episode:
     `loss_mask` is 1 for tokens the policy produced and 0 for tool or environment tokens spliced into a
     multi-turn response. A stage that changes an episode returns a new one (`dataclasses.replace`); the
     lists are never edited in place.
+
+    `metadata` holds the row's fields and what the episode's source adds: a multi-turn episode's `turns`,
+    and `tool_calls`, the number of tool calls the model made (`tool_calls(e)` reads it: 0 when absent).
     """
 
     prompt_ids: list[int]
@@ -140,6 +143,16 @@ class Group:
     @property
     def row_id(self) -> int:
         return self.episodes[0].row_id
+
+
+TOOL_CALLS = "tool_calls"  # the metadata key of an episode's tool-call count
+
+
+def tool_calls(e: Episode) -> int:
+    """How many tool calls the model made in `e` (`metadata["tool_calls"]`, set by the environment runner
+    from its environment's `info["tool_calls"]` and by the agent path from the replies' parsed calls; 0 for
+    single-turn episodes and sources that record none)."""
+    return int(e.metadata.get(TOOL_CALLS, 0))
 
 
 def flatten(groups: Sequence[Group]) -> list[Episode]:

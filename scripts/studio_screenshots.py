@@ -89,7 +89,7 @@ def build_runs(work: Path) -> Path:
 
 
 def multi_turn_episode(run_dir: Path) -> int:
-    from ascent.transport.store import open_store
+    from ascent.tracking.experience_store import open_store
 
     with open_store(run_dir) as store:
         episodes = store.episodes()

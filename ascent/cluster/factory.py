@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ascent.cluster.base import W, WorkerGroup
 from ascent.cluster.errors import ClusterConfigError
+
+if TYPE_CHECKING:  # Ray is imported only when the ray backend starts
+    from ray.util.placement_group import PlacementGroup
 
 BACKENDS = ("inline", "ray")
 
@@ -28,7 +31,7 @@ def make_worker_group(
     num_cpus_per_worker: float = 1.0,
     timeout_s: float = 1800.0,
     env: dict[str, str] | None = None,
-    placement_group: Any = None,
+    placement_group: PlacementGroup | None = None,
     log_level: str = "info",
 ) -> WorkerGroup[W]:
     """Start `num_workers` instances of `cls(*init_args, **init_kwargs)`, named `name`, on `backend`.

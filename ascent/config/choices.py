@@ -115,7 +115,7 @@ ADVANTAGE_CHOICES: dict[str, type[Choice]] = {
 }
 
 
-def name_of(value: Any) -> Any:
+def name_of(value: object) -> str | None:
     """The choice name in a bare name, a mapping or a member (None when there is none)."""
     if isinstance(value, str):
         return value

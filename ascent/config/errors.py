@@ -9,7 +9,7 @@ Cross-field rules (`rules.py`) already speak this way and pass through unchanged
 from __future__ import annotations
 
 import difflib
-from typing import Any, get_args
+from typing import get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -76,7 +76,7 @@ def from_validation_error(exc: ValidationError, schema: type[BaseModel]) -> Conf
     return ConfigError(problems)
 
 
-def show_value(value: Any, limit: int = 80) -> str:
+def show_value(value: object, limit: int = 80) -> str:
     """A value as the user would write it: strings quoted, YAML spelling for null/bools/lists/dicts."""
     if isinstance(value, str):
         text = repr(value)

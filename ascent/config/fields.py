@@ -79,17 +79,30 @@ def choice_members(annotation: Any) -> dict[str, type[BaseModel]]:
     return out
 
 
-def sub_models(annotation: Any) -> list[type[BaseModel]]:
+def sub_models(annotation: object) -> list[type[BaseModel]]:
     """The models a field holds: [the section] for a section, every member of a choice, [] for a value."""
     if is_section(annotation):
         return [annotation]
     return list(dict.fromkeys(choice_members(annotation).values()))
 
 
+def list_element(annotation: Any) -> Any:
+    """The element type of a list of sections or choices (`reward.group_hooks`); None for other fields."""
+    if get_origin(annotation) is list and len(get_args(annotation)) == 1:
+        element = get_args(annotation)[0]
+        if get_origin(element) is Annotated:  # a choice's union with its discriminator
+            element = get_args(element)[0]
+        return element if sub_models(element) else None
+    return None
+
+
 def _step(model: type[BaseModel], loc: Loc, i: int) -> tuple[type[BaseModel] | None, int]:
-    """From field loc[i] of `model`: the model it leads into and the index after it (past a choice's tag).
-    For a choice without a tag next, the first member that has the field named next."""
+    """From field loc[i] of `model`: the model it leads into and the index after it (past a list's index and
+    a choice's tag). For a choice without a tag next, the first member that has the field named next."""
     annotation = model.model_fields[str(loc[i])].annotation
+    element = list_element(annotation)
+    if element is not None and i + 1 < len(loc) and isinstance(loc[i + 1], int):
+        annotation, i = element, i + 1
     if is_section(annotation):
         return annotation, i + 1
     members = choice_members(annotation)
@@ -125,13 +138,14 @@ def field_at(schema: type[BaseModel], loc: Loc) -> FieldRef | None:
             break
         names.append(part)
         found = FieldRef(".".join(names), model, part, model.model_fields[part])
-        model, i = _step(model, loc, i) if sub_models(found.info.annotation) else (None, i)
+        walks = sub_models(found.info.annotation) or list_element(found.info.annotation) is not None
+        model, i = _step(model, loc, i) if walks else (None, i)
     return found
 
 
 def without_tags(schema: type[BaseModel], loc: Loc) -> tuple[str | int, ...]:
     """An error location as the user wrote it: ('algorithm', 'policy_loss', 'GspoLoss', 'x') drops
-    'GspoLoss'."""
+    'GspoLoss' (a list's index stays: ('reward', 'group_hooks', 0, 'CuriosityHook', 'alpha'))."""
     out: list[str | int] = []
     model: type[BaseModel] | None = schema
     i = 0
@@ -141,7 +155,9 @@ def without_tags(schema: type[BaseModel], loc: Loc) -> tuple[str | int, ...]:
         if model is None or not isinstance(part, str) or part not in model.model_fields:
             model, i = None, i + 1
         else:
+            start = i
             model, i = _step(model, loc, i)
+            out += [p for p in loc[start + 1 : i] if isinstance(p, int)]
     return tuple(out)
 
 

@@ -271,12 +271,15 @@ def dump_config(cfg: BaseModel) -> str:
     )
 
 
+CONFIG_FILE = "config.yaml"  # the resolved config in a run directory (read back by resume and the studio)
+
+
 def write_resolved_config(cfg: BaseModel, run_dir: str | os.PathLike[str]) -> Path:
     """Write the resolved config to `<run_dir>/config.yaml` (atomically) and return that path."""
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "config.yaml"
-    tmp = out / ".config.yaml.tmp"
+    path = out / CONFIG_FILE
+    tmp = out / f".{CONFIG_FILE}.tmp"
     header = "# The resolved configuration of this run; pass this file to the same command to repeat it.\n"
     tmp.write_text(header + dump_config(cfg), encoding="utf-8")
     os.replace(tmp, path)

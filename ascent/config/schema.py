@@ -23,6 +23,7 @@ from ascent.config.choices import (
     nest_choices,
 )
 from ascent.config.errors import rule_error
+from ascent.config.group_hooks import GroupHookChoice
 from ascent.config.rollout import RolloutConfig
 from ascent.config.rules import check_run_config, check_sft_config  # rules imports schema for types only
 from ascent.config.section import Section
@@ -101,6 +102,12 @@ class RewardConfig(Section):
     )
     num_workers: int | None = Field(
         None, gt=0, description="Reward worker processes (isolation=process); null: min(4, CPU count)."
+    )
+    group_hooks: list[GroupHookChoice] = Field(
+        default_factory=list,
+        description="Shaping and filters that see a whole group, run in order on each scored batch: built-in "
+        "names (curiosity, length_penalty, difficulty_filter) or import paths, each a name or "
+        "{name: ..., <its settings>} (a plug-in's under kwargs); see ascent.rewards.group_hooks.",
     )
 
 
@@ -324,7 +331,8 @@ class TrackingConfig(Section):
         True,
         description="Record every episode in <run_dir>/experience.db (SQLite): text, token ids, loss mask, "
         "logprobs, versions, rewards and whether it was trained on or dropped (stale, filtered); written on "
-        "a background thread. Read it with `ascent episodes RUN_DIR` or ascent.transport.store.open_store.",
+        "a background thread. Read it with `ascent episodes RUN_DIR` or "
+        "ascent.tracking.experience_store.open_store.",
     )
 
 

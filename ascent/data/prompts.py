@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ascent.data.validation import DataError, raise_problems
+
+if TYPE_CHECKING:  # transformers is imported where the tokenizer is loaded
+    from transformers import PreTrainedTokenizerBase
 
 Overlong = Literal["drop", "truncate", "error"]
 Side = Literal["left", "right"]
@@ -105,7 +108,7 @@ def overlong_problem(row_no: int, length: int, max_tokens: int, what: str = "pro
 
 def render_prompts(
     rows: Sequence[dict[str, Any]],
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     *,
     max_prompt_tokens: int,
     overlong: Overlong = "drop",
@@ -136,7 +139,7 @@ def render_prompts(
                 report.dropped_row_ids.append(row_id)
                 continue
             ids = cut(ids, max_prompt_tokens, truncation_side)
-            text = tokenizer.decode(ids)
+            text = str(tokenizer.decode(ids))  # one sequence: a str (the stubs say str | list[str])
             report.truncated += 1
         metadata = {k: v for k, v in row.items() if k not in PROMPT_FIELDS}
         items.append(PromptItem(row_id=row_id, prompt_ids=ids, prompt_text=text, metadata=metadata))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ascent.data.prompts import (
     Overlong,
@@ -27,6 +27,9 @@ from ascent.data.prompts import (
     row_prompt,
 )
 from ascent.data.validation import DataError, raise_problems, validate_rows
+
+if TYPE_CHECKING:  # transformers is imported where the tokenizer is loaded
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +75,9 @@ def encode_response(text: str, tokenizer: Any) -> list[int]:
     return [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
 
 
-def render_sft_examples(rows: Sequence[dict[str, Any]], tokenizer: Any, **options: Any) -> list[SFTExample]:
+def render_sft_examples(
+    rows: Sequence[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, **options: Any
+) -> list[SFTExample]:
     """`render_sft_examples_and_report` (same keyword options) returning only the examples; drops and cuts
     are logged as a warning."""
     examples, report = render_sft_examples_and_report(rows, tokenizer, **options)

@@ -1,6 +1,6 @@
 """`ascent episodes RUN_DIR`: list, show and export the episodes of a run's experience store.
 
-The store is `<run_dir>/experience.db` (`ascent.transport.store`); this reads it read-only, so it works
+The store is `<run_dir>/experience.db` (`ascent.tracking.experience_store`); this reads it read-only, so it works
 while the run writes. Without `--show` or `--export` it prints a table of the episodes that pass the filters;
 `--show ID` prints one episode turn by turn (`--tokens` adds every response token with its loss mask,
 sampler logprob and policy version); `--export out.jsonl|out.parquet` writes the filtered episodes.
@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ascent.entrypoints.guard import ErrorGuard
-from ascent.transport.store import (
+from ascent.tracking.experience_store import (
     STATUSES,
     EpisodeRecord,
     ExperienceStore,

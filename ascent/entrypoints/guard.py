@@ -10,7 +10,7 @@ import os
 import traceback
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Literal, TypeVar
 
 import typer
 from pydantic import BaseModel
@@ -20,6 +20,7 @@ from rich.text import Text
 from ascent.config import ConfigError, RunConfig, SFTConfig, load_config
 from ascent.errors import AscentError
 
+M = TypeVar("M", bound=BaseModel)
 USER_ERROR_NAMES = {"AscentError", "ConfigError", "DataError"}  # caught by name too: no heavy imports
 
 
@@ -118,8 +119,8 @@ class ErrorGuard:
 
 
 def load_for_command(
-    config: str | None, overrides: list[str] | None, schema: type[BaseModel], resume: bool = False
-) -> Any:
+    config: str | None, overrides: list[str] | None, schema: type[M], resume: bool = False
+) -> M:
     """Load `config` + `overrides`; a first argument that is `key=value` (not a file) counts as an
     override."""
     extra = list(overrides or [])

@@ -1,5 +1,5 @@
 """`ascent serve --record DIR`: every sample the server returns, into `DIR/experience.db`, the experience
-store training writes (`ascent.transport.store`), so `ascent episodes DIR` and the studio show what was
+store training writes (`ascent.tracking.experience_store`), so `ascent episodes DIR` and the studio show what was
 served.
 
 Each sample is a one-turn episode with status `served`: its prompt ids, response ids (loss mask 1), the
@@ -20,7 +20,7 @@ from pathlib import Path
 from ascent.entrypoints.guard import ServeError
 from ascent.messages import Episode
 from ascent.rollout.server import CompletionRecord
-from ascent.transport.store import open_store, store_path
+from ascent.tracking.experience_store import open_store, store_path
 from ascent.transport.store_writer import Entry, ExperienceWriter, prepare_store
 
 STATUS = "served"

@@ -17,6 +17,7 @@ from ascent.orchestrator.interrupt import STOPS, graceful_stop
 from ascent.orchestrator.loop import run_loop
 from ascent.orchestrator.run import build_run, initial_state
 from ascent.tracking import RunStarted, Timeline, open_tracking, setup_logging, tracked_run
+from ascent.tracking.timeline import TRACE_FILE
 
 log = logging.getLogger("ascent")
 
@@ -69,7 +70,7 @@ def _build_and_run(cfg: RunConfig, run_dir: Any, stop: Any, found: Any, bus: Any
     rewards = setup.build_reward_runner(cfg)
     rewards.prepare(item.metadata for item in data.train + data.val)
     groups = setup.build_worker_groups(cfg)
-    timeline = Timeline(str(run_dir / "trace.json") if cfg.tracking.trace else None)
+    timeline = Timeline(str(run_dir / TRACE_FILE) if cfg.tracking.trace else None)
     run, state = build_run(cfg, data, rewards, groups, timeline), initial_state(cfg, data)
     try:
         start = checkpointing.restore(run, state, found) if found else 0

@@ -52,7 +52,8 @@ class ToolEnv:
         if not calls and not errors:
             return StepResult(reward=float(self.score(action, self.row)), done=True)
         results = [self._call(c.name, c.arguments).text() for c in calls] + [f"[error] {e}" for e in errors]
-        return StepResult(tuple({"role": "tool", "content": r} for r in results))
+        info = {"tool_calls": len(results)}  # a malformed call is a call too (answered with its error)
+        return StepResult(tuple({"role": "tool", "content": r} for r in results), info=info)
 
     def _call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         tool = self.by_name.get(name)

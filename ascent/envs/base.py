@@ -6,6 +6,10 @@ returns a `StepResult`: the messages the world answers with (a tool's output, a 
 of that turn, and whether the episode is over. The runner (`ascent.envs.runner`) turns the messages into
 token ids and drives the engine; an environment never sees or produces tokens.
 
+A turn that called tools says how many in `info["tool_calls"]` (a whole number >= 0); the runner sums them
+into the episode's `metadata["tool_calls"]`, which group hooks read (`ascent.rewards.group_hooks`: a bonus
+for tool use). `ToolEnv` reports its calls; an environment that never reports any records 0.
+
 An environment may also have a `tools` attribute (function schemas, `ascent.envs.tools.function_tool`): the
 runner passes it to the chat template, which describes the tools to the model (`ascent.envs.agent.ToolEnv`).
 
@@ -32,7 +36,8 @@ Message = Mapping[str, str]  # {"role": "user" | "tool" | ..., "content": "..."}
 @dataclass(frozen=True)
 class StepResult:
     """What the world answers one model turn with. `observation` is appended to the conversation (empty when
-    `done`); `reward` is this turn's (an episode's reward is the sum of its turns')."""
+    `done`); `reward` is this turn's (an episode's reward is the sum of its turns'). `info` is free-form
+    except `info["tool_calls"]`: how many tool calls the turn made (see the module docstring)."""
 
     observation: tuple[Message, ...] = ()
     reward: float = 0.0

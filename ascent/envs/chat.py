@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+Tools = Sequence[Mapping[str, Any]] | None  # function schemas the chat template describes to the model
+
 Message = Mapping[str, str]
 
 _PROBE = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
@@ -23,7 +25,7 @@ class ChatTokens:
     def __init__(self, tokenizer: Any) -> None:
         self.tok = tokenizer
 
-    def _render(self, messages: Sequence[Message], generation_prompt: bool, tools: Any = None) -> str:
+    def _render(self, messages: Sequence[Message], generation_prompt: bool, tools: Tools = None) -> str:
         out = self.tok.apply_chat_template(
             [dict(m) for m in messages], tools=tools, tokenize=False, add_generation_prompt=generation_prompt
         )
@@ -32,7 +34,7 @@ class ChatTokens:
     def _encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
 
-    def prompt_ids(self, messages: Sequence[Message], tools: Any = None) -> list[int]:
+    def prompt_ids(self, messages: Sequence[Message], tools: Tools = None) -> list[int]:
         """The conversation before the first model turn, ending with the assistant's generation prompt
         (`tools`: function schemas the template describes to the model)."""
         return self._encode(self._render(messages, True, tools))
@@ -58,7 +60,7 @@ class ChatTokens:
         return [*self._encode(text), int(self.tok.eos_token_id)]
 
     def conversation_ids(
-        self, messages: Sequence[Message], tools: Any = None
+        self, messages: Sequence[Message], tools: Tools = None
     ) -> tuple[list[int], list[int], list[int]]:
         """A whole conversation -> (prompt ids, response ids, loss mask [len(response ids)]).
 

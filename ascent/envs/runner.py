@@ -20,7 +20,8 @@ None, not a number, NaN or infinite, `done` not a bool, an observation that is n
 costs the episode (finish "abort", reward 0, the reason in its metadata's `env_error`, counted by the
 loop's env/errors like any environment failure), never the batch. The episode's reward is the sum of its
 turns' rewards (`metadata["turn_rewards"]` keeps them; token-level estimators place each on the last token
-of its turn: orchestrator.batch.advantage_inputs).
+of its turn: orchestrator.batch.advantage_inputs). `metadata["tool_calls"]` sums the tool calls its turns
+reported (`info["tool_calls"]`; a value that is not a whole number >= 0 breaks the contract like a bad reward).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class _Open:
     versions: list[int] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
     turns: int = 0
+    tool_calls: int = 0  # summed over the turns' info["tool_calls"]
     prompt_tokens: int = 0  # tokens sent to the engine as prompts, over all turns
     cached_tokens: int = 0  # of those, tokens whose K/V the engine reused from the episode's session
     finish: FinishReason | None = None
@@ -91,6 +93,7 @@ class _Open:
         meta = {
             **self.task.row,
             "turns": self.turns,
+            "tool_calls": self.tool_calls,
             "turn_rewards": list(self.turn_rewards),
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
@@ -195,6 +198,7 @@ def _answer(s: _Open, result: StepResult | str, chat: ChatTokens, max_tokens: in
         log.warning("environment failed on row %d turn %d: %s", s.task.row_id + 1, s.turns, s.error)
         return
     s.turn_rewards.append(reward)
+    s.tool_calls += int(result.info.get("tool_calls", 0))
     if result.done:
         s.finish = "stop"
     elif len(s.ids) + len(observation) >= max_tokens:  # out of tokens (or of turns: max_tokens=0)
@@ -232,6 +236,12 @@ def checked_step(result: Any) -> float:
         )
     if not isinstance(result.info, Mapping):
         raise StepResultError(f"step returned info={_quote(result.info)}; it must be a dict")
+    calls = result.info.get("tool_calls", 0)
+    if isinstance(calls, bool) or not hasattr(calls, "__index__") or calls < 0:  # numpy's ints count
+        raise StepResultError(
+            f"step returned info['tool_calls']={_quote(calls)}; it must be a whole number >= 0 (the tool "
+            "calls the turn made)"
+        )
     return reward
 
 

@@ -28,7 +28,7 @@ import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -37,6 +37,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
+P = ParamSpec("P")
+R = TypeVar("R")
 ROOT_METHOD = "_ascent_root_call"
 # torch 2.13 renamed all_gather_into_tensor (kept, deprecated); 2.11 has only the old name
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -117,7 +119,7 @@ def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **kwargs)
 
 
-def run_as_forward(model: nn.Module, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def run_as_forward(model: nn.Module, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     """fn(*args, **kwargs), run as a forward of `model`'s FSDP root when it has one (else just called)."""
     method = getattr(model, ROOT_METHOD, None)
     return method(fn, *args, **kwargs) if method is not None else fn(*args, **kwargs)

@@ -83,6 +83,20 @@ def _config(family: VLFamily, tokenizer, hidden: int, layers: int, vision_hidden
     return Qwen3VLConfig(text_config=text, vision_config=vision, **tokens)
 
 
+def _image_processor_class() -> Any:
+    """Qwen2-VL's image processor: the PIL implementation where transformers has one (>= 5.2x, no
+    torchvision needed), else the single class of older releases."""
+    # deferred: transformers, slow to import
+    try:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        return Qwen2VLImageProcessorPil
+    except ImportError:
+        from transformers import Qwen2VLImageProcessor
+
+        return Qwen2VLImageProcessor
+
+
 def make_tiny_vl_checkpoint(
     out_dir: str | Path,
     *,
@@ -102,13 +116,12 @@ def make_tiny_vl_checkpoint(
     # deferred: torch and transformers, slow to import
     import torch
     from transformers import AutoModelForImageTextToText
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = make_char_tokenizer(out, chars, words, special=VISION_TOKENS, chat_template=VL_CHAT_TEMPLATE)
     unit = (2 * PATCH[family]) ** 2  # pixels of one image token (a 2x2 merge of patches)
-    Qwen2VLImageProcessorPil(
+    _image_processor_class()(
         patch_size=PATCH[family],
         merge_size=2,
         min_pixels=min_pixels or 4 * unit,

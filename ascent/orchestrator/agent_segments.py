@@ -15,7 +15,7 @@ continue their exact ids (`threads.py`), so an agent loop that appends to its me
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -100,3 +100,12 @@ def segment_episode(seg: Segment, row_id: int, max_turns: int, max_tokens: int, 
         response_text=decode(ids),
         metadata={"turns": turns, "final_text": seg.records[turns - 1].response_text},
     )
+
+
+def count_tool_calls(
+    records: Sequence[CompletionRecord], parse: Callable[[str], Any], text: Callable[[list[int]], str]
+) -> int:
+    """The tool calls written in `records`' replies: `text(ids)` is a reply's text as the endpoint's tool
+    parser reads it, `parse(text)` that parser ((content, calls), or None for a reply without calls)."""
+    parsed = [parse(text(list(r.response_ids))) for r in records]
+    return sum(len(p[1]) for p in parsed if p is not None)

@@ -4,7 +4,8 @@
 The run serves its policy (`AgentService`: an `OpenAIServer` whose engine is the rollout replicas, started on
 first use on a free localhost port with a random key) and plays the user's agent on every row,
 `samples_per_prompt` times, in agent processes (`ascent.envs.openai_agents`); each play is a session, whose
-recorded calls `agent_segments.py` assembles into episodes.
+recorded calls `agent_segments.py` assembles into episodes. An episode's `metadata["tool_calls"]` counts the
+tool calls its replies wrote (`AgentService.tool_calls`, the endpoint's parser), as the environment path's do.
 
 The replicas sample as the run is configured, whatever a call asks: temperature, top_p, top_k, min_p and
 the repetition penalty are the run's, `max_tokens` is capped at `rollout.max_new_tokens` (the trainer's
@@ -39,11 +40,11 @@ from ascent.envs.openai_agents import AgentJob, AgentResult, AgentSpec, play
 from ascent.errors import AscentError
 from ascent.messages import Episode, Generation, GenerationRequest, Group, SamplingParams
 from ascent.orchestrator import batch as B
-from ascent.orchestrator.agent_segments import Segment, segment_episode, segments
+from ascent.orchestrator.agent_segments import Segment, count_tool_calls, segment_episode, segments
 from ascent.orchestrator.episodes import EnvFailureError
-from ascent.orchestrator.sampling import Scorer
+from ascent.orchestrator.sampling import Decode, Scorer
 from ascent.orchestrator.workers import RolloutWorker
-from ascent.rewards import RewardInput
+from ascent.rewards import RewardInput, RewardRunner
 from ascent.rollout.server import CompletionRecord, Limits, ServerOptions
 
 MODEL_NAME = "policy"
@@ -186,13 +187,18 @@ class AgentService:
     def take(self, session: str) -> list[CompletionRecord]:
         return self.server.take(session)
 
+    def tool_calls(self, records: Sequence[CompletionRecord]) -> int:
+        """The tool calls written in `records`' replies, read by the endpoint's tool parser (the model
+        family's format, as the agent was handed them)."""
+        return count_tool_calls(records, self.server.tool_parser, self.server.tool_text)
+
     def close(self) -> None:
         self.runner.close()
         self.server.stop()
 
 
 def play_agent_groups(
-    service: AgentService, items: Sequence[Any], params: SamplingParams, decode: Any
+    service: AgentService, items: Sequence[Any], params: SamplingParams, decode: Decode
 ) -> tuple[list[list[Episode]], list[tuple[int, int]], AgentStats]:
     """`params.n` plays of the agent on every item -> per item with any recorded call, its episodes (rewards
     set from the agent; failed ones finish "abort", budget-truncated ones "length"); where the episodes whose
@@ -210,9 +216,9 @@ def play_agent_groups(
             stats.add(segs, result)
             for seg in segs:
                 e = segment_episode(seg, item.row_id, setup.max_turns, setup.max_episode_tokens, decode)
-                e = replace(
-                    e, metadata={**item.metadata, **e.metadata, "session": job.session, "segments": len(segs)}
-                )
+                calls = service.tool_calls(seg.records[: e.metadata["turns"]])
+                meta = {"session": job.session, "segments": len(segs), "tool_calls": calls}
+                e = replace(e, metadata={**item.metadata, **e.metadata, **meta})
                 if result.error is not None:
                     e = replace(e, finish_reason="abort", metadata={**e.metadata, "env_error": result.error})
                 elif result.truncated is not None:
@@ -256,7 +262,7 @@ class AgentPlays:
 
 
 def score_last_replies(
-    rewards: Any, decode: Any, groups: list[list[Episode]], where: list[tuple[int, int]]
+    rewards: RewardRunner, decode: Decode, groups: list[list[Episode]], where: list[tuple[int, int]]
 ) -> None:
     """Episodes whose agent returned None get the reward function's (`rewards`, a RewardRunner) score of
     their last reply."""

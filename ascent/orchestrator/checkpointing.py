@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ascent.config import RunConfig, SFTConfig
 from ascent.orchestrator import resume as R
 from ascent.orchestrator.collector import trim_after
 from ascent.orchestrator.workers import CriticWorkerActor, TrainerWorker
@@ -126,7 +127,7 @@ def latest(run_dir: str | Path, resume_from: str | None = None) -> tuple[Path, d
 
 
 def resume_state(
-    cfg: Any, total: int, what: str, resume_from: str | None, accept: bool
+    cfg: RunConfig | SFTConfig, total: int, what: str, resume_from: str | None, accept: bool
 ) -> tuple[Path, dict[str, Any]] | None:
     """Find, verify and vet the checkpoint to resume: the same run (or `accept`), not past `total` (`what`).
     Checkpoints newer than it (a roll-back) are then moved aside (`abandon_newer`)."""

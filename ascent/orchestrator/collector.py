@@ -2,10 +2,12 @@
 staleness bound.
 
 `Collector.collect` gathers one iteration's groups: batches from the run's episode source
-(`ascent.orchestrator.sources`), scored by it, shaped (`shaping.shape_rewards`), taken out when stale, and
-with DAPO dynamic sampling replaced when their rewards are all equal (no signal), until `prompts_per_step`
-remain; ReMax adds a greedy baseline per prompt. A group's identity is its place in the list; the groups a
-step leaves out (stale, without signal, surplus) go to the experience store (`experience.record_left_out`).
+(`ascent.orchestrator.sources`), scored by it, shaped (`shaping.shape_rewards`), taken out when stale, run
+through the group hooks of `reward.group_hooks` (`group_hooks.apply_group_hooks`: shaping, and filters whose
+dropped groups are replaced), and with DAPO dynamic sampling replaced when their rewards are all equal (no
+signal), until `prompts_per_step` remain; ReMax adds a greedy baseline per prompt. A group's identity is its
+place in the list; the groups a step leaves out (stale, filtered, without signal, surplus) go to the
+experience store (`experience.record_left_out`).
 
 Policy versions count weight publications: the trainer's weights after iteration `it` are version `it`, and
 the engines get them at the end of that iteration. An episode sampled with version `v` and trained on in
@@ -56,6 +58,7 @@ from ascent.messages import Episode, Group, SamplingParams, flatten
 from ascent.orchestrator import batch as B
 from ascent.orchestrator import experience
 from ascent.orchestrator.experience import ExperienceLog
+from ascent.orchestrator.group_hooks import GroupHook, HookTally, apply_group_hooks
 from ascent.orchestrator.sampling import RolloutStats
 from ascent.orchestrator.shaping import shape_rewards
 from ascent.orchestrator.sources import EpisodeSource, Pending, PromptSource
@@ -90,11 +93,14 @@ class Collector:
         seed: int,
         max_staleness: int,
         stale_groups: str,
+        hooks: Sequence[GroupHook] = (),
     ) -> None:
         """Batches of the training prompts `items` (`PromptItem`s) from `source`, sampled with `params`
-        and seeds derived from `seed` (`batch_seed`)."""
+        and seeds derived from `seed` (`batch_seed`); `hooks`: the run's group hooks
+        (`group_hooks.build_group_hooks`)."""
         self.source, self.items, self.params, self.seed = source, items, params, seed
         self.max_staleness, self.stale_groups = max_staleness, stale_groups
+        self.hooks = list(hooks)
         self._ahead: dict[int, _Ahead] = {}
         self._redo: list[Any] = []  # prompts of stale groups to sample again (stale_groups=regenerate)
         self._waited = 0.0  # controller seconds spent starting and awaiting generation (take_waited)
@@ -148,6 +154,7 @@ class Collector:
         want = cfg.rollout.prompts_per_step
         kept: list[Group] = []
         metrics: dict[str, float] = {}
+        tally = HookTally()  # the group hooks' metrics, over the batches
         batches, dropped, idle = 0, 0, 0.0
         while len(kept) < want:
             if batches >= a.max_sample_batches:
@@ -162,6 +169,8 @@ class Collector:
             groups, stale = self.split_stale(shaped, trainer_version=it - 1)
             experience.record_left_out(log, it, shaped, groups, "dropped_stale", _stale_reason(cfg.rollout))
             dropped += stale
+            if self.hooks:
+                groups = self._hooked(groups, log, it, tally)
             if a.advantage.name == "remax":
                 groups = with_greedy_baseline(cfg, prompts, groups, it, batches)
             if a.dynamic_sampling:
@@ -171,13 +180,21 @@ class Collector:
                 )
             kept.extend(groups)
             batches += 1
-        metrics |= {
+        metrics |= tally.metrics() | {
             "rollout/sample_batches": float(batches),
             "rollout/dropped_stale": float(dropped),
             "time/engine_idle": idle,
         }
         experience.record_left_out(log, it, kept, kept[:want], "surplus", "prompts_per_step already filled")
         return kept[:want], metrics
+
+    def _hooked(self, groups: list[Group], log: ExperienceLog, it: int, tally: HookTally) -> list[Group]:
+        """The groups after the run's group hooks (their metrics go to `tally`); what they dropped goes to
+        the experience `log`."""
+        out = apply_group_hooks(self.hooks, groups, tally)
+        for group, reason in out.dropped:
+            experience.record_left_out(log, it, [group], [], "filtered", reason)
+        return out.kept
 
     def take_waited(self) -> float:
         """Seconds the controller (so the trainer) waited on generation since the last call; resets."""
@@ -213,7 +230,8 @@ def _too_many_batches(limit: int, have: int, want: int, dropped: int) -> str:
         f"algorithm.max_sample_batches={limit}: after {limit} prompt batches only {have} of "
         f"rollout.prompts_per_step={want} groups were usable{stale}. With algorithm.dynamic_sampling the "
         "task may be too easy or too hard for the policy (groups whose rewards are all equal are replaced): "
-        "raise max_sample_batches or rollout.samples_per_prompt, or turn dynamic sampling off."
+        "raise max_sample_batches or rollout.samples_per_prompt, or turn dynamic sampling off (the filters of "
+        "reward.group_hooks replace the groups they drop the same way: widen them)."
     )
 
 

@@ -1,5 +1,5 @@
-"""The loop's side of the experience store (`ascent.transport.store`, `tracking.experience_store`): every
-episode an iteration sampled, with what became of it.
+"""The loop's side of the experience store (`ascent.tracking.experience_store`): every episode an iteration
+sampled, with what became of it.
 
 `recording` opens the store for a run (keeping the iterations up to the one it starts after, so a resumed run
 drops what it samples again) and closes it however the run ends; `record_left_out` records the groups a
@@ -23,7 +23,7 @@ from ascent.config.rollout import RolloutConfig
 from ascent.config.schema import RunConfig
 from ascent.messages import Episode, Group, TrainSample, flatten
 from ascent.orchestrator.episodes import env_name
-from ascent.transport.store import FILE_NAME
+from ascent.tracking.experience_store import FILE_NAME
 from ascent.transport.store_writer import Decode, Entry, ExperienceWriter, prepare_store
 
 log = logging.getLogger("ascent")

@@ -3,7 +3,8 @@ traceback deep inside a worker, or not at all (a run that trains on nonsense wit
 
 Called by `run_training` (and partly by `run_sft` and `ascent eval`) right after the data is rendered: the
 model directory and its weight files are whole, the tokenizer fits the model's vocabulary, stop tokens
-exist, prompts plus responses fit the model's context, and plug-in import paths resolve. (The trackers are
+exist, prompts plus responses fit the model's context, and plug-in import paths resolve (group hooks'
+included). (The trackers are
 checked earlier, when `ascent.tracking.open_tracking` opens them.) Every failure names the field or file and
 the fix.
 """
@@ -14,16 +15,21 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ascent import algorithms as A
 from ascent.algorithms import option_names
-from ascent.config import ConfigError
+from ascent.config import ConfigError, RunConfig
 from ascent.config.choices import PluginChoice
+from ascent.data.prompts import PromptItem
 from ascent.envs.openai_agents import load_agent
 from ascent.models.files import damaged_weight_file
 from ascent.models.loading import ModelLoadError
+from ascent.orchestrator.group_hooks import build_group_hooks
 from ascent.plugins import resolve
+
+if TYPE_CHECKING:  # transformers is imported where the tokenizer is loaded
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("ascent")
 
@@ -150,14 +156,14 @@ def unused_options(algorithm: Any, estimator: Callable[..., Any], loss: Callable
     ]
 
 
-def check_model(path: str, tokenizer: Any) -> int:
+def check_model(path: str, tokenizer: PreTrainedTokenizerBase) -> int:
     """Model directory, weight files and vocabulary together; returns the model's vocabulary size."""
     config = model_config(path)
     check_weight_files(path)
     return check_vocab(tokenizer, config, path)
 
 
-def check_run(cfg: Any, tokenizer: Any, prompts: list[Any]) -> None:
+def check_run(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, prompts: list[PromptItem]) -> None:
     """Every pre-flight check of `ascent train`, given the tokenizer and the rendered training prompts."""
     vocab = check_model(cfg.model.path, tokenizer)
     check_stop_tokens(list(cfg.rollout.stop_token_ids), vocab)
@@ -166,5 +172,6 @@ def check_run(cfg: Any, tokenizer: Any, prompts: list[Any]) -> None:
         model_config(cfg.model.path), longest, cfg.rollout.response_budget, cfg.data.max_prompt_tokens
     )
     check_plugins(cfg.algorithm)
+    build_group_hooks(cfg.reward.group_hooks)  # resolves each hook: a bad name or import path fails now
     if cfg.rollout.agent is not None:  # a bad import path fails before anything heavy starts
         load_agent(cfg.rollout.agent)

@@ -21,6 +21,7 @@ from ascent.orchestrator import health
 from ascent.orchestrator.agents import AgentPlays, AgentSetup, replica_generate
 from ascent.orchestrator.collector import Collector
 from ascent.orchestrator.episodes import EnvRunners
+from ascent.orchestrator.group_hooks import build_group_hooks
 from ascent.orchestrator.sampling import Decode, Scorer
 from ascent.orchestrator.setup import Datasets, WorkerGroups, needs_reference
 from ascent.orchestrator.shaping import KLController, make_kl_controller
@@ -110,8 +111,9 @@ def build_run(
     prompts = PromptSource(groups.rollout, Scorer(rewards, decode))
     params = B.sampling_params(cfg.rollout)
     source = _source(cfg, groups.rollout, tok, prompts, params)
+    hooks = build_group_hooks(cfg.reward.group_hooks)
     collector = Collector(
-        source, data.train, params, cfg.seed, cfg.rollout.max_staleness, cfg.rollout.stale_groups
+        source, data.train, params, cfg.seed, cfg.rollout.max_staleness, cfg.rollout.stale_groups, hooks
     )
     colocated = (
         cfg.cluster.placement == "colocated" and cfg.rollout.engine == "fast" and cfg.cluster.engine_sleeps

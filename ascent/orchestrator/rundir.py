@@ -12,16 +12,12 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import socket
-import sys
-import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from ascent.config import write_resolved_config
+from ascent.config import RunConfig, SFTConfig, write_resolved_config
 from ascent.errors import AscentError
-
-LOCK_NAME = ".ascent.lock"
+from ascent.tracking.runlock import LOCK_NAME, describe_owner, lock_owner, owner_record
 
 
 class RunDirError(AscentError):
@@ -41,18 +37,16 @@ class RunDirLock:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            owner = _read_owner(handle)
             handle.close()
+            owner = describe_owner(lock_owner(self.path.parent))
             raise RunDirError(
                 f"{self.field}={str(self.path.parent)!r} is in use by another ascent run ({owner}); two "
-                "runs in "
-                "one directory would overwrite each other's checkpoints and metrics. Wait for it to finish, "
+                "runs in one directory would overwrite each other's checkpoints and metrics. Wait for it to finish, "
                 "stop it, or choose another run_dir."
             ) from None
         handle.seek(0)
         handle.truncate()
-        owner_info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
-        handle.write(json.dumps(owner_info | {"command": " ".join(sys.argv)}))
+        handle.write(json.dumps(owner_record()))
         handle.flush()
         self.handle = handle
         return self
@@ -62,46 +56,6 @@ class RunDirLock:
             fcntl.flock(self.handle.fileno(), fcntl.LOCK_UN)
             self.handle.close()
             self.handle = None
-
-
-def lock_is_held(run_dir: Path) -> bool | None:
-    """Whether a live process holds `<run_dir>/.ascent.lock` now (None: there is no lock file).
-
-    For readers such as `ascent studio`: it takes the lock without blocking and releases it at once, so a
-    run that starts meanwhile is never kept out for longer than that instant.
-    """
-    try:
-        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
-
-
-def lock_owner(run_dir: Path) -> dict[str, Any]:
-    """What the run that took the lock wrote in it (pid, host, started, command); {} when unreadable."""
-    try:
-        info = json.loads((run_dir / LOCK_NAME).read_text() or "{}")
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return info if isinstance(info, dict) else {}
-
-
-def _read_owner(handle: TextIO) -> str:
-    handle.seek(0)
-    try:
-        info: dict[str, Any] = json.loads(handle.read() or "{}")
-    except json.JSONDecodeError:
-        return "owner unknown"
-    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("started", 0)))
-    return f"pid {info.get('pid', '?')} on {info.get('host', '?')} since {since}: {info.get('command', '?')}"
 
 
 def check_writable_dir(path: Path, field: str = "run_dir") -> None:
@@ -126,7 +80,7 @@ def has_checkpoints(run_dir: Path) -> bool:
     return ckpts.is_dir() and any(p.name.startswith("iter_") for p in ckpts.iterdir())
 
 
-def open_run_dir(cfg: Any) -> tuple[Path, RunDirLock]:
+def open_run_dir(cfg: RunConfig | SFTConfig) -> tuple[Path, RunDirLock]:
     """Check, create and lock `cfg.run_dir`; returns the path and the held lock.
 
     Without `resume`, a run_dir that already holds checkpoints is refused (`ascent train` and `ascent sft`).
@@ -145,7 +99,7 @@ def open_run_dir(cfg: Any) -> tuple[Path, RunDirLock]:
     return run_dir, lock
 
 
-def write_config(cfg: Any) -> None:
+def write_config(cfg: RunConfig | SFTConfig) -> None:
     """`<run_dir>/config.yaml`: the resolved config of the run now writing the directory."""
 
     write_resolved_config(cfg, Path(cfg.run_dir))

@@ -343,7 +343,7 @@ def build_publisher(cfg: RunConfig, groups: WorkerGroups) -> Publisher:
     return publisher
 
 
-def build_reward_runner(cfg: RunConfig) -> Any:
+def build_reward_runner(cfg: RunConfig) -> RewardRunner:
     """The reward runner of `cfg.reward`: isolated worker processes with a timeout unless isolation=inline."""
     r = cfg.reward
     return RewardRunner(
@@ -355,7 +355,7 @@ def build_reward_runner(cfg: RunConfig) -> Any:
     )
 
 
-def reward_executor(isolation: str, timeout_s: float, num_workers: int | None) -> Any:
+def reward_executor(isolation: str, timeout_s: float, num_workers: int | None) -> IsolatedRunner | None:
     """A pool of processes for reward calls (None: inline, in this process)."""
     if isolation == "inline":
         return None

@@ -20,6 +20,7 @@ from ascent.config import ConfigError, RunConfig, SFTConfig, load_config, parse_
 from ascent.config.errors import show_value
 from ascent.config.explain import explain_sections
 from ascent.config.fields import sub_models
+from ascent.config.loader import CONFIG_FILE
 from ascent.errors import AscentError
 
 SCHEMAS: dict[str, type[BaseModel]] = {"train": RunConfig, "sft": SFTConfig}
@@ -41,7 +42,7 @@ def schema_for(kind: str) -> type[BaseModel]:
 def run_config(run_dir: Path, kind: str | None = None) -> dict[str, Any]:
     """{kind, yaml, sections, problems} for `<run_dir>/config.yaml`: `sections` maps each section to rows
     of (name, value, default, description, changed). The kind tried first is `kind`, then train, then sft."""
-    path = run_dir / "config.yaml"
+    path = run_dir / CONFIG_FILE
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
     kinds = [k for k in (kind, "train", "sft") if k in SCHEMAS]
     problems: list[str] = []

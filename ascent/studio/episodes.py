@@ -1,7 +1,7 @@
 """The studio's episode browser: a run's experience store as JSON, one episode token by token.
 
-Reads `<run_dir>/experience.db` with `ascent.studio.store` (sqlite3, read-only, so it works while the run
-writes). The list is newest first and paged on the server (`offset`, `limit`): a run of a million episodes
+Reads `<run_dir>/experience.db` with the store's own reader, `ascent.tracking.experience_store` (read-only,
+so it works while the run writes). The list is newest first and paged on the server (`offset`, `limit`): a run of a million episodes
 sends one page. Token text comes from the run's tokenizer (`meta.tokenizer`), loaded with the `tokenizers`
 library from its `tokenizer.json` (no torch, no transformers); when that file is gone the browser still
 shows ids, masks and logprobs. A run without a store (an SFT run, or `tracking.experience_store=false`)
@@ -15,14 +15,20 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ascent.studio import store
+from ascent.tracking.experience_store import (
+    FILE_NAME,
+    SUMMARY_COLUMNS,
+    EpisodeRecord,
+    labelled_segments,
+    open_store,
+)
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 PREVIEW_CHARS = 160
 PROMPT_PREVIEW_CHARS = 90
 SPECIAL_MARKER = re.compile(r"<\|[^|<>\s]{1,40}\|>")  # <|im_start|>, <|eot_id|>, ...
-SUMMARY_FIELDS = tuple(c for c in store.LIST_COLUMNS if c not in ("prompt_text", "response_text"))
+SUMMARY_FIELDS = tuple(c for c in SUMMARY_COLUMNS if c not in ("prompt_text", "response_text"))
 
 
 def list_episodes(
@@ -37,7 +43,7 @@ def list_episodes(
     None means any). `missing` is None, or why the run has no episodes to show."""
     used = {k: v for k, v in filters.items() if v is not None}
     offset, limit = max(0, offset), max(1, min(limit, MAX_LIMIT))
-    if not (run_dir / store.FILE_NAME).is_file():
+    if not (run_dir / FILE_NAME).is_file():
         return {
             "total": 0,
             "matching": 0,
@@ -49,16 +55,16 @@ def list_episodes(
             "statuses": [],
             "missing": no_store_reason(kind),
         }
-    with store.open_db(run_dir) as (conn, _):
+    with open_store(run_dir) as store:
         return {
-            "total": store.count(conn, {}),
-            "matching": store.count(conn, used),
+            "total": store.count(),
+            "matching": store.count(**used),
             "offset": offset,
             "limit": limit,
-            "episodes": [_summary(r) for r in store.page(conn, used, offset, limit)],
-            "iterations": store.distinct(conn, "iteration"),
-            "envs": [e for e in store.distinct(conn, "env") if e is not None],
-            "statuses": store.distinct(conn, "status"),
+            "episodes": [_summary(r) for r in store.summaries(offset, limit, **used)],
+            "iterations": store.distinct("iteration"),
+            "envs": [e for e in store.distinct("env") if e is not None],
+            "statuses": store.distinct("status"),
             "missing": None,
         }
 
@@ -95,40 +101,43 @@ def _summary(r: dict[str, Any]) -> dict[str, Any]:
 def episode_detail(run_dir: Path, episode_id: int) -> dict[str, Any]:
     """One episode: its summary and rewards, the prompt, then each segment (model turn or observation) with
     every token's id, text, loss mask, sampler logprob and policy version."""
-    with store.open_db(run_dir) as (conn, meta):
-        r = store.episode(conn, episode_id)
-        decode = token_decoder(meta.get("tokenizer") or "")
-    detail = _summary(r) | {
-        "reward_components": r["reward_components"],
-        "turn_rewards": r["turn_rewards"],
-        "policy_version": r["policy_version"],
-        "trainer_version": r["trainer_version"],
-        "prompt_len": r["prompt_len"],
-        "prompt_text": r["prompt_text"],
-        "response_text": r["response_text"],
-        "metadata": r["metadata"],
+    with open_store(run_dir) as store:
+        r = store.episode(episode_id)
+        decode = token_decoder(store.meta.get("tokenizer") or "")
+    detail = _summary(r.to_dict()) | {
+        "reward_components": r.reward_components,
+        "turn_rewards": r.turn_rewards,
+        "policy_version": r.policy_version,
+        "trainer_version": r.trainer_version,
+        "prompt_len": r.prompt_len,
+        "prompt_text": r.prompt_text,
+        "response_text": r.response_text,
+        "metadata": r.metadata,
         "tokens_decoded": decode is not None,
-        "trained_tokens": sum(r["loss_mask"]),
+        "trained_tokens": sum(r.loss_mask),
     }
-    prompt = [{"id": t, "text": _text(decode, t), "mask": 0} for t in r["prompt_ids"]]
-    segments = [{"label": "prompt", "mask": 0, "text": r["prompt_text"], "tokens": prompt}]
-    ids, mask, logprobs, versions = (
-        r[k] for k in ("response_ids", "loss_mask", "sampler_logprobs", "token_versions")
-    )
-    for label, seg in store.labelled_segments(r):
-        tokens = [
-            {
-                "id": ids[i],
-                "text": _text(decode, ids[i]),
-                "mask": mask[i],
-                "logprob": logprobs[i],
-                "version": versions[i],
-            }
-            for i in range(seg["start"], seg["end"])
-        ]
-        segments.append({"label": label, "mask": seg["mask"], "text": seg["text"], "tokens": tokens})
+    prompt = [{"id": t, "text": _text(decode, t), "mask": 0} for t in r.prompt_ids]
+    segments = [{"label": "prompt", "mask": 0, "text": r.prompt_text, "tokens": prompt}]
+    segments += [
+        {"label": label, "mask": seg["mask"], "text": seg["text"], "tokens": _tokens(r, seg, decode)}
+        for label, seg in labelled_segments(r)
+    ]
     detail["segments"] = segments
     return detail
+
+
+def _tokens(r: EpisodeRecord, seg: dict[str, Any], decode: Any) -> list[dict[str, Any]]:
+    """Each response token of the segment: id, text, loss mask, sampler logprob, policy version."""
+    return [
+        {
+            "id": r.response_ids[i],
+            "text": _text(decode, r.response_ids[i]),
+            "mask": r.loss_mask[i],
+            "logprob": r.sampler_logprobs[i],
+            "version": r.token_versions[i],
+        }
+        for i in range(seg["start"], seg["end"])
+    ]
 
 
 def _text(decode: Any, token_id: int) -> str | None:

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-TRACE_FILE = "trace.json"
+from ascent.tracking.timeline import TRACE_FILE
 
 
 def read_trace(run_dir: Path) -> list[dict[str, Any]]:

@@ -11,8 +11,6 @@ that would leave RUNS_DIR.
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,16 +18,21 @@ from typing import Any
 
 import yaml
 
+from ascent.config.loader import CONFIG_FILE
 from ascent.errors import AscentError
 from ascent.studio.metrics import MetricsCache
+from ascent.tracking import status as status_file
+from ascent.tracking.experience_store import FILE_NAME as STORE_FILE
+from ascent.tracking.metrics import METRICS_FILE
+from ascent.tracking.runlock import lock_is_held, lock_owner
+from ascent.tracking.status import STATUS_FILE
+from ascent.tracking.timeline import TRACE_FILE
 
 MAX_DEPTH = 4
-STATUS_FILE = "status.json"
-LOCK_FILE = ".ascent.lock"  # the run-dir lock `ascent.orchestrator.rundir` takes (an fcntl lock + owner JSON)
-RUN_MARKERS = ("metrics.jsonl", "config.yaml")
+RUN_MARKERS = (METRICS_FILE, CONFIG_FILE)
 SKIP_DIRS = {"checkpoints", "tensorboard", "logs", "__pycache__", "node_modules", "wandb", "mlruns"}
 HEADLINE_KEYS = ("reward/mean", "val/accuracy", "sft/nll", "val/nll")
-STATES = ("running", "finished", "crashed", "interrupted", "unknown")
+STATES = (*status_file.STATES, "unknown")  # unknown: no status.json, and too little to infer from
 
 
 class RunNotFound(AscentError):
@@ -75,34 +78,6 @@ def find_runs(root: Path, max_depth: int = MAX_DEPTH) -> list[Path]:
     return found
 
 
-def lock_is_held(run_dir: Path) -> bool | None:
-    """Whether a live process holds `<run_dir>/.ascent.lock` now (None: there is no lock file). It takes the
-    lock without blocking and releases it at once, so a run starting meanwhile is kept out for that instant
-    only. (Read here rather than imported from the orchestrator: studio imports only tracking and config.)"""
-    try:
-        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
-
-
-def lock_owner(run_dir: Path) -> dict[str, Any]:
-    """What the run that took the lock wrote in it (pid, host, started, command); {} when unreadable."""
-    try:
-        info = json.loads((run_dir / LOCK_FILE).read_text() or "{}")
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return info if isinstance(info, dict) else {}
-
-
 def run_id(root: Path, run_dir: Path) -> str:
     """The id the API uses for `run_dir`: its path relative to `root` ("." for root itself)."""
     return run_dir.relative_to(root).as_posix() or "."
@@ -118,21 +93,11 @@ def resolve_run(root: Path, rid: str) -> Path:
     return path
 
 
-def read_status_file(run_dir: Path) -> dict[str, Any] | None:
-    """`<run_dir>/status.json` as a dict; None when absent or unreadable (it is replaced atomically, so a
-    partial file means a writer that does not follow the contract: treated as absent)."""
-    try:
-        data = json.loads((run_dir / STATUS_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) and data.get("state") in STATES else None
-
-
 def run_status(run_dir: Path, metrics: MetricsCache) -> RunStatus:
     """The run's state, step and headline metrics, from status.json when there is one, else inferred."""
     records = metrics.records(run_dir)
     held = lock_is_held(run_dir)
-    status = read_status_file(run_dir)
+    status = status_file.read_status(run_dir)
     out = status_state(status, held) if status is not None else inferred_state(run_dir, records, held)
     if records:
         out.step = out.step if out.step is not None else _int(records[-1].get("step"))
@@ -195,7 +160,7 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     """The run's config.yaml as a dict ({} when absent or unreadable)."""
 
     try:
-        data = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        data = yaml.safe_load((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -238,15 +203,15 @@ def describe_run(root: Path, run_dir: Path, metrics: MetricsCache) -> dict[str, 
     status = run_status(run_dir, metrics)
     if status.kind is None:
         status.kind = config_kind(run_dir)
-    has_trace = (run_dir / "trace.json").is_file()
+    has_trace = (run_dir / TRACE_FILE).is_file()
     return {
         "id": run_id(root, run_dir),
         "path": str(run_dir),
         **asdict(status),
-        "has_metrics": (run_dir / "metrics.jsonl").is_file(),
+        "has_metrics": (run_dir / METRICS_FILE).is_file(),
         "has_trace": has_trace,
-        "has_episodes": (run_dir / "experience.db").is_file(),
-        "has_config": (run_dir / "config.yaml").is_file(),
+        "has_episodes": (run_dir / STORE_FILE).is_file(),
+        "has_config": (run_dir / CONFIG_FILE).is_file(),
         "trace_hint": None if has_trace else trace_hint(run_dir, status),
         "modified": _mtime(run_dir),
     }
@@ -254,7 +219,7 @@ def describe_run(root: Path, run_dir: Path, metrics: MetricsCache) -> dict[str, 
 
 def run_kind(run_dir: Path) -> str | None:
     """ "train" or "sft": what status.json says, else what config.yaml reads as (None: unknown)."""
-    kind = (read_status_file(run_dir) or {}).get("kind")
+    kind = (status_file.read_status(run_dir) or {}).get("kind")
     return kind if isinstance(kind, str) else config_kind(run_dir)
 
 

@@ -19,22 +19,24 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-from ascent.tracking.events import Event, Metrics, RunEnded, RunStarted
+from ascent.tracking.events import EndState, Event, Metrics, RunEnded, RunStarted
 
 STATUS_FILE = "status.json"
 SCHEMA = 1
+STATES = ("running", *get_args(EndState))  # every state the file can hold
 
 
 def read_status(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The run's status.json as a dict; None when there is none (runs from before it existed) or it is
-    unreadable."""
+    """The run's status.json as a dict; None when there is none (runs from before it existed), it is
+    unreadable, or its `state` is none of STATES (the file is replaced atomically, so a partial or foreign
+    file is a writer that does not follow the contract: treated as absent)."""
     try:
         data = json.loads((Path(run_dir) / STATUS_FILE).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
-    return data if isinstance(data, dict) else None
+    return data if isinstance(data, dict) and data.get("state") in STATES else None
 
 
 class StatusSink:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+TRACE_FILE = "trace.json"  # `ascent train` writes `<run_dir>/trace.json`; the studio reads it
 _CONTROLLER_PID = 1
 _KEEP_ITERATIONS = 4  # durations are kept for this many recent iterations
 

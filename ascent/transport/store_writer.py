@@ -1,6 +1,7 @@
-"""Writing the experience store (`ascent.transport.store`) off the hot path: the loop hands frozen episodes
-and what became of them to `ExperienceWriter.put`, which only queues them; a background thread decodes
-their texts, packs their token data and writes them in one transaction per batch it drains.
+"""Writing the experience store (its format and reader: `ascent.tracking.experience_store`) off the hot
+path: the loop hands frozen episodes and what became of them to `ExperienceWriter.put`, which only queues
+them; a background thread decodes their texts, packs their token data and writes them in one transaction per
+batch it drains.
 
 The queue holds at most `max_queued_tokens` tokens of unwritten episodes, so memory stays bounded: when the
 disk falls that far behind, `put` waits (and says so once in the log). A lock held on the file by another
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ascent.messages import Episode
-from ascent.transport.store import (
+from ascent.tracking.experience_store import (
     BLOBS,
     FORMAT,
     SCHEMA,

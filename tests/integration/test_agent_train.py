@@ -117,7 +117,7 @@ def test_the_update_trains_on_what_the_store_holds(
     from ascent.config import load_config
     from ascent.entrypoints.train import run_training
     from ascent.orchestrator import loop
-    from ascent.transport.store import open_store
+    from ascent.tracking.experience_store import open_store
 
     root, warm, _ = lookup_setup
     used: list[tuple[int, Any]] = []

@@ -8,7 +8,7 @@ import json
 
 from conftest import ascent, run_config, write_yaml
 
-from ascent.transport.store import open_store
+from ascent.tracking.experience_store import open_store
 
 
 def jsonl_episodes(run_dir) -> list[tuple]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from ascent.transport.store import open_store
+from ascent.tracking.experience_store import open_store
 from tests.integration.conftest import ascent
 
 

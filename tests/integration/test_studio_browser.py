@@ -270,7 +270,7 @@ def test_episode_list_is_newest_first_with_prompts_a_search_and_pages(
     page, studio: str, runs_root: Path
 ) -> None:
     from ascent.studio.episodes import prompt_preview
-    from ascent.transport.store import open_store
+    from ascent.tracking.experience_store import open_store
 
     with open_store(runs_root / RUN_ID) as store:
         newest_before = max(r.id for r in store.episodes())
@@ -311,7 +311,7 @@ def test_episode_list_is_newest_first_with_prompts_a_search_and_pages(
 
 
 def test_episode_browser_opens_an_episode_token_by_token(page, studio: str, runs_root: Path) -> None:
-    from ascent.transport.store import open_store
+    from ascent.tracking.experience_store import open_store
 
     page.goto(f"{studio}#/run/live%2Frun/episodes?status=trained")
     first = page.locator("#episodes tbody tr").first

@@ -40,7 +40,7 @@ for _module in (qwen2, qwen3, llama, mistral, qwen2_5_vl, qwen3_vl):
     register(_module.FAMILY)
 
 
-def model_type_of(config_or_model_type: Any) -> str:
+def model_type_of(config_or_model_type: object) -> str:
     """A model_type string from itself, a transformers config, or a config.json dict ("?" when absent)."""
     if isinstance(config_or_model_type, str):
         return config_or_model_type

@@ -9,13 +9,16 @@ the engine's own weights), so our forward matches HF's.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from ascent.models.families import FAMILIES, Family, ModelSpec, model_type_of
 from ascent.rollout.fast.weights import IMPLEMENTATIONS
+
+if TYPE_CHECKING:  # transformers is imported where a model is loaded, not here
+    from transformers import PretrainedConfig
 
 # RoPE variants whose frequencies do not depend on the sequence length at run time.
 STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
@@ -39,7 +42,7 @@ def engine_family(config: Any) -> Family:
     return family
 
 
-def spec_from_config(config: Any) -> ModelSpec:
+def spec_from_config(config: PretrainedConfig) -> ModelSpec:
     """A transformers config -> ModelSpec, read by its model family; raises for what the engine does not
     run."""
     spec = engine_family(config).spec

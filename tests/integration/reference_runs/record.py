@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from ascent.models.tiny import make_tiny_checkpoint
-from ascent.transport.store import open_store
+from ascent.tracking.experience_store import open_store
 
 ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent

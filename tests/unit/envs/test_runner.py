@@ -121,6 +121,23 @@ def test_an_environment_that_raises_costs_only_its_episode(chat: ChatTokens) -> 
     assert good.reward == 1.0 and good.metadata["turns"] == 2
 
 
+class Calls(GuessNumber):
+    """Guess the number; a turn that guesses reports one tool call per digit it wrote."""
+
+    def step(self, action: str) -> StepResult:
+        result = super().step(action)
+        return StepResult(result.observation, result.reward, result.done, {"tool_calls": len(action)})
+
+
+def test_the_tool_calls_of_the_turns_add_up_in_the_metadata(chat: ChatTokens) -> None:
+    """`info["tool_calls"]` of every turn, the last included, summed; an environment reporting none: 0."""
+    batch = [Task(Calls(), {"target": 7}, row_id=0), Task(GuessNumber(), {"target": 5}, row_id=1)]
+    engine = ScriptedEngine(chat, {0: ["33", "9", "7"], 1: ["1", "5"]})
+    called, plain = run_episodes(batch, engine, chat, PARAMS, max_turns=5, max_tokens=200)
+    assert called.metadata["tool_calls"] == 2 + 1 + 1 and called.metadata["turns"] == 3
+    assert plain.metadata["tool_calls"] == 0 and plain.metadata["turns"] == 2
+
+
 def test_the_registry_and_import_paths() -> None:
     assert isinstance(make_env("guess_number"), GuessNumber)
     assert isinstance(make_env("ascent.envs.base:GuessNumber"), GuessNumber)
@@ -191,6 +208,8 @@ class BadAnswer:
             "observation='hi' (str); it must be a tuple of messages",
         ),
         (StepResult(info=[1]), "info=[1] (list); it must be a dict"),  # type: ignore[arg-type]
+        (StepResult(info={"tool_calls": -1}), "info['tool_calls']=-1 (int); it must be a whole number >= 0"),
+        (StepResult(info={"tool_calls": True}), "info['tool_calls']=True (bool); it must be a whole number"),
         ((["obs"], 1.0, True, {}), "step returned (['obs'], 1.0, True, {}) (tuple), not a StepResult"),
     ],
 )

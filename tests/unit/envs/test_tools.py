@@ -100,6 +100,11 @@ def test_tool_env_answers_calls_and_scores_the_final_answer() -> None:
     assert env.reset({"prompt": "double 21", "answer": 42}) == [{"role": "user", "content": "double 21"}]
     step = env.step('<tool_call>{"name": "double", "arguments": {"x": 21}}</tool_call>')
     assert step.observation == ({"role": "tool", "content": "42"},) and not step.done
+    assert step.info == {"tool_calls": 1}  # the runner sums these into the episode's metadata
+    two = env.step(
+        '<tool_call>{"name": "double", "arguments": {"x": 1}}</tool_call><tool_call>{"x"}</tool_call>'
+    )
+    assert two.info == {"tool_calls": 2} and "[error]" in two.observation[1]["content"]  # a malformed one too
     assert (
         "no tool 'triple'"
         in env.step('<tool_call>{"name": "triple", "arguments": {}}</tool_call>').observation[0]["content"]
@@ -127,5 +132,6 @@ def test_python_math_through_the_runner(tmp_path: Path) -> None:
         max_tokens=400,
     )
     assert ep.reward == 1.0 and ep.metadata["turns"] == 2 and ep.finish_reason == "stop"
+    assert ep.metadata["tool_calls"] == 1
     observed = [t for t, m in zip(ep.response_ids, ep.loss_mask, strict=True) if m == 0]
     assert observed == chat.continuation_ids([{"role": "tool", "content": "408\n"}])

@@ -7,9 +7,10 @@ from __future__ import annotations
 import itertools
 
 from ascent.envs.openai_agents import AgentResult
-from ascent.orchestrator.agent_segments import segment_episode, segments
+from ascent.orchestrator.agent_segments import count_tool_calls, segment_episode, segments
 from ascent.orchestrator.agents import AgentStats
 from ascent.rollout.server import CompletionRecord
+from ascent.rollout.server.tool_parsers import hermes
 
 CLOCK = itertools.count()
 
@@ -103,3 +104,13 @@ def test_the_cut_at_max_turns_and_max_tokens() -> None:
     whole = segment_episode(seg, 0, max_turns=3, max_tokens=5, decode=decode)
     assert whole.response_ids == [2, 0, 3, 0, 4] and whole.finish_reason == "stop"
     assert whole.response_text == decode(whole.response_ids)
+
+
+def test_an_agent_episode_counts_the_tool_calls_its_replies_wrote() -> None:
+    """Read by the endpoint's parser (Hermes here): two calls in one reply, one in another, none in the
+    answer; a malformed block is no call (the endpoint handed the agent text, not a call)."""
+    call = '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
+    replies = {1: call + call, 2: call, 3: "the answer is 4", 4: "<tool_call>{oops</tool_call>"}
+    records = [rec([0], [k]) for k in replies]
+    assert count_tool_calls(records, hermes, lambda ids: replies[ids[0]]) == 3
+    assert count_tool_calls(records[2:], hermes, lambda ids: replies[ids[0]]) == 0

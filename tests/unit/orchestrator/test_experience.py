@@ -1,9 +1,10 @@
 """The loop records what became of every episode: `Collector.collect` records the stale, the signal-less (DAPO
-dynamic sampling) and the surplus groups it left out, `record_trained` the trained ones with their advantages
+dynamic sampling), the groups a group hook filtered and the surplus groups it left out, `record_trained` the trained ones with their advantages
 (zero-advantage episodes taken out of the loss as filtered); nothing is recorded when the store is off."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,12 @@ from ascent.config import RunConfig
 from ascent.messages import Episode, Group, SamplingParams, TrainSample, flatten
 from ascent.orchestrator import experience
 from ascent.orchestrator.collector import Collector
+from ascent.orchestrator.group_hooks import build_group_hooks
 from ascent.orchestrator.sampling import RolloutStats, Scorer
 from ascent.orchestrator.sources import PromptSource
 from ascent.rewards import RewardRunner
 from ascent.tracking import Timeline
-from ascent.transport.store import FILE_NAME, open_store
+from ascent.tracking.experience_store import FILE_NAME, open_store
 
 
 def ep(text: str, row: int, version: int = 0) -> Episode:
@@ -96,6 +98,37 @@ def test_collect_groups_records_the_groups_it_leaves_out(tmp_path: Path) -> None
         (3, "trained", 1, 1.0),
     ]
     assert "rollout.max_staleness=0" in reasons["dropped_stale"] and "dynamic_sampling" in reasons["filtered"]
+
+
+def test_group_hooks_shape_and_filter_each_batch_and_their_drops_are_recorded(tmp_path: Path) -> None:
+    """reward.group_hooks: the filter's dropped groups are replaced by the next batch, counted over both
+    batches and recorded as filtered; the bonus is a reward component, its mean over the episodes it shaped."""
+    called = replace(ep("4", 1), metadata={"answer": "4", "tool_calls": 1})
+    batches = [
+        [group(0, "4", "4"), Group((called, ep("5", 1)))],  # all right: filtered; half right
+        [group(2, "5", "5"), group(3, "4", "5")],  # all wrong: filtered; half right
+    ]
+    cfg = config(tmp_path)
+    cfg.reward.group_hooks = [
+        {"name": "difficulty_filter", "low": 0.1, "high": 0.9},
+        {"name": "curiosity", "target_rate": 1.0, "alpha": 1.0},
+    ]
+    col = Batches(batches)
+    col.hooks = build_group_hooks(cfg.reward.group_hooks)
+    with experience.recording(cfg, Tokenizer(), start=0) as log:
+        kept, metrics = col.collect(cfg, col.source, Timeline(None), log, sampler=None, it=1)
+    assert [g.row_id for g in kept] == [1, 3]
+    # row 1: rate 1/2, the caller gets 1.0 * (1.0 - 0.5); row 3: nobody called
+    assert [[e.reward for e in g.episodes] for g in kept] == [[1.5, 0.0], [1.0, 0.0]]
+    assert kept[0].episodes[0].reward_components == {"curiosity": 0.5}
+    assert metrics["reward/curiosity/mean"] == 0.5 / 4  # over the 4 episodes the bonus was computed for
+    assert (
+        metrics["reward/difficulty_filter/dropped_groups"] == 2.0 and metrics["rollout/sample_batches"] == 2
+    )
+    with open_store(tmp_path) as store:
+        dropped = [(r.row_id, r.status, r.drop_reason) for r in store.episodes(status="dropped")]
+    reason = "reward.group_hooks[0] (difficulty_filter) filtered it"
+    assert dropped == [(0, "filtered", reason)] * 2 + [(2, "filtered", reason)] * 2
 
 
 def test_zero_advantage_episodes_are_recorded_as_filtered(tmp_path: Path) -> None:

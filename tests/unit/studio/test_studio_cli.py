@@ -42,7 +42,8 @@ def test_every_static_file_ships_in_the_package_and_plotly_is_local() -> None:
 
 def test_the_studio_imports_only_what_design_md_allows_and_no_torch() -> None:
     """design.md: studio imports tracking and config (and errors); it reads the experience store and probes
-    the run-dir lock itself, so no transport or orchestrator module is loaded."""
+    the run-dir lock with the readers in `tracking`, so no transport or orchestrator module is loaded (and
+    `messages`, the plain-Python leaf under tracking's store reader, is all that comes with them)."""
     import subprocess
     import sys
 
@@ -51,6 +52,6 @@ def test_the_studio_imports_only_what_design_md_allows_and_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     ).stdout.split()
     assert "torch" not in loaded and "transformers" not in loaded
-    allowed = ("ascent.studio", "ascent.config", "ascent.tracking", "ascent.errors")
+    allowed = ("ascent.studio", "ascent.config", "ascent.tracking", "ascent.errors", "ascent.messages")
     ours = [m for m in loaded if m.startswith("ascent.")]
     assert all(m.startswith(allowed) for m in ours), [m for m in ours if not m.startswith(allowed)]

@@ -16,10 +16,10 @@ from ascent.studio.runs import (
     describe_run,
     describe_runs,
     find_runs,
-    lock_is_held,
     resolve_run,
     run_status,
 )
+from ascent.tracking.runlock import lock_is_held
 
 from .conftest import make_run
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ascent.messages import Episode
-from ascent.transport.store import FILE_NAME, StoreError, export, open_store
+from ascent.tracking.experience_store import FILE_NAME, StoreError, export, open_store
 from ascent.transport.store_writer import Entry, ExperienceWriter, prepare_store
 
 

@@ -1,11 +1,13 @@
-"""The experience store: every episode of an RL run in one SQLite file, `<run_dir>/experience.db` (design.md,
-package map: `transport/`), and the API that reads it.
+"""The experience store: every episode of an RL run in one SQLite file, `<run_dir>/experience.db`; its file
+format, and the API that reads it.
 
 The loop's writer (`ascent.transport.store_writer`) records each episode with what became of it: trained on,
 `filtered` (DAPO dynamic sampling: no reward signal; `algorithm.filter_zero_advantage`), `dropped_stale`
 (over `rollout.max_staleness`) or `surplus` (sampled after the iteration's batch was full); `ascent serve
 --record` writes each sample it returned as a one-turn episode with status `served`. The file is in
-WAL mode, so `open_store` (the `ascent episodes` command, a notebook, a web UI) reads it while a run writes.
+WAL mode, so `open_store` (the `ascent episodes` command, the studio, a notebook) reads it while a run writes.
+It sits in `tracking`, below the writer and below the studio, so both read one copy of the format: a run's
+record, like metrics.jsonl and status.json.
 
 Schema version 1 (`meta` holds `format=ascent-experience` and `schema_version`, plus `tokenizer`, the
 directory whose tokenizer decodes the ids). One `episodes` row per episode; token data are little-endian
@@ -43,7 +45,7 @@ CREATE TABLE IF NOT EXISTS episodes (
     group_index INTEGER,             -- its group's place in the iteration's update; NULL if dropped
     row_id INTEGER NOT NULL,         -- the dataset row (task) it answered
     env TEXT,                        -- environment name (rollout.env runs); NULL for single-turn rewards
-    status TEXT NOT NULL,            -- trained | filtered | dropped_stale | surplus
+    status TEXT NOT NULL,            -- one of STATUSES
     drop_reason TEXT,                -- why it was not trained on; NULL when trained
     reward REAL NOT NULL,
     reward_components TEXT NOT NULL, -- JSON object
@@ -177,6 +179,23 @@ BLOBS = {
 }
 JSONS = ("reward_components", "turn_rewards", "segments", "metadata")
 COLUMNS = tuple(EpisodeRecord.__dataclass_fields__)
+SUMMARY_COLUMNS = (  # what a list shows of each episode (ExperienceStore.summaries): no token data
+    "id",
+    "iteration",
+    "group_index",
+    "row_id",
+    "env",
+    "status",
+    "drop_reason",
+    "reward",
+    "advantage",
+    "turns",
+    "finish_reason",
+    "response_len",
+    "staleness",
+    "prompt_text",
+    "response_text",
+)
 
 
 def _record(row: sqlite3.Row) -> EpisodeRecord:
@@ -242,10 +261,11 @@ class Query:
     max_reward: float | None = None
     env: str | None = None
     status: str | None = None  # one of STATUSES, or "dropped": any but trained
+    search: str | None = None  # text in the prompt or the response, case-insensitive (ASCII)
 
     def where(self) -> tuple[str, list[Any]]:
         """The SQL WHERE clause (or "") and its parameters."""
-        terms: list[tuple[str, Any]] = []
+        terms: list[tuple[str, list[Any]]] = []
         for column, op, value in (
             ("iteration", "=", self.iteration),
             ("reward", ">=", self.min_reward),
@@ -253,17 +273,25 @@ class Query:
             ("env", "=", self.env),
         ):
             if value is not None:
-                terms.append((f"{column} {op} ?", value))
+                terms.append((f"{column} {op} ?", [value]))
         if self.status == DROPPED:
-            terms.append(("status != ?", "trained"))
+            terms.append(("status != ?", ["trained"]))
         elif self.status is not None:
             if self.status not in STATUSES:
                 raise StoreError(
-                    f"status {self.status!r}: unknown; use one of {', '.join(STATUSES)}, dropped."
+                    f"status {self.status!r}: unknown; use one of {', '.join(STATUSES)}, {DROPPED}."
                 )
-            terms.append(("status = ?", self.status))
+            terms.append(("status = ?", [self.status]))
+        if self.search:
+            pattern = "%" + _escape_like(self.search) + "%"
+            clause = "(prompt_text LIKE ? ESCAPE '\\' OR response_text LIKE ? ESCAPE '\\')"
+            terms.append((clause, [pattern, pattern]))
         clause = " AND ".join(t for t, _ in terms)
-        return (f" WHERE {clause}" if clause else ""), [v for _, v in terms]
+        return (f" WHERE {clause}" if clause else ""), [v for _, vs in terms for v in vs]
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 class ExperienceStore:
@@ -298,6 +326,14 @@ class ExperienceStore:
     def episodes(self, limit: int | None = None, **filters: Any) -> list[EpisodeRecord]:
         """`iter_episodes` as a list."""
         return list(self.iter_episodes(limit, **filters))
+
+    def summaries(self, offset: int, limit: int, **filters: Any) -> list[dict[str, Any]]:
+        """The matching episodes' SUMMARY_COLUMNS (no token data), newest (highest id) first, `limit` of them
+        after `offset`: one page of a list, however many episodes the run has."""
+        where, params = Query(**filters).where()
+        sql = f"SELECT {', '.join(SUMMARY_COLUMNS)} FROM episodes{where} ORDER BY id DESC LIMIT ? OFFSET ?"
+        rows = self.conn.execute(sql, [*params, limit, offset]).fetchall()
+        return [dict(zip(SUMMARY_COLUMNS, row, strict=True)) for row in rows]
 
     def episode(self, episode_id: int) -> EpisodeRecord:
         """The episode with this id; StoreError when there is none."""
