@@ -18,7 +18,7 @@ then each sequence's mrope rows, the layout transformers' Qwen-VL text models re
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -53,13 +53,13 @@ def image_token_id(model: nn.Module) -> int:
     return int(_language_model_holder(model).config.image_token_id)
 
 
-def multimodal_backbone(model: nn.Module) -> Any:
+def multimodal_backbone(model: nn.Module) -> nn.Module:
     """The part of a vision-language model that maps ids and images to hidden states (vision tower, merger
     and language model; `Qwen2_5_VLModel`), i.e. the model without its LM head."""
     inner = getattr(_language_model_holder(model), "model", None)
     if inner is None or not hasattr(inner, "get_rope_index"):
         raise TypeError(f"{type(model).__name__}: expected a Qwen-VL model with .model.get_rope_index.")
-    return inner
+    return cast(nn.Module, inner)
 
 
 def image_runs(ids: Tensor, token_id: int) -> list[int]:
@@ -90,7 +90,7 @@ def mrope_positions(model: nn.Module, ids: Tensor, images: Sequence[ImageInput])
     check_images(ids, images, token_id)
     grid = torch.tensor([im.grid_thw for im in images], dtype=torch.long, device=ids.device)
     row = ids[None]
-    positions, _ = multimodal_backbone(model).get_rope_index(
+    positions, _ = cast(Any, multimodal_backbone(model)).get_rope_index(
         row, mm_token_type_ids=(row == token_id).int(), image_grid_thw=grid
     )
     return positions[:, 0]
@@ -123,13 +123,13 @@ def packed_positions(
     return torch.cat([torch.cat(text)[None], torch.cat(mrope, dim=1)])[:, None]
 
 
-def image_features(backbone: Any, images: Sequence[ImageInput], device: torch.device) -> dict[str, Any]:
+def image_features(backbone: nn.Module, images: Sequence[ImageInput], device: torch.device) -> dict[str, Any]:
     """The vision tower's output for `images`, as the backbone's `mm_encoder_outputs` keyword ({} without
     images). Run on its own so that the language model's attention keywords never reach the vision tower."""
     if not images:
         return {}
     inputs = model_inputs(images)
-    features = backbone.get_image_features(
+    features = cast(Any, backbone).get_image_features(
         inputs["pixel_values"].to(device), inputs["image_grid_thw"].to(device), return_dict=True
     )
     return {"mm_encoder_outputs": {"image": features}}
@@ -137,7 +137,7 @@ def image_features(backbone: Any, images: Sequence[ImageInput], device: torch.de
 
 def vision_tower(model: nn.Module) -> nn.Module:
     """The vision tower of a vision-language model (`model.model.visual`: patch embedding, blocks, merger)."""
-    return multimodal_backbone(model).visual
+    return cast(nn.Module, multimodal_backbone(model).visual)
 
 
 def freeze_vision(model: nn.Module) -> int:
