@@ -125,13 +125,30 @@ def packed_positions(
 
 def image_features(backbone: nn.Module, images: Sequence[ImageInput], device: torch.device) -> dict[str, Any]:
     """The vision tower's output for `images`, as the backbone's `mm_encoder_outputs` keyword ({} without
-    images). Run on its own so that the language model's attention keywords never reach the vision tower."""
+    images). Run on its own so that the language model's attention keywords never reach the vision tower.
+
+    Each distinct image (same digest and grid) goes through the tower once: a group's samples share their
+    prompt's images, and their embeddings (Qwen3-VL: and deepstack features) are the same tensors reused,
+    so gradients from every sample add up on one tower forward."""
     if not images:
         return {}
-    inputs = model_inputs(images)
+    index: dict[tuple[str, tuple[int, int, int]], int] = {}
+    distinct: list[ImageInput] = []
+    which: list[int] = []  # images[i] is distinct[which[i]]
+    for im in images:
+        key = (im.digest, im.grid_thw)
+        if key not in index:
+            index[key] = len(distinct)
+            distinct.append(im)
+        which.append(index[key])
+    inputs = model_inputs(distinct)
     features = cast(Any, backbone).get_image_features(
         inputs["pixel_values"].to(device), inputs["image_grid_thw"].to(device), return_dict=True
     )
+    if len(distinct) < len(images):
+        features.pooler_output = tuple(features.pooler_output[j] for j in which)
+        if getattr(features, "deepstack_features", None) is not None:
+            features.deepstack_features = [tuple(f[j] for j in which) for f in features.deepstack_features]
     return {"mm_encoder_outputs": {"image": features}}
 
 

@@ -7,6 +7,7 @@ the trainer's before and after an update it receives."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -60,8 +61,14 @@ def _alone(model, sample: TrainSample) -> list[float]:
     return logp.gather(-1, torch.tensor(sample.response_ids)[:, None])[:, 0].tolist()
 
 
+def _with_group_mates(samples):
+    """samples, then two more sharing the first two's prompts and images (a GRPO group's siblings)."""
+    return samples + [replace(s, response_ids=s.response_ids[::-1]) for s in samples[:2]]
+
+
 def test_packed_image_samples_score_as_each_alone(vl):
     path, samples = vl
+    samples = _with_group_mates(samples)  # shared images: one tower pass each (image_features)
     worker = _worker(path, max_tokens_per_micro_batch=sum(s.num_tokens for s in samples))
     packed = worker.compute_logprobs(samples)  # all five in one row
     worker.max_tokens = max(s.num_tokens for s in samples)
@@ -155,6 +162,20 @@ def test_sampler_and_trainer_agree_on_image_prompts_and_an_update_reaches_the_en
     assert any(not torch.equal(initial[n], t) for n, t in trained.items() if n.startswith("model.visual."))
     second = _rollout(engine, prompts, seed=2)
     assert _gap(worker, second) < 1e-3
+
+
+@pytest.mark.parametrize("vl", ["qwen3_vl"], indirect=True)  # deepstack features shared too
+def test_the_update_does_not_depend_on_packing_or_on_images_shared_in_a_row(vl):
+    path, samples = vl
+    samples = _with_group_mates(samples)
+    one_row = _worker(path, max_tokens_per_micro_batch=sum(s.num_tokens for s in samples))
+    apart = _worker(path, max_tokens_per_micro_batch=max(s.num_tokens for s in samples))
+    a, b = _update(one_row, samples), _update(apart, samples)
+    assert a["micro_batches"] == 1 < b["micro_batches"]
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+    after = dict(apart.model.named_parameters())
+    for name, p in one_row.model.named_parameters():
+        torch.testing.assert_close(p, after[name], atol=1e-6, rtol=0, msg=name)
 
 
 @pytest.mark.parametrize("vl", ["qwen3_vl"], indirect=True)
