@@ -17,6 +17,7 @@ then each sequence's mrope rows, the layout transformers' Qwen-VL text models re
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -123,15 +124,22 @@ def packed_positions(
     return torch.cat([torch.cat(text)[None], torch.cat(mrope, dim=1)])[:, None]
 
 
-def image_features(backbone: nn.Module, images: Sequence[ImageInput], device: torch.device) -> dict[str, Any]:
-    """The vision tower's output for `images`, as the backbone's `mm_encoder_outputs` keyword ({} without
-    images). Run on its own so that the language model's attention keywords never reach the vision tower.
+def image_features(
+    backbone: nn.Module, input_ids: Tensor, images: Sequence[ImageInput], device: torch.device
+) -> dict[str, Any]:
+    """The image keywords of a backbone forward over input_ids [b, L] holding `images` (row-major order);
+    {} without images. The vision tower runs on its own, so the language model's attention keywords never
+    reach it.
 
-    Each distinct image (same digest and grid) goes through the tower once: a group's samples share their
+    Where the backbone takes precomputed features (`mm_encoder_outputs`, transformers >= 5.2x), each
+    distinct image (same digest and grid) goes through the tower once: a group's samples share their
     prompt's images, and their embeddings (Qwen3-VL: and deepstack features) are the same tensors reused,
-    so gradients from every sample add up on one tower forward."""
+    so gradients from every sample add up on one tower pass. Older transformers get the raw pixels of every
+    image (`vision_inputs`) and encode each occurrence."""
     if not images:
         return {}
+    if "mm_encoder_outputs" not in inspect.signature(backbone.forward).parameters:
+        return vision_inputs(backbone, input_ids, images, device)
     index: dict[tuple[str, tuple[int, int, int]], int] = {}
     distinct: list[ImageInput] = []
     which: list[int] = []  # images[i] is distinct[which[i]]

@@ -224,7 +224,7 @@ class ReferenceEngine:
             n = len(r.prompt_ids)
             positions[:, i, length - n :] = mrope_positions(self.model, input_ids[i, length - n :], r.images)
         images = [im for r in rows for im in r.images]  # each distinct one through the tower once
-        features = image_features(multimodal_backbone(self.model), images, self.device)
+        features = image_features(multimodal_backbone(self.model), input_ids, images, self.device)
         return input_ids, attention_mask, positions, features
 
     def _left_pad(self, rows: list[_Row]) -> tuple[Tensor, Tensor]:
