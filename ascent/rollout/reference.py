@@ -15,7 +15,8 @@ neighbours (up to float rounding). Finished rows keep running until the whole ba
 the reference engine is not the fast path).
 
 Images (a vision-language model, `ascent.models.multimodal`): a request's `images` go with its prompt in the
-first forward of the batch (every image of every row, row by row). Positions are then multimodal RoPE's
+first forward of the batch (every image of every row, row by row; the vision tower runs once per distinct
+image, so a request's n samples share one pass). Positions are then multimodal RoPE's
 three rows, computed per row by the model's own `get_rope_index` and left-padded like the ids; each
 generated token takes the row's largest position plus one (what transformers' `rope_deltas` amount to), so
 rows with different images, or none, batch together and score as a lone forward of the same sequence does.
@@ -35,10 +36,11 @@ from ascent.messages import FinishReason, Generation, GenerationRequest, ImageIn
 from ascent.models.loading import cache_kwarg, load_model
 from ascent.models.multimodal import (
     check_images,
+    image_features,
     image_token_id,
     is_vision_language,
     mrope_positions,
-    vision_inputs,
+    multimodal_backbone,
 )
 from ascent.rollout.sampling import SamplingTensors, sample, split_seed, token_presence
 
@@ -210,7 +212,7 @@ class ReferenceEngine:
         ids = torch.tensor(req.prompt_ids, dtype=torch.long)
         check_images(ids, req.images, image_token_id(self.model), f"request {req.request_id}")
 
-    def _prompt_inputs(self, rows: list[_Row]) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
+    def _prompt_inputs(self, rows: list[_Row]) -> tuple[Tensor, Tensor, Tensor, dict[str, Any]]:
         """-> input_ids, attention_mask [b, L] (left-padded), position_ids ([b, L], or [3, b, L] when a row
         has images: multimodal RoPE, padding at 0) and the image keywords of the first forward."""
         input_ids, attention_mask = self._left_pad(rows)
@@ -221,8 +223,9 @@ class ReferenceEngine:
         for i, r in enumerate(rows):
             n = len(r.prompt_ids)
             positions[:, i, length - n :] = mrope_positions(self.model, input_ids[i, length - n :], r.images)
-        images = [im for r in rows for im in r.images]
-        return input_ids, attention_mask, positions, vision_inputs(self.model, input_ids, images, self.device)
+        images = [im for r in rows for im in r.images]  # each distinct one through the tower once
+        features = image_features(multimodal_backbone(self.model), input_ids, images, self.device)
+        return input_ids, attention_mask, positions, features
 
     def _left_pad(self, rows: list[_Row]) -> tuple[Tensor, Tensor]:
         """-> input_ids [b, L] (left-padded with pad_token_id), attention_mask [b, L] (1 = real token)."""

@@ -77,7 +77,7 @@ def _multimodal_forward(model: nn.Module, backbone: nn.Module, packed: PackedBat
         position_ids=packed_positions(model, packed.input_ids, offsets, seq_images),
         attention_mask=None,
         use_cache=False,
-        **image_features(backbone, packed.images, packed.input_ids.device),
+        **image_features(backbone, packed.input_ids, packed.images, packed.input_ids.device),
     )
     return out.last_hidden_state[0]
 
