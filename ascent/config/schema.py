@@ -24,6 +24,7 @@ from ascent.config.choices import (
 )
 from ascent.config.errors import rule_error
 from ascent.config.group_hooks import GroupHookChoice
+from ascent.config.reward_models import RewardModelsMixin
 from ascent.config.rollout import RolloutConfig
 from ascent.config.rules import check_run_config, check_sft_config  # rules imports schema for types only
 from ascent.config.section import Section
@@ -99,7 +100,7 @@ class DataConfig(Section):
     max_val_prompts: int | None = Field(None, gt=0, description="Use at most this many validation prompts.")
 
 
-class RewardConfig(Section):
+class RewardConfig(RewardModelsMixin):
     fn: str = Field(
         "exact_match",
         description="Reward function: a built-in name (exact_match, numeric_match, math_verify, gsm8k, "

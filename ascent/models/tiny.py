@@ -134,3 +134,34 @@ def make_tiny_checkpoint(
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(str(out), safe_serialization=True)
     return out
+
+
+def make_tiny_reward_model(
+    out_dir: str | Path, *, hidden_size: int = 32, num_layers: int = 1, seed: int = 0
+) -> Path:
+    """Write a randomly initialised Qwen2ForSequenceClassification with one label (a reward model) plus the
+    char tokenizer to `out_dir`; return the path."""
+    # deferred: torch and transformers, slow to import
+    import torch
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = make_char_tokenizer(out)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        dtype="float32",
+    )
+    config.num_labels = 1  # one scalar score (a PretrainedConfig attribute the Qwen2Config stubs omit)
+    torch.manual_seed(seed)
+    Qwen2ForSequenceClassification(config).save_pretrained(str(out), safe_serialization=True)
+    return out

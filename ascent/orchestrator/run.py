@@ -26,6 +26,7 @@ from ascent.orchestrator.collector import Collector
 from ascent.orchestrator.episodes import EnvRunners
 from ascent.orchestrator.experience import ExperienceSpec
 from ascent.orchestrator.group_hooks import build_group_hooks
+from ascent.orchestrator.reward_models import build_scorers
 from ascent.orchestrator.sampling import Decode, Scorer
 from ascent.orchestrator.setup import Datasets, WorkerGroups, needs_reference
 from ascent.orchestrator.shaping import KLController, make_kl_controller
@@ -182,7 +183,8 @@ def build_run(
     def decode(ids: Sequence[int]) -> str:
         return str(tok.decode(ids, skip_special_tokens=True))
 
-    prompts = PromptSource(groups.rollout, Scorer(rewards, decode))
+    scorer = Scorer(rewards, decode, build_scorers(cfg, groups, tok), cfg.reward.fn_weight)
+    prompts = PromptSource(groups.rollout, scorer)
     params = B.sampling_params(cfg.rollout)
     source = _source(cfg, groups.rollout, tok, prompts, params)
     hooks = build_group_hooks(cfg.reward.group_hooks)

@@ -3,12 +3,14 @@ share.
 
 `submit` spreads requests over the rollout replicas and returns at once; `finish` waits for them and turns
 their generations into one group of episodes per prompt, each token stamped with the policy version it was
-sampled with; `generate` is the two in a row. `Scorer` returns the groups with the reward function's rewards.
+sampled with; `generate` is the two in a row. `Scorer` returns the groups with the reward function's rewards, plus the
+weighted scores of a reward model and a judge when the run has them (`reward_models.ComponentScorer`).
 Each takes what it uses: the rollout worker group, the tokenizer's `decode`, the reward runner.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -16,8 +18,9 @@ from typing import Any
 from ascent.cluster.base import PendingCall, WorkerGroup
 from ascent.messages import Group, Rollout, SamplingParams, flatten, regroup
 from ascent.orchestrator import batch as B
+from ascent.orchestrator.reward_models import ComponentScorer, summary
 from ascent.orchestrator.workers import RolloutWorker
-from ascent.rewards import RewardInput, RewardRunner
+from ascent.rewards import RewardInput, RewardResult, RewardRunner
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -72,10 +75,16 @@ def generate(
 
 @dataclass(frozen=True)
 class Scorer:
-    """Scores single-turn episodes with the reward function (`rewards`) on the decoded prompt and response."""
+    """Scores single-turn episodes with the reward function (`rewards`) on the decoded prompt and response.
+
+    With `components` (a reward model, a judge) an episode's reward is `fn_weight * fn + sum of weight *
+    score` (`fn_weight=0`: the function is not called); each term is also a reward component of the episode
+    (`fn`, `reward_model`, `judge`) and has its metrics (`reward/fn/mean`, `reward/judge/failures`, ...)."""
 
     rewards: RewardRunner
     decode: Decode
+    components: tuple[ComponentScorer, ...] = ()
+    fn_weight: float = 1.0
 
     def __call__(self, groups: list[Group]) -> tuple[list[Group], dict[str, float]]:
         """The groups with every episode's reward and reward components set, and the reward runner's
@@ -91,9 +100,30 @@ class Scorer:
             )
             for t in trajs
         ]
-        result = self.rewards.score(inputs)
+        result = self._score(inputs) if self.components else self.rewards.score(inputs)
         scored = [
             replace(t, reward=r, reward_components=dict(c))
             for t, r, c in zip(trajs, result.rewards, result.components, strict=True)
         ]
         return regroup(groups, scored), result.metrics
+
+    def _score(self, inputs: list[RewardInput]) -> RewardResult:
+        """The reward function's result, weighted, plus every component's weighted score."""
+        n = len(inputs)
+        metrics: dict[str, float] = {}
+        totals, parts = [0.0] * n, [dict[str, float]() for _ in range(n)]
+        if self.fn_weight != 0:
+            fn = self.rewards.score(inputs)
+            metrics |= {k: v for k, v in fn.metrics.items() if k not in ("reward/mean", "reward/std")}
+            metrics |= summary("fn", fn.rewards, int(fn.metrics["reward/failures"]))
+            for i, (r, extras) in enumerate(zip(fn.rewards, fn.components, strict=True)):
+                totals[i], parts[i] = self.fn_weight * r, {**extras, "fn": r}
+        for scorer in self.components:
+            out = scorer.score(inputs)
+            metrics |= out.metrics
+            for i, value in enumerate(out.scores):
+                totals[i] += scorer.weight * value
+                parts[i][scorer.name] = value
+        if n:
+            metrics |= {"reward/mean": statistics.fmean(totals), "reward/std": statistics.pstdev(totals)}
+        return RewardResult(rewards=totals, components=parts, metrics=metrics)

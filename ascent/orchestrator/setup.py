@@ -26,8 +26,7 @@ from ascent.rewards import RewardRunner
 if TYPE_CHECKING:
     from ascent.cluster.base import WorkerGroup
     from ascent.models.vision import ImageCodec
-    from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
-    from ascent.trainer.settings import CriticSpec, TrainerSpec
+    from ascent.orchestrator.workers import CriticWorkerActor, RewardModelWorker, RolloutWorker, TrainerWorker
     from ascent.transport.publish import Publisher
 
 log = logging.getLogger("ascent")
@@ -113,11 +112,13 @@ class WorkerGroups:
     trainer: WorkerGroup[TrainerWorker]
     critic: WorkerGroup[CriticWorkerActor] | None
     publisher: Publisher | None = None  # moves the trainer's weights to the replicas (`ascent.transport`)
+    reward_model: WorkerGroup[RewardModelWorker] | None = None  # reward.model's scorer
+    judge: WorkerGroup[RolloutWorker] | None = None  # reward.judge's own engine (None: none, or the policy)
     placement_group: Any = None  # the colocated groups' shared Ray placement group, released at shutdown
 
     def shutdown(self) -> None:
         """Stop every worker, then free the shared bundles (a second build in this process can reuse them)."""
-        for group in (self.rollout, self.trainer, self.critic):
+        for group in (self.rollout, self.trainer, self.critic, self.reward_model, self.judge):
             if group is not None:
                 group.shutdown()
         if self.placement_group is not None:
@@ -135,6 +136,18 @@ def needs_reference(cfg: RunConfig) -> bool:
 def uses_critic(cfg: RunConfig) -> bool:
     a = cfg.algorithm
     return a.use_critic if a.use_critic is not None else a.advantage.name == "gae"
+
+
+def placed_groups(cfg: RunConfig) -> int:
+    """How many groups of `num_trainer_workers` ranks share the GPUs with the trainer's: the trainer, the
+    critic (GAE) and the reward model (`reward.model`), each rank i placed as trainer rank i is."""
+    return 1 + uses_critic(cfg) + (cfg.reward.model is not None)
+
+
+def own_judge_engine(cfg: RunConfig) -> bool:
+    """Whether `reward.judge` has an engine of its own (its model a checkpoint, not `policy`): one replica
+    outside the shared bundles with cluster.gpus_per_worker GPUs and cluster.cpus_per_worker CPUs."""
+    return cfg.reward.judge is not None and cfg.reward.judge.model != "policy"
 
 
 @dataclass(frozen=True)
@@ -156,13 +169,13 @@ def plan_placement(
     num_trainers: int,
     groups: int,
 ) -> Placement:
-    """Where the worker groups go (`groups`: how many groups train on the GPUs, 1 or 2 with a critic).
+    """Where the worker groups go (`groups`: how many groups of trainer ranks: `placed_groups`).
 
     - split: every worker of every group gets `gpus_per_worker` of its own.
     - colocated on Ray with GPUs: bundle i holds `gpus_per_worker` GPUs and is shared by trainer rank i,
-      rollout replica i (and critic rank i), each asking an equal fraction, so each pair takes turns on
-      the same GPU (the engine sleeps through the update); `cluster.num_rollout_workers` equals
-      `num_trainer_workers` (a config rule).
+      rollout replica i (and critic rank i, reward-model rank i), each asking an equal fraction, so they
+      take turns on the same GPU (the engine sleeps through the update; the reward model stays resident);
+      `cluster.num_rollout_workers` equals `num_trainer_workers` (a config rule).
     - inline or CPU-only: nothing to place; the engine shares the trainer's device.
     """
     if placement == "split" or backend != "ray" or gpus_per_worker == 0:
@@ -183,19 +196,20 @@ class Demand:
 
 
 def demand(cfg: RunConfig) -> Demand:
-    """GPUs and CPUs of every worker (trainer, rollout, critic) as `build_worker_groups` places them, and of
-    the environment actors (`ascent.cluster.ray_hosts`; at least one when the run picks their count)."""
+    """GPUs and CPUs of every worker (trainer, rollout, critic, reward model, the judge's own engine) as
+    `build_worker_groups` places them, and of the environment actors (`ascent.cluster.ray_hosts`; at least
+    one when the run picks their count)."""
     c, env = cfg.cluster, env_actor_cpus(cfg)
-    groups = 2 if uses_critic(cfg) else 1
+    groups, judge = placed_groups(cfg), int(own_judge_engine(cfg))
     plan = plan_placement(
         c.backend, c.placement, c.gpus_per_worker, c.cpus_per_worker, c.num_trainer_workers, groups
     )
     if plan.shared_bundles:
-        cpus = plan.shared_bundles * plan.bundle_cpus + env
-        return Demand(plan.shared_bundles * plan.bundle_gpus, cpus, True, env)
-    workers = c.num_trainer_workers * groups + c.num_rollout_workers
+        cpus = plan.shared_bundles * plan.bundle_cpus + env + judge * c.cpus_per_worker
+        return Demand(plan.shared_bundles * plan.bundle_gpus + judge * c.gpus_per_worker, cpus, True, env)
+    workers = c.num_trainer_workers * groups + c.num_rollout_workers + judge
     gpus = c.num_trainer_workers * groups * plan.trainer_gpus + c.num_rollout_workers * plan.rollout_gpus
-    return Demand(gpus, workers * c.cpus_per_worker + env, False, env)
+    return Demand(gpus + judge * c.gpus_per_worker, workers * c.cpus_per_worker + env, False, env)
 
 
 def env_actor_cpus(cfg: RunConfig) -> float:
@@ -234,10 +248,12 @@ def demand_shortfall(need: Demand, total: dict[str, Any]) -> str | None:
 
 
 def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
-    """The rollout, trainer and (for GAE) critic worker groups, inline or as Ray actors."""
-    from ascent.orchestrator.specs import critic_spec, engine_spec, trainer_spec  # imports torch (see top)
+    """The rollout, trainer, (for GAE) critic and (reward.model, reward.judge) reward worker groups, inline
+    or as Ray actors."""
+    from ascent.orchestrator import specs  # imports torch (see top)
     from ascent.orchestrator.workers import (  # deferred: imports torch
         CriticWorkerActor,
+        RewardModelWorker,
         RolloutWorker,
         TrainerWorker,
     )
@@ -249,7 +265,7 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
         c.gpus_per_worker,
         c.cpus_per_worker,
         c.num_trainer_workers,
-        2 if uses_critic(cfg) else 1,
+        placed_groups(cfg),
     )
     shared = None
     if c.backend == "ray":
@@ -277,11 +293,11 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
         **({"placement_group": shared} if shared is not None else {}),
     }
 
-    def trainer_group(cls: type[W], name: str, spec: TrainerSpec | CriticSpec) -> WorkerGroup[W]:
+    def trainer_group(cls: type[W], name: str, init: dict[str, Any]) -> WorkerGroup[W]:
         return make_worker_group(
             cls,
             num_workers=c.num_trainer_workers,
-            init_kwargs={"spec": spec, "seed": cfg.seed, "run_dir": cfg.run_dir},
+            init_kwargs={**init, "run_dir": cfg.run_dir},
             name=name,
             num_gpus_per_worker=plan.trainer_gpus,
             **common,
@@ -290,15 +306,35 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     rollout = make_worker_group(
         RolloutWorker,
         num_workers=c.num_rollout_workers,
-        init_kwargs={"spec": engine_spec(cfg), "run_dir": cfg.run_dir},
+        init_kwargs={"spec": specs.engine_spec(cfg), "run_dir": cfg.run_dir},
         name="rollout",
         num_gpus_per_worker=plan.rollout_gpus,
         **common,
     )
-    critic = trainer_group(CriticWorkerActor, "critic", critic_spec(cfg, steps)) if uses_critic(cfg) else None
-    trainer = trainer_group(TrainerWorker, "trainer", trainer_spec(cfg, steps))
+    critic = (
+        trainer_group(CriticWorkerActor, "critic", {"spec": specs.critic_spec(cfg, steps), "seed": cfg.seed})
+        if uses_critic(cfg)
+        else None
+    )
+    trainer = trainer_group(
+        TrainerWorker, "trainer", {"spec": specs.trainer_spec(cfg, steps), "seed": cfg.seed}
+    )
     groups = WorkerGroups(rollout=rollout, trainer=trainer, critic=critic, placement_group=shared)
     try:
+        if cfg.reward.model is not None:
+            spec = specs.reward_model_spec(cfg.reward.model, cfg.cluster.device)
+            groups.reward_model = trainer_group(RewardModelWorker, "reward_model", {"spec": spec})
+        judge = specs.judge_engine_spec(cfg)
+        if judge is not None:  # the judge's own checkpoint: one replica outside the shared bundles
+            own = {k: v for k, v in common.items() if k != "placement_group"}
+            groups.judge = make_worker_group(
+                RolloutWorker,
+                num_workers=1,
+                init_kwargs={"spec": judge, "run_dir": cfg.run_dir},
+                name="judge",
+                num_gpus_per_worker=c.gpus_per_worker if c.backend == "ray" else 0.0,
+                **own,
+            )
         groups.publisher = build_publisher(cfg, groups)
     except BaseException:
         groups.shutdown()

@@ -1,16 +1,18 @@
 """Builders of the specs: the run config turned into frozen, flat arguments at the edge.
 
-Setup builds each spec once (`trainer_spec`, `critic_spec`, `engine_spec`, from which the worker groups
-construct their workers; the collector's `collect_spec`, an env source's `env_episodes`); `ascent sft` builds
-its own `TrainerSpec` through the same `policy_trainer_spec` with its own loss. No config section crosses
-below this module (design: "Setup builds, the loop moves"). The spec types live next to their consumers:
-`TrainerSpec` and `CriticSpec` in `ascent.trainer.settings`, `EngineSpec` in `ascent.rollout.specs`,
-`CollectSpec` in `ascent.orchestrator.collector`.
+Setup builds each spec once (`trainer_spec`, `critic_spec`, `engine_spec`, `reward_model_spec`,
+`judge_engine_spec`, from which the worker groups construct their workers; the collector's `collect_spec`, an
+env source's `env_episodes`); `ascent sft` builds its own `TrainerSpec` through the same
+`policy_trainer_spec` with its own loss. No config section crosses below this module (design: "Setup builds,
+the loop moves"). The spec types live next to their consumers: `TrainerSpec` and `CriticSpec` in
+`ascent.trainer.settings`, `EngineSpec` in `ascent.rollout.specs`, `RewardModelSpec` in
+`ascent.trainer.reward_model`, `CollectSpec` in `ascent.orchestrator.collector`.
 """
 
 from __future__ import annotations
 
 from ascent.algorithms import POLICY_LOSSES, options_for
+from ascent.config.reward_models import RewardModelConfig
 from ascent.config.schema import AlgorithmConfig, LoraConfig, ModelConfig, RunConfig, TrainConfig
 from ascent.config.sources import EnvSourceConfig
 from ascent.orchestrator.collector import CollectSpec
@@ -20,6 +22,7 @@ from ascent.orchestrator.shaping import Shaping
 from ascent.plugins import resolve
 from ascent.rollout.specs import EngineSpec
 from ascent.trainer.loss import LossSettings
+from ascent.trainer.reward_model import RewardModelSpec
 from ascent.trainer.settings import CriticSpec, LoraSettings, OptimSettings, TrainerSpec
 
 _CORRECTION_KEYS = {
@@ -108,6 +111,33 @@ def engine_spec(cfg: RunConfig) -> EngineSpec:
         generation_batch_size=r.generation_batch_size if reference else None,
         gpu_memory_fraction=None if reference else r.gpu_memory_fraction,
         on_swap=None if reference else ("restart" if r.swap_mid_generation == "restart" else "continue"),
+    )
+
+
+def reward_model_spec(model: RewardModelConfig, device: str) -> RewardModelSpec:
+    """The reward model's workers' spec (`reward.model`), on the run's `cluster.device`."""
+    return RewardModelSpec(
+        path=model.path,
+        device=device,
+        dtype=model.dtype,
+        max_tokens_per_batch=model.max_tokens_per_batch,
+        chat_template=model.chat_template,
+    )
+
+
+def judge_engine_spec(cfg: RunConfig) -> EngineSpec | None:
+    """The judge's own engine (`reward.judge.model` a checkpoint): a reference engine of that checkpoint,
+    never sent weights; None when the judge is the policy's replicas (or there is no judge)."""
+    judge = cfg.reward.judge
+    if judge is None or judge.model == "policy":
+        return None
+    return EngineSpec(
+        name="reference",
+        model_path=judge.model,
+        tokenizer_path=judge.model,
+        dtype=cfg.model.dtype,
+        device=cfg.cluster.device,
+        generation_batch_size=cfg.rollout.generation_batch_size,
     )
 
 

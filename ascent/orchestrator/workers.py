@@ -1,10 +1,10 @@
-"""The worker classes the controller places in worker groups: a rollout worker and a trainer worker.
+"""The worker classes the controller places in worker groups: rollout, trainer, critic and reward model.
 
 Each is a plain class built from its spec (a frozen, flat dataclass: `EngineSpec`, `TrainerSpec`,
-`CriticSpec`, made by `ascent.orchestrator.specs`; no config section crosses into a worker), so the inline and
-the Ray backend construct them the same way. Logs: under Ray the worker group sends each actor's log to
-`<run_dir>/logs/<name>_<rank>.log`; inline, workers share the controller's process and its
-`logs/controller.log`. Trainers with several ranks join the torch.distributed group described by the
+`CriticSpec`, `RewardModelSpec`, made by `ascent.orchestrator.specs`; no config section crosses into a
+worker), so the inline and the Ray backend construct them the same way. Logs: under Ray the worker group
+sends each actor's log to `<run_dir>/logs/<name>_<rank>.log`; inline, workers share the controller's process
+and its `logs/controller.log`. Trainers with several ranks join the torch.distributed group described by the
 RANK/WORLD_SIZE variables the worker group sets.
 """
 
@@ -24,6 +24,7 @@ from ascent.cluster.base import find_free_port
 from ascent.messages import Generation, GenerationRequest, Rollout, TrainSample
 from ascent.models.loading import load_tokenizer, resolve_device
 from ascent.rollout.specs import EngineSpec
+from ascent.trainer.reward_model import RewardModel, RewardModelSpec
 from ascent.trainer.settings import CriticSpec, TrainerSpec
 from ascent.transport.select import receiver_link, sender_link
 from ascent.transport.weights import Rendezvous, node_address
@@ -230,6 +231,17 @@ class CriticWorkerActor:
 
     def load(self, path: str) -> None:
         self.critic.load(path)
+
+
+class RewardModelWorker:
+    """Holds a frozen sequence-classification reward model (`ascent.trainer.reward_model.RewardModel`)."""
+
+    def __init__(self, spec: RewardModelSpec, run_dir: str | None = None) -> None:
+        self.model = RewardModel(spec)
+
+    def score(self, pairs: list[tuple[str, str]]) -> list[float]:
+        """(prompt, response) texts -> one reward each, in order (packed forwards, no gradients)."""
+        return self.model.score(pairs)
 
 
 def release_cached_memory(device: torch.device) -> int:

@@ -1,0 +1,128 @@
+"""The config of scored rewards beyond a function: a sequence-classification reward model
+(`reward.model`) and a generative judge (`reward.judge`); either, both or none (`ascent.rewards.judge` and
+`ascent.orchestrator.reward_models` consume them). Imports without torch.
+
+    reward:
+      fn: exact_match            # weighted by reward.fn_weight (0: the function is not called)
+      model: {path: /ckpt/rm, weight: 1.0}
+      judge: {model: policy, template: "Q: {prompt}\\nA: {response}\\nScore 0-10:", parser: score_0_10}
+
+An episode's reward is `fn_weight * fn + model.weight * model + judge.weight * judge`; each term is also
+recorded as its own reward component (`fn`, `reward_model`, `judge`) and metric (`reward/fn/mean`, ...).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, field_validator
+
+from ascent.config.section import Section
+
+if TYPE_CHECKING:
+    from ascent.config.schema import RunConfig
+
+JUDGE_PARSERS = ("score_0_10", "yes_no")  # ascent.rewards.judge.JUDGE_PARSERS (config imports no rewards)
+
+Dtype = Literal["bf16", "fp16", "fp32"]
+
+
+class RewardModelConfig(Section):
+    """A sequence-classification reward model (one scalar logit), scored in its own worker group."""
+
+    path: str = Field(
+        description="Local directory of a Hugging Face sequence-classification checkpoint with num_labels=1 "
+        "(e.g. Qwen2ForSequenceClassification) and its tokenizer."
+    )
+    weight: float = Field(1.0, description="Weight of the reward model's score in the episode's reward.")
+    dtype: Dtype = Field("fp32", description="Compute dtype of the reward model: bf16, fp16 or fp32.")
+    max_tokens_per_batch: int = Field(
+        8192,
+        gt=0,
+        description="Token budget of one packed forward of the reward model (sequences are never split).",
+    )
+    chat_template: bool = Field(
+        True,
+        description="Format prompt and response as a user and an assistant message with the reward model's "
+        "chat template (true), or as the prompt text followed by the response text (false).",
+    )
+
+
+class JudgeConfig(Section):
+    """An LLM-as-judge: a prompt template, a parser of its reply, and the model that writes the reply."""
+
+    model: str = Field(
+        "policy",
+        description="`policy`: the rollout replicas judge with the weights they hold now (not pinned: they "
+        "change with every update); a directory: a second reference engine loaded from that checkpoint, "
+        "never updated (model.path here pins the initial policy).",
+    )
+    template: str = Field(
+        description="The judge's user message; {prompt}, {response} and {answer} (the row's `answer` field, "
+        "empty when it has none) are filled in. Rendered with the judge tokenizer's chat template."
+    )
+    parser: str = Field(
+        "score_0_10",
+        description="How the reply becomes a score: `score_0_10` (the last number 0..10, divided by 10), "
+        "`yes_no` (1 for yes, 0 for no), or a regular expression whose first group is the score.",
+    )
+    weight: float = Field(1.0, description="Weight of the judge's score in the episode's reward.")
+    temperature: float = Field(0.0, ge=0, description="The judge's sampling temperature (0: greedy).")
+    max_new_tokens: int = Field(32, gt=0, description="The longest judge reply in tokens.")
+    cache_size: int = Field(
+        100_000,
+        ge=0,
+        description="Judgements kept, keyed by a hash of the prompt, response and answer: a repeated one "
+        "is not asked again (0: no cache).",
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _shows_response(cls, template: str) -> str:
+        if "{response}" not in template:
+            raise ValueError(
+                f"reward.judge.template={template[:60]!r} never shows the response; put {{response}} (and "
+                "{prompt}, {answer} as needed) in it."
+            )
+        return template
+
+    @field_validator("parser")
+    @classmethod
+    def _known_or_regex(cls, parser: str) -> str:
+        if parser not in JUDGE_PARSERS:
+            try:
+                re.compile(parser)
+            except re.error as err:
+                raise ValueError(
+                    f"reward.judge.parser={parser!r} is neither a built-in ({', '.join(JUDGE_PARSERS)}) nor a "
+                    f"regular expression ({err}); fix the pattern or name a built-in."
+                ) from None
+        return parser
+
+
+class RewardModelsMixin(Section):
+    """The `reward` section's fields for reward models and judges (mixed into `RewardConfig`)."""
+
+    fn_weight: float = Field(
+        1.0,
+        description="Weight of `fn`'s score in the episode's reward when reward.model or reward.judge is "
+        "set; 0 skips the function.",
+    )
+    model: RewardModelConfig | None = Field(
+        None, description="A sequence-classification reward model (see ascent.config.reward_models)."
+    )
+    judge: JudgeConfig | None = Field(None, description="An LLM-as-judge (see ascent.config.reward_models).")
+
+
+def reward_model_rules(cfg: RunConfig) -> list[str]:
+    """reward.model and reward.judge score single-turn episodes: an env or agent source rewards its own."""
+    r = cfg.reward
+    used = [name for name, value in (("model", r.model), ("judge", r.judge)) if value is not None]
+    if not used or cfg.rollout.source.name == "prompt":
+        return []
+    return [
+        f"reward.{name} is set, but rollout.source={cfg.rollout.source.name} rewards its own episodes; "
+        "reward models and judges score single-turn prompts (rollout.source=prompt): remove it."
+        for name in used
+    ]
