@@ -36,7 +36,11 @@ def run_config(args: argparse.Namespace, model: Path, rows: Path, run_dir: Path)
         "run_dir": str(run_dir),
         "iterations": args.warmup + args.iterations,
         "seed": 0,
-        "model": {"path": str(model), "dtype": "bf16" if args.device == "cuda" else "fp32"},
+        "model": {
+            "path": str(model),
+            "dtype": "bf16" if args.device == "cuda" else "fp32",
+            "gradient_checkpointing": True,  # as TRL's default
+        },
         "data": {"train_path": str(rows), "max_prompt_tokens": args.image_tokens + 64},
         "rollout": {
             "engine": "reference",
