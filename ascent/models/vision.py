@@ -47,7 +47,7 @@ class ImageCodec:
 
     def encode(self, image: Image.Image | np.ndarray, source: str = "") -> ImageInput:
         """One PIL image or RGB uint8 array [H, W, 3] -> its `ImageInput`."""
-        pixels = np.asarray(image.convert("RGB") if isinstance(image, Image.Image) else image, dtype=np.uint8)
+        pixels = np.array(image.convert("RGB") if isinstance(image, Image.Image) else image, dtype=np.uint8)
         if pixels.ndim != 3 or pixels.shape[2] != 3:
             raise ImageCodecError(f"{source or 'image'}: expected RGB pixels [H, W, 3], got {pixels.shape}")
         out = self.processor(images=[pixels], return_tensors="pt")
