@@ -3,11 +3,13 @@
 A truncated or half-copied weight file otherwise fails deep inside `from_pretrained` or `torch.load` with a
 message that names neither the file nor the fix. These read only headers and sizes: milliseconds even for
 a 7B checkpoint. Used by the model loader, the pre-flight checks and `--resume`'s checkpoint verification.
+`copy_processor_files` carries a vision-language checkpoint's image processor into the trainer's saves.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 from pathlib import Path
 
@@ -37,3 +39,18 @@ def damaged_weight_file(directory: Path) -> tuple[Path, str] | None:
         if problem:
             return file, problem
     return None
+
+
+PROCESSOR_FILES = ("preprocessor_config.json",)  # the image processor of a vision-language checkpoint
+
+
+def copy_processor_files(source: str | Path, out: Path) -> list[str]:
+    """Copy the image processor's files of checkpoint `source` (if it has them) into `out`, so that a saved
+    vision-language checkpoint encodes images as the one it came from did. -> the names copied."""
+    copied = []
+    for name in PROCESSOR_FILES:
+        src = Path(source) / name
+        if src.is_file():
+            shutil.copyfile(src, out / name)
+            copied.append(name)
+    return copied

@@ -18,7 +18,7 @@ then each sequence's mrope rows, the layout transformers' Qwen-VL text models re
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -53,13 +53,13 @@ def image_token_id(model: nn.Module) -> int:
     return int(_language_model_holder(model).config.image_token_id)
 
 
-def multimodal_backbone(model: nn.Module) -> Any:
+def multimodal_backbone(model: nn.Module) -> nn.Module:
     """The part of a vision-language model that maps ids and images to hidden states (vision tower, merger
     and language model; `Qwen2_5_VLModel`), i.e. the model without its LM head."""
     inner = getattr(_language_model_holder(model), "model", None)
     if inner is None or not hasattr(inner, "get_rope_index"):
         raise TypeError(f"{type(model).__name__}: expected a Qwen-VL model with .model.get_rope_index.")
-    return inner
+    return cast(nn.Module, inner)
 
 
 def image_runs(ids: Tensor, token_id: int) -> list[int]:
@@ -90,7 +90,7 @@ def mrope_positions(model: nn.Module, ids: Tensor, images: Sequence[ImageInput])
     check_images(ids, images, token_id)
     grid = torch.tensor([im.grid_thw for im in images], dtype=torch.long, device=ids.device)
     row = ids[None]
-    positions, _ = multimodal_backbone(model).get_rope_index(
+    positions, _ = cast(Any, multimodal_backbone(model)).get_rope_index(
         row, mm_token_type_ids=(row == token_id).int(), image_grid_thw=grid
     )
     return positions[:, 0]
@@ -123,21 +123,38 @@ def packed_positions(
     return torch.cat([torch.cat(text)[None], torch.cat(mrope, dim=1)])[:, None]
 
 
-def image_features(backbone: Any, images: Sequence[ImageInput], device: torch.device) -> dict[str, Any]:
+def image_features(backbone: nn.Module, images: Sequence[ImageInput], device: torch.device) -> dict[str, Any]:
     """The vision tower's output for `images`, as the backbone's `mm_encoder_outputs` keyword ({} without
-    images). Run on its own so that the language model's attention keywords never reach the vision tower."""
+    images). Run on its own so that the language model's attention keywords never reach the vision tower.
+
+    Each distinct image (same digest and grid) goes through the tower once: a group's samples share their
+    prompt's images, and their embeddings (Qwen3-VL: and deepstack features) are the same tensors reused,
+    so gradients from every sample add up on one tower forward."""
     if not images:
         return {}
-    inputs = model_inputs(images)
-    features = backbone.get_image_features(
+    index: dict[tuple[str, tuple[int, int, int]], int] = {}
+    distinct: list[ImageInput] = []
+    which: list[int] = []  # images[i] is distinct[which[i]]
+    for im in images:
+        key = (im.digest, im.grid_thw)
+        if key not in index:
+            index[key] = len(distinct)
+            distinct.append(im)
+        which.append(index[key])
+    inputs = model_inputs(distinct)
+    features = cast(Any, backbone).get_image_features(
         inputs["pixel_values"].to(device), inputs["image_grid_thw"].to(device), return_dict=True
     )
+    if len(distinct) < len(images):
+        features.pooler_output = tuple(features.pooler_output[j] for j in which)
+        if getattr(features, "deepstack_features", None) is not None:
+            features.deepstack_features = [tuple(f[j] for j in which) for f in features.deepstack_features]
     return {"mm_encoder_outputs": {"image": features}}
 
 
 def vision_tower(model: nn.Module) -> nn.Module:
     """The vision tower of a vision-language model (`model.model.visual`: patch embedding, blocks, merger)."""
-    return multimodal_backbone(model).visual
+    return cast(nn.Module, multimodal_backbone(model).visual)
 
 
 def freeze_vision(model: nn.Module) -> int:

@@ -36,8 +36,10 @@ from torch import Tensor, nn
 
 from ascent.algorithms import LOSS_AGGREGATIONS
 from ascent.algorithms.value import value_clipfrac, value_loss
+from ascent.errors import AscentError
 from ascent.messages import TrainSample
 from ascent.models.loading import load_model, resolve_device, torch_dtype
+from ascent.models.multimodal import is_vision_language
 from ascent.models.parallel import full_state_dict, has_shards, load_full_state_dict, load_shards, save_shards
 from ascent.trainer import common
 from ascent.trainer.distributed import all_reduce_sum
@@ -75,6 +77,10 @@ class ValueModel(nn.Module):
             return self.value_head(hidden.float()).squeeze(-1)
 
 
+class VisionCriticError(AscentError, ValueError):
+    """A critic asked for on a vision-language checkpoint (not supported yet); the message names the fix."""
+
+
 def load_value_model(
     path: str | Path, param_dtype: torch.dtype, device: torch.device, grad_ckpt: bool, remote: bool
 ) -> ValueModel:
@@ -82,6 +88,12 @@ def load_value_model(
     lm = unwrap_model(
         load_model(path, param_dtype, device, gradient_checkpointing=grad_ckpt, trust_remote_code=remote)
     )
+    if is_vision_language(lm):  # its language model alone would read image pads without their images
+        raise VisionCriticError(
+            f"{str(path)!r} is a vision-language model ({type(lm).__name__}); the critic (PPO with GAE) does "
+            "not read images yet. Use a critic-free estimator: algorithm.advantage=grpo (or rloo, "
+            "reinforce_pp)."
+        )
     backbone = lm.get_decoder() if hasattr(lm, "get_decoder") else getattr(lm, "model", None)
     if backbone is None:
         raise TypeError(f"{type(lm).__name__} at {str(path)!r}: expected a causal LM with get_decoder().")

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from ascent.messages import TrainSample
+from ascent.models.files import copy_processor_files
 from ascent.models.loading import load_model, load_tokenizer, resolve_device, torch_dtype
 from ascent.models.multimodal import freeze_vision
 from ascent.models.parallel import (
@@ -101,6 +102,7 @@ class PolicyWorker:
         self.chunk_tokens = logprob_chunk_tokens
         self.temperature = temperature
         self.tokenizer_path = tokenizer_path or model_path
+        self.model_path = model_path
         self.step = 0
         if seed is not None:
             torch.manual_seed(seed)
@@ -349,6 +351,7 @@ class PolicyWorker:
             model.config.save_pretrained(str(out))  # what the shards are weights of
         with contextlib.suppress(OSError, ValueError):
             load_tokenizer(self.tokenizer_path).save_pretrained(str(out))
+        copy_processor_files(self.model_path, out)
         common.write_state(self, out, optimizer)
 
     def _gather_export(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ the trainer's before and after an update it receives."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from ascent.models.tiny_vl import make_tiny_vl_checkpoint
 from ascent.models.vision import load_image_codec
 from ascent.rollout import build_engine
 from ascent.trainer import LoraSettings, OptimSettings, PolicyWorker, minibatch_totals
-from tests.unit.vl_support import VL_FAMILIES, image_prompt
+from tests.unit.vl_support import VL_FAMILIES, image_prompt, random_image
 
 
 @pytest.fixture(scope="module", params=VL_FAMILIES)
@@ -60,8 +61,14 @@ def _alone(model, sample: TrainSample) -> list[float]:
     return logp.gather(-1, torch.tensor(sample.response_ids)[:, None])[:, 0].tolist()
 
 
+def _with_group_mates(samples):
+    """samples, then two more sharing the first two's prompts and images (a GRPO group's siblings)."""
+    return samples + [replace(s, response_ids=s.response_ids[::-1]) for s in samples[:2]]
+
+
 def test_packed_image_samples_score_as_each_alone(vl):
     path, samples = vl
+    samples = _with_group_mates(samples)  # shared images: one tower pass each (image_features)
     worker = _worker(path, max_tokens_per_micro_batch=sum(s.num_tokens for s in samples))
     packed = worker.compute_logprobs(samples)  # all five in one row
     worker.max_tokens = max(s.num_tokens for s in samples)
@@ -77,6 +84,7 @@ def _update(worker, samples):
     return worker.update(samples, **totals)
 
 
+@pytest.mark.parametrize("vl", ["qwen2_5_vl"], indirect=True)  # Qwen3-VL frozen: test_trainer_vl_fsdp.py
 def test_frozen_vision_tower_stays_out_of_training(vl):
     path, samples = vl
     for freeze in (True, False):
@@ -93,6 +101,7 @@ def test_frozen_vision_tower_stays_out_of_training(vl):
         assert any(n.startswith("model.language_model.") for n in moved)
 
 
+@pytest.mark.parametrize("vl", ["qwen2_5_vl"], indirect=True)  # its vision MLPs share the LLM's names
 def test_lora_adapts_the_language_model_only_and_checkpointing_changes_nothing(vl):
     path, samples = vl
     lora = LoraSettings(rank=4, alpha=8.0)
@@ -109,10 +118,8 @@ def test_lora_adapts_the_language_model_only_and_checkpointing_changes_nothing(v
 
 
 def _rollout(engine, samples, seed):
-    """One sampled response (T = 1, 6 tokens) per sample's prompt and images -> on-policy train samples."""
-    params = [
-        SamplingParams(temperature=1.0, max_new_tokens=6, n=2, seed=seed + i) for i in range(len(samples))
-    ]
+    """One sampled response (T = 1, 6 tokens) per prompt and its images -> on-policy train samples."""
+    params = [SamplingParams(temperature=1.0, max_new_tokens=6, seed=seed + i) for i in range(len(samples))]
     requests = [
         GenerationRequest(s.prompt_ids, p, request_id=i, images=s.images)
         for i, (s, p) in enumerate(zip(samples, params, strict=True))
@@ -155,3 +162,47 @@ def test_sampler_and_trainer_agree_on_image_prompts_and_an_update_reaches_the_en
     assert any(not torch.equal(initial[n], t) for n, t in trained.items() if n.startswith("model.visual."))
     second = _rollout(engine, prompts, seed=2)
     assert _gap(worker, second) < 1e-3
+
+
+@pytest.mark.parametrize("vl", ["qwen3_vl"], indirect=True)  # deepstack features shared too
+def test_the_update_does_not_depend_on_packing_or_on_images_shared_in_a_row(vl):
+    path, samples = vl
+    samples = _with_group_mates(samples)
+    one_row = _worker(path, max_tokens_per_micro_batch=sum(s.num_tokens for s in samples))
+    apart = _worker(path, max_tokens_per_micro_batch=max(s.num_tokens for s in samples))
+    a, b = _update(one_row, samples), _update(apart, samples)
+    assert a["micro_batches"] == 1 < b["micro_batches"]
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+    after = dict(apart.model.named_parameters())
+    for name, p in one_row.model.named_parameters():
+        torch.testing.assert_close(p, after[name], atol=1e-6, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("vl", ["qwen3_vl"], indirect=True)
+def test_a_critic_on_a_vision_language_model_is_refused_with_the_fix(vl):
+    from ascent.trainer import CriticWorker
+    from ascent.trainer.critic import VisionCriticError
+
+    with pytest.raises(VisionCriticError, match="algorithm.advantage=grpo"):
+        CriticWorker(vl[0], device="cpu")
+
+
+@pytest.mark.parametrize("vl", ["qwen3_vl"], indirect=True)
+def test_compilation_finds_the_language_models_decoder_layers(vl):
+    from ascent.trainer.compiled import compile_decoder_layers
+
+    model = load_model(vl[0], device="cpu")
+    assert compile_decoder_layers(model) == model.config.text_config.num_hidden_layers  # lazy: no compile yet
+    assert all(getattr(b, "_ascent_compiled", False) is False for b in vision_tower(model).blocks)
+
+
+@pytest.mark.parametrize("vl", ["qwen3_vl"], indirect=True)
+def test_a_saved_policy_is_a_vision_language_checkpoint_with_its_image_processor(vl, tmp_path):
+    path, samples = vl
+    worker = _worker(path)
+    worker.save(tmp_path / "ckpt")
+    image = samples[0].images[0]
+    again = load_image_codec(tmp_path / "ckpt").encode(random_image(60, 90, seed=0))
+    assert (again.digest, again.grid_thw) == (image.digest, image.grid_thw)
+    saved = load_model(tmp_path / "ckpt", device="cpu").state_dict()
+    assert all(torch.equal(saved[n], t) for n, t in worker.model.state_dict().items())
