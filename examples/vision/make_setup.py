@@ -1,0 +1,73 @@
+"""The zoom task's data and a tiny vision-language checkpoint for it (issue #28's learning comparison).
+
+The task: `python -m ascent.envs.tasks.zoom_task` at 224 pixels with 8-pixel details; the checkpoint's pixel
+budget (16 image tokens, 112 x 112 pixels) halves the image, so every pattern averages to grey, while a zoom
+into a quarter comes back at full resolution. The tokenizer is the tiny model's character tokenizer with the
+task's fixed texts as whole tokens (the system prompts, the question, the tool call's head, the pattern
+names, the four quarters' boxes in the zoom call): a real tokenizer compresses such text several times
+over, and with one token per character an episode would be ten times longer than it needs to be; with them,
+the call is five tokens and where to zoom is the choice of one. Usage: `python examples/vision/make_setup.py OUT`
+writes OUT/model, OUT/zoom (rows for `zoom_qa`, with `sft.jsonl`) and OUT/plain (the same rows for
+`image_qa`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ascent.envs.image_env import SYSTEM, SYSTEM_NO_TOOLS
+from ascent.envs.tasks.zoom_task import PATTERNS, QUARTERS, QUESTION, make_zoom_task
+from ascent.models.tiny_vl import make_tiny_vl_checkpoint
+
+SIZE, DETAIL, TOKENS = 224, 8, 16  # image side, detail side (pixels), image tokens per image
+UNIT = 28 * 28  # pixels of one Qwen2.5-VL image token
+WORDS = [
+    SYSTEM,
+    SYSTEM_NO_TOOLS,
+    *(QUESTION.format(quarter=q) for q in QUARTERS),
+    *PATTERNS,
+    "<answer>",
+    "</answer>",
+    "<tool_call>",
+    "</tool_call>",
+    '{"name": "zoom_in", "arguments": {"bbox": [',
+    "]}}",
+    *(f"{c / 2}, {r / 2}, {c / 2 + 0.5}, {r / 2 + 0.5}" for c, r in QUARTERS.values()),  # the quarters' boxes
+    "Image 0 (the image):",
+    "Zoomed into ",
+    " of image 0:",
+    "Image 1 (zoom of image 0 at ",
+]
+
+
+def make_setup(out: Path, rows: int = 64, seed: int = 0, n_val: int = 32, hidden_size: int = 64) -> Path:
+    """Write OUT/model, OUT/zoom and OUT/plain (see module doc); return `out`."""
+    make_tiny_vl_checkpoint(
+        out / "model",
+        hidden_size=hidden_size,
+        min_pixels=4 * UNIT,
+        max_pixels=TOKENS * UNIT,
+        words=WORDS,
+        seed=seed,
+    )
+    for name, env in (("zoom", "zoom_qa"), ("plain", "image_qa")):
+        make_zoom_task(
+            out / name, rows, seed, n_val=n_val, size=SIZE, detail=DETAIL, env=env, sft=env == "zoom_qa"
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    out = make_setup(args.out, args.rows, args.seed)
+    print(json.dumps({"model": str(out / "model"), "zoom": str(out / "zoom"), "plain": str(out / "plain")}))
+
+
+if __name__ == "__main__":
+    main()
