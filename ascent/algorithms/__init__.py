@@ -6,9 +6,18 @@ docs/algorithms.md for the table of names and docs/contracts.md for the signatur
 """
 
 from ascent.algorithms.advantage_types import AdvantageInputs, AdvantageOutputs
-from ascent.algorithms.advantages import ADVANTAGE_ESTIMATORS, grpo, opo, rloo
+from ascent.algorithms.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    gpg,
+    grpo,
+    grpo_passk,
+    opo,
+    passk,
+    rloo,
+)
 from ascent.algorithms.aggregation import LOSS_AGGREGATIONS
 from ascent.algorithms.correction import rollout_correction_weights
+from ascent.algorithms.cov_losses import clip_cov_loss, kl_cov_loss
 from ascent.algorithms.dapo import filter_groups_with_variance, overlong_penalty, truncation_mask
 from ascent.algorithms.entropy import entropy_from_logits
 from ascent.algorithms.filters import length_filter, zero_advantage_filter
@@ -21,6 +30,8 @@ from ascent.algorithms.kl import (
 from ascent.algorithms.policy_losses import (
     POLICY_LOSSES,
     cispo_loss,
+    dro_loss,
+    gmpo_loss,
     gspo_loss,
     ppo_loss,
     reinforce_loss,
@@ -40,15 +51,22 @@ __all__ = [
     "AdvantageOutputs",
     "FixedKLController",
     "cispo_loss",
+    "clip_cov_loss",
+    "dro_loss",
     "entropy_from_logits",
     "filter_groups_with_variance",
     "gae",
+    "gmpo_loss",
+    "gpg",
     "grpo",
+    "grpo_passk",
     "gspo_loss",
+    "kl_cov_loss",
     "kl_penalty_rewards",
     "length_filter",
     "overlong_penalty",
     "opo",
+    "passk",
     "ppo_loss",
     "reinforce_loss",
     "reinforce_pp",

@@ -33,6 +33,13 @@ def token_mean(
     return masked_sum(per_token_loss, mask) / _den(total_tokens)
 
 
+def token_sum(per_token_loss: Tensor, mask: Tensor, seq_ids: Tensor, **_: Any) -> Tensor:
+    """sum(loss * mask), no divisor: the mini-batch's loss is the sum over all its tokens (Tinker's losses,
+    e.g. DRO; verl's `seq-mean-token-sum` times the number of sequences). The gradient's scale grows with
+    the tokens in a mini-batch: lower the learning rate to match (roughly by the tokens per mini-batch)."""
+    return masked_sum(per_token_loss, mask)
+
+
 def seq_mean_token_sum(
     per_token_loss: Tensor, mask: Tensor, seq_ids: Tensor, *, total_seqs: Any, **_: Any
 ) -> Tensor:
@@ -62,6 +69,7 @@ def seq_mean_token_sum_norm(
 
 LOSS_AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
     "token-mean": token_mean,
+    "token-sum": token_sum,
     "seq-mean-token-sum": seq_mean_token_sum,
     "seq-mean-token-mean": seq_mean_token_mean,
     "seq-mean-token-sum-norm": seq_mean_token_sum_norm,

@@ -20,27 +20,17 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ascent.algorithms.utils import clamp_log_ratio, masked, safe_ratio, segment_mean_broadcast
+from ascent.algorithms.cov_losses import clip_cov_loss, kl_cov_loss
+from ascent.algorithms.utils import (
+    clamp_log_ratio,
+    clean_masked,
+    masked,
+    ratio_metrics,
+    safe_ratio,
+    segment_mean_broadcast,
+)
 
 LossOutput = tuple[Tensor, dict[str, Tensor]]
-
-
-def _clean(mask: Tensor, *xs: Tensor) -> tuple[Tensor, ...]:
-    """Zero every input on masked tokens first, so garbage there (NaN, inf) cannot reach values or
-    gradients."""
-    return tuple(masked(x, mask) for x in xs)
-
-
-def _ratio_metrics(log_ratio: Tensor, ratio: Tensor, clipped: Tensor, mask: Tensor) -> dict[str, Tensor]:
-    """Detached per-token diagnostics: clipfrac (0/1), approx_kl = r - 1 - log r (k3 of KL(old||new)),
-    ratio."""
-    lr = clamp_log_ratio(log_ratio.detach())
-    r = ratio.detach()
-    return {
-        "clipfrac": masked(clipped.to(r.dtype), mask),
-        "approx_kl": masked(r - 1.0 - lr, mask),
-        "ratio": masked(r, mask),
-    }
 
 
 def ppo_loss(
@@ -61,7 +51,7 @@ def ppo_loss(
     with dual_clip_c = c > 1 and A < 0: L = min(L, -c A).  Shapes: all [N] -> loss [N].
     Metrics: clipfrac (token was clipped, either clip), approx_kl, ratio.
     """
-    logprobs, old_logprobs, advantages = _clean(mask, logprobs, old_logprobs, advantages)
+    logprobs, old_logprobs, advantages = clean_masked(mask, logprobs, old_logprobs, advantages)
     log_ratio = logprobs - old_logprobs
     ratio = safe_ratio(log_ratio)
     unclipped = -advantages * ratio
@@ -78,7 +68,7 @@ def ppo_loss(
         dual = (advantages < 0) & (loss > cap)
         loss = torch.where(dual, cap, loss)
         was_clipped = was_clipped | dual
-    return masked(loss, mask), _ratio_metrics(log_ratio, ratio, was_clipped, mask)
+    return masked(loss, mask), ratio_metrics(log_ratio, ratio, was_clipped, mask)
 
 
 def gspo_loss(
@@ -100,7 +90,7 @@ def gspo_loss(
     as in the paper). L_t = max(-A s_{i,t}, -A clip(s_{i,t}, 1 - low, 1 + high)).  Shapes: [N] -> [N].
     Metrics: clipfrac (the sequence was clipped), approx_kl (token-level), ratio (the sequence ratio).
     """
-    logprobs, old_logprobs, advantages = _clean(mask, logprobs, old_logprobs, advantages)
+    logprobs, old_logprobs, advantages = clean_masked(mask, logprobs, old_logprobs, advantages)
     log_ratio = logprobs - old_logprobs
     seq_log_ratio = clamp_log_ratio(segment_mean_broadcast(log_ratio, seq_ids, mask))
     log_s = seq_log_ratio.detach() + logprobs - logprobs.detach()
@@ -108,7 +98,7 @@ def gspo_loss(
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - gspo_clip_low, 1.0 + gspo_clip_high)
     loss = torch.maximum(unclipped, clipped)
-    metrics = _ratio_metrics(log_ratio, safe_ratio(log_ratio), clipped > unclipped, mask)
+    metrics = ratio_metrics(log_ratio, safe_ratio(log_ratio), clipped > unclipped, mask)
     metrics["ratio"] = masked(ratio.detach(), mask)
     return masked(loss, mask), metrics
 
@@ -131,13 +121,13 @@ def cispo_loss(
     tuned per task (our default 0.28).  Shapes: [N] -> [N]. Metrics: clipfrac (weight clipped), approx_kl,
     ratio.
     """
-    logprobs, old_logprobs, advantages = _clean(mask, logprobs, old_logprobs, advantages)
+    logprobs, old_logprobs, advantages = clean_masked(mask, logprobs, old_logprobs, advantages)
     log_ratio = logprobs - old_logprobs
     ratio = safe_ratio(log_ratio)
     weight = ratio.detach().clamp(1.0 - cispo_eps_low, 1.0 + cispo_eps_high)
     loss = -weight * advantages * logprobs
     was_clipped = weight != ratio.detach()
-    return masked(loss, mask), _ratio_metrics(log_ratio, ratio, was_clipped, mask)
+    return masked(loss, mask), ratio_metrics(log_ratio, ratio, was_clipped, mask)
 
 
 def sapo_loss(
@@ -159,14 +149,14 @@ def sapo_loss(
     (tau_neg > tau_pos). The loss value at r = 1 is -2A/tau (a constant offset, no gradient).
     Shapes: [N] -> [N]. Metrics: gate (w(r)), approx_kl, ratio; clipfrac counts tokens with w < 0.5.
     """
-    logprobs, old_logprobs, advantages = _clean(mask, logprobs, old_logprobs, advantages)
+    logprobs, old_logprobs, advantages = clean_masked(mask, logprobs, old_logprobs, advantages)
     log_ratio = logprobs - old_logprobs
     ratio = safe_ratio(log_ratio)
     tau = torch.where(advantages > 0, sapo_tau_pos, sapo_tau_neg).to(ratio.dtype)
     gate = torch.sigmoid(tau * (ratio - 1.0))
     loss = -(4.0 / tau) * gate * advantages
     w = (4.0 * gate * (1.0 - gate)).detach()
-    metrics = _ratio_metrics(log_ratio, ratio, w < 0.5, mask)
+    metrics = ratio_metrics(log_ratio, ratio, w < 0.5, mask)
     metrics["gate"] = masked(w, mask)
     return masked(loss, mask), metrics
 
@@ -182,13 +172,70 @@ def reinforce_loss(
 
     Shapes: [N] -> [N]. Metrics: approx_kl and ratio against old_logprobs (monitoring only), clipfrac = 0.
     """
-    logprobs, old_logprobs, advantages = _clean(mask, logprobs, old_logprobs, advantages)
+    logprobs, old_logprobs, advantages = clean_masked(mask, logprobs, old_logprobs, advantages)
     log_ratio = logprobs - old_logprobs
     loss = -advantages * logprobs
     ratio = safe_ratio(log_ratio)
-    return masked(loss, mask), _ratio_metrics(
-        log_ratio, ratio, torch.zeros_like(mask, dtype=torch.bool), mask
-    )
+    return masked(loss, mask), ratio_metrics(log_ratio, ratio, torch.zeros_like(mask, dtype=torch.bool), mask)
+
+
+def gmpo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    seq_ids: Tensor,
+    *,
+    gmpo_clip_low: float = 0.4,
+    gmpo_clip_high: float = 0.4,
+) -> LossOutput:
+    """GMPO, Geometric-Mean Policy Optimization (Zhao et al. 2025): the geometric mean of the token ratios.
+
+    Token log-ratios are clipped in log space on the side that would grow the objective (PPO's rule, per
+    token): l_t = min(A l_t, A clip(l_t, -gmpo_clip_low, gmpo_clip_high)) / A  (0 where A = 0), with
+    l_t = logp_t - old_t. s_i = exp(mean_{t in i} l_t) (the geometric mean of the clipped ratios) and
+    A_i = the mean of sequence i's advantages (the paper's advantages are per sequence). Every token of i
+    carries L_t = -A_i s_i, so seq-mean-token-mean gives the paper's mean_i(-A_i s_i) exactly (verl's
+    `geo_mean`, which always takes that mean); other aggregations weigh the same per-sequence term by length.
+    The paper's range is (e^-0.4, e^0.4): gmpo_clip_low = gmpo_clip_high = 0.4.  Shapes: [N] -> [N].
+    Metrics: clipfrac (token log-ratio clipped), approx_kl (token-level), ratio (the sequence's s_i).
+    """
+    logprobs, old_logprobs, advantages = clean_masked(mask, logprobs, old_logprobs, advantages)
+    log_ratio = logprobs - old_logprobs
+    sign = torch.sign(advantages)
+    clamped = log_ratio.clamp(-gmpo_clip_low, gmpo_clip_high)
+    clipped_log_ratio = sign * torch.minimum(sign * log_ratio, sign * clamped)
+    ratio = torch.exp(clamp_log_ratio(segment_mean_broadcast(clipped_log_ratio, seq_ids, mask)))
+    seq_adv = segment_mean_broadcast(advantages, seq_ids, mask)
+    loss = -seq_adv * ratio
+    was_clipped = (clipped_log_ratio != log_ratio) & (advantages != 0)
+    metrics = ratio_metrics(log_ratio, safe_ratio(log_ratio), was_clipped, mask)
+    metrics["ratio"] = masked(ratio.detach(), mask)
+    return masked(loss, mask), metrics
+
+
+def dro_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    seq_ids: Tensor,
+    *,
+    dro_beta: float = 0.05,
+) -> LossOutput:
+    """DRO, Direct Reward Optimisation (Richemond et al. 2024; Kimi k1.5, 2025; Tinker's `dro` loss): a
+    policy gradient held near the sampling policy by a quadratic penalty instead of a clip.
+
+    L_t = -(A_t logp_t - dro_beta / 2 (logp_t - old_t)^2).  Off-policy (even offline) data is fine: the
+    penalty, not a ratio, bounds the step. Tinker sums it over tokens (`loss_aggregation: token-sum`);
+    dro_beta = 0.05 is the value Tinker's documentation shows.  Shapes: [N] -> [N]. Metrics: approx_kl,
+    ratio (monitoring only), clipfrac = 0.
+    """
+    logprobs, old_logprobs, advantages = clean_masked(mask, logprobs, old_logprobs, advantages)
+    log_ratio = logprobs - old_logprobs
+    loss = -(advantages * logprobs - 0.5 * dro_beta * log_ratio**2)
+    none = torch.zeros_like(mask, dtype=torch.bool)
+    return masked(loss, mask), ratio_metrics(log_ratio, safe_ratio(log_ratio), none, mask)
 
 
 POLICY_LOSSES: dict[str, Callable[..., LossOutput]] = {
@@ -197,4 +244,8 @@ POLICY_LOSSES: dict[str, Callable[..., LossOutput]] = {
     "cispo": cispo_loss,
     "sapo": sapo_loss,
     "reinforce": reinforce_loss,
+    "gmpo": gmpo_loss,
+    "dro": dro_loss,
+    "clip_cov": clip_cov_loss,
+    "kl_cov": kl_cov_loss,
 }

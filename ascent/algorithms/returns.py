@@ -56,6 +56,7 @@ def gae(
     gamma: float = 1.0,
     lam: float = 1.0,
     gae_whiten: bool = True,
+    shift_mean: bool = True,
     adv_eps: float = 1e-6,
 ) -> AdvantageOutputs:
     """PPO with a critic (Schulman et al. 2016/2017; Ouyang et al. 2022). Needs inp.values [B, T].
@@ -63,7 +64,8 @@ def gae(
     Per-token reward = token_rewards (e.g. the KL penalty) + the outcome reward on the last policy token
     (a multi-turn episode's earlier turn rewards on the last token of their turns: inp.turn_rewards).
     advantages = GAE(gamma, lam) over policy tokens (tool tokens skipped), returns = advantages + values
-    (taken before whitening); with gae_whiten the advantages are then whitened over all policy tokens.
+    (taken before whitening); with gae_whiten the advantages are then whitened over all policy tokens
+    (shift_mean=False adds their mean back: scaled, not centred; see `masked_whiten`).
     """
     if inp.values is None:
         raise ValueError("advantage=gae needs AdvantageInputs.values [B, T] from the critic.")
@@ -73,30 +75,34 @@ def gae(
     adv = gae_advantages(values, rewards, mask, gamma, lam)
     returns = masked(adv + values, mask)
     if gae_whiten:
-        adv = masked_whiten(adv, mask, adv_eps)
+        adv = masked_whiten(adv, mask, adv_eps, shift_mean)
     return AdvantageOutputs(advantages=adv, returns=returns)
 
 
-def _whitened_returns(outcome: Tensor, inp: AdvantageInputs, gamma: float, eps: float) -> AdvantageOutputs:
+def _whitened_returns(
+    outcome: Tensor, inp: AdvantageInputs, gamma: float, eps: float, shift_mean: bool
+) -> AdvantageOutputs:
     mask = inp.float_mask()
     returns = discounted_returns(
         token_level_rewards(outcome, mask, inp.token_rewards, inp.turn_rewards), mask, gamma
     )
-    return AdvantageOutputs(advantages=masked_whiten(returns, mask, eps), returns=returns)
+    return AdvantageOutputs(advantages=masked_whiten(returns, mask, eps, shift_mean), returns=returns)
 
 
-def reinforce_pp(inp: AdvantageInputs, *, gamma: float = 1.0, adv_eps: float = 1e-6) -> AdvantageOutputs:
+def reinforce_pp(
+    inp: AdvantageInputs, *, gamma: float = 1.0, shift_mean: bool = True, adv_eps: float = 1e-6
+) -> AdvantageOutputs:
     """REINFORCE++ (Hu 2025): no critic, no group baseline; batch-normalised token returns.
 
     r_t = token_rewards_t (the KL penalty) + outcome on the last policy token; G_t = sum_{k>=t} gamma^(k-t)
-    r_k over policy tokens; A = (G - mean(G)) / (std(G) + eps) over all policy tokens of the batch.
-    returns = G (unwhitened).
+    r_k over policy tokens; A = (G - mean(G)) / (std(G) + eps) over all policy tokens of the batch
+    (shift_mean=False: A = that + mean(G), scaled but not centred). returns = G (unwhitened).
     """
-    return _whitened_returns(inp.float_rewards(), inp, gamma, adv_eps)
+    return _whitened_returns(inp.float_rewards(), inp, gamma, adv_eps, shift_mean)
 
 
 def reinforce_pp_baseline(
-    inp: AdvantageInputs, *, gamma: float = 1.0, adv_eps: float = 1e-6
+    inp: AdvantageInputs, *, gamma: float = 1.0, shift_mean: bool = True, adv_eps: float = 1e-6
 ) -> AdvantageOutputs:
     """REINFORCE++-baseline (Hu 2025): subtract the group mean reward first, then as reinforce_pp.
 
@@ -105,7 +111,7 @@ def reinforce_pp_baseline(
     """
     rewards = inp.float_rewards()
     mean = group_stats(rewards, inp.group_ids)[0]
-    return _whitened_returns(rewards - mean, inp, gamma, adv_eps)
+    return _whitened_returns(rewards - mean, inp, gamma, adv_eps, shift_mean)
 
 
 def remax(inp: AdvantageInputs, *, gamma: float = 1.0) -> AdvantageOutputs:

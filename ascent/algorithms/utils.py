@@ -38,15 +38,18 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return masked_sum(x, mask, dim) / count.clamp(min=1.0)
 
 
-def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6, shift_mean: bool = True) -> Tensor:
     """x [*], mask [*] -> (x - mean) / (std + eps) over the unmasked entries, 0 on masked ones.
 
     The std is the unbiased one (n - 1), taken as 0 when fewer than two entries are unmasked.
+    shift_mean=False adds the mean back after scaling, (x - mean) / (std + eps) + mean: the spread is
+    normalised but the sign and level of x stay (TRL's reward whitening, verl's `masked_whiten`).
     """
     n = mask.to(x.dtype).sum()
     mean = masked_mean(x, mask)
     var = masked_sum((x - mean) ** 2, mask) / (n - 1).clamp(min=1.0)
-    return masked(safe_div(x - mean, var.sqrt() + eps), mask)
+    out = safe_div(x - mean, var.sqrt() + eps)
+    return masked(out if shift_mean else out + mean, mask)
 
 
 def clamp_log_ratio(log_ratio: Tensor, limit: float = LOG_RATIO_CLAMP) -> Tensor:
@@ -102,3 +105,21 @@ def group_stats(values: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tens
     sq = zeros.index_add(0, idx, (values - mean[idx]) ** 2)
     std = (sq / (size - 1).clamp(min=1.0)).sqrt()
     return mean[idx], std[idx], size[idx]
+
+
+def clean_masked(mask: Tensor, *xs: Tensor) -> tuple[Tensor, ...]:
+    """Each x [N] zeroed on masked tokens first, so garbage there (NaN, inf) cannot reach a loss's values or
+    gradients."""
+    return tuple(masked(x, mask) for x in xs)
+
+
+def ratio_metrics(log_ratio: Tensor, ratio: Tensor, clipped: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """A policy loss's detached per-token diagnostics [N]: clipfrac (0/1), approx_kl = r - 1 - log r (k3 of
+    KL(old||new)), ratio."""
+    lr = clamp_log_ratio(log_ratio.detach())
+    r = ratio.detach()
+    return {
+        "clipfrac": masked(clipped.to(r.dtype), mask),
+        "approx_kl": masked(r - 1.0 - lr, mask),
+        "ratio": masked(r, mask),
+    }

@@ -74,6 +74,57 @@ class ReinforceLoss(Choice):
     name: Literal["reinforce"] = Field("reinforce", description=NAME)
 
 
+class GmpoLoss(Choice):
+    name: Literal["gmpo"] = Field("gmpo", description=NAME)
+    gmpo_clip_low: float = Field(
+        0.4, gt=0, description="GMPO: token log-ratio >= -gmpo_clip_low (paper: 0.4, i.e. ratio >= e^-0.4)."
+    )
+    gmpo_clip_high: float = Field(
+        0.4, gt=0, description="GMPO: token log-ratio <= gmpo_clip_high (paper: 0.4, i.e. ratio <= e^0.4)."
+    )
+
+
+class DroLoss(Choice):
+    name: Literal["dro"] = Field("dro", description=NAME)
+    dro_beta: float = Field(
+        0.05, ge=0, description="DRO: weight of the quadratic penalty 1/2 (logp - old)^2 (Tinker shows 0.05)."
+    )
+
+
+class ClipCovLoss(Choice):
+    name: Literal["clip_cov"] = Field("clip_cov", description=NAME)
+    clip_ratio_low: float = Field(0.2, gt=0, description="PPO: lower clip, ratio >= 1 - clip_ratio_low.")
+    clip_ratio_high: float = Field(0.2, gt=0, description="PPO: upper clip, ratio <= 1 + clip_ratio_high.")
+    clip_cov_ratio: float = Field(
+        2e-4, gt=0, le=1, description="Clip-Cov: share of tokens whose gradient is cut (paper: 2e-4)."
+    )
+    clip_cov_lb: float = Field(
+        1.0, description="Clip-Cov: cut only tokens with covariance > this (paper: 1)."
+    )
+    clip_cov_ub: float = Field(
+        5.0, description="Clip-Cov: cut only tokens with covariance < this (paper: 5)."
+    )
+
+    @model_validator(mode="after")
+    def _band(self) -> ClipCovLoss:
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            raise ValueError(
+                f"clip_cov_lb={self.clip_cov_lb} must be below clip_cov_ub={self.clip_cov_ub} (no token's "
+                "covariance can fall between them); the paper uses 1 and 5."
+            )
+        return self
+
+
+class KlCovLoss(Choice):
+    name: Literal["kl_cov"] = Field("kl_cov", description=NAME)
+    kl_cov_ratio: float = Field(
+        2e-3, gt=0, le=1, description="KL-Cov: share of tokens penalised (paper: 2e-3 at 7B, 2e-4 at 32B)."
+    )
+    kl_cov_coef: float = Field(
+        1.0, ge=0, description="KL-Cov: weight of |logp - old| on the penalised tokens (paper: 1)."
+    )
+
+
 # Advantage estimators (ascent.algorithms.advantages, .returns); adv_eps is shared, so it stays flat.
 class GrpoAdvantage(Choice):
     name: Literal["grpo"] = Field("grpo", description=NAME)
@@ -81,20 +132,51 @@ class GrpoAdvantage(Choice):
     std_over_batch: bool = Field(False, description="GRPO: use the batch std instead of the group std.")
 
 
+SHIFT_MEAN = "Whitening keeps the mean at 0; false adds the mean back (scaled, not centred; TRL, verl)."
+
+
 class GaeAdvantage(Choice):
     name: Literal["gae"] = Field("gae", description=NAME)
     gamma: float = Field(1.0, ge=0, le=1, description="Discount for GAE / REINFORCE++ returns.")
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
     gae_whiten: bool = Field(True, description="GAE: whiten advantages over the batch's policy tokens.")
+    shift_mean: bool = Field(True, description=SHIFT_MEAN)
 
 
-class ReturnsAdvantage(Choice):
-    name: Literal["reinforce_pp", "reinforce_pp_baseline", "remax"] = Field(description=NAME)
+class ReinforcePPAdvantage(Choice):
+    name: Literal["reinforce_pp", "reinforce_pp_baseline"] = Field(description=NAME)
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount for GAE / REINFORCE++ returns.")
+    shift_mean: bool = Field(True, description=SHIFT_MEAN)
+
+
+class RemaxAdvantage(Choice):
+    name: Literal["remax"] = Field("remax", description=NAME)
     gamma: float = Field(1.0, ge=0, le=1, description="Discount for GAE / REINFORCE++ returns.")
 
 
 class GroupAdvantage(Choice):
     name: Literal["rloo", "opo"] = Field(description=NAME)
+
+
+class GpgAdvantage(Choice):
+    name: Literal["gpg"] = Field("gpg", description=NAME)
+    gpg_alpha: bool = Field(
+        True, description="GPG: scale by B / (B - M), M = trajectories of groups without reward spread."
+    )
+
+
+class GrpoPasskAdvantage(Choice):
+    name: Literal["grpo_passk"] = Field("grpo_passk", description=NAME)
+    scale_by_std: bool = Field(True, description="GRPO: divide by the group std (False is Dr. GRPO).")
+
+
+class PasskAdvantage(Choice):
+    name: Literal["passk"] = Field("passk", description=NAME)
+    pass_k: int = Field(
+        4,
+        ge=1,
+        description="Pass@k: the k of the objective (capped at the group size; k = 1 is GRPO on 0/1 rewards).",
+    )
 
 
 POLICY_LOSS_CHOICES: dict[str, type[Choice]] = {
@@ -103,14 +185,21 @@ POLICY_LOSS_CHOICES: dict[str, type[Choice]] = {
     "cispo": CispoLoss,
     "sapo": SapoLoss,
     "reinforce": ReinforceLoss,
+    "gmpo": GmpoLoss,
+    "dro": DroLoss,
+    "clip_cov": ClipCovLoss,
+    "kl_cov": KlCovLoss,
 }
 ADVANTAGE_CHOICES: dict[str, type[Choice]] = {
     "grpo": GrpoAdvantage,
     "rloo": GroupAdvantage,
     "opo": GroupAdvantage,
-    "reinforce_pp": ReturnsAdvantage,
-    "reinforce_pp_baseline": ReturnsAdvantage,
-    "remax": ReturnsAdvantage,
+    "gpg": GpgAdvantage,
+    "grpo_passk": GrpoPasskAdvantage,
+    "passk": PasskAdvantage,
+    "reinforce_pp": ReinforcePPAdvantage,
+    "reinforce_pp_baseline": ReinforcePPAdvantage,
+    "remax": RemaxAdvantage,
     "gae": GaeAdvantage,
 }
 
@@ -150,13 +239,21 @@ PolicyLossChoice = Annotated[
     | Annotated[CispoLoss, Tag("CispoLoss")]
     | Annotated[SapoLoss, Tag("SapoLoss")]
     | Annotated[ReinforceLoss, Tag("ReinforceLoss")]
+    | Annotated[GmpoLoss, Tag("GmpoLoss")]
+    | Annotated[DroLoss, Tag("DroLoss")]
+    | Annotated[ClipCovLoss, Tag("ClipCovLoss")]
+    | Annotated[KlCovLoss, Tag("KlCovLoss")]
     | Annotated[PluginChoice, Tag("PluginChoice")],
     _discriminator(POLICY_LOSS_CHOICES),
 ]
 AdvantageChoice = Annotated[
     Annotated[GrpoAdvantage, Tag("GrpoAdvantage")]
     | Annotated[GroupAdvantage, Tag("GroupAdvantage")]
-    | Annotated[ReturnsAdvantage, Tag("ReturnsAdvantage")]
+    | Annotated[GpgAdvantage, Tag("GpgAdvantage")]
+    | Annotated[GrpoPasskAdvantage, Tag("GrpoPasskAdvantage")]
+    | Annotated[PasskAdvantage, Tag("PasskAdvantage")]
+    | Annotated[ReinforcePPAdvantage, Tag("ReinforcePPAdvantage")]
+    | Annotated[RemaxAdvantage, Tag("RemaxAdvantage")]
     | Annotated[GaeAdvantage, Tag("GaeAdvantage")]
     | Annotated[PluginChoice, Tag("PluginChoice")],
     _discriminator(ADVANTAGE_CHOICES),

@@ -21,11 +21,17 @@ if TYPE_CHECKING:
 # Registry names of ascent.algorithms, repeated here because config imports without torch
 # (tests/unit/algorithms/test_alg_registry_config.py checks they match the registries; the policy losses'
 # and advantage estimators' names are the keys of choices.POLICY_LOSS_CHOICES and ADVANTAGE_CHOICES).
-GROUP_ESTIMATORS = {"grpo", "rloo", "opo", "reinforce_pp_baseline"}
+GROUP_ESTIMATORS = {"grpo", "rloo", "opo", "gpg", "grpo_passk", "passk", "reinforce_pp_baseline"}
 CRITIC_ESTIMATORS = {"gae"}
 TOKEN_REWARD_ESTIMATORS = {"gae", "reinforce_pp", "reinforce_pp_baseline", "remax"}
 ADVANTAGE_ESTIMATORS = GROUP_ESTIMATORS | TOKEN_REWARD_ESTIMATORS
-LOSS_AGGREGATIONS = {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
+LOSS_AGGREGATIONS = {
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+}
 KL_ESTIMATORS = {"k1", "k2", "k3", "k1+", "k3+"}
 ENGINES = {"reference", "fast"}
 

@@ -137,13 +137,13 @@ class RewardConfig(RewardModelsMixin):
 class AlgorithmConfig(Section):
     advantage: AdvantageChoice = Field(
         default_factory=GrpoAdvantage,
-        description="Advantage estimator: a name (grpo, rloo, opo, reinforce_pp, reinforce_pp_baseline, "
-        "remax, gae) or an import path, or {name: ..., <its own settings>}.",
+        description="Advantage estimator: a name (grpo, rloo, opo, gpg, grpo_passk, passk, reinforce_pp, "
+        "reinforce_pp_baseline, remax, gae) or an import path, or {name: ..., <its own settings>}.",
     )
     policy_loss: PolicyLossChoice = Field(
         default_factory=PpoLoss,
-        description="Policy loss: a name (ppo, gspo, cispo, sapo, reinforce) or an import path, or "
-        "{name: ..., <its own settings>}.",
+        description="Policy loss: a name (ppo, gspo, cispo, sapo, reinforce, gmpo, dro, clip_cov, kl_cov) or "
+        "an import path, or {name: ..., <its own settings>}.",
     )
     loss_aggregation: str = Field("token-mean", description="How per-token losses become one number.")
     max_response_tokens_norm: int | None = Field(

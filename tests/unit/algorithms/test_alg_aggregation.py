@@ -19,6 +19,7 @@ def test_hand_computed_values():
     seq = torch.tensor([0, 0, 1, 1])
     totals = dict(total_tokens=3, total_seqs=2, max_len=4)
     assert agg("token-mean", loss, mask, seq, **totals).item() == pytest.approx(8 / 3)
+    assert agg("token-sum", loss, mask, seq, **totals).item() == pytest.approx(8.0)
     assert agg("seq-mean-token-sum", loss, mask, seq, **totals).item() == pytest.approx(4.0)
     assert agg("seq-mean-token-mean", loss, mask, seq, **totals).item() == pytest.approx(3.0)  # (2 + 4) / 2
     assert agg("seq-mean-token-sum-norm", loss, mask, seq, **totals).item() == pytest.approx(1.0)

@@ -19,7 +19,7 @@ from ascent.plugins import resolve
 def test_resolve_names_and_import_paths():
     assert resolve(POLICY_LOSSES, "ppo") is ppo_loss
     assert resolve(KL_ESTIMATORS, "ascent.algorithms.kl:kl_k1") is kl_k1
-    with pytest.raises(ValueError, match="cispo, gspo, ppo, reinforce, sapo"):
+    with pytest.raises(ValueError, match="cispo, clip_cov, dro, gmpo, gspo, kl_cov, ppo, reinforce, sapo"):
         resolve(POLICY_LOSSES, "ppo2")
     with pytest.raises(ValueError, match="no module 'no_such_pkg_xyz'"):
         resolve(POLICY_LOSSES, "no_such_pkg_xyz.mod:fn")

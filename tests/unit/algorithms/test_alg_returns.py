@@ -1,10 +1,13 @@
 """Token-level estimators: GAE (multi-turn aware), REINFORCE++ (+baseline), ReMax."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from ascent.algorithms import AdvantageInputs, gae, reinforce_pp, reinforce_pp_baseline, remax
 from ascent.algorithms.returns import discounted_returns, gae_advantages
+from ascent.algorithms.utils import masked_whiten
 
 
 def test_gae_skips_masked_tool_token():
@@ -83,6 +86,24 @@ def test_reinforce_pp_baseline_subtracts_group_mean_then_whitens():
     torch.testing.assert_close(out.returns[:, 0], torch.tensor([0.5, -0.5, 0.0, 0.0]))
     std = torch.tensor([0.5, 0.5, -0.5, -0.5, 0.0, 0.0, 0.0, 0.0]).std()
     torch.testing.assert_close(out.advantages[:, 1], torch.tensor([0.5, -0.5, 0.0, 0.0]) / std)
+
+
+def test_shift_mean_false_scales_without_centring():
+    # G = [1, 3, 5] (one policy token each, plus a padded slot): mean 3, std 2 -> [-1, 0, 1] centred, and
+    # [2, 3, 4] with the mean added back. Padding stays 0 either way.
+    inp = AdvantageInputs(
+        rewards=torch.tensor([1.0, 3.0, 5.0]),
+        mask=torch.tensor([[1, 0], [1, 0], [1, 0]]),
+        group_ids=torch.tensor([0, 1, 2]),
+    )
+    kept = torch.tensor([[2.0, 0.0], [3.0, 0.0], [4.0, 0.0]])
+    torch.testing.assert_close(reinforce_pp(inp, adv_eps=0.0, shift_mean=False).advantages, kept)
+    torch.testing.assert_close(reinforce_pp(inp, adv_eps=0.0).advantages, kept - 3.0 * inp.mask)
+    values = torch.zeros(3, 2)
+    out = gae(replace(inp, values=values), adv_eps=0.0, shift_mean=False)
+    torch.testing.assert_close(out.advantages, kept)
+    x, m = torch.tensor([1.0, 3.0, 5.0, 100.0]), torch.tensor([1.0, 1.0, 1.0, 0.0])
+    torch.testing.assert_close(masked_whiten(x, m, 0.0, shift_mean=False), torch.tensor([2.0, 3.0, 4.0, 0.0]))
 
 
 def test_remax_subtracts_greedy_baseline():

@@ -145,7 +145,7 @@ def test_a_flat_builtin_setting_with_a_plugin_is_refused_at_any_value(value: flo
     """Before the choices a plug-in taking `clip_ratio_high` got ascent's value, even the default; silently
     dropping it would hand the plug-in its own default instead."""
     assert refused([f"algorithm.policy_loss={PLUGIN}", f"algorithm.clip_ratio_high={value}"]) == (
-        f"algorithm.clip_ratio_high={value}: only policy_loss=ppo reads it, and this run's policy_loss is "
+        f"algorithm.clip_ratio_high={value}: only policy_loss=ppo or clip_cov reads it, and this run's policy_loss is "
         f"the plug-in {PLUGIN!r}, whose settings go under algorithm.options; remove it or move it to "
         "algorithm.options.clip_ratio_high."
     )

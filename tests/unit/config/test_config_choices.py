@@ -17,7 +17,7 @@ from ascent.config.choices import (
     GspoLoss,
     PluginChoice,
     PpoLoss,
-    ReturnsAdvantage,
+    RemaxAdvantage,
 )
 from ascent.config.explain import explain_sections
 
@@ -41,7 +41,7 @@ def refused(tmp_path: Path, algorithm: dict, overrides: list[str] | None = None)
 def test_a_name_is_its_member_with_defaults(tmp_path: Path) -> None:
     a = load(tmp_path, {"policy_loss": "gspo", "advantage": "remax"}).algorithm
     assert a.policy_loss == GspoLoss(gspo_clip_low=3e-4, gspo_clip_high=4e-4)
-    assert a.advantage == ReturnsAdvantage(name="remax", gamma=1.0)
+    assert a.advantage == RemaxAdvantage(name="remax", gamma=1.0)
     defaults = RunConfig().algorithm
     assert defaults.policy_loss == PpoLoss() and defaults.advantage == GrpoAdvantage()
 
@@ -82,10 +82,13 @@ def test_a_setting_the_chosen_choice_does_not_read_is_refused_with_the_fix(tmp_p
         in text
     )
     assert (
-        "algorithm.scale_by_std=false: only advantage=grpo reads it, and this run's advantage is rloo" in text
+        "algorithm.scale_by_std=false: only advantage=grpo or grpo_passk reads it, and this run's advantage "
+        "is rloo" in text
     )
     text = refused(tmp_path, {"policy_loss": {"name": "gspo", "clip_ratio_high": 0.28}})
-    assert text.startswith("algorithm.policy_loss.clip_ratio_high=0.28: only policy_loss=ppo reads it")
+    assert text.startswith(
+        "algorithm.policy_loss.clip_ratio_high=0.28: only policy_loss=ppo or clip_cov reads it"
+    )
 
 
 def test_a_flat_setting_at_its_default_passes_for_older_resolved_configs(tmp_path: Path) -> None:
@@ -108,8 +111,8 @@ def test_flat_and_nested_values_that_differ_are_refused(tmp_path: Path) -> None:
 
 def test_an_unknown_name_lists_the_choices(tmp_path: Path) -> None:
     assert refused(tmp_path, {"policy_loss": "ppo2"}) == (
-        "algorithm.policy_loss='ppo2': unknown; use one of cispo, gspo, ppo, reinforce, sapo (or an import "
-        "path `pkg.module:function`)."
+        "algorithm.policy_loss='ppo2': unknown; use one of cispo, clip_cov, dro, gmpo, gspo, kl_cov, ppo, "
+        "reinforce, sapo (or an import path `pkg.module:function`)."
     )
     assert "algorithm.policy_loss=5: must be one of ppo, gspo" in refused(tmp_path, {"policy_loss": 5})
 
@@ -147,7 +150,13 @@ def test_the_resolved_config_round_trips_in_the_nested_form(tmp_path: Path) -> N
     cfg = load(tmp_path, {"policy_loss": "cispo", "advantage": "gae", "lam": 0.95})
     data = yaml.safe_load(dump_config(cfg))["algorithm"]
     assert data["policy_loss"] == {"name": "cispo", "cispo_eps_low": 1.0, "cispo_eps_high": 0.28}
-    assert data["advantage"] == {"name": "gae", "gamma": 1.0, "lam": 0.95, "gae_whiten": True}
+    assert data["advantage"] == {
+        "name": "gae",
+        "gamma": 1.0,
+        "lam": 0.95,
+        "gae_whiten": True,
+        "shift_mean": True,
+    }
     assert "gspo_clip_low" not in data and "clip_ratio_low" not in data
     (tmp_path / "again.yaml").write_text(dump_config(cfg))
     assert load_config(tmp_path / "again.yaml", []) == cfg
@@ -184,3 +193,25 @@ def test_assigning_a_choice_by_name_leaves_the_other_as_it_was() -> None:
     cfg = RunConfig(algorithm={"advantage": {"name": "gae", "lam": 0.9}})
     cfg.algorithm.policy_loss = "gspo"  # type: ignore[assignment]
     assert cfg.algorithm.policy_loss == GspoLoss() and cfg.algorithm.advantage == GaeAdvantage(lam=0.9)
+
+
+def test_the_issue_30_choices_load_with_their_own_settings(tmp_path: Path) -> None:
+    a = load(
+        tmp_path,
+        {"policy_loss": {"name": "clip_cov", "clip_cov_ratio": 0.001}, "advantage": "gpg"},
+        ["algorithm.loss_aggregation=token-sum"],
+    ).algorithm
+    assert (a.policy_loss.name, a.policy_loss.clip_cov_ratio, a.policy_loss.clip_ratio_high) == (
+        "clip_cov",
+        1e-3,
+        0.2,
+    )
+    assert (a.advantage.name, a.loss_aggregation) == ("gpg", "token-sum")
+    a = load(tmp_path, {"policy_loss": "gmpo", "advantage": {"name": "passk", "pass_k": 8}}).algorithm
+    assert (a.policy_loss.gmpo_clip_low, a.advantage.pass_k) == (0.4, 8)
+    a = load(tmp_path, {"advantage": "reinforce_pp", "shift_mean": False}).algorithm  # the flat form lifts
+    assert a.advantage.shift_mean is False
+    text = refused(tmp_path, {"policy_loss": {"name": "clip_cov", "clip_cov_lb": 5.0, "clip_cov_ub": 1.0}})
+    assert "clip_cov_lb=5.0 must be below clip_cov_ub=1.0" in text
+    text = refused(tmp_path, {"advantage": "remax", "shift_mean": False})
+    assert "only advantage=reinforce_pp, reinforce_pp_baseline or gae reads it" in text

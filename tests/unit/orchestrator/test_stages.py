@@ -204,7 +204,7 @@ def test_token_level_estimators_place_each_turns_reward_at_the_end_of_its_turn()
         (
             {"advantage": "gae", "gamma": 0.99, "lam": 0.95},
             "gae",
-            {"gamma": 0.99, "lam": 0.95, "gae_whiten": True, "adv_eps": 1e-6},
+            {"gamma": 0.99, "lam": 0.95, "gae_whiten": True, "shift_mean": True, "adv_eps": 1e-6},
         ),
         ({"advantage": {"name": "remax", "gamma": 0.9}}, "remax", {"gamma": 0.9}),
         ({"advantage": "rloo"}, "rloo", {}),
