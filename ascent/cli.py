@@ -148,6 +148,12 @@ def evaluate(
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Most tokens generated per response.")] = 256,
     temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature; 0 is greedy.")] = 0.0,
     samples: Annotated[int, typer.Option(min=1, help="Responses per prompt.")] = 1,
+    pass_k: Annotated[
+        str,
+        typer.Option(
+            help="Report pass@k and mean@k for these k, comma-separated (e.g. 1,4,8; each at most --samples)."
+        ),
+    ] = "",
     out: Annotated[
         str | None, typer.Option(help="Write every response and its reward to this JSONL file.")
     ] = None,
@@ -196,6 +202,7 @@ def evaluate(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             samples=samples,
+            pass_k=_pass_k(pass_k, samples),
             out=out,
             max_prompts=max_prompts,
             device=device,
@@ -230,6 +237,23 @@ def evaluate(
             typer.echo(f"{name}: {_fmt_metric(value)}")
         if out and agent is None and env is None:
             typer.echo(f"responses written to {out}")
+
+
+def _pass_k(value: str, samples: int) -> tuple[int, ...]:
+    """--pass-k "1,4,8" -> (1, 4, 8); a BadParameter naming the option for anything else."""
+    try:
+        ks = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise typer.BadParameter(
+            f"{value!r}: give whole numbers separated by commas, e.g. 1,4,8.", param_hint="--pass-k"
+        ) from None
+    bad = [k for k in ks if not 1 <= k <= samples]
+    if bad:
+        raise typer.BadParameter(
+            f"{value!r}: each k must lie in 1..--samples={samples} ({bad} do not); raise --samples.",
+            param_hint="--pass-k",
+        )
+    return ks
 
 
 @debug_app.command("env")

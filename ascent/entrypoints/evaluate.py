@@ -4,7 +4,9 @@ environment's episodes (`--env`), or with an agent written against the OpenAI AP
 It runs the same pieces as validation inside `ascent train`: prompt rendering, the rollout engine, the
 reward runner; environments in worker processes; for an agent, the endpoint and agent processes that an agent
 `rollout.source` trains through (`ascent.orchestrator.agents`), served from the evaluated checkpoint. Greedy
-decoding by default, so two evaluations of one checkpoint agree. With `progress` (the CLI's case) the prompts
+decoding by default, so two evaluations of one checkpoint agree. Metrics: accuracy, mean reward, pass@k and
+mean@k for `--pass-k` (from `--samples` samples per prompt), the same per `data_source` and environment, and
+the reward components (`ascent.orchestrator.eval_metrics`). With `progress` (the CLI's case) the prompts
 go to the engine in about `PROGRESS_PARTS` parts of whole generation batches, each followed by a progress
 line (`ascent.tracking.Progress`), so a long evaluation is not silent.
 """
@@ -15,6 +17,7 @@ import json
 import logging
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +34,8 @@ from ascent.models.loading import load_tokenizer, resolve_device
 from ascent.orchestrator.agents import AgentService, AgentSetup, play_agent_groups, score_last_replies
 from ascent.orchestrator.batch import make_requests, to_groups
 from ascent.orchestrator.episodes import env_image_encoder
+from ascent.orchestrator.eval_metrics import CORRECT_AT, episode_sample, eval_metrics
 from ascent.orchestrator.setup import agent_items, reward_executor
-from ascent.orchestrator.validation import CORRECT_AT
 from ascent.rewards import RewardFailureError, RewardInput, RewardRunner
 from ascent.rollout import RolloutEngine, build_engine
 from ascent.tracking import Progress
@@ -49,6 +52,7 @@ def run_eval(
     max_new_tokens: int = 256,
     temperature: float = 0.0,
     samples: int = 1,
+    pass_k: tuple[int, ...] = (),
     out: str | None = None,
     max_prompts: int | None = None,
     device: str = "auto",
@@ -109,9 +113,12 @@ def run_eval(
             "%d of %d reward calls failed and count as 0", result.metrics["reward/failures"], len(trajs)
         )
     n = len(trajs)
+    scored = [
+        replace(t, reward=r, reward_components=dict(c))
+        for t, r, c in zip(trajs, result.rewards, result.components, strict=True)
+    ]
     metrics = {
-        "accuracy": sum(r >= CORRECT_AT for r in result.rewards) / n,
-        "reward_mean": sum(result.rewards) / n,
+        **eval_metrics([episode_sample(t) for t in scored], pass_k),
         "response_len_mean": sum(len(t.response_ids) for t in trajs) / n,
         "responses": float(n),
         "reward_failures": result.metrics["reward/failures"],
@@ -156,6 +163,7 @@ def run_env_eval(
     max_new_tokens: int = 256,
     temperature: float = 0.0,
     samples: int = 1,
+    pass_k: tuple[int, ...] = (),
     out: str | None = None,
     max_prompts: int | None = None,
     device: str = "auto",
@@ -204,8 +212,7 @@ def run_env_eval(
         with open(out, "w") as f:
             f.writelines(json.dumps(record(e, chat.decode)) + "\n" for e in episodes)
     return {
-        "accuracy": sum(e.reward >= CORRECT_AT for e in episodes) / n,
-        "reward_mean": sum(e.reward for e in episodes) / n,
+        **eval_metrics([episode_sample(e, env) for e in episodes], pass_k),
         "turns_mean": sum(e.metadata.get("turns", 0) for e in episodes) / n,
         "response_len_mean": sum(len(e.response_ids) for e in episodes) / n,
         "episodes": float(n),
@@ -225,6 +232,7 @@ def run_agent_eval(
     max_new_tokens: int = 256,
     temperature: float = 0.0,
     samples: int = 1,
+    pass_k: tuple[int, ...] = (),
     out: str | None = None,
     max_prompts: int | None = None,
     device: str = "auto",
@@ -287,17 +295,20 @@ def run_agent_eval(
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         with open(out, "w") as f:
             f.writelines(json.dumps(_agent_record(e, decode)) + "\n" for g in groups for e in g)
-    return _agent_metrics(groups, stats)
+    return _agent_metrics(groups, stats, pass_k)
 
 
-def _agent_metrics(groups: list[list[Any]], stats: Any) -> dict[str, float]:
+def _agent_metrics(groups: list[list[Any]], stats: Any, pass_k: tuple[int, ...] = ()) -> dict[str, float]:
     """eval --env's metrics over the plays (`stats.sessions`: one that failed before any call counts as 0),
-    each play by its first segment (which holds its reward), and the plays' errors and truncations."""
+    each play by its first segment (which holds its reward), and the plays' errors and truncations; pass@k
+    and the per-source metrics over the plays that made a call."""
     firsts: dict[str, Any] = {}
     for e in (e for g in groups for e in g):
         firsts.setdefault(e.metadata["session"], e)
     episodes, n = list(firsts.values()), stats.sessions
+    scored = eval_metrics([episode_sample(e) for e in episodes], pass_k)
     return {
+        **{k: v for k, v in scored.items() if k not in ("accuracy", "reward_mean")},
         "accuracy": sum(e.reward >= CORRECT_AT for e in episodes) / n,
         "reward_mean": sum(e.reward for e in episodes) / n,
         "turns_mean": sum(e.metadata.get("turns", 0) for e in episodes) / n,
