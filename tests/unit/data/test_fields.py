@@ -81,6 +81,7 @@ def test_chat_template_errors_name_the_field(tmp_path):
 
 def test_a_saved_datasets_directory_round_trips(tmp_path):
     import datasets  # an optional dependency (ascent[datasets]) that the dev install holds; slow to import
+
     rows = [{"question": "1+1=", "solution": "2"}, {"question": "2+3=", "solution": "5"}]
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "one"))
     assert load_rows(tmp_path / "one") == rows
