@@ -4,7 +4,7 @@ calls).
 
 Validation inside `ascent train` (`ascent.orchestrator.validation`) and `ascent eval`
 (`ascent.entrypoints.evaluate`) both reduce their scored episodes with `eval_metrics`; the keys it returns
-(`pass@4`, `source/gsm8k/mean@4`, `env/sql/pass@1`, `reward/format`) are what the trackers and the studio
+(`pass@4`, `source/gsm8k/mean@4`, `env/sql/pass@1`, `reward/format`, `env_info/guesses`) are what the trackers and the studio
 chart, under `val/` in training. Pure functions over plain numbers: no torch.
 """
 
@@ -88,8 +88,8 @@ def _core(samples: Sequence[ScoredSample], ks: Sequence[int]) -> dict[str, float
 
 def eval_metrics(samples: Sequence[ScoredSample], ks: Sequence[int] = ()) -> dict[str, float]:
     """Scored samples -> metrics: `_core`'s over all samples; the same under `source/<data_source>/` and
-    `env/<env>/` when rows name more than nothing; `reward/<name>` and `<name>_mean` means of the numbers
-    (each over the samples that report it). Empty when there are no samples."""
+    `env/<env>/` for the rows that name one; the means of the numbers, each over the samples that report it:
+    `reward/<component>`, `turns_mean` / `tool_calls_mean`, `env_info/<name>`. Empty when there are no samples."""
     if not samples:
         return {}
     out = _core(samples, ks)
@@ -105,18 +105,22 @@ def eval_metrics(samples: Sequence[ScoredSample], ks: Sequence[int] = ()) -> dic
         for name, value in s.numbers.items():
             numbers[name].append(float(value))
     for name, values in sorted(numbers.items()):
-        label = f"{name}_mean" if name in EPISODE_NUMBERS else f"reward/{name}"
+        if name in EPISODE_NUMBERS:
+            label = f"{name}_mean"
+        else:
+            label = name if name.startswith("env_info/") else f"reward/{name}"
         out[label] = sum(values) / len(values)
     return out
 
 
 def episode_sample(e: Any, env: str | None = None) -> ScoredSample:
     """An `Episode` as a ScoredSample: its row's `data_source` and `env` columns (`env`: the run's
-    environment when the row names none), reward components and the turns/tool calls its environment
-    counted."""
+    environment when the row names none), reward components, the turns/tool calls its environment counted and
+    the numbers its environment's info reported (`metadata["env_info"]`, `ascent.envs.runner`)."""
     meta = e.metadata
     numbers = {k: float(v) for k, v in e.reward_components.items()}
     numbers |= {k: float(meta[k]) for k in EPISODE_NUMBERS if isinstance(meta.get(k), int | float)}
+    numbers |= {f"env_info/{k}": float(v) for k, v in (meta.get("env_info") or {}).items()}
     source = meta.get("data_source")
     row_env = meta.get("env") if isinstance(meta.get("env"), str) else None
     return ScoredSample(

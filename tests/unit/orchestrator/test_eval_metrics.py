@@ -70,11 +70,13 @@ def test_episode_sample_reads_the_row_columns_and_counts():
         row_id=3,
         reward=1.0,
         reward_components={"judge": 0.5},
-        metadata={"data_source": "gsm8k", "turns": 2, "tool_calls": 1},
+        metadata={"data_source": "gsm8k", "turns": 2, "tool_calls": 1, "env_info": {"guesses": 3}},
     )
     s = episode_sample(e, env="calc")
     assert (s.prompt, s.data_source, s.env) == (3, "gsm8k", "calc")
-    assert s.numbers == {"judge": 0.5, "turns": 2.0, "tool_calls": 1.0}
+    assert s.numbers == {"judge": 0.5, "turns": 2.0, "tool_calls": 1.0, "env_info/guesses": 3.0}
+    m = eval_metrics([s])
+    assert (m["reward/judge"], m["turns_mean"], m["env_info/guesses"]) == (0.5, 2.0, 3.0)
     assert (
         episode_sample(Episode([1], [2], [0.0], [1], "stop", 0, metadata={"env": "sql"}), "calc").env == "sql"
     )
