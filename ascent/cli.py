@@ -191,18 +191,42 @@ def evaluate(
         int,
         typer.Option(min=1, help="With --agent: the endpoint's context is this plus --max-episode-tokens."),
     ] = 1024,
+    prompt_key: Annotated[
+        str, typer.Option(help="The column holding the prompt (data.prompt_key).")
+    ] = "prompt",
+    answer_key: Annotated[
+        str, typer.Option(help="The column read as `answer` (data.answer_key).")
+    ] = "answer",
+    system_prompt: Annotated[
+        str | None, typer.Option(help="A system message before every prompt (data.system_prompt).")
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(help="The split of a saved `datasets` directory (data.split).")
+    ] = None,
+    chat_template: Annotated[
+        str | None, typer.Option(help="A .jinja file or a built-in name (chatml), as model.chat_template.")
+    ] = None,
 ) -> None:
     """Score a checkpoint on a prompt dataset (accuracy and mean reward), an environment's episodes, or an
     agent's."""
     with ErrorGuard():
         # deferred: torch; the options are checked first
+        from ascent.data.fields import RowFields
         from ascent.entrypoints.evaluate import run_agent_eval, run_env_eval, run_eval
+
+        if system_prompt is not None and (env or agent):
+            raise typer.BadParameter(
+                "with --env or --agent the environment (or the agent) writes the prompts; put the system "
+                "message there, or drop --system-prompt.",
+                param_hint="--system-prompt",
+            )
 
         common: dict[str, Any] = dict(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             samples=samples,
             pass_k=_pass_k(pass_k, samples),
+            fields=RowFields(prompt_key, answer_key, system_prompt, split, chat_template),
             out=out,
             max_prompts=max_prompts,
             device=device,

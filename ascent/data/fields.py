@@ -2,13 +2,16 @@
 (`data.prompt_key`, `data.answer_key`) and a system prompt from the config (`data.system_prompt`).
 
 Runs between `load_rows` and `validate_rows` (`ascent.data.builders`, `ascent.orchestrator.setup`), so the
-rest of the data path sees `prompt` and `answer` whatever a file calls them.
+rest of the data path sees `prompt` and `answer` whatever a file calls them. `RowFields` carries the same
+settings for `ascent eval`, which takes them as options.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from ascent.data.loading import load_rows
 from ascent.data.validation import DataError
 
 
@@ -81,3 +84,27 @@ def prepare_rows(
     """`map_fields`, then `add_system_prompt` when `system_prompt` is set."""
     rows = map_fields(rows, source, prompt_key, answer_key)
     return add_system_prompt(rows, system_prompt, source) if system_prompt is not None else rows
+
+
+@dataclass(frozen=True)
+class RowFields:
+    """How `ascent eval` reads its rows, as `data.*` / `model.chat_template` do in training: the prompt and
+    answer columns, a system prompt, a `save_to_disk` directory's split and a chat template (file or name,
+    `ascent.data.templates`)."""
+
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    system_prompt: str | None = None
+    split: str | None = None
+    chat_template: str | None = None
+
+    def rows(self, path: str) -> list[dict[str, Any]]:
+        """The rows of `path` with the columns mapped and the system prompt added."""
+        rows = load_rows(path, split=self.split)
+        return prepare_rows(
+            rows,
+            path,
+            prompt_key=self.prompt_key,
+            answer_key=self.answer_key,
+            system_prompt=self.system_prompt,
+        )

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from ascent.cluster.isolated import default_workers
-from ascent.data import image_codec, load_rows, render_prompts, validate_rows
+from ascent.data import image_codec, render_prompts, validate_rows
+from ascent.data.fields import RowFields
+from ascent.data.templates import set_chat_template
 from ascent.entrypoints.debug_env import record
 from ascent.envs import ChatTokens, Task, run_episodes
 from ascent.envs.hosts import EnvHosts
@@ -53,6 +55,7 @@ def run_eval(
     temperature: float = 0.0,
     samples: int = 1,
     pass_k: tuple[int, ...] = (),
+    fields: RowFields = RowFields(),
     out: str | None = None,
     max_prompts: int | None = None,
     device: str = "auto",
@@ -67,8 +70,8 @@ def run_eval(
     """Generate for every prompt of `data` with the checkpoint at `model`; return accuracy and mean reward.
     `progress`: print progress lines on stdout while generating (see the module)."""
 
-    tok = load_tokenizer(model)
-    rows = load_rows(data)
+    tok = set_chat_template(load_tokenizer(model), fields.chat_template, "--chat-template")
+    rows = fields.rows(data)
     validate_rows(rows, data, tokenizer_vocab_size=len(tok))
     rows = rows[:max_prompts] if max_prompts else rows
     items, _ = render_prompts(
@@ -164,6 +167,7 @@ def run_env_eval(
     temperature: float = 0.0,
     samples: int = 1,
     pass_k: tuple[int, ...] = (),
+    fields: RowFields = RowFields(),
     out: str | None = None,
     max_prompts: int | None = None,
     device: str = "auto",
@@ -177,8 +181,8 @@ def run_env_eval(
     checkpoint at `model`, the environments in worker processes as in training; accuracy is the share of
     episodes with reward >= 1."""
 
-    tok = load_tokenizer(model)
-    rows = load_rows(data)[:max_prompts] if max_prompts else load_rows(data)
+    tok = set_chat_template(load_tokenizer(model), fields.chat_template, "--chat-template")
+    rows = fields.rows(data)[:max_prompts]
     chat = ChatTokens(tok)
     tasks = [Task(row_env(r) or env, r, i) for i, r in enumerate(rows) for _ in range(samples)]
     rollout = build_engine(
@@ -233,6 +237,7 @@ def run_agent_eval(
     temperature: float = 0.0,
     samples: int = 1,
     pass_k: tuple[int, ...] = (),
+    fields: RowFields = RowFields(),
     out: str | None = None,
     max_prompts: int | None = None,
     device: str = "auto",
@@ -252,8 +257,8 @@ def run_agent_eval(
         load_agent(agent)
     except AgentLoadError as err:
         raise AgentLoadError(str(err).replace("rollout.source.agent", "--agent")) from err
-    tok = load_tokenizer(model)
-    rows = load_rows(data)[:max_prompts] if max_prompts else load_rows(data)
+    tok = set_chat_template(load_tokenizer(model), fields.chat_template, "--chat-template")
+    rows = fields.rows(data)[:max_prompts]
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     rewards = RewardRunner(
         reward,

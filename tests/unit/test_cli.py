@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from ascent.cli import app
 from ascent.config import RunConfig, load_config
 from ascent.config.explain import explain_rows
+from ascent.data.fields import RowFields
 from ascent.entrypoints.guard import is_user_error
 from ascent.errors import AscentError
 
@@ -269,6 +270,7 @@ def test_eval_forwards_options_and_prints_metrics(monkeypatch: pytest.MonkeyPatc
         "temperature": 0.7,
         "samples": 2,
         "pass_k": (),
+        "fields": RowFields(),
         "out": None,
         "max_prompts": 4,
         "device": "auto",
@@ -300,6 +302,8 @@ def test_eval_pass_k_is_parsed_and_checked_against_samples(monkeypatch: pytest.M
     for bad, says in (("8", "each k must lie in 1..--samples=4"), ("1,x", "whole numbers separated")):
         result = runner.invoke(app, [*base, "--pass-k", bad])
         assert result.exit_code == 2 and says in result.output
+    result = runner.invoke(app, [*base, "--env", "guess_number", "--system-prompt", "S"])
+    assert result.exit_code == 2 and "the environment (or the agent) writes the prompts" in result.output
 
 
 def test_eval_with_env_plays_episodes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -92,3 +92,14 @@ def test_a_saved_datasets_directory_round_trips(tmp_path):
         load_rows(tmp_path / "two")
     with pytest.raises(DataError, match="not a saved `datasets` dataset"):
         load_rows(tmp_path)
+
+
+def test_row_fields_read_a_file_as_eval_does(tmp_path):
+    from ascent.data.fields import RowFields
+
+    file = tmp_path / "rows.jsonl"
+    file.write_text('{"question": "1+1=", "solution": "2"}\n')
+    rows = RowFields(prompt_key="question", answer_key="solution", system_prompt="S").rows(str(file))
+    assert rows == [
+        {"prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": "1+1="}], "answer": "2"}
+    ]
