@@ -210,8 +210,9 @@ def evaluate(
     """Score a checkpoint on a prompt dataset (accuracy and mean reward), an environment's episodes, or an
     agent's."""
     with ErrorGuard():
+        from ascent.data.fields import RowFields  # deferred: ascent.data imports torch
+
         # deferred: torch; the options are checked first
-        from ascent.data.fields import RowFields
         from ascent.entrypoints.evaluate import run_agent_eval, run_env_eval, run_eval
 
         if system_prompt is not None and (env or agent):
