@@ -148,6 +148,12 @@ def evaluate(
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Most tokens generated per response.")] = 256,
     temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature; 0 is greedy.")] = 0.0,
     samples: Annotated[int, typer.Option(min=1, help="Responses per prompt.")] = 1,
+    pass_k: Annotated[
+        str,
+        typer.Option(
+            help="Report pass@k and mean@k for these k, comma-separated (e.g. 1,4,8; each at most --samples)."
+        ),
+    ] = "",
     out: Annotated[
         str | None, typer.Option(help="Write every response and its reward to this JSONL file.")
     ] = None,
@@ -185,17 +191,43 @@ def evaluate(
         int,
         typer.Option(min=1, help="With --agent: the endpoint's context is this plus --max-episode-tokens."),
     ] = 1024,
+    prompt_key: Annotated[
+        str, typer.Option(help="The column holding the prompt (data.prompt_key).")
+    ] = "prompt",
+    answer_key: Annotated[
+        str, typer.Option(help="The column read as `answer` (data.answer_key).")
+    ] = "answer",
+    system_prompt: Annotated[
+        str | None, typer.Option(help="A system message before every prompt (data.system_prompt).")
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(help="The split of a saved `datasets` directory (data.split).")
+    ] = None,
+    chat_template: Annotated[
+        str | None, typer.Option(help="A .jinja file or a built-in name (chatml), as model.chat_template.")
+    ] = None,
 ) -> None:
     """Score a checkpoint on a prompt dataset (accuracy and mean reward), an environment's episodes, or an
     agent's."""
     with ErrorGuard():
+        from ascent.data.fields import RowFields  # deferred: ascent.data imports torch
+
         # deferred: torch; the options are checked first
         from ascent.entrypoints.evaluate import run_agent_eval, run_env_eval, run_eval
+
+        if system_prompt is not None and (env or agent):
+            raise typer.BadParameter(
+                "with --env or --agent the environment (or the agent) writes the prompts; put the system "
+                "message there, or drop --system-prompt.",
+                param_hint="--system-prompt",
+            )
 
         common: dict[str, Any] = dict(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             samples=samples,
+            pass_k=_pass_k(pass_k, samples),
+            fields=RowFields(prompt_key, answer_key, system_prompt, split, chat_template),
             out=out,
             max_prompts=max_prompts,
             device=device,
@@ -230,6 +262,23 @@ def evaluate(
             typer.echo(f"{name}: {_fmt_metric(value)}")
         if out and agent is None and env is None:
             typer.echo(f"responses written to {out}")
+
+
+def _pass_k(value: str, samples: int) -> tuple[int, ...]:
+    """--pass-k "1,4,8" -> (1, 4, 8); a BadParameter naming the option for anything else."""
+    try:
+        ks = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise typer.BadParameter(
+            f"{value!r}: give whole numbers separated by commas, e.g. 1,4,8.", param_hint="--pass-k"
+        ) from None
+    bad = [k for k in ks if not 1 <= k <= samples]
+    if bad:
+        raise typer.BadParameter(
+            f"{value!r}: each k must lie in 1..--samples={samples} ({bad} do not); raise --samples.",
+            param_hint="--pass-k",
+        )
+    return ks
 
 
 @debug_app.command("env")

@@ -85,7 +85,8 @@ def validation_without_data(cfg: RunConfig | SFTConfig) -> list[str]:
     rollout = getattr(cfg, "rollout", None)
     if rollout is not None:
         given += [
-            (f"rollout.{n}", v) for n, v in _given(rollout, ("val_temperature", "val_samples_per_prompt"))
+            (f"rollout.{n}", v)
+            for n, v in _given(rollout, ("val_temperature", "val_samples_per_prompt", "val_pass_k"))
         ]
     return [
         f"{name}={show_value(value)}: there is no validation data (data.val_path is not set), so nothing is "

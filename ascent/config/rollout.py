@@ -55,6 +55,12 @@ class RolloutConfig(Section):
     )
     val_temperature: float = Field(0.0, ge=0, description="Temperature during validation (0 = greedy).")
     val_samples_per_prompt: int = Field(1, gt=0, description="Samples per validation prompt.")
+    val_pass_k: list[int] = Field(
+        default_factory=list,
+        description="Report val/pass@k (unbiased, Chen et al. 2021) and val/mean@k (mean reward of k samples) "
+        "for each k, overall, per data_source and per environment; each k at most val_samples_per_prompt "
+        "(sample with val_temperature > 0 for k > 1).",
+    )
     max_staleness: int = Field(
         0,
         ge=0,

@@ -156,7 +156,32 @@ def _algorithm_rules(cfg: RunConfig) -> list[str]:
         + _loss_rules(cfg)
         + _sampling_rules(cfg)
         + _env_rules(cfg)
+        + _data_rules(cfg)
     )
+
+
+def _data_rules(cfg: RunConfig) -> list[str]:
+    """A system prompt needs the chat template and a prompt source; each validation k fits the samples."""
+    d, r = cfg.data, cfg.rollout
+    out = []
+    if d.system_prompt is not None and not d.chat_template:
+        out.append(
+            "data.system_prompt is set, but data.chat_template=false encodes prompts as raw text with no "
+            "system message; set data.chat_template=true or remove data.system_prompt."
+        )
+    if d.system_prompt is not None and not isinstance(r.source, PromptSourceConfig):
+        out.append(
+            f"data.system_prompt is set, but rollout.source={r.source.name} writes its own prompts; put the "
+            "system message in the environment's reset() (or the agent) or remove data.system_prompt."
+        )
+    bad = [k for k in r.val_pass_k if not 1 <= k <= r.val_samples_per_prompt]
+    if bad:
+        out.append(
+            f"rollout.val_pass_k={r.val_pass_k}: pass@k and mean@k need 1 <= k <= "
+            f"rollout.val_samples_per_prompt={r.val_samples_per_prompt} ({bad} do not fit); raise "
+            "rollout.val_samples_per_prompt or drop those k."
+        )
+    return out
 
 
 def _env_rules(cfg: RunConfig) -> list[str]:

@@ -61,6 +61,11 @@ class ModelConfig(Section):
         "verl and EasyR1 do; with LoRA the tower is frozen anyway (adapters go to the language model).",
     )
     trust_remote_code: bool = Field(False, description="Allow model code shipped inside the checkpoint.")
+    chat_template: str | None = Field(
+        None,
+        description="Replace the tokenizer's chat template: a path to a Jinja file (.jinja) or a built-in name "
+        "(chatml); null: the tokenizer's own. Saved with the checkpoints' tokenizer.",
+    )
     min_pixels: int | None = Field(
         None,
         gt=0,
@@ -98,6 +103,23 @@ class DataConfig(Section):
     )
     shuffle: bool = Field(True, description="Shuffle training prompts each epoch (seeded by `seed`).")
     max_val_prompts: int | None = Field(None, gt=0, description="Use at most this many validation prompts.")
+    prompt_key: str = Field(
+        "prompt", min_length=1, description="The column that holds each row's prompt (e.g. `question`)."
+    )
+    answer_key: str = Field(
+        "answer", min_length=1, description="The column the reward reads as `answer` (e.g. `solution`)."
+    )
+    system_prompt: str | None = Field(
+        None,
+        description="A system message put before every prompt (string prompts become [system, user]); a row "
+        "that already starts with a system message is refused. Needs data.chat_template=true and "
+        "rollout.source=prompt.",
+    )
+    split: str | None = Field(
+        None,
+        description="The split to read when train_path / val_path is a Hugging Face `datasets` directory "
+        "(save_to_disk) that holds several (a DatasetDict); null: the directory's only split.",
+    )
 
 
 class RewardConfig(RewardModelsMixin):

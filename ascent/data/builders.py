@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ascent.data.fields import prepare_rows
 from ascent.data.loading import load_rows
 from ascent.data.prompts import Overlong, PromptItem, RenderReport, Side, render_prompts
 from ascent.data.sft import SFTExample, render_sft_examples_and_report
@@ -104,7 +105,14 @@ def sft_examples_from_config(
 ) -> tuple[list[SFTExample], RenderReport]:
     """The train or val prompt/response pairs described by an SFTConfig (`codec`: see `load_prompts`)."""
     path, source = _split_path(cfg.data, split)
-    rows = load_rows(path, source=source)
+    d = cfg.data
+    rows = prepare_rows(
+        load_rows(path, source=source, split=d.split),
+        source,
+        prompt_key=d.prompt_key,
+        answer_key=d.answer_key,
+        system_prompt=d.system_prompt,
+    )
     if split == "val":
         rows = rows[: cfg.data.max_val_prompts]
     return render_sft_examples_and_report(

@@ -1,4 +1,5 @@
-"""Read dataset rows from disk: JSON lines (.jsonl, .json) and Parquet (.parquet).
+"""Read dataset rows from disk: JSON lines (.jsonl, .json), Parquet (.parquet) and a Hugging Face `datasets`
+directory written by `save_to_disk` (a Dataset, or a DatasetDict with a split chosen by `split`).
 
 The first step of the data path (design: "dataset rows -> prompts"). Rows come back as plain dicts, as stored
 but for one thing: a relative path in a column that names a file (`FILE_COLUMNS`, also inside SkyRL's
@@ -22,30 +23,35 @@ SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet")
 FILE_COLUMNS = ("db_path", "index_path")
 
 
-def load_rows(path: str | Path, *, source: str | None = None) -> list[dict[str, Any]]:
-    """Read every row of a .jsonl / .json / .parquet file as a dict.
+def load_rows(
+    path: str | Path, *, source: str | None = None, split: str | None = None
+) -> list[dict[str, Any]]:
+    """Read every row of a .jsonl / .json / .parquet file, or of a `save_to_disk` directory, as a dict.
 
     `.jsonl` is one JSON object per line (blank lines are skipped); `.json` may be JSON lines or one JSON
-    array of objects. `source` names the file in errors (e.g. "data.train_path=x.jsonl"); defaults to the
+    array of objects. A directory is read with `datasets.load_from_disk`; `split` picks a DatasetDict's split
+    (`data.split`). `source` names the file in errors (e.g. "data.train_path=x.jsonl"); defaults to the
     path.
     """
     file = Path(path)
     label = source or str(file)
     suffix = file.suffix.lower()
-    if suffix not in SUPPORTED_EXTENSIONS:
+    if file.is_dir():
+        rows = read_hf_dataset(file, label, split)
+    elif suffix not in SUPPORTED_EXTENSIONS:
         raise DataError(
             f"{label}: unknown file extension {suffix or '(none)'!r}; "
             f"use one of {', '.join(SUPPORTED_EXTENSIONS)}."
         )
-    if not file.is_file():
+    elif not file.is_file():
         raise DataError(f"{label}: file not found ({file.resolve()}); check the path.")
-    if suffix == ".parquet":
+    elif suffix == ".parquet":
         rows = _read_parquet(file, label)
     else:
         text = _read_utf8(file, label)
         is_array = suffix == ".json" and text.lstrip().startswith("[")
         rows = _read_json_array(text, label) if is_array else _read_json_lines(text, label)
-    folder = file.resolve().parent
+    folder = file.resolve() if file.is_dir() else file.resolve().parent
     for row in rows:
         _resolve_files(row, folder)
         resolve_paths(row, folder)
@@ -126,3 +132,42 @@ def _read_parquet(file: Path, label: str) -> list[dict[str, Any]]:
             f"{label}: cannot read as Parquet ({err}); check that the file is a Parquet table."
         ) from err
     return table.to_pylist()
+
+
+def read_hf_dataset(folder: Path, label: str, split: str | None) -> list[dict[str, Any]]:
+    """The rows of the `save_to_disk` directory `folder`: a Dataset, or the `split` of a DatasetDict (which
+    may be omitted when it holds one split). Raises DataError for a directory `datasets` cannot read, a
+    missing split, or `datasets` not installed."""
+    if not (folder / "dataset_info.json").is_file() and not (folder / "dataset_dict.json").is_file():
+        raise DataError(
+            f"{label}: {folder.resolve()} is a directory but not a saved `datasets` dataset (no "
+            "dataset_info.json or dataset_dict.json); point it at a .jsonl / .parquet file or at the directory "
+            "`Dataset.save_to_disk` wrote."
+        )
+    try:  # deferred: datasets is optional (pip install 'ascent[datasets]') and slow to import
+        import datasets
+    except ImportError as err:
+        raise DataError(
+            f"{label}: reading a saved `datasets` directory needs the datasets library; "
+            "`pip install 'ascent[datasets]'`, or export the rows to .parquet."
+        ) from err
+    try:
+        data = datasets.load_from_disk(str(folder))
+    except (OSError, ValueError, FileNotFoundError) as err:
+        raise DataError(f"{label}: `datasets` cannot read {folder.resolve()} ({err}).") from err
+    if isinstance(data, datasets.DatasetDict):
+        names = list(data)
+        if split is None and len(names) == 1:
+            split = names[0]
+        if split not in data:
+            raise DataError(
+                f"{label}: data.split={split!r} is not a split of this dataset (it has {', '.join(names)}); "
+                "set data.split to one of them."
+            )
+        data = data[split]
+    elif split is not None:
+        raise DataError(
+            f"{label}: data.split={split!r}, but the directory holds one Dataset without splits; remove "
+            "data.split."
+        )
+    return [dict(row) for row in data]

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ascent.config.schema import RunConfig
+from ascent.data import DataError, load_rows
+from ascent.data.fields import map_fields
 from ascent.doctor.report import CheckResult, fail, ok
 
 HEAD_ROWS = 50
@@ -39,6 +41,12 @@ def check_split(cfg: RunConfig, split: str, path: str) -> CheckResult:
         return fail(name, f"{field} is not set", f"set {field} to a .jsonl or .parquet file of prompts.")
     file = Path(path).expanduser()
     where = f"{field}={path!r}"
+    if file.is_dir() and any((file / n).is_file() for n in ("dataset_info.json", "dataset_dict.json")):
+        try:  # a saved `datasets` directory: read as the run reads it (its rows are memory-mapped)
+            rows = load_rows(file, source=where, split=cfg.data.split)[:HEAD_ROWS]
+        except DataError as err:
+            return fail(name, str(err), "fix data.split or save the dataset again (`save_to_disk`).")
+        return _rows_result(cfg, name, where, path, rows)
     if not file.is_file():
         what = "is a directory" if file.is_dir() else "does not exist"
         return fail(
@@ -57,8 +65,22 @@ def check_split(cfg: RunConfig, split: str, path: str) -> CheckResult:
         rows = head_rows(file, HEAD_ROWS)
     except HeadError as err:
         return fail(name, f"{where} {err}", "fix the file: one JSON object per line (or a Parquet table).")
+    return _rows_result(cfg, name, where, path, rows)
+
+
+def _rows_result(cfg: RunConfig, name: str, where: str, path: str, rows: list[Any]) -> CheckResult:
+    """The check's result for the head `rows` of the dataset at `path` (`where`: its field and value)."""
     if not rows:
         return fail(name, f"{where} has no rows", "point it at a file with at least one row.")
+    d = cfg.data
+    try:
+        rows = (
+            map_fields(rows, where, d.prompt_key, d.answer_key)
+            if all(isinstance(r, dict) for r in rows)
+            else rows
+        )
+    except DataError as err:
+        return fail(name, str(err), "set data.prompt_key / data.answer_key to columns the rows have.")
     problems, needs = row_problems(cfg, rows)
     if problems:
         more = f" ({len(problems) - 1} more rows like it)" if len(problems) > 1 else ""

@@ -4,7 +4,9 @@ environment's episodes (`--env`), or with an agent written against the OpenAI AP
 It runs the same pieces as validation inside `ascent train`: prompt rendering, the rollout engine, the
 reward runner; environments in worker processes; for an agent, the endpoint and agent processes that an agent
 `rollout.source` trains through (`ascent.orchestrator.agents`), served from the evaluated checkpoint. Greedy
-decoding by default, so two evaluations of one checkpoint agree. With `progress` (the CLI's case) the prompts
+decoding by default, so two evaluations of one checkpoint agree. Metrics: accuracy, mean reward, pass@k and
+mean@k for `--pass-k` (from `--samples` samples per prompt), the same per `data_source` and environment, and
+the reward components (`ascent.orchestrator.eval_metrics`). With `progress` (the CLI's case) the prompts
 go to the engine in about `PROGRESS_PARTS` parts of whole generation batches, each followed by a progress
 line (`ascent.tracking.Progress`), so a long evaluation is not silent.
 """
@@ -15,11 +17,14 @@ import json
 import logging
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ascent.cluster.hosts import IsolationPolicy, ProcessHosts, default_workers
-from ascent.data import image_codec, load_rows, render_prompts, validate_rows
+from ascent.data import image_codec, render_prompts, validate_rows
+from ascent.data.fields import RowFields
+from ascent.data.templates import set_chat_template
 from ascent.entrypoints.debug_env import record
 from ascent.envs import ChatTokens, Task, run_episodes
 from ascent.envs.openai_agents import AgentLoadError, load_agent
@@ -30,8 +35,8 @@ from ascent.models.loading import load_tokenizer, resolve_device
 from ascent.orchestrator.agents import AgentService, AgentSetup, play_agent_groups, score_last_replies
 from ascent.orchestrator.batch import make_requests, to_groups
 from ascent.orchestrator.episodes import env_image_encoder
+from ascent.orchestrator.eval_metrics import CORRECT_AT, episode_sample, eval_metrics
 from ascent.orchestrator.setup import agent_items, reward_hosts
-from ascent.orchestrator.validation import CORRECT_AT
 from ascent.rewards import RewardFailureError, RewardInput, RewardRunner
 from ascent.rollout import RolloutEngine, build_engine
 from ascent.tracking import Progress
@@ -48,6 +53,8 @@ def run_eval(
     max_new_tokens: int = 256,
     temperature: float = 0.0,
     samples: int = 1,
+    pass_k: tuple[int, ...] = (),
+    fields: RowFields = RowFields(),
     out: str | None = None,
     max_prompts: int | None = None,
     device: str = "auto",
@@ -62,8 +69,8 @@ def run_eval(
     """Generate for every prompt of `data` with the checkpoint at `model`; return accuracy and mean reward.
     `progress`: print progress lines on stdout while generating (see the module)."""
 
-    tok = load_tokenizer(model)
-    rows = load_rows(data)
+    tok = set_chat_template(load_tokenizer(model), fields.chat_template, "--chat-template")
+    rows = fields.rows(data)
     validate_rows(rows, data, tokenizer_vocab_size=len(tok))
     rows = rows[:max_prompts] if max_prompts else rows
     items, _ = render_prompts(
@@ -108,9 +115,12 @@ def run_eval(
             "%d of %d reward calls failed and count as 0", result.metrics["reward/failures"], len(trajs)
         )
     n = len(trajs)
+    scored = [
+        replace(t, reward=r, reward_components=dict(c))
+        for t, r, c in zip(trajs, result.rewards, result.components, strict=True)
+    ]
     metrics = {
-        "accuracy": sum(r >= CORRECT_AT for r in result.rewards) / n,
-        "reward_mean": sum(result.rewards) / n,
+        **eval_metrics([episode_sample(t) for t in scored], pass_k),
         "response_len_mean": sum(len(t.response_ids) for t in trajs) / n,
         "responses": float(n),
         "reward_failures": result.metrics["reward/failures"],
@@ -155,6 +165,8 @@ def run_env_eval(
     max_new_tokens: int = 256,
     temperature: float = 0.0,
     samples: int = 1,
+    pass_k: tuple[int, ...] = (),
+    fields: RowFields = RowFields(),
     out: str | None = None,
     max_prompts: int | None = None,
     device: str = "auto",
@@ -168,8 +180,8 @@ def run_env_eval(
     checkpoint at `model`, the environments in worker processes as in training; accuracy is the share of
     episodes with reward >= 1."""
 
-    tok = load_tokenizer(model)
-    rows = load_rows(data)[:max_prompts] if max_prompts else load_rows(data)
+    tok = set_chat_template(load_tokenizer(model), fields.chat_template, "--chat-template")
+    rows = fields.rows(data)[:max_prompts]
     chat = ChatTokens(tok)
     tasks = [Task(row_env(r) or env, r, i) for i, r in enumerate(rows) for _ in range(samples)]
     rollout = build_engine(
@@ -205,8 +217,7 @@ def run_env_eval(
         with open(out, "w") as f:
             f.writelines(json.dumps(record(e, chat.decode)) + "\n" for e in episodes)
     return {
-        "accuracy": sum(e.reward >= CORRECT_AT for e in episodes) / n,
-        "reward_mean": sum(e.reward for e in episodes) / n,
+        **eval_metrics([episode_sample(e, env) for e in episodes], pass_k),
         "turns_mean": sum(e.metadata.get("turns", 0) for e in episodes) / n,
         "response_len_mean": sum(len(e.response_ids) for e in episodes) / n,
         "episodes": float(n),
@@ -226,6 +237,8 @@ def run_agent_eval(
     max_new_tokens: int = 256,
     temperature: float = 0.0,
     samples: int = 1,
+    pass_k: tuple[int, ...] = (),
+    fields: RowFields = RowFields(),
     out: str | None = None,
     max_prompts: int | None = None,
     device: str = "auto",
@@ -245,8 +258,8 @@ def run_agent_eval(
         load_agent(agent)
     except AgentLoadError as err:
         raise AgentLoadError(str(err).replace("rollout.source.agent", "--agent")) from err
-    tok = load_tokenizer(model)
-    rows = load_rows(data)[:max_prompts] if max_prompts else load_rows(data)
+    tok = set_chat_template(load_tokenizer(model), fields.chat_template, "--chat-template")
+    rows = fields.rows(data)[:max_prompts]
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     rewards = RewardRunner(
         reward,
@@ -288,17 +301,20 @@ def run_agent_eval(
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         with open(out, "w") as f:
             f.writelines(json.dumps(_agent_record(e, decode)) + "\n" for g in groups for e in g)
-    return _agent_metrics(groups, stats)
+    return _agent_metrics(groups, stats, pass_k)
 
 
-def _agent_metrics(groups: list[list[Any]], stats: Any) -> dict[str, float]:
+def _agent_metrics(groups: list[list[Any]], stats: Any, pass_k: tuple[int, ...] = ()) -> dict[str, float]:
     """eval --env's metrics over the plays (`stats.sessions`: one that failed before any call counts as 0),
-    each play by its first segment (which holds its reward), and the plays' errors and truncations."""
+    each play by its first segment (which holds its reward), and the plays' errors and truncations; pass@k
+    and the per-source metrics over the plays that made a call."""
     firsts: dict[str, Any] = {}
     for e in (e for g in groups for e in g):
         firsts.setdefault(e.metadata["session"], e)
     episodes, n = list(firsts.values()), stats.sessions
+    scored = eval_metrics([episode_sample(e) for e in episodes], pass_k)
     return {
+        **{k: v for k, v in scored.items() if k not in ("accuracy", "reward_mean")},
         "accuracy": sum(e.reward >= CORRECT_AT for e in episodes) / n,
         "reward_mean": sum(e.reward for e in episodes) / n,
         "turns_mean": sum(e.metadata.get("turns", 0) for e in episodes) / n,

@@ -20,6 +20,8 @@ from ascent.cluster import make_worker_group
 from ascent.cluster.base import WorkerGroup
 from ascent.config.schema import SFTConfig
 from ascent.data import PromptSampler, image_codec, load_rows, render_sft_examples
+from ascent.data.fields import prepare_rows
+from ascent.data.templates import set_chat_template
 from ascent.messages import TrainSample
 from ascent.models.loading import load_tokenizer
 from ascent.orchestrator import batch as B
@@ -54,7 +56,11 @@ def sft_samples(examples: list[Any]) -> list[TrainSample]:
 def _load(cfg: SFTConfig, path: str | None, tok: Any) -> list[TrainSample]:
     if not path:
         return []
-    rows = load_rows(path)
+    d = cfg.data
+    rows = load_rows(path, split=d.split)
+    rows = prepare_rows(
+        rows, path, prompt_key=d.prompt_key, answer_key=d.answer_key, system_prompt=d.system_prompt
+    )
     examples = render_sft_examples(
         rows,
         tok,
@@ -81,7 +87,9 @@ def run_sft(cfg: SFTConfig, resume_from: str | None = None, accept_changes: bool
 def _sft(cfg: SFTConfig, run_dir: Any, stop: Any, resume_from: str | None, accept: bool) -> dict[str, float]:
     setup_logging(str(run_dir), "controller", cfg.tracking.log_level)
     preflight.model_config(cfg.model.path)
-    tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
+    tok = set_chat_template(
+        load_tokenizer(cfg.model.tokenizer_path or cfg.model.path), cfg.model.chat_template
+    )
     preflight.check_model(cfg.model.path, tok)
     train, val = _load(cfg, cfg.data.train_path, tok), _load(cfg, cfg.data.val_path, tok)
     steps = max(1, math.ceil(cfg.epochs * len(train) / cfg.batch_size))

@@ -28,6 +28,8 @@ loop's env/errors like any environment failure), never the batch. The episode's 
 turns' rewards (`metadata["turn_rewards"]` keeps them; token-level estimators place each on the last token
 of its turn: orchestrator.batch.advantage_inputs). `metadata["tool_calls"]` sums the tool calls its turns
 reported (`info["tool_calls"]`; a value that is not a whole number >= 0 breaks the contract like a bad reward).
+Any other number in `info` is the environment's own metric: `metadata["env_info"]` keeps each one's latest
+value (absent when there are none), and evaluation averages them (`ascent.orchestrator.eval_metrics`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class _Open:
     images: list[ImageInput] = field(default_factory=list)  # the observations' images, in order
     turns: int = 0
     tool_calls: int = 0  # summed over the turns' info["tool_calls"]
+    env_info: dict[str, float] = field(default_factory=dict)  # the latest value of each other number in info
     prompt_tokens: int = 0  # tokens sent to the engine as prompts, over all turns
     cached_tokens: int = 0  # of those, tokens whose K/V the engine reused from the episode's session
     finish: FinishReason | None = None
@@ -111,6 +114,8 @@ class _Open:
         }
         if self.cut:
             meta["cut"] = self.cut
+        if self.env_info:
+            meta["env_info"] = dict(self.env_info)
         return Episode(
             prompt_ids=self.prompt_ids,
             response_ids=self.ids,
@@ -257,12 +262,22 @@ def _answer(
         return
     s.turn_rewards.append(reward)
     s.tool_calls += int(result.info.get("tool_calls", 0))
+    s.env_info |= info_numbers(result.info)
     if result.done:
         s.finish = "stop"
     elif len(s.ids) + len(observation) >= max_tokens:  # out of tokens (or of turns: max_tokens=0)
         s.finish = "length"
     else:
         s.add_observation(observation, pictures)
+
+
+def info_numbers(info: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numbers of a step's `info` (booleans and `tool_calls` left out), as floats."""
+    return {
+        str(k): float(v)
+        for k, v in info.items()
+        if k != "tool_calls" and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 class _EnvFailed(Exception):

@@ -56,7 +56,7 @@ class UpdateSpec:
 @dataclass(frozen=True)
 class LoopSpec:
     """What the loop reads of the run's config, built once at setup (`loop_spec`): the iterations and seed,
-    validation (when, with which sampling, how many samples to log), what is recorded (progress line,
+    validation (when, with which sampling and k, how many samples to log), what is recorded (progress line,
     episodes.jsonl, the experience store), the advantage estimator, the KL penalty's estimator, the
     zero-advantage filter, the update and the checkpoints."""
 
@@ -65,6 +65,8 @@ class LoopSpec:
     run_dir: str
     val_every: int
     val_params: SamplingParams
+    val_pass_k: tuple[int, ...]  # rollout.val_pass_k: the k of val/pass@k and val/mean@k
+    val_env: str | None  # the environment validation episodes play when a row names none (None: prompts)
     log_samples: int
     progress: bool
     record_episodes: bool
@@ -94,6 +96,8 @@ def loop_spec(cfg: RunConfig) -> LoopSpec:
         run_dir=cfg.run_dir,
         val_every=cfg.val_every,
         val_params=B.sampling_params(cfg.rollout, validation=True),
+        val_pass_k=tuple(cfg.rollout.val_pass_k),
+        val_env=cfg.rollout.source.env if isinstance(cfg.rollout.source, EnvSourceConfig) else None,
         log_samples=cfg.tracking.log_samples,
         progress=cfg.tracking.progress,
         record_episodes=cfg.tracking.episodes,

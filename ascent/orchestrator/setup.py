@@ -18,7 +18,9 @@ from ascent.cluster.hosts import IsolationPolicy, ProcessHosts, default_workers
 from ascent.config.schema import RunConfig
 from ascent.config.sources import AgentSourceConfig, EnvSourceConfig
 from ascent.data import image_codec, load_rows, render_prompts, validate_rows
+from ascent.data.fields import prepare_rows
 from ascent.data.prompts import PromptItem, RenderReport
+from ascent.data.templates import set_chat_template
 from ascent.envs.hosts import Hosts, InlineHosts
 from ascent.errors import AscentError
 from ascent.rewards import RewardRunner
@@ -47,6 +49,7 @@ def build_datasets(cfg: RunConfig) -> Datasets:
 
     field = "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path"
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code, field)
+    set_chat_template(tok, cfg.model.chat_template)
     codec = image_codec(cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels)
     d, episodes = cfg.data, cfg.rollout.source
     sets: dict[str, list[Any]] = {}
@@ -55,7 +58,10 @@ def build_datasets(cfg: RunConfig) -> Datasets:
             sets[name] = []
             continue
         source = f"data.{name}_path={path}"
-        rows = load_rows(path, source=source)
+        rows = load_rows(path, source=source, split=d.split)
+        rows = prepare_rows(
+            rows, source, prompt_key=d.prompt_key, answer_key=d.answer_key, system_prompt=d.system_prompt
+        )
         if not cfg.rollout.multi_turn:  # an environment's reset(row) (an agent) says what a row needs
             validate_rows(rows, source, tokenizer_vocab_size=len(tok))
         if name == "val" and d.max_val_prompts:

@@ -1,5 +1,6 @@
-"""Validation: sample the held-out prompts (greedy by default), score them, report reward, accuracy,
-length."""
+"""Validation: sample the held-out prompts (greedy by default), score them, report reward, accuracy, length,
+pass@k / mean@k for `rollout.val_pass_k`, and the same per `data_source` and environment
+(`ascent.orchestrator.eval_metrics`), all under `val/`."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import logging
 from typing import TYPE_CHECKING
 
 from ascent.messages import flatten
+from ascent.orchestrator.eval_metrics import CORRECT_AT, episode_sample, eval_metrics
 
 if TYPE_CHECKING:
     from ascent.orchestrator.run import Run
 
 log = logging.getLogger("ascent")
 
-CORRECT_AT = 1.0 - 1e-6  # a response counts as correct when its reward is at least 1 (the 0/1 built-ins)
+__all__ = ["CORRECT_AT", "validate"]
 
 
 def validate(run: Run, iteration: int) -> dict[str, float]:
@@ -22,11 +24,9 @@ def validate(run: Run, iteration: int) -> dict[str, float]:
     groups = run.collector.source.evaluate(val, spec.val_params, spec.seed + 12345)
     trajs = flatten(groups)
     n = len(trajs)
-    metrics = {
-        "val/reward_mean": sum(t.reward for t in trajs) / n,
-        "val/accuracy": sum(t.reward >= CORRECT_AT for t in trajs) / n,
-        "val/response_len_mean": sum(len(t.response_ids) for t in trajs) / n,
-    }
+    scored = eval_metrics([episode_sample(t, spec.val_env) for t in trajs], spec.val_pass_k)
+    metrics = {f"val/{k}": v for k, v in scored.items()}
+    metrics["val/response_len_mean"] = sum(len(t.response_ids) for t in trajs) / n
     for t in trajs[: spec.log_samples]:
         log.info(
             "val sample | prompt %r | response %r | reward %.2f",
@@ -35,10 +35,15 @@ def validate(run: Run, iteration: int) -> dict[str, float]:
             t.reward,
         )
     log.info(
-        "validation at iteration %d: accuracy %.3f, mean reward %.3f over %d responses",
+        "validation at iteration %d: accuracy %.3f, mean reward %.3f over %d responses%s",
         iteration,
         metrics["val/accuracy"],
         metrics["val/reward_mean"],
         n,
+        "".join(
+            f", pass@{k} {metrics[f'val/pass@{k}']:.3f}"
+            for k in spec.val_pass_k
+            if f"val/pass@{k}" in metrics
+        ),
     )
     return metrics

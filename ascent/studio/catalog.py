@@ -35,6 +35,9 @@ UNITS: tuple[tuple[str, str], ...] = (
     ("*frac*", "fraction"),
     ("*rate", "fraction"),
     ("val/accuracy", "fraction"),
+    ("*pass@*", "fraction"),  # validation's pass@k, overall and per data_source / environment
+    ("*mean@*", "reward"),
+    ("val/*/accuracy", "fraction"),
     ("ratio", "probability ratio"),
     ("*staleness*", "policy versions"),
     ("*_len_*", "tokens"),

@@ -40,13 +40,29 @@ def test_sft_then_eval(tmp_path, tiny_model, arithmetic_data):
         str(arithmetic_data / "val.jsonl"),
         "--max-new-tokens",
         "4",
+        "--samples",
+        "2",
+        "--temperature",
+        "1.0",
+        "--pass-k",
+        "1,2",
         "--out",
         str(out),
     )
-    assert "accuracy" in proc.stdout and "it 1/1 | " in proc.stdout  # 16 prompts: one part, one progress line
+    assert "accuracy" in proc.stdout and "it 1/1 | " in proc.stdout  # 32 samples: one part, one progress line
     assert "deprecated" not in proc.stderr  # our forward calls use transformers' current argument names
     rows = [json.loads(x) for x in out.read_text().splitlines()]
-    assert len(rows) == 16 and all(r["reward"] in (0.0, 1.0) for r in rows)
+    assert len(rows) == 32 and all(r["reward"] in (0.0, 1.0) for r in rows)
+    # pass@k from the 2 samples of each row (Chen et al.'s estimator), and per data_source (all "addition")
+    shown = dict(
+        line.split(": ") for line in proc.stdout.splitlines() if line.startswith(("pass@", "source/"))
+    )
+    by_row: dict[int, list[float]] = {}
+    for r in rows:
+        by_row.setdefault(r["row_id"], []).append(r["reward"])
+    assert float(shown["pass@2"]) == pytest.approx(sum(max(v) for v in by_row.values()) / 16, abs=1e-4)
+    assert float(shown["pass@1"]) == pytest.approx(sum(r["reward"] for r in rows) / 32, abs=1e-4)
+    assert shown["source/addition/pass@2"] == shown["pass@2"]
 
 
 def test_pick_warm_start_scans_sft_checkpoints_in_order(tmp_path, tiny_model, arithmetic_data):

@@ -38,9 +38,14 @@ def check_run(run_dir, iterations: int) -> None:
 
 
 def test_train_inline(tmp_path, tiny_model, arithmetic_data):
-    cfg = write_yaml(tmp_path / "run.yaml", run_config(tmp_path, tiny_model, arithmetic_data))
+    val = {"rollout.val_samples_per_prompt": 2, "rollout.val_temperature": 1.0, "rollout.val_pass_k": [1, 2]}
+    cfg = write_yaml(tmp_path / "run.yaml", run_config(tmp_path, tiny_model, arithmetic_data, **val))
     ascent("train", str(cfg))
     check_run(tmp_path / "run", 3)
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    # validation's pass@k over 2 samples per prompt, also per data_source (every row is "addition")
+    assert last["val/pass@1"] <= last["val/pass@2"] and last["val/pass@1"] == last["val/accuracy"]
+    assert last["val/source/addition/pass@2"] == last["val/pass@2"]
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from ascent.cli import app
 from ascent.config import RunConfig, load_config
 from ascent.config.explain import explain_rows
+from ascent.data.fields import RowFields
 from ascent.entrypoints.guard import is_user_error
 from ascent.errors import AscentError
 
@@ -268,6 +269,8 @@ def test_eval_forwards_options_and_prints_metrics(monkeypatch: pytest.MonkeyPatc
         "max_new_tokens": 256,
         "temperature": 0.7,
         "samples": 2,
+        "pass_k": (),
+        "fields": RowFields(),
         "out": None,
         "max_prompts": 4,
         "device": "auto",
@@ -277,6 +280,30 @@ def test_eval_forwards_options_and_prints_metrics(monkeypatch: pytest.MonkeyPatc
         "progress": True,
     }
     assert "accuracy: 0.2500" in result.stdout and "responses: 8" in result.stdout
+
+
+def test_eval_pass_k_is_parsed_and_checked_against_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    def run_eval(**kwargs: Any) -> dict[str, float]:
+        seen.update(kwargs)
+        return {"pass@4": 0.5}
+
+    fake_module(
+        monkeypatch,
+        "ascent.entrypoints.evaluate",
+        run_eval=run_eval,
+        run_env_eval=run_eval,
+        run_agent_eval=run_eval,
+    )
+    base = ["eval", "--model", "m", "--data", "d.jsonl", "--samples", "4"]
+    result = runner.invoke(app, [*base, "--pass-k", "1, 4"])
+    assert result.exit_code == 0 and seen["pass_k"] == (1, 4) and "pass@4: 0.5" in result.stdout
+    for bad, says in (("8", "each k must lie in 1..--samples=4"), ("1,x", "whole numbers separated")):
+        result = runner.invoke(app, [*base, "--pass-k", bad])
+        assert result.exit_code == 2 and says in result.output
+    result = runner.invoke(app, [*base, "--env", "guess_number", "--system-prompt", "S"])
+    assert result.exit_code == 2 and "the environment (or the agent) writes the prompts" in result.output
 
 
 def test_eval_with_env_plays_episodes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -146,3 +146,20 @@ def test_episodes_run_on_either_engine_and_name_what_they_still_refuse() -> None
         "algorithm.overlong_buffer=4: the overlong penalty is single-turn; set it to 0 with "
         "rollout.source=env"
     )
+
+
+def test_val_pass_k_must_fit_the_validation_samples() -> None:
+    val = "data.val_path=v.jsonl"
+    (msg,) = problems([val, "rollout.val_pass_k=[1,4]", "rollout.val_samples_per_prompt=2"])
+    assert msg.startswith("rollout.val_pass_k=[1, 4]: pass@k and mean@k need 1 <= k <=")
+    assert "[4] do not fit" in msg
+    load_config(None, [val, "rollout.val_pass_k=[1,4]", "rollout.val_samples_per_prompt=4"])
+    (msg,) = problems(["rollout.val_pass_k=[1]"])
+    assert msg.startswith("rollout.val_pass_k=[1]: there is no validation data")
+
+
+def test_system_prompt_needs_the_chat_template_and_a_prompt_source() -> None:
+    (msg,) = problems(["data.system_prompt=Be brief.", "data.chat_template=false"])
+    assert msg.startswith("data.system_prompt is set, but data.chat_template=false")
+    msgs = problems(["data.system_prompt=Be brief.", ENV])
+    assert any(m.startswith("data.system_prompt is set, but rollout.source=env") for m in msgs)

@@ -51,6 +51,10 @@ def test_the_first_rows_must_parse_and_hold_the_prompt_and_answer(tmp_path: Path
     assert "field 'label' is missing" in data.check_split(other_key, "train", good).detail
     no_prompt = jsonl(tmp_path / "no_prompt.jsonl", [{"question": "?", "answer": "1"}])
     assert "row 1: field 'prompt' is missing" in data.check_split(cfg(), "train", no_prompt).detail
+    mapped = cfg(data={"prompt_key": "question"})  # data.prompt_key names the column the run reads
+    assert data.check_split(mapped, "train", no_prompt).status == "ok"
+    wrong = data.check_split(cfg(data={"prompt_key": "q"}), "train", no_prompt)
+    assert wrong.status == "fail" and "data.prompt_key='q' names no column" in wrong.detail
     env_rows = jsonl(tmp_path / "env.jsonl", [{"target": 3}])  # the environment reads its rows
     assert (
         data.check_split(
@@ -103,3 +107,14 @@ def test_host_memory_reads_meminfo(tmp_path: Path) -> None:
     info = tmp_path / "meminfo"
     info.write_text("MemTotal:       16384 kB\nMemFree:         1024 kB\nMemAvailable:    8192 kB\n")
     assert system.host_memory(str(info)) == (16384 * 1024, 8192 * 1024)
+
+
+def test_a_saved_datasets_directory_is_read_with_its_split(tmp_path: Path) -> None:
+    import datasets  # the dev install holds the optional `datasets`
+
+    rows = [{"question": "1+1=", "solution": "2"}]
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "d"))
+    keys = {"prompt_key": "question", "answer_key": "solution"}
+    assert data.check_split(cfg(data=keys), "train", str(tmp_path / "d")).status == "ok"
+    bad = data.check_split(cfg(data={**keys, "split": "train"}), "train", str(tmp_path / "d"))
+    assert bad.status == "fail" and "data.split='train' is not a split" in bad.detail

@@ -136,6 +136,8 @@ def test_the_tool_calls_of_the_turns_add_up_in_the_metadata(chat: ChatTokens) ->
     called, plain = run_episodes(batch, engine, chat, PARAMS, max_turns=5, max_tokens=200)
     assert called.metadata["tool_calls"] == 2 + 1 + 1 and called.metadata["turns"] == 3
     assert plain.metadata["tool_calls"] == 0 and plain.metadata["turns"] == 2
+    # GuessNumber's info numbers (its `guesses`), latest value; Calls reports only tool_calls: no env_info
+    assert plain.metadata["env_info"] == {"guesses": 2.0} and "env_info" not in called.metadata
 
 
 def test_the_registry_and_import_paths() -> None:
