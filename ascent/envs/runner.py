@@ -22,6 +22,8 @@ loop's env/errors like any environment failure), never the batch. The episode's 
 turns' rewards (`metadata["turn_rewards"]` keeps them; token-level estimators place each on the last token
 of its turn: orchestrator.batch.advantage_inputs). `metadata["tool_calls"]` sums the tool calls its turns
 reported (`info["tool_calls"]`; a value that is not a whole number >= 0 breaks the contract like a bad reward).
+A simulator's `info["success"]` and `info["episode_length"]` (`ascent.envs.sim`) are kept from its latest turn
+in the episode's metadata (the loop's env/success_rate and env/episode_length); other environments add none.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from ascent.envs.base import Environment, Message, StepResult, make_env
 from ascent.envs.chat import ChatTokens
@@ -41,6 +43,7 @@ from ascent.messages import Episode, FinishReason, Generation, GenerationRequest
 log = logging.getLogger("ascent.envs")
 
 Generate = Callable[[list[GenerationRequest]], list[list[Generation]]]
+OUTCOME_KEYS = ("success", "episode_length")  # info keys an episode's metadata keeps from its latest turn
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class _Open:
     turn_rewards: list[float] = field(default_factory=list)
     turns: int = 0
     tool_calls: int = 0  # summed over the turns' info["tool_calls"]
+    outcome: dict[str, Any] = field(default_factory=dict)  # OUTCOME_KEYS of the latest turn's info
     prompt_tokens: int = 0  # tokens sent to the engine as prompts, over all turns
     cached_tokens: int = 0  # of those, tokens whose K/V the engine reused from the episode's session
     finish: FinishReason | None = None
@@ -97,6 +101,7 @@ class _Open:
             "turn_rewards": list(self.turn_rewards),
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            **self.outcome,
         }
         return Episode(
             prompt_ids=self.prompt_ids,
@@ -123,14 +128,17 @@ def run_episodes(
     max_tokens: int,
     version: int = 0,
     hosts: Hosts | None = None,
+    envs: BatchEnvs | None = None,
 ) -> list[Episode]:
     """Run every task's episode to its end, all open episodes batched into one engine call per turn.
 
     `params` sample each turn (`n` is taken as 1, `max_new_tokens` capped by what is left of `max_tokens`;
     request i of turn t gets seed `params.seed + 1000 * t + i` when a seed is set). `version`: the policy
     version stamped on tokens the engine returns without one. `hosts`: run the environments there (host
-    processes or Ray actors; tasks then name their environment), else in this process."""
-    envs = _envs(tasks, hosts)
+    processes or Ray actors; tasks then name their environment), else in this process. `envs`: a batch view
+    of the tasks' environments to use instead (`reset(rows)`, `step(calls)`, `close()`, like
+    `InProcessEnvs`; e.g. `ascent.envs.sim.SimVectorEnvs`, which steps simulators together)."""
+    envs = envs if envs is not None else _envs(tasks, hosts)
     try:
         resets = envs.reset([t.row for t in tasks])
         open_ = [
@@ -155,6 +163,17 @@ def run_episodes(
         return [s.episode(chat.decode) for s in open_]
     finally:
         envs.close()  # hosts that outlive the batch (Ray actors) drop its environments
+
+
+class BatchEnvs(Protocol):
+    """A batch's environments as the runner drives them (`InProcessEnvs`, `HostedEnvs`,
+    `ascent.envs.sim.SimVectorEnvs`): one reset per row, steps by batch index; a failure is its text."""
+
+    def reset(self, rows: Sequence[Any]) -> list[tuple[list[Message], Any] | str]: ...
+
+    def step(self, calls: Sequence[tuple[int, str]]) -> list[StepResult | str]: ...
+
+    def close(self) -> None: ...
 
 
 def _envs(tasks: Sequence[Task], hosts: Hosts | None) -> InProcessEnvs | HostedEnvs:
@@ -199,6 +218,7 @@ def _answer(s: _Open, result: StepResult | str, chat: ChatTokens, max_tokens: in
         return
     s.turn_rewards.append(reward)
     s.tool_calls += int(result.info.get("tool_calls", 0))
+    s.outcome |= {k: result.info[k] for k in OUTCOME_KEYS if k in result.info}
     if result.done:
         s.finish = "stop"
     elif len(s.ids) + len(observation) >= max_tokens:  # out of tokens (or of turns: max_tokens=0)

@@ -161,7 +161,8 @@ def collect_env_groups(
 
 def env_metrics(groups: Sequence[Group], max_failure_rate: float) -> dict[str, float]:
     """reward/mean|std, env/turns_mean, env/errors (episodes whose environment raised); raises when their
-    share is over `max_failure_rate`."""
+    share is over `max_failure_rate`. Episodes of simulators (metadata `success`, `episode_length`:
+    `ascent.envs.sim`) add env/success_rate and env/episode_length (simulator steps), over those episodes."""
     episodes = flatten(groups)
     rewards = [e.reward for e in episodes]
     mean = sum(rewards) / len(rewards)
@@ -182,4 +183,16 @@ def env_metrics(groups: Sequence[Group], max_failure_rate: float) -> dict[str, f
         # prompt tokens the episodes' turns sent, and those the engine reused from its session cache
         "rollout/prompt_tokens": float(sum(e.metadata.get("prompt_tokens", 0) for e in episodes)),
         "rollout/prefix_reused_tokens": float(sum(e.metadata.get("cached_tokens", 0) for e in episodes)),
-    }
+    } | outcome_metrics(episodes)
+
+
+def outcome_metrics(episodes: Sequence[Any]) -> dict[str, float]:
+    """env/success_rate and env/episode_length over the episodes that report them (none: no keys)."""
+    out = {}
+    successes = [bool(e.metadata["success"]) for e in episodes if "success" in e.metadata]
+    if successes:
+        out["env/success_rate"] = sum(successes) / len(successes)
+    lengths = [float(e.metadata["episode_length"]) for e in episodes if "episode_length" in e.metadata]
+    if lengths:
+        out["env/episode_length"] = sum(lengths) / len(lengths)
+    return out

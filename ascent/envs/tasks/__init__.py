@@ -5,6 +5,8 @@ module writes a task's data and rows, and holds its environment.
 - `search_task`: an encyclopedia of made-up entities, its BM25 index and one- or two-hop questions;
   environment `search_qa` (a `search` tool).
 - `guess_task`: ranges and numbers for the `guess_number` game (`ascent.envs.base.GuessNumber`).
+- `control_task`: seeds of a simulator control task (CartPole, Pendulum, MuJoCo's InvertedPendulum) for the
+  `gym` environment (`ascent.envs.sim`).
 
 Each has `make_*_task(out_dir, n_rows, seed) -> rows path` and a command line,
 `python -m ascent.envs.tasks.sql_task OUT --rows 400 --seed 0` (`--shape skyrl` writes SkyRL-gym's rows).
@@ -21,12 +23,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ascent.envs.tasks.control_task import make_control_task
     from ascent.envs.tasks.guess_task import make_guess_task
     from ascent.envs.tasks.search_task import make_search_task
     from ascent.envs.tasks.sql_task import make_sql_task
 
-GENERATORS = {"make_guess_task": "guess_task", "make_search_task": "search_task", "make_sql_task": "sql_task"}
-__all__ = ["make_guess_task", "make_search_task", "make_sql_task"]
+GENERATORS = {
+    "make_control_task": "control_task",
+    "make_guess_task": "guess_task",
+    "make_search_task": "search_task",
+    "make_sql_task": "sql_task",
+}
+__all__ = ["make_control_task", "make_guess_task", "make_search_task", "make_sql_task"]
 
 
 def __getattr__(name: str) -> Any:
