@@ -5,7 +5,8 @@ vector API (`SyncVectorEnv`, one call for N copies).
 `close()`, like `ascent.envs.hosts.InProcessEnvs`): pass it to `run_episodes(..., envs=...)`. Rows that
 share their simulator spec (everything but `seed`) form one vector environment, reset with each row's seed.
 A step call steps every vector environment once: episodes that are not stepped this turn (ended, or their
-turn had no action) get a placeholder action whose result is dropped (autoreset is off, so nothing restarts).
+turn had no action) get a placeholder action whose result is dropped; a copy whose simulator finished is
+reset at once (autoreset off, `reset_mask`) so the vector can step again, and its episode is never stepped on.
 A turn without a parseable action ends its episode as in `GymEnv`. A simulator that raises costs the episodes
 of its vector environment (their result is the error's text, as the runner expects), never the batch; a
 simulator that crashes its process is the hosts' business (`ascent.envs.hosts`).
@@ -51,6 +52,9 @@ class _Block:
         batch = np.stack([np.asarray(actions.get(j, self.placeholder)) for j in range(len(self.members))])
         self.obs, rewards, terminated, truncated, _ = self.vec.step(batch)
         frames = self.frames()
+        ended = np.logical_or(terminated, truncated)
+        if ended.any():  # autoreset is off: a finished copy must be reset before the next vector step
+            self.vec.reset(options={"reset_mask": ended})
         return {
             j: self.episodes[j].outcome(
                 self.obs[j], float(rewards[j]), terminated[j], truncated[j], frames[j]

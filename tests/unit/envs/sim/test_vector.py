@@ -30,6 +30,23 @@ def test_a_bad_action_ends_only_its_episode_and_the_others_go_on():
     assert [r.info["episode_length"] for r in later] == [2, 2]
 
 
+def test_episodes_that_end_at_different_steps_leave_the_others_running():
+    rows = [{**ROWS[0], "seed": s, "max_steps": 100} for s in (5, 6, 7, 8)]
+    vec, singles = SimVectorEnvs(), [make_env("gym") for _ in rows]
+    vec.reset(rows)
+    for e, r in zip(singles, rows, strict=True):
+        e.reset(r)
+    open_, lengths = set(range(4)), {}
+    while open_:  # always push right: the poles fall at different steps
+        calls = [(i, "<a1>") for i in sorted(open_)]
+        for (i, _), got in zip(calls, vec.step(calls), strict=True):
+            assert got == singles[i].step("<a1>")
+            if got.done:
+                open_.discard(i)
+                lengths[i] = got.info["episode_length"]
+    assert len(set(lengths.values())) > 1
+
+
 def test_a_bad_row_costs_its_reset_only():
     out = SimVectorEnvs().reset([ROWS[0], {"seed": 1}])
     assert isinstance(out[0], tuple) and "gym_id" in out[1]
