@@ -80,3 +80,14 @@ def test_env_metrics_report_success_rate_and_length_only_for_simulators():
     assert metrics["env/success_rate"] == 0.5 and metrics["env/episode_length"] == 3.5
     plain = env_metrics([Group((_episode(1.0, turns=1),))], max_failure_rate=0.0)
     assert "env/success_rate" not in plain and "env/episode_length" not in plain
+
+
+def test_image_observations_are_rgb_parts_beside_the_text():
+    row = {"gym_id": "InvertedPendulum-v5", "seed": 0, "max_steps": 3, "bins": 8, "image_obs": True}
+    env = make_env("gym")
+    (first,) = env.reset(row)
+    image, text = first["content"]
+    assert image["type"] == "image" and image["image"].shape == (128, 128, 3)
+    assert image["image"].dtype.name == "uint8" and text["type"] == "text" and "State:" in text["text"]
+    step = env.step("<a4>")
+    assert step.observation[0]["content"][0]["type"] == "image" and len(env.frames) == 2
