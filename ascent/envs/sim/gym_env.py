@@ -86,7 +86,7 @@ class SimSpec:
             return gym.make(self.gym_id, render_mode="rgb_array", **kwargs)
 
 
-class Episode:
+class SimEpisode:
     """One episode's bookkeeping, shared by `GymEnv` and the vectorised `SimVectorEnvs`: the state's text,
     the return, the steps, success, and each step's `StepResult`."""
 
@@ -157,7 +157,7 @@ class GymEnv:
             self.env.close()
         self.env = spec.make()
         self.actions = ActionTokenizer.for_space(self.env.action_space, spec.bins)
-        self.episode = Episode(spec, self.actions)
+        self.episode = SimEpisode(spec, self.actions)
         self.frames = self.episode.frames
         obs, _ = self.env.reset(seed=spec.seed)
         self.env.action_space.seed(spec.seed)

@@ -26,7 +26,7 @@ import numpy as np
 
 from ascent.envs.base import Message, StepResult
 from ascent.envs.sim.actions import ActionTokenizer
-from ascent.envs.sim.gym_env import Episode, SimSpec
+from ascent.envs.sim.gym_env import SimEpisode, SimSpec
 
 
 class _Block:
@@ -38,7 +38,7 @@ class _Block:
         self.members = members
         self.vec = SyncVectorEnv([spec.make] * len(members), autoreset_mode=AutoresetMode.DISABLED)
         self.actions = ActionTokenizer.for_space(self.vec.single_action_space, spec.bins)
-        self.episodes = [Episode(replace(spec, seed=s), self.actions) for s in seeds]
+        self.episodes = [SimEpisode(replace(spec, seed=s), self.actions) for s in seeds]
         self.obs, _ = self.vec.reset(seed=list[int | None](seeds))
         self.placeholder = self.actions.centre([0] * self.actions.size)
 
