@@ -183,16 +183,18 @@ def env_metrics(groups: Sequence[Group], max_failure_rate: float) -> dict[str, f
         # prompt tokens the episodes' turns sent, and those the engine reused from its session cache
         "rollout/prompt_tokens": float(sum(e.metadata.get("prompt_tokens", 0) for e in episodes)),
         "rollout/prefix_reused_tokens": float(sum(e.metadata.get("cached_tokens", 0) for e in episodes)),
-    } | outcome_metrics(episodes)
+    } | outcome_metrics(groups)
 
 
-def outcome_metrics(episodes: Sequence[Any]) -> dict[str, float]:
-    """env/success_rate and env/episode_length over the episodes that report them (none: no keys)."""
-    out = {}
-    successes = [bool(e.metadata["success"]) for e in episodes if "success" in e.metadata]
-    if successes:
-        out["env/success_rate"] = sum(successes) / len(successes)
-    lengths = [float(e.metadata["episode_length"]) for e in episodes if "episode_length" in e.metadata]
-    if lengths:
-        out["env/episode_length"] = sum(lengths) / len(lengths)
-    return out
+def outcome_metrics(groups: Sequence[Group]) -> dict[str, float]:
+    """env/success_rate and env/episode_length over the groups whose episodes report them (a group is one
+    row's environment; its episodes that ended before their simulator answered, e.g. a first turn cut by
+    max_new_tokens, count as failures of length 0). No group reports: no keys."""
+    episodes = [e for g in groups if any("success" in e.metadata for e in g.episodes) for e in g.episodes]
+    if not episodes:
+        return {}
+    return {
+        "env/success_rate": sum(e.metadata.get("success") is True for e in episodes) / len(episodes),
+        "env/episode_length": sum(float(e.metadata.get("episode_length", 0)) for e in episodes)
+        / len(episodes),
+    }

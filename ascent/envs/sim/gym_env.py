@@ -4,7 +4,7 @@ The row says everything (environments are made without arguments, so one registe
 task): `gym_id` (any registered gymnasium id: CartPole-v1, Pendulum-v1, InvertedPendulum-v5, ...), `seed`
 (the initial state: every episode of a row's group starts from the same one, as GRPO compares them),
 `max_steps` (the episode's step limit, else the id's own), `bins` (action words per continuous dimension,
-default 256), `decimals` (of the state's text, default 2), `success` and `success_return` (below), `render`
+default 256), `decimals` (of the state's text, default 2), `success_rule` and `success_return` (below), `render`
 (keep RGB frames in `env.frames`, for `ascent debug env --frames`) and `image_obs` (also send each frame as
 an image content part `{"type": "image", "image": <uint8 array [H, W, 3]>}` beside the text). Frames
 render headless through MuJoCo's `MUJOCO_GL` (default here: egl; `ascent doctor` says which works).
@@ -15,7 +15,7 @@ parseable action ENDS the episode (reward 0 for that turn, `info["invalid_action
 are its cost, so a policy learns the action format before anything else.
 
 Success (`info["success"]`, recorded on the episode by the runner; `env/success_rate`): with
-`success_return`, a return at or above it; else `success="survive"` (default: the episode reached its step
+`success_return`, a return at or above it; else `success_rule="survive"` (default: the episode reached its step
 limit without terminating: CartPole, InvertedPendulum) or `"goal"` (it terminated: MountainCar's flag).
 `info["episode_length"]` counts the simulator steps (`env/episode_length`).
 """
@@ -45,7 +45,7 @@ class SimSpec:
     max_steps: int | None = None
     bins: int = DEFAULT_BINS
     decimals: int = 2
-    success: str = "survive"
+    success_rule: str = "survive"
     success_return: float | None = None
     render: bool = False
     image_obs: bool = False
@@ -54,10 +54,10 @@ class SimSpec:
     def from_row(cls, row: Mapping[str, Any]) -> SimSpec:
         if "gym_id" not in row:
             raise ValueError(f"the row has no `gym_id` (e.g. 'CartPole-v1'); its fields: {sorted(row)}")
-        rule = str(row.get("success", "survive"))
+        rule = str(row.get("success_rule", "survive"))
         if rule not in SUCCESS_RULES:
             raise ValueError(
-                f"the row's success={rule!r}; choose one of {SUCCESS_RULES} (or set success_return)"
+                f"the row's success_rule={rule!r}; choose one of {SUCCESS_RULES} (or set success_return)"
             )
         limit, target = row.get("max_steps"), row.get("success_return")
         return cls(
@@ -66,7 +66,7 @@ class SimSpec:
             max_steps=None if limit is None else int(limit),
             bins=int(row.get("bins", DEFAULT_BINS)),
             decimals=int(row.get("decimals", 2)),
-            success=rule,
+            success_rule=rule,
             success_return=None if target is None else float(target),
             render=bool(row.get("render", False)) or bool(row.get("image_obs", False)),
             image_obs=bool(row.get("image_obs", False)),
@@ -127,7 +127,7 @@ class SimEpisode:
         self.frames += [] if frame is None else [frame]
         if self.spec.success_return is not None:
             success = done and self.total >= self.spec.success_return
-        elif self.spec.success == "goal":
+        elif self.spec.success_rule == "goal":
             success = bool(terminated)
         else:
             success = bool(truncated and not terminated)

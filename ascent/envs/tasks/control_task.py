@@ -1,7 +1,7 @@
 """Rows for the simulator environment `gym` (`ascent.envs.sim`): one control task, a seed per row.
 
 `make_control_task(out_dir, n_rows, seed, task=...)` writes `rows.jsonl` and `val.jsonl`, each row
-`{"prompt", "gym_id", "seed", "max_steps", "bins", "decimals", "success", "env": "gym"}`; a row's `seed` fixes
+`{"prompt", "gym_id", "seed", "max_steps", "bins", "decimals", "success_rule", "env": "gym"}`; a row's `seed` fixes
 its initial state, so the `samples_per_prompt` episodes of its group start alike (GRPO compares them). The
 tasks (`TASKS`):
 
@@ -25,7 +25,7 @@ from typing import Any
 from ascent.envs.tasks.common import Shape, n_val_rows, write_split
 
 TASKS: dict[str, dict[str, Any]] = {
-    "cartpole": {"gym_id": "CartPole-v1", "max_steps": 20, "decimals": 1, "success": "survive"},
+    "cartpole": {"gym_id": "CartPole-v1", "max_steps": 20, "decimals": 1, "success_rule": "survive"},
     "pendulum": {
         "gym_id": "Pendulum-v1",
         "max_steps": 20,

@@ -76,8 +76,9 @@ def _episode(reward, **meta):
 
 def test_env_metrics_report_success_rate_and_length_only_for_simulators():
     sims = [_episode(5.0, success=True, episode_length=5), _episode(2.0, success=False, episode_length=2)]
-    metrics = env_metrics([Group(tuple(sims))], max_failure_rate=0.0)
-    assert metrics["env/success_rate"] == 0.5 and metrics["env/episode_length"] == 3.5
+    cut = _episode(0.0, success_rule="survive")  # its first turn never reached the simulator: a failure
+    metrics = env_metrics([Group((*sims, cut)), Group((_episode(0.0),))], max_failure_rate=0.0)
+    assert metrics["env/success_rate"] == 1 / 3 and metrics["env/episode_length"] == 7 / 3
     plain = env_metrics([Group((_episode(1.0, turns=1),))], max_failure_rate=0.0)
     assert "env/success_rate" not in plain and "env/episode_length" not in plain
 
