@@ -297,6 +297,12 @@ def debug_env(
         str | None, typer.Option(help="Write the episodes (ids, masks, text) to this JSONL.")
     ] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "cpu",
+    random_actions: Annotated[
+        bool, typer.Option(help="Simulators: play random actions instead of the model (its tokenizer only).")
+    ] = False,
+    frames: Annotated[
+        str | None, typer.Option(help="Simulators: write each episode's frames (PNG strip, GIF) here.")
+    ] = None,
 ) -> None:
     """Run a few episodes of an environment inline and print them turn by turn."""
     with ErrorGuard():
@@ -304,7 +310,18 @@ def debug_env(
         from ascent.entrypoints.debug_env import run_debug_env
 
         run_debug_env(
-            model, data, env, episodes, max_turns, max_tokens, max_new_tokens, temperature, out, device
+            model,
+            data,
+            env,
+            episodes,
+            max_turns,
+            max_tokens,
+            max_new_tokens,
+            temperature,
+            out,
+            device,
+            random_actions=random_actions,
+            frames=frames,
         )
         if out:
             typer.echo(f"episodes written to {out}")

@@ -9,6 +9,7 @@ python -c "import torch" 2>/dev/null || python -m pip install -q torch==2.13.0
 python -m pip install -q -e ".[dev]"
 bash scripts/install_chromium.sh
 bash scripts/install_bubblewrap.sh  # the Python tool's sandbox
+bash scripts/install_render.sh  # headless EGL for the simulators' frames (MuJoCo)
 ruff check ascent tests examples bench
 ruff format --check ascent tests examples bench
 mypy

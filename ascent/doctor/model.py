@@ -220,6 +220,18 @@ def renders(name: str) -> bool:
     return bool(getattr(target, "needs_rendering", False))
 
 
+def simulator_envs(cfg: RunConfig) -> list[str]:
+    """The config's environments that are simulators (their class sets `simulator = True`: `gym`)."""
+    out = []
+    for name in env_names(cfg):
+        try:
+            if getattr(make_env(name), "simulator", False):
+                out.append(name)
+        except Exception:  # noqa: BLE001 - one that does not load is rendering_envs' failure to report
+            continue
+    return out
+
+
 def rendering_envs(cfg: RunConfig) -> tuple[list[str], CheckResult | None]:
     """-> (environments that render, a failure when one does not load)."""
     out = []

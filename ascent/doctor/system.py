@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, requires
 from pathlib import Path
@@ -23,6 +24,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
+from ascent.envs.sim.frames import probe_renderer
 
 MIN_PYTHON = (3, 11)
 RENDER_LIBRARIES = ("EGL", "OSMesa")
@@ -302,3 +304,28 @@ def check_rendering(renderers: list[str]) -> CheckResult:
             "install libegl1 (GPU) or libosmesa6 (CPU) and set PYOPENGL_PLATFORM=egl or osmesa.",
         )
     return ok(name, f"{lib} for {', '.join(renderers)}", library=lib)
+
+
+def check_simulator_rendering(
+    simulators: list[str], probe: Callable[[], tuple[str | None, str]] = probe_renderer
+) -> CheckResult:
+    """Simulator environments (`ascent.envs.sim`) render frames (rows with `render`/`image_obs`) through
+    MuJoCo's EGL or OSMesa: `probe` renders a tiny scene in a subprocess. No renderer is a warning, not a
+    failure: state-only rows need none."""
+    name = "simulator rendering (MuJoCo)"
+    if not simulators:
+        return skipped(name, "no simulator environment in this config")
+    if importlib.util.find_spec("mujoco") is None:
+        return warn(
+            name,
+            "mujoco is not installed: frames cannot be rendered (state-only rows still run)",
+            "pip install 'ascent[sim]'.",
+        )
+    backend, said = probe()
+    if backend is None:
+        return warn(
+            name,
+            f"no MuJoCo renderer works here ({said}); state-only rows still run",
+            "apt-get install libegl1 libegl-mesa0 (or libosmesa6) and set MUJOCO_GL=egl (or osmesa).",
+        )
+    return ok(name, f"MUJOCO_GL={backend} renders ({', '.join(simulators)})", backend=backend)

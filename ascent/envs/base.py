@@ -14,9 +14,9 @@ An environment may also have a `tools` attribute (function schemas, `ascent.envs
 runner passes it to the chat template, which describes the tools to the model (`ascent.envs.agent.ToolEnv`).
 
 `ENVIRONMENTS` maps names to factories (`guess_number`, `python_math`, and the tasks of `ascent.envs.tasks`:
-`text_to_sql`, `search_qa`; the image questions of `ascent.envs.image_env`: `zoom_qa`, `image_qa`);
-`make_env(name)` also takes an import path `pkg.module:Class`. A row names its own environment with an `env`
-column (or SkyRL's `env_class`: `ascent.envs.rows.row_env`).
+`text_to_sql`, `search_qa`; the image questions of `ascent.envs.image_env`: `zoom_qa`, `image_qa`; `gym`: a
+gymnasium simulator, `ascent.envs.sim`); `make_env(name)` also takes an import path `pkg.module:Class`. A row
+names its own environment with an `env` column (or SkyRL's `env_class`: `ascent.envs.rows.row_env`).
 Only `ascent.errors` and the plug-in loader `ascent.plugins` (a leaf like errors) are imported from ascent.
 """
 
@@ -121,6 +121,7 @@ ENVIRONMENTS: dict[str, Callable[[], Environment]] = {
     "search_qa": _lazy("ascent.envs.tasks.search_task:SearchQa"),
     "zoom_qa": _lazy("ascent.envs.image_env:zoom_qa"),
     "image_qa": _lazy("ascent.envs.image_env:image_qa"),
+    "gym": _lazy("ascent.envs.sim.gym_env:GymEnv"),
 }
 
 

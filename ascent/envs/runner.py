@@ -30,6 +30,8 @@ of its turn: orchestrator.batch.advantage_inputs). `metadata["tool_calls"]` sums
 reported (`info["tool_calls"]`; a value that is not a whole number >= 0 breaks the contract like a bad reward).
 Any other number in `info` is the environment's own metric: `metadata["env_info"]` keeps each one's latest
 value (absent when there are none), and evaluation averages them (`ascent.orchestrator.eval_metrics`).
+A simulator's `info["success"]` and `info["episode_length"]` (`ascent.envs.sim`) are kept from its latest turn
+in the episode's metadata (the loop's env/success_rate and env/episode_length); other environments add none.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from ascent.envs.base import Environment, Message, StepResult
 from ascent.envs.chat import ChatTokens
@@ -50,6 +52,7 @@ from ascent.messages import Episode, FinishReason, Generation, GenerationRequest
 log = logging.getLogger("ascent.envs")
 
 Generate = Callable[[list[GenerationRequest]], list[list[Generation]]]
+OUTCOME_KEYS = ("success", "episode_length")  # info keys an episode's metadata keeps from its latest turn
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,7 @@ class _Open:
     turns: int = 0
     tool_calls: int = 0  # summed over the turns' info["tool_calls"]
     env_info: dict[str, float] = field(default_factory=dict)  # the latest value of each other number in info
+    outcome: dict[str, Any] = field(default_factory=dict)  # OUTCOME_KEYS of the latest turn's info
     prompt_tokens: int = 0  # tokens sent to the engine as prompts, over all turns
     cached_tokens: int = 0  # of those, tokens whose K/V the engine reused from the episode's session
     finish: FinishReason | None = None
@@ -111,6 +115,7 @@ class _Open:
             "turn_rewards": list(self.turn_rewards),
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            **self.outcome,
         }
         if self.cut:
             meta["cut"] = self.cut
@@ -143,6 +148,7 @@ def run_episodes(
     version: int = 0,
     hosts: Hosts | None = None,
     images: ImageEncoder | None = None,
+    envs: BatchEnvs | None = None,
 ) -> list[Episode]:
     """Run every task's episode to its end, all open episodes batched into one engine call per turn.
 
@@ -152,8 +158,10 @@ def run_episodes(
     processes or Ray actors: tasks then name their environment), else in this process (`InlineHosts`).
     `images`: the model's image encoder (`ascent.envs.images`), which turns the images of prompts and
     observations into image tokens; None for a text model (an environment that shows images then costs its
-    episodes)."""
-    envs = _envs(tasks, hosts)
+    episodes). `envs`: a batch view of the tasks' environments to use instead (`reset(rows)`,
+    `step(calls)`, `close()`, like `HostedEnvs`; e.g. `ascent.envs.sim.SimVectorEnvs`, which steps
+    simulators together)."""
+    envs = envs if envs is not None else _envs(tasks, hosts)
     try:
         resets = envs.reset([t.row for t in tasks])
         open_ = [
@@ -180,6 +188,17 @@ def run_episodes(
         return [s.episode(chat.decode) for s in open_]
     finally:
         envs.close()  # hosts that outlive the batch (Ray actors) drop its environments
+
+
+class BatchEnvs(Protocol):
+    """A batch's environments as the runner drives them (`HostedEnvs`, `ascent.envs.sim.SimVectorEnvs`): one
+    reset per row, steps by batch index; a failure is its text."""
+
+    def reset(self, rows: Sequence[Any]) -> list[tuple[list[Message], Any] | str]: ...
+
+    def step(self, calls: Sequence[tuple[int, str]]) -> list[StepResult | str]: ...
+
+    def close(self) -> None: ...
 
 
 def _envs(tasks: Sequence[Task], hosts: Hosts | None) -> HostedEnvs:
@@ -263,6 +282,7 @@ def _answer(
     s.turn_rewards.append(reward)
     s.tool_calls += int(result.info.get("tool_calls", 0))
     s.env_info |= info_numbers(result.info)
+    s.outcome |= {k: result.info[k] for k in OUTCOME_KEYS if k in result.info}
     if result.done:
         s.finish = "stop"
     elif len(s.ids) + len(observation) >= max_tokens:  # out of tokens (or of turns: max_tokens=0)

@@ -203,7 +203,8 @@ def collect_env_groups(
 
 def env_metrics(groups: Sequence[Group], max_failure_rate: float) -> dict[str, float]:
     """reward/mean|std, env/turns_mean, env/errors (episodes whose environment raised); raises when their
-    share is over `max_failure_rate`."""
+    share is over `max_failure_rate`. Episodes of simulators (metadata `success`, `episode_length`:
+    `ascent.envs.sim`) add env/success_rate and env/episode_length (simulator steps), over those episodes."""
     episodes = flatten(groups)
     rewards = [e.reward for e in episodes]
     mean = sum(rewards) / len(rewards)
@@ -224,4 +225,18 @@ def env_metrics(groups: Sequence[Group], max_failure_rate: float) -> dict[str, f
         # prompt tokens the episodes' turns sent, and those the engine reused from its session cache
         "rollout/prompt_tokens": float(sum(e.metadata.get("prompt_tokens", 0) for e in episodes)),
         "rollout/prefix_reused_tokens": float(sum(e.metadata.get("cached_tokens", 0) for e in episodes)),
+    } | outcome_metrics(groups)
+
+
+def outcome_metrics(groups: Sequence[Group]) -> dict[str, float]:
+    """env/success_rate and env/episode_length over the groups whose episodes report them (a group is one
+    row's environment; its episodes that ended before their simulator answered, e.g. a first turn cut by
+    max_new_tokens, count as failures of length 0). No group reports: no keys."""
+    episodes = [e for g in groups if any("success" in e.metadata for e in g.episodes) for e in g.episodes]
+    if not episodes:
+        return {}
+    return {
+        "env/success_rate": sum(e.metadata.get("success") is True for e in episodes) / len(episodes),
+        "env/episode_length": sum(float(e.metadata.get("episode_length", 0)) for e in episodes)
+        / len(episodes),
     }
