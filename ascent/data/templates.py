@@ -9,9 +9,14 @@ open it; add a name here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from ascent.data.validation import DataError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Tok = TypeVar("Tok", bound="PreTrainedTokenizerBase")
 
 CHATML = (
     "{% for message in messages %}"
@@ -43,7 +48,7 @@ def resolve_chat_template(value: str, field: str = "model.chat_template") -> str
     return text
 
 
-def set_chat_template(tokenizer: Any, value: str | None, field: str = "model.chat_template") -> Any:
+def set_chat_template(tokenizer: Tok, value: str | None, field: str = "model.chat_template") -> Tok:
     """`tokenizer` with its chat template replaced by the one `value` names (None: left as it is)."""
     if value is not None:
         tokenizer.chat_template = resolve_chat_template(value, field)

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+
+from ascent.messages import Episode
 
 CORRECT_AT = 1.0 - 1e-6  # a response counts as correct when its reward is at least 1 (the 0/1 built-ins)
 EPISODE_NUMBERS = ("turns", "tool_calls")  # an episode's metadata numbers its environment reports
@@ -113,7 +114,7 @@ def eval_metrics(samples: Sequence[ScoredSample], ks: Sequence[int] = ()) -> dic
     return out
 
 
-def episode_sample(e: Any, env: str | None = None) -> ScoredSample:
+def episode_sample(e: Episode, env: str | None = None) -> ScoredSample:
     """An `Episode` as a ScoredSample: its row's `data_source` and `env` columns (`env`: the run's
     environment when the row names none), reward components, the turns/tool calls its environment counted and
     the numbers its environment's info reported (`metadata["env_info"]`, `ascent.envs.runner`)."""
