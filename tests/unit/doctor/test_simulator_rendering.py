@@ -8,7 +8,11 @@ from ascent.doctor import model, system
 
 def _cfg(env: str) -> RunConfig:
     return RunConfig.model_validate(
-        {"model": {"path": "m"}, "data": {"train_path": "t.jsonl"}, "rollout": {"source": {"name": "env", "env": env}}}
+        {
+            "model": {"path": "m"},
+            "data": {"train_path": "t.jsonl"},
+            "rollout": {"source": {"name": "env", "env": env}},
+        }
     )
 
 
