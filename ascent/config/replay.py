@@ -57,7 +57,7 @@ def replay_rules(cfg: RunConfig) -> list[str]:
     """Replay fits the run: a whole number of groups, fresh groups left, importance correction on."""
     r, pps = cfg.replay, cfg.rollout.prompts_per_step
     if r.store is None:
-        changed = [f for f in ("ratio", "score") if f in r.model_fields_set]
+        changed = [f for f in ("ratio", "score") if getattr(r, f) != ReplayConfig.model_fields[f].default]
         return [
             f"replay.{f}={getattr(r, f)!r}: replay.store is not set, so nothing replays; set it or remove {f}."
             for f in changed
