@@ -154,7 +154,7 @@ def processors_from_config(data: DataConfig) -> list[tuple[str, P.Step]]:
             rate = (
                 P.column_rate(proc.column)
                 if proc.column
-                else P.store_pass_rates(proc.store or "", proc.success)
+                else P.store_pass_rates(proc.store or "", proc.success, f"{field}.store")
             )
             steps.append((label, partial(P.difficulty_rows, rate=rate, low=proc.low, high=proc.high)))
         else:

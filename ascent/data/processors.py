@@ -16,7 +16,7 @@ from typing import Any
 
 from ascent.data.validation import DataError
 from ascent.errors import AscentError
-from ascent.tracking.experience_store import open_store
+from ascent.tracking.experience_store import StoreError, open_store
 
 log = logging.getLogger("ascent")
 Row = dict[str, Any]
@@ -65,11 +65,14 @@ def column_rate(column: str) -> Callable[[int, Row], float | None]:
     return rate
 
 
-def store_pass_rates(store: str, success: float) -> Callable[[int, Row], float | None]:
+def store_pass_rates(store: str, success: float, field: str) -> Callable[[int, Row], float | None]:
     """Pass rates from an earlier run's experience store on the same data, looked up by row index (a row's
-    id in that run); rows it never trained on are unknown."""
-    with open_store(store) as s:
-        rates = s.pass_rates(success)
+    id in that run); rows it never trained on are unknown. A missing store is a DataError naming `field`."""
+    try:
+        with open_store(store) as s:
+            rates = s.pass_rates(success)
+    except StoreError as err:
+        raise DataError(f"{field}={store!r}: {err}") from err
     return lambda i, row: rates.get(i)
 
 

@@ -84,6 +84,8 @@ def test_difficulty_from_an_earlier_runs_store(tmp_path):
     write(tmp_path / "experience.db", entries)
     chain = steps({"name": "difficulty", "store": str(tmp_path), "low": 0.2, "high": 0.8})
     assert [r["answer"] for r in P.run_steps(list(ROWS), chain, "x")] == ["1", "3"]
+    with pytest.raises(DataError, match=r"data.processors\[0\].store='/nowhere': /nowhere/experience.db: no"):
+        steps({"name": "difficulty", "store": "/nowhere"})
 
 
 def test_config_refuses_unknown_names_and_a_difficulty_without_one_source():
