@@ -12,7 +12,7 @@ from ascent.tracking.experience_store import open_store
 
 
 def test_a_second_run_replays_the_first_runs_groups(tmp_path, tiny_model, arithmetic_data):
-    first = run_config(tmp_path, tiny_model, arithmetic_data, iterations=2, val_every=0)
+    first = run_config(tmp_path, tiny_model, arithmetic_data, iterations=1, val_every=0)
     first["data"].pop("val_path")
     ascent("train", str(write_yaml(tmp_path / "first.yaml", first)))
     first_dir = tmp_path / "run"
@@ -24,7 +24,7 @@ def test_a_second_run_replays_the_first_runs_groups(tmp_path, tiny_model, arithm
     second["replay"] = {"store": str(first_dir), "ratio": 0.5, "score": "uniform"}
     second["algorithm"] = {"rollout_correction": "tis"}
     out = ascent("train", str(write_yaml(tmp_path / "second.yaml", second)))
-    assert "data.processors[0] (difficulty) kept 4 of" in out.stderr + out.stdout  # the rows run 1 trained on
+    assert "data.processors[0] (difficulty) kept 2 of" in out.stderr + out.stdout  # the rows run 1 trained on
 
     metrics = [json.loads(x) for x in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()]
     trained = [m for m in metrics if m["step"] >= 1]

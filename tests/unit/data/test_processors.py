@@ -3,14 +3,15 @@ order on the rows; what each kept is logged, errors name the processor, keeping 
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
 
-from ascent.config import RunConfig
+from ascent.config import RunConfig, SFTConfig
 from ascent.config.schema import DataConfig
 from ascent.data import processors as P
-from ascent.data.builders import processors_from_config
+from ascent.data.builders import processors_from_config, sft_examples_from_config
 from ascent.data.validation import DataError
 from ascent.transport.store_writer import Entry
 from tests.unit.transport.test_store import single, write
@@ -93,3 +94,14 @@ def test_config_refuses_unknown_names_and_a_difficulty_without_one_source():
         RunConfig(data={"train_path": "x", "processors": ["dedupe"]})
     with pytest.raises(ValueError, match="set exactly one of column"):
         RunConfig(data={"train_path": "x", "processors": [{"name": "difficulty", "low": 0.1}]})
+
+
+def test_sft_training_pairs_go_through_the_processors_and_validation_pairs_do_not(tmp_path, tokenizer):
+    rows = [{"prompt": f"q{i}", "response": f"r{i}", "rate": i / 4} for i in range(4)]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    processors = [{"name": "difficulty", "column": "rate", "low": 0.5}]
+    cfg = SFTConfig(data={"train_path": str(path), "val_path": str(path), "processors": processors})
+    train, _ = sft_examples_from_config(cfg, tokenizer, "train")
+    val, _ = sft_examples_from_config(cfg, tokenizer, "val")
+    assert (len(train), len(val)) == (2, 4)
