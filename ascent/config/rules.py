@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ascent.config.choices import GrpoAdvantage
 from ascent.config.ignored import ignored_run_settings, ignored_sft_settings
+from ascent.config.replay import replay_rules
 from ascent.config.reward_models import reward_model_rules
 from ascent.config.sources import PromptSourceConfig
 
@@ -39,6 +40,7 @@ ENGINES = {"reference", "fast"}
 def check_run_config(cfg: RunConfig) -> None:
     """Raise ValueError listing every broken cross-field rule of `cfg` (nothing when all hold)."""
     problems = _batch_rules(cfg) + _algorithm_rules(cfg) + ignored_run_settings(cfg) + reward_model_rules(cfg)
+    problems += replay_rules(cfg)
     if problems:
         raise ValueError("\n".join(problems))
 

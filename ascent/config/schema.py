@@ -24,6 +24,8 @@ from ascent.config.choices import (
 )
 from ascent.config.errors import rule_error
 from ascent.config.group_hooks import GroupHookChoice
+from ascent.config.processors import ProcessorChoice
+from ascent.config.replay import ReplayConfig
 from ascent.config.reward_models import RewardModelsMixin
 from ascent.config.rollout import RolloutConfig
 from ascent.config.rules import check_run_config, check_sft_config  # rules imports schema for types only
@@ -119,6 +121,12 @@ class DataConfig(Section):
         None,
         description="The split to read when train_path / val_path is a Hugging Face `datasets` directory "
         "(save_to_disk) that holds several (a DatasetDict); null: the directory's only split.",
+    )
+    processors: list[ProcessorChoice] = Field(
+        default_factory=list,
+        description="Steps run in order on the loaded training rows before sampling: filter (a predicate "
+        "plug-in), transform (a row plug-in), difficulty (keep pass rates in [low, high]) or an import path "
+        "(rows -> rows). See ascent.config.processors.",
     )
 
 
@@ -465,6 +473,9 @@ class RunConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="Metrics and logs.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Workers and placement.")
+    replay: ReplayConfig = Field(
+        default_factory=ReplayConfig, description="Replay of stored groups mixed with fresh ones."
+    )
 
     @property
     def trajectories_per_step(self) -> int:

@@ -3,19 +3,24 @@ edge").
 
 `load_prompts` / `load_sft_examples` take flat arguments (load -> validate -> render); the `*_from_config`
 helpers only pick those arguments out of a `DataConfig` / `SFTConfig`; `image_codec` loads a
-vision-language model's image codec with the `model.min_pixels` / `model.max_pixels` budget.
+vision-language model's image codec with the `model.min_pixels` / `model.max_pixels` budget;
+`processors_from_config` builds the steps of `data.processors` (`ascent.data.processors`).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ascent.config.processors import DifficultyProcessor, FilterProcessor, TransformProcessor
+from ascent.data import processors as P
 from ascent.data.fields import prepare_rows
 from ascent.data.loading import load_rows
 from ascent.data.prompts import Overlong, PromptItem, RenderReport, Side, render_prompts
 from ascent.data.sft import SFTExample, render_sft_examples_and_report
 from ascent.data.validation import DataError, validate_rows
+from ascent.plugins import load_plugin
 
 if TYPE_CHECKING:
     from ascent.config.schema import DataConfig, SFTConfig
@@ -115,6 +120,8 @@ def sft_examples_from_config(
     )
     if split == "val":
         rows = rows[: cfg.data.max_val_prompts]
+    else:
+        rows = P.run_steps(rows, processors_from_config(d), source)
     return render_sft_examples_and_report(
         rows,
         tokenizer,
@@ -127,3 +134,29 @@ def sft_examples_from_config(
         source=source,
         codec=codec,
     )
+
+
+def processors_from_config(data: DataConfig) -> list[tuple[str, P.Step]]:
+    """The steps of `data.processors`, each labelled `data.processors[i] (name)` for logs and errors; the
+    plug-ins are imported here (a path that does not resolve is a PluginError naming the entry)."""
+    steps: list[tuple[str, P.Step]] = []
+    for i, proc in enumerate(data.processors):
+        field = f"data.processors[{i}]"
+        label = f"{field} ({proc.name})"
+        kwargs = getattr(proc, "kwargs", {})
+        if isinstance(proc, FilterProcessor):
+            keep = partial(load_plugin(proc.fn, f"{field}.fn"), **kwargs)
+            steps.append((label, partial(P.filter_rows, keep=keep)))
+        elif isinstance(proc, TransformProcessor):
+            fn = partial(load_plugin(proc.fn, f"{field}.fn"), **kwargs)
+            steps.append((label, partial(P.transform_rows, fn=fn)))
+        elif isinstance(proc, DifficultyProcessor):
+            rate = (
+                P.column_rate(proc.column)
+                if proc.column
+                else P.store_pass_rates(proc.store or "", proc.success, f"{field}.store")
+            )
+            steps.append((label, partial(P.difficulty_rows, rate=rate, low=proc.low, high=proc.high)))
+        else:
+            steps.append((label, partial(load_plugin(proc.name, f"{field}.name"), **kwargs)))
+    return steps

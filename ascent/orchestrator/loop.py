@@ -17,7 +17,7 @@ import torch
 from ascent.cluster.base import WorkerGroup
 from ascent.messages import Episode, TrainSample, flatten
 from ascent.orchestrator import batch as B
-from ascent.orchestrator import checkpointing, experience, health, shaping
+from ascent.orchestrator import checkpointing, experience, health, replay, shaping
 from ascent.orchestrator.collector import record_episodes, staleness_metrics
 from ascent.orchestrator.experience import ExperienceLog
 from ascent.orchestrator.interrupt import StopFlag, stopped_message
@@ -89,8 +89,10 @@ def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> d
         groups, collect_metrics = collector.collect(run.prompts, tl, log_, state.sampler, it)
         # async (max_staleness >= 1): the replicas sample the next iterations while this one trains
         collector.prefetch(state.sampler, it, last=spec.iterations)
+    collect_metrics |= staleness_metrics(flatten(groups), trainer_version=it - 1)  # fresh groups only
+    groups, replay_metrics = replay.mix(run.replay, groups, it)  # stored groups (replay.store), off-policy
+    collect_metrics |= replay_metrics
     episodes = flatten(groups)
-    collect_metrics |= staleness_metrics(episodes, trainer_version=it - 1)
     truncated = sum(e.finish_reason == "length" for e in episodes) / len(episodes)
     if warning := state.equal_rewards.observe(groups, it, truncated):
         log.warning(warning)

@@ -26,12 +26,13 @@ from ascent.orchestrator.collector import Collector
 from ascent.orchestrator.episodes import EnvRunners
 from ascent.orchestrator.experience import ExperienceSpec
 from ascent.orchestrator.group_hooks import build_group_hooks
+from ascent.orchestrator.replay import Replay, ReplaySpec, load_replay
 from ascent.orchestrator.reward_models import build_scorers
 from ascent.orchestrator.sampling import Decode, Scorer
 from ascent.orchestrator.setup import Datasets, WorkerGroups, needs_reference
 from ascent.orchestrator.shaping import KLController, make_kl_controller
 from ascent.orchestrator.sources import AgentSource, EnvSource, EpisodeSource, PromptSource
-from ascent.orchestrator.specs import collect_spec, env_episodes
+from ascent.orchestrator.specs import collect_spec, env_episodes, fresh_prompts_per_step
 from ascent.orchestrator.workers import CriticWorkerActor, RolloutWorker, TrainerWorker
 from ascent.rewards import RewardRunner
 from ascent.tracking import Timeline
@@ -130,6 +131,7 @@ class Run:
     needs_reference: bool
     temperature: float
     colocated: bool
+    replay: Replay | None = None  # the stored groups replayed (`replay.store`; `ascent.orchestrator.replay`)
 
     @property
     def decode(self) -> Decode:
@@ -165,7 +167,7 @@ class LoopState:
 def initial_state(cfg: RunConfig, data: Datasets) -> LoopState:
     """The loop's state before its first iteration."""
     sampler = PromptSampler(
-        len(data.train), cfg.rollout.prompts_per_step, seed=cfg.seed, shuffle=cfg.data.shuffle
+        len(data.train), fresh_prompts_per_step(cfg), seed=cfg.seed, shuffle=cfg.data.shuffle
     )
     facts = health.RunFacts.of(cfg)
     return LoopState(
@@ -209,6 +211,7 @@ def build_run(
         needs_reference=needs_reference(cfg),
         temperature=cfg.rollout.temperature or 1.0,
         colocated=colocated,
+        replay=None if (replay := ReplaySpec.of(cfg)) is None else load_replay(replay),
     )
 
 

@@ -18,7 +18,9 @@ from ascent.cluster.hosts import IsolationPolicy, ProcessHosts, default_workers
 from ascent.config.schema import RunConfig
 from ascent.config.sources import AgentSourceConfig, EnvSourceConfig
 from ascent.data import image_codec, load_rows, render_prompts, validate_rows
+from ascent.data.builders import processors_from_config
 from ascent.data.fields import prepare_rows
+from ascent.data.processors import run_steps
 from ascent.data.prompts import PromptItem, RenderReport
 from ascent.data.templates import set_chat_template
 from ascent.envs.hosts import Hosts, InlineHosts
@@ -62,6 +64,8 @@ def build_datasets(cfg: RunConfig) -> Datasets:
         rows = prepare_rows(
             rows, source, prompt_key=d.prompt_key, answer_key=d.answer_key, system_prompt=d.system_prompt
         )
+        if name == "train":
+            rows = run_steps(rows, processors_from_config(d), source)
         if not cfg.rollout.multi_turn:  # an environment's reset(row) (an agent) says what a row needs
             validate_rows(rows, source, tokenizer_vocab_size=len(tok))
         if name == "val" and d.max_val_prompts:

@@ -12,6 +12,7 @@ the loop moves"). The spec types live next to their consumers: `TrainerSpec` and
 from __future__ import annotations
 
 from ascent.algorithms import POLICY_LOSSES, options_for
+from ascent.config.replay import replay_groups
 from ascent.config.reward_models import RewardModelConfig
 from ascent.config.schema import AlgorithmConfig, LoraConfig, ModelConfig, RunConfig, TrainConfig
 from ascent.config.sources import EnvSourceConfig
@@ -193,11 +194,12 @@ def loss_settings(algo: AlgorithmConfig, max_new_tokens: int | None = None) -> L
 
 
 def collect_spec(cfg: RunConfig) -> CollectSpec:
-    """The collector's spec: batch sizes, staleness, DAPO dynamic sampling, ReMax's baseline, shaping."""
+    """The collector's spec: batch sizes, staleness, DAPO dynamic sampling, ReMax's baseline, shaping. With
+    replay the collector samples only the fresh groups (`fresh_prompts_per_step`)."""
     a, r = cfg.algorithm, cfg.rollout
     shaping = Shaping(r.max_new_tokens, a.overlong_buffer, a.overlong_penalty, a.mask_truncated)
     return CollectSpec(
-        prompts_per_step=r.prompts_per_step,
+        prompts_per_step=fresh_prompts_per_step(cfg),
         seed=cfg.seed,
         max_staleness=r.max_staleness,
         stale_groups=r.stale_groups,
@@ -206,6 +208,11 @@ def collect_spec(cfg: RunConfig) -> CollectSpec:
         greedy_baseline=a.advantage.name == "remax",
         shaping=shaping,
     )
+
+
+def fresh_prompts_per_step(cfg: RunConfig) -> int:
+    """The groups an iteration samples fresh: `rollout.prompts_per_step` less those replayed (`replay`)."""
+    return cfg.rollout.prompts_per_step - replay_groups(cfg)
 
 
 def env_episodes(source: EnvSourceConfig) -> EnvEpisodes:

@@ -352,6 +352,12 @@ class ExperienceStore:
         rows = self.conn.execute(f"SELECT DISTINCT {column} FROM episodes ORDER BY {column}").fetchall()
         return [value for (value,) in rows]
 
+    def pass_rates(self, success: float) -> dict[int, float]:
+        """Each dataset row's share of trained episodes with reward >= `success`, by row id (rows with no
+        trained episode are absent)."""
+        sql = "SELECT row_id, AVG(reward >= ?) FROM episodes WHERE status = 'trained' GROUP BY row_id"
+        return {int(row): float(rate) for row, rate in self.conn.execute(sql, (success,))}
+
     def to_sft_rows(self, min_reward: float | None = None, status: str | None = None) -> list[dict[str, Any]]:
         """Rows `ascent sft` reads (`prompt`, `prompt_ids`, `response`): the best episode of every dataset
         row, among single-turn episodes that ended on a stop token with reward >= `min_reward`. Multi-turn
