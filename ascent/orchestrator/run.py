@@ -28,7 +28,7 @@ from ascent.orchestrator.experience import ExperienceSpec
 from ascent.orchestrator.group_hooks import build_group_hooks
 from ascent.orchestrator.reward_models import build_scorers
 from ascent.orchestrator.sampling import Decode, Scorer
-from ascent.orchestrator.setup import Datasets, WorkerGroups, needs_reference
+from ascent.orchestrator.setup import Datasets, WorkerGroups, distill_teacher, needs_reference
 from ascent.orchestrator.shaping import KLController, make_kl_controller
 from ascent.orchestrator.sources import AgentSource, EnvSource, EpisodeSource, PromptSource
 from ascent.orchestrator.specs import collect_spec, env_episodes
@@ -130,6 +130,7 @@ class Run:
     needs_reference: bool
     temperature: float
     colocated: bool
+    distills: bool = False  # the trainer holds a distillation teacher (`setup.distill_teacher`)
 
     @property
     def decode(self) -> Decode:
@@ -209,6 +210,7 @@ def build_run(
         needs_reference=needs_reference(cfg),
         temperature=cfg.rollout.temperature or 1.0,
         colocated=colocated,
+        distills=distill_teacher(cfg) is not None,
     )
 
 

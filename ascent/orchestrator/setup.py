@@ -15,6 +15,7 @@ from ascent.cluster import make_worker_group
 from ascent.cluster.base import W
 from ascent.cluster.errors import ClusterConfigError
 from ascent.cluster.hosts import IsolationPolicy, ProcessHosts, default_workers
+from ascent.config.choices import DistillAdvantage
 from ascent.config.schema import RunConfig
 from ascent.config.sources import AgentSourceConfig, EnvSourceConfig
 from ascent.data import image_codec, load_rows, render_prompts, validate_rows
@@ -137,6 +138,13 @@ class WorkerGroups:
 def needs_reference(cfg: RunConfig) -> bool:
     """A frozen reference policy is loaded only when a KL term (loss or reward penalty) uses it."""
     return cfg.algorithm.kl_loss_coef > 0 or cfg.algorithm.kl_penalty_coef > 0
+
+
+def distill_teacher(cfg: RunConfig) -> str | None:
+    """The distillation teacher's checkpoint (`algorithm.advantage: {name: distill, teacher: ...}`), held
+    frozen by the trainer ranks like the reference; None for every other estimator."""
+    advantage = cfg.algorithm.advantage
+    return advantage.teacher if isinstance(advantage, DistillAdvantage) else None
 
 
 def uses_critic(cfg: RunConfig) -> bool:
