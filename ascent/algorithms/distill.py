@@ -32,7 +32,7 @@ def distill(
     if inp.teacher_logprobs is None or inp.sampler_logprobs is None:
         raise ValueError(
             "advantage=distill: AdvantageInputs needs teacher_logprobs and sampler_logprobs [B, T] (the loop "
-            "passes them when algorithm.advantage is {name: distill, teacher: <checkpoint>})."
+            "passes them with advantage=distill and algorithm.teacher set)."
         )
     mask = inp.float_mask()
     adv = distill_coef * (inp.teacher_logprobs.float() - inp.sampler_logprobs.float()) * mask

@@ -181,12 +181,11 @@ class PasskAdvantage(Choice):
 
 class DistillAdvantage(Choice):
     name: Literal["distill"] = Field("distill", description=NAME)
-    teacher: str = Field(
-        description="On-policy distillation: the teacher's checkpoint directory, frozen and scored by the "
-        "trainer like the reference model; it must share the student's tokenizer (model.path's)."
-    )
     distill_coef: float = Field(
-        1.0, ge=0, description="Distillation: A_t = distill_coef * (teacher_logp_t - sampler_logp_t) + ..."
+        1.0,
+        ge=0,
+        description="Distillation (teacher: algorithm.teacher): A_t = distill_coef * (teacher_logp_t - "
+        "sampler_logp_t) + reward_weight * A_grpo.",
     )
     reward_weight: float = Field(
         0.0,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ascent import algorithms as A
 from ascent.algorithms import option_names
 from ascent.config import ConfigError, RunConfig
-from ascent.config.choices import DistillAdvantage, PluginChoice
+from ascent.config.choices import PluginChoice
 from ascent.config.sources import AgentSourceConfig
 from ascent.data.prompts import PromptItem
 from ascent.envs.openai_agents import load_agent
@@ -165,13 +165,12 @@ def check_model(path: str, tokenizer: PreTrainedTokenizerBase) -> int:
 
 
 def check_teacher(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, vocab: int) -> None:
-    """A distillation teacher (`algorithm.advantage.teacher`) is a whole checkpoint whose vocabulary is the
+    """A distillation teacher (`algorithm.teacher`) is a whole checkpoint whose vocabulary is the
     student's: the same vocab_size and, when it has tokenizer files, the same token -> id map (its logprob of
     token id k must be about the token the student sampled as k)."""
-    advantage = cfg.algorithm.advantage
-    if not isinstance(advantage, DistillAdvantage):
+    teacher, field = cfg.algorithm.teacher, "algorithm.teacher"
+    if teacher is None or cfg.algorithm.advantage.name != "distill":
         return
-    teacher, field = advantage.teacher, "algorithm.advantage.teacher"
     config = model_config(teacher, field)
     check_weight_files(teacher, field)
     student = cfg.model.tokenizer_path or cfg.model.path

@@ -15,7 +15,6 @@ from ascent.cluster import make_worker_group
 from ascent.cluster.base import W
 from ascent.cluster.errors import ClusterConfigError
 from ascent.cluster.hosts import IsolationPolicy, ProcessHosts, default_workers
-from ascent.config.choices import DistillAdvantage
 from ascent.config.schema import RunConfig
 from ascent.config.sources import AgentSourceConfig, EnvSourceConfig
 from ascent.data import image_codec, load_rows, render_prompts, validate_rows
@@ -141,10 +140,9 @@ def needs_reference(cfg: RunConfig) -> bool:
 
 
 def distill_teacher(cfg: RunConfig) -> str | None:
-    """The distillation teacher's checkpoint (`algorithm.advantage: {name: distill, teacher: ...}`), held
-    frozen by the trainer ranks like the reference; None for every other estimator."""
-    advantage = cfg.algorithm.advantage
-    return advantage.teacher if isinstance(advantage, DistillAdvantage) else None
+    """The distillation teacher's checkpoint (`algorithm.teacher`, with advantage=distill: a config rule),
+    held frozen by the trainer ranks like the reference; None for every other estimator."""
+    return cfg.algorithm.teacher if cfg.algorithm.advantage.name == "distill" else None
 
 
 def uses_critic(cfg: RunConfig) -> bool:

@@ -205,7 +205,7 @@ class PolicyWorker:
             if self.teacher is None:
                 raise ValueError(
                     "compute_logprobs(which='teacher'): this worker has no teacher; build it with "
-                    "teacher_path (algorithm.advantage: {name: distill, teacher: <checkpoint>})."
+                    "teacher_path (advantage=distill with algorithm.teacher=<checkpoint>)."
                 )
             return self.teacher, contextlib.nullcontext()
         raise ValueError(f"which={which!r}: use 'policy', 'reference' or 'teacher'.")

@@ -16,7 +16,7 @@ def test_distillation_trains_and_logs_the_reverse_kl(tmp_path: Path, tiny_model:
     teacher = make_tiny_checkpoint(tmp_path / "teacher", hidden_size=32, num_layers=2, seed=1)
     cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=2, val_every=0)
     cfg["data"].pop("val_path")
-    cfg["algorithm"] = {"advantage": {"name": "distill", "teacher": str(teacher)}}
+    cfg["algorithm"] = {"advantage": "distill", "teacher": str(teacher)}
     cfg["tracking"] |= {"tensorboard": False, "trace": False}
     ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
 

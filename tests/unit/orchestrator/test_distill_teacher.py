@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 
 from ascent.config import ConfigError
-from ascent.config.choices import DistillAdvantage
 from ascent.models.loading import load_tokenizer
 from ascent.models.tiny import make_tiny_checkpoint
 from ascent.orchestrator import preflight
@@ -24,7 +23,7 @@ def tiny(path, chars="0123456789+=", seed=0):
 def config(student, teacher):
     return SimpleNamespace(
         model=SimpleNamespace(path=str(student), tokenizer_path=None, trust_remote_code=False),
-        algorithm=SimpleNamespace(advantage=DistillAdvantage(teacher=str(teacher))),
+        algorithm=SimpleNamespace(advantage=SimpleNamespace(name="distill"), teacher=str(teacher)),
     )
 
 
@@ -35,7 +34,7 @@ def test_a_teacher_with_another_vocabulary_is_refused(tmp_path):
         preflight.check_teacher(config(student, teacher), tok, len(tok))
     message = str(err.value)
     assert err.value.exit_code == 2
-    assert "algorithm.advantage.teacher" in message and str(teacher) in message and str(student) in message
+    assert "algorithm.teacher" in message and str(teacher) in message and str(student) in message
     assert "vocab_size" in message and "tokenizer" in message
 
 
@@ -51,5 +50,5 @@ def test_a_teacher_sharing_the_tokenizer_passes(tmp_path):
     tok = load_tokenizer(student)
     preflight.check_teacher(config(student, teacher), tok, len(tok))
     missing = config(student, tmp_path / "nowhere")
-    with pytest.raises(Exception, match="algorithm.advantage.teacher"):
+    with pytest.raises(Exception, match="algorithm.teacher"):
         preflight.check_teacher(missing, tok, len(tok))
