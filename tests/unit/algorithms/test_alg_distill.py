@@ -4,7 +4,7 @@ the GRPO outcome advantage, and the `reverse_kl` metric."""
 import pytest
 import torch
 
-from ascent.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, distill, grpo, reverse_kl
+from ascent.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, distill, grpo, ppo_loss, reverse_kl
 
 
 def inputs(rewards=(1.0, 0.0), teacher=None, sampler=None):
@@ -65,3 +65,39 @@ def test_reverse_kl_is_the_mean_of_sampler_minus_teacher_over_sampled_tokens():
     # tokens: 0.5, -1.0, 1.0, 0.0 -> 0.125
     torch.testing.assert_close(kl, torch.tensor(0.125))
     assert reverse_kl(torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1, 2)) == 0.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_signal_with_ppo_pulls_a_student_toward_the_teacher(seed):
+    """A one-token bandit: a categorical student samples 64 tokens a step, `distill` scores them against a
+    fixed teacher, `ppo_loss` (token mean) updates the student's logits. The exact reverse KL(student ||
+    teacher) must fall to under a third of its start in 40 steps (measured, seeds 0-5: from 0.55-2.27 to under
+    0.035)."""
+    gen = torch.Generator().manual_seed(seed)
+    teacher = torch.log_softmax(2.0 * torch.randn(8, generator=gen), -1)
+    logits = torch.zeros(8, requires_grad=True)
+    opt = torch.optim.SGD([logits], lr=0.5)
+
+    def exact_kl():
+        logp = torch.log_softmax(logits.detach(), -1)
+        return float((logp.exp() * (logp - teacher)).sum())
+
+    start = exact_kl()
+    n = 64
+    for _ in range(40):
+        tokens = torch.multinomial(torch.softmax(logits.detach(), -1), n, replacement=True, generator=gen)
+        old = torch.log_softmax(logits.detach(), -1)[tokens]
+        inp = AdvantageInputs(
+            rewards=torch.zeros(n),
+            mask=torch.ones(n, 1),
+            group_ids=torch.arange(n),
+            teacher_logprobs=teacher[tokens].unsqueeze(-1),
+            sampler_logprobs=old.unsqueeze(-1),
+        )
+        adv = distill(inp).advantages.squeeze(-1)
+        logp = torch.log_softmax(logits, -1)[tokens]
+        loss, _ = ppo_loss(logp, old, adv, torch.ones(n), torch.arange(n))
+        opt.zero_grad()
+        loss.mean().backward()
+        opt.step()
+    assert exact_kl() < start / 3, (start, exact_kl())
