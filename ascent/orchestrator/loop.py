@@ -92,7 +92,8 @@ def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> d
     episodes = flatten(groups)
     collect_metrics |= staleness_metrics(episodes, trainer_version=it - 1)
     truncated = sum(e.finish_reason == "length" for e in episodes) / len(episodes)
-    if warning := state.equal_rewards.observe(groups, it, truncated):
+    # distillation's advantages come from the teacher: equal rewards do not make them zero
+    if not run.distills and (warning := state.equal_rewards.observe(groups, it, truncated)):
         log.warning(warning)
     collect_metrics["time/trainer_idle"] = collector.take_waited()  # generation the trainer waited for
     if spec.record_episodes:

@@ -9,9 +9,11 @@ from types import SimpleNamespace
 import pytest
 
 from ascent.config import ConfigError
+from ascent.config.schema import RunConfig
 from ascent.models.loading import load_tokenizer
 from ascent.models.tiny import make_tiny_checkpoint
 from ascent.orchestrator import preflight
+from ascent.orchestrator.specs import trainer_spec
 
 
 def tiny(path, chars="0123456789+=", seed=0):
@@ -52,3 +54,10 @@ def test_a_teacher_sharing_the_tokenizer_passes(tmp_path):
     missing = config(student, tmp_path / "nowhere")
     with pytest.raises(Exception, match="algorithm.teacher"):
         preflight.check_teacher(missing, tok, len(tok))
+
+
+def test_the_trainer_spec_carries_the_teacher_only_with_distill():
+    cfg = RunConfig(algorithm={"advantage": "distill", "teacher": "/ckpt/teacher"})
+    assert trainer_spec(cfg, 1).teacher_path == "/ckpt/teacher"
+    assert trainer_spec(cfg, 1).need_reference is False  # the teacher is not a KL reference
+    assert trainer_spec(RunConfig(), 1).teacher_path is None
