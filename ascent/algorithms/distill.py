@@ -12,6 +12,7 @@ trainer's old logprobs may not exist: `train.old_logprobs=auto`). Both are at th
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ascent.algorithms.advantage_types import AdvantageInputs, AdvantageOutputs, broadcast
@@ -35,7 +36,8 @@ def distill(
             "passes them with advantage=distill and algorithm.teacher set)."
         )
     mask = inp.float_mask()
-    adv = distill_coef * (inp.teacher_logprobs.float() - inp.sampler_logprobs.float()) * mask
+    gap = inp.teacher_logprobs.float() - inp.sampler_logprobs.float()
+    adv = distill_coef * torch.where(mask > 0, gap, torch.zeros_like(gap))  # no garbage from behind the mask
     if reward_weight:
         rewards = inp.float_rewards()
         mean, std, _size = group_stats(rewards, inp.group_ids)
@@ -47,5 +49,6 @@ def reverse_kl(student_logprobs: Tensor, teacher_logprobs: Tensor, mask: Tensor)
     """student_logprobs [B, T], teacher_logprobs [B, T], mask [B, T] -> scalar: the mean over unmasked tokens
     of student - teacher (the per-token reverse KL estimate KL(student || teacher) on sampled tokens); 0 with
     no unmasked token."""
-    m = (mask != 0).float()
-    return ((student_logprobs.float() - teacher_logprobs.float()) * m).sum() / m.sum().clamp(min=1.0)
+    m = mask != 0
+    gap = student_logprobs.float() - teacher_logprobs.float()
+    return torch.where(m, gap, torch.zeros_like(gap)).sum() / m.sum().clamp(min=1)

@@ -65,6 +65,8 @@ def test_reverse_kl_is_the_mean_of_sampler_minus_teacher_over_sampled_tokens():
     # tokens: 0.5, -1.0, 1.0, 0.0 -> 0.125
     torch.testing.assert_close(kl, torch.tensor(0.125))
     assert reverse_kl(torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1, 2)) == 0.0
+    garbage = torch.tensor([[-1.0, float("nan")]])  # behind the mask: must not leak
+    assert reverse_kl(torch.zeros(1, 2), garbage, torch.tensor([[1.0, 0.0]])) == 1.0
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
