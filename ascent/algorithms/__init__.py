@@ -19,6 +19,7 @@ from ascent.algorithms.aggregation import LOSS_AGGREGATIONS
 from ascent.algorithms.correction import rollout_correction_weights
 from ascent.algorithms.cov_losses import clip_cov_loss, kl_cov_loss
 from ascent.algorithms.dapo import filter_groups_with_variance, overlong_penalty, truncation_mask
+from ascent.algorithms.distill import distill, reverse_kl
 from ascent.algorithms.entropy import entropy_from_logits
 from ascent.algorithms.filters import length_filter, zero_advantage_filter
 from ascent.algorithms.kl import (
@@ -52,6 +53,7 @@ __all__ = [
     "FixedKLController",
     "cispo_loss",
     "clip_cov_loss",
+    "distill",
     "dro_loss",
     "entropy_from_logits",
     "filter_groups_with_variance",
@@ -74,6 +76,7 @@ __all__ = [
     "remax",
     "option_names",
     "options_for",
+    "reverse_kl",
     "rloo",
     "rollout_correction_weights",
     "sapo_loss",

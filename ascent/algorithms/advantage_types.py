@@ -19,7 +19,9 @@ class AdvantageInputs:
     share an id), values [B, T] (critic, for gae), token_rewards [B, T] (per-token rewards such as the KL
     penalty), baseline_rewards [B] (reward of the greedy response of the same prompt, for remax),
     turn_rewards [B, T] (multi-turn episodes: the rewards of turns before the last, each on the last token
-    its turn sampled; already part of `rewards`, so token-level estimators move them there from the end)."""
+    its turn sampled; already part of `rewards`, so token-level estimators move them there from the end),
+    teacher_logprobs [B, T] and sampler_logprobs [B, T] (on-policy distillation: a frozen teacher's and the
+    sampler's logprob of each sampled token)."""
 
     rewards: Tensor
     mask: Tensor
@@ -28,6 +30,8 @@ class AdvantageInputs:
     token_rewards: Tensor | None = None
     baseline_rewards: Tensor | None = None
     turn_rewards: Tensor | None = None
+    teacher_logprobs: Tensor | None = None
+    sampler_logprobs: Tensor | None = None
 
     def float_mask(self) -> Tensor:
         """mask as float32 (0/1)."""

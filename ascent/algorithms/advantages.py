@@ -6,7 +6,8 @@ as keyword parameters (its member's fields of `algorithm.advantage`: gamma, lam,
 adv_eps), picked by `options_for`, no others.
 The group estimators here (grpo, rloo, opo, gpg, grpo_passk, passk) compare the trajectories of one prompt and broadcast one number
 per trajectory over its policy tokens; they ignore `token_rewards` (put the KL in the loss instead). The
-token-level ones (gae, reinforce_pp, reinforce_pp_baseline, remax) live in `returns.py`.
+token-level ones (gae, reinforce_pp, reinforce_pp_baseline, remax) live in `returns.py`, on-policy distillation
+(a teacher's per-token logprobs as the signal) in `distill.py`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from ascent.algorithms.advantage_types import AdvantageInputs, AdvantageOutputs, outcome_outputs
+from ascent.algorithms.distill import distill
 from ascent.algorithms.returns import gae, reinforce_pp, reinforce_pp_baseline, remax
 from ascent.algorithms.utils import group_index, group_stats, safe_div
 
@@ -159,6 +161,7 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., AdvantageOutputs]] = {
     "reinforce_pp_baseline": reinforce_pp_baseline,
     "remax": remax,
     "gae": gae,
+    "distill": distill,
 }
 
 __all__ = [

@@ -179,6 +179,22 @@ class PasskAdvantage(Choice):
     )
 
 
+class DistillAdvantage(Choice):
+    name: Literal["distill"] = Field("distill", description=NAME)
+    distill_coef: float = Field(
+        1.0,
+        ge=0,
+        description="Distillation (teacher: algorithm.teacher): A_t = distill_coef * (teacher_logp_t - "
+        "sampler_logp_t) + reward_weight * A_grpo.",
+    )
+    reward_weight: float = Field(
+        0.0,
+        ge=0,
+        description="Distillation: weight of the GRPO outcome advantage added to every token (0: pure "
+        "distillation, the rewards are not used).",
+    )
+
+
 POLICY_LOSS_CHOICES: dict[str, type[Choice]] = {
     "ppo": PpoLoss,
     "gspo": GspoLoss,
@@ -201,6 +217,7 @@ ADVANTAGE_CHOICES: dict[str, type[Choice]] = {
     "reinforce_pp_baseline": ReinforcePPAdvantage,
     "remax": RemaxAdvantage,
     "gae": GaeAdvantage,
+    "distill": DistillAdvantage,
 }
 
 
@@ -255,6 +272,7 @@ AdvantageChoice = Annotated[
     | Annotated[ReinforcePPAdvantage, Tag("ReinforcePPAdvantage")]
     | Annotated[RemaxAdvantage, Tag("RemaxAdvantage")]
     | Annotated[GaeAdvantage, Tag("GaeAdvantage")]
+    | Annotated[DistillAdvantage, Tag("DistillAdvantage")]
     | Annotated[PluginChoice, Tag("PluginChoice")],
     _discriminator(ADVANTAGE_CHOICES),
 ]

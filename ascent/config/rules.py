@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 GROUP_ESTIMATORS = {"grpo", "rloo", "opo", "gpg", "grpo_passk", "passk", "reinforce_pp_baseline"}
 CRITIC_ESTIMATORS = {"gae"}
 TOKEN_REWARD_ESTIMATORS = {"gae", "reinforce_pp", "reinforce_pp_baseline", "remax"}
-ADVANTAGE_ESTIMATORS = GROUP_ESTIMATORS | TOKEN_REWARD_ESTIMATORS
+ADVANTAGE_ESTIMATORS = GROUP_ESTIMATORS | TOKEN_REWARD_ESTIMATORS | {"distill"}
 LOSS_AGGREGATIONS = {
     "token-mean",
     "token-sum",
@@ -154,6 +154,7 @@ def _algorithm_rules(cfg: RunConfig) -> list[str]:
     return (
         _name_rules(cfg)
         + _estimator_rules(cfg)
+        + _distill_rules(cfg)
         + _kl_rules(cfg)
         + _loss_rules(cfg)
         + _sampling_rules(cfg)
@@ -234,6 +235,22 @@ def _name_rules(cfg: RunConfig) -> list[str]:
         + _unknown("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
         + _unknown("algorithm.kl_penalty_estimator", a.kl_penalty_estimator, KL_ESTIMATORS)
     )
+
+
+def _distill_rules(cfg: RunConfig) -> list[str]:
+    """advantage=distill and algorithm.teacher come together."""
+    a = cfg.algorithm
+    if a.advantage.name == "distill" and not a.teacher:
+        return [
+            "algorithm.advantage=distill: on-policy distillation needs a teacher; set algorithm.teacher to its "
+            "checkpoint directory (a model sharing model.path's tokenizer)."
+        ]
+    if a.teacher and a.advantage.name != "distill":
+        return [
+            f"algorithm.teacher={a.teacher!r}: only advantage=distill reads it (advantage="
+            f"{a.advantage.name}); set algorithm.advantage=distill or remove algorithm.teacher."
+        ]
+    return []
 
 
 def _estimator_rules(cfg: RunConfig) -> list[str]:

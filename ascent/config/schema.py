@@ -168,7 +168,7 @@ class AlgorithmConfig(Section):
     advantage: AdvantageChoice = Field(
         default_factory=GrpoAdvantage,
         description="Advantage estimator: a name (grpo, rloo, opo, gpg, grpo_passk, passk, reinforce_pp, "
-        "reinforce_pp_baseline, remax, gae) or an import path, or {name: ..., <its own settings>}.",
+        "reinforce_pp_baseline, remax, gae, distill) or an import path, or {name: ..., <its own settings>}.",
     )
     policy_loss: PolicyLossChoice = Field(
         default_factory=PpoLoss,
@@ -182,6 +182,11 @@ class AlgorithmConfig(Section):
         description="Length divisor of `seq-mean-token-sum-norm`; defaults to rollout.max_new_tokens.",
     )
     kl_loss_coef: float = Field(0.0, ge=0, description="Weight of KL(policy || reference) as a loss term.")
+    teacher: str | None = Field(
+        None,
+        description="On-policy distillation (advantage=distill): the teacher's checkpoint directory, held "
+        "frozen by the trainer and scored like the reference model; it must share model.path's tokenizer.",
+    )
     kl_estimator: str = Field("k3", description="KL estimator: k1, k2, k3, k1+ or k3+ (straight-through).")
     entropy_coef: float = Field(0.0, description="Entropy bonus weight (0 keeps entropy as a metric only).")
     adv_eps: float = Field(1e-6, gt=0, description="Epsilon added to std denominators (GRPO, whitening).")

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ascent.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, options_for
+from ascent.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, options_for, reverse_kl
 from ascent.algorithms.advantage_types import turn_end_rewards
 from ascent.config.rollout import RolloutConfig
 from ascent.config.schema import AlgorithmConfig
@@ -123,10 +123,14 @@ def padded(rows: Sequence[Sequence[float]], width: int, fill: float = 0.0) -> to
 
 
 def advantage_inputs(
-    groups: Sequence[Group], token_rewards: torch.Tensor | None = None, values: torch.Tensor | None = None
+    groups: Sequence[Group],
+    token_rewards: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+    teacher_logprobs: Sequence[list[float]] | None = None,
 ) -> AdvantageInputs:
     """Pack groups into the estimators' padded layout, one row per episode of `flatten(groups)`
-    (token_rewards and values are [B, T] or None)."""
+    (token_rewards and values are [B, T] or None). With the teacher's per-token logprobs (distillation),
+    the teacher's and the sampler's logprobs come along padded to [B, T]."""
     episodes = flatten(groups)
     width = max(1, max(len(e.response_ids) for e in episodes))
     baselines = [g.baseline_reward for g in groups for _ in g.episodes]
@@ -139,7 +143,24 @@ def advantage_inputs(
         token_rewards=None if token_rewards is None else token_rewards[:, :width],
         baseline_rewards=None if None in baselines else torch.tensor(baselines, dtype=torch.float32),
         turn_rewards=padded([t or [] for t in turns], width) if any(turns) else None,
+        teacher_logprobs=None if teacher_logprobs is None else padded(teacher_logprobs, width),
+        sampler_logprobs=None
+        if teacher_logprobs is None
+        else padded([e.sampler_logprobs for e in episodes], width),
     )
+
+
+def distill_metrics(
+    episodes: Sequence[Episode], teacher_logprobs: Sequence[list[float]] | None
+) -> dict[str, float]:
+    """`distill/reverse_kl`: the mean over sampled tokens (loss mask 1) of sampler - teacher logprob, the
+    reverse KL estimate the distillation advantage pushes down; {} without a teacher."""
+    if teacher_logprobs is None:
+        return {}
+    width = max(1, max(len(e.response_ids) for e in episodes))
+    student = padded([e.sampler_logprobs for e in episodes], width)
+    mask = padded([e.loss_mask for e in episodes], width)
+    return {"distill/reverse_kl": float(reverse_kl(student, padded(teacher_logprobs, width), mask))}
 
 
 def _turn_rewards(e: Episode) -> list[float] | None:
@@ -171,11 +192,14 @@ def compute_advantages(
     *,
     token_rewards: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
+    teacher_logprobs: Sequence[list[float]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the run's advantage estimator on the options it takes.
+    """Run the run's advantage estimator on the options it takes (`teacher_logprobs`: one list per episode,
+    the distillation teacher's).
 
     Returns (advantages [B, T], returns [B, T])."""
-    out = advantage.estimator(advantage_inputs(groups, token_rewards, values), **advantage.options)
+    inputs = advantage_inputs(groups, token_rewards, values, teacher_logprobs)
+    out = advantage.estimator(inputs, **advantage.options)
     return out.advantages, out.returns
 
 

@@ -1,7 +1,7 @@
 """The RL loop: `run_loop` runs the iterations (then validation and checkpoints); `run_iteration` reads top
 to bottom as one iteration does.
 
-rollout -> rewards -> old/reference logprobs -> advantages -> policy update -> weight publication ->
+rollout -> rewards -> old/reference/teacher logprobs -> advantages -> policy update -> weight publication ->
 metrics -> (validation) -> (checkpoint). The controller holds no model tensors; it calls worker groups,
 which are inline objects or Ray actors, the loop cannot tell which. `ascent train`
 (`ascent.entrypoints.train`) builds what the loop needs and calls `run_loop`.
@@ -94,7 +94,8 @@ def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> d
     collect_metrics |= replay_metrics
     episodes = flatten(groups)
     truncated = sum(e.finish_reason == "length" for e in episodes) / len(episodes)
-    if warning := state.equal_rewards.observe(groups, it, truncated):
+    # distillation's advantages come from the teacher: equal rewards do not make them zero
+    if not run.distills and (warning := state.equal_rewards.observe(groups, it, truncated)):
         log.warning(warning)
     collect_metrics["time/trainer_idle"] = collector.take_waited()  # generation the trainer waited for
     if spec.record_episodes:
@@ -108,13 +109,14 @@ def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> d
     with tl.phase("logprobs", iteration=it):
         old_lp = None if reuse else _logprobs(run, samples, "policy")
         ref_lp = _logprobs(run, samples, "reference") if run.needs_reference else None
+        teacher_lp = _logprobs(run, samples, "teacher") if run.distills else None
         values = critic_values(run.critic, samples)
     with tl.phase("advantages", iteration=it):
         token_rewards, kl_metrics = shaping.kl_penalty(
             state.kl_controller, spec.kl_penalty_estimator, episodes, old_lp, ref_lp
         )
         adv, returns = B.compute_advantages(
-            groups, spec.advantage, token_rewards=token_rewards, values=values
+            groups, spec.advantage, token_rewards=token_rewards, values=values, teacher_logprobs=teacher_lp
         )
         samples = B.with_targets(samples, adv, old_lp, ref_lp, returns=returns, values=values)
         filter_metrics: dict[str, float] = {}
@@ -137,6 +139,7 @@ def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> d
     return {
         **collect_metrics,
         **kl_metrics,
+        **B.distill_metrics(episodes, teacher_lp),
         **filter_metrics,
         **update_metrics,
         **rollout_metrics(episodes),

@@ -3,8 +3,8 @@ traceback deep inside a worker, or not at all (a run that trains on nonsense wit
 
 Called by `run_training` (and partly by `run_sft` and `ascent eval`) right after the data is rendered: the
 model directory and its weight files are whole, the tokenizer fits the model's vocabulary, stop tokens
-exist, prompts plus responses fit the model's context, and plug-in import paths resolve (group hooks'
-included). (The trackers are
+exist, prompts plus responses fit the model's context, a distillation teacher shares the student's
+tokenizer, and plug-in import paths resolve (group hooks' included). (The trackers are
 checked earlier, when `ascent.tracking.open_tracking` opens them.) Every failure names the field or file and
 the fix.
 """
@@ -25,7 +25,7 @@ from ascent.config.sources import AgentSourceConfig
 from ascent.data.prompts import PromptItem
 from ascent.envs.openai_agents import load_agent
 from ascent.models.files import damaged_weight_file
-from ascent.models.loading import ModelLoadError
+from ascent.models.loading import TOKENIZER_FILES, ModelLoadError, load_tokenizer
 from ascent.orchestrator.group_hooks import build_group_hooks
 from ascent.plugins import resolve
 
@@ -164,6 +164,32 @@ def check_model(path: str, tokenizer: PreTrainedTokenizerBase) -> int:
     return check_vocab(tokenizer, config, path)
 
 
+def check_teacher(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, vocab: int) -> None:
+    """A distillation teacher (`algorithm.teacher`) is a whole checkpoint whose vocabulary is the
+    student's: the same vocab_size and, when it has tokenizer files, the same token -> id map (its logprob of
+    token id k must be about the token the student sampled as k)."""
+    teacher, field = cfg.algorithm.teacher, "algorithm.teacher"
+    if teacher is None or cfg.algorithm.advantage.name != "distill":
+        return
+    config = model_config(teacher, field)
+    check_weight_files(teacher, field)
+    student = cfg.model.tokenizer_path or cfg.model.path
+    differs = None
+    teacher_vocab = int(config.get("vocab_size") or 0)
+    if teacher_vocab != vocab:
+        differs = f"its vocab_size is {teacher_vocab}, the student's {vocab}"
+    elif any((Path(teacher) / name).is_file() for name in TOKENIZER_FILES):
+        theirs = load_tokenizer(teacher, cfg.model.trust_remote_code, field).get_vocab()
+        if theirs != tokenizer.get_vocab():
+            differs = f"its tokenizer maps tokens to other ids ({len(theirs)} tokens, the student's {len(tokenizer)})"
+    if differs is not None:
+        raise ConfigError(
+            f"{field}={teacher!r}: the teacher does not share the student's tokenizer ({student!r}): {differs}. "
+            "Distillation compares the two models' logprobs of the same token ids; use a teacher trained with "
+            "the student's tokenizer (the same model family), or a student with the teacher's."
+        )
+
+
 def check_run(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, prompts: list[PromptItem]) -> None:
     """Every pre-flight check of `ascent train`, given the tokenizer and the rendered training prompts."""
     vocab = check_model(cfg.model.path, tokenizer)
@@ -172,6 +198,7 @@ def check_run(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, prompts: list[
     check_context(
         model_config(cfg.model.path), longest, cfg.rollout.response_budget, cfg.data.max_prompt_tokens
     )
+    check_teacher(cfg, tokenizer, vocab)
     check_plugins(cfg.algorithm)
     build_group_hooks(cfg.reward.group_hooks)  # resolves each hook: a bad name or import path fails now
     if isinstance(cfg.rollout.source, AgentSourceConfig):  # a bad import path fails before anything heavy

@@ -29,7 +29,7 @@ from ascent.orchestrator.group_hooks import build_group_hooks
 from ascent.orchestrator.replay import Replay, ReplaySpec, load_replay
 from ascent.orchestrator.reward_models import build_scorers
 from ascent.orchestrator.sampling import Decode, Scorer
-from ascent.orchestrator.setup import Datasets, WorkerGroups, needs_reference
+from ascent.orchestrator.setup import Datasets, WorkerGroups, distill_teacher, needs_reference
 from ascent.orchestrator.shaping import KLController, make_kl_controller
 from ascent.orchestrator.sources import AgentSource, EnvSource, EpisodeSource, PromptSource
 from ascent.orchestrator.specs import collect_spec, env_episodes, fresh_prompts_per_step
@@ -132,6 +132,7 @@ class Run:
     temperature: float
     colocated: bool
     replay: Replay | None = None  # the stored groups replayed (`replay.store`; `ascent.orchestrator.replay`)
+    distills: bool = False  # the trainer holds a distillation teacher (`setup.distill_teacher`)
 
     @property
     def decode(self) -> Decode:
@@ -212,6 +213,7 @@ def build_run(
         temperature=cfg.rollout.temperature or 1.0,
         colocated=colocated,
         replay=None if (replay := ReplaySpec.of(cfg)) is None else load_replay(replay),
+        distills=distill_teacher(cfg) is not None,
     )
 
 

@@ -143,6 +143,12 @@ def needs_reference(cfg: RunConfig) -> bool:
     return cfg.algorithm.kl_loss_coef > 0 or cfg.algorithm.kl_penalty_coef > 0
 
 
+def distill_teacher(cfg: RunConfig) -> str | None:
+    """The distillation teacher's checkpoint (`algorithm.teacher`, with advantage=distill: a config rule),
+    held frozen by the trainer ranks like the reference; None for every other estimator."""
+    return cfg.algorithm.teacher if cfg.algorithm.advantage.name == "distill" else None
+
+
 def uses_critic(cfg: RunConfig) -> bool:
     a = cfg.algorithm
     return a.use_critic if a.use_critic is not None else a.advantage.name == "gae"

@@ -18,7 +18,7 @@ from ascent.config.schema import AlgorithmConfig, LoraConfig, ModelConfig, RunCo
 from ascent.config.sources import EnvSourceConfig
 from ascent.orchestrator.collector import CollectSpec
 from ascent.orchestrator.episodes import EnvEpisodes
-from ascent.orchestrator.setup import needs_reference
+from ascent.orchestrator.setup import distill_teacher, needs_reference
 from ascent.orchestrator.shaping import Shaping
 from ascent.plugins import resolve
 from ascent.rollout.specs import EngineSpec
@@ -45,6 +45,7 @@ def trainer_spec(cfg: RunConfig, total_optimizer_steps: int) -> TrainerSpec:
         loss=loss_settings(cfg.algorithm, cfg.rollout.response_budget),
         temperature=cfg.rollout.temperature or 1.0,
         need_reference=needs_reference(cfg),
+        teacher_path=distill_teacher(cfg),
     )
 
 
@@ -57,9 +58,11 @@ def policy_trainer_spec(
     loss: LossSettings,
     temperature: float,
     need_reference: bool,
+    teacher_path: str | None = None,
 ) -> TrainerSpec:
     """A policy trainer's spec from the model and train sections, which RL and SFT share; the loss, the
-    sampling temperature and whether a reference is kept are the caller's (SFT: `reinforce`, 1.0, none)."""
+    sampling temperature, whether a reference is kept and the distillation teacher are the caller's (SFT:
+    `reinforce`, 1.0, none, none)."""
     return TrainerSpec(
         model_path=model.path,
         tokenizer_path=model.tokenizer_path,
@@ -75,6 +78,7 @@ def policy_trainer_spec(
         logprob_chunk_tokens=train.logprob_chunk_tokens,
         temperature=temperature,
         need_reference=need_reference,
+        teacher_path=teacher_path,
         sharding=train.sharding,
         compile=train.compile,
         attention=train.attention,

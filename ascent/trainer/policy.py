@@ -1,7 +1,7 @@
 """`PolicyWorker`: the state and the update of one trainer process (design: "One controller, plain workers").
 
 The controller calls, per iteration: `compute_logprobs(samples, T)` (old logprobs; `which="reference"` for
-the KL reference), then `update(mini_batch, total_tokens=..., total_seqs=...)` once per optimizer step, then
+the KL reference, `which="teacher"` for the distillation teacher), then `update(mini_batch, total_tokens=..., total_seqs=...)` once per optimizer step, then
 `named_weights()` to publish the new policy to the rollout engine, and `save(dir)` / `load(dir)` for
 checkpoints (`ascent.trainer.checkpoint` makes them atomic).
 
@@ -10,7 +10,8 @@ AdamW moments are fp32; forward/backward run under `torch.autocast(dtype)` when 
 a GradScaler). With `master_fp32=False` weights and optimizer state live in `dtype` (half the memory, less
 exact updates). The frozen reference model (full fine-tuning with a KL loss) is held in `dtype`. With LoRA
 the frozen base is held in `dtype`, the adapters in fp32 (peft), and the reference is the base itself
-(adapters switched off), never a copy.
+(adapters switched off), never a copy. A distillation teacher (`teacher_path`) is another frozen checkpoint,
+held and run like the reference (in `dtype`, not sharded).
 
 Data parallelism: each worker gets a shard of the mini-batch plus the GLOBAL totals, so its loss is its share
 of the global loss and gradients are SUMMED over workers (`ascent.trainer.distributed`). With
@@ -88,6 +89,7 @@ class PolicyWorker:
         logprob_chunk_tokens: int = 1024,
         temperature: float = 1.0,
         need_reference: bool | None = None,
+        teacher_path: str | Path | None = None,
         parallelize: Callable[[nn.Module], nn.Module] | None = None,
         sharding: str = "none",
         compile: str = "off",
@@ -120,9 +122,10 @@ class PolicyWorker:
             lora=self.lora is not None,
         )
         self.reference = self._load_reference(model_path, need_reference, trust_remote_code)
+        self.teacher = None if teacher_path is None else self._load_frozen(teacher_path, trust_remote_code)
         self.compiled = compile_enabled(compile, self.device)
         if self.compiled:  # fused elementwise work around the matmuls (see ascent.trainer.compiled)
-            for m in (self.model, self.reference):
+            for m in (self.model, self.reference, self.teacher):
                 if m is not None:
                     compile_decoder_layers(m)
         self.optimizer, self.scheduler, self.scaler = common.build_training(
@@ -147,6 +150,7 @@ class PolicyWorker:
             logprob_chunk_tokens=spec.logprob_chunk_tokens,
             temperature=spec.temperature,
             need_reference=spec.need_reference,
+            teacher_path=spec.teacher_path,
             sharding=spec.sharding,
             compile=spec.compile,
             **kwargs,
@@ -169,6 +173,10 @@ class PolicyWorker:
         need = self.loss_settings.kl_loss_coef > 0 if need is None else need
         if not need or self.lora is not None:
             return None  # with LoRA the reference is the policy with adapters disabled
+        return self._load_frozen(path, remote)
+
+    def _load_frozen(self, path: str | Path, remote: bool) -> nn.Module:
+        """A frozen checkpoint in the compute dtype, in eval mode: the reference or the teacher."""
         ref = load_model(path, self.compute_dtype, self.device, trust_remote_code=remote)
         ref.requires_grad_(False)
         return ref.eval()
@@ -187,18 +195,32 @@ class PolicyWorker:
             )
         return self.reference, contextlib.nullcontext()
 
+    def _scoring_module(self, which: str) -> tuple[nn.Module, contextlib.AbstractContextManager]:
+        """The model `compute_logprobs(which=...)` runs, and the context it runs in."""
+        if which == "policy":
+            return self.model, contextlib.nullcontext()
+        if which == "reference":
+            return self._reference_module()
+        if which == "teacher":
+            if self.teacher is None:
+                raise ValueError(
+                    "compute_logprobs(which='teacher'): this worker has no teacher; build it with "
+                    "teacher_path (advantage=distill with algorithm.teacher=<checkpoint>)."
+                )
+            return self.teacher, contextlib.nullcontext()
+        raise ValueError(f"which={which!r}: use 'policy', 'reference' or 'teacher'.")
+
     @torch.no_grad()
     def compute_logprobs(
         self, samples: Sequence[TrainSample], temperature: float | None = None, which: str = "policy"
     ) -> list[list[float]]:
-        """Per-response-token logprobs of each sample under the policy (or the reference), no grad.
+        """Per-response-token logprobs of each sample under the policy (or the reference, or the teacher),
+        no grad.
 
         Samples are packed into micro-batches of at most `max_tokens_per_micro_batch` tokens; the result is
         in the input order, one list per sample (len = len(response_ids)).
         """
-        if which not in ("policy", "reference"):
-            raise ValueError(f"which={which!r}: use 'policy' or 'reference'.")
-        model, ctx = (self.model, contextlib.nullcontext()) if which == "policy" else self._reference_module()
+        model, ctx = self._scoring_module(which)
         temp = self.temperature if temperature is None else temperature
 
         def forward(packed: PackedBatch) -> Tensor:

@@ -75,7 +75,8 @@ class TrainerSpec:
     `device` is resolved by the rank itself ("auto": its GPU, else the CPU). `need_reference`: hold a frozen
     copy of the initial policy for a KL term (with LoRA the base with adapters off serves, never a copy).
     `attention` picks the packed micro-batches' kernels (`ascent.models.varlen.enable_for_training`).
-    `freeze_vision_tower`: a vision-language policy trains its language model only.
+    `freeze_vision_tower`: a vision-language policy trains its language model only. `teacher_path`: hold a
+    frozen teacher of that checkpoint (on-policy distillation), scored like the reference.
     """
 
     model_path: str
@@ -92,6 +93,7 @@ class TrainerSpec:
     logprob_chunk_tokens: int = 1024
     temperature: float = 1.0
     need_reference: bool = False
+    teacher_path: str | None = None
     sharding: str = "none"
     compile: str = "off"
     attention: str = "auto"

@@ -68,6 +68,8 @@ def full_inputs(rewards, group_ids, mask):
         values=torch.zeros(b, t),
         token_rewards=torch.zeros(b, t),
         baseline_rewards=torch.tensor(rewards, dtype=torch.float32),
+        teacher_logprobs=torch.zeros(b, t),
+        sampler_logprobs=torch.zeros(b, t),
     )
 
 
@@ -91,6 +93,7 @@ def test_fully_masked_rows_are_zero_and_finite(name):
     inp = full_inputs([1.0, 0.0, 5.0], [0, 0, 0], [[1, 1, 0], [0, 0, 0], [0, 0, 0]])
     inp.values[1:] = float("nan")  # garbage behind the mask must not leak
     inp.token_rewards[1:] = float("inf")
+    inp.teacher_logprobs[1:] = float("nan")
     fn = ADVANTAGE_ESTIMATORS[name]
     out = fn(inp, **options_for(fn, {"gamma": 0.9, "lam": 0.95}))
     assert torch.isfinite(out.advantages).all() and torch.isfinite(out.returns).all()

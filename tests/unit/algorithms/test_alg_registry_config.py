@@ -51,6 +51,8 @@ def test_each_function_gets_only_the_settings_it_names_and_each_is_a_config_fiel
         torch.tensor([0, 0]),
         values=torch.zeros(2, 2),
         baseline_rewards=torch.zeros(2),
+        teacher_logprobs=torch.zeros(2, 2),
+        sampler_logprobs=torch.zeros(2, 2),
     )
     x = torch.zeros(3)
     for field, registry in (("advantage", ADVANTAGE_ESTIMATORS), ("policy_loss", POLICY_LOSSES)):
