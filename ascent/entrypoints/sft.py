@@ -176,14 +176,21 @@ def _train(
 
 
 def sft_step(trainer: WorkerGroup[TrainerWorker], mb: list[TrainSample]) -> dict[str, float]:
-    """One optimizer step on the batch `mb`, split over the ranks -> its metrics. The loss is averaged over
-    the loss-mask tokens (`minibatch_totals`), so `sft/nll` is the nll per token of the model's own turns: a
-    conversation's tool results and image pads are not the model's to predict and must not dilute it."""
-    tokens, seqs = minibatch_totals(mb)
+    """One optimizer step on the batch `mb`, split over the ranks -> its metrics.
+
+    The loss is the batch's summed nll over its loss-mask tokens divided by ALL its response tokens (a
+    conversation's tool results and image pads included): the scale the recorded runs and the conversation
+    warm starts of the tests were tuned with (normalising by the loss-mask tokens instead trains a different
+    model: tests/integration/test_env_learns.py's warm start then no longer guesses). `sft/nll` is the nll
+    per loss-mask token, the model's own turns (the loss rescaled): tool and image tokens, which are not the
+    model's to predict, never dilute it (issue #28: a zoom demonstration's 64 such tokens made 0.29 nats
+    per model token read 0.039)."""
+    tokens = float(sum(len(s.response_ids) for s in mb))
+    mask_tokens, seqs = minibatch_totals(mb)
     shards = B.shard(mb, trainer.num_workers)
     results = trainer.call_split(TrainerWorker.update, shards, total_tokens=tokens, total_seqs=seqs)
     metrics = {k: sum(r[k] for r in results) / len(results) for k in results[0]}
-    metrics["sft/nll"] = metrics.get("loss/policy", float("nan"))
+    metrics["sft/nll"] = metrics.get("loss/policy", float("nan")) * tokens / max(mask_tokens, 1.0)
     return metrics
 
 

@@ -37,15 +37,17 @@ def _conversation(mask: list[int]) -> TrainSample:
     return TrainSample(prompt_ids=[1, 2], response_ids=[3] * r, loss_mask=mask, advantages=[1.0] * r)
 
 
-def test_the_sft_loss_is_averaged_over_the_model_turns_only():
-    """A conversation's tool results and image pads (mask 0) must not dilute the loss: with 74 response
-    tokens of which 10 are the model's, dividing by 74 reported (and trained on) 10/74 of the true nll."""
+def test_the_sft_nll_is_per_token_of_the_model_turns():
+    """A conversation's tool results and image pads (mask 0) must not dilute the reported nll: with 74
+    response tokens of which 10 are the model's, dividing by 74 reported 10/74 of the true nll (issue #28).
+    The loss keeps its recorded scale (all response tokens)."""
     trainer = _Trainer()
     batch = [_conversation([1] * 6 + [0] * 64 + [1] * 4), _conversation([1, 1, 0])]
     metrics = sft_step(trainer, batch)
     ((shards, kwargs),) = trainer.calls
-    assert kwargs == {"total_tokens": 12.0, "total_seqs": 2.0} and sum(map(len, shards)) == 2
-    assert metrics["sft/nll"] == pytest.approx(0.6)
+    assert kwargs == {"total_tokens": 77.0, "total_seqs": 2.0} and sum(map(len, shards)) == 2
+    assert metrics["loss/policy"] == pytest.approx(0.6)
+    assert metrics["sft/nll"] == pytest.approx(0.6 * 77 / 12)
 
 
 def test_the_validation_nll_counts_the_masked_tokens_only():
