@@ -32,7 +32,7 @@ from ascent.orchestrator.rundir import open_run_dir, write_config
 from ascent.orchestrator.specs import policy_trainer_spec
 from ascent.orchestrator.workers import TrainerWorker
 from ascent.tracking import Metrics, Progress, RunStarted, open_tracking, setup_logging, tracked_run
-from ascent.trainer.loss import LossSettings
+from ascent.trainer.loss import LossSettings, minibatch_totals
 from ascent.trainer.settings import TrainerSpec
 
 log = logging.getLogger("ascent")
@@ -168,13 +168,7 @@ def _train(
         for step in range(start + 1, steps + 1):
             t0 = time.perf_counter()
             mb = [train[i] for i in sampler.next_batch()]
-            tokens = float(sum(len(s.response_ids) for s in mb))
-            shards = B.shard(mb, trainer.num_workers)
-            results = trainer.call_split(
-                TrainerWorker.update, shards, total_tokens=tokens, total_seqs=float(len(mb))
-            )
-            metrics = {k: sum(r[k] for r in results) / len(results) for k in results[0]}
-            metrics["sft/nll"] = metrics.get("loss/policy", float("nan"))
+            metrics = sft_step(trainer, mb)
             metrics |= _pace(mb, time.perf_counter() - t0)
             if val and (step == steps or (cfg.val_every and step % cfg.val_every == 0)):
                 metrics["val/nll"] = _nll(trainer, val)
@@ -186,6 +180,25 @@ def _train(
     trainer.call(TrainerWorker.save, str(final), True)
     tok.save_pretrained(str(final))
     log.info("SFT finished: %s (train nll %.4f)", final, metrics.get("sft/nll", float("nan")))
+    return metrics
+
+
+def sft_step(trainer: WorkerGroup[TrainerWorker], mb: list[TrainSample]) -> dict[str, float]:
+    """One optimizer step on the batch `mb`, split over the ranks -> its metrics.
+
+    The loss is the batch's summed nll over its loss-mask tokens divided by ALL its response tokens (a
+    conversation's tool results and image pads included): the scale the recorded runs and the conversation
+    warm starts of the tests were tuned with (normalising by the loss-mask tokens instead trains a different
+    model: tests/integration/test_env_learns.py's warm start then no longer guesses). `sft/nll` is the nll
+    per loss-mask token, the model's own turns (the loss rescaled): tool and image tokens, which are not the
+    model's to predict, never dilute it (issue #28: a zoom demonstration's 64 such tokens made 0.29 nats
+    per model token read 0.039)."""
+    tokens = float(sum(len(s.response_ids) for s in mb))
+    mask_tokens, seqs = minibatch_totals(mb)
+    shards = B.shard(mb, trainer.num_workers)
+    results = trainer.call_split(TrainerWorker.update, shards, total_tokens=tokens, total_seqs=seqs)
+    metrics = {k: sum(r[k] for r in results) / len(results) for k in results[0]}
+    metrics["sft/nll"] = metrics.get("loss/policy", float("nan")) * tokens / max(mask_tokens, 1.0)
     return metrics
 
 
@@ -241,8 +254,18 @@ def _resume(trainer: WorkerGroup[TrainerWorker], sampler: Any, found: tuple[Any,
 
 
 def _nll(trainer: WorkerGroup[TrainerWorker], samples: list[TrainSample]) -> float:
-    """Mean negative log-likelihood per response token, the samples spread over the ranks."""
+    """Mean negative log-likelihood per loss-mask token (a conversation's model turns), the samples spread
+    over the ranks."""
     shards = B.shard(samples, trainer.num_workers)
     logprobs = trainer.call_split(TrainerWorker.compute_logprobs, shards, temperature=1.0, which="policy")
-    flat = [x for part in logprobs for row in part for x in row]
-    return -sum(flat) / max(len(flat), 1)
+    rows = [row for part in logprobs for row in part]  # shards are contiguous: the samples' order
+    return masked_nll(rows, [s.loss_mask for s in samples])
+
+
+def masked_nll(logprobs: list[list[float]], masks: list[list[int]]) -> float:
+    """Per-sample response logprobs and loss masks -> the mean negative log-likelihood over the mask-1
+    tokens (tool results and image tokens of a conversation are not the model's to predict)."""
+    total = sum(
+        -lp * m for row, mask in zip(logprobs, masks, strict=True) for lp, m in zip(row, mask, strict=True)
+    )
+    return total / max(sum(sum(mask) for mask in masks), 1)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ascent.data import render_sft_examples
 from ascent.envs import ChatTokens, StepResult, Task, run_episodes
 from ascent.envs.image_env import ZoomQa
 from ascent.envs.images import image_part, text_part
@@ -197,3 +198,8 @@ def test_a_demonstration_is_the_episode_zoom_qa_plays(vl, rows) -> None:
     pictures = [load_image(p["image"]) for p in parts if p["type"] == "image"]
     assert len(pictures) == 2 and all(p["image"].startswith("data:image/png") for p in parts if "image" in p)
     assert [codec.encode(p).digest for p in pictures] == [im.digest for im in ep.images]
+    # `ascent sft` trains on exactly these ids: the first request's prompt, the turns, the mask, the images
+    (sample,) = render_sft_examples([demo], chat.tok, max_prompt_tokens=2000, codec=codec)
+    assert (sample.prompt_ids, sample.response_ids) == (ep.prompt_ids, ep.response_ids)
+    assert sample.loss_mask == ep.loss_mask and sum(sample.loss_mask) < len(sample.response_ids)
+    assert [im.digest for im in sample.images] == [im.digest for im in ep.images]
