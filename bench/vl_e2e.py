@@ -88,6 +88,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--root", type=Path, default=Path("/tmp/ascent_vl"))
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("overrides", nargs="*", help="config overrides for ascent train (key=value)")
     args = ap.parse_args(argv)
     args.image_tokens = (args.image_size // 28) ** 2
     return args
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     try:
-        ascent_main(["train", str(config)])
+        ascent_main(["train", str(config), *args.overrides])
     except SystemExit as stop:
         if stop.code not in (0, None):
             raise
