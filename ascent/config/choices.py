@@ -16,7 +16,7 @@ read. Imports without torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
@@ -228,6 +228,23 @@ def name_of(value: object) -> str | None:
     if isinstance(value, dict):
         return value.get("name")
     return getattr(value, "name", None)
+
+
+def builtin_or_plugin(
+    choices: dict[str, type[Choice]], plugin: type[Choice]
+) -> Callable[[object], str | None]:
+    """The discriminator of a list item that is a built-in choice (a name of `choices`) or a plug-in (an import
+    path `pkg.module:function`, validated as `plugin`): the tag is the member class's name, None when neither."""
+
+    def tag(value: object) -> str | None:
+        name = name_of(value)
+        if not isinstance(name, str):
+            return None
+        if name in choices:
+            return choices[name].__name__
+        return plugin.__name__ if ":" in name else None
+
+    return tag
 
 
 def _discriminator(choices: dict[str, type[Choice]]) -> Discriminator:

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from ascent.config.choices import Choice, name_of
+from ascent.config.choices import Choice, builtin_or_plugin
 
 HOOK_NAME = "Which hook: a built-in name (curiosity, length_penalty, difficulty_filter) or an import path."
 
@@ -80,13 +80,7 @@ GROUP_HOOK_CHOICES: dict[str, type[Choice]] = {
 }
 
 
-def _tag(value: Any) -> str | None:
-    name = name_of(value)
-    if not isinstance(name, str):
-        return None
-    if name in GROUP_HOOK_CHOICES:
-        return GROUP_HOOK_CHOICES[name].__name__
-    return GroupHookPlugin.__name__ if ":" in name else None
+_tag = builtin_or_plugin(GROUP_HOOK_CHOICES, GroupHookPlugin)
 
 
 GroupHookChoice = Annotated[

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from ascent.config.choices import Choice, name_of
+from ascent.config.choices import Choice, builtin_or_plugin
 
 PROCESSOR_NAME = "Which processor: a built-in name (filter, transform, difficulty) or an import path."
 FN = "An import path `pkg.module:function`"
@@ -82,13 +82,7 @@ PROCESSOR_CHOICES: dict[str, type[Choice]] = {
 }
 
 
-def _tag(value: Any) -> str | None:
-    name = name_of(value)
-    if not isinstance(name, str):
-        return None
-    if name in PROCESSOR_CHOICES:
-        return PROCESSOR_CHOICES[name].__name__
-    return ProcessorPlugin.__name__ if ":" in name else None
+_tag = builtin_or_plugin(PROCESSOR_CHOICES, ProcessorPlugin)
 
 
 ProcessorChoice = Annotated[
