@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -76,22 +77,10 @@ def run_eval(
     items, _ = render_prompts(
         rows, tok, max_prompt_tokens=max_prompt_tokens, overlong="truncate", codec=image_codec(model)
     )
-    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
-    runner = RewardRunner(  # resolved before any generation: a bad --reward fails in a second
-        reward,
-        max_failure_rate=ALL_BUT_NONE,
-        logger=log,
-        executor=reward_hosts("process", reward_timeout_s, None),
-    )
-    rollout = build_engine(
-        engine,
-        model_path=model,
-        dtype=dtype,
-        device=resolve_device(device),
-        eos_token_ids=[tok.eos_token_id],
-        pad_token_id=tok.pad_token_id,
-        decode=decode,
-        generation_batch_size=batch_size,
+    decode, runner, rollout = (
+        _scorer_and_engine(  # the reward resolves first: a bad --reward fails in a second
+            tok, reward, reward_timeout_s, engine, model, dtype, device, batch_size
+        )
     )
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples)
     requests = make_requests([i.prompt_ids for i in items], params, seed, [i.images for i in items])
@@ -260,22 +249,8 @@ def run_agent_eval(
         raise AgentLoadError(str(err).replace("rollout.source.agent", "--agent")) from err
     tok = set_chat_template(load_tokenizer(model), fields.chat_template, "--chat-template")
     rows = fields.rows(data)[:max_prompts]
-    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
-    rewards = RewardRunner(
-        reward,
-        max_failure_rate=ALL_BUT_NONE,
-        logger=log,
-        executor=reward_hosts("process", reward_timeout_s, None),
-    )
-    rollout = build_engine(
-        engine,
-        model_path=model,
-        dtype=dtype,
-        device=resolve_device(device),
-        eos_token_ids=[tok.eos_token_id],
-        pad_token_id=tok.pad_token_id,
-        decode=decode,
-        generation_batch_size=batch_size,
+    decode, rewards, rollout = _scorer_and_engine(
+        tok, reward, reward_timeout_s, engine, model, dtype, device, batch_size
     )
     setup = AgentSetup(
         agent,
@@ -331,3 +306,35 @@ def _agent_record(e: Any, decode: Any) -> dict[str, Any]:
         "session": e.metadata["session"],
         **({"truncated": e.metadata["truncated"]} if "truncated" in e.metadata else {}),
     }
+
+
+def _scorer_and_engine(
+    tok: Any,
+    reward: str,
+    reward_timeout_s: float,
+    engine: str,
+    model: str,
+    dtype: str,
+    device: str,
+    batch_size: int,
+) -> tuple[Callable[[Sequence[int]], str], RewardRunner, Any]:
+    """What every evaluation builds: the decode of `tok`, the reward runner of `reward` (on process hosts,
+    every failure counted, none fatal) and the `engine` holding `model`."""
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    runner = RewardRunner(
+        reward,
+        max_failure_rate=ALL_BUT_NONE,
+        logger=log,
+        executor=reward_hosts("process", reward_timeout_s, None),
+    )
+    rollout = build_engine(
+        engine,
+        model_path=model,
+        dtype=dtype,
+        device=resolve_device(device),
+        eos_token_ids=[tok.eos_token_id],
+        pad_token_id=tok.pad_token_id,
+        decode=decode,
+        generation_batch_size=batch_size,
+    )
+    return decode, runner, rollout
