@@ -116,12 +116,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Train `--warmup + --steps` optimizer steps; print and return the per-step times and peaks."""
-    args = parse(argv)
+    return run(parse(argv), build_trainer, "TRL")
+
+
+def run(args: argparse.Namespace, build: Any, label: str) -> dict[str, Any]:
+    """Train the trainer `build(args, rows)` makes for `--warmup + --steps` optimizer steps; print (as
+    `label`) and return the per-step times and peaks (also the VL baseline's body)."""
     args.root.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, float]] = []
     res = W.report_header(args)
-    trainer = build_trainer(args, rows)
-    trainer.train()
+    build(args, rows).train()
     timed = rows[args.warmup :] or rows
     step = statistics.median(r["step_s"] for r in timed)
     res.update(warmup=rows[: args.warmup], steps=timed, step_s=step)
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     res["peak_allocated_gib"] = max((r.get("peak_allocated_gib", 0.0) for r in rows), default=0.0)
     res["peak_reserved_gib"] = max((r.get("peak_reserved_gib", 0.0) for r in rows), default=0.0)
     print(
-        f"TRL {args.shape}: {step:.2f} s/step (median of {len(timed)}), {res['completions_per_s']:.1f} "
+        f"{label} {args.shape}: {step:.2f} s/step (median of {len(timed)}), {res['completions_per_s']:.1f} "
         f"completions/s, peak allocated {res['peak_allocated_gib']:.1f} GiB",
         flush=True,
     )

@@ -13,9 +13,7 @@ the script builds it from the checkpoint's tokenizer and image processor and sav
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -110,24 +108,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse(argv)
-    args.root.mkdir(parents=True, exist_ok=True)
-    rows: list[dict[str, float]] = []
-    res = V.W.report_header(args)
-    build_trainer(args, rows).train()
-    timed = rows[args.warmup :] or rows
-    step = statistics.median(r["step_s"] for r in timed)
-    res.update(warmup=rows[: args.warmup], steps=timed, step_s=step)
-    res["completions_per_s"] = args.prompts * args.samples / step
-    res["peak_allocated_gib"] = max((r.get("peak_allocated_gib", 0.0) for r in rows), default=0.0)
-    print(
-        f"TRL VL {args.shape}: {step:.2f} s/step, {res['completions_per_s']:.2f} completions/s, "
-        f"peak {res['peak_allocated_gib']:.1f} GiB",
-        flush=True,
-    )
-    if args.json:
-        args.json.write_text(json.dumps(res, indent=1, default=str))
-    return res
+    """Train `--warmup + --steps` optimizer steps; print and return the per-step times and peaks."""
+    return T.run(parse(argv), build_trainer, "TRL VL")
 
 
 if __name__ == "__main__":
