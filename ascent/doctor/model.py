@@ -183,7 +183,8 @@ def check_engine_architecture(cfg: RunConfig) -> CheckResult:
         return fail(name, str(err), "set rollout.engine=reference for this model.")
     except Exception as err:  # the model check reports configs that do not load
         return skipped(name, f"the model config does not load ({type(err).__name__})")
-    rope = dict(getattr(hf, "rope_parameters", None) or {})
+    text = getattr(hf, "text_config", None) or hf  # a vision-language model's decoder holds its RoPE
+    rope = dict(getattr(text, "rope_parameters", None) or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in STATIC_ROPE_TYPES:
         return fail(

@@ -2,7 +2,7 @@
 
 `FAMILIES` is a plain dict (model_type -> Family) built from one module per family: `qwen2`, `qwen3`,
 `llama` and `mistral`, which share the Llama layout (`llama_like`), and the vision-language `qwen2_5_vl` and
-`qwen3_vl` (`qwen_vl`; reference engine only). `family_for` looks a config up and
+`qwen3_vl` (`qwen_vl`: the decoder layout plus a vision tower). `family_for` looks a config up and
 names the fix when it is unknown; `CAUSAL_LM` is what the trainer and the reference engine fall back to
 for a causal LM without a family (loaded by transformers, never run by the fast engine).
 

@@ -27,6 +27,10 @@ class ModelSpec:
     max_position_embeddings: int
     tie_word_embeddings: bool
     sliding_window: int | None = None
+    # multimodal RoPE (vision-language models): rotary frequencies per (time, height, width) position row,
+    # in blocks or interleaved (Qwen3-VL); empty for a text model (one position per token)
+    mrope_section: tuple[int, ...] = ()
+    mrope_interleaved: bool = False
 
     @property
     def group_size(self) -> int:

@@ -4,7 +4,8 @@ Map: spec.py (architecture facts, read by the model's family in ascent/models/fa
 (shared or owned tensors; IMPLEMENTATIONS, the layouts a family names) -> layers.py / attention.py /
 triton_decode.py (math) -> runner.py (prefill, decode step) -> graphs.py (CUDA graphs) -> engine.py (the
 engine's API) and batching.py (its loop); pages.py, scheduler.py, sequence.py, state.py and live.py are its
-bookkeeping, swap.py hands the weights to publications between decode steps. `build_fast_engine` is the
+bookkeeping, swap.py hands the weights to publications between decode steps; vision.py runs a
+vision-language model's tower and multimodal RoPE (images at prefill). `build_fast_engine` is the
 builder registered as `ENGINES["fast"]`. On CPU the same engine runs eagerly (slowly) for the tests.
 """
 
@@ -25,6 +26,7 @@ from ascent.rollout.fast.graphs import default_buckets
 from ascent.rollout.fast.kv_cache import KVCache, pages_for_budget
 from ascent.rollout.fast.runner import ModelRunner
 from ascent.rollout.fast.spec import ModelSpec, engine_family, rope_tables
+from ascent.rollout.fast.vision import build_vision, is_vision_config, mrope_rows
 from ascent.rollout.fast.weights import IMPLEMENTATIONS, load_state_dict, state_dict_of
 
 
@@ -43,6 +45,8 @@ def _tokenizer_facts(path, eos_token_ids, pad_token_id, decode, trust_remote_cod
 
 def _config_eos(config: Any) -> list[int]:
     eos = getattr(config, "eos_token_id", None)
+    if eos is None:  # a vision-language config keeps it in its text part
+        eos = getattr(getattr(config, "text_config", None), "eos_token_id", None)
     return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
@@ -135,6 +139,11 @@ def build_fast_engine(
     spec = family.spec(config)
     max_len = _max_len(spec, max_model_len)
     weights = IMPLEMENTATIONS[family.engine](sd, spec, dt, dev, share, rename=family.to_engine_name)
+    vision = None
+    if is_vision_config(config):  # the tower: transformers' module on the same state dict (vision.py)
+        renamed = {family.to_engine_name(n): t for n, t in sd.items()}
+        vision, tower_targets = build_vision(config, renamed, dt, dev, share)
+        weights.targets.update(tower_targets)
     del sd
     reserve = _activation_reserve(spec, max_batch_size, max_prefill_tokens, dt)
     pages = _num_pages(
@@ -144,7 +153,8 @@ def build_fast_engine(
     on_cuda = dev.type == "cuda"
     fast_default = "triton" if on_cuda and _has_triton() else "torch"
     attention, sampler = attention or fast_default, sampler or fast_default
-    rope = rope_tables(config, spec, max_len, weights.embed.dtype, dev)  # the residual stream's dtype
+    text_config = getattr(config, "text_config", None) or config  # a vision-language model's decoder
+    rope = rope_tables(text_config, spec, max_len, weights.embed.dtype, dev)  # the residual stream's dtype
     runner = ModelRunner(
         spec,
         weights,
@@ -155,6 +165,8 @@ def build_fast_engine(
         compile=on_cuda if compile is None else compile,
         attn_options=attn_options,
         sampler=sampler,
+        mrope_rows=mrope_rows(spec).to(dev) if vision is not None else None,
+        allowed=vision.allowed(spec.vocab_size, config) if vision is not None else None,
     )
     use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
     return FastEngine(
@@ -170,6 +182,7 @@ def build_fast_engine(
         stop_check_interval=stop_check_interval,
         on_swap=_on_swap(on_swap),
         feed_prompt_tokens=feed_prompt_tokens,
+        vision=vision,
     )
 
 

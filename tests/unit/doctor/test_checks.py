@@ -235,6 +235,14 @@ def test_unsupported_architecture_fails_for_the_fast_engine(tiny_copy):
     assert result.status == "fail" and "rollout.engine=reference" in result.fix
 
 
+def test_vision_language_checkpoints_pass_for_the_fast_engine(tmp_path):
+    from ascent.models.tiny_vl import make_tiny_vl_checkpoint
+
+    path = make_tiny_vl_checkpoint(tmp_path, family="qwen3_vl")
+    result = model.check_engine_architecture(cfg(model={"path": str(path)}, rollout={"engine": "fast"}))
+    assert result.status == "ok" and "qwen3_vl" in result.detail
+
+
 def test_unknown_model_type_fails_for_the_fast_engine(tmp_path, tiny_dir):
     from transformers import GPT2Config
 
