@@ -32,6 +32,7 @@ from ascent.envs.hosts import HostedEnvs, Hosts, InlineHosts
 from ascent.envs.images import ImageEncoder
 from ascent.envs.rows import row_env
 from ascent.envs.runner import prompt_tokens
+from ascent.envs.sim import HostedSimEnvs
 from ascent.errors import AscentError
 from ascent.messages import Generation, GenerationRequest, Group, SamplingParams, flatten
 from ascent.orchestrator import batch as B
@@ -157,11 +158,22 @@ class EnvRunners:
 @dataclass(frozen=True)
 class EnvEpisodes:
     """What an env source's episodes are (`rollout.source` env): the environment of rows without an `env`
-    column, and the cuts at `max_turns` model turns and `max_tokens` response tokens."""
+    column, the cuts at `max_turns` model turns and `max_tokens` response tokens, and `sims_per_worker`:
+    simulator copies a host steps together (0: one environment per episode; see `vector_envs`)."""
 
     env: str
     max_turns: int
     max_tokens: int
+    sims_per_worker: int = 0
+
+
+def vector_envs(tasks: Sequence[Task], hosts: Hosts, copies: int) -> HostedSimEnvs | None:
+    """Blocks of `copies` simulator copies stepped through gymnasium's vector API inside the hosts
+    (`rollout.source.sims_per_worker`), when every task is an episode of the simulator env `gym`; else None
+    (the runner's one environment per episode)."""
+    if copies < 1 or any(t.env != "gym" for t in tasks):
+        return None
+    return HostedSimEnvs(hosts, copies)
 
 
 def collect_env_groups(
@@ -197,6 +209,7 @@ def collect_env_groups(
             max_tokens=episodes.max_tokens,
             hosts=hosts,
             images=envs.images,
+            envs=vector_envs(tasks, hosts, episodes.sims_per_worker),
         )
     return [Group(tuple(played[i * n : (i + 1) * n])) for i in range(len(items))]
 

@@ -6,7 +6,9 @@ task): `gym_id` (any registered gymnasium id: CartPole-v1, Pendulum-v1, Inverted
 `max_steps` (the episode's step limit, else the id's own), `bins` (action words per continuous dimension,
 default 256), `decimals` (of the state's text, default 2), `success_rule` and `success_return` (below), `render`
 (keep RGB frames in `env.frames`, for `ascent debug env --frames`) and `image_obs` (also send each frame as
-an image content part `{"type": "image", "image": <uint8 array [H, W, 3]>}` beside the text). Frames
+an image content part `{"type": "image", "image": <uint8 array [H, W, 3]>}` beside the text) and
+`pixels_only` (with `image_obs`: the text leaves the state out, so the frame is the whole observation: a
+pixel task, e.g. `ascent.envs.sim.reach`). Frames
 render headless through MuJoCo's `MUJOCO_GL` (default here: egl; `ascent doctor` says which works).
 
 Each model turn is one simulator step: the turn's first action words (`ascent.envs.sim.actions`) are the
@@ -49,6 +51,7 @@ class SimSpec:
     success_return: float | None = None
     render: bool = False
     image_obs: bool = False
+    pixels_only: bool = False
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> SimSpec:
@@ -68,8 +71,9 @@ class SimSpec:
             decimals=int(row.get("decimals", 2)),
             success_rule=rule,
             success_return=None if target is None else float(target),
-            render=bool(row.get("render", False)) or bool(row.get("image_obs", False)),
-            image_obs=bool(row.get("image_obs", False)),
+            render=any(bool(row.get(k, False)) for k in ("render", "image_obs", "pixels_only")),
+            image_obs=bool(row.get("image_obs", False)) or bool(row.get("pixels_only", False)),
+            pixels_only=bool(row.get("pixels_only", False)),
         )
 
     def make(self) -> Any:
@@ -96,6 +100,8 @@ class SimEpisode:
         self.frames: list[Any] = []  # RGB uint8 [H, W, 3] each, when the spec renders
 
     def state_text(self, obs: Any) -> str:
+        if self.spec.pixels_only:
+            return "(the image)"
         return " ".join(f"{x:.{self.spec.decimals}f}" for x in np.asarray(obs, dtype=float).ravel())
 
     def message(self, text: str, frame: Any = None) -> Message:
