@@ -134,6 +134,8 @@ class EnvRunners:
                     r.env_workers,
                     env_policy(r),
                     cpus_per_host=r.env_cpus,
+                    gpus_per_host=r.env_gpus,
+                    per_node=r.env_workers_per_node,
                     start_timeout_s=c.worker_timeout_s,
                     run_dir=self.cfg.run_dir,
                     log_level=self.cfg.tracking.log_level,
