@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from ascent.cluster.base import WorkerGroup
@@ -39,6 +40,9 @@ from ascent.orchestrator import batch as B
 from ascent.orchestrator.workers import RolloutWorker
 
 log = logging.getLogger("ascent")
+FRAMES = (
+    "frames"  # <run_dir>/frames: simulator frames, next to experience.db (ascent.studio.episodes reads them)
+)
 
 
 class EnvFailureError(AscentError):
@@ -112,6 +116,7 @@ class EnvRunners:
         self.images = env_image_encoder(
             cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels
         )  # the model's image codec (None: a text model)
+        self.frames_dir = str(Path(cfg.run_dir) / FRAMES)  # simulators that render write frames here
         self._actors: Any = None
         self._lock = threading.Lock()  # the collector's thread and the controller's may both start a batch
 
@@ -178,6 +183,12 @@ def vector_envs(tasks: Sequence[Task], hosts: Hosts, copies: int) -> HostedSimEn
     return HostedSimEnvs(hosts, copies)
 
 
+def with_frames(row: dict[str, Any], env: str, frames_dir: str) -> dict[str, Any]:
+    """The row a simulator episode (env `gym`) plays: with `frames_dir`, where it writes the frames it
+    renders (rows with `render`/`image_obs`) for the studio's episode browser; other rows unchanged."""
+    return row | {"frames_dir": frames_dir} if env == "gym" else row
+
+
 def collect_env_groups(
     envs: EnvRunners,
     episodes: EnvEpisodes,
@@ -191,8 +202,11 @@ def collect_env_groups(
     """`params.n` episodes of every item's environment (run in `envs`, each turn sampled on the `rollout`
     replicas) -> one group per item, in order."""
     n = params.n
+    names = [env_name(it.metadata, episodes.env) for it in items]
     tasks = [
-        Task(env_name(it.metadata, episodes.env), it.metadata, it.row_id) for it in items for _ in range(n)
+        Task(name, with_frames(it.metadata, name, envs.frames_dir), it.row_id)
+        for it, name in zip(items, names, strict=True)
+        for _ in range(n)
     ]
 
     def generate(requests: list[GenerationRequest]) -> list[list[Generation]]:
