@@ -8,20 +8,20 @@ from ascent.envs.sim import SimVectorEnvs
 from ascent.envs.tasks.control_task import control_rows
 from ascent.messages import Generation, SamplingParams
 from ascent.models.loading import load_tokenizer
-from ascent.models.tiny import DEFAULT_CHARS
-from ascent.models.tiny_vl import make_tiny_vl_checkpoint
 from ascent.models.vision import load_image_codec
 
 
-def test_pixel_reach_shows_frames_only_and_a_vl_policy_sees_each(tmp_path):
-    path = make_tiny_vl_checkpoint(tmp_path / "vl", chars=DEFAULT_CHARS, words=("<a0>", "<a1>"))
-    chat, codec = ChatTokens(load_tokenizer(path)), load_image_codec(path)
+def test_pixel_reach_shows_frames_only_and_a_vl_policy_sees_each(vl_processor_dir):
+    chat = ChatTokens(load_tokenizer(vl_processor_dir))  # action words spelt in characters
+    codec = load_image_codec(vl_processor_dir)
     rows = control_rows("reach_pixels", [3, 3])  # offset +2: two steps right reach the target
     requests = []
 
     def generate(batch):
         requests.append(batch)
-        return [[Generation(chat.turn_ids("<a1>"), [-0.7] * 3, "stop")] for _ in batch]
+        return [
+            [Generation(chat.turn_ids("<a1>"), [-0.7] * len(chat.turn_ids("<a1>")), "stop")] for _ in batch
+        ]
 
     tasks = [Task("gym", row, k) for k, row in enumerate(rows)]
     params = SamplingParams(max_new_tokens=4)
