@@ -75,7 +75,7 @@ class HostedSimEnvs:
         ]
         out: list[tuple[list[Message], Any] | str] = []
         for size, o in zip(self.sizes, self.hosts.run(commands, self.detail), strict=True):
-            out += o.value if o.ok else [o.error] * size
+            out += o.value if o.ok else [str(o.error)] * size
         return out
 
     def step(self, calls: Sequence[tuple[int, str]]) -> list[StepResult | str]:
@@ -88,7 +88,7 @@ class HostedSimEnvs:
         ]
         results: dict[int, StepResult | str] = {}
         for b, o in zip(order, self.hosts.run(commands, self.detail), strict=True):
-            answers = o.value if o.ok else [o.error] * len(per_block[b])
+            answers = o.value if o.ok else [str(o.error)] * len(per_block[b])
             for (j, _), answer in zip(per_block[b], answers, strict=True):
                 results[b * self.copies + j] = answer
         return [results[i] for i, _ in calls]

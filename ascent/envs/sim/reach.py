@@ -29,7 +29,7 @@ GYM_ID = "ascent.envs.sim.reach:Reach-v0"
 COLOURS = {"empty": (90, 90, 90), "point": (220, 40, 40), "target": (40, 200, 60)}
 
 
-class Reach(gym.Env[np.ndarray, int]):
+class Reach(gym.Env[np.ndarray, np.int64]):
     """The point-and-target line (module docstring)."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
@@ -66,4 +66,4 @@ class Reach(gym.Env[np.ndarray, int]):
 
 
 if "Reach-v0" not in gym.registry:
-    gym.register("Reach-v0", entry_point=Reach, max_episode_steps=3)
+    gym.register("Reach-v0", entry_point=f"{__name__}:Reach", max_episode_steps=3)
