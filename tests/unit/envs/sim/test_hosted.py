@@ -80,13 +80,3 @@ def test_the_runner_records_the_crash_as_its_episodes_env_error(hosts):
 def test_inline_hosts_step_the_blocks_in_this_process():
     envs = HostedSimEnvs(InlineHosts(), copies=3)
     assert len(envs.reset(ROWS)) == 3 and not any(isinstance(r, str) for r in envs.step([(0, "<a1>")]))
-
-
-def test_the_loop_steps_gym_batches_in_blocks_when_sims_per_worker_is_set():
-    from ascent.orchestrator.episodes import vector_envs
-
-    gym_tasks = [Task("gym", row, k) for k, row in enumerate(ROWS)]
-    made = vector_envs(gym_tasks, InlineHosts(), 4)
-    assert isinstance(made, HostedSimEnvs) and made.copies == 4
-    assert vector_envs(gym_tasks, InlineHosts(), 0) is None  # off: one environment per episode
-    assert vector_envs([*gym_tasks, Task("guess_number", {}, 9)], InlineHosts(), 4) is None
