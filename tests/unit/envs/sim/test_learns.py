@@ -11,7 +11,7 @@ given). Episodes run through the real path: rows of the `reach` control task, `r
 `HostedSimEnvs` (blocks of 8 copies stepped by gymnasium's vector API), GRPO advantages from
 `ascent.algorithms`, a REINFORCE step per iteration. Measured on one machine, seeds 0-2: held-out success
 0.35-0.43 at the start, 0.34-0.38 for the random valid policy, 0.99-1.00 after 15 iterations; the bar is
-0.25 above both (about 17 s for the three seeds on a 2-core CPU).
+0.25 above both (about 4 s for the three seeds on a 2-core CPU).
 """
 
 from __future__ import annotations
