@@ -125,6 +125,22 @@ class RolloutConfig(Section):
         description="With cluster.backend=ray and rollout.env_isolation=process: CPUs each environment actor "
         "asks Ray for (on top of the workers' cluster.cpus_per_worker).",
     )
+    env_workers_per_node: int = Field(
+        4,
+        gt=0,
+        description="With cluster.backend=ray and rollout.env_isolation=process, when rollout.env_workers is "
+        "null: environment (simulator) actors per node, as many as the free CPUs (and GPUs, with "
+        "rollout.env_gpus) hold. `ascent doctor` reports the placement of simulator workers.",
+    )
+    env_gpus: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="With cluster.backend=ray and rollout.env_isolation=process: the share of a GPU each "
+        "environment actor asks Ray for, for simulators that render on the GPU (MuJoCo through EGL): 0.25 "
+        "places 4 simulator workers per GPU. 0: CPU only (state-only rows, or OSMesa). `ascent doctor` "
+        "checks that GPUs are visible and that EGL renders.",
+    )
 
     @model_validator(mode="before")
     @classmethod

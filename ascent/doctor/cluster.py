@@ -109,3 +109,45 @@ def check_resources(need: Demand, total: dict[str, Any], where: str) -> CheckRes
 
 def _ray_version() -> str:
     return version("ray")
+
+
+def check_simulator_placement(
+    cfg: RunConfig, simulators: list[str], backend: str | None, gpus_visible: int
+) -> CheckResult:
+    """Where simulator workers go: `rollout.env_workers_per_node` (or `env_workers`) actors on Ray, each
+    stepping `rollout.source.sims_per_worker` copies, with `rollout.env_gpus` of a GPU each for rendering
+    through EGL. A GPU share without a visible GPU, or without EGL (`backend`: what the simulator rendering
+    check found), is a failure: the actors could not be placed, or would render on the CPU anyway."""
+    name = "simulator placement"
+    r = cfg.rollout
+    if not simulators:
+        return skipped(name, "no simulator environment in this config")
+    copies = getattr(r.source, "sims_per_worker", 0)
+    each = f"{copies} copies stepped together each" if copies else "one environment per episode"
+    if cfg.cluster.backend != "ray" or r.env_isolation == "inline":
+        where = "this process" if r.env_isolation == "inline" else "worker processes on this node"
+        gpu_note = f"; rollout.env_gpus={r.env_gpus:g} is read by Ray actors only" if r.env_gpus else ""
+        return ok(name, f"simulators in {where} ({each}){gpu_note}", copies=copies)
+    count = f"{r.env_workers} in all" if r.env_workers else f"{r.env_workers_per_node} per node"
+    if r.env_gpus <= 0:
+        return ok(name, f"simulator actors: {count}, on CPUs ({each})", copies=copies)
+    per_gpu = 1 / r.env_gpus
+    if gpus_visible == 0:
+        return fail(
+            name,
+            f"rollout.env_gpus={r.env_gpus:g} gives simulator actors a GPU share, but no GPU is visible here",
+            "set rollout.env_gpus=0 (render on the CPU with MUJOCO_GL=osmesa, or run state-only rows).",
+        )
+    if backend != "egl":
+        return fail(
+            name,
+            f"rollout.env_gpus={r.env_gpus:g} places simulators on GPUs to render there, but MuJoCo's EGL "
+            f"does not render here (found: {backend or 'none'})",
+            "install the GPU driver's EGL (libegl1) and set MUJOCO_GL=egl, or set rollout.env_gpus=0.",
+        )
+    return ok(
+        name,
+        f"simulator actors: {count}, {per_gpu:g} per GPU rendering through EGL ({each})",
+        copies=copies,
+        per_gpu=per_gpu,
+    )

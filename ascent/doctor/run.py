@@ -88,7 +88,11 @@ def run_checks(
     renderers, env_error = model.rendering_envs(cfg)
     report.results += [env_error] if env_error else []
     report.results.append(system.check_rendering(renderers))
-    report.results.append(system.check_simulator_rendering(model.simulator_envs(cfg)))
+    simulators = model.simulator_envs(cfg)
+    rendering = system.check_simulator_rendering(simulators)
+    report.results.append(rendering)
+    backend = rendering.data.get("backend")
+    report.results.append(cluster.check_simulator_placement(cfg, simulators, backend, facts.count))
     report.results += disk_checks(cfg, shape)
     report.results += [r for r in (plan.check_micro_batch(cfg), plan.check_awake_engine(cfg)) if r]
     if shape is None:

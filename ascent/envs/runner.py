@@ -30,8 +30,8 @@ of its turn: orchestrator.batch.advantage_inputs). `metadata["tool_calls"]` sums
 reported (`info["tool_calls"]`; a value that is not a whole number >= 0 breaks the contract like a bad reward).
 Any other number in `info` is the environment's own metric: `metadata["env_info"]` keeps each one's latest
 value (absent when there are none), and evaluation averages them (`ascent.orchestrator.eval_metrics`).
-A simulator's `info["success"]` and `info["episode_length"]` (`ascent.envs.sim`) are kept from its latest turn
-in the episode's metadata (the loop's env/success_rate and env/episode_length); other environments add none.
+A simulator's `info["success"]`, `info["episode_length"]` and `info["frames"]` (its frames' files, when it
+renders into a run's folder: `ascent.envs.sim`) are kept from its latest turn in the episode's metadata (the loop's env/success_rate and env/episode_length); other environments add none.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from ascent.messages import Episode, FinishReason, Generation, GenerationRequest
 log = logging.getLogger("ascent.envs")
 
 Generate = Callable[[list[GenerationRequest]], list[list[Generation]]]
-OUTCOME_KEYS = ("success", "episode_length")  # info keys an episode's metadata keeps from its latest turn
+OUTCOME_KEYS = ("success", "episode_length", "frames")  # info keys the metadata keeps from the latest turn
 
 
 @dataclass(frozen=True)

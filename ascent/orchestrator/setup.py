@@ -214,18 +214,19 @@ class Demand:
 def demand(cfg: RunConfig) -> Demand:
     """GPUs and CPUs of every worker (trainer, rollout, critic, reward model, the judge's own engine) as
     `build_worker_groups` places them, and of the environment actors (`ascent.cluster.ray_hosts`; at least
-    one when the run picks their count)."""
-    c, env = cfg.cluster, env_actor_cpus(cfg)
+    one when the run picks their count; their GPU shares, `rollout.env_gpus`, count among the GPUs)."""
+    c, env, env_gpus = cfg.cluster, env_actor_cpus(cfg), env_actor_gpus(cfg)
     groups, judge = placed_groups(cfg), int(own_judge_engine(cfg))
     plan = plan_placement(
         c.backend, c.placement, c.gpus_per_worker, c.cpus_per_worker, c.num_trainer_workers, groups
     )
     if plan.shared_bundles:
         cpus = plan.shared_bundles * plan.bundle_cpus + env + judge * c.cpus_per_worker
-        return Demand(plan.shared_bundles * plan.bundle_gpus + judge * c.gpus_per_worker, cpus, True, env)
+        gpus = plan.shared_bundles * plan.bundle_gpus + judge * c.gpus_per_worker + env_gpus
+        return Demand(gpus, cpus, True, env)
     workers = c.num_trainer_workers * groups + c.num_rollout_workers + judge
     gpus = c.num_trainer_workers * groups * plan.trainer_gpus + c.num_rollout_workers * plan.rollout_gpus
-    return Demand(gpus + judge * c.gpus_per_worker, workers * c.cpus_per_worker + env, False, env)
+    return Demand(gpus + judge * c.gpus_per_worker + env_gpus, workers * c.cpus_per_worker + env, False, env)
 
 
 def env_actor_cpus(cfg: RunConfig) -> float:
@@ -239,6 +240,13 @@ def env_actor_cpus(cfg: RunConfig) -> float:
     ):
         return 0.0
     return (r.env_workers or 1) * r.env_cpus
+
+
+def env_actor_gpus(cfg: RunConfig) -> float:
+    """GPUs the environment actors ask for (simulators rendering through EGL): their CPUs' count of actors x
+    `rollout.env_gpus`; none where they are not Ray actors."""
+    r = cfg.rollout
+    return env_actor_cpus(cfg) / r.env_cpus * r.env_gpus
 
 
 def demand_shortfall(need: Demand, total: dict[str, Any]) -> str | None:

@@ -220,5 +220,6 @@ def fresh_prompts_per_step(cfg: RunConfig) -> int:
 
 
 def env_episodes(source: EnvSourceConfig) -> EnvEpisodes:
-    """An env source's episodes: its environment and the cuts at max_turns and max_episode_tokens."""
-    return EnvEpisodes(source.env, source.max_turns, source.max_episode_tokens)
+    """An env source's episodes: its environment, the cuts at max_turns and max_episode_tokens, and the
+    simulator copies a worker steps together."""
+    return EnvEpisodes(source.env, source.max_turns, source.max_episode_tokens, source.sims_per_worker)

@@ -9,6 +9,10 @@ tasks (`TASKS`):
 - `pendulum`: Pendulum-v1 (a torque in 16 bins), 20 steps; success: a return of -20 or more (upright and
   still most of the time; a random policy scores about -30 from a random start).
 - `inverted_pendulum`: MuJoCo's InvertedPendulum-v5 (a force in 16 bins), kept up for 20 steps.
+- `reach`: `ascent.envs.sim.reach` (a point steps left or right to a target 1 or 2 cells away, 3 steps at
+  most; success: reaching it); the state is the target's offset, so the right action is plain to learn.
+- `reach_pixels`: the same with the frame as the only observation (an image part; the text leaves the state
+  out), a pixel task for a vision-language or VLA policy.
 
 Short episodes keep a tiny model's turns on a CPU cheap; a row may set its own `max_steps`, `bins`,
 `render`. Command line: `python -m ascent.envs.tasks.control_task OUT --task cartpole --rows 400 --seed 0`.
@@ -24,6 +28,8 @@ from typing import Any
 
 from ascent.envs.tasks.common import Shape, n_val_rows, write_split
 
+REACH = "ascent.envs.sim.reach:Reach-v0"  # registered by that module (imported by gymnasium, where made)
+
 TASKS: dict[str, dict[str, Any]] = {
     "cartpole": {"gym_id": "CartPole-v1", "max_steps": 20, "decimals": 1, "success_rule": "survive"},
     "pendulum": {
@@ -34,6 +40,8 @@ TASKS: dict[str, dict[str, Any]] = {
         "success_return": -20.0,
     },
     "inverted_pendulum": {"gym_id": "InvertedPendulum-v5", "max_steps": 20, "bins": 16, "decimals": 2},
+    "reach": {"gym_id": REACH, "max_steps": 3, "decimals": 0, "success_rule": "goal"},
+    "reach_pixels": {"gym_id": REACH, "max_steps": 3, "success_rule": "goal", "pixels_only": True},
 }
 
 
