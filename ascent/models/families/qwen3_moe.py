@@ -19,10 +19,11 @@ from ascent.models.families.spec import ModelSpec
 
 
 def moe_layers(config: Any) -> tuple[int, ...]:
-    """The layers whose MLP is sparse (transformers' rule for Qwen2/3-MoE)."""
+    """The layers whose MLP is sparse (transformers' rule for Qwen2/3-MoE; every layer of a config without
+    the rule's fields, as Mixtral)."""
     step = int(getattr(config, "decoder_sparse_step", 1) or 1)
     dense = set(getattr(config, "mlp_only_layers", None) or ())
-    n = int(config.num_experts or 0)
+    n = int(getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0)
     return tuple(
         i for i in range(config.num_hidden_layers) if i not in dense and n > 0 and (i + 1) % step == 0
     )
