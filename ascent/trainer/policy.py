@@ -24,6 +24,10 @@ CPU.
 Vision-language policies (Qwen2.5-VL, Qwen3-VL) train the same way: samples carry their images, the forward
 runs the vision tower (`ascent.trainer.logprobs`); `freeze_vision_tower` leaves the tower and merger out of
 training, and LoRA adapters go to the language model (`ascent.trainer.lora`).
+
+Mixture-of-experts policies (Qwen3-MoE) replay the sampler's experts: a sample's `routed_experts` make the
+policy's routers use the experts the engine chose (`ascent.models.moe.RoutingReplay`), in the old-logprob
+pass and in the update's forward and backward; the reference and the teacher route themselves.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ DENSE_MARGIN = 3.0  # replay's bf16 gap may be this many times the dense model's
 @pytest.fixture(scope="module")
 def moe_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("moe_replay")
-    return make_tiny_moe_checkpoint(path, router_scale=0.1, expert_scale=10.0)
+    return make_tiny_moe_checkpoint(path, router_scale=0.02, expert_scale=3.0)
 
 
 def _sampled(path, dtype: str) -> list[tuple[TrainSample, list[float]]]:
