@@ -154,6 +154,13 @@ class AlgorithmConfig(Section):
     rollout_correction_threshold_low: float | None = Field(
         None, ge=0, description="MIS: also mask weights below this (null: no lower bound)."
     )
+    routing_replay: bool = Field(
+        True,
+        description="Mixture-of-experts policies: the trainer's forward uses the experts the rollout engine "
+        "chose for each token (recorded by the reference engine), its own router weighting them, so the "
+        "sampler/trainer logprob gap stays as small as a dense model's. false: the trainer routes itself. "
+        "No effect on dense models.",
+    )
     # KL as a reward penalty (PPO / REINFORCE++ style; kl_loss_coef is the loss-term alternative).
     kl_penalty_coef: float = Field(
         0.0, ge=0, description="Initial weight of the per-token KL penalty in the reward."

@@ -15,6 +15,7 @@ from ascent.doctor.memory import ModelShape
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
 from ascent.envs import ENVIRONMENTS, make_env
 from ascent.models.families import CAUSAL_LM, FAMILIES, model_type_of, resolve_class
+from ascent.models.families.qwen3_moe import moe_layers
 from ascent.plugins import PluginError, load_plugin
 
 
@@ -42,6 +43,13 @@ def model_shape(hf_config: Any, params: int) -> ModelShape:
     text = getattr(hf_config, "get_text_config", lambda: hf_config)()
     heads = int(text.num_attention_heads)
     hidden = int(text.hidden_size)
+    experts = int(getattr(text, "num_experts", None) or getattr(text, "num_local_experts", None) or 0)
+    moe = dict(
+        experts=experts,
+        experts_per_token=int(getattr(text, "num_experts_per_tok", 0) or 0),
+        expert_intermediate=int(getattr(text, "moe_intermediate_size", None) or 0),
+        moe_layers=len(moe_layers(text)) if experts else 0,
+    )
     return ModelShape(
         params=params,
         vocab=int(text.vocab_size),
@@ -52,6 +60,7 @@ def model_shape(hf_config: Any, params: int) -> ModelShape:
         kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(text, "head_dim", None) or hidden // heads),
         tied=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        **moe,
     )
 
 
@@ -83,6 +92,11 @@ def check_model(cfg: RunConfig) -> tuple[CheckResult, ModelShape | None]:
         f"{getattr(hf, 'model_type', '?')}, {shape.params / 1e6:,.1f}M parameters, {shape.layers} layers, "
         f"hidden {shape.hidden}, vocab {shape.vocab}"
     )
+    if shape.experts:
+        detail += (
+            f"; mixture of experts: {shape.active_params / 1e6:,.1f}M active a token "
+            f"({shape.experts_per_token} of {shape.experts} experts)"
+        )
     if not weights:
         return warn(
             name, detail + "; no weight files", "copy the *.safetensors files next to config.json."

@@ -100,6 +100,7 @@ def _episode(item: Any, gen: Generation, decode: Callable[[list[int]], str], pol
         response_text=decode(gen.token_ids),
         metadata=item.metadata,
         images=item_images(item),
+        routed_experts=gen.routed_experts,
     )
 
 
@@ -203,9 +204,11 @@ def compute_advantages(
     return out.advantages, out.returns
 
 
-def train_samples(episodes: Sequence[Episode]) -> list[TrainSample]:
+def train_samples(episodes: Sequence[Episode], routing_replay: bool = True) -> list[TrainSample]:
     """The episodes as trainer inputs: tokens, loss mask and sampler logprobs; no targets yet (advantages 0).
-    The logprob passes (old, reference, critic values) read these; `with_targets` completes them."""
+    The logprob passes (old, reference, critic values) read these; `with_targets` completes them.
+    `routing_replay` (algorithm.routing_replay): an MoE episode's recorded experts go along for the trainer
+    to replay; False leaves them behind (the trainer routes every token itself)."""
     return [
         TrainSample(
             prompt_ids=e.prompt_ids,
@@ -214,6 +217,7 @@ def train_samples(episodes: Sequence[Episode]) -> list[TrainSample]:
             advantages=[0.0] * len(e.response_ids),
             sampler_logprobs=e.sampler_logprobs,
             images=e.images,
+            routed_experts=e.routed_experts if routing_replay else None,
         )
         for e in episodes
     ]

@@ -100,7 +100,7 @@ def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> d
     collect_metrics["time/trainer_idle"] = collector.take_waited()  # generation the trainer waited for
     if spec.record_episodes:
         record_episodes(spec.run_dir, it, groups, trainer_version=it - 1)
-    samples = B.train_samples(episodes)
+    samples = B.train_samples(episodes, spec.routing_replay)
     reuse = update_gives_old_logprobs(spec.update, state.kl_controller, len(episodes), it)
     if run.colocated:
         # the engine is idle until the next publish: free its KV cache and weights before the trainer's

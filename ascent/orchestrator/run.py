@@ -75,6 +75,7 @@ class LoopSpec:
     advantage: B.Advantage
     kl_penalty_estimator: str
     filter_zero_advantage: bool
+    routing_replay: bool  # algorithm.routing_replay: MoE samples carry the sampler's experts to the trainer
     update: UpdateSpec
     checkpoint: CheckpointSpec
 
@@ -106,6 +107,7 @@ def loop_spec(cfg: RunConfig) -> LoopSpec:
         advantage=B.advantage_of(a),
         kl_penalty_estimator=a.kl_penalty_estimator,
         filter_zero_advantage=a.filter_zero_advantage,
+        routing_replay=a.routing_replay,
         update=update,
         checkpoint=CheckpointSpec.of(cfg),
     )

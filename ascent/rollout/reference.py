@@ -20,10 +20,15 @@ image, so a request's n samples share one pass). Positions are then multimodal R
 three rows, computed per row by the model's own `get_rope_index` and left-padded like the ids; each
 generated token takes the row's largest position plus one (what transformers' `rope_deltas` amount to), so
 rows with different images, or none, batch together and score as a lone forward of the same sequence does.
+
+Mixture-of-experts models: every forward's routers are recorded (`ascent.models.moe.RoutingRecorder`), and
+each generation carries the experts chosen for its prompt and response tokens (`routed_experts`), which the
+trainer replays (routing replay).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +39,7 @@ from torch import Tensor, nn
 
 from ascent.messages import FinishReason, Generation, GenerationRequest, ImageInput, SamplingParams
 from ascent.models.loading import cache_kwarg, load_model
+from ascent.models.moe import NOT_RECORDED, ROUTES_DTYPE, RoutingRecorder, is_moe
 from ascent.models.multimodal import (
     check_images,
     image_features,
@@ -69,6 +75,7 @@ class _Row:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    routed_experts: Tensor | None = None  # MoE: [prompt + response tokens, layers, k] (module docstring)
 
 
 class ReferenceEngine:
@@ -139,7 +146,10 @@ class ReferenceEngine:
         out: list[list[Generation]] = [[] for _ in requests]
         for row in rows:
             assert row.finish_reason is not None
-            out[row.request_pos].append(Generation(row.token_ids, row.logprobs, row.finish_reason))
+            gen = Generation(
+                row.token_ids, row.logprobs, row.finish_reason, routed_experts=row.routed_experts
+            )
+            out[row.request_pos].append(gen)
         return out
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
@@ -253,16 +263,22 @@ class ReferenceEngine:
         cache = {cache_kwarg(self.model): DynamicCache()}  # one cache object, reused (filled) every step
         max_steps = max(r.params.max_new_tokens for r in rows)
         grammars: list[TokenConstraint | None] = []  # made at the first step, once the vocabulary is known
+        recorder = RoutingRecorder(self.model) if is_moe(self.model) else None
+        routes: list[Tensor] = []  # per forward, [b, tokens of the step, layers, k]
         for step in range(max_steps):
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                use_cache=True,
-                **cache,
-                **(images if step == 0 else {}),
-                logits_to_keep=1,
-            )
+            with recorder or contextlib.nullcontext():
+                out = self.model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    use_cache=True,
+                    **cache,
+                    **(images if step == 0 else {}),
+                    logits_to_keep=1,
+                )
+            if recorder is not None:
+                ids = recorder.take()
+                routes.append(ids.view(len(rows), input_ids.shape[1], *ids.shape[1:]))
             logits = out.logits[:, -1, :]
             if st.use_penalty and seen is None:
                 seen = token_presence(prompt_tokens, logits.shape[-1])
@@ -285,6 +301,8 @@ class ReferenceEngine:
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], dim=1)
             next_position = next_position + 1
             position_ids = next_position
+        if routes:
+            _assign_routes(rows, routes)
 
     def _without_image_tokens(self, allowed: Tensor | None, shape: torch.Size) -> Tensor | None:
         """`allowed` [b, V] (or everything) less the image and video pad tokens, for a vision-language
@@ -337,6 +355,21 @@ class ReferenceEngine:
         window = max(len(s) for s in stops) + 1
         text = self.decode(row.token_ids[-window:])
         return any(s in text for s in stops)
+
+
+def _assign_routes(rows: list[_Row], routes: list[Tensor]) -> None:
+    """Each row's experts from the forwards of its batch: routes[0] [b, L, layers, k] (the left-padded
+    prompts), routes[s] [b, 1, layers, k] (generated token s - 1 going in). A row's last token never went
+    in (nothing was sampled after it): NOT_RECORDED there. -> row.routed_experts [P + n, layers, k], CPU."""
+    prompt = routes[0].cpu()
+    steps = torch.cat(routes[1:], dim=1).cpu() if len(routes) > 1 else prompt[:, :0]
+    for i, row in enumerate(rows):
+        p, n = len(row.prompt_ids), len(row.token_ids)
+        out = torch.full((p + n, *prompt.shape[2:]), NOT_RECORDED, dtype=ROUTES_DTYPE)
+        out[:p] = prompt[i, prompt.shape[1] - p :]
+        got = min(n, steps.shape[1])
+        out[p : p + got] = steps[i, :got]
+        row.routed_experts = out
 
 
 def _allowed(

@@ -19,7 +19,7 @@ from torch import Tensor
 from ascent.models.logits import logits_fp32
 from ascent.rollout.fast.attention import decode_attention_torch, prefill_attention, slots_for
 from ascent.rollout.fast.kv_cache import KVCache
-from ascent.rollout.fast.layers import LayerMath
+from ascent.rollout.fast.moe import layer_math
 from ascent.rollout.fast.spec import ModelSpec
 from ascent.rollout.fast.state import DecodeState, Flags
 from ascent.rollout.fast.vision import RowImages, assemble, mrope_cos_sin
@@ -64,7 +64,7 @@ class ModelRunner:
         self.attention, self.attn_options = attention, dict(attn_options or {})
         self.prefill_options = self.attn_options.pop("prefill", {})
         self.paged_prefill = attention == "triton"  # cached-prefix prefill through triton_prefill.py
-        self.math, self.sampler = LayerMath(spec), sampler
+        self.math, self.sampler = layer_math(spec), sampler
         self.attn_in, self.attn_out, self.logits, self.sample = (
             self.math.attn_in,
             self.math.attn_out,
