@@ -8,6 +8,7 @@ the policy version of the weights that sampled each of them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ class Sequence:
     cached: int = 0  # prompt tokens whose K/V came from a cached session (not prefilled)
     fed: int = 0  # prompt tokens computed by decode steps instead of a prefill (state.py, "Prompt feeding")
     skip: int = 0  # outputs of launched steps still to throw away (they read prompt tokens, fed - 1 in all)
+    deadline: float | None = None  # time.monotonic() past which it ends as "abort" (params.max_time_s)
 
     @property
     def exhausted(self) -> bool:
@@ -88,9 +90,10 @@ def stop_string_cut(
 def check_finished(seq: Sequence, decode: Callable[[list[int]], str] | None, interval: int) -> bool:
     """Update `seq.finish` from its newest token; truncate at a stop string. -> finished?
 
-    A stop token ends the sequence (and stays in it). Stop strings are checked on the host every `interval`
-    tokens and whenever the sequence ends otherwise; the sequence is cut after the token that completes
-    the string. Then the token budget ends it with "length".
+        A stop token ends the sequence (and stays in it). Stop strings are checked on the host every `interval`
+        tokens and whenever the sequence ends otherwise; the sequence is cut after the token that completes
+        the string. Then the token budget ends it with "length", and a spent wall-clock budget (`params.max_time_s`)
+    with "abort".
     """
     stop_hit = bool(seq.tokens) and seq.tokens[-1] in seq.stop_ids
     done = stop_hit or len(seq.tokens) >= seq.max_new
@@ -107,6 +110,8 @@ def check_finished(seq: Sequence, decode: Callable[[list[int]], str] | None, int
         seq.finish = "stop"
     elif len(seq.tokens) >= seq.max_new:
         seq.finish = "length"
+    elif seq.deadline is not None and time.monotonic() >= seq.deadline:
+        seq.finish = "abort"  # its wall-clock budget (SamplingParams.max_time_s) is spent
     return seq.finish is not None
 
 
@@ -141,7 +146,17 @@ def expand_requests(
         seeds = [split_seed(p.seed, i) if p.seed is not None else fresh_seed() for i in range(p.n)]
         groups.append(
             [
-                Sequence(pos, i, list(req.prompt_ids), p, seeds[i], max_new, stop_ids, req.session_id)
+                Sequence(
+                    pos,
+                    i,
+                    list(req.prompt_ids),
+                    p,
+                    seeds[i],
+                    max_new,
+                    stop_ids,
+                    req.session_id,
+                    deadline=None if p.max_time_s is None else time.monotonic() + p.max_time_s,
+                )
                 for i in range(p.n)
             ]
         )

@@ -27,6 +27,7 @@ tested in test_alg_kl.py), OTB's rollout importance weights (ascent's OTB takes 
 `compute_pf_ppo_reweight_data` (PF-PPO resampling: ascent has no counterpart). (The issue's "390 cases" has no
 file behind it; the count here is of this recording.)
 """
+
 from __future__ import annotations
 
 import json
