@@ -31,6 +31,7 @@ class SamplingParams:
     n: int = 1  # samples per request
     seed: int | None = None
     grammar: str | None = None  # an llguidance grammar (JSON) the response follows; reference engine only
+    max_time_s: float | None = None  # wall-clock budget from admission: past it the sample ends as "abort"
 
 
 @dataclass(frozen=True)

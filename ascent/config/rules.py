@@ -22,9 +22,18 @@ if TYPE_CHECKING:
 # Registry names of ascent.algorithms, repeated here because config imports without torch
 # (tests/unit/algorithms/test_alg_registry_config.py checks they match the registries; the policy losses'
 # and advantage estimators' names are the keys of choices.POLICY_LOSS_CHOICES and ADVANTAGE_CHOICES).
-GROUP_ESTIMATORS = {"grpo", "rloo", "opo", "gpg", "grpo_passk", "passk", "reinforce_pp_baseline"}
+GROUP_ESTIMATORS = {
+    "grpo",
+    "rloo",
+    "opo",
+    "gpg",
+    "grpo_passk",
+    "passk",
+    "reinforce_pp_baseline",
+    "optimal_token_baseline",
+}
 CRITIC_ESTIMATORS = {"gae"}
-TOKEN_REWARD_ESTIMATORS = {"gae", "reinforce_pp", "reinforce_pp_baseline", "remax"}
+TOKEN_REWARD_ESTIMATORS = {"gae", "reinforce_pp", "reinforce_pp_baseline", "remax", "optimal_token_baseline"}
 ADVANTAGE_ESTIMATORS = GROUP_ESTIMATORS | TOKEN_REWARD_ESTIMATORS | {"distill"}
 LOSS_AGGREGATIONS = {
     "token-mean",

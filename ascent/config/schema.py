@@ -119,7 +119,7 @@ class AlgorithmConfig(Section):
     advantage: AdvantageChoice = Field(
         default_factory=GrpoAdvantage,
         description="Advantage estimator: a name (grpo, rloo, opo, gpg, grpo_passk, passk, reinforce_pp, "
-        "reinforce_pp_baseline, remax, gae, distill) or an import path, or {name: ..., <its own settings>}.",
+        "reinforce_pp_baseline, remax, gae, distill, optimal_token_baseline) or an import path, or {name: ..., <its own settings>}.",
     )
     policy_loss: PolicyLossChoice = Field(
         default_factory=PpoLoss,

@@ -128,10 +128,12 @@ def advantage_inputs(
     token_rewards: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
     teacher_logprobs: Sequence[list[float]] | None = None,
+    sum_pi_squared: tuple[Sequence[list[float]], Sequence[list[float]]] | None = None,
 ) -> AdvantageInputs:
     """Pack groups into the estimators' padded layout, one row per episode of `flatten(groups)`
     (token_rewards and values are [B, T] or None). With the teacher's per-token logprobs (distillation),
-    the teacher's and the sampler's logprobs come along padded to [B, T]."""
+    the teacher's and the sampler's logprobs come along padded to [B, T]; with `sum_pi_squared` (the
+    optimal-token baseline: the trainer's (old logprobs, Σπ²), one list per episode each) both padded."""
     episodes = flatten(groups)
     width = max(1, max(len(e.response_ids) for e in episodes))
     baselines = [g.baseline_reward for g in groups for _ in g.episodes]
@@ -148,6 +150,8 @@ def advantage_inputs(
         sampler_logprobs=None
         if teacher_logprobs is None
         else padded([e.sampler_logprobs for e in episodes], width),
+        old_logprobs=None if sum_pi_squared is None else padded(sum_pi_squared[0], width),
+        sum_pi_squared=None if sum_pi_squared is None else padded(sum_pi_squared[1], width),
     )
 
 
@@ -194,12 +198,14 @@ def compute_advantages(
     token_rewards: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
     teacher_logprobs: Sequence[list[float]] | None = None,
+    sum_pi_squared: tuple[Sequence[list[float]], Sequence[list[float]]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the run's advantage estimator on the options it takes (`teacher_logprobs`: one list per episode,
-    the distillation teacher's).
+    the distillation teacher's; `sum_pi_squared`: the trainer's old logprobs and Σπ², for the optimal-token
+    baseline).
 
     Returns (advantages [B, T], returns [B, T])."""
-    inputs = advantage_inputs(groups, token_rewards, values, teacher_logprobs)
+    inputs = advantage_inputs(groups, token_rewards, values, teacher_logprobs, sum_pi_squared)
     out = advantage.estimator(inputs, **advantage.options)
     return out.advantages, out.returns
 

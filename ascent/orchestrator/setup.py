@@ -149,6 +149,12 @@ def distill_teacher(cfg: RunConfig) -> str | None:
     return cfg.algorithm.teacher if cfg.algorithm.advantage.name == "distill" else None
 
 
+def reads_sum_pi_squared(cfg: RunConfig) -> bool:
+    """Whether the advantage estimator reads Σπ² per token (the optimal-token baseline): then the old-logprob
+    pass always runs and produces it; no other run pays for it."""
+    return cfg.algorithm.advantage.name == "optimal_token_baseline"
+
+
 def uses_critic(cfg: RunConfig) -> bool:
     a = cfg.algorithm
     return a.use_critic if a.use_critic is not None else a.advantage.name == "gae"

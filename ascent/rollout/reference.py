@@ -29,6 +29,7 @@ trainer replays (routing replay).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,7 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     routed_experts: Tensor | None = None  # MoE: [prompt + response tokens, layers, k] (module docstring)
+    deadline: float | None = None  # time.monotonic() past which the row ends as "abort" (params.max_time_s)
 
 
 class ReferenceEngine:
@@ -206,7 +208,10 @@ class ReferenceEngine:
                     seed = int(torch.randint(0, 2**62, ()).item())
                 else:
                     seed = split_seed(req.params.seed, i)
-                rows.append(_Row(pos, list(req.prompt_ids), req.params, seed, req.images))
+                row = _Row(pos, list(req.prompt_ids), req.params, seed, req.images)
+                if req.params.max_time_s is not None:
+                    row.deadline = time.monotonic() + req.params.max_time_s
+                rows.append(row)
         return rows
 
     def _check_images(self, req: GenerationRequest) -> None:
@@ -340,6 +345,8 @@ class ReferenceEngine:
                 row.finish_reason = "stop"
             elif len(row.token_ids) >= row.params.max_new_tokens:
                 row.finish_reason = "length"
+            elif row.deadline is not None and time.monotonic() >= row.deadline:
+                row.finish_reason = "abort"  # its wall-clock budget (SamplingParams.max_time_s) is spent
         return all(r.finish_reason is not None for r in rows)
 
     def _hit_stop_string(self, row: _Row) -> bool:

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ascent.algorithms import entropy_from_logits
+from ascent.algorithms import entropy_from_logits, sum_pi_squared_from_logits
 from ascent.models.multimodal import image_features, is_vision_language, multimodal_backbone, packed_positions
 from ascent.models.parallel import run_as_forward
 from ascent.models.varlen import attention_kwargs
@@ -210,3 +210,38 @@ def _token_logprobs(model: nn.Module, packed: PackedBatch, **kwargs: Any) -> tup
     _, head = backbone_and_head(model)
     hidden = hidden_states(model, packed).index_select(0, packed.logit_index)
     return logprobs_from_hidden(head, hidden, packed.targets, **kwargs)
+
+
+def token_logprobs_and_sum_pi_squared(
+    model: nn.Module,
+    packed: PackedBatch,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = 1024,
+    compiled: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """(logprobs [M], Σπ² [M]) of the packed batch's response tokens, one backbone forward, no grad: the
+    logprobs are `token_logprobs`' (the same function on the same hidden states), Σπ² = Σ_v softmax(z / T)_v²
+    of each response row, what the optimal-token baseline needs (`ascent.algorithms.otb`). The second
+    statistic costs one more LM-head matmul over the response rows, in chunks of `chunk_tokens`."""
+    return run_as_forward(
+        model,
+        _token_logprobs_and_sum_pi_squared,
+        model,
+        packed,
+        temperature=temperature,
+        chunk_tokens=chunk_tokens,
+        compiled=compiled,
+    )
+
+
+def _token_logprobs_and_sum_pi_squared(
+    model: nn.Module, packed: PackedBatch, *, temperature: float, chunk_tokens: int, compiled: bool
+) -> tuple[Tensor, Tensor]:
+    _, head = backbone_and_head(model)
+    hidden = hidden_states(model, packed).index_select(0, packed.logit_index)
+    logp, _ = logprobs_from_hidden(
+        head, hidden, packed.targets, temperature=temperature, chunk_tokens=chunk_tokens, compiled=compiled
+    )
+    sums = [sum_pi_squared_from_logits(head(h).float() / temperature) for h in hidden.split(chunk_tokens)]
+    return logp, (torch.cat(sums) if sums else hidden.new_zeros(0, dtype=torch.float32))

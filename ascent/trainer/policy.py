@@ -1,7 +1,8 @@
 """`PolicyWorker`: the state and the update of one trainer process (design: "One controller, plain workers").
 
 The controller calls, per iteration: `compute_logprobs(samples, T)` (old logprobs; `which="reference"` for
-the KL reference, `which="teacher"` for the distillation teacher), then `update(mini_batch, total_tokens=..., total_seqs=...)` once per optimizer step, then
+the KL reference, `which="teacher"` for the distillation teacher; `compute_logprobs_and_sum_pi_squared` for
+the optimal-token baseline), then `update(mini_batch, total_tokens=..., total_seqs=...)` once per optimizer step, then
 `named_weights()` to publish the new policy to the rollout engine, and `save(dir)` / `load(dir)` for
 checkpoints (`ascent.trainer.checkpoint` makes them atomic).
 
@@ -58,7 +59,7 @@ from ascent.trainer import lora as lora_lib
 from ascent.trainer.checkpoint import rng_state, set_rng_state
 from ascent.trainer.common import TrainerOutOfMemory
 from ascent.trainer.compiled import compile_decoder_layers, compile_enabled
-from ascent.trainer.logprobs import token_logprobs, unwrap_model
+from ascent.trainer.logprobs import token_logprobs, token_logprobs_and_sum_pi_squared, unwrap_model
 from ascent.trainer.loss import LossSettings, MetricSums, micro_batch_loss
 from ascent.trainer.packing import PackedBatch, pack
 from ascent.trainer.settings import LoraSettings, OptimSettings, TrainerSpec
@@ -247,6 +248,28 @@ class PolicyWorker:
                 filler,
                 self.sharded and model is self.model,  # LoRA: ref = policy
             )
+
+    @torch.no_grad()
+    def compute_logprobs_and_sum_pi_squared(
+        self, samples: Sequence[TrainSample], temperature: float | None = None
+    ) -> tuple[list[list[float]], list[list[float]]]:
+        """(per-response-token logprobs under the policy, exactly `compute_logprobs`' values; Σ_v π_v² of each
+        of those tokens' distributions), one forward, no grad: what the optimal-token baseline reads. Asked
+        only by that estimator; every other run calls `compute_logprobs`."""
+        temp = self.temperature if temperature is None else temperature
+
+        def forward(packed: PackedBatch) -> tuple[Tensor, Tensor]:
+            chunk, compiled = self.chunk_tokens, self.compiled
+            return token_logprobs_and_sum_pi_squared(
+                self.model, packed, temperature=temp, chunk_tokens=chunk, compiled=compiled
+            )
+
+        def filler(packed: PackedBatch) -> Any:
+            return token_logprobs_and_sum_pi_squared(self.model, packed, temperature=temp)
+
+        with common.eval_mode(self.model), self._autocast(), self._oom_guard(samples):
+            logprobs, sums = common.forward_per_sample_many(self, samples, forward, filler, self.sharded, 2)
+        return logprobs, sums
 
     # ------------------------------------------------------------------------------------------ update
     def update(

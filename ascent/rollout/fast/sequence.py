@@ -8,6 +8,7 @@ the policy version of the weights that sampled each of them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,7 @@ class Sequence:
     images: tuple[ImageInput, ...] = ()  # one per image-token run of the prompt, in order (vision.py)
     image_keys: tuple[ImageSpan, ...] = ()  # (start, end, digest and grid) of each image's run
     rope_delta: int = 0  # multimodal RoPE: a decode token's rotary position minus its index (vision.py)
+    deadline: float | None = None  # time.monotonic() past which it ends as "abort" (params.max_time_s)
 
     @property
     def exhausted(self) -> bool:
@@ -126,9 +128,10 @@ def stop_string_cut(
 def check_finished(seq: Sequence, decode: Callable[[list[int]], str] | None, interval: int) -> bool:
     """Update `seq.finish` from its newest token; truncate at a stop string. -> finished?
 
-    A stop token ends the sequence (and stays in it). Stop strings are checked on the host every `interval`
-    tokens and whenever the sequence ends otherwise; the sequence is cut after the token that completes
-    the string. Then the token budget ends it with "length".
+        A stop token ends the sequence (and stays in it). Stop strings are checked on the host every `interval`
+        tokens and whenever the sequence ends otherwise; the sequence is cut after the token that completes
+        the string. Then the token budget ends it with "length", and a spent wall-clock budget (`params.max_time_s`)
+    with "abort".
     """
     stop_hit = bool(seq.tokens) and seq.tokens[-1] in seq.stop_ids
     done = stop_hit or len(seq.tokens) >= seq.max_new
@@ -145,6 +148,8 @@ def check_finished(seq: Sequence, decode: Callable[[list[int]], str] | None, int
         seq.finish = "stop"
     elif len(seq.tokens) >= seq.max_new:
         seq.finish = "length"
+    elif seq.deadline is not None and time.monotonic() >= seq.deadline:
+        seq.finish = "abort"  # its wall-clock budget (SamplingParams.max_time_s) is spent
     return seq.finish is not None
 
 
@@ -180,8 +185,19 @@ def expand_requests(
             continue
         stop_ids = eos | frozenset(p.stop_token_ids)
         seeds = [split_seed(p.seed, i) if p.seed is not None else fresh_seed() for i in range(p.n)]
+        deadline = None if p.max_time_s is None else time.monotonic() + p.max_time_s
         group = [
-            Sequence(pos, i, list(req.prompt_ids), p, seeds[i], max_new, stop_ids, req.session_id)
+            Sequence(
+                pos,
+                i,
+                list(req.prompt_ids),
+                p,
+                seeds[i],
+                max_new,
+                stop_ids,
+                req.session_id,
+                deadline=deadline,
+            )
             for i in range(p.n)
         ]
         for s in group:
