@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +26,14 @@ from ascent.rollout.fast.graphs import default_buckets
 from ascent.rollout.fast.kv_cache import KVCache, pages_for_budget
 from ascent.rollout.fast.runner import ModelRunner
 from ascent.rollout.fast.spec import ModelSpec, engine_family, rope_tables
+from ascent.rollout.fast.tensor_parallel import (
+    DriverRunner,
+    ShardRunner,
+    TPGroup,
+    shard_spec,
+    shard_state_dict,
+)
+from ascent.rollout.fast.tp_engine import TPEngine
 from ascent.rollout.fast.weights import IMPLEMENTATIONS, load_state_dict, state_dict_of
 
 
@@ -105,6 +114,7 @@ def build_fast_engine(
     trust_remote_code: bool = False,
     on_swap: str = "continue",
     feed_prompt_tokens: int = 256,
+    tensor_parallel: TPGroup | None = None,
     **unused: Any,
 ) -> FastEngine:
     """A FastEngine on `model` (weights shared when dtype and device match) or the checkpoint at `model_path`.
@@ -119,21 +129,29 @@ def build_fast_engine(
     (model.trust_remote_code); `on_swap` is what sequences in flight do when a publication lands between two
     decode steps: `continue` with the new weights over their K/V so far, or `restart` from their prompt
     (engine.py); `feed_prompt_tokens`: the longest new prompt fed through decode steps, not prefilled
-    (engine.py; 0: always prefill); `unused` swallows options meant for other engines.
+    (engine.py; 0: always prefill); `tensor_parallel`: this process's rank of the replica's tensor-parallel
+    group (tp_engine.py: built on every rank, rank 0 drives, the others `serve()`; owned weights, sharded, no
+    CUDA graphs); `unused` swallows options meant for other engines.
     """
 
     cuda_graphs, compile, attention, sampler = _debug_overrides(cuda_graphs, compile, attention, sampler)
     dt, dev = torch_dtype(dtype), resolve_device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
+    tp = tensor_parallel if tensor_parallel is not None and tensor_parallel.size > 1 else None
+    if tp is not None:  # a shard is a copy: never the trainer's tensors
+        share_weights, cuda_graphs = False, False
     config, sd, share = _weights_source(model_path, model, dt, dev, share_weights, trust_remote_code)
     eos_token_ids, pad_token_id, decode = _tokenizer_facts(
         tokenizer_path or model_path, eos_token_ids, pad_token_id, decode, trust_remote_code
     )
     family = engine_family(config)  # models/families: which implementation, which names, which spec
     assert family.engine is not None and family.spec is not None  # engine_family checked them
-    spec = family.spec(config)
+    spec = full_spec = family.spec(config)
     max_len = _max_len(spec, max_model_len)
+    if tp is not None:  # this rank's shard: a model with its share of the heads and the MLP
+        sd = shard_state_dict(sd, full_spec, tp.rank, tp.size, family.to_engine_name)
+        spec = shard_spec(full_spec, tp.size)
     weights = IMPLEMENTATIONS[family.engine](sd, spec, dt, dev, share, rename=family.to_engine_name)
     del sd
     reserve = _activation_reserve(spec, max_batch_size, max_prefill_tokens, dt)
@@ -145,7 +163,9 @@ def build_fast_engine(
     fast_default = "triton" if on_cuda and _has_triton() else "torch"
     attention, sampler = attention or fast_default, sampler or fast_default
     rope = rope_tables(config, spec, max_len, weights.embed.dtype, dev)  # the residual stream's dtype
-    runner = ModelRunner(
+    tp_kw: dict[str, Any] = {} if tp is None else {"tp": tp}
+    runner_cls = ModelRunner if tp is None else DriverRunner if tp.rank == 0 else ShardRunner
+    runner = runner_cls(
         spec,
         weights,
         cache,
@@ -155,9 +175,13 @@ def build_fast_engine(
         compile=on_cuda if compile is None else compile,
         attn_options=attn_options,
         sampler=sampler,
+        **tp_kw,
     )
     use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
-    return FastEngine(
+    engine_cls: Callable[..., FastEngine] = (
+        FastEngine if tp is None else partial(TPEngine, full_spec=full_spec)
+    )
+    return engine_cls(
         runner,
         weights,
         eos_token_ids=list(eos_token_ids if eos_token_ids is not None else _config_eos(config)),
@@ -212,4 +236,4 @@ def _has_triton() -> bool:
     return True
 
 
-__all__ = ["FastEngine", "build_fast_engine"]
+__all__ = ["FastEngine", "TPEngine", "TPGroup", "build_fast_engine"]

@@ -196,6 +196,18 @@ class ModelRunner:
         return attend
 
     @torch.no_grad()
+    def decode_hidden(
+        self, input_ids: Tensor, positions: Tensor, bt: Tensor, active: Tensor, max_len: int | None = None
+    ) -> Tensor:
+        """The layers of one decode step: input_ids, positions, active [B], block tables bt [B, P] -> the
+        last hidden states [B, H] (K/V written to the cache). A tensor-parallel rank runs only this."""
+        pos = positions.clamp(max=self.max_len - 1)
+        slots = None if self.attention == "triton" else slots_for(bt, pos[:, None], self.ps)[:, 0]
+        ctx = ((pos + 1) * active).to(torch.int32)
+        attend = self._decode_attend(bt, ctx, max_len or self.max_len)
+        return self._layers(F.embedding(input_ids, self.w.embed), self.cos[pos], self.sin[pos], slots, attend)
+
+    @torch.no_grad()
     def decode(self, st: DecodeState, b: int, flags: Flags, max_len: int | None = None) -> None:
         """One decode step over rows [0, b) of `st`: writes st.out_tokens/out_logprobs and advances st.
 
@@ -203,13 +215,8 @@ class ModelRunner:
         to the trash page through their all-zero block table. `max_len` bounds the context the torch
         attention reads (default max_model_len, as a graph needs).
         """
-        pos = st.positions[:b].clamp(max=self.max_len - 1)
-        bt = st.block_tables[:b]
-        slots = None if self.attention == "triton" else slots_for(bt, pos[:, None], self.ps)[:, 0]
-        ctx = ((pos + 1) * st.active[:b]).to(torch.int32)
-        attend = self._decode_attend(bt, ctx, max_len or self.max_len)
-        x = self._layers(
-            F.embedding(st.input_ids[:b], self.w.embed), self.cos[pos], self.sin[pos], slots, attend
+        x = self.decode_hidden(
+            st.input_ids[:b], st.positions[:b], st.block_tables[:b], st.active[:b], max_len
         )
         seen = None
         if flags.penalty:
