@@ -26,6 +26,13 @@ class RolloutConfig(Section):
     engine: str = Field(
         "reference", description="Rollout engine: `reference` (transformers) or `fast` (GPU)."
     )
+    tensor_parallel: int = Field(
+        1,
+        ge=1,
+        description="GPUs of one node that each fast-engine replica spans (tensor parallelism: "
+        "heads and MLP split over them); cluster.num_rollout_workers x tensor_parallel GPUs in all. The "
+        "engine runs it (ascent.rollout.fast, TPGroup); a run does not launch the ranks yet: 1 only.",
+    )
     prompts_per_step: int = Field(8, gt=0, description="Prompts sampled per iteration.")
     samples_per_prompt: int = Field(
         8, gt=0, description="Trajectories generated per prompt (the group size)."

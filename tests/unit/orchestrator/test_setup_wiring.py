@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ascent.cluster.hosts import IsolationPolicy
 from ascent.config import RunConfig
 from ascent.envs.hosts import InlineHosts
+from ascent.errors import AscentError
 from ascent.orchestrator import setup, specs
 from ascent.orchestrator.batch import sampling_params
 
@@ -67,6 +70,23 @@ def test_placement_plans_split_colocated_and_inline():
     for backend, gpus in (("inline", 1.0), ("ray", 0.0)):
         plan = setup.plan_placement(backend, "colocated", gpus, 1.0, num_trainers=1, groups=1)
         assert (plan.rollout_gpus, plan.shared_bundles) == (0.0, 0)
+
+
+def test_split_placement_gives_each_component_its_own_gpu_count():
+    """trainer_gpus / rollout_gpus / reward_model_gpus, by default gpus_per_worker (rollout: times
+    rollout.tensor_parallel); a run refuses tensor_parallel > 1 (its ranks are not launched yet) with exit 2."""
+    split = {"backend": "ray", "placement": "split", "gpus_per_worker": 1}
+    own = cfg(
+        cluster={**split, "trainer_gpus": 2, "reward_model_gpus": 0.5}, reward={"model": {"path": "rm"}}
+    )
+    plan = setup.placement_of(own)
+    assert (plan.trainer_gpus, plan.rollout_gpus, plan.reward_gpus) == (2.0, 1.0, 0.5)
+    assert setup.demand(own).gpus == 2 + 1 + 0.5
+    tp = cfg(cluster=split, rollout={"engine": "fast", "tensor_parallel": 4})
+    assert setup.placement_of(tp).rollout_gpus == 4.0
+    with pytest.raises(AscentError, match="rollout.tensor_parallel=4: .* set it to 1") as err:
+        setup.build_worker_groups(tp)
+    assert err.value.exit_code == 2
 
 
 def test_publications_land_mid_generation_only_where_replicas_generate_alongside():
