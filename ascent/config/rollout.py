@@ -29,9 +29,9 @@ class RolloutConfig(Section):
     tensor_parallel: int = Field(
         1,
         ge=1,
-        description="GPUs of one node that each fast-engine replica spans (tensor parallelism: "
-        "heads and MLP split over them); cluster.num_rollout_workers x tensor_parallel GPUs in all. The "
-        "engine runs it (ascent.rollout.fast, TPGroup); a run does not launch the ranks yet: 1 only.",
+        description="Ranks (GPUs of one node) that each fast-engine replica spans, heads and MLP split over "
+        "them (tensor parallelism): the replica's worker starts the other ranks as child processes; "
+        "cluster.num_rollout_workers x tensor_parallel GPUs in all (`ascent doctor` shows the placement).",
     )
     prompts_per_step: int = Field(8, gt=0, description="Prompts sampled per iteration.")
     samples_per_prompt: int = Field(

@@ -176,6 +176,11 @@ def _placement_rules(cfg: RunConfig) -> list[str]:
             f"cluster.rollout_gpus={c.rollout_gpus:g}: each replica's rollout.tensor_parallel={tp} ranks take a "
             f"GPU each; set it to at least {tp}."
         )
+    if tp > 1 and c.backend == "ray" and c.placement == "colocated" and c.gpus_per_worker > 0:
+        out.append(
+            f"rollout.tensor_parallel={tp}: a colocated replica shares a fraction of one GPU bundle with a "
+            "trainer rank and sees no GPUs for its other ranks; use cluster.placement=split."
+        )
     if tp > 1 and cfg.rollout.engine != "fast":
         out.append(
             f"rollout.tensor_parallel={tp}: only the fast engine runs tensor-parallel; set rollout.engine=fast "

@@ -322,12 +322,6 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     )
 
     c = cfg.cluster
-    if cfg.rollout.tensor_parallel > 1:
-        raise AscentError(
-            f"rollout.tensor_parallel={cfg.rollout.tensor_parallel}: the fast engine runs tensor-parallel "
-            "(ascent.rollout.fast, TPGroup) but a run does not launch a replica's ranks yet; set it to 1 "
-            "(`ascent doctor` shows the placement it would take)."
-        )
     plan = placement_of(cfg)
     shared = None
     if c.backend == "ray":

@@ -114,7 +114,7 @@ def build_fast_engine(
     trust_remote_code: bool = False,
     on_swap: str = "continue",
     feed_prompt_tokens: int = 256,
-    tensor_parallel: TPGroup | None = None,
+    tensor_parallel: TPGroup | int | None = None,
     **unused: Any,
 ) -> FastEngine:
     """A FastEngine on `model` (weights shared when dtype and device match) or the checkpoint at `model_path`.
@@ -129,11 +129,19 @@ def build_fast_engine(
     (model.trust_remote_code); `on_swap` is what sequences in flight do when a publication lands between two
     decode steps: `continue` with the new weights over their K/V so far, or `restart` from their prompt
     (engine.py); `feed_prompt_tokens`: the longest new prompt fed through decode steps, not prefilled
-    (engine.py; 0: always prefill); `tensor_parallel`: this process's rank of the replica's tensor-parallel
-    group (tp_engine.py: built on every rank, rank 0 drives, the others `serve()`; owned weights, sharded, no
+    (engine.py; 0: always prefill); `tensor_parallel`: a number of ranks > 1 starts the replica's other ranks
+    as child processes (tp_launch.py) and returns the driver, or a `TPGroup` is this process's rank of the
+    replica (tp_engine.py: built on every rank, rank 0 drives, the others `serve()`; owned weights, sharded, no
     CUDA graphs); `unused` swallows options meant for other engines.
     """
 
+    if isinstance(tensor_parallel, int):  # a replica over that many ranks: start the others, drive them
+        if tensor_parallel > 1:
+            from ascent.rollout.fast.tp_launch import launch_replica  # deferred: it calls this builder
+
+            call = {k: v for k, v in locals().items() if k != "unused"}
+            return launch_replica(tensor_parallel, call)
+        tensor_parallel = None
     cuda_graphs, compile, attention, sampler = _debug_overrides(cuda_graphs, compile, attention, sampler)
     dt, dev = torch_dtype(dtype), resolve_device(device)
     if dev.type == "cuda" and dev.index is None:
@@ -158,6 +166,8 @@ def build_fast_engine(
     pages = _num_pages(
         spec, dt, dev, page_size, kv_cache_tokens, gpu_memory_fraction, max_batch_size, max_len, reserve
     )
+    if tp is not None:  # every rank's cache has the pages the driver's tables name
+        pages = tp.min(pages)
     cache = KVCache(spec, pages, page_size, dt, dev)
     on_cuda = dev.type == "cuda"
     fast_default = "triton" if on_cuda and _has_triton() else "torch"

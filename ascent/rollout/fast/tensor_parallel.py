@@ -23,6 +23,8 @@ each rank receives only its shard (`shard_tensor`, a scatter; replicated tensors
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import pickle
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -43,29 +45,68 @@ ROW = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 
 @dataclass(frozen=True)
 class TPGroup:
-    """One replica's tensor-parallel ranks: this process's `rank` of `size`, the torch.distributed `group`
-    (None: the default group) and `src`, the global rank of the driver (the group's rank 0)."""
+    """One replica's tensor-parallel ranks: this process's `rank` of `size` (rank 0 drives) and `pg`, a
+    standalone gloo or NCCL process group of them (`tp_group`; not torch.distributed's default group, which
+    a worker may use for something else), whose collectives run on `device` (CPU for gloo)."""
 
     rank: int
     size: int
-    group: Any = None
-    src: int = 0
+    pg: Any = None
+    device: torch.device = torch.device("cpu")
 
     def command(self, *cmd: Any) -> None:
         """Driver: send every rank the next command (a tuple of plain values and CPU tensors)."""
-        dist.broadcast_object_list([cmd], src=self.src, group=self.group)
+        data = torch.frombuffer(bytearray(pickle.dumps(cmd)), dtype=torch.uint8).to(self.device)
+        self.broadcast(torch.tensor([data.numel()], device=self.device))
+        self.broadcast(data)
 
     def receive(self) -> tuple:
         """Other ranks: wait for the driver's next command."""
-        box: list[Any] = [None]
-        dist.broadcast_object_list(box, src=self.src, group=self.group)
-        return box[0]
+        n = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.broadcast(n)
+        data = torch.empty(int(n.item()), dtype=torch.uint8, device=self.device)
+        self.broadcast(data)
+        return pickle.loads(data.cpu().numpy().tobytes())
+
+    def broadcast(self, t: Tensor) -> None:
+        """t (contiguous) from the driver to every rank, in place."""
+        self.pg.broadcast(t, 0).wait()
+
+    def scatter(self, out: Tensor, parts: list[Tensor] | None) -> None:
+        """Driver: parts[r] to rank r; every rank: its part into `out` (same shape on every rank)."""
+        self.pg.scatter(out, parts if parts is not None else [], 0).wait()
 
     def all_reduce(self, t: Tensor) -> Tensor:
         """t summed over the ranks, in fp32 (in place on the fp32 copy)."""
         t = t.float()
-        dist.all_reduce(t, group=self.group)
+        self.pg.allreduce(t).wait()
         return t
+
+    def min(self, n: int) -> int:
+        """The smallest of every rank's n (how many KV cache pages every rank can hold)."""
+        t = torch.tensor([n], device=self.device)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MIN)
+        self.pg.allreduce([t], opts).wait()
+        return int(t.item())
+
+
+def tp_group(
+    rank: int, size: int, host: str, port: int, device: torch.device, timeout_s: float = 600
+) -> TPGroup:
+    """Join (rank 0: host) the replica's TCPStore at host:port and form its process group: NCCL when
+    `device` is CUDA, else gloo. Waits up to `timeout_s` for every rank (then raises)."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.PrefixStore("ascent-tp", dist.TCPStore(host, port, size, rank == 0, timeout=timeout))
+    if device.type == "cuda":
+        from torch.distributed import ProcessGroupNCCL  # deferred: absent from CPU builds of torch
+
+        opts = ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return TPGroup(rank, size, ProcessGroupNCCL(store, rank, size, opts), device)
+    from torch.distributed import ProcessGroupGloo  # (as transport/broadcast.py imports it)
+
+    return TPGroup(rank, size, ProcessGroupGloo(store, rank, size, timeout), torch.device("cpu"))
 
 
 def check_shardable(spec: ModelSpec, size: int) -> None:
@@ -189,10 +230,10 @@ def scatter_shards(
         if is_sharded(key):
             parts = [shard_tensor(key, t, spec, r, tp.size).contiguous() for r in range(tp.size)]
             out = torch.empty_like(parts[0])
-            dist.scatter(out, parts, src=tp.src, group=tp.group)
+            tp.scatter(out, parts)
         else:
             out = t.contiguous()
-            dist.broadcast(out, src=tp.src, group=tp.group)
+            tp.broadcast(out)
         yield name, out
 
 
@@ -209,7 +250,7 @@ def receive_shard(
     full = torch.empty(shape, dtype=dtype, device="meta")
     out = torch.empty_like(shard_tensor(key, full, spec, tp.rank, tp.size), device=device).contiguous()
     if is_sharded(key):
-        dist.scatter(out, None, src=tp.src, group=tp.group)
+        tp.scatter(out, None)
     else:
-        dist.broadcast(out, src=tp.src, group=tp.group)
+        tp.broadcast(out)
     return name, out

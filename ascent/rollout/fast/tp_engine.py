@@ -32,6 +32,8 @@ class TPEngine(FastEngine):
     def __init__(self, runner: ShardRunner, *args: Any, full_spec: Any, **kwargs: Any):
         super().__init__(runner, *args, **kwargs)
         self.tp, self.full_spec = runner.tp, full_spec
+        self.children: list[Any] = []  # the other ranks' processes, when this driver started them
+        self._stopped = False
         self._orig_copy_pages = self.cache.copy_pages
         if self.tp.rank == 0:
             self.cache.copy_pages = self._copy_pages  # type: ignore[method-assign]
@@ -55,8 +57,13 @@ class TPEngine(FastEngine):
         super().wake()
 
     def shutdown(self) -> None:
-        """Driver: let the other ranks' `serve()` return."""
+        """Driver: let the other ranks' `serve()` return (and the processes it started end). Once."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.tp.command("stop")
+        for child in self.children:
+            child.join(timeout=60)
 
     def _copy_pages(self, src: list[int], dst: list[int]) -> None:
         if src:

@@ -345,5 +345,9 @@ def test_per_component_gpus_need_split_placement_and_tensor_parallel_the_fast_en
             cluster={"backend": "ray", "placement": "split", "rollout_gpus": 1},
             rollout={"engine": "fast", "tensor_parallel": 2},
         )
+    with pytest.raises(ValueError, match=r"rollout.tensor_parallel=2: a colocated replica .*placement=split"):
+        cfg(
+            cluster={"backend": "ray", "gpus_per_worker": 1}, rollout={"engine": "fast", "tensor_parallel": 2}
+        )
     with pytest.raises(ValueError, match=r"rollout.tensor_parallel=2: only the fast engine"):
         cfg(rollout={"tensor_parallel": 2})

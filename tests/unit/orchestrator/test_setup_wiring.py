@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 from ascent.cluster.hosts import IsolationPolicy
 from ascent.config import RunConfig
 from ascent.envs.hosts import InlineHosts
-from ascent.errors import AscentError
 from ascent.orchestrator import setup, specs
 from ascent.orchestrator.batch import sampling_params
 
@@ -74,7 +71,7 @@ def test_placement_plans_split_colocated_and_inline():
 
 def test_split_placement_gives_each_component_its_own_gpu_count():
     """trainer_gpus / rollout_gpus / reward_model_gpus, by default gpus_per_worker (rollout: times
-    rollout.tensor_parallel); a run refuses tensor_parallel > 1 (its ranks are not launched yet) with exit 2."""
+    rollout.tensor_parallel), which the engine's builder receives."""
     split = {"backend": "ray", "placement": "split", "gpus_per_worker": 1}
     own = cfg(
         cluster={**split, "trainer_gpus": 2, "reward_model_gpus": 0.5}, reward={"model": {"path": "rm"}}
@@ -84,9 +81,7 @@ def test_split_placement_gives_each_component_its_own_gpu_count():
     assert setup.demand(own).gpus == 2 + 1 + 0.5
     tp = cfg(cluster=split, rollout={"engine": "fast", "tensor_parallel": 4})
     assert setup.placement_of(tp).rollout_gpus == 4.0
-    with pytest.raises(AscentError, match="rollout.tensor_parallel=4: .* set it to 1") as err:
-        setup.build_worker_groups(tp)
-    assert err.value.exit_code == 2
+    assert specs.engine_spec(tp).builder_kwargs()["tensor_parallel"] == 4  # the replica starts its ranks
 
 
 def test_publications_land_mid_generation_only_where_replicas_generate_alongside():

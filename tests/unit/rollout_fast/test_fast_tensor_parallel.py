@@ -2,24 +2,20 @@
 generates (greedy tokens equal, logprobs within 1e-4), with KV heads split (2 KV heads) and replicated (1 KV
 head), on a prefix-cached second turn, and after a sleep that released the weights and a publication of new
 ones (each rank receiving its shard). The sharding itself (slices that put the model back together, the KV
-head a rank reads) is checked without processes. Ranks are forked: spawned ones import transformers again."""
+head a rank reads) is checked without processes. On CPU the launcher forks the other rank (cheap: spawned
+processes import transformers again)."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ascent.messages import GenerationRequest, SamplingParams
 from ascent.models import make_tiny_checkpoint
 from ascent.models.families import ModelSpec
-from ascent.rollout.fast import TPEngine, TPGroup, build_fast_engine
+from ascent.rollout.fast import TPEngine, build_fast_engine
 from ascent.rollout.fast.tensor_parallel import shard_spec, shard_state_dict, shard_tensor
 from ascent.rollout.fast.weights import load_state_dict
 
@@ -110,56 +106,28 @@ def _scenario(engine, path: str) -> dict:
     return res
 
 
-def _run_rank(rank: int, port: int, paths: list[str], out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        for path in paths:
-            kw: dict[str, Any] = {
-                "model_path": path,
-                "dtype": "fp32",
-                "device": "cpu",
-                "page_size": 8,
-                "max_model_len": 96,
-            }
-            engine = build_fast_engine(**kw, max_batch_size=8, tensor_parallel=TPGroup(rank, 2))
-            assert isinstance(engine, TPEngine)
-            if rank:
-                engine.serve()
-                continue
-            try:
-                results = {
-                    "tp2": _scenario(engine, path),
-                    "tp1": _scenario(build_fast_engine(**kw, max_batch_size=8), path),
-                }
-            finally:
-                engine.shutdown()
-            with open(os.path.join(out, f"{os.path.basename(path)}.json"), "w") as f:
-                json.dump(results, f)
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_ranks_generate_what_one_process_generates(tmp_path):
+    """build_fast_engine(tensor_parallel=2) forks rank 1 (tp_launch.py) and drives it from here."""
     paths = [
         make_tiny_checkpoint(tmp_path / "kv2", tie_word_embeddings=False, seed=1),  # a KV head per rank
         make_tiny_checkpoint(tmp_path / "kv1", tie_word_embeddings=False, num_kv_heads=1, seed=2),  # shared
     ]
-    args = (_free_port(), [str(p) for p in paths], str(tmp_path))
-    mp.start_processes(_run_rank, args=args, nprocs=2, join=True, start_method="fork")
-    for p in paths:
-        res = json.loads((tmp_path / f"{p.name}.json").read_text())
+    for path in paths:
+        kw: dict[str, Any] = {"model_path": path, "dtype": "fp32", "device": "cpu", "page_size": 8}
+        kw |= {"max_model_len": 96, "max_batch_size": 8}
+        engine = build_fast_engine(**kw, tensor_parallel=2)
+        assert isinstance(engine, TPEngine) and engine.runner.spec.num_heads == 2  # of the model's 4
+        try:
+            tp2 = _scenario(engine, str(path))
+        finally:
+            engine.shutdown()
+        assert [c.exitcode for c in engine.children] == [0]
+        tp1 = _scenario(build_fast_engine(**kw), str(path))
         for phase in ("first", "turn2", "published"):
-            tp1, tp2 = res["tp1"][phase], res["tp2"][phase]
-            assert [[t for t, _ in gens] for gens in tp2] == [[t for t, _ in gens] for gens in tp1], phase
-            lp1 = torch.tensor([x for gens in tp1 for _, lps in gens for x in lps])
-            lp2 = torch.tensor([x for gens in tp2 for _, lps in gens for x in lps])
+            assert [[t for t, _ in gens] for gens in tp2[phase]] == [
+                [t for t, _ in gens] for gens in tp1[phase]
+            ]
+            lp1 = torch.tensor([x for gens in tp1[phase] for _, lps in gens for x in lps])
+            lp2 = torch.tensor([x for gens in tp2[phase] for _, lps in gens for x in lps])
             assert torch.allclose(lp1, lp2, atol=1e-4), (phase, (lp1 - lp2).abs().max())
-        assert res["tp1"]["published"] != res["tp1"]["first"]  # the publication changed what is generated
+        assert tp1["published"] != tp1["first"]  # the publication changed what is generated
