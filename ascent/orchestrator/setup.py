@@ -422,9 +422,11 @@ def weight_transport_kind(cfg: RunConfig) -> str:
     """The transport `cluster.weight_transport` resolves to (`auto`: see `ascent.transport.select.choose`)."""
     from ascent.transport.select import choose  # deferred: imports torch
 
-    c = cfg.cluster
+    c, plan = cfg.cluster, placement_of(cfg)
     trainers, replicas = c.num_trainer_workers, c.num_rollout_workers
-    return choose(c.backend, c.weight_transport, c.placement, c.device, c.gpus_per_worker, trainers, replicas)
+    # split: the fewest GPUs a trainer rank or a replica has (a fraction: they share GPUs, no NCCL)
+    gpus = min(plan.trainer_gpus, plan.rollout_gpus) if c.placement == "split" else c.gpus_per_worker
+    return choose(c.backend, c.weight_transport, c.placement, c.device, gpus, trainers, replicas)
 
 
 def build_publisher(cfg: RunConfig, groups: WorkerGroups) -> Publisher:

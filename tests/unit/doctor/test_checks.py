@@ -238,6 +238,17 @@ def test_unsupported_architecture_fails_for_the_fast_engine(tiny_copy):
     assert result.status == "fail" and "rollout.engine=reference" in result.fix
 
 
+def test_tensor_parallel_must_split_the_models_heads(tiny_copy):
+    def check(tp):
+        return model.check_engine_architecture(
+            cfg(model={"path": str(tiny_copy)}, rollout={"engine": "fast", "tensor_parallel": tp})
+        )
+
+    assert check(2).status == "ok" and "split over 2 ranks" in check(2).detail
+    bad = check(3)  # the tiny model has 4 heads
+    assert bad.status == "fail" and "rollout.tensor_parallel=3" in bad.detail
+
+
 def test_unknown_model_type_fails_for_the_fast_engine(tmp_path, tiny_dir):
     from transformers import GPT2Config
 

@@ -82,6 +82,9 @@ def test_split_placement_gives_each_component_its_own_gpu_count():
     tp = cfg(cluster=split, rollout={"engine": "fast", "tensor_parallel": 4})
     assert setup.placement_of(tp).rollout_gpus == 4.0
     assert specs.engine_spec(tp).builder_kwargs()["tensor_parallel"] == 4  # the replica starts its ranks
+    assert setup.weight_transport_kind(tp) == "broadcast"  # GPUs of their own: NCCL
+    halves = cfg(cluster={**split, "trainer_gpus": 0.5})  # a trainer rank shares a GPU: no NCCL to it
+    assert setup.weight_transport_kind(halves) == "cuda_ipc"
 
 
 def test_publications_land_mid_generation_only_where_replicas_generate_alongside():
