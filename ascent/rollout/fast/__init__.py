@@ -6,8 +6,8 @@ triton_decode.py (math) -> runner.py (prefill, decode step) -> graphs.py (CUDA g
 engine's API) and batching.py (its loop); pages.py, scheduler.py, sequence.py, state.py and live.py are its
 bookkeeping, swap.py hands the weights to publications between decode steps. tensor_parallel.py (shards,
 all-reducing layer math), tp_engine.py (the driver and the other ranks) and tp_launch.py (starting a replica's
-ranks) spread one replica over several GPUs. `build_fast_engine` is the
-builder registered as `ENGINES["fast"]`. On CPU the same engine runs eagerly (slowly) for the tests.
+ranks) spread one replica over several GPUs. `build_fast_engine` is the builder registered as
+`ENGINES["fast"]`. On CPU the same engine runs eagerly (slowly) for the tests.
 """
 
 from __future__ import annotations
