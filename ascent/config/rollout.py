@@ -26,6 +26,13 @@ class RolloutConfig(Section):
     engine: str = Field(
         "reference", description="Rollout engine: `reference` (transformers) or `fast` (GPU)."
     )
+    tensor_parallel: int = Field(
+        1,
+        ge=1,
+        description="Ranks (GPUs of one node) that each fast-engine replica spans, heads and MLP split over "
+        "them (tensor parallelism): the replica's worker starts the other ranks as child processes; "
+        "cluster.num_rollout_workers x tensor_parallel GPUs in all (`ascent doctor` shows the placement).",
+    )
     prompts_per_step: int = Field(8, gt=0, description="Prompts sampled per iteration.")
     samples_per_prompt: int = Field(
         8, gt=0, description="Trajectories generated per prompt (the group size)."

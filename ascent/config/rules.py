@@ -68,6 +68,9 @@ RL_ONLY_CLUSTER_FIELDS = (
     "weight_transport",
     "weight_bucket_mb",
     "weight_sync_timeout_s",
+    "trainer_gpus",
+    "rollout_gpus",
+    "reward_model_gpus",
 )
 
 
@@ -123,7 +126,7 @@ def _batch_rules(cfg: RunConfig) -> list[str]:
             "rollout replica shares a GPU bundle with one trainer rank; set it to "
             f"cluster.num_trainer_workers={c.num_trainer_workers}, or use cluster.placement=split."
         )
-    out += _transport_rules(cfg)
+    out += _transport_rules(cfg) + _placement_rules(cfg)
     budget = "rollout.source.max_episode_tokens" if r.multi_turn else "rollout.max_new_tokens"
     needed = cfg.data.max_prompt_tokens + r.response_budget
     if t.max_tokens_per_micro_batch < needed:
@@ -157,6 +160,42 @@ def _transport_rules(cfg: RunConfig) -> list[str]:
             f"cluster.num_trainer_workers={c.num_trainer_workers}; use broadcast for other counts."
         ]
     return []
+
+
+def _placement_rules(cfg: RunConfig) -> list[str]:
+    """Per-component GPU counts are read only where each component has GPUs of its own (split on Ray);
+    a replica's GPUs hold its tensor-parallel ranks; tensor parallelism is the fast engine's."""
+    c, tp = cfg.cluster, cfg.rollout.tensor_parallel
+    own = {
+        "trainer_gpus": c.trainer_gpus,
+        "rollout_gpus": c.rollout_gpus,
+        "reward_model_gpus": c.reward_model_gpus,
+    }
+    out = []
+    if not (c.backend == "ray" and c.placement == "split"):
+        out += [
+            f"cluster.{name}={value:g}: only cluster.backend=ray with cluster.placement=split gives components "
+            "GPUs of their own (colocated groups share bundles of cluster.gpus_per_worker); remove it or set "
+            "cluster.placement=split."
+            for name, value in own.items()
+            if value is not None
+        ]
+    elif c.rollout_gpus is not None and c.rollout_gpus < tp:
+        out.append(
+            f"cluster.rollout_gpus={c.rollout_gpus:g}: each replica's rollout.tensor_parallel={tp} ranks take a "
+            f"GPU each; set it to at least {tp}."
+        )
+    if tp > 1 and c.backend == "ray" and c.placement == "colocated" and c.gpus_per_worker > 0:
+        out.append(
+            f"rollout.tensor_parallel={tp}: a colocated replica shares a fraction of one GPU bundle with a "
+            "trainer rank and sees no GPUs for its other ranks; use cluster.placement=split."
+        )
+    if tp > 1 and cfg.rollout.engine != "fast":
+        out.append(
+            f"rollout.tensor_parallel={tp}: only the fast engine runs tensor-parallel; set rollout.engine=fast "
+            "or tensor_parallel=1."
+        )
+    return out
 
 
 def _algorithm_rules(cfg: RunConfig) -> list[str]:

@@ -374,7 +374,29 @@ class ClusterConfig(Section):
         "are summed over ranks, and checkpoints load on any number of ranks.",
     )
     num_rollout_workers: int = Field(1, gt=0, description="Rollout engine replicas.")
-    gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each worker asks for (0 on CPU).")
+    gpus_per_worker: float = Field(
+        0.0,
+        ge=0,
+        description="GPUs each worker asks for (0 on CPU); with placement=split, the default of trainer_gpus, "
+        "rollout_gpus (times rollout.tensor_parallel) and reward_model_gpus.",
+    )
+    trainer_gpus: float | None = Field(
+        None,
+        ge=0,
+        description="placement=split on Ray: GPUs of each trainer (and critic) rank (null: gpus_per_worker).",
+    )
+    rollout_gpus: float | None = Field(
+        None,
+        ge=0,
+        description="placement=split on Ray: GPUs of each rollout engine replica, at least "
+        "rollout.tensor_parallel (null: gpus_per_worker x rollout.tensor_parallel).",
+    )
+    reward_model_gpus: float | None = Field(
+        None,
+        ge=0,
+        description="placement=split on Ray: GPUs of each reward-model rank and of a judge's own engine "
+        "(null: gpus_per_worker).",
+    )
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each Ray actor asks for.")
     placement: Literal["colocated", "split"] = Field(
         "colocated",

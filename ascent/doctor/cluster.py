@@ -1,5 +1,6 @@
 """Doctor checks of Ray: installed, the cluster at `cluster.address` reachable, and resources enough for the
-placement the config asks for (`ascent.orchestrator.setup.plan_placement`, the same plan the run makes).
+placement the config asks for (`ascent.orchestrator.setup.plan_placement`, the same plan the run makes);
+`check_placement` prints that plan per component and refuses (exit 2) one this machine cannot hold.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 
 from ascent.config.schema import RunConfig
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
-from ascent.orchestrator.setup import Demand, demand, demand_shortfall
+from ascent.errors import AscentError
+from ascent.orchestrator.setup import Demand, demand, demand_shortfall, describe_placement
 
 
 def tcp_reachable(address: str, timeout_s: float = 5.0) -> str | None:
@@ -82,6 +84,27 @@ def check_ray(cfg: RunConfig, gpus_visible: int) -> list[CheckResult]:
         total, where = local_resources(cfg, gpus_visible), "the local cluster ascent would start"
     results.append(ok("Ray cluster", f"{where}: {total.get('CPU', 0):g} CPUs, {total.get('GPU', 0):g} GPUs"))
     return [*results, check_resources(demand(cfg), total, where)]
+
+
+def check_placement(cfg: RunConfig, gpus_visible: int) -> CheckResult:
+    """The GPUs each component asks for (trainer, rollout replicas x tensor_parallel, reward model, judge).
+
+    A local Ray cluster (no cluster.address) has this machine's GPUs: a plan asking more is a config error
+    (AscentError, exit 2), as is a replica spanning more GPUs than the node has. A remote cluster's totals
+    are `check_ray`'s; inline runs use one device."""
+    c, text = cfg.cluster, describe_placement(cfg)
+    if c.backend != "ray":
+        return ok("placement", f"inline, one device: rollout.tensor_parallel={cfg.rollout.tensor_parallel}")
+    if c.address:
+        return ok("placement", text)
+    need, tp = demand(cfg).gpus, cfg.rollout.tensor_parallel
+    if need > gpus_visible or (tp > 1 and tp > gpus_visible):
+        raise AscentError(
+            f"placement {text}, and this machine has {gpus_visible} GPU(s): lower cluster.num_*_workers, "
+            "cluster.gpus_per_worker / trainer_gpus / rollout_gpus / reward_model_gpus or "
+            "rollout.tensor_parallel, or join a larger Ray cluster (cluster.address)."
+        )
+    return ok("placement", text)
 
 
 def check_resources(need: Demand, total: dict[str, Any], where: str) -> CheckResult:

@@ -206,7 +206,16 @@ def check_engine_architecture(cfg: RunConfig) -> CheckResult:
             f"rope type {rope_type!r} is not one the engine supports ({list(STATIC_ROPE_TYPES)})",
             "set rollout.engine=reference for this model.",
         )
-    return ok(name, f"{spec.model_type} is supported ({', '.join(supported_model_types())})")
+    tp = cfg.rollout.tensor_parallel
+    if tp > 1:
+        from ascent.rollout.fast.tensor_parallel import check_shardable  # deferred: torch, as above
+
+        try:
+            check_shardable(spec, tp)
+        except ValueError as err:
+            return fail(name, str(err), f"set rollout.tensor_parallel to a divisor of {spec.num_heads}.")
+    split = f", split over {tp} ranks" if tp > 1 else ""
+    return ok(name, f"{spec.model_type} is supported ({', '.join(supported_model_types())}){split}")
 
 
 def env_names(cfg: RunConfig) -> list[str]:

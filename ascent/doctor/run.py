@@ -77,7 +77,9 @@ def run_checks(
     cfg: RunConfig, *, gpu_memory_gib: float | None = None, ports: list[int] | None = None
 ) -> DoctorReport:
     facts = system.gpu_facts()
+    placement = cluster.check_placement(cfg, facts.count)  # raises (exit 2) for a plan that cannot fit
     report = DoctorReport(machine_checks(cfg, facts))
+    report.results.append(placement)
     report.results += cluster.check_ray(cfg, facts.count)
     report.results.append(system.check_ports(list(ports or [])))
     report.results += tracking.check_trackers(cfg.tracking)

@@ -116,6 +116,7 @@ def engine_spec(cfg: RunConfig) -> EngineSpec:
         generation_batch_size=r.generation_batch_size if reference else None,
         gpu_memory_fraction=None if reference else r.gpu_memory_fraction,
         on_swap=None if reference else ("restart" if r.swap_mid_generation == "restart" else "continue"),
+        tensor_parallel=None if reference else r.tensor_parallel,
     )
 
 

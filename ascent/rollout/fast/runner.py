@@ -233,6 +233,26 @@ class ModelRunner:
         return attend
 
     @torch.no_grad()
+    def decode_hidden(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        bt: Tensor,
+        active: Tensor,
+        max_len: int | None = None,
+        rope_delta: Tensor | None = None,
+    ) -> Tensor:
+        """The layers of one decode step: input_ids, positions, active [B], block tables bt [B, P] -> the
+        last hidden states [B, H] (K/V written to the cache). A tensor-parallel rank runs only this.
+        `rope_delta` [B] (multimodal RoPE, vision.py): a text token rotates by its index plus its row's delta."""
+        pos = positions.clamp(max=self.max_len - 1)
+        slots = None if self.attention == "triton" else slots_for(bt, pos[:, None], self.ps)[:, 0]
+        ctx = ((pos + 1) * active).to(torch.int32)
+        attend = self._decode_attend(bt, ctx, max_len or self.max_len)
+        rot = pos if rope_delta is None else (positions + rope_delta).clamp(0, self.max_len - 1)
+        return self._layers(F.embedding(input_ids, self.w.embed), self.cos[rot], self.sin[rot], slots, attend)
+
+    @torch.no_grad()
     def decode(self, st: DecodeState, b: int, flags: Flags, max_len: int | None = None) -> None:
         """One decode step over rows [0, b) of `st`: writes st.out_tokens/out_logprobs and advances st.
 
@@ -240,16 +260,9 @@ class ModelRunner:
         to the trash page through their all-zero block table. `max_len` bounds the context the torch
         attention reads (default max_model_len, as a graph needs).
         """
-        pos = st.positions[:b].clamp(max=self.max_len - 1)
-        bt = st.block_tables[:b]
-        slots = None if self.attention == "triton" else slots_for(bt, pos[:, None], self.ps)[:, 0]
-        ctx = ((pos + 1) * st.active[:b]).to(torch.int32)
-        attend = self._decode_attend(bt, ctx, max_len or self.max_len)
-        rot = pos  # multimodal RoPE: text tokens rotate by their index plus the row's delta (vision.py)
-        if self.mrope_rows is not None:
-            rot = (st.positions[:b] + st.rope_delta[:b]).clamp(0, self.max_len - 1)
-        x = self._layers(
-            F.embedding(st.input_ids[:b], self.w.embed), self.cos[rot], self.sin[rot], slots, attend
+        rope_delta = st.rope_delta[:b] if self.mrope_rows is not None else None
+        x = self.decode_hidden(
+            st.input_ids[:b], st.positions[:b], st.block_tables[:b], st.active[:b], max_len, rope_delta
         )
         seen = None
         if flags.penalty:
