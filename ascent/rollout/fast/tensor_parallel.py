@@ -38,6 +38,7 @@ from ascent.models.families import ModelSpec, same_name
 from ascent.rollout.fast.layers import LayerMath, _linear_parts, rms_norm
 from ascent.rollout.fast.runner import ModelRunner
 from ascent.rollout.fast.state import DecodeState, Flags
+from ascent.rollout.fast.vision import RowImages
 
 COLUMN = ("self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.", "mlp.gate_proj.", "mlp.up_proj.")
 ROW = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
@@ -213,7 +214,14 @@ class ShardRunner(ModelRunner):
 class DriverRunner(ShardRunner):
     """The driver's runner: sends each forward's inputs to the other ranks, then runs its own share."""
 
-    def prefill(self, suffixes: list[list[int]], starts: list[int], tables: list[list[int]]) -> Tensor:
+    def prefill(
+        self,
+        suffixes: list[list[int]],
+        starts: list[int],
+        tables: list[list[int]],
+        images: list[RowImages | None] | None = None,
+    ) -> Tensor:
+        assert images is None or not any(images)  # check_shardable refuses vision-language models
         self.tp.command("prefill", suffixes, starts, tables)
         return super().prefill(suffixes, starts, tables)
 
