@@ -31,6 +31,10 @@ class SamplingParams:
     n: int = 1  # samples per request
     seed: int | None = None
     grammar: str | None = None  # an llguidance grammar (JSON) the response follows; reference engine only
+    # sample only these ids (a VLA's action tokens; empty: all), a turn of max_new_tokens of them complete
+    # ("stop"); a filter: logprobs stay the unfiltered distribution's, as the trainer scores them;
+    # reference engine only
+    allowed_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
