@@ -88,7 +88,8 @@ def ascent_here(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     `ascent()` runs them, without a new interpreter importing torch and transformers: seconds per command on
     a small CPU), for tests of what a command does rather than of its process (exit on a signal, stderr
     apart from stdout). The log handlers, environment variables and sys.path entries the command adds are
-    removed afterwards. Returns what `ascent()` returns, stdout and stderr together in stdout."""
+    removed afterwards. Returns what `ascent()` returns. (Python warnings don't reach its stderr: pytest
+    records them; a test of what a command warns runs it with `ascent()`.)"""
     from typer.testing import CliRunner
 
     from ascent.cli import app
@@ -108,9 +109,9 @@ def ascent_here(*args: str, check: bool = True) -> subprocess.CompletedProcess:
         os.environ.clear()
         os.environ.update(environ)
         sys.path[:] = path
-    proc = subprocess.CompletedProcess(["ascent", *args], result.exit_code, result.output, "")
+    proc = subprocess.CompletedProcess(["ascent", *args], result.exit_code, result.stdout, result.stderr)
     if check and proc.returncode != 0:
-        raise AssertionError(f"ascent {' '.join(args)} exited {proc.returncode}\n{proc.stdout}")
+        raise AssertionError(f"ascent {' '.join(args)} exited {proc.returncode}\n{result.output}")
     return proc
 
 
