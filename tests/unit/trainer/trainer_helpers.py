@@ -54,9 +54,10 @@ RANK_PRELOAD = [
 
 
 def spawn_ranks(fn, args: tuple, nprocs: int) -> None:
-    """`torch.multiprocessing.spawn(fn, args, nprocs)` through a forkserver: one server per test session
-    imports RANK_PRELOAD once and each rank forks from it, instead of every rank of every test starting an
-    interpreter and importing torch and transformers again. The ranks are fresh processes all the same (the
-    server only imported modules: no threads, no state of the test process). Raises as mp.spawn does."""
+    """`torch.multiprocessing.spawn(fn, args, nprocs)` with the ranks started through a forkserver: one server
+    per test session imports RANK_PRELOAD once and each rank forks from it, instead of every rank of every
+    test starting an interpreter and importing torch and transformers again. The ranks are fresh processes
+    all the same (the server only imported modules: no threads, no state of the test process). Raises as
+    mp.spawn does (mp.ProcessRaisedException, mp.ProcessExitedException)."""
     multiprocessing.set_forkserver_preload(RANK_PRELOAD)  # used when the server starts (the first call)
-    mp.spawn(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
