@@ -20,7 +20,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from ascent.config.choices import CHOICE_FIELDS, PluginChoice, name_of, nest_choices
+from ascent.config.choices import CHOICE_FIELDS, PluginChoice, name_of
+from ascent.config.nesting import nest_choices
 from ascent.config.sources import SOURCE_CHOICES, nest_legacy
 from ascent.errors import AscentError
 from ascent.models.files import safetensors_problem

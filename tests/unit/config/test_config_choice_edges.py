@@ -16,13 +16,13 @@ from ascent.cli import app
 from ascent.config import ConfigError, RunConfig, load_config
 from ascent.config.choices import (
     CHOICE_FIELDS,
-    LEGACY_FLAT,
     CispoLoss,
     GrpoAdvantage,
     GspoLoss,
     PluginChoice,
     PpoLoss,
 )
+from ascent.config.nesting import LEGACY_FLAT
 from ascent.config.schema import AlgorithmConfig
 
 PLUGIN = "mypkg.losses:my_loss"
