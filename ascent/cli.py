@@ -17,7 +17,7 @@ import os
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -25,10 +25,10 @@ from ascent.config import RunConfig, SFTConfig
 from ascent.entrypoints.config_show import config_show_command
 from ascent.entrypoints.doctor import doctor_command
 from ascent.entrypoints.episodes import episodes_command
+from ascent.entrypoints.eval_command import evaluate
 from ascent.entrypoints.guard import ErrorGuard, load_for_command, require_model_path
 from ascent.entrypoints.serve import serve_command
 from ascent.entrypoints.studio import studio_command
-from ascent.errors import AscentError
 from ascent.plugins import add_plugin_root
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -140,161 +140,6 @@ def sft(
         run_sft(cfg, resume_from=resume_from, accept_changes=accept_changes)
 
 
-@app.command("eval")
-def evaluate(
-    model: Annotated[str, typer.Option("--model", help="Checkpoint directory (Hugging Face format).")],
-    data: Annotated[str, typer.Option("--data", help="Prompts: a .jsonl or .parquet file.")],
-    reward: Annotated[str, typer.Option(help="Reward function name or pkg.module:function.")] = "exact_match",
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Most tokens generated per response.")] = 256,
-    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature; 0 is greedy.")] = 0.0,
-    samples: Annotated[int, typer.Option(min=1, help="Responses per prompt.")] = 1,
-    pass_k: Annotated[
-        str,
-        typer.Option(
-            help="Report pass@k and mean@k for these k, comma-separated (e.g. 1,4,8; each at most --samples)."
-        ),
-    ] = "",
-    out: Annotated[
-        str | None, typer.Option(help="Write every response and its reward to this JSONL file.")
-    ] = None,
-    max_prompts: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N prompts.")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    engine: Annotated[
-        str,
-        typer.Option(help="Rollout engine: reference (transformers, any device) or fast (the GPU engine)."),
-    ] = "reference",
-    dtype: Annotated[
-        str, typer.Option(help="fp32, bf16 or fp16: the dtype you train and sample with.")
-    ] = "fp32",
-    reward_timeout_s: Annotated[
-        float, typer.Option(min=0.001, help="Seconds one reward call may take (it then scores 0).")
-    ] = 30.0,
-    reward_config: Annotated[
-        str | None,
-        typer.Option(
-            help="A YAML whose `reward` section (a train config works) scores instead of --reward: its fn, "
-            "fn_weight, reward model (reward.model) and LLM judge (reward.judge; `policy` is the checkpoint)."
-        ),
-    ] = None,
-    env: Annotated[
-        str | None, typer.Option(help="Play episodes of this environment (name or pkg.module:Class) instead.")
-    ] = None,
-    max_turns: Annotated[
-        int, typer.Option(min=1, help="With --env/--agent: most model turns per episode.")
-    ] = 4,
-    max_episode_tokens: Annotated[
-        int, typer.Option(min=1, help="With --env/--agent: most response tokens per episode.")
-    ] = 512,
-    agent: Annotated[
-        str | None,
-        typer.Option(
-            help="Play this agent (pkg.module:run, as rollout.source.agent) against the model instead."
-        ),
-    ] = None,
-    agent_timeout_s: Annotated[
-        float, typer.Option(min=0.001, help="With --agent: seconds one episode may take.")
-    ] = 300.0,
-    max_prompt_tokens: Annotated[
-        int,
-        typer.Option(min=1, help="With --agent: the endpoint's context is this plus --max-episode-tokens."),
-    ] = 1024,
-    prompt_key: Annotated[
-        str, typer.Option(help="The column holding the prompt (data.prompt_key).")
-    ] = "prompt",
-    answer_key: Annotated[
-        str, typer.Option(help="The column read as `answer` (data.answer_key).")
-    ] = "answer",
-    system_prompt: Annotated[
-        str | None, typer.Option(help="A system message before every prompt (data.system_prompt).")
-    ] = None,
-    split: Annotated[
-        str | None, typer.Option(help="The split of a saved `datasets` directory (data.split).")
-    ] = None,
-    chat_template: Annotated[
-        str | None, typer.Option(help="A .jinja file or a built-in name (chatml), as model.chat_template.")
-    ] = None,
-) -> None:
-    """Score a checkpoint on a prompt dataset (accuracy and mean reward), an environment's episodes, or an
-    agent's."""
-    with ErrorGuard():
-        from ascent.data.fields import RowFields  # deferred: ascent.data imports torch
-
-        # deferred: torch; the options are checked first
-        from ascent.entrypoints.evaluate import run_agent_eval, run_env_eval, run_eval
-
-        if reward_config is not None and (env or agent):
-            raise typer.BadParameter(
-                "with --env or --agent the environment (or the agent's reward) scores the episodes; reward "
-                "models and judges score single-turn prompts: drop --reward-config.",
-                param_hint="--reward-config",
-            )
-        if system_prompt is not None and (env or agent):
-            raise typer.BadParameter(
-                "with --env or --agent the environment (or the agent) writes the prompts; put the system "
-                "message there, or drop --system-prompt.",
-                param_hint="--system-prompt",
-            )
-
-        common: dict[str, Any] = dict(
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            samples=samples,
-            pass_k=_pass_k(pass_k, samples),
-            fields=RowFields(prompt_key, answer_key, system_prompt, split, chat_template),
-            out=out,
-            max_prompts=max_prompts,
-            device=device,
-            engine=_choice("--engine", engine, ("reference", "fast")),
-            dtype=_choice("--dtype", dtype, ("fp32", "bf16", "fp16")),
-        )
-        episodes: dict[str, Any] = dict(max_turns=max_turns, max_episode_tokens=max_episode_tokens)
-        if agent is not None:
-            metrics = run_agent_eval(
-                model,
-                data,
-                agent,
-                reward=reward,
-                max_prompt_tokens=max_prompt_tokens,
-                agent_timeout_s=agent_timeout_s,
-                reward_timeout_s=reward_timeout_s,
-                **episodes,
-                **common,
-            )
-        elif env is not None:
-            metrics = run_env_eval(model, data, env, **episodes, **common)
-        else:
-            metrics = run_eval(
-                model=model,
-                data=data,
-                reward=reward,
-                reward_timeout_s=reward_timeout_s,
-                progress=True,
-                reward_config=reward_config,
-                **common,
-            )
-        for name, value in (metrics or {}).items():
-            typer.echo(f"{name}: {_fmt_metric(value)}")
-        if out and agent is None and env is None:
-            typer.echo(f"responses written to {out}")
-
-
-def _pass_k(value: str, samples: int) -> tuple[int, ...]:
-    """--pass-k "1,4,8" -> (1, 4, 8); a BadParameter naming the option for anything else."""
-    try:
-        ks = tuple(int(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        raise typer.BadParameter(
-            f"{value!r}: give whole numbers separated by commas, e.g. 1,4,8.", param_hint="--pass-k"
-        ) from None
-    bad = [k for k in ks if not 1 <= k <= samples]
-    if bad:
-        raise typer.BadParameter(
-            f"{value!r}: each k must lie in 1..--samples={samples} ({bad} do not); raise --samples.",
-            param_hint="--pass-k",
-        )
-    return ks
-
-
 @debug_app.command("env")
 def debug_env(
     model: Annotated[str, typer.Option("--model", help="Checkpoint directory (Hugging Face format).")],
@@ -343,6 +188,7 @@ def debug_env(
 
 config_app.command("show")(config_show_command)  # the body: ascent/entrypoints/config_show.py
 app.command("episodes")(episodes_command)  # the body: ascent/entrypoints/episodes.py
+app.command("eval")(evaluate)  # the body: ascent/entrypoints/eval_command.py
 app.command("serve")(serve_command)  # the body: ascent/entrypoints/serve.py
 app.command("studio")(studio_command)  # the body: ascent/entrypoints/studio.py
 app.command("doctor")(doctor_command)  # the body: ascent/entrypoints/doctor.py; checks in ascent/doctor/
@@ -394,18 +240,6 @@ def package_version() -> str:
             return f"{project['version']} (source checkout, not installed)"
         except (OSError, KeyError, tomllib.TOMLDecodeError):
             return "unknown (not installed)"
-
-
-def _choice(option: str, value: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise AscentError(f"{option} {value}: unknown; use one of {', '.join(choices)}.")
-    return value
-
-
-def _fmt_metric(value: Any) -> str:
-    if isinstance(value, float):
-        return str(int(value)) if value.is_integer() and abs(value) >= 1 else f"{value:.4f}"
-    return str(value)
 
 
 def main(argv: list[str] | None = None) -> None:
