@@ -17,11 +17,35 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
 from ascent.entrypoints.guard import ErrorGuard, ServeError
+from ascent.entrypoints.serve_options import (
+    ApiKeyOpt,
+    ApiProcessesOpt,
+    DeviceOpt,
+    DtypeOpt,
+    EngineOpt,
+    GpuMemoryFractionOpt,
+    HostOpt,
+    LogLevelOpt,
+    MaxBatchSizeOpt,
+    MaxModelLenOpt,
+    MaxTokensOpt,
+    ModelOpt,
+    NoApiKeyOpt,
+    PauseTimeoutOpt,
+    PortOpt,
+    RecordOpt,
+    ServedModelNameOpt,
+    TemperatureOpt,
+    ToolParserOpt,
+    TopKOpt,
+    TopPOpt,
+    TrustRemoteCodeOpt,
+)
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 ENGINES = ("auto", "reference", "fast")
@@ -35,73 +59,28 @@ class _Stopped(Exception):
 
 
 def serve_command(
-    model: Annotated[str, typer.Option(help="Local Hugging Face checkpoint directory.", show_default=False)],
-    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to bind (0: a free one).")] = 8000,
-    api_key: Annotated[
-        str | None, typer.Option(envvar="ASCENT_API_KEY", help="Key clients must send as a Bearer token.")
-    ] = None,
-    no_api_key: Annotated[
-        bool, typer.Option("--no-api-key", help="Serve without a key (only on 127.0.0.1/localhost/::1).")
-    ] = False,
-    served_model_name: Annotated[
-        str | None, typer.Option(help="Model id clients ask for (default: the directory name).")
-    ] = None,
-    engine: Annotated[
-        str, typer.Option(help="auto (fast on a GPU, reference on CPU), reference or fast.")
-    ] = "auto",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    dtype: Annotated[
-        str, typer.Option(help="auto (bf16 on a GPU, fp32 on CPU), fp32, bf16 or fp16.")
-    ] = "auto",
-    max_batch_size: Annotated[
-        int, typer.Option(min=1, help="Most sequences the engine decodes together.")
-    ] = 64,
-    max_model_len: Annotated[
-        int | None, typer.Option(min=1, help="Context length (default: the model's max_position_embeddings).")
-    ] = None,
-    gpu_memory_fraction: Annotated[
-        float,
-        typer.Option(min=0.05, max=0.99, help="Fast engine: share of GPU memory for weights and KV cache."),
-    ] = 0.85,
-    max_tokens: Annotated[
-        int, typer.Option(min=1, help="Response tokens when a request gives no max_tokens.")
-    ] = 256,
-    temperature: Annotated[float, typer.Option(min=0.0, help="Default temperature (0: greedy).")] = 1.0,
-    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="Default top-p.")] = 1.0,
-    top_k: Annotated[int, typer.Option(min=0, help="Default top-k (0: off).")] = 0,
-    pause_timeout: Annotated[
-        float, typer.Option(min=0.0, help="Seconds a request waits out a weight update before a 503.")
-    ] = 30.0,
-    trust_remote_code: Annotated[bool, typer.Option(help="Let the checkpoint run its own code.")] = False,
-    log_level: Annotated[
-        str, typer.Option(help="uvicorn's log level: debug, info, warning, error.")
-    ] = "info",
-    record: Annotated[
-        str | None,
-        typer.Option(
-            help="Write every returned sample to DIR/experience.db (status served), which `ascent episodes "
-            "DIR` and the studio read.",
-            metavar="DIR",
-            show_default=False,
-        ),
-    ] = None,
-    tool_parser: Annotated[
-        str,
-        typer.Option(
-            help="How replies' tool calls are read: auto (from the chat template), hermes (Qwen's "
-            "<tool_call>), llama3_json or mistral."
-        ),
-    ] = "auto",
-    api_processes: Annotated[
-        str,
-        typer.Option(
-            help="HTTP front-end processes sharing the port, each parsing, templating, tokenizing and "
-            "writing responses, feeding the engine's process token ids (1: all in one process). "
-            "auto: min(8, CPUs/2) on a GPU, 1 on CPU (on an H200, 8 front ends gave 0.86 of the engine's "
-            "direct throughput against 0.78 with 1: BENCHMARKS.md)."
-        ),
-    ] = "auto",
+    model: ModelOpt,
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 8000,
+    api_key: ApiKeyOpt = None,
+    no_api_key: NoApiKeyOpt = False,
+    served_model_name: ServedModelNameOpt = None,
+    engine: EngineOpt = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    max_batch_size: MaxBatchSizeOpt = 64,
+    max_model_len: MaxModelLenOpt = None,
+    gpu_memory_fraction: GpuMemoryFractionOpt = 0.85,
+    max_tokens: MaxTokensOpt = 256,
+    temperature: TemperatureOpt = 1.0,
+    top_p: TopPOpt = 1.0,
+    top_k: TopKOpt = 0,
+    pause_timeout: PauseTimeoutOpt = 30.0,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    log_level: LogLevelOpt = "info",
+    record: RecordOpt = None,
+    tool_parser: ToolParserOpt = "auto",
+    api_processes: ApiProcessesOpt = "auto",
 ) -> None:
     """Serve a checkpoint over an OpenAI-compatible API (chat, completions, tools, streaming).
 
