@@ -47,6 +47,8 @@ Modes (all `ascent.entrypoints.train.run_training` on a generated RunConfig in a
 - overlap1 / overlap2: Ray colocated on 1 / 2 GPUs (2: FSDP over 2 ranks) with the engine kept awake
   (`cluster.engine_sleeps=false`) and `rollout.max_staleness=1`: each replica generates the next iteration
   on its GPU while the trainer rank beside it updates; publications over CUDA IPC land between decode steps.
+- colocated4 / overlap4: colocated2 / overlap2 on four GPUs of one host (kind nvidia-h100-x4 or h200-x4),
+  the same workload, so the ratio to one_gpu (same call) is the strong-scaling figure of issue #31.
 - publish: bench/publish.py's `measure` with `--placement split --transports broadcast` (1.5B and 7B).
 - seven_b: the 7B shape like colocated2 (FSDP over 2 ranks, gradient checkpointing), with
   `train.offload_optimizer` (`--offload-optimizer auto`), a smaller workload (16x8, 256 new tokens).

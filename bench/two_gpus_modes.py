@@ -16,7 +16,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_workload as W  # noqa: E402
 
-TRAIN_MODES = ("one_gpu", "colocated2", "split_async2", "seven_b", "overlap1", "overlap2")
+TRAIN_MODES = (
+    "one_gpu",
+    "colocated2",
+    "split_async2",
+    "seven_b",
+    "overlap1",
+    "overlap2",
+    "colocated4",
+    "overlap4",
+)
 MODES = (*TRAIN_MODES, "publish")
 GIB = 2**30
 
@@ -48,6 +57,11 @@ LAYOUTS = {
     ),
     "overlap2": Layout(
         "ray", "colocated", 2, 2, 1, "fsdp", 2, "Ray colocated x2, engine awake, staleness 1", False
+    ),
+    # four GPUs of one host (nvidia-h100-x4 / h200-x4): the same workload spread over four ranks
+    "colocated4": Layout("ray", "colocated", 4, 4, 0, "fsdp", 4, "Ray colocated, 4 FSDP ranks + 4 replicas"),
+    "overlap4": Layout(
+        "ray", "colocated", 4, 4, 1, "fsdp", 4, "Ray colocated x4, engine awake, staleness 1", False
     ),
 }
 
