@@ -169,6 +169,13 @@ def evaluate(
     reward_timeout_s: Annotated[
         float, typer.Option(min=0.001, help="Seconds one reward call may take (it then scores 0).")
     ] = 30.0,
+    reward_config: Annotated[
+        str | None,
+        typer.Option(
+            help="A YAML whose `reward` section (a train config works) scores instead of --reward: its fn, "
+            "fn_weight, reward model (reward.model) and LLM judge (reward.judge; `policy` is the checkpoint)."
+        ),
+    ] = None,
     env: Annotated[
         str | None, typer.Option(help="Play episodes of this environment (name or pkg.module:Class) instead.")
     ] = None,
@@ -215,6 +222,12 @@ def evaluate(
         # deferred: torch; the options are checked first
         from ascent.entrypoints.evaluate import run_agent_eval, run_env_eval, run_eval
 
+        if reward_config is not None and (env or agent):
+            raise typer.BadParameter(
+                "with --env or --agent the environment (or the agent's reward) scores the episodes; reward "
+                "models and judges score single-turn prompts: drop --reward-config.",
+                param_hint="--reward-config",
+            )
         if system_prompt is not None and (env or agent):
             raise typer.BadParameter(
                 "with --env or --agent the environment (or the agent) writes the prompts; put the system "
@@ -256,6 +269,7 @@ def evaluate(
                 reward=reward,
                 reward_timeout_s=reward_timeout_s,
                 progress=True,
+                reward_config=reward_config,
                 **common,
             )
         for name, value in (metrics or {}).items():

@@ -31,6 +31,11 @@ class SamplingParams:
     n: int = 1  # samples per request
     seed: int | None = None
     grammar: str | None = None  # an llguidance grammar (JSON) the response follows; reference engine only
+    max_time_s: float | None = None  # wall-clock budget from admission: past it the sample ends as "abort"
+    # sample only these ids (a VLA's action tokens; empty: all), a turn of max_new_tokens of them complete
+    # ("stop"); a filter: logprobs stay the unfiltered distribution's, as the trainer scores them;
+    # reference engine only
+    allowed_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,13 +79,17 @@ class Generation:
     `token_versions` holds the policy version each token was sampled with (the rollout worker stamps a copy
     with the weights it held; an engine that swaps weights between decode steps fills it per token).
     `cached_tokens` counts the prompt tokens whose keys and values the engine reused from a cached session
-    instead of computing them (prefix reuse of a multi-turn `session_id`; 0 for engines that keep none)."""
+    instead of computing them (prefix reuse of a multi-turn `session_id`; 0 for engines that keep none).
+    `routed_experts` (MoE models, engines that record routing): the experts the engine chose for every
+    prompt and response token in each MoE layer, an int array [prompt + response tokens, moe layers, k]
+    (a torch tensor; -1 where not recorded), replayed by the trainer (`ascent.models.moe`); None otherwise."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
     token_versions: list[int] = field(default_factory=list)
     cached_tokens: int = 0
+    routed_experts: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -123,6 +132,8 @@ class Episode:
     response_text: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     images: tuple[ImageInput, ...] = ()  # one per image-token run of prompt_ids + response_ids, in order
+    # MoE: the sampler's experts per token of prompt_ids + response_ids (`Generation.routed_experts`)
+    routed_experts: Any = field(default=None, compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -193,6 +204,7 @@ class TrainSample:
     returns: list[float] | None = None
     old_values: list[float] | None = None
     images: tuple[ImageInput, ...] = ()  # the episode's images (`Episode.images`)
+    routed_experts: Any = field(default=None, compare=False, repr=False)  # `Episode.routed_experts`, replayed
 
     @property
     def num_tokens(self) -> int:

@@ -13,4 +13,4 @@ bash scripts/install_render.sh  # headless EGL for the simulators' frames (MuJoC
 ruff check ascent tests examples bench
 ruff format --check ascent tests examples bench
 mypy
-python -m pytest tests "$@"
+python -m pytest tests --durations=30 "$@"  # the 30 slowest tests, to keep the suite in its budget

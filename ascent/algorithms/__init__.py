@@ -28,6 +28,7 @@ from ascent.algorithms.kl import (
     FixedKLController,
     kl_penalty_rewards,
 )
+from ascent.algorithms.otb import optimal_token_baseline, sum_pi_squared_from_logits
 from ascent.algorithms.policy_losses import (
     POLICY_LOSSES,
     cispo_loss,
@@ -68,6 +69,7 @@ __all__ = [
     "length_filter",
     "overlong_penalty",
     "opo",
+    "optimal_token_baseline",
     "passk",
     "ppo_loss",
     "reinforce_loss",
@@ -80,6 +82,7 @@ __all__ = [
     "rloo",
     "rollout_correction_weights",
     "sapo_loss",
+    "sum_pi_squared_from_logits",
     "truncation_mask",
     "value_clipfrac",
     "value_loss",

@@ -21,7 +21,8 @@ class AdvantageInputs:
     turn_rewards [B, T] (multi-turn episodes: the rewards of turns before the last, each on the last token
     its turn sampled; already part of `rewards`, so token-level estimators move them there from the end),
     teacher_logprobs [B, T] and sampler_logprobs [B, T] (on-policy distillation: a frozen teacher's and the
-    sampler's logprob of each sampled token)."""
+    sampler's logprob of each sampled token), old_logprobs [B, T] and sum_pi_squared [B, T] (the optimal-token
+    baseline: the trainer's logprob of each sampled token and Σ_v π_v² over the vocabulary, one forward)."""
 
     rewards: Tensor
     mask: Tensor
@@ -32,6 +33,8 @@ class AdvantageInputs:
     turn_rewards: Tensor | None = None
     teacher_logprobs: Tensor | None = None
     sampler_logprobs: Tensor | None = None
+    old_logprobs: Tensor | None = None
+    sum_pi_squared: Tensor | None = None
 
     def float_mask(self) -> Tensor:
         """mask as float32 (0/1)."""

@@ -7,7 +7,8 @@ adv_eps), picked by `options_for`, no others.
 The group estimators here (grpo, rloo, opo, gpg, grpo_passk, passk) compare the trajectories of one prompt and broadcast one number
 per trajectory over its policy tokens; they ignore `token_rewards` (put the KL in the loss instead). The
 token-level ones (gae, reinforce_pp, reinforce_pp_baseline, remax) live in `returns.py`, on-policy distillation
-(a teacher's per-token logprobs as the signal) in `distill.py`.
+(a teacher's per-token logprobs as the signal) in `distill.py`, the optimal-token baseline (a per-token group
+baseline weighted by the trainer's Σπ²) in `otb.py`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from ascent.algorithms.advantage_types import AdvantageInputs, AdvantageOutputs, outcome_outputs
 from ascent.algorithms.distill import distill
+from ascent.algorithms.otb import optimal_token_baseline
 from ascent.algorithms.returns import gae, reinforce_pp, reinforce_pp_baseline, remax
 from ascent.algorithms.utils import group_index, group_stats, safe_div
 
@@ -162,6 +164,7 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., AdvantageOutputs]] = {
     "remax": remax,
     "gae": gae,
     "distill": distill,
+    "optimal_token_baseline": optimal_token_baseline,
 }
 
 __all__ = [

@@ -8,9 +8,11 @@ way it is replaced; an exception in user code, `sys.exit` included, costs that c
 that cannot start is an error, and every actor goes with it (no later command waits behind work abandoned
 on the others). Environments run here today; rewards and agents run on process hosts on the controller.
 
-The actors ask for `cpus_per_host` CPUs each, reserved in one placement group of SPREAD strategy, so the
+The actors ask for `cpus_per_host` CPUs each (and `gpus_per_host`, a share of a GPU, for simulators that
+render through EGL: `rollout.env_gpus`), reserved in one placement group of SPREAD strategy, so the
 environments of a multi-node run use every node's CPUs (a replacement takes its predecessor's bundle).
-Without a count, there are up to 4 per node, as many as the CPUs the workers left free hold. The actors
+Without a count, there are up to `per_node` per node (`rollout.env_workers_per_node`, default 4), as many
+as the CPUs (and GPUs) the workers left free hold. The actors
 live for the whole run (created on the first batch, reused by every later one, replaced only when they
 fail) and go at `close()`. Each logs to `<run_dir>/logs/env_<i>.log`.
 
@@ -36,7 +38,7 @@ from ascent.envs.hosts import Command, serve
 from ascent.messages import Outcome
 from ascent.tracking.logs import setup_logging
 
-PER_NODE = 4  # environment actors per node when rollout.env_workers is unset (CPUs permitting)
+PER_NODE = 4  # environment actors per node when rollout.env_workers is unset (rollout.env_workers_per_node)
 SETTLE_S = 5.0  # how long free CPUs may take to show in Ray's view after their holder went
 
 
@@ -68,16 +70,18 @@ class RayHosts(HostPool):
         policy: IsolationPolicy,
         *,
         cpus_per_host: float = 1.0,
+        gpus_per_host: float = 0.0,
+        per_node: int = PER_NODE,
         start_timeout_s: float = 300.0,
         run_dir: str | None = None,
         log_level: str = "INFO",
     ) -> None:
         super().__init__(policy)
         init_ray()  # a no-op in a run: the worker groups started or joined the cluster
-        self.cpus, self.start_timeout_s = cpus_per_host, start_timeout_s
+        self.cpus, self.gpus, self.start_timeout_s = cpus_per_host, gpus_per_host, start_timeout_s
         self.run_dir, self.log_level = run_dir, log_level
-        n = num_hosts or default_env_actors(cpus_per_host)
-        self._group: PlacementGroup | None = _reserve(n, cpus_per_host, start_timeout_s)
+        n = num_hosts or default_env_actors(cpus_per_host, per_node, gpus_per_host)
+        self._group: PlacementGroup | None = _reserve(n, cpus_per_host, start_timeout_s, gpus_per_host)
         self._actor_cls = ray.remote(HostActor)
         self._actors: list[Any] = []
         self._refs: dict[int, Any] = {}  # host -> the object ref of its command in progress
@@ -96,7 +100,7 @@ class RayHosts(HostPool):
         if self._group is None:
             raise RuntimeError("the host actors were closed; make a new RayHosts")
         strategy = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=h)
-        options = {"num_cpus": self.cpus, "scheduling_strategy": strategy}
+        options = {"num_cpus": self.cpus, "num_gpus": self.gpus, "scheduling_strategy": strategy}
         return self._actor_cls.options(**options).remote(f"env_{h}", self.run_dir, self.log_level)
 
     def _wait_started(self, hosts: list[int], what: str = "did not start") -> None:
@@ -172,11 +176,20 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0] if text else 'no details'}"
 
 
-def default_env_actors(cpus_per_host: float) -> int:
-    """`PER_NODE` actors per alive node, at most as many as the cluster's free CPUs hold."""
+def default_env_actors(cpus_per_host: float, per_node: int = PER_NODE, gpus_per_host: float = 0.0) -> int:
+    """`per_node` actors per alive node, at most as many as the cluster's free CPUs (and GPUs) hold."""
     nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
-    free = ray.available_resources().get("CPU", 0.0)
-    n = min(PER_NODE * max(1, len(nodes)), int(free / cpus_per_host + 1e-9))
+    available = ray.available_resources()
+    free = available.get("CPU", 0.0)
+    n = min(per_node * max(1, len(nodes)), int(free / cpus_per_host + 1e-9))
+    if gpus_per_host > 0:
+        n = min(n, int(available.get("GPU", 0.0) / gpus_per_host + 1e-9))
+        if n < 1:
+            raise ClusterConfigError(
+                f"rollout.env_gpus={gpus_per_host:g}: the Ray cluster has {available.get('GPU', 0.0):g} "
+                "GPUs free after the workers, too few for one simulator actor. Lower rollout.env_gpus (0: "
+                "render on the CPU with MUJOCO_GL=osmesa, or state-only rows), or add GPU nodes."
+            )
     if n < 1:
         raise ClusterConfigError(
             f"rollout.env_cpus={cpus_per_host:g}: the Ray cluster has {free:g} CPUs free after the workers, "
@@ -186,7 +199,7 @@ def default_env_actors(cpus_per_host: float) -> int:
     return n
 
 
-def _reserve(n: int, cpus: float, timeout_s: float) -> PlacementGroup:
+def _reserve(n: int, cpus: float, timeout_s: float, gpus: float = 0.0) -> PlacementGroup:
     """`n` bundles of `cpus` CPUs, spread over the nodes; a clear error when the cluster cannot hold them."""
     need, total = n * cpus, ray.cluster_resources().get("CPU", 0.0)
     fix = (
@@ -204,8 +217,9 @@ def _reserve(n: int, cpus: float, timeout_s: float) -> PlacementGroup:
             f"rollout.env_workers={n} x rollout.env_cpus={cpus:g} = {need:g} CPUs, but the Ray cluster has "
             f"{free:g} CPUs free after the workers (cluster.cpus_per_worker each). {fix}"
         )
+    bundle = {"CPU": cpus} | ({"GPU": gpus} if gpus > 0 else {})
     return reserve(
-        [{"CPU": cpus} for _ in range(n)],
+        [dict(bundle) for _ in range(n)],
         "SPREAD",
         timeout_s,
         lambda: (

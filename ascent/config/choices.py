@@ -195,6 +195,15 @@ class DistillAdvantage(Choice):
     )
 
 
+class OtbAdvantage(Choice):
+    name: Literal["optimal_token_baseline"] = Field("optimal_token_baseline", description=NAME)
+    otb_zero_tail: bool = Field(
+        False,
+        description="Optimal-token baseline: a group's strictly longest sample gets baseline 0 past the second "
+        "longest (verl's handle_zero_tail).",
+    )
+
+
 POLICY_LOSS_CHOICES: dict[str, type[Choice]] = {
     "ppo": PpoLoss,
     "gspo": GspoLoss,
@@ -218,6 +227,7 @@ ADVANTAGE_CHOICES: dict[str, type[Choice]] = {
     "remax": RemaxAdvantage,
     "gae": GaeAdvantage,
     "distill": DistillAdvantage,
+    "optimal_token_baseline": OtbAdvantage,
 }
 
 
@@ -290,6 +300,7 @@ AdvantageChoice = Annotated[
     | Annotated[RemaxAdvantage, Tag("RemaxAdvantage")]
     | Annotated[GaeAdvantage, Tag("GaeAdvantage")]
     | Annotated[DistillAdvantage, Tag("DistillAdvantage")]
+    | Annotated[OtbAdvantage, Tag("OtbAdvantage")]
     | Annotated[PluginChoice, Tag("PluginChoice")],
     _discriminator(ADVANTAGE_CHOICES),
 ]

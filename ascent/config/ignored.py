@@ -21,7 +21,14 @@ if TYPE_CHECKING:
 REWARD_SCORING_FIELDS = ("fn", "kwargs", "isolation", "timeout_s", "num_workers")
 # `rollout` fields of multi-turn episodes (an env or agent rollout.source; the source's own settings are its
 # union member's fields, so no source can be given another's)
-MULTI_TURN_FIELDS = ("env_isolation", "env_timeout_s", "env_workers", "env_cpus")
+MULTI_TURN_FIELDS = (
+    "env_isolation",
+    "env_timeout_s",
+    "env_workers",
+    "env_cpus",
+    "env_workers_per_node",
+    "env_gpus",
+)
 
 
 def _given(section: BaseModel, names: tuple[str, ...]) -> list[tuple[str, Any]]:

@@ -70,6 +70,13 @@ class JudgeConfig(Section):
     weight: float = Field(1.0, description="Weight of the judge's score in the episode's reward.")
     temperature: float = Field(0.0, ge=0, description="The judge's sampling temperature (0: greedy).")
     max_new_tokens: int = Field(32, gt=0, description="The longest judge reply in tokens.")
+    timeout_s: float | None = Field(
+        60.0,
+        gt=0,
+        description="Wall-clock budget of one judgement, from when the engine takes it: a reply still being "
+        "written then is cut, and that sample's judge score is 0.0 and counts as a failure (logged, "
+        "against reward.max_failure_rate), like a failed reward function. null: no budget.",
+    )
     cache_size: int = Field(
         100_000,
         ge=0,

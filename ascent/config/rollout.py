@@ -26,6 +26,13 @@ class RolloutConfig(Section):
     engine: str = Field(
         "reference", description="Rollout engine: `reference` (transformers) or `fast` (GPU)."
     )
+    tensor_parallel: int = Field(
+        1,
+        ge=1,
+        description="Ranks (GPUs of one node) that each fast-engine replica spans, heads and MLP split over "
+        "them (tensor parallelism): the replica's worker starts the other ranks as child processes; "
+        "cluster.num_rollout_workers x tensor_parallel GPUs in all (`ascent doctor` shows the placement).",
+    )
     prompts_per_step: int = Field(8, gt=0, description="Prompts sampled per iteration.")
     samples_per_prompt: int = Field(
         8, gt=0, description="Trajectories generated per prompt (the group size)."
@@ -46,6 +53,14 @@ class RolloutConfig(Section):
     stop_token_ids: list[int] = Field(default_factory=list, description="Extra stop tokens besides EOS.")
     stop_strings: list[str] = Field(
         default_factory=list, description="Stop when the response ends with these."
+    )
+    action_token_ids: list[int] = Field(
+        default_factory=list,
+        description="A VLA's action tokens (e.g. the ids of `<a0>`..`<a15>`): when set, every model turn "
+        "samples only among them (rollout.engine=reference), so each turn is an action the environment's "
+        "action tokenizer decodes; a turn is complete at rollout.max_new_tokens of them (set it to the "
+        "action's dimensions). A filter: the logprobs stay those of the unfiltered distribution, as the "
+        "trainer scores them. Empty: every token may be sampled.",
     )
     generation_batch_size: int = Field(
         64, gt=0, description="Sequences decoded together by the reference engine."
@@ -124,6 +139,22 @@ class RolloutConfig(Section):
         gt=0,
         description="With cluster.backend=ray and rollout.env_isolation=process: CPUs each environment actor "
         "asks Ray for (on top of the workers' cluster.cpus_per_worker).",
+    )
+    env_workers_per_node: int = Field(
+        4,
+        gt=0,
+        description="With cluster.backend=ray and rollout.env_isolation=process, when rollout.env_workers is "
+        "null: environment (simulator) actors per node, as many as the free CPUs (and GPUs, with "
+        "rollout.env_gpus) hold. `ascent doctor` reports the placement of simulator workers.",
+    )
+    env_gpus: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="With cluster.backend=ray and rollout.env_isolation=process: the share of a GPU each "
+        "environment actor asks Ray for, for simulators that render on the GPU (MuJoCo through EGL): 0.25 "
+        "places 4 simulator workers per GPU. 0: CPU only (state-only rows, or OSMesa). `ascent doctor` "
+        "checks that GPUs are visible and that EGL renders.",
     )
 
     @model_validator(mode="before")

@@ -22,9 +22,18 @@ if TYPE_CHECKING:
 # Registry names of ascent.algorithms, repeated here because config imports without torch
 # (tests/unit/algorithms/test_alg_registry_config.py checks they match the registries; the policy losses'
 # and advantage estimators' names are the keys of choices.POLICY_LOSS_CHOICES and ADVANTAGE_CHOICES).
-GROUP_ESTIMATORS = {"grpo", "rloo", "opo", "gpg", "grpo_passk", "passk", "reinforce_pp_baseline"}
+GROUP_ESTIMATORS = {
+    "grpo",
+    "rloo",
+    "opo",
+    "gpg",
+    "grpo_passk",
+    "passk",
+    "reinforce_pp_baseline",
+    "optimal_token_baseline",
+}
 CRITIC_ESTIMATORS = {"gae"}
-TOKEN_REWARD_ESTIMATORS = {"gae", "reinforce_pp", "reinforce_pp_baseline", "remax"}
+TOKEN_REWARD_ESTIMATORS = {"gae", "reinforce_pp", "reinforce_pp_baseline", "remax", "optimal_token_baseline"}
 ADVANTAGE_ESTIMATORS = GROUP_ESTIMATORS | TOKEN_REWARD_ESTIMATORS | {"distill"}
 LOSS_AGGREGATIONS = {
     "token-mean",
@@ -59,6 +68,9 @@ RL_ONLY_CLUSTER_FIELDS = (
     "weight_transport",
     "weight_bucket_mb",
     "weight_sync_timeout_s",
+    "trainer_gpus",
+    "rollout_gpus",
+    "reward_model_gpus",
 )
 
 
@@ -114,7 +126,7 @@ def _batch_rules(cfg: RunConfig) -> list[str]:
             "rollout replica shares a GPU bundle with one trainer rank; set it to "
             f"cluster.num_trainer_workers={c.num_trainer_workers}, or use cluster.placement=split."
         )
-    out += _transport_rules(cfg)
+    out += _transport_rules(cfg) + _placement_rules(cfg)
     budget = "rollout.source.max_episode_tokens" if r.multi_turn else "rollout.max_new_tokens"
     needed = cfg.data.max_prompt_tokens + r.response_budget
     if t.max_tokens_per_micro_batch < needed:
@@ -148,6 +160,42 @@ def _transport_rules(cfg: RunConfig) -> list[str]:
             f"cluster.num_trainer_workers={c.num_trainer_workers}; use broadcast for other counts."
         ]
     return []
+
+
+def _placement_rules(cfg: RunConfig) -> list[str]:
+    """Per-component GPU counts are read only where each component has GPUs of its own (split on Ray);
+    a replica's GPUs hold its tensor-parallel ranks; tensor parallelism is the fast engine's."""
+    c, tp = cfg.cluster, cfg.rollout.tensor_parallel
+    own = {
+        "trainer_gpus": c.trainer_gpus,
+        "rollout_gpus": c.rollout_gpus,
+        "reward_model_gpus": c.reward_model_gpus,
+    }
+    out = []
+    if not (c.backend == "ray" and c.placement == "split"):
+        out += [
+            f"cluster.{name}={value:g}: only cluster.backend=ray with cluster.placement=split gives components "
+            "GPUs of their own (colocated groups share bundles of cluster.gpus_per_worker); remove it or set "
+            "cluster.placement=split."
+            for name, value in own.items()
+            if value is not None
+        ]
+    elif c.rollout_gpus is not None and c.rollout_gpus < tp:
+        out.append(
+            f"cluster.rollout_gpus={c.rollout_gpus:g}: each replica's rollout.tensor_parallel={tp} ranks take a "
+            f"GPU each; set it to at least {tp}."
+        )
+    if tp > 1 and c.backend == "ray" and c.placement == "colocated" and c.gpus_per_worker > 0:
+        out.append(
+            f"rollout.tensor_parallel={tp}: a colocated replica shares a fraction of one GPU bundle with a "
+            "trainer rank and sees no GPUs for its other ranks; use cluster.placement=split."
+        )
+    if tp > 1 and cfg.rollout.engine != "fast":
+        out.append(
+            f"rollout.tensor_parallel={tp}: only the fast engine runs tensor-parallel; set rollout.engine=fast "
+            "or tensor_parallel=1."
+        )
+    return out
 
 
 def _algorithm_rules(cfg: RunConfig) -> list[str]:
@@ -337,6 +385,11 @@ def _sampling_rules(cfg: RunConfig) -> list[str]:
         out.append(
             f"rollout.samples_per_prompt={r.samples_per_prompt}: dynamic sampling keeps groups whose rewards "
             "differ, and a group of one never does; set it to 2 or more."
+        )
+    if r.action_token_ids and r.engine != "reference":
+        out.append(
+            f"rollout.action_token_ids is set with rollout.engine={r.engine!r}: only the reference engine "
+            "samples among given tokens; set rollout.engine=reference (or drop rollout.action_token_ids)."
         )
     if a.overlong_buffer >= r.max_new_tokens:
         out.append(

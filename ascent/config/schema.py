@@ -119,7 +119,7 @@ class AlgorithmConfig(Section):
     advantage: AdvantageChoice = Field(
         default_factory=GrpoAdvantage,
         description="Advantage estimator: a name (grpo, rloo, opo, gpg, grpo_passk, passk, reinforce_pp, "
-        "reinforce_pp_baseline, remax, gae, distill) or an import path, or {name: ..., <its own settings>}.",
+        "reinforce_pp_baseline, remax, gae, distill, optimal_token_baseline) or an import path, or {name: ..., <its own settings>}.",
     )
     policy_loss: PolicyLossChoice = Field(
         default_factory=PpoLoss,
@@ -153,6 +153,13 @@ class AlgorithmConfig(Section):
     )
     rollout_correction_threshold_low: float | None = Field(
         None, ge=0, description="MIS: also mask weights below this (null: no lower bound)."
+    )
+    routing_replay: bool = Field(
+        True,
+        description="Mixture-of-experts policies: the trainer's forward uses the experts the rollout engine "
+        "chose for each token (recorded by the reference engine), its own router weighting them, so the "
+        "sampler/trainer logprob gap stays as small as a dense model's. false: the trainer routes itself. "
+        "No effect on dense models.",
     )
     # KL as a reward penalty (PPO / REINFORCE++ style; kl_loss_coef is the loss-term alternative).
     kl_penalty_coef: float = Field(
@@ -367,7 +374,29 @@ class ClusterConfig(Section):
         "are summed over ranks, and checkpoints load on any number of ranks.",
     )
     num_rollout_workers: int = Field(1, gt=0, description="Rollout engine replicas.")
-    gpus_per_worker: float = Field(0.0, ge=0, description="GPUs each worker asks for (0 on CPU).")
+    gpus_per_worker: float = Field(
+        0.0,
+        ge=0,
+        description="GPUs each worker asks for (0 on CPU); with placement=split, the default of trainer_gpus, "
+        "rollout_gpus (times rollout.tensor_parallel) and reward_model_gpus.",
+    )
+    trainer_gpus: float | None = Field(
+        None,
+        ge=0,
+        description="placement=split on Ray: GPUs of each trainer (and critic) rank (null: gpus_per_worker).",
+    )
+    rollout_gpus: float | None = Field(
+        None,
+        ge=0,
+        description="placement=split on Ray: GPUs of each rollout engine replica, at least "
+        "rollout.tensor_parallel (null: gpus_per_worker x rollout.tensor_parallel).",
+    )
+    reward_model_gpus: float | None = Field(
+        None,
+        ge=0,
+        description="placement=split on Ray: GPUs of each reward-model rank and of a judge's own engine "
+        "(null: gpus_per_worker).",
+    )
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs each Ray actor asks for.")
     placement: Literal["colocated", "split"] = Field(
         "colocated",

@@ -69,6 +69,14 @@ class EnvSourceConfig(SourceChoice):
     )
     max_turns: int = Field(4, gt=0, description=MAX_TURNS)
     max_episode_tokens: int = Field(512, gt=0, description=MAX_EPISODE_TOKENS)
+    sims_per_worker: int = Field(
+        0,
+        ge=0,
+        description="Simulator episodes (env `gym`) each environment worker steps together through "
+        "gymnasium's vector API, as blocks of this many copies (a process or Ray actor holds one or more "
+        "blocks; a simulator that crashes costs its block's episodes and the worker is restarted). 0: one "
+        "environment per episode, stepped one call each. Used when every episode of a batch is a `gym` one.",
+    )
 
     @property
     def label(self) -> str:

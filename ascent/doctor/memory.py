@@ -2,7 +2,9 @@
 `bench/memory_estimate.py` call `estimate(inputs)`.
 
 Every term mirrors what the code holds (bytes; P parameters, V vocabulary, H hidden, I intermediate, L layers,
-N tokens of a micro-batch, e the compute dtype's element size):
+N tokens of a micro-batch, e the compute dtype's element size). A mixture-of-experts model holds all its
+parameters (weights, gradients, moments, engine weights: P counts every expert) while a token's activations
+go through its k chosen experts only (`ModelShape.mlp_width`; `active_params` is what the doctor reports):
 
 - trainer state (`ascent.trainer.policy`): weights in the parameter dtype (fp32 masters: 4 B; LoRA: the frozen
   base in the compute dtype plus fp32 adapters), gradients of what trains in the same dtype, AdamW's two fp32
@@ -59,6 +61,28 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     tied: bool
+    # Mixture of experts (0 experts: dense): `moe_layers` layers route each token to `experts_per_token` of
+    # `experts` SwiGLU experts of width `expert_intermediate` (Qwen3-MoE's moe_intermediate_size).
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    moe_layers: int = 0
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token goes through: all of a dense model's, an MoE's less its unchosen experts."""
+        unchosen = self.moe_layers * (self.experts - self.experts_per_token)
+        return self.params - unchosen * 3 * self.hidden * self.expert_intermediate
+
+    @property
+    def mlp_width(self) -> int:
+        """Intermediate activations per token in an MLP: the dense width, or k experts' for an MoE."""
+        return self.experts_per_token * self.expert_intermediate if self.experts else self.intermediate
+
+    @property
+    def engine_mlp_width(self) -> int:
+        """The fast engine's MLP buffer per token: the dense width, or one expert's (it runs them in turn)."""
+        return self.expert_intermediate if self.experts else self.intermediate
 
     @property
     def embed_params(self) -> int:
@@ -197,9 +221,11 @@ def residual_bytes(m: MemoryInputs) -> int:
 
 def layer_working_set(m: MemoryInputs, tokens: int) -> int:
     """One decoder layer's saved activations for `tokens` tokens: 4 [N, I] (gate, up, act, product) and
-    6 [N, H] (q, attention output, norms, projections' inputs) in the compute dtype."""
+    6 [N, H] (q, attention output, norms, projections' inputs) in the compute dtype. An MoE layer: I is the
+    k chosen experts' widths together, and each token's k copies in and out of its experts add 2k [N, H]."""
     s = m.shape
-    return tokens * (4 * s.intermediate + 6 * s.hidden) * m.compute_bytes
+    moe_copies = 2 * s.experts_per_token * s.hidden if s.experts else 0
+    return tokens * (4 * s.mlp_width + 6 * s.hidden + moe_copies) * m.compute_bytes
 
 
 def attention_mask_bytes(m: MemoryInputs, tokens: int) -> int:
@@ -261,7 +287,7 @@ def engine_reserve_bytes(m: MemoryInputs) -> int:
     """The activation reserve the fast engine keeps out of its KV budget (`_activation_reserve`)."""
     s = m.shape
     decode = ENGINE_MAX_BATCH * s.vocab * 4 * 8
-    prefill = ENGINE_MAX_PREFILL * (3 * s.intermediate + 8 * s.hidden) * m.compute_bytes * 2
+    prefill = ENGINE_MAX_PREFILL * (3 * s.engine_mlp_width + 8 * s.hidden) * m.compute_bytes * 2
     return decode + prefill + ENGINE_SLACK
 
 
@@ -269,7 +295,7 @@ def engine_activation_bytes(m: MemoryInputs) -> int:
     """What generation actually uses: one layer of the prefill, fp32 decode logits and sampler temporaries."""
     s = m.shape
     prefill = (
-        min(m.prefill_tokens, ENGINE_MAX_PREFILL) * (3 * s.intermediate + 8 * s.hidden) * m.compute_bytes
+        min(m.prefill_tokens, ENGINE_MAX_PREFILL) * (3 * s.engine_mlp_width + 8 * s.hidden) * m.compute_bytes
     )
     decode = min(m.rollout_rows, ENGINE_MAX_BATCH) * s.vocab * 4 * 3
     return prefill + decode

@@ -15,6 +15,7 @@ from ascent.doctor.memory import ModelShape
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
 from ascent.envs import ENVIRONMENTS, make_env
 from ascent.models.families import CAUSAL_LM, FAMILIES, model_type_of, resolve_class
+from ascent.models.families.qwen3_moe import moe_layers
 from ascent.plugins import PluginError, load_plugin
 
 
@@ -42,6 +43,13 @@ def model_shape(hf_config: Any, params: int) -> ModelShape:
     text = getattr(hf_config, "get_text_config", lambda: hf_config)()
     heads = int(text.num_attention_heads)
     hidden = int(text.hidden_size)
+    experts = int(getattr(text, "num_experts", None) or getattr(text, "num_local_experts", None) or 0)
+    moe = dict(
+        experts=experts,
+        experts_per_token=int(getattr(text, "num_experts_per_tok", 0) or 0),
+        expert_intermediate=int(getattr(text, "moe_intermediate_size", None) or 0),
+        moe_layers=len(moe_layers(text)) if experts else 0,
+    )
     return ModelShape(
         params=params,
         vocab=int(text.vocab_size),
@@ -52,6 +60,7 @@ def model_shape(hf_config: Any, params: int) -> ModelShape:
         kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(text, "head_dim", None) or hidden // heads),
         tied=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        **moe,
     )
 
 
@@ -83,6 +92,11 @@ def check_model(cfg: RunConfig) -> tuple[CheckResult, ModelShape | None]:
         f"{getattr(hf, 'model_type', '?')}, {shape.params / 1e6:,.1f}M parameters, {shape.layers} layers, "
         f"hidden {shape.hidden}, vocab {shape.vocab}"
     )
+    if shape.experts:
+        detail += (
+            f"; mixture of experts: {shape.active_params / 1e6:,.1f}M active a token "
+            f"({shape.experts_per_token} of {shape.experts} experts)"
+        )
     if not weights:
         return warn(
             name, detail + "; no weight files", "copy the *.safetensors files next to config.json."
@@ -183,7 +197,8 @@ def check_engine_architecture(cfg: RunConfig) -> CheckResult:
         return fail(name, str(err), "set rollout.engine=reference for this model.")
     except Exception as err:  # the model check reports configs that do not load
         return skipped(name, f"the model config does not load ({type(err).__name__})")
-    rope = dict(getattr(hf, "rope_parameters", None) or {})
+    text = getattr(hf, "text_config", None) or hf  # a vision-language model's decoder holds its RoPE
+    rope = dict(getattr(text, "rope_parameters", None) or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in STATIC_ROPE_TYPES:
         return fail(
@@ -191,7 +206,16 @@ def check_engine_architecture(cfg: RunConfig) -> CheckResult:
             f"rope type {rope_type!r} is not one the engine supports ({list(STATIC_ROPE_TYPES)})",
             "set rollout.engine=reference for this model.",
         )
-    return ok(name, f"{spec.model_type} is supported ({', '.join(supported_model_types())})")
+    tp = cfg.rollout.tensor_parallel
+    if tp > 1:
+        from ascent.rollout.fast.tensor_parallel import check_shardable  # deferred: torch, as above
+
+        try:
+            check_shardable(spec, tp)
+        except ValueError as err:
+            return fail(name, str(err), f"set rollout.tensor_parallel to a divisor of {spec.num_heads}.")
+    split = f", split over {tp} ranks" if tp > 1 else ""
+    return ok(name, f"{spec.model_type} is supported ({', '.join(supported_model_types())}){split}")
 
 
 def env_names(cfg: RunConfig) -> list[str]:

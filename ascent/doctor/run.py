@@ -77,7 +77,9 @@ def run_checks(
     cfg: RunConfig, *, gpu_memory_gib: float | None = None, ports: list[int] | None = None
 ) -> DoctorReport:
     facts = system.gpu_facts()
+    placement = cluster.check_placement(cfg, facts.count)  # raises (exit 2) for a plan that cannot fit
     report = DoctorReport(machine_checks(cfg, facts))
+    report.results.append(placement)
     report.results += cluster.check_ray(cfg, facts.count)
     report.results.append(system.check_ports(list(ports or [])))
     report.results += tracking.check_trackers(cfg.tracking)
@@ -88,7 +90,11 @@ def run_checks(
     renderers, env_error = model.rendering_envs(cfg)
     report.results += [env_error] if env_error else []
     report.results.append(system.check_rendering(renderers))
-    report.results.append(system.check_simulator_rendering(model.simulator_envs(cfg)))
+    simulators = model.simulator_envs(cfg)
+    rendering = system.check_simulator_rendering(simulators)
+    report.results.append(rendering)
+    backend = rendering.data.get("backend")
+    report.results.append(cluster.check_simulator_placement(cfg, simulators, backend, facts.count))
     report.results += disk_checks(cfg, shape)
     report.results += [r for r in (plan.check_micro_batch(cfg), plan.check_awake_engine(cfg)) if r]
     if shape is None:

@@ -18,7 +18,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from ascent.data import image_codec, render_prompts, validate_rows
 from ascent.data.fields import RowFields
 from ascent.data.templates import set_chat_template
 from ascent.entrypoints.debug_env import record
+from ascent.entrypoints.eval_rewards import eval_components, read_reward_config
 from ascent.envs import ChatTokens, Task, run_episodes
 from ascent.envs.openai_agents import AgentLoadError, load_agent
 from ascent.envs.rows import row_env
@@ -37,8 +37,9 @@ from ascent.orchestrator.agents import AgentService, AgentSetup, play_agent_grou
 from ascent.orchestrator.batch import make_requests, to_groups
 from ascent.orchestrator.episodes import env_image_encoder
 from ascent.orchestrator.eval_metrics import CORRECT_AT, episode_sample, eval_metrics
+from ascent.orchestrator.sampling import Scorer
 from ascent.orchestrator.setup import agent_items, reward_hosts
-from ascent.rewards import RewardFailureError, RewardInput, RewardRunner
+from ascent.rewards import RewardFailureError, RewardRunner
 from ascent.rollout import RolloutEngine, build_engine
 from ascent.tracking import Progress
 
@@ -66,9 +67,14 @@ def run_eval(
     dtype: str = "fp32",
     reward_timeout_s: float = 30.0,
     progress: bool = False,
+    reward_config: str | None = None,
 ) -> dict[str, float]:
     """Generate for every prompt of `data` with the checkpoint at `model`; return accuracy and mean reward.
-    `progress`: print progress lines on stdout while generating (see the module)."""
+    `progress`: print progress lines on stdout while generating (see the module). `reward_config`: a YAML
+    whose `reward` section (function, fn_weight, reward model, judge) replaces `reward`
+    (`ascent.entrypoints.eval_rewards`)."""
+    rcfg = read_reward_config(reward_config) if reward_config else None
+    reward = rcfg.fn if rcfg is not None else reward
 
     tok = set_chat_template(load_tokenizer(model), fields.chat_template, "--chat-template")
     rows = fields.rows(data)
@@ -82,40 +88,33 @@ def run_eval(
             tok, reward, reward_timeout_s, engine, model, dtype, device, batch_size
         )
     )
+    components = () if rcfg is None else eval_components(rcfg, model, tok, rollout, device)
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples)
     requests = make_requests([i.prompt_ids for i in items], params, seed, [i.images for i in items])
     gens = generate_with_progress(rollout, requests, batch_size) if progress else rollout.generate(requests)
-    trajs = flatten(to_groups(items, gens, decode=decode, policy_version=0))
+    scorer = Scorer(runner, decode, components, rcfg.fn_weight if rcfg is not None else 1.0)
     try:
-        result = runner.score(
-            [
-                RewardInput(decode(t.prompt_ids), t.response_text, t.response_ids, t.metadata, t.row_id)
-                for t in trajs
-            ]
-        )
+        groups, reward_metrics = scorer(to_groups(items, gens, decode=decode, policy_version=0))
     except RewardFailureError as err:
         raise AscentError(
             f"--reward {reward}: every reward call failed, so there is no accuracy to report ({err})"
         ) from err
     finally:
         runner.close()
-    if result.metrics["reward/failures"]:
-        log.warning(
-            "%d of %d reward calls failed and count as 0", result.metrics["reward/failures"], len(trajs)
-        )
-    n = len(trajs)
-    scored = [
-        replace(t, reward=r, reward_components=dict(c))
-        for t, r, c in zip(trajs, result.rewards, result.components, strict=True)
-    ]
+    scored = flatten(groups)
+    failures = reward_metrics.get("reward/failures", 0.0)
+    if failures:
+        log.warning("%d of %d reward calls failed and count as 0", failures, len(scored))
+    n = len(scored)
     metrics = {
         **eval_metrics([episode_sample(t) for t in scored], pass_k),
-        "response_len_mean": sum(len(t.response_ids) for t in trajs) / n,
+        **{k: v for k, v in reward_metrics.items() if k.count("/") == 2},  # reward/<component>/<stat>
+        "response_len_mean": sum(len(t.response_ids) for t in scored) / n,
         "responses": float(n),
-        "reward_failures": result.metrics["reward/failures"],
+        "reward_failures": failures,
     }
     if out:
-        _write_responses(out, trajs, result.rewards)
+        _write_responses(out, scored, [t.reward for t in scored])
     return metrics
 
 

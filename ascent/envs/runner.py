@@ -30,8 +30,8 @@ of its turn: orchestrator.batch.advantage_inputs). `metadata["tool_calls"]` sums
 reported (`info["tool_calls"]`; a value that is not a whole number >= 0 breaks the contract like a bad reward).
 Any other number in `info` is the environment's own metric: `metadata["env_info"]` keeps each one's latest
 value (absent when there are none), and evaluation averages them (`ascent.orchestrator.eval_metrics`).
-A simulator's `info["success"]` and `info["episode_length"]` (`ascent.envs.sim`) are kept from its latest turn
-in the episode's metadata (the loop's env/success_rate and env/episode_length); other environments add none.
+A simulator's `info["success"]`, `info["episode_length"]` and `info["frames"]` (its frames' files, when it
+renders into a run's folder: `ascent.envs.sim`) are kept from its latest turn in the episode's metadata (the loop's env/success_rate and env/episode_length); other environments add none.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from ascent.messages import Episode, FinishReason, Generation, GenerationRequest
 log = logging.getLogger("ascent.envs")
 
 Generate = Callable[[list[GenerationRequest]], list[list[Generation]]]
-OUTCOME_KEYS = ("success", "episode_length")  # info keys an episode's metadata keeps from its latest turn
+OUTCOME_KEYS = ("success", "episode_length", "frames")  # info keys the metadata keeps from the latest turn
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,7 @@ class _Open:
     finish: FinishReason | None = None
     error: str | None = None
     cut: str | None = None  # why a model turn was cut short (it sampled an image placeholder)
+    routes: Any = None  # MoE: the sampler's experts per token of prompt_ids + ids (`_merged_routes`)
 
     def add_model_turn(self, gen: Generation, version: int) -> None:
         self.prompt_tokens += len(self.prompt_ids) + len(self.ids)  # what this turn's request sent
@@ -97,6 +98,8 @@ class _Open:
         self.logprobs += gen.logprobs
         self.versions += gen.token_versions or [version] * len(gen.token_ids)
         self.turns += 1
+        if gen.routed_experts is not None:
+            self.routes = _merged_routes(self.routes, gen.routed_experts)
 
     def add_observation(self, ids: list[int], images: Sequence[ImageInput] = ()) -> None:
         last = self.versions[-1] if self.versions else 0  # not sampled: the version of the turn before
@@ -134,7 +137,24 @@ class _Open:
             response_text=decode(self.ids),
             metadata=meta | ({"env_error": self.error} if failed else {}),
             images=(*self.prompt_images, *self.images),
+            routed_experts=None
+            if self.routes is None
+            else self.routes[: len(self.prompt_ids) + len(self.ids)],
         )
+
+
+def _merged_routes(old: Any, new: Any) -> Any:
+    """An episode's experts so far (`old`, or None) and a turn's (`new`: an int tensor [request prompt + the
+    turn's tokens, layers, k]) -> the episode's: each token keeps the experts of the forward that first
+    computed it (an earlier turn's, which sampled what followed it), the new turn's where the earlier one
+    recorded none (-1: its last sampled token; the observations after it) and for its own tokens."""
+    if old is None:
+        return new
+    merged = new.clone()
+    n = min(len(old), len(new))
+    kept = old[:n, 0, 0] >= 0
+    merged[:n][kept] = old[:n][kept]
+    return merged
 
 
 def run_episodes(

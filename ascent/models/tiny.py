@@ -165,3 +165,63 @@ def make_tiny_reward_model(
     torch.manual_seed(seed)
     Qwen2ForSequenceClassification(config).save_pretrained(str(out), safe_serialization=True)
     return out
+
+
+def make_tiny_moe_checkpoint(
+    out_dir: str | Path,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_experts: int = 8,
+    experts_per_token: int = 2,
+    moe_intermediate_size: int = 32,
+    router_scale: float = 1.0,
+    expert_scale: float = 1.0,
+    seed: int = 0,
+) -> Path:
+    """Write a randomly initialised Qwen3-MoE causal LM (every layer sparse: `num_experts` SwiGLU experts,
+    top-`experts_per_token` routing with normalised weights) plus the char tokenizer; return the path.
+
+    `router_scale` multiplies the routers' initial weights: below 1 the router logits of a token lie close
+    together, so a small change in the hidden state (another dtype, another kernel) picks other experts,
+    the sensitivity routing replay exists for; `expert_scale` multiplies the experts' weights (above 1 the
+    experts' outputs weigh more against the residual stream, so which experts a token gets matters more).
+    Saved as transformers saves a real Qwen3-MoE checkpoint (one tensor per expert)."""
+    # deferred: torch and transformers, slow to import
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = make_char_tokenizer(out)
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        moe_intermediate_size=moe_intermediate_size,
+        num_experts=num_experts,
+        num_experts_per_tok=experts_per_token,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.mul_(router_scale)
+            elif ".mlp.experts." in name:
+                p.mul_(expert_scale)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(str(out), safe_serialization=True)
+    return out

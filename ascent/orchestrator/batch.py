@@ -43,6 +43,7 @@ def sampling_params(rollout_cfg: RolloutConfig, *, validation: bool = False) -> 
         max_new_tokens=r.max_new_tokens,
         stop_token_ids=tuple(r.stop_token_ids),
         stop_strings=tuple(r.stop_strings),
+        allowed_token_ids=tuple(r.action_token_ids),
         n=r.val_samples_per_prompt if validation else r.samples_per_prompt,
     )
 
@@ -100,6 +101,7 @@ def _episode(item: Any, gen: Generation, decode: Callable[[list[int]], str], pol
         response_text=decode(gen.token_ids),
         metadata=item.metadata,
         images=item_images(item),
+        routed_experts=gen.routed_experts,
     )
 
 
@@ -127,10 +129,12 @@ def advantage_inputs(
     token_rewards: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
     teacher_logprobs: Sequence[list[float]] | None = None,
+    sum_pi_squared: tuple[Sequence[list[float]], Sequence[list[float]]] | None = None,
 ) -> AdvantageInputs:
     """Pack groups into the estimators' padded layout, one row per episode of `flatten(groups)`
     (token_rewards and values are [B, T] or None). With the teacher's per-token logprobs (distillation),
-    the teacher's and the sampler's logprobs come along padded to [B, T]."""
+    the teacher's and the sampler's logprobs come along padded to [B, T]; with `sum_pi_squared` (the
+    optimal-token baseline: the trainer's (old logprobs, Σπ²), one list per episode each) both padded."""
     episodes = flatten(groups)
     width = max(1, max(len(e.response_ids) for e in episodes))
     baselines = [g.baseline_reward for g in groups for _ in g.episodes]
@@ -147,6 +151,8 @@ def advantage_inputs(
         sampler_logprobs=None
         if teacher_logprobs is None
         else padded([e.sampler_logprobs for e in episodes], width),
+        old_logprobs=None if sum_pi_squared is None else padded(sum_pi_squared[0], width),
+        sum_pi_squared=None if sum_pi_squared is None else padded(sum_pi_squared[1], width),
     )
 
 
@@ -193,19 +199,23 @@ def compute_advantages(
     token_rewards: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
     teacher_logprobs: Sequence[list[float]] | None = None,
+    sum_pi_squared: tuple[Sequence[list[float]], Sequence[list[float]]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the run's advantage estimator on the options it takes (`teacher_logprobs`: one list per episode,
-    the distillation teacher's).
+    the distillation teacher's; `sum_pi_squared`: the trainer's old logprobs and Σπ², for the optimal-token
+    baseline).
 
     Returns (advantages [B, T], returns [B, T])."""
-    inputs = advantage_inputs(groups, token_rewards, values, teacher_logprobs)
+    inputs = advantage_inputs(groups, token_rewards, values, teacher_logprobs, sum_pi_squared)
     out = advantage.estimator(inputs, **advantage.options)
     return out.advantages, out.returns
 
 
-def train_samples(episodes: Sequence[Episode]) -> list[TrainSample]:
+def train_samples(episodes: Sequence[Episode], routing_replay: bool = True) -> list[TrainSample]:
     """The episodes as trainer inputs: tokens, loss mask and sampler logprobs; no targets yet (advantages 0).
-    The logprob passes (old, reference, critic values) read these; `with_targets` completes them."""
+    The logprob passes (old, reference, critic values) read these; `with_targets` completes them.
+    `routing_replay` (algorithm.routing_replay): an MoE episode's recorded experts go along for the trainer
+    to replay; False leaves them behind (the trainer routes every token itself)."""
     return [
         TrainSample(
             prompt_ids=e.prompt_ids,
@@ -214,6 +224,7 @@ def train_samples(episodes: Sequence[Episode]) -> list[TrainSample]:
             advantages=[0.0] * len(e.response_ids),
             sampler_logprobs=e.sampler_logprobs,
             images=e.images,
+            routed_experts=e.routed_experts if routing_replay else None,
         )
         for e in episodes
     ]

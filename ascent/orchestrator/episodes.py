@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from ascent.cluster.base import WorkerGroup
@@ -32,12 +33,16 @@ from ascent.envs.hosts import HostedEnvs, Hosts, InlineHosts
 from ascent.envs.images import ImageEncoder
 from ascent.envs.rows import row_env
 from ascent.envs.runner import prompt_tokens
+from ascent.envs.sim import HostedSimEnvs
 from ascent.errors import AscentError
 from ascent.messages import Generation, GenerationRequest, Group, SamplingParams, flatten
 from ascent.orchestrator import batch as B
 from ascent.orchestrator.workers import RolloutWorker
 
 log = logging.getLogger("ascent")
+FRAMES = (
+    "frames"  # <run_dir>/frames: simulator frames, next to experience.db (ascent.studio.episodes reads them)
+)
 
 
 class EnvFailureError(AscentError):
@@ -111,6 +116,7 @@ class EnvRunners:
         self.images = env_image_encoder(
             cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels
         )  # the model's image codec (None: a text model)
+        self.frames_dir = str(Path(cfg.run_dir) / FRAMES)  # simulators that render write frames here
         self._actors: Any = None
         self._lock = threading.Lock()  # the collector's thread and the controller's may both start a batch
 
@@ -133,6 +139,8 @@ class EnvRunners:
                     r.env_workers,
                     env_policy(r),
                     cpus_per_host=r.env_cpus,
+                    gpus_per_host=r.env_gpus,
+                    per_node=r.env_workers_per_node,
                     start_timeout_s=c.worker_timeout_s,
                     run_dir=self.cfg.run_dir,
                     log_level=self.cfg.tracking.log_level,
@@ -157,11 +165,28 @@ class EnvRunners:
 @dataclass(frozen=True)
 class EnvEpisodes:
     """What an env source's episodes are (`rollout.source` env): the environment of rows without an `env`
-    column, and the cuts at `max_turns` model turns and `max_tokens` response tokens."""
+    column, the cuts at `max_turns` model turns and `max_tokens` response tokens, and `sims_per_worker`:
+    simulator copies a host steps together (0: one environment per episode; see `vector_envs`)."""
 
     env: str
     max_turns: int
     max_tokens: int
+    sims_per_worker: int = 0
+
+
+def vector_envs(tasks: Sequence[Task], hosts: Hosts, copies: int) -> HostedSimEnvs | None:
+    """Blocks of `copies` simulator copies stepped through gymnasium's vector API inside the hosts
+    (`rollout.source.sims_per_worker`), when every task is an episode of the simulator env `gym`; else None
+    (the runner's one environment per episode)."""
+    if copies < 1 or any(t.env != "gym" for t in tasks):
+        return None
+    return HostedSimEnvs(hosts, copies)
+
+
+def with_frames(row: dict[str, Any], env: str, frames_dir: str) -> dict[str, Any]:
+    """The row a simulator episode (env `gym`) plays: with `frames_dir`, where it writes the frames it
+    renders (rows with `render`/`image_obs`) for the studio's episode browser; other rows unchanged."""
+    return row | {"frames_dir": frames_dir} if env == "gym" else row
 
 
 def collect_env_groups(
@@ -177,8 +202,11 @@ def collect_env_groups(
     """`params.n` episodes of every item's environment (run in `envs`, each turn sampled on the `rollout`
     replicas) -> one group per item, in order."""
     n = params.n
+    names = [env_name(it.metadata, episodes.env) for it in items]
     tasks = [
-        Task(env_name(it.metadata, episodes.env), it.metadata, it.row_id) for it in items for _ in range(n)
+        Task(name, with_frames(it.metadata, name, envs.frames_dir), it.row_id)
+        for it, name in zip(items, names, strict=True)
+        for _ in range(n)
     ]
 
     def generate(requests: list[GenerationRequest]) -> list[list[Generation]]:
@@ -197,6 +225,7 @@ def collect_env_groups(
             max_tokens=episodes.max_tokens,
             hosts=hosts,
             images=envs.images,
+            envs=vector_envs(tasks, hosts, episodes.sims_per_worker),
         )
     return [Group(tuple(played[i * n : (i + 1) * n])) for i in range(len(items))]
 

@@ -100,14 +100,16 @@ def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> d
     collect_metrics["time/trainer_idle"] = collector.take_waited()  # generation the trainer waited for
     if spec.record_episodes:
         record_episodes(spec.run_dir, it, groups, trainer_version=it - 1)
-    samples = B.train_samples(episodes)
-    reuse = update_gives_old_logprobs(spec.update, state.kl_controller, len(episodes), it)
+    samples = B.train_samples(episodes, spec.routing_replay)
+    reuse = not run.sum_pi_squared and update_gives_old_logprobs(
+        spec.update, state.kl_controller, len(episodes), it
+    )
     if run.colocated:
         # the engine is idle until the next publish: free its KV cache and weights before the trainer's
         # logprob passes and update (a full set of weights is published before "wake")
         run.rollout.call(RolloutWorker.sleep, release_weights=True)
     with tl.phase("logprobs", iteration=it):
-        old_lp = None if reuse else _logprobs(run, samples, "policy")
+        old_lp, pi_sq = _old_logprobs(run, samples, reuse)
         ref_lp = _logprobs(run, samples, "reference") if run.needs_reference else None
         teacher_lp = _logprobs(run, samples, "teacher") if run.distills else None
         values = critic_values(run.critic, samples)
@@ -116,7 +118,12 @@ def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> d
             state.kl_controller, spec.kl_penalty_estimator, episodes, old_lp, ref_lp
         )
         adv, returns = B.compute_advantages(
-            groups, spec.advantage, token_rewards=token_rewards, values=values, teacher_logprobs=teacher_lp
+            groups,
+            spec.advantage,
+            token_rewards=token_rewards,
+            values=values,
+            teacher_logprobs=teacher_lp,
+            sum_pi_squared=None if pi_sq is None or old_lp is None else (old_lp, pi_sq),
         )
         samples = B.with_targets(samples, adv, old_lp, ref_lp, returns=returns, values=values)
         filter_metrics: dict[str, float] = {}
@@ -192,6 +199,20 @@ def critic_values(
     shards = B.shard(samples, critic.num_workers)
     rows = [v for part in critic.call_split(CriticWorkerActor.compute_values, shards) for v in part]
     return B.padded(rows, max(1, max(len(r) for r in rows)))
+
+
+def _old_logprobs(
+    run: Run, samples: list[TrainSample], reuse: bool
+) -> tuple[list[list[float]] | None, list[list[float]] | None]:
+    """(the trainer's old logprobs, None when the update's own are reused; Σπ² per token when the advantage
+    estimator reads it (the optimal-token baseline), else None: the same forward gives both)."""
+    if not run.sum_pi_squared:
+        return (None if reuse else _logprobs(run, samples, "policy")), None
+    shards = B.shard(samples, run.trainer.num_workers)
+    results = run.trainer.call_split(
+        TrainerWorker.compute_logprobs_and_sum_pi_squared, shards, temperature=run.temperature
+    )
+    return [lp for part in results for lp in part[0]], [s for part in results for s in part[1]]
 
 
 def _logprobs(run: Run, samples: list[TrainSample], which: str) -> list[list[float]]:

@@ -3,7 +3,8 @@
 
 `load_replay` reads the store once at setup: its trained groups (whole: `rollout.samples_per_prompt`
 episodes of one iteration's group, none of them itself a replay), each episode as the loop had it
-(`EpisodeRecord.to_episode`: tokens, loss mask, sampler logprobs, token versions, shaped reward) and marked
+(`EpisodeRecord.to_episode`: tokens, loss mask, sampler logprobs, token versions, shaped reward, and the
+images of a vision-language episode, patches and all: `ascent.tracking.experience_images`) and marked
 `metadata["replayed_from"] = {store, episode, iteration}`, which the experience store keeps, so a replayed
 episode is told apart from a fresh one there. The score plug-in (`replay.score`, `score(group) -> float`;
 `SCORES` has the built-ins) weighs each group once; `Replay.draw` picks an iteration's groups without
@@ -29,7 +30,7 @@ import numpy as np
 from ascent.config.replay import replay_groups
 from ascent.config.schema import RunConfig
 from ascent.errors import AscentError
-from ascent.messages import Episode, Group, flatten
+from ascent.messages import Episode, Group, ImageInput, flatten
 from ascent.plugins import resolve
 from ascent.tracking.experience_store import EpisodeRecord, open_store, store_path
 
@@ -109,7 +110,8 @@ def load_replay(spec: ReplaySpec) -> Replay:
     path = store_path(spec.store)
     with open_store(path) as store:
         records = store.episodes(status="trained")
-    groups = stored_groups(records, str(path), spec.samples_per_prompt)
+        images = {r.id: store.images(r.id) for r in records}
+    groups = stored_groups(records, str(path), spec.samples_per_prompt, images)
     if not groups:
         raise ReplayError(
             f"replay.store={spec.store!r}: {path} holds no whole trained group of rollout.samples_per_prompt="
@@ -119,9 +121,15 @@ def load_replay(spec: ReplaySpec) -> Replay:
     return Replay(groups, [_weight(score, g, spec.score) for g in groups], spec.groups, spec.seed)
 
 
-def stored_groups(records: list[EpisodeRecord], store: str, size: int) -> list[Group]:
+def stored_groups(
+    records: list[EpisodeRecord],
+    store: str,
+    size: int,
+    images: Mapping[int, tuple[ImageInput, ...]] | None = None,
+) -> list[Group]:
     """The records as groups (by iteration and group index, in recording order): those of exactly `size`
-    episodes, none of them a replay, each episode marked with where it came from."""
+    episodes, none of them a replay, each episode marked with where it came from and carrying its stored
+    images (`images`: by episode id; a vision-language episode replays with the pixels it was sampled on)."""
     by_group: dict[tuple[int, int | None], list[Episode]] = {}
     replays: set[tuple[int, int | None]] = set()
     for r in records:
@@ -129,7 +137,7 @@ def stored_groups(records: list[EpisodeRecord], store: str, size: int) -> list[G
         if REPLAYED_FROM in r.metadata:
             replays.add(key)
         mark = {"store": store, "episode": r.id, "iteration": r.iteration}
-        ep = r.to_episode()
+        ep = r.to_episode((images or {}).get(r.id, ()))
         by_group.setdefault(key, []).append(replace(ep, metadata={**ep.metadata, REPLAYED_FROM: mark}))
     return [
         Group(tuple(eps))

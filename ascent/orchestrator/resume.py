@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ascent.config.choices import CHOICE_FIELDS, PluginChoice, name_of, nest_choices
-from ascent.config.sources import nest_legacy
+from ascent.config.sources import SOURCE_CHOICES, nest_legacy
 from ascent.errors import AscentError
 from ascent.models.files import safetensors_problem
 
@@ -78,7 +78,7 @@ def config_changes(
     changed (`algorithm.advantage.name`) is one change, not one per setting of either member."""
     saved = _nested_choices(saved)
     old_flat, new_flat = flatten(saved), flatten(_nested_choices(new))
-    default_flat = flatten(_choice_defaults(saved, defaults or {}))
+    default_flat = flatten(_source_defaults(saved, _choice_defaults(saved, defaults or {})))
     changed: dict[str, str] = {}
     for key in sorted(set(old_flat) | set(new_flat)):
         if key.startswith(HARMLESS) or key in HARMLESS:
@@ -104,6 +104,21 @@ def _nested_choices(saved: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(algorithm, dict):
         return saved
     return saved | {"algorithm": nest_choices(algorithm, strict=False).data}
+
+
+def _source_defaults(saved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """`defaults` with the episode source's defaults taken from the member the saved config chose: a setting
+    added to the env source since the checkpoint (`sims_per_worker`) defaults to its value there."""
+    source = (saved.get("rollout") or {}).get("source")
+    member = SOURCE_CHOICES.get(str(source.get("name"))) if isinstance(source, dict) else None
+    if member is None:
+        return defaults
+    own = {
+        k: f.get_default(call_default_factory=True)
+        for k, f in member.model_fields.items()
+        if not f.is_required()
+    }
+    return defaults | {"rollout": dict(defaults.get("rollout") or {}) | {"source": own}}
 
 
 def _choice_defaults(saved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:

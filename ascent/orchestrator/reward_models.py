@@ -10,10 +10,12 @@ a reward component of the episode.
 - `JudgeScorer` (`reward.judge`): renders the judge template for each episode, asks a rollout worker group
   for the reply (the policy's replicas, or a second reference engine of its own checkpoint that is never
   updated), and parses it (`ascent.rewards.judge`). Repeated judgements (same prompt, response and answer)
-  come from a cache keyed by their hash; a reply that does not parse costs that sample a score of 0.0 and
-  counts as a failure, and past `reward.max_failure_rate` the batch raises `RewardFailureError`, as failed
-  reward functions do. The judge's generation waits at most `cluster.worker_timeout_s` (the worker group's
-  bound on every call).
+  come from a cache keyed by their hash; a reply that does not parse, or that was still being written when
+  the judgement's wall-clock budget ran out (`reward.judge.timeout_s`: the engine ends it as "abort"), costs
+  that sample a score of 0.0 and counts as a failure, and past `reward.max_failure_rate` the batch raises
+  `RewardFailureError`, as failed reward functions do. A failed judgement is not cached. The judge's
+  generate call as a whole waits at most `cluster.worker_timeout_s` (the worker group's bound on every
+  call).
 """
 
 from __future__ import annotations
@@ -110,8 +112,13 @@ class JudgeScorer:
         scores: list[float | None] = [self.cache.get(k) for k in keys]
         missing = [i for i, s in enumerate(scores) if s is None]
         errors: list[tuple[int, str]] = []
-        for i, reply in zip(missing, self._replies([inputs[i] for i in missing]), strict=True):
+        for i, (reply, finish) in zip(missing, self._replies([inputs[i] for i in missing]), strict=True):
             try:
+                if finish == "abort":
+                    raise JudgeParseError(
+                        f"the judgement timed out after reward.judge.timeout_s={self.params.max_time_s} s "
+                        f"(reply so far {reply[:80]!r}); raise reward.judge.timeout_s or lower max_new_tokens"
+                    )
                 value = self.parser(reply)
             except JudgeParseError as err:
                 errors.append((i, str(err)))
@@ -125,8 +132,9 @@ class JudgeScorer:
         self._check(errors, inputs)
         return ComponentScores(done, len(errors), metrics)
 
-    def _replies(self, inputs: Sequence[RewardInput]) -> list[str]:
-        """The judge's reply to each input's rendered template (one generate call over the group)."""
+    def _replies(self, inputs: Sequence[RewardInput]) -> list[tuple[str, str]]:
+        """(the judge's reply, its finish reason) for each input's rendered template (one generate call over the
+        group)."""
         if not inputs:
             return []
         prompts = [self._prompt_ids(item) for item in inputs]
@@ -135,7 +143,10 @@ class JudgeScorer:
         shards = B.shard(requests, self.engine.num_workers)
         rollouts = self.engine.call_split(RolloutWorker.generate, shards)
         generations = [row[0] for r in rollouts for row in r.generations]
-        return [str(self.tokenizer.decode(g.token_ids, skip_special_tokens=True)) for g in generations]
+        return [
+            (str(self.tokenizer.decode(g.token_ids, skip_special_tokens=True)), g.finish_reason)
+            for g in generations
+        ]
 
     def _prompt_ids(self, item: RewardInput) -> list[int]:
         text = render_template(self.template, item.prompt, item.response, _answer(item))
@@ -150,9 +161,10 @@ class JudgeScorer:
         if errors and len(errors) / len(inputs) > self.max_failure_rate:
             i, error = errors[0]
             raise RewardFailureError(
-                f"{len(errors)} of {len(inputs)} judgements did not parse ({len(errors) / len(inputs):.1%}, "
-                f"over reward.max_failure_rate={self.max_failure_rate}); first on row {inputs[i].row_id + 1}: "
-                f"{error}. Fix reward.judge.template or reward.judge.parser, or raise reward.max_failure_rate."
+                f"{len(errors)} of {len(inputs)} judgements failed: no score parsed, or timed out "
+                f"({len(errors) / len(inputs):.1%}, over reward.max_failure_rate={self.max_failure_rate}); first "
+                f"on row {inputs[i].row_id + 1}: {error}. Fix reward.judge.template or reward.judge.parser, "
+                "raise reward.judge.timeout_s, or raise reward.max_failure_rate."
             )
 
 
@@ -180,7 +192,9 @@ def build_scorers(cfg: RunConfig, groups: WorkerGroups, policy_tokenizer: Any) -
         tokenizer = (
             load_tokenizer(j.model, cfg.model.trust_remote_code, "reward.judge.model") if own else None
         )
-        params = SamplingParams(temperature=j.temperature, max_new_tokens=j.max_new_tokens)
+        params = SamplingParams(
+            temperature=j.temperature, max_new_tokens=j.max_new_tokens, max_time_s=j.timeout_s
+        )
         judge = JudgeScorer(
             engine,
             tokenizer or policy_tokenizer,

@@ -29,7 +29,13 @@ from ascent.orchestrator.group_hooks import build_group_hooks
 from ascent.orchestrator.replay import Replay, ReplaySpec, load_replay
 from ascent.orchestrator.reward_models import build_scorers
 from ascent.orchestrator.sampling import Decode, Scorer
-from ascent.orchestrator.setup import Datasets, WorkerGroups, distill_teacher, needs_reference
+from ascent.orchestrator.setup import (
+    Datasets,
+    WorkerGroups,
+    distill_teacher,
+    needs_reference,
+    reads_sum_pi_squared,
+)
 from ascent.orchestrator.shaping import KLController, make_kl_controller
 from ascent.orchestrator.sources import AgentSource, EnvSource, EpisodeSource, PromptSource
 from ascent.orchestrator.specs import collect_spec, env_episodes, fresh_prompts_per_step
@@ -75,6 +81,7 @@ class LoopSpec:
     advantage: B.Advantage
     kl_penalty_estimator: str
     filter_zero_advantage: bool
+    routing_replay: bool  # algorithm.routing_replay: MoE samples carry the sampler's experts to the trainer
     update: UpdateSpec
     checkpoint: CheckpointSpec
 
@@ -106,6 +113,7 @@ def loop_spec(cfg: RunConfig) -> LoopSpec:
         advantage=B.advantage_of(a),
         kl_penalty_estimator=a.kl_penalty_estimator,
         filter_zero_advantage=a.filter_zero_advantage,
+        routing_replay=a.routing_replay,
         update=update,
         checkpoint=CheckpointSpec.of(cfg),
     )
@@ -133,6 +141,7 @@ class Run:
     colocated: bool
     replay: Replay | None = None  # the stored groups replayed (`replay.store`; `ascent.orchestrator.replay`)
     distills: bool = False  # the trainer holds a distillation teacher (`setup.distill_teacher`)
+    sum_pi_squared: bool = False  # the old-logprob pass also gives Σπ² (`setup.reads_sum_pi_squared`)
 
     @property
     def decode(self) -> Decode:
@@ -214,6 +223,7 @@ def build_run(
         colocated=colocated,
         replay=None if (replay := ReplaySpec.of(cfg)) is None else load_replay(replay),
         distills=distill_teacher(cfg) is not None,
+        sum_pi_squared=reads_sum_pi_squared(cfg),
     )
 
 

@@ -149,6 +149,12 @@ def distill_teacher(cfg: RunConfig) -> str | None:
     return cfg.algorithm.teacher if cfg.algorithm.advantage.name == "distill" else None
 
 
+def reads_sum_pi_squared(cfg: RunConfig) -> bool:
+    """Whether the advantage estimator reads Σπ² per token (the optimal-token baseline): then the old-logprob
+    pass always runs and produces it; no other run pays for it."""
+    return cfg.algorithm.advantage.name == "optimal_token_baseline"
+
+
 def uses_critic(cfg: RunConfig) -> bool:
     a = cfg.algorithm
     return a.use_critic if a.use_critic is not None else a.advantage.name == "gae"
@@ -175,6 +181,7 @@ class Placement:
     shared_bundles: int = 0
     bundle_gpus: float = 0.0
     bundle_cpus: float = 0.0
+    reward_gpus: float = 0.0  # each reward-model rank, and (split) a judge's own engine
 
 
 def plan_placement(
@@ -184,20 +191,66 @@ def plan_placement(
     cpus_per_worker: float,
     num_trainers: int,
     groups: int,
+    split_gpus: tuple[float, float, float] | None = None,
 ) -> Placement:
     """Where the worker groups go (`groups`: how many groups of trainer ranks: `placed_groups`).
 
-    - split: every worker of every group gets `gpus_per_worker` of its own.
+    - split: every worker of every group gets GPUs of its own: `split_gpus` = (each trainer or critic rank,
+      each rollout replica, each reward-model rank or judge engine), by default `gpus_per_worker` each.
     - colocated on Ray with GPUs: bundle i holds `gpus_per_worker` GPUs and is shared by trainer rank i,
       rollout replica i (and critic rank i, reward-model rank i), each asking an equal fraction, so they
       take turns on the same GPU (the engine sleeps through the update; the reward model stays resident);
       `cluster.num_rollout_workers` equals `num_trainer_workers` (a config rule).
     - inline or CPU-only: nothing to place; the engine shares the trainer's device.
     """
-    if placement == "split" or backend != "ray" or gpus_per_worker == 0:
-        return Placement(gpus_per_worker, gpus_per_worker if placement == "split" else 0.0)
+    if placement == "split":
+        trainer, rollout, reward = split_gpus or (gpus_per_worker,) * 3
+        return Placement(trainer, rollout, reward_gpus=reward)
+    if backend != "ray" or gpus_per_worker == 0:
+        return Placement(gpus_per_worker, 0.0, reward_gpus=gpus_per_worker)
     share = gpus_per_worker / (groups + 1)
-    return Placement(share, share, num_trainers, gpus_per_worker, cpus_per_worker * (groups + 1))
+    return Placement(share, share, num_trainers, gpus_per_worker, cpus_per_worker * (groups + 1), share)
+
+
+def placement_of(cfg: RunConfig) -> Placement:
+    """The run's placement (`plan_placement` with the config's per-component GPU counts)."""
+    c, tp = cfg.cluster, cfg.rollout.tensor_parallel
+    g = c.gpus_per_worker
+    split = (
+        g if c.trainer_gpus is None else c.trainer_gpus,
+        g * tp if c.rollout_gpus is None else c.rollout_gpus,
+        g if c.reward_model_gpus is None else c.reward_model_gpus,
+    )
+    groups = placed_groups(cfg)
+    return plan_placement(c.backend, c.placement, g, c.cpus_per_worker, c.num_trainer_workers, groups, split)
+
+
+def describe_placement(cfg: RunConfig) -> str:
+    """One line: GPUs per component as the run asks Ray for them (what `ascent doctor` prints)."""
+    c, plan, tp = cfg.cluster, placement_of(cfg), cfg.rollout.tensor_parallel
+    trainers = c.num_trainer_workers * (1 + uses_critic(cfg))
+    parts = [
+        f"trainer {trainers} x {plan.trainer_gpus:g} GPU",
+        f"rollout {c.num_rollout_workers} replica(s) x TP {tp} x {plan.rollout_gpus / tp:g} GPU",
+    ]
+    if cfg.reward.model is not None:
+        parts.append(f"reward model {c.num_trainer_workers} x {plan.reward_gpus:g} GPU")
+    if own_judge_engine(cfg):
+        parts.append(f"judge engine 1 x {judge_gpus(cfg):g} GPU")
+    how = (
+        f"colocated in {plan.shared_bundles} bundle(s) of {plan.bundle_gpus:g}"
+        if plan.shared_bundles
+        else c.placement
+    )
+    return f"{how}: " + ", ".join(parts) + f"; {demand(cfg).gpus:g} GPUs in all"
+
+
+def judge_gpus(cfg: RunConfig) -> float:
+    """GPUs of a judge's own engine: reward_model_gpus with placement=split, else gpus_per_worker."""
+    c = cfg.cluster
+    if c.placement == "split" and c.reward_model_gpus is not None:
+        return c.reward_model_gpus
+    return c.gpus_per_worker
 
 
 @dataclass(frozen=True)
@@ -214,18 +267,19 @@ class Demand:
 def demand(cfg: RunConfig) -> Demand:
     """GPUs and CPUs of every worker (trainer, rollout, critic, reward model, the judge's own engine) as
     `build_worker_groups` places them, and of the environment actors (`ascent.cluster.ray_hosts`; at least
-    one when the run picks their count)."""
-    c, env = cfg.cluster, env_actor_cpus(cfg)
+    one when the run picks their count; their GPU shares, `rollout.env_gpus`, count among the GPUs)."""
+    c, env, env_gpus = cfg.cluster, env_actor_cpus(cfg), env_actor_gpus(cfg)
     groups, judge = placed_groups(cfg), int(own_judge_engine(cfg))
-    plan = plan_placement(
-        c.backend, c.placement, c.gpus_per_worker, c.cpus_per_worker, c.num_trainer_workers, groups
-    )
+    plan, judge_g = placement_of(cfg), judge_gpus(cfg)
     if plan.shared_bundles:
         cpus = plan.shared_bundles * plan.bundle_cpus + env + judge * c.cpus_per_worker
-        return Demand(plan.shared_bundles * plan.bundle_gpus + judge * c.gpus_per_worker, cpus, True, env)
+        gpus = plan.shared_bundles * plan.bundle_gpus + judge * judge_g + env_gpus
+        return Demand(gpus, cpus, True, env)
     workers = c.num_trainer_workers * groups + c.num_rollout_workers + judge
-    gpus = c.num_trainer_workers * groups * plan.trainer_gpus + c.num_rollout_workers * plan.rollout_gpus
-    return Demand(gpus + judge * c.gpus_per_worker, workers * c.cpus_per_worker + env, False, env)
+    reward = cfg.reward.model is not None
+    gpus = c.num_trainer_workers * ((groups - reward) * plan.trainer_gpus + reward * plan.reward_gpus)
+    gpus += c.num_rollout_workers * plan.rollout_gpus
+    return Demand(gpus + judge * judge_g + env_gpus, workers * c.cpus_per_worker + env, False, env)
 
 
 def env_actor_cpus(cfg: RunConfig) -> float:
@@ -239,6 +293,13 @@ def env_actor_cpus(cfg: RunConfig) -> float:
     ):
         return 0.0
     return (r.env_workers or 1) * r.env_cpus
+
+
+def env_actor_gpus(cfg: RunConfig) -> float:
+    """GPUs the environment actors ask for (simulators rendering through EGL): their CPUs' count of actors x
+    `rollout.env_gpus`; none where they are not Ray actors."""
+    r = cfg.rollout
+    return env_actor_cpus(cfg) / r.env_cpus * r.env_gpus
 
 
 def demand_shortfall(need: Demand, total: dict[str, Any]) -> str | None:
@@ -275,14 +336,7 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     )
 
     c = cfg.cluster
-    plan = plan_placement(
-        c.backend,
-        c.placement,
-        c.gpus_per_worker,
-        c.cpus_per_worker,
-        c.num_trainer_workers,
-        placed_groups(cfg),
-    )
+    plan = placement_of(cfg)
     shared = None
     if c.backend == "ray":
         from ascent.cluster import init_ray  # imports Ray: only for the Ray backend (inline runs without it)
@@ -309,13 +363,13 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
         **({"placement_group": shared} if shared is not None else {}),
     }
 
-    def trainer_group(cls: type[W], name: str, init: dict[str, Any]) -> WorkerGroup[W]:
+    def trainer_group(cls: type[W], name: str, init: dict[str, Any], gpus: float) -> WorkerGroup[W]:
         return make_worker_group(
             cls,
             num_workers=c.num_trainer_workers,
             init_kwargs={**init, "run_dir": cfg.run_dir},
             name=name,
-            num_gpus_per_worker=plan.trainer_gpus,
+            num_gpus_per_worker=gpus,
             **common,
         )
 
@@ -328,18 +382,28 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
         **common,
     )
     critic = (
-        trainer_group(CriticWorkerActor, "critic", {"spec": specs.critic_spec(cfg, steps), "seed": cfg.seed})
+        trainer_group(
+            CriticWorkerActor,
+            "critic",
+            {"spec": specs.critic_spec(cfg, steps), "seed": cfg.seed},
+            plan.trainer_gpus,
+        )
         if uses_critic(cfg)
         else None
     )
     trainer = trainer_group(
-        TrainerWorker, "trainer", {"spec": specs.trainer_spec(cfg, steps), "seed": cfg.seed}
+        TrainerWorker,
+        "trainer",
+        {"spec": specs.trainer_spec(cfg, steps), "seed": cfg.seed},
+        plan.trainer_gpus,
     )
     groups = WorkerGroups(rollout=rollout, trainer=trainer, critic=critic, placement_group=shared)
     try:
         if cfg.reward.model is not None:
             spec = specs.reward_model_spec(cfg.reward.model, cfg.cluster.device)
-            groups.reward_model = trainer_group(RewardModelWorker, "reward_model", {"spec": spec})
+            groups.reward_model = trainer_group(
+                RewardModelWorker, "reward_model", {"spec": spec}, plan.reward_gpus
+            )
         judge = specs.judge_engine_spec(cfg)
         if judge is not None:  # the judge's own checkpoint: one replica outside the shared bundles
             own = {k: v for k, v in common.items() if k != "placement_group"}
@@ -348,7 +412,7 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
                 num_workers=1,
                 init_kwargs={"spec": judge, "run_dir": cfg.run_dir},
                 name="judge",
-                num_gpus_per_worker=c.gpus_per_worker if c.backend == "ray" else 0.0,
+                num_gpus_per_worker=judge_gpus(cfg) if c.backend == "ray" else 0.0,
                 **own,
             )
         groups.publisher = build_publisher(cfg, groups)
@@ -372,9 +436,11 @@ def weight_transport_kind(cfg: RunConfig) -> str:
     """The transport `cluster.weight_transport` resolves to (`auto`: see `ascent.transport.select.choose`)."""
     from ascent.transport.select import choose  # deferred: imports torch
 
-    c = cfg.cluster
+    c, plan = cfg.cluster, placement_of(cfg)
     trainers, replicas = c.num_trainer_workers, c.num_rollout_workers
-    return choose(c.backend, c.weight_transport, c.placement, c.device, c.gpus_per_worker, trainers, replicas)
+    # split: the fewest GPUs a trainer rank or a replica has (a fraction: they share GPUs, no NCCL)
+    gpus = min(plan.trainer_gpus, plan.rollout_gpus) if c.placement == "split" else c.gpus_per_worker
+    return choose(c.backend, c.weight_transport, c.placement, c.device, gpus, trainers, replicas)
 
 
 def build_publisher(cfg: RunConfig, groups: WorkerGroups) -> Publisher:

@@ -116,6 +116,7 @@ def engine_spec(cfg: RunConfig) -> EngineSpec:
         generation_batch_size=r.generation_batch_size if reference else None,
         gpu_memory_fraction=None if reference else r.gpu_memory_fraction,
         on_swap=None if reference else ("restart" if r.swap_mid_generation == "restart" else "continue"),
+        tensor_parallel=None if reference else r.tensor_parallel,
     )
 
 
@@ -220,5 +221,6 @@ def fresh_prompts_per_step(cfg: RunConfig) -> int:
 
 
 def env_episodes(source: EnvSourceConfig) -> EnvEpisodes:
-    """An env source's episodes: its environment and the cuts at max_turns and max_episode_tokens."""
-    return EnvEpisodes(source.env, source.max_turns, source.max_episode_tokens)
+    """An env source's episodes: its environment, the cuts at max_turns and max_episode_tokens, and the
+    simulator copies a worker steps together."""
+    return EnvEpisodes(source.env, source.max_turns, source.max_episode_tokens, source.sims_per_worker)

@@ -149,6 +149,11 @@ class TrainerWorker:
     ) -> list[list[float]]:
         return self.policy.compute_logprobs(samples, temperature=temperature, which=which)
 
+    def compute_logprobs_and_sum_pi_squared(
+        self, samples: list[TrainSample], temperature: float
+    ) -> tuple[list[list[float]], list[list[float]]]:
+        return self.policy.compute_logprobs_and_sum_pi_squared(samples, temperature=temperature)
+
     def update(
         self, samples: list[TrainSample], total_tokens: float, total_seqs: float, step: bool = True
     ) -> dict[str, float]:

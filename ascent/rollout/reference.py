@@ -8,6 +8,9 @@ is checked against. It never calls `model.generate`: each step runs the model on
 Constrained decoding: a request whose `params.grammar` is set samples only what the grammar allows, through
 the engine's `constraints` factory (`(grammar, vocab size) -> TokenConstraint`, one per row: the HTTP server
 gives it one built on llguidance, `ascent.rollout.server.grammar`); its mask joins the sampler's filters.
+A request whose `params.allowed_token_ids` is set (a VLA's action tokens, `rollout.action_token_ids`) samples
+only among those ids, a filter of the same kind, and its turn is complete (finish "stop") once it holds
+`max_new_tokens` of them: one action of that many dimensions.
 
 Batching: up to `batch_size` sequences decode together. Prompts are left-padded; the attention mask hides
 the padding and explicit position ids start every row at 0, so a row's tokens do not depend on its
@@ -20,10 +23,16 @@ image, so a request's n samples share one pass). Positions are then multimodal R
 three rows, computed per row by the model's own `get_rope_index` and left-padded like the ids; each
 generated token takes the row's largest position plus one (what transformers' `rope_deltas` amount to), so
 rows with different images, or none, batch together and score as a lone forward of the same sequence does.
+
+Mixture-of-experts models: every forward's routers are recorded (`ascent.models.moe.RoutingRecorder`), and
+each generation carries the experts chosen for its prompt and response tokens (`routed_experts`), which the
+trainer replays (routing replay).
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +43,7 @@ from torch import Tensor, nn
 
 from ascent.messages import FinishReason, Generation, GenerationRequest, ImageInput, SamplingParams
 from ascent.models.loading import cache_kwarg, load_model
+from ascent.models.moe import NOT_RECORDED, ROUTES_DTYPE, RoutingRecorder, is_moe
 from ascent.models.multimodal import (
     check_images,
     image_features,
@@ -69,6 +79,8 @@ class _Row:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    routed_experts: Tensor | None = None  # MoE: [prompt + response tokens, layers, k] (module docstring)
+    deadline: float | None = None  # time.monotonic() past which the row ends as "abort" (params.max_time_s)
 
 
 class ReferenceEngine:
@@ -139,7 +151,10 @@ class ReferenceEngine:
         out: list[list[Generation]] = [[] for _ in requests]
         for row in rows:
             assert row.finish_reason is not None
-            out[row.request_pos].append(Generation(row.token_ids, row.logprobs, row.finish_reason))
+            gen = Generation(
+                row.token_ids, row.logprobs, row.finish_reason, routed_experts=row.routed_experts
+            )
+            out[row.request_pos].append(gen)
         return out
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
@@ -196,7 +211,10 @@ class ReferenceEngine:
                     seed = int(torch.randint(0, 2**62, ()).item())
                 else:
                     seed = split_seed(req.params.seed, i)
-                rows.append(_Row(pos, list(req.prompt_ids), req.params, seed, req.images))
+                row = _Row(pos, list(req.prompt_ids), req.params, seed, req.images)
+                if req.params.max_time_s is not None:
+                    row.deadline = time.monotonic() + req.params.max_time_s
+                rows.append(row)
         return rows
 
     def _check_images(self, req: GenerationRequest) -> None:
@@ -253,16 +271,22 @@ class ReferenceEngine:
         cache = {cache_kwarg(self.model): DynamicCache()}  # one cache object, reused (filled) every step
         max_steps = max(r.params.max_new_tokens for r in rows)
         grammars: list[TokenConstraint | None] = []  # made at the first step, once the vocabulary is known
+        recorder = RoutingRecorder(self.model) if is_moe(self.model) else None
+        routes: list[Tensor] = []  # per forward, [b, tokens of the step, layers, k]
         for step in range(max_steps):
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                use_cache=True,
-                **cache,
-                **(images if step == 0 else {}),
-                logits_to_keep=1,
-            )
+            with recorder or contextlib.nullcontext():
+                out = self.model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    use_cache=True,
+                    **cache,
+                    **(images if step == 0 else {}),
+                    logits_to_keep=1,
+                )
+            if recorder is not None:
+                ids = recorder.take()
+                routes.append(ids.view(len(rows), input_ids.shape[1], *ids.shape[1:]))
             logits = out.logits[:, -1, :]
             if st.use_penalty and seen is None:
                 seen = token_presence(prompt_tokens, logits.shape[-1])
@@ -270,6 +294,7 @@ class ReferenceEngine:
             if step == 0:
                 grammars = self._constraints(rows, logits.shape[-1])
             allowed = _allowed(rows, grammars, logits.shape[-1], device) if grammars else None
+            allowed = _only_allowed_ids(rows, allowed, logits.shape, device)
             allowed = self._without_image_tokens(allowed, logits.shape)
             tokens, logprobs = sample(logits, st, steps, seen, allowed)
             token_list = tokens.tolist()
@@ -285,6 +310,8 @@ class ReferenceEngine:
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], dim=1)
             next_position = next_position + 1
             position_ids = next_position
+        if routes:
+            _assign_routes(rows, routes)
 
     def _without_image_tokens(self, allowed: Tensor | None, shape: torch.Size) -> Tensor | None:
         """`allowed` [b, V] (or everything) less the image and video pad tokens, for a vision-language
@@ -320,8 +347,10 @@ class ReferenceEngine:
                 or self._hit_stop_string(row)
             ):
                 row.finish_reason = "stop"
-            elif len(row.token_ids) >= row.params.max_new_tokens:
-                row.finish_reason = "length"
+            elif len(row.token_ids) >= row.params.max_new_tokens:  # a full action turn is complete
+                row.finish_reason = "stop" if row.params.allowed_token_ids else "length"
+            elif row.deadline is not None and time.monotonic() >= row.deadline:
+                row.finish_reason = "abort"  # its wall-clock budget (SamplingParams.max_time_s) is spent
         return all(r.finish_reason is not None for r in rows)
 
     def _hit_stop_string(self, row: _Row) -> bool:
@@ -337,6 +366,37 @@ class ReferenceEngine:
         window = max(len(s) for s in stops) + 1
         text = self.decode(row.token_ids[-window:])
         return any(s in text for s in stops)
+
+
+def _assign_routes(rows: list[_Row], routes: list[Tensor]) -> None:
+    """Each row's experts from the forwards of its batch: routes[0] [b, L, layers, k] (the left-padded
+    prompts), routes[s] [b, 1, layers, k] (generated token s - 1 going in). A row's last token never went
+    in (nothing was sampled after it): NOT_RECORDED there. -> row.routed_experts [P + n, layers, k], CPU."""
+    prompt = routes[0].cpu()
+    steps = torch.cat(routes[1:], dim=1).cpu() if len(routes) > 1 else prompt[:, :0]
+    for i, row in enumerate(rows):
+        p, n = len(row.prompt_ids), len(row.token_ids)
+        out = torch.full((p + n, *prompt.shape[2:]), NOT_RECORDED, dtype=ROUTES_DTYPE)
+        out[:p] = prompt[i, prompt.shape[1] - p :]
+        got = min(n, steps.shape[1])
+        out[p : p + got] = steps[i, :got]
+        row.routed_experts = out
+
+
+def _only_allowed_ids(
+    rows: list[_Row], allowed: Tensor | None, shape: torch.Size, device: torch.device
+) -> Tensor | None:
+    """`allowed` [b, V] (or everything) narrowed, in each row with `params.allowed_token_ids`, to those ids
+    (a VLA's action tokens); `allowed` as it is when no row names any."""
+    if not any(r.params.allowed_token_ids for r in rows):
+        return allowed
+    out = allowed if allowed is not None else torch.ones(shape, dtype=torch.bool, device=device)
+    for i, row in enumerate(rows):
+        if row.params.allowed_token_ids:
+            keep = torch.zeros(shape[-1], dtype=torch.bool, device=device)
+            keep[list(row.params.allowed_token_ids)] = True
+            out[i] &= keep
+    return out
 
 
 def _allowed(

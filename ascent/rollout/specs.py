@@ -17,8 +17,8 @@ class EngineSpec:
     """One engine replica: `name` picks the builder (`reference` or `fast`).
 
     Settings one engine has and the other lacks are None where they do not apply: `generation_batch_size`
-    (reference), `gpu_memory_fraction` and `on_swap` (fast). `options` are more keywords of the builder
-    (tests and benchmarks size the fast engine's pages and batch with them; setup passes none).
+    (reference), `gpu_memory_fraction`, `on_swap` and `tensor_parallel` (fast). `options` are more keywords
+    of the builder (tests and benchmarks size the fast engine's pages and batch with them; setup passes none).
     """
 
     name: str
@@ -30,6 +30,7 @@ class EngineSpec:
     generation_batch_size: int | None = None
     gpu_memory_fraction: float | None = None
     on_swap: str | None = None
+    tensor_parallel: int | None = None  # fast: ranks (GPUs of a node) one replica spans
     options: dict[str, Any] = field(default_factory=dict)
 
     def builder_kwargs(self) -> dict[str, Any]:
@@ -45,5 +46,6 @@ class EngineSpec:
             "generation_batch_size": self.generation_batch_size,
             "gpu_memory_fraction": self.gpu_memory_fraction,
             "on_swap": self.on_swap,
+            "tensor_parallel": self.tensor_parallel,
         }
         return kw | {k: v for k, v in optional.items() if v is not None} | self.options

@@ -4,7 +4,8 @@ Routes (all JSON except `/`, `/static/*` and the chart library): `GET /api/runs`
 run: its kind and which views it has data for), `GET /api/metrics?run=&since=` (the points logged after step
 `since`: the page polls it every ~2 s while a run trains), `GET /api/timeline?run=&iteration=`, `GET
 /api/episodes?run=&iteration=&min_reward=&max_reward=&env=&status=&search=&offset=&limit=` (newest first,
-one page), `GET /api/episode?run=&id=`, `GET /api/config?run=`, `GET /api/schema?kind=`, `POST /api/validate`
+one page), `GET /api/episode?run=&id=` (with a simulator episode's `steps`: frame, action, reward), `GET
+/api/frame?run=&path=` (one of its frames, a PNG under `<run_dir>/frames`), `GET /api/config?run=`, `GET /api/schema?kind=`, `POST /api/validate`
 {text, kind} and `POST /api/save` {text, kind, path, overwrite}. User errors answer 400 (404 for an unknown
 run) with `{"error": message}`.
 
@@ -133,6 +134,15 @@ def _run_routes(app: FastAPI, root: Path, cache: MetricsCache) -> None:
     @app.get("/api/episode")
     def episode(run: str, id: int) -> dict[str, Any]:
         return episodes.episode_detail(runs.resolve_run(root, run), id)
+
+    @app.get("/api/frame", response_model=None)
+    def frame(run: str, path: str) -> FileResponse | JSONResponse:
+        try:
+            return FileResponse(
+                episodes.frame_path(runs.resolve_run(root, run), path), media_type="image/png"
+            )
+        except FileNotFoundError as e:
+            return JSONResponse({"error": str(e)}, status_code=404)
 
 
 def _config_routes(app: FastAPI, root: Path) -> None:

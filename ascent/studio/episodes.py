@@ -6,6 +6,11 @@ sends one page. Token text comes from the run's tokenizer (`meta.tokenizer`), lo
 library from its `tokenizer.json` (no torch, no transformers); when that file is gone the browser still
 shows ids, masks and logprobs. A run without a store (an SFT run, or `tracking.experience_store=false`)
 answers an empty list and a `missing` sentence saying why.
+
+Simulator episodes that rendered (`ascent.envs.sim`: rows with `render`/`image_obs`) list their frames' files
+in `metadata["frames"]`, relative to `<run_dir>/frames/` (FRAMES, next to the store): `sim_steps` pairs each
+frame with the action the model took on it (its turn's text) and that turn's reward, and `frame_path` finds
+a frame's file for the app's `/api/frame`, refusing any path that leaves the folder.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from ascent.tracking.experience_store import (
     open_store,
 )
 
+FRAMES = "frames"  # <run_dir>/frames: the simulator frames episodes reference
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 PREVIEW_CHARS = 160
@@ -123,7 +129,37 @@ def episode_detail(run_dir: Path, episode_id: int) -> dict[str, Any]:
         for label, seg in labelled_segments(r)
     ]
     detail["segments"] = segments
+    detail["steps"] = sim_steps(r)
     return detail
+
+
+def sim_steps(r: EpisodeRecord) -> list[dict[str, Any]]:
+    """[{step, frame, action, reward}]: frame k (the state before step k + 1, a path under FRAMES) beside the
+    action of model turn k + 1 and its reward; the last frame (after the last step) has neither. Empty for an
+    episode without frames."""
+    frames = r.metadata.get("frames")
+    if not isinstance(frames, list) or not frames:
+        return []
+    actions = [seg["text"] for label, seg in labelled_segments(r) if label.startswith("model turn")]
+    return [
+        {
+            "step": k,
+            "frame": str(frame),
+            "action": actions[k] if k < len(actions) else None,
+            "reward": r.turn_rewards[k] if k < len(r.turn_rewards) else None,
+        }
+        for k, frame in enumerate(frames)
+    ]
+
+
+def frame_path(run_dir: Path, path: str) -> Path:
+    """The file of frame `path` (relative to `<run_dir>/frames`); FileNotFoundError when it is not a PNG in
+    that folder (a path that climbs out of it included)."""
+    root = (run_dir / FRAMES).resolve()
+    file = (root / path).resolve()
+    if file.suffix != ".png" or not file.is_relative_to(root) or not file.is_file():
+        raise FileNotFoundError(f"no frame {path!r} in {root}")
+    return file
 
 
 def _tokens(r: EpisodeRecord, seg: dict[str, Any], decode: Any) -> list[dict[str, Any]]:

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ascent.errors import AscentError
-from ascent.messages import Episode
+from ascent.messages import Episode, ImageInput
+from ascent.tracking.experience_images import read_images
 
 FILE_NAME = "experience.db"
 FORMAT = "ascent-experience"
@@ -133,8 +134,9 @@ class EpisodeRecord:
     metadata: dict[str, Any]
     created: float
 
-    def to_episode(self) -> Episode:
-        """The episode as the loop had it (to replay it, or score it again)."""
+    def to_episode(self, images: tuple[ImageInput, ...] = ()) -> Episode:
+        """The episode as the loop had it (to replay it, or score it again); `images`: its stored images
+        (`ExperienceStore.images`)."""
         return Episode(
             prompt_ids=self.prompt_ids,
             response_ids=self.response_ids,
@@ -148,6 +150,7 @@ class EpisodeRecord:
             reward_components=self.reward_components,
             response_text=self.response_text,
             metadata=self.metadata,
+            images=images,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -344,6 +347,10 @@ class ExperienceStore:
             have = f"ids {low}..{high}" if low is not None else "no episodes yet"
             raise StoreError(f"{self.path}: no episode with id {episode_id} ({have}).")
         return _record(found)
+
+    def images(self, episode_id: int) -> tuple[ImageInput, ...]:
+        """Episode `episode_id`'s images, in order, patches and all (`ascent.tracking.experience_images`)."""
+        return read_images(self.conn, episode_id)
 
     def distinct(self, column: str) -> list[Any]:
         """The distinct values of `column` (iteration, env or status), sorted; for filter menus."""

@@ -141,13 +141,27 @@ def forward_per_sample(
     Samples are packed into micro-batches of at most `parts.max_tokens` tokens; `sharded`: ranks run
     `filler` forwards until all reach the same count (lock-step). Call it under no_grad and eval mode.
     """
-    out: list[list[float]] = [[] for _ in samples]
+    return forward_per_sample_many(parts, samples, lambda packed: (forward(packed),), filler, sharded, 1)[0]
+
+
+def forward_per_sample_many(
+    parts: TrainerParts,
+    samples: Sequence[TrainSample],
+    forward: Callable[[PackedBatch], tuple[Tensor, ...]],
+    filler: Callable[[PackedBatch], Any],
+    sharded: bool,
+    outputs: int,
+) -> list[list[list[float]]]:
+    """`forward_per_sample` for a forward giving `outputs` per-token values (a tuple of [M] tensors): one list
+    per value, of one list per sample."""
+    out: list[list[list[float]]] = [[[] for _ in samples] for _ in range(outputs)]
     plan = plan_micro_batches([s.num_tokens for s in samples], parts.max_tokens)
     fillers = missing_micro_batches(len(plan), parts.device, sharded)
     for idx in plan:
         packed = pack([samples[i] for i in idx], parts.device)
-        for i, values in zip(idx, packed.split(forward(packed)), strict=True):
-            out[i] = values
+        for k, flat in enumerate(forward(packed)):
+            for i, values in zip(idx, packed.split(flat), strict=True):
+                out[k][i] = values
     for _ in range(fillers):  # lock-step forwards of a sharded model
         filler(pack([filler_sample()], parts.device))
     return out

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ascent.algorithms import entropy_from_logits
+from ascent.algorithms import entropy_from_logits, sum_pi_squared_from_logits
 from ascent.models.multimodal import (
     is_vision_language,
     language_model,
@@ -67,16 +67,19 @@ def hidden_states(model: nn.Module, packed: PackedBatch) -> Tensor:
     `attention_mask=None` and `use_cache=False` are both required for transformers to detect packing.
     """
     if is_vision_language(model):
-        return _multimodal_forward(model, packed)
+        return multimodal_forward(model, packed)
     decoder, _ = backbone_and_head(model)
     return packed_forward(decoder, packed)
 
 
-def _multimodal_forward(model: nn.Module, packed: PackedBatch) -> Tensor:
+def multimodal_forward(model: Any, packed: PackedBatch) -> Tensor:
     """A vision-language model over one packed row -> last hidden states [N, H]: each distinct image of the
     row through the vision tower once, its features in place of its tokens' embeddings, then the language
     model alone with per-sequence multimodal RoPE positions ([4, 1, N], see `packed_positions`) and, when it
-    runs varlen attention, the packer's sequence offsets (the tower keeps SDPA and never sees them)."""
+    runs varlen attention, the packer's sequence offsets (the tower keeps SDPA and never sees them).
+
+    `model`: the VL model, or anything whose `.model` is its backbone and `.config` its config (the
+    critic's `ValueModel` passes its backbone so)."""
     assert packed.cu_seqlens is not None  # `pack` always sets it
     offsets = packed.cu_seqlens.tolist()
     seq_images = packed.seq_images or [() for _ in packed.response_lens]
@@ -222,3 +225,38 @@ def _token_logprobs(model: nn.Module, packed: PackedBatch, **kwargs: Any) -> tup
     _, head = backbone_and_head(model)
     hidden = hidden_states(model, packed).index_select(0, packed.logit_index)
     return logprobs_from_hidden(head, hidden, packed.targets, **kwargs)
+
+
+def token_logprobs_and_sum_pi_squared(
+    model: nn.Module,
+    packed: PackedBatch,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = 1024,
+    compiled: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """(logprobs [M], Σπ² [M]) of the packed batch's response tokens, one backbone forward, no grad: the
+    logprobs are `token_logprobs`' (the same function on the same hidden states), Σπ² = Σ_v softmax(z / T)_v²
+    of each response row, what the optimal-token baseline needs (`ascent.algorithms.otb`). The second
+    statistic costs one more LM-head matmul over the response rows, in chunks of `chunk_tokens`."""
+    return run_as_forward(
+        model,
+        _token_logprobs_and_sum_pi_squared,
+        model,
+        packed,
+        temperature=temperature,
+        chunk_tokens=chunk_tokens,
+        compiled=compiled,
+    )
+
+
+def _token_logprobs_and_sum_pi_squared(
+    model: nn.Module, packed: PackedBatch, *, temperature: float, chunk_tokens: int, compiled: bool
+) -> tuple[Tensor, Tensor]:
+    _, head = backbone_and_head(model)
+    hidden = hidden_states(model, packed).index_select(0, packed.logit_index)
+    logp, _ = logprobs_from_hidden(
+        head, hidden, packed.targets, temperature=temperature, chunk_tokens=chunk_tokens, compiled=compiled
+    )
+    sums = [sum_pi_squared_from_logits(head(h).float() / temperature) for h in hidden.split(chunk_tokens)]
+    return logp, (torch.cat(sums) if sums else hidden.new_zeros(0, dtype=torch.float32))

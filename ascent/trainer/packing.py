@@ -66,7 +66,9 @@ class PackedBatch:
     `response_lens`: S ints, to split [M] back per sequence. `cu_seqlens` [S+1] int32 (sequence starts in the
     row, then N) and `max_seqlen` (longest sequence) are the boundaries varlen attention needs, known here on
     the host so the GPU never has to be asked for them. `seq_images`: S tuples, each sequence's images in
-    the order of its image-token runs (empty for text).
+    the order of its image-token runs (empty for text). `routed_experts` [N, moe layers, k] long: the
+    sampler's experts for every token of the row (-1 where a sample has none; `ascent.models.moe`), None
+    when no sample carries any.
     """
 
     input_ids: Tensor
@@ -85,6 +87,7 @@ class PackedBatch:
     cu_seqlens: Tensor | None = None
     max_seqlen: int = 0
     seq_images: list[tuple[ImageInput, ...]] = field(default_factory=list)
+    routed_experts: Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -135,6 +138,29 @@ def _optional_flat(samples: Sequence[TrainSample], name: str, device: torch.devi
     return torch.tensor([x for v in values for x in v], dtype=torch.float32, device=device)
 
 
+def _routes(samples: Sequence[TrainSample], device: torch.device | str) -> Tensor | None:
+    """The samples' recorded experts laid out like the packed row: [N, layers, k] long, -1 for the tokens
+    (and samples) without any; None when no sample has them."""
+    routed = [s.routed_experts for s in samples]
+    first = next((r for r in routed if r is not None), None)
+    if first is None:
+        return None
+    layers, k = first.shape[1:]
+    out = torch.full((sum(s.num_tokens for s in samples), layers, k), -1, dtype=torch.long)
+    start = 0
+    for i, (s, r) in enumerate(zip(samples, routed, strict=True)):
+        if r is not None:
+            r = torch.as_tensor(r)
+            if r.shape[0] > s.num_tokens or tuple(r.shape[1:]) != (layers, k):
+                raise ValueError(
+                    f"sample {i}: routed_experts has shape {tuple(r.shape)}; expected at most "
+                    f"{s.num_tokens} tokens (prompt + response) x {layers} MoE layers x {k} experts."
+                )
+            out[start : start + r.shape[0]] = r
+        start += s.num_tokens
+    return out.to(device)
+
+
 def pack(samples: Sequence[TrainSample], device: torch.device | str = "cpu") -> PackedBatch:
     """samples (S) -> PackedBatch: one row of N tokens, flat [M] response-token tensors (see module doc)."""
     ids: list[int] = []
@@ -175,4 +201,5 @@ def pack(samples: Sequence[TrainSample], device: torch.device | str = "cpu") -> 
         cu_seqlens=torch.tensor(starts + [len(ids)], dtype=torch.int32, device=device),
         max_seqlen=max((s.num_tokens for s in samples), default=0),
         seq_images=[tuple(s.images) for s in samples],
+        routed_experts=_routes(samples, device),
     )

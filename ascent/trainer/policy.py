@@ -1,7 +1,8 @@
 """`PolicyWorker`: the state and the update of one trainer process (design: "One controller, plain workers").
 
 The controller calls, per iteration: `compute_logprobs(samples, T)` (old logprobs; `which="reference"` for
-the KL reference, `which="teacher"` for the distillation teacher), then `update(mini_batch, total_tokens=..., total_seqs=...)` once per optimizer step, then
+the KL reference, `which="teacher"` for the distillation teacher; `compute_logprobs_and_sum_pi_squared` for
+the optimal-token baseline), then `update(mini_batch, total_tokens=..., total_seqs=...)` once per optimizer step, then
 `named_weights()` to publish the new policy to the rollout engine, and `save(dir)` / `load(dir)` for
 checkpoints (`ascent.trainer.checkpoint` makes them atomic).
 
@@ -24,6 +25,10 @@ CPU.
 Vision-language policies (Qwen2.5-VL, Qwen3-VL) train the same way: samples carry their images, the forward
 runs the vision tower (`ascent.trainer.logprobs`); `freeze_vision_tower` leaves the tower and merger out of
 training, and LoRA adapters go to the language model (`ascent.trainer.lora`).
+
+Mixture-of-experts policies (Qwen3-MoE) replay the sampler's experts: a sample's `routed_experts` make the
+policy's routers use the experts the engine chose (`ascent.models.moe.RoutingReplay`), in the old-logprob
+pass and in the update's forward and backward; the reference and the teacher route themselves.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from torch import Tensor, nn
 from ascent.messages import TrainSample
 from ascent.models.files import copy_processor_files
 from ascent.models.loading import load_model, load_tokenizer, resolve_device, torch_dtype
+from ascent.models.moe import RoutingReplay, is_moe
 from ascent.models.multimodal import freeze_vision
 from ascent.models.parallel import (
     full_parameters,
@@ -53,7 +59,7 @@ from ascent.trainer import lora as lora_lib
 from ascent.trainer.checkpoint import rng_state, set_rng_state
 from ascent.trainer.common import TrainerOutOfMemory
 from ascent.trainer.compiled import compile_decoder_layers, compile_enabled
-from ascent.trainer.logprobs import token_logprobs, unwrap_model
+from ascent.trainer.logprobs import token_logprobs, token_logprobs_and_sum_pi_squared, unwrap_model
 from ascent.trainer.loss import LossSettings, MetricSums, micro_batch_loss
 from ascent.trainer.packing import PackedBatch, pack
 from ascent.trainer.settings import LoraSettings, OptimSettings, TrainerSpec
@@ -121,6 +127,8 @@ class PolicyWorker:
             compute_dtype=self.compute_dtype,
             lora=self.lora is not None,
         )
+        moe = is_moe(unwrap_model(self.model))  # replays the sampler's experts (ascent.models.moe)
+        self.routing = RoutingReplay(unwrap_model(self.model)) if moe else None
         self.reference = self._load_reference(model_path, need_reference, trust_remote_code)
         self.teacher = None if teacher_path is None else self._load_frozen(teacher_path, trust_remote_code)
         self.compiled = compile_enabled(compile, self.device)
@@ -225,7 +233,9 @@ class PolicyWorker:
 
         def forward(packed: PackedBatch) -> Tensor:
             chunk, compiled = self.chunk_tokens, self.compiled
-            return token_logprobs(model, packed, temperature=temp, chunk_tokens=chunk, compiled=compiled)[0]
+            with self._replaying(packed, which == "policy"):
+                lp = token_logprobs(model, packed, temperature=temp, chunk_tokens=chunk, compiled=compiled)
+            return lp[0]
 
         def filler(packed: PackedBatch) -> Any:
             return token_logprobs(model, packed, temperature=temp)
@@ -238,6 +248,28 @@ class PolicyWorker:
                 filler,
                 self.sharded and model is self.model,  # LoRA: ref = policy
             )
+
+    @torch.no_grad()
+    def compute_logprobs_and_sum_pi_squared(
+        self, samples: Sequence[TrainSample], temperature: float | None = None
+    ) -> tuple[list[list[float]], list[list[float]]]:
+        """(per-response-token logprobs under the policy, exactly `compute_logprobs`' values; Σ_v π_v² of each
+        of those tokens' distributions), one forward, no grad: what the optimal-token baseline reads. Asked
+        only by that estimator; every other run calls `compute_logprobs`."""
+        temp = self.temperature if temperature is None else temperature
+
+        def forward(packed: PackedBatch) -> tuple[Tensor, Tensor]:
+            chunk, compiled = self.chunk_tokens, self.compiled
+            return token_logprobs_and_sum_pi_squared(
+                self.model, packed, temperature=temp, chunk_tokens=chunk, compiled=compiled
+            )
+
+        def filler(packed: PackedBatch) -> Any:
+            return token_logprobs_and_sum_pi_squared(self.model, packed, temperature=temp)
+
+        with common.eval_mode(self.model), self._autocast(), self._oom_guard(samples):
+            logprobs, sums = common.forward_per_sample_many(self, samples, forward, filler, self.sharded, 2)
+        return logprobs, sums
 
     # ------------------------------------------------------------------------------------------ update
     def update(
@@ -277,7 +309,7 @@ class PolicyWorker:
         fillers = missing_micro_batches(len(micro_batches), self.device, self.sharded)
         for idx in micro_batches:
             packed = pack([samples[i] for i in idx], self.device)
-            with self._autocast():
+            with self._replaying(packed), self._autocast():
                 lp, ent = token_logprobs(
                     self.model,
                     packed,
@@ -297,7 +329,8 @@ class PolicyWorker:
                 max_len=max_len,
                 metrics=metrics,
             )
-            self.scaler.scale(loss).backward()
+            with self._replaying(packed):  # the same experts again: activation checkpointing recomputes
+                self.scaler.scale(loss).backward()
             one = packed.loss_mask.new_ones(())
             metrics.add("tokens", one * packed.num_tokens)
             metrics.add("response_tokens", packed.loss_mask.sum())
@@ -305,6 +338,13 @@ class PolicyWorker:
         for _ in range(fillers):
             self._filler_backward()
         return metrics
+
+    def _replaying(self, packed: PackedBatch, policy: bool = True) -> contextlib.AbstractContextManager:
+        """Routing replay of the packed row's recorded experts in the policy's MoE layers; a no-op for a
+        dense policy, for the reference or the teacher (`policy=False`) and for rows without experts."""
+        if self.routing is None or not policy or packed.routed_experts is None:
+            return contextlib.nullcontext()
+        return self.routing.replaying(packed.routed_experts)
 
     def _filler_backward(self) -> None:
         """A zero-gradient forward + backward that keeps this rank in lock-step with the others (FSDP)."""

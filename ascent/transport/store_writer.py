@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ascent.messages import Episode
+from ascent.tracking.experience_images import IMAGES_SCHEMA, write_images
 from ascent.tracking.experience_store import (
     BLOBS,
     FORMAT,
@@ -128,11 +129,12 @@ def prepare_store(path: Path, keep_through: int, meta: dict[str, str] | None = N
     conn = connect(path)
     try:
         with conn:
-            conn.executescript(SCHEMA)
+            conn.executescript(SCHEMA + IMAGES_SCHEMA)
             fixed = {"format": FORMAT, "schema_version": str(SCHEMA_VERSION)}
             conn.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)", fixed.items())
             conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", (meta or {}).items())
             conn.execute("DELETE FROM episodes WHERE iteration > ?", (keep_through,))
+            conn.execute("DELETE FROM episode_images WHERE episode_id NOT IN (SELECT id FROM episodes)")
     finally:
         conn.close()
 
@@ -324,7 +326,9 @@ class ExperienceWriter:
         with conn:
             for e, row in rows:
                 try:
-                    conn.execute(_INSERT, row)
+                    episode_id = conn.execute(_INSERT, row).lastrowid
+                    if e.episode.images and episode_id is not None:
+                        _write_images(conn, episode_id, e.episode.images)
                 except _BAD_ROW as err:
                     bad.append((e, err))
         for e, why in bad:
@@ -406,6 +410,16 @@ class ExperienceWriter:
                 out.append({"mask": ep.loss_mask[start], "start": start, "end": i, "text": text})
                 start = i
         return out
+
+
+def _write_images(conn: sqlite3.Connection, episode_id: int, images: Sequence[Any]) -> None:
+    """The episode's images (`experience_images`); if they cannot be stored, the episode is not either."""
+    try:
+        write_images(conn, episode_id, images)
+    except _BAD_ROW:
+        conn.execute("DELETE FROM episode_images WHERE episode_id = ?", (episode_id,))
+        conn.execute("DELETE FROM episodes WHERE id = ?", (episode_id,))
+        raise
 
 
 def _holders(path: Path) -> str:

@@ -11,15 +11,23 @@ from conftest import ascent, run_config, write_yaml
 from ascent.tracking.experience_store import open_store
 
 
+def cheap_run(tmp_path, tiny_model, arithmetic_data, iterations: int) -> dict:
+    """A run without validation, TensorBoard or trace, one optimizer step per iteration (no separate
+    old-logprob pass): what these runs assert costs no more than that."""
+    cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=iterations, val_every=0)
+    cfg["data"].pop("val_path")
+    cfg["train"]["trajectories_per_update"] = 8
+    cfg["tracking"] |= {"tensorboard": False, "trace": False}
+    return cfg
+
+
 def test_a_second_run_replays_the_first_runs_groups(tmp_path, tiny_model, arithmetic_data):
-    first = run_config(tmp_path, tiny_model, arithmetic_data, iterations=1, val_every=0)
-    first["data"].pop("val_path")
+    first = cheap_run(tmp_path, tiny_model, arithmetic_data, iterations=1)
     ascent("train", str(write_yaml(tmp_path / "first.yaml", first)))
     first_dir = tmp_path / "run"
 
-    second = run_config(tmp_path, tiny_model, arithmetic_data, iterations=2, val_every=0)
+    second = cheap_run(tmp_path, tiny_model, arithmetic_data, iterations=2)
     second["run_dir"] = str(tmp_path / "second")
-    second["data"].pop("val_path")
     second["data"]["processors"] = [{"name": "difficulty", "store": str(first_dir), "low": 0.0, "high": 1.0}]
     second["replay"] = {"store": str(first_dir), "ratio": 0.5, "score": "uniform"}
     second["algorithm"] = {"rollout_correction": "tis"}

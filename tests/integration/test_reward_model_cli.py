@@ -18,6 +18,7 @@ def test_a_reward_model_and_a_judge_score_a_run(
     rm = make_tiny_reward_model(tmp_path / "rm", seed=2)
     cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=1, val_every=0)
     cfg["data"].pop("val_path")
+    cfg["train"]["trajectories_per_update"] = 8  # one optimizer step, no separate old-logprob pass
     cfg["reward"] = {
         "isolation": "inline",
         "fn_weight": 1.0,

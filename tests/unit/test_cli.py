@@ -278,8 +278,13 @@ def test_eval_forwards_options_and_prints_metrics(monkeypatch: pytest.MonkeyPatc
         "dtype": "fp32",
         "reward_timeout_s": 30.0,
         "progress": True,
+        "reward_config": None,
     }
     assert "accuracy: 0.2500" in result.stdout and "responses: 8" in result.stdout
+    assert runner.invoke(app, [*args, "--reward-config", "run.yaml"]).exit_code == 0
+    assert seen["reward_config"] == "run.yaml"
+    result = runner.invoke(app, [*args, "--reward-config", "run.yaml", "--env", "guess_number"])
+    assert result.exit_code == 2 and "drop --reward-config" in result.output
 
 
 def test_eval_pass_k_is_parsed_and_checked_against_samples(monkeypatch: pytest.MonkeyPatch) -> None:

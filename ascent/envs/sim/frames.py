@@ -1,5 +1,5 @@
-"""Frames of simulator episodes for people: an image strip (PNG) and a short GIF, and the renderer probe that
-`ascent doctor` runs.
+"""Frames of simulator episodes for people: one frame as a PNG (an episode's, for the studio), an image strip
+(PNG) and a short GIF, and the renderer probe that `ascent doctor` runs.
 
 MuJoCo renders headless through EGL (`MUJOCO_GL=egl`: a GPU's driver, or Mesa's software EGL on a CPU
 machine) or OSMesa (`MUJOCO_GL=osmesa`, Debian's libosmesa6). `probe_renderer` tries each in a subprocess
@@ -32,6 +32,16 @@ def pick(frames: Sequence[Any], most: int) -> list[Any]:
         return list(frames)
     idx = np.linspace(0, len(frames) - 1, most).round().astype(int)
     return [frames[i] for i in idx]
+
+
+def save_frame(frame: Any, path: str | Path) -> Path:
+    """One frame (RGB uint8 [H, W, 3]) -> a PNG at `path` (its folder made); returns the path."""
+    from PIL import Image  # deferred: Pillow, only when frames are saved
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.asarray(frame, dtype=np.uint8)).save(out)
+    return out
 
 
 def save_strip(frames: Sequence[Any], path: str | Path, most: int = 12) -> Path:

@@ -6,7 +6,11 @@ task): `gym_id` (any registered gymnasium id: CartPole-v1, Pendulum-v1, Inverted
 `max_steps` (the episode's step limit, else the id's own), `bins` (action words per continuous dimension,
 default 256), `decimals` (of the state's text, default 2), `success_rule` and `success_return` (below), `render`
 (keep RGB frames in `env.frames`, for `ascent debug env --frames`) and `image_obs` (also send each frame as
-an image content part `{"type": "image", "image": <uint8 array [H, W, 3]>}` beside the text). Frames
+an image content part `{"type": "image", "image": <uint8 array [H, W, 3]>}` beside the text) and
+`pixels_only` (with `image_obs`: the text leaves the state out, so the frame is the whole observation: a
+pixel task, e.g. `ascent.envs.sim.reach`) and `frames_dir` (set by the training loop to `<run_dir>/frames`:
+a rendering episode writes each frame there as `<episode>/<step>.png` and lists those paths, relative to
+the folder, in `info["frames"]`, which the episode's metadata keeps for the studio's episode browser). Frames
 render headless through MuJoCo's `MUJOCO_GL` (default here: egl; `ascent doctor` says which works).
 
 Each model turn is one simulator step: the turn's first action words (`ascent.envs.sim.actions`) are the
@@ -23,14 +27,17 @@ limit without terminating: CartPole, InvertedPendulum) or `"goal"` (it terminate
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ascent.envs.base import Message, StepResult
 from ascent.envs.sim.actions import DEFAULT_BINS, ActionTokenizer
+from ascent.envs.sim.frames import save_frame
 
 SUCCESS_RULES = ("survive", "goal")
 FRAME = 128  # rendered frames' width and height, where the simulator takes them (MuJoCo)
@@ -49,6 +56,8 @@ class SimSpec:
     success_return: float | None = None
     render: bool = False
     image_obs: bool = False
+    pixels_only: bool = False
+    frames_dir: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> SimSpec:
@@ -68,8 +77,10 @@ class SimSpec:
             decimals=int(row.get("decimals", 2)),
             success_rule=rule,
             success_return=None if target is None else float(target),
-            render=bool(row.get("render", False)) or bool(row.get("image_obs", False)),
-            image_obs=bool(row.get("image_obs", False)),
+            render=any(bool(row.get(k, False)) for k in ("render", "image_obs", "pixels_only")),
+            image_obs=bool(row.get("image_obs", False)) or bool(row.get("pixels_only", False)),
+            pixels_only=bool(row.get("pixels_only", False)),
+            frames_dir=None if row.get("frames_dir") is None else str(row["frames_dir"]),
         )
 
     def make(self) -> Any:
@@ -94,8 +105,22 @@ class SimEpisode:
         self.spec, self.actions = spec, actions
         self.steps, self.total = 0, 0.0
         self.frames: list[Any] = []  # RGB uint8 [H, W, 3] each, when the spec renders
+        self.frame_files: list[str] = []  # under spec.frames_dir, when set
+        self.uid = uuid.uuid4().hex[:16]
+
+    def keep(self, frame: Any) -> None:
+        """Keep a rendered frame (None: the spec does not render), and write it under `frames_dir`."""
+        if frame is None:
+            return
+        self.frames.append(frame)
+        if self.spec.frames_dir is not None:
+            name = f"{self.uid}/{len(self.frames) - 1:03d}.png"
+            save_frame(frame, Path(self.spec.frames_dir) / name)
+            self.frame_files.append(name)
 
     def state_text(self, obs: Any) -> str:
+        if self.spec.pixels_only:
+            return "(the image)"
         return " ".join(f"{x:.{self.spec.decimals}f}" for x in np.asarray(obs, dtype=float).ravel())
 
     def message(self, text: str, frame: Any = None) -> Message:
@@ -111,7 +136,7 @@ class SimEpisode:
             if a.discrete
             else f"{a.size} of {a.words[0]}..{a.words[-1]}"
         )
-        self.frames += [] if frame is None else [frame]
+        self.keep(frame)
         intro = f"{self.spec.gym_id}. Each turn answer with an action: {how}. State: {self.state_text(obs)}"
         return [self.message(intro, frame)]
 
@@ -124,7 +149,7 @@ class SimEpisode:
         self.steps += 1
         self.total += float(reward)
         done = bool(terminated or truncated)
-        self.frames += [] if frame is None else [frame]
+        self.keep(frame)
         if self.spec.success_return is not None:
             success = done and self.total >= self.spec.success_return
         elif self.spec.success_rule == "goal":
@@ -139,7 +164,8 @@ class SimEpisode:
         return StepResult(observation=observation, reward=float(reward), done=done, info=info)
 
     def info(self, *, done: bool, success: bool) -> dict[str, Any]:
-        return {"success": success, "episode_length": self.steps, "return": self.total, "sim_done": done}
+        info = {"success": success, "episode_length": self.steps, "return": self.total, "sim_done": done}
+        return info | ({"frames": list(self.frame_files)} if self.frame_files else {})
 
 
 class GymEnv:

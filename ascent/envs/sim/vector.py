@@ -11,9 +11,8 @@ A turn without a parseable action ends its episode as in `GymEnv`. A simulator t
 of its vector environment (their result is the error's text, as the runner expects), never the batch; a
 simulator that crashes its process is the hosts' business (`ascent.envs.hosts`).
 
-Seam for process isolation (not wired here: `ascent.envs.hosts` is another engineer's): a host would keep one
-`SimVectorEnvs` per batch block and answer a `("step_many", batch, [(i, action), ...])` command with it, so a
-host steps its block in one vector call instead of one command per episode.
+Inside hosts: `ascent.envs.sim.hosted.HostedSimEnvs` keeps one `SimVectorEnvs` per block of a batch in each
+host process or Ray actor and steps it with one command per block and turn.
 """
 
 from __future__ import annotations

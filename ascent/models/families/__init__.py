@@ -1,8 +1,9 @@
 """The model-family registry: per Hugging Face `model_type`, the `Family` that says how to hold its weights.
 
 `FAMILIES` is a plain dict (model_type -> Family) built from one module per family: `qwen2`, `qwen3`,
-`llama` and `mistral`, which share the Llama layout (`llama_like`), and the vision-language `qwen2_5_vl` and
-`qwen3_vl` (`qwen_vl`; reference engine only). `family_for` looks a config up and
+`llama` and `mistral`, which share the Llama layout (`llama_like`), the mixture-of-experts `qwen3_moe` (the
+same layout with routed experts), and the vision-language `qwen2_5_vl` and `qwen3_vl` (`qwen_vl`: the decoder
+layout plus a vision tower). `family_for` looks a config up and
 names the fix when it is unknown; `CAUSAL_LM` is what the trainer and the reference engine fall back to
 for a causal LM without a family (loaded by transformers, never run by the fast engine).
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ascent.errors import AscentError
-from ascent.models.families import llama, mistral, qwen2, qwen2_5_vl, qwen3, qwen3_vl
+from ascent.models.families import llama, mistral, qwen2, qwen2_5_vl, qwen3, qwen3_moe, qwen3_vl
 from ascent.models.families.family import Family, resolve_class, same_name
 from ascent.models.families.spec import ModelSpec
 
@@ -36,7 +37,7 @@ def register(family: Family) -> Family:
     return family
 
 
-for _module in (qwen2, qwen3, llama, mistral, qwen2_5_vl, qwen3_vl):
+for _module in (qwen2, qwen3, llama, mistral, qwen3_moe, qwen2_5_vl, qwen3_vl):
     register(_module.FAMILY)
 
 

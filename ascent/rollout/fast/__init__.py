@@ -4,8 +4,11 @@ Map: spec.py (architecture facts, read by the model's family in ascent/models/fa
 (shared or owned tensors; IMPLEMENTATIONS, the layouts a family names) -> layers.py / attention.py /
 triton_decode.py (math) -> runner.py (prefill, decode step) -> graphs.py (CUDA graphs) -> engine.py (the
 engine's API) and batching.py (its loop); pages.py, scheduler.py, sequence.py, state.py and live.py are its
-bookkeeping, swap.py hands the weights to publications between decode steps. `build_fast_engine` is the
-builder registered as `ENGINES["fast"]`. On CPU the same engine runs eagerly (slowly) for the tests.
+bookkeeping, swap.py hands the weights to publications between decode steps; vision.py runs a
+vision-language model's tower and multimodal RoPE (images at prefill). tensor_parallel.py (shards,
+all-reducing layer math), tp_engine.py (the driver and the other ranks) and tp_launch.py (starting a replica's
+ranks) spread one replica over several GPUs. `build_fast_engine` is the builder registered as
+`ENGINES["fast"]`. On CPU the same engine runs eagerly (slowly) for the tests.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +29,15 @@ from ascent.rollout.fast.graphs import default_buckets
 from ascent.rollout.fast.kv_cache import KVCache, pages_for_budget
 from ascent.rollout.fast.runner import ModelRunner
 from ascent.rollout.fast.spec import ModelSpec, engine_family, rope_tables
+from ascent.rollout.fast.tensor_parallel import (
+    DriverRunner,
+    ShardRunner,
+    TPGroup,
+    shard_spec,
+    shard_state_dict,
+)
+from ascent.rollout.fast.tp_engine import TPEngine
+from ascent.rollout.fast.vision import build_vision, is_vision_config, mrope_rows
 from ascent.rollout.fast.weights import IMPLEMENTATIONS, load_state_dict, state_dict_of
 
 
@@ -43,6 +56,8 @@ def _tokenizer_facts(path, eos_token_ids, pad_token_id, decode, trust_remote_cod
 
 def _config_eos(config: Any) -> list[int]:
     eos = getattr(config, "eos_token_id", None)
+    if eos is None:  # a vision-language config keeps it in its text part
+        eos = getattr(getattr(config, "text_config", None), "eos_token_id", None)
     return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
@@ -105,6 +120,7 @@ def build_fast_engine(
     trust_remote_code: bool = False,
     on_swap: str = "continue",
     feed_prompt_tokens: int = 256,
+    tensor_parallel: TPGroup | int | None = None,
     **unused: Any,
 ) -> FastEngine:
     """A FastEngine on `model` (weights shared when dtype and device match) or the checkpoint at `model_path`.
@@ -119,33 +135,59 @@ def build_fast_engine(
     (model.trust_remote_code); `on_swap` is what sequences in flight do when a publication lands between two
     decode steps: `continue` with the new weights over their K/V so far, or `restart` from their prompt
     (engine.py); `feed_prompt_tokens`: the longest new prompt fed through decode steps, not prefilled
-    (engine.py; 0: always prefill); `unused` swallows options meant for other engines.
+    (engine.py; 0: always prefill); `tensor_parallel`: a number of ranks > 1 starts the replica's other ranks
+    as child processes (tp_launch.py) and returns the driver, or a `TPGroup` is this process's rank of the
+    replica (tp_engine.py: built on every rank, rank 0 drives, the others `serve()`; owned weights, sharded, no
+    CUDA graphs); `unused` swallows options meant for other engines.
     """
 
+    if isinstance(tensor_parallel, int):  # a replica over that many ranks: start the others, drive them
+        if tensor_parallel > 1:
+            from ascent.rollout.fast.tp_launch import launch_replica  # deferred: it calls this builder
+
+            call = {k: v for k, v in locals().items() if k != "unused"}
+            return launch_replica(tensor_parallel, call)
+        tensor_parallel = None
     cuda_graphs, compile, attention, sampler = _debug_overrides(cuda_graphs, compile, attention, sampler)
     dt, dev = torch_dtype(dtype), resolve_device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
+    tp = tensor_parallel if tensor_parallel is not None and tensor_parallel.size > 1 else None
+    if tp is not None:  # a shard is a copy: never the trainer's tensors
+        share_weights, cuda_graphs = False, False
     config, sd, share = _weights_source(model_path, model, dt, dev, share_weights, trust_remote_code)
     eos_token_ids, pad_token_id, decode = _tokenizer_facts(
         tokenizer_path or model_path, eos_token_ids, pad_token_id, decode, trust_remote_code
     )
     family = engine_family(config)  # models/families: which implementation, which names, which spec
     assert family.engine is not None and family.spec is not None  # engine_family checked them
-    spec = family.spec(config)
+    spec = full_spec = family.spec(config)
     max_len = _max_len(spec, max_model_len)
+    if tp is not None:  # this rank's shard: a model with its share of the heads and the MLP
+        sd = shard_state_dict(sd, full_spec, tp.rank, tp.size, family.to_engine_name)
+        spec = shard_spec(full_spec, tp.size)
     weights = IMPLEMENTATIONS[family.engine](sd, spec, dt, dev, share, rename=family.to_engine_name)
+    vision = None
+    if is_vision_config(config):  # the tower: transformers' module on the same state dict (vision.py)
+        renamed = {family.to_engine_name(n): t for n, t in sd.items()}
+        vision, tower_targets = build_vision(config, renamed, dt, dev, share)
+        weights.targets.update(tower_targets)
     del sd
     reserve = _activation_reserve(spec, max_batch_size, max_prefill_tokens, dt)
     pages = _num_pages(
         spec, dt, dev, page_size, kv_cache_tokens, gpu_memory_fraction, max_batch_size, max_len, reserve
     )
+    if tp is not None:  # every rank's cache has the pages the driver's tables name
+        pages = tp.min(pages)
     cache = KVCache(spec, pages, page_size, dt, dev)
     on_cuda = dev.type == "cuda"
     fast_default = "triton" if on_cuda and _has_triton() else "torch"
     attention, sampler = attention or fast_default, sampler or fast_default
-    rope = rope_tables(config, spec, max_len, weights.embed.dtype, dev)  # the residual stream's dtype
-    runner = ModelRunner(
+    text_config = getattr(config, "text_config", None) or config  # a vision-language model's decoder
+    rope = rope_tables(text_config, spec, max_len, weights.embed.dtype, dev)  # the residual stream's dtype
+    tp_kw: dict[str, Any] = {} if tp is None else {"tp": tp}
+    runner_cls = ModelRunner if tp is None else DriverRunner if tp.rank == 0 else ShardRunner
+    runner = runner_cls(
         spec,
         weights,
         cache,
@@ -155,9 +197,15 @@ def build_fast_engine(
         compile=on_cuda if compile is None else compile,
         attn_options=attn_options,
         sampler=sampler,
+        mrope_rows=mrope_rows(spec).to(dev) if vision is not None else None,
+        allowed=vision.allowed(spec.vocab_size, config) if vision is not None else None,
+        **tp_kw,
     )
     use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
-    return FastEngine(
+    engine_cls: Callable[..., FastEngine] = (
+        FastEngine if tp is None else partial(TPEngine, full_spec=full_spec)
+    )
+    return engine_cls(
         runner,
         weights,
         eos_token_ids=list(eos_token_ids if eos_token_ids is not None else _config_eos(config)),
@@ -170,6 +218,7 @@ def build_fast_engine(
         stop_check_interval=stop_check_interval,
         on_swap=_on_swap(on_swap),
         feed_prompt_tokens=feed_prompt_tokens,
+        vision=vision,
     )
 
 
@@ -212,4 +261,4 @@ def _has_triton() -> bool:
     return True
 
 
-__all__ = ["FastEngine", "build_fast_engine"]
+__all__ = ["FastEngine", "TPEngine", "TPGroup", "build_fast_engine"]

@@ -22,16 +22,18 @@ from ascent.rollout.fast.kv_cache import KVCache
 from ascent.rollout.fast.live import LiveCall
 from ascent.rollout.fast.pages import unzip_pairs
 from ascent.rollout.fast.runner import ModelRunner
-from ascent.rollout.fast.scheduler import Scheduler
+from ascent.rollout.fast.scheduler import Admission, Scheduler
 from ascent.rollout.fast.sequence import Sequence, check_finished, expand_requests
 from ascent.rollout.fast.state import DecodeState, Flags, HostOutputs
 from ascent.rollout.fast.swap import WeightSwaps
+from ascent.rollout.fast.vision import RowImages, VisionTower
 
 
 class BatchingLoop:
     """The loop half of `FastEngine`; see the module docstring."""
 
     runner: ModelRunner
+    vision: VisionTower | None
     cache: KVCache
     state: DecodeState
     sched: Scheduler
@@ -82,6 +84,7 @@ class BatchingLoop:
             max_model_len=self.max_model_len,
             can_decode=self.decode is not None,
             fresh_seed=lambda: int(torch.randint(0, 2**62, ()).item()),
+            image_token=self.vision.image_token_id if self.vision is not None else None,
         )
         for group in groups:
             for start in range(0, len(group), self.max_rows):
@@ -165,8 +168,9 @@ class BatchingLoop:
             self._blocked = True
             return
         self.cache.copy_pages(*unzip_pairs(c for a in adms for c in a.copies))
+        images = self._images(adms)
         hidden = self.runner.prefill(
-            [a.prompt[a.reuse :] for a in adms], [a.reuse for a in adms], [a.pages for a in adms]
+            [a.prompt[a.reuse :] for a in adms], [a.reuse for a in adms], [a.pages for a in adms], images
         )
         self.cache.copy_pages(*unzip_pairs(c for a in adms for c in self.sched.fork(a)))
         self.stats["prefills"] += 1
@@ -187,6 +191,17 @@ class BatchingLoop:
         if live:
             self.state.admit(live, [s.row for s in live])
 
+    def _images(self, adms: list[Admission]) -> list[RowImages | None] | None:
+        """The admitted prompts' multimodal inputs (vision.py; each distinct image of them through the tower
+        once), their rows' rope deltas set on the samples; None when no prompt shows an image."""
+        if self.vision is None or not any(a.seqs[0].images for a in adms):
+            return None
+        rows, deltas = self.vision.rows([(a.prompt, a.seqs[0].images) for a in adms], [a.reuse for a in adms])
+        for a, delta in zip(adms, deltas, strict=True):
+            for s in a.seqs:
+                s.rope_delta = delta
+        return rows
+
     def _admit_fed(self) -> None:
         """Start waiting single-sample requests with short new prompts in free rows, without a prefill
         (module doc): in arrival order, while they fit and no more join than were running."""
@@ -194,7 +209,12 @@ class BatchingLoop:
 
         def accept(group: list[Sequence]) -> bool:
             nonlocal joined
-            ok = len(group) == 1 and joined < running and self.sched.new_tokens(group[0]) <= self.feed_limit
+            ok = (
+                len(group) == 1
+                and not group[0].images  # image prompts are prefilled (their embeddings, their positions)
+                and joined < running
+                and self.sched.new_tokens(group[0]) <= self.feed_limit
+            )
             joined += ok
             return ok
 

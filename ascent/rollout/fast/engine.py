@@ -20,6 +20,12 @@ next request of that session (previous prompt + response + new tokens) prefills 
 longest cached prefix (`Generation.cached_tokens`, `stats["reused_tokens"]`). Cached K/V belongs to the
 weights that computed it: `update_weights`, `sleep` and an in-place step of shared weights drop every session.
 
+Images (a vision-language model, vision.py): an image prompt is always prefilled (never fed); the prefill
+runs the vision tower once per distinct image of the admitted prompts (so a group's n samples share one
+encoding and one prefill of the image K/V) and rotates by multimodal RoPE positions; decode steps stay text
+only. A session entry remembers which image each image-token run showed, so a next turn reuses the K/V of
+earlier turns' images and encodes only its new ones, and never reuses a run that showed another image.
+
 Weight swaps between decode steps (swap.py): a publication may arrive from another thread while a call
 runs; it is applied at the next step boundary, never inside a step (weights are copied into the tensors the
 CUDA graphs read, so a replay after it uses them). By default (`on_swap="continue"`) the sequences in flight
@@ -48,6 +54,7 @@ from ascent.rollout.fast.scheduler import Scheduler
 from ascent.rollout.fast.sequence import Sequence
 from ascent.rollout.fast.state import DecodeState, Flags, HostOutputs
 from ascent.rollout.fast.swap import WeightSwaps
+from ascent.rollout.fast.vision import VisionTower
 from ascent.rollout.fast.weights import ModelWeights
 
 
@@ -69,8 +76,10 @@ class FastEngine(BatchingLoop):
         stop_check_interval: int = 8,
         on_swap: Literal["continue", "restart"] = "continue",
         feed_prompt_tokens: int = 256,
+        vision: VisionTower | None = None,
     ):
         self.runner, self.weights, self.cache = runner, weights, runner.cache
+        self.vision = vision  # a vision-language model's tower (vision.py): image prompts; None: text only
         self.device = self.cache.device
         self.eos = frozenset(int(t) for t in eos_token_ids)
         self.decode, self.interval = decode, stop_check_interval

@@ -16,8 +16,9 @@ Pure Python (no torch), so the CPU tests check it exhaustively.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 class PageAllocator:
@@ -88,6 +89,14 @@ class CachedSequence:
 
     tokens: list[int]
     pages: list[int]
+    images: tuple[tuple[int, int, Any], ...] = ()  # (start, end, image key) of each image-token run
+
+
+def image_fence(n: int, spans: Sequence[tuple[int, int, Any]], cached: Sequence[tuple[int, int, Any]]) -> int:
+    """A reusable prefix length `n` cut back to the start of the first image run (start, end, image key),
+    of the prompt's `spans` or the cached entry's `cached`, that it would split or that the other lacks."""
+    cuts = [s[0] for s in set(spans) ^ set(cached)] + [s[0] for s in spans if s[1] > n]
+    return min([n, *cuts])
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -121,26 +130,33 @@ class SessionStore:
         self.entries.setdefault(session_id, []).append(seq)
         self._order[id(seq)] = (session_id, seq)
 
-    def take(self, session_id: str | None, prompt: list[int]) -> tuple[CachedSequence, int] | None:
+    def take(
+        self, session_id: str | None, prompt: list[int], images: Sequence[tuple[int, int, Any]] = ()
+    ) -> tuple[CachedSequence, int] | None:
         """Pop the session's entry sharing the longest prefix with `prompt` -> (entry, usable prefix length).
 
         The usable prefix leaves at least one prompt token to prefill (its logits start the reply). The
         session's other entries stay cached, in their place for eviction; None when nothing useful is cached.
+        `images`: the prompt's image runs (start, end, image key), see `image_fence`.
         """
-        found = self.peek(session_id, prompt)
+        found = self.peek(session_id, prompt, images)
         if found is None:
             return None
         assert session_id is not None  # peek finds entries only under a session id
         self._remove(session_id, found[0])
         return found
 
-    def peek(self, session_id: str | None, prompt: list[int]) -> tuple[CachedSequence, int] | None:
+    def peek(
+        self, session_id: str | None, prompt: list[int], images: Sequence[tuple[int, int, Any]] = ()
+    ) -> tuple[CachedSequence, int] | None:
         """What `take` would return, leaving the store as it is."""
         if session_id is None or session_id not in self.entries:
             return None
         best, best_len = None, 0
         for c in self.entries[session_id]:
             n = min(common_prefix(c.tokens, prompt), len(prompt) - 1)
+            if images or c.images:
+                n = image_fence(n, images, c.images)
             if n > best_len:
                 best, best_len = c, n
         return None if best is None else (best, best_len)

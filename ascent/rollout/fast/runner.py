@@ -19,9 +19,10 @@ from torch import Tensor
 from ascent.models.logits import logits_fp32
 from ascent.rollout.fast.attention import decode_attention_torch, prefill_attention, slots_for
 from ascent.rollout.fast.kv_cache import KVCache
-from ascent.rollout.fast.layers import LayerMath
+from ascent.rollout.fast.moe import layer_math
 from ascent.rollout.fast.spec import ModelSpec
 from ascent.rollout.fast.state import DecodeState, Flags
+from ascent.rollout.fast.vision import RowImages, assemble, mrope_cos_sin
 from ascent.rollout.fast.weights import ModelWeights
 from ascent.rollout.sampling import SamplingTensors, sample, token_presence
 
@@ -50,15 +51,20 @@ class ModelRunner:
         compile: bool = False,
         attn_options: dict | None = None,
         sampler: str = "torch",
+        mrope_rows: Tensor | None = None,
+        allowed: Tensor | None = None,
     ):
+        """`mrope_rows` [head_dim] (vision.py): a vision-language model's multimodal RoPE layout;
+        `allowed` [V] bool: the tokens it may sample (its image pads never), None for a text model."""
         self.spec, self.w, self.cache = spec, weights, cache
+        self.mrope_rows, self.allowed = mrope_rows, allowed
         self.cos, self.sin = rope
         self.ps, self.max_len = cache.page_size, max_model_len
         self.scale = spec.head_dim**-0.5
         self.attention, self.attn_options = attention, dict(attn_options or {})
         self.prefill_options = self.attn_options.pop("prefill", {})
         self.paged_prefill = attention == "triton"  # cached-prefix prefill through triton_prefill.py
-        self.math, self.sampler = LayerMath(spec), sampler
+        self.math, self.sampler = layer_math(spec), sampler
         self.attn_in, self.attn_out, self.logits, self.sample = (
             self.math.attn_in,
             self.math.attn_out,
@@ -79,10 +85,13 @@ class ModelRunner:
         Plain temperature/greedy batches take the one-pass Triton sampler when `sampler="triton"`.
         """
         logits = self.logits(x, self.w.norm, self.w.lm_head)
-        if self.sampler == "triton" and not (st.use_top_k_top_p or st.use_min_p or st.use_penalty):
+        plain = not (st.use_top_k_top_p or st.use_min_p or st.use_penalty or self.allowed is not None)
+        if self.sampler == "triton" and plain:
             from ascent.rollout.fast.triton_sample import triton_sample  # deferred: triton, optional
 
             return triton_sample(logits, st.temperature, st.seeds, steps, st.all_greedy)
+        if self.allowed is not None:
+            return self.sample(logits, st, steps, seen, self.allowed)
         return self.sample(logits, st, steps, seen)
 
     def sample_first(
@@ -113,23 +122,42 @@ class ModelRunner:
         tokens, logprobs = self.head_sample(hidden[torch.tensor(group, device=dev)], st, steps, seen)
         return list(zip(tokens.tolist(), logprobs.tolist(), strict=True))
 
-    def _layers(self, x: Tensor, cos: Tensor, sin: Tensor, slots: Tensor | None, attend: Callable) -> Tensor:
+    def _layers(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        slots: Tensor | None,
+        attend: Callable,
+        deepstack: tuple[Tensor, list[Tensor]] | None = None,
+    ) -> Tensor:
         """x [T, H] through every layer; K/V of the T tokens are written to `slots` [T] first (None: the
-        attention kernel writes them itself). The residual stream runs in fp32 (see layers.py)."""
+        attention kernel writes them itself). The residual stream runs in fp32 (see layers.py).
+        `deepstack` = (token indices [N], features [N, H] per layer): added to those tokens' hidden states
+        after layer k (Qwen3-VL's visual features, vision.py)."""
         x = x.float()
         for i, lw in enumerate(self.w.layers):
             q, k, v = self.attn_in(x, cos, sin, lw.ln1, lw.qkv_w, lw.qkv_b, lw.q_norm, lw.k_norm)
             if slots is not None:
                 self.cache.write(i, slots, k, v)
             x = self.attn_out(x, attend(i, q, k, v), lw.o_w, lw.ln2, lw.gate_up_w, lw.down_w)
+            if deepstack is not None and i < len(deepstack[1]):
+                x = x.index_put((deepstack[0],), x[deepstack[0]] + deepstack[1][i])
         return x
 
     @torch.no_grad()
-    def prefill(self, suffixes: list[list[int]], starts: list[int], tables: list[list[int]]) -> Tensor:
+    def prefill(
+        self,
+        suffixes: list[list[int]],
+        starts: list[int],
+        tables: list[list[int]],
+        images: list[RowImages | None] | None = None,
+    ) -> Tensor:
         """Prompt tokens after each row's cached prefix -> hidden state of each row's last token [B, H].
 
         suffixes[i] sit at positions starts[i].. of a sequence whose pages are tables[i] (covering the whole
-        prompt). Rows are right-padded to the longest suffix; padding writes to the trash page.
+        prompt). Rows are right-padded to the longest suffix; padding writes to the trash page. `images`
+        (a vision-language model, vision.py): each row's multimodal RoPE positions and image embeddings.
         """
         dev, ps = self.cache.device, self.ps
         b, lq = len(suffixes), max(len(s) for s in suffixes)
@@ -179,7 +207,16 @@ class ModelRunner:
             # torch.compile build new graphs mid-run (it specializes sizes 0 and 1)
             return out.reshape(b * lq, nh * d).clone()
 
-        x = self._layers(F.embedding(ids.reshape(-1), self.w.embed), cos, sin, slots, attend)
+        x = F.embedding(ids.reshape(-1), self.w.embed)
+        deepstack = None
+        if images is not None and any(r is not None for r in images):
+            assert self.mrope_rows is not None  # the engine takes images only with a vision tower
+            pos3, index, embeds, deep = assemble(images, starts, lq, dev)
+            pos3 = pos3.clamp(0, self.max_len - 1)
+            cos, sin = mrope_cos_sin(self.cos, self.sin, pos3, self.mrope_rows)
+            x = x.float().index_put((index,), embeds)
+            deepstack = (index, deep) if deep else None
+        x = self._layers(x, cos, sin, slots, attend, deepstack)
         return x.view(b, lq, -1)[torch.arange(b, device=dev), (lens - 1).to(dev)]
 
     def _decode_attend(self, bt: Tensor, ctx: Tensor, max_len: int) -> Callable:
@@ -196,6 +233,26 @@ class ModelRunner:
         return attend
 
     @torch.no_grad()
+    def decode_hidden(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        bt: Tensor,
+        active: Tensor,
+        max_len: int | None = None,
+        rope_delta: Tensor | None = None,
+    ) -> Tensor:
+        """The layers of one decode step: input_ids, positions, active [B], block tables bt [B, P] -> the
+        last hidden states [B, H] (K/V written to the cache). A tensor-parallel rank runs only this.
+        `rope_delta` [B] (multimodal RoPE, vision.py): a text token rotates by its index plus its row's delta."""
+        pos = positions.clamp(max=self.max_len - 1)
+        slots = None if self.attention == "triton" else slots_for(bt, pos[:, None], self.ps)[:, 0]
+        ctx = ((pos + 1) * active).to(torch.int32)
+        attend = self._decode_attend(bt, ctx, max_len or self.max_len)
+        rot = pos if rope_delta is None else (positions + rope_delta).clamp(0, self.max_len - 1)
+        return self._layers(F.embedding(input_ids, self.w.embed), self.cos[rot], self.sin[rot], slots, attend)
+
+    @torch.no_grad()
     def decode(self, st: DecodeState, b: int, flags: Flags, max_len: int | None = None) -> None:
         """One decode step over rows [0, b) of `st`: writes st.out_tokens/out_logprobs and advances st.
 
@@ -203,13 +260,9 @@ class ModelRunner:
         to the trash page through their all-zero block table. `max_len` bounds the context the torch
         attention reads (default max_model_len, as a graph needs).
         """
-        pos = st.positions[:b].clamp(max=self.max_len - 1)
-        bt = st.block_tables[:b]
-        slots = None if self.attention == "triton" else slots_for(bt, pos[:, None], self.ps)[:, 0]
-        ctx = ((pos + 1) * st.active[:b]).to(torch.int32)
-        attend = self._decode_attend(bt, ctx, max_len or self.max_len)
-        x = self._layers(
-            F.embedding(st.input_ids[:b], self.w.embed), self.cos[pos], self.sin[pos], slots, attend
+        rope_delta = st.rope_delta[:b] if self.mrope_rows is not None else None
+        x = self.decode_hidden(
+            st.input_ids[:b], st.positions[:b], st.block_tables[:b], st.active[:b], max_len, rope_delta
         )
         seen = None
         if flags.penalty:

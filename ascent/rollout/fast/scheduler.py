@@ -85,7 +85,7 @@ class Scheduler:
         """Reserve and take pages for `group`; None (nothing held) if they do not fit now."""
         s0 = group[0]
         p, m_new = len(s0.prompt), s0.max_new
-        found = self.sessions.take(s0.session_id, s0.prompt)
+        found = self.sessions.take(s0.session_id, s0.prompt, s0.image_keys)
         entry, m = found if found else (None, 0)
         g0, g_other = self.growth_pages(p, m_new)
         prompt_new = cdiv(p, self.ps) - cdiv(m, self.ps)
@@ -113,7 +113,7 @@ class Scheduler:
     def new_tokens(self, seq: Sequence) -> int:
         """Prompt tokens of `seq` that admitting it now would compute (those after a cached session
         prefix)."""
-        found = self.sessions.peek(seq.session_id, seq.prompt)
+        found = self.sessions.peek(seq.session_id, seq.prompt, seq.image_keys)
         return len(seq.prompt) - (found[1] if found else 0)
 
     def admit(
@@ -183,8 +183,9 @@ class Scheduler:
             n = min(seq.num_cached, len(seq.prompt) + len(seq.tokens))
             pages = cdiv(n, self.ps)
             self.alloc.release_all(seq.pages[pages:])
+            images = tuple(k for k in seq.image_keys if k[1] <= n)
             self.sessions.put(
-                seq.session_id, CachedSequence((seq.prompt + seq.tokens)[:n], seq.pages[:pages])
+                seq.session_id, CachedSequence((seq.prompt + seq.tokens)[:n], seq.pages[:pages], images)
             )
         else:
             self.alloc.release_all(seq.pages)

@@ -8,12 +8,15 @@ the policy version of the weights that sampled each of them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ascent.messages import FinishReason, Generation, GenerationRequest, SamplingParams
+from ascent.messages import FinishReason, Generation, GenerationRequest, ImageInput, SamplingParams
 from ascent.rollout.sampling import split_seed
+
+ImageSpan = tuple[int, int, tuple[str, tuple[int, int, int]]]  # start, end, (digest, grid) of one image
 
 
 @dataclass
@@ -43,6 +46,10 @@ class Sequence:
     cached: int = 0  # prompt tokens whose K/V came from a cached session (not prefilled)
     fed: int = 0  # prompt tokens computed by decode steps instead of a prefill (state.py, "Prompt feeding")
     skip: int = 0  # outputs of launched steps still to throw away (they read prompt tokens, fed - 1 in all)
+    images: tuple[ImageInput, ...] = ()  # one per image-token run of the prompt, in order (vision.py)
+    image_keys: tuple[ImageSpan, ...] = ()  # (start, end, digest and grid) of each image's run
+    rope_delta: int = 0  # multimodal RoPE: a decode token's rotary position minus its index (vision.py)
+    deadline: float | None = None  # time.monotonic() past which it ends as "abort" (params.max_time_s)
 
     @property
     def exhausted(self) -> bool:
@@ -68,6 +75,39 @@ class Sequence:
         self.fed = self.skip = 0
 
 
+def image_spans(ids: list[int], token_id: int) -> list[tuple[int, int]]:
+    """[(start, end)] of each run of `token_id` in `ids`, in order."""
+    spans: list[tuple[int, int]] = []
+    start = -1
+    for i, t in enumerate([*ids, None]):
+        if t == token_id and start < 0:
+            start = i
+        elif t != token_id and start >= 0:
+            spans.append((start, i))
+            start = -1
+    return spans
+
+
+def _image_keys(req: GenerationRequest, image_token: int | None) -> tuple[ImageSpan, ...]:
+    """Check a request's images against its prompt -> the (start, end, key) of each image's run."""
+    if not req.images:
+        return ()
+    if image_token is None:
+        raise ValueError(
+            f"request {req.request_id}: it has {len(req.images)} images and the model takes none; use a "
+            "vision-language checkpoint (Qwen2.5-VL, Qwen3-VL) for image prompts."
+        )
+    spans = image_spans(req.prompt_ids, image_token)
+    want = [im.num_tokens for im in req.images]
+    if [e - s for s, e in spans] != want:
+        raise ValueError(
+            f"request {req.request_id}: its token ids hold image-token runs of lengths "
+            f"{[e - s for s, e in spans]}, its images need {want}; expand each image's <|image_pad|> to its "
+            "num_tokens (ascent.models.vision.ImageCodec.expand)."
+        )
+    return tuple((s, e, (im.digest, im.grid_thw)) for (s, e), im in zip(spans, req.images, strict=True))
+
+
 def stop_string_cut(
     tokens: list[int], start: int, stops: tuple[str, ...], decode: Callable[[list[int]], str]
 ) -> int | None:
@@ -88,9 +128,10 @@ def stop_string_cut(
 def check_finished(seq: Sequence, decode: Callable[[list[int]], str] | None, interval: int) -> bool:
     """Update `seq.finish` from its newest token; truncate at a stop string. -> finished?
 
-    A stop token ends the sequence (and stays in it). Stop strings are checked on the host every `interval`
-    tokens and whenever the sequence ends otherwise; the sequence is cut after the token that completes
-    the string. Then the token budget ends it with "length".
+        A stop token ends the sequence (and stays in it). Stop strings are checked on the host every `interval`
+        tokens and whenever the sequence ends otherwise; the sequence is cut after the token that completes
+        the string. Then the token budget ends it with "length", and a spent wall-clock budget (`params.max_time_s`)
+    with "abort".
     """
     stop_hit = bool(seq.tokens) and seq.tokens[-1] in seq.stop_ids
     done = stop_hit or len(seq.tokens) >= seq.max_new
@@ -107,6 +148,8 @@ def check_finished(seq: Sequence, decode: Callable[[list[int]], str] | None, int
         seq.finish = "stop"
     elif len(seq.tokens) >= seq.max_new:
         seq.finish = "length"
+    elif seq.deadline is not None and time.monotonic() >= seq.deadline:
+        seq.finish = "abort"  # its wall-clock budget (SamplingParams.max_time_s) is spent
     return seq.finish is not None
 
 
@@ -119,10 +162,12 @@ def expand_requests(
     max_model_len: int,
     can_decode: bool,
     fresh_seed: Callable[[], int],
+    image_token: int | None = None,
 ) -> list[list[Sequence]]:
     """Validate requests and turn each into its n `Sequence`s (one group per request); a request with no
     room left under max_model_len is answered at once with empty "length" generations in `out[offset + i]`.
-    Seeded requests give sample i the seed `split_seed(seed, i)`; unseeded ones draw `fresh_seed()`."""
+    Seeded requests give sample i the seed `split_seed(seed, i)`; unseeded ones draw `fresh_seed()`. Images
+    need `image_token` (a vision-language model's) and one run of it per image, of its size."""
     groups: list[list[Sequence]] = []
     for pos, req in enumerate(requests, start=offset):
         p = req.params
@@ -133,16 +178,29 @@ def expand_requests(
                 f"request {req.request_id}: stop_strings need a decode callable; build the "
                 "engine with decode=tokenizer.decode (or a tokenizer_path)."
             )
+        keys = _image_keys(req, image_token)
         max_new = min(p.max_new_tokens, max_model_len - len(req.prompt_ids))
         if max_new <= 0:
             out[pos] = [Generation([], [], "length") for _ in range(p.n)]
             continue
         stop_ids = eos | frozenset(p.stop_token_ids)
         seeds = [split_seed(p.seed, i) if p.seed is not None else fresh_seed() for i in range(p.n)]
-        groups.append(
-            [
-                Sequence(pos, i, list(req.prompt_ids), p, seeds[i], max_new, stop_ids, req.session_id)
-                for i in range(p.n)
-            ]
-        )
+        deadline = None if p.max_time_s is None else time.monotonic() + p.max_time_s
+        group = [
+            Sequence(
+                pos,
+                i,
+                list(req.prompt_ids),
+                p,
+                seeds[i],
+                max_new,
+                stop_ids,
+                req.session_id,
+                deadline=deadline,
+            )
+            for i in range(p.n)
+        ]
+        for s in group:
+            s.images, s.image_keys = req.images, keys
+        groups.append(group)
     return groups

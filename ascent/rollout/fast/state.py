@@ -66,6 +66,7 @@ class DecodeState:
         self.out_tokens, self.out_logprobs = z(rows), z(rows, dtype=torch.float32)
         self.feed_width = feed_width  # the longest prompt a row can be fed (0: no feeding, no step overhead)
         self.feed_buf, self.feed_pos, self.feed_len = z(rows, max(feed_width, 1)), z(rows), z(rows)
+        self.rope_delta = z(rows)  # multimodal RoPE: rotary position minus cache position (vision.py)
 
     def _put(self, values: list, dtype: torch.dtype = torch.long) -> Tensor:
         """A host list on the device without a stream sync: a plain copy from pageable memory waits for
@@ -75,7 +76,7 @@ class DecodeState:
     def per_row(self) -> list[Tensor]:
         """Every tensor indexed by row (what admission fills and compaction permutes)."""
         base = [self.input_ids, self.positions, self.active, self.steps, self.block_tables, self.seeds]
-        base += [self.feed_buf, self.feed_pos, self.feed_len]
+        base += [self.feed_buf, self.feed_pos, self.feed_len, self.rope_delta]
         base += [getattr(self, n) for n in self.PARAMS]
         return base + ([self.seen] if self.seen is not None else [])
 
@@ -136,6 +137,7 @@ class DecodeState:
             "top_k": [s.params.top_k for s in seqs],
             "feed_pos": [1 if f else 0 for f in feeds],
             "feed_len": [len(f) for f in feeds],
+            "rope_delta": [s.rope_delta for s in seqs],
         }
         for name, vals in longs.items():
             getattr(self, name).index_copy_(0, idx, self._put(vals))

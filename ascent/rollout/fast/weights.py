@@ -32,11 +32,13 @@ import torch
 from torch import Tensor
 
 from ascent.models.families import ModelSpec, same_name
+from ascent.rollout.fast.moe import is_moe_mlp, owned_experts, shared_experts
 
 
 @dataclass
 class LayerWeights:
-    """One decoder layer. `qkv_w` holds one fused [q+2kv, H] matrix or three; `gate_up_w` one or two."""
+    """One decoder layer. `qkv_w` holds one fused [q+2kv, H] matrix or three; `gate_up_w` one or two. An MoE
+    layer holds `gate_up_w = (router [E, H], experts' gate_up [E, 2I, H])` and `down_w` [E, H, I] (moe.py)."""
 
     ln1: Tensor  # [H]
     ln2: Tensor  # [H]
@@ -200,6 +202,13 @@ def _shared_layer(sd: Mapping[str, Tensor], i: int, targets: dict[str, Tensor]) 
     for n in names:
         targets[n] = sd[n]
     att, mlp = p + "self_attn.", p + "mlp."
+    if is_moe_mlp(sd, mlp):
+        gate_up_w, down_w = shared_experts(sd, mlp)
+    else:
+        gate_up_w, down_w = (
+            (sd[mlp + "gate_proj.weight"], sd[mlp + "up_proj.weight"]),
+            sd[mlp + "down_proj.weight"],
+        )
     return LayerWeights(
         ln1=sd[p + "input_layernorm.weight"],
         ln2=sd[p + "post_attention_layernorm.weight"],
@@ -208,8 +217,8 @@ def _shared_layer(sd: Mapping[str, Tensor], i: int, targets: dict[str, Tensor]) 
         o_w=sd[att + "o_proj.weight"],
         q_norm=sd.get(att + "q_norm.weight"),
         k_norm=sd.get(att + "k_norm.weight"),
-        gate_up_w=(sd[mlp + "gate_proj.weight"], sd[mlp + "up_proj.weight"]),
-        down_w=sd[mlp + "down_proj.weight"],
+        gate_up_w=gate_up_w,
+        down_w=down_w,
     )
 
 
@@ -250,18 +259,18 @@ def _owned_layer(sd: Mapping[str, Tensor], i: int, dtype, device, targets: dict[
     qkv_b = None
     if all(n in sd for n in bias_names):
         qkv_b = _fused([(n, sd[n]) for n in bias_names], dtype, device, targets)
-    gu_names = [mlp + "gate_proj.weight", mlp + "up_proj.weight"]
-    return LayerWeights(
-        ln1=own(p + "input_layernorm.weight", NORM_DTYPE),  # fp32, as the trainer's master weights
-        ln2=own(p + "post_attention_layernorm.weight", NORM_DTYPE),
-        qkv_w=(qkv_w,),
-        qkv_b=(qkv_b,),
-        o_w=own(att + "o_proj.weight"),
-        q_norm=own_optional(att + "q_norm.weight", NORM_DTYPE),  # fp32 * bf16 q -> fp32, as HF under autocast
-        k_norm=own_optional(att + "k_norm.weight", NORM_DTYPE),
-        gate_up_w=(_fused([(n, _get(sd, n)) for n in gu_names], dtype, device, targets),),
-        down_w=own(mlp + "down_proj.weight"),
-    )
+    ln1 = own(p + "input_layernorm.weight", NORM_DTYPE)  # fp32, as the trainer's master weights
+    ln2 = own(p + "post_attention_layernorm.weight", NORM_DTYPE)
+    o_w = own(att + "o_proj.weight")
+    q_norm = own_optional(att + "q_norm.weight", NORM_DTYPE)  # fp32 * bf16 q -> fp32, as HF under autocast
+    k_norm = own_optional(att + "k_norm.weight", NORM_DTYPE)
+    if is_moe_mlp(sd, mlp):  # routed experts, stacked (moe.py)
+        gate_up_w, down_w = owned_experts(sd, mlp, dtype, device, targets)
+    else:
+        gu_names = [mlp + "gate_proj.weight", mlp + "up_proj.weight"]
+        gate_up_w = (_fused([(n, _get(sd, n)) for n in gu_names], dtype, device, targets),)
+        down_w = own(mlp + "down_proj.weight")
+    return LayerWeights(ln1, ln2, (qkv_w,), (qkv_b,), o_w, q_norm, k_norm, gate_up_w, down_w)
 
 
 def _check_supported(sd: Mapping[str, Tensor], spec: ModelSpec) -> None:

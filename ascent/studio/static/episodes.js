@@ -2,7 +2,8 @@
 // offset/limit), filtered (iteration, reward range, environment, status incl. "dropped", text in the prompt or
 // the response), and one episode turn by turn: every token, sampled tokens (loss mask 1) outlined and
 // coloured by the sampler's probability, prompt and observation tokens (mask 0) in grey; hovering a token
-// shows its id, mask, logprob and policy version.
+// shows its id, mask, logprob and policy version. A simulator episode that rendered shows its frames first,
+// each beside the action taken on it and the step's reward.
 "use strict";
 
 const STATUS_CHOICES = ["", "trained", "dropped", "filtered", "dropped_stale", "surplus", "served"];
@@ -106,7 +107,7 @@ async function renderEpisode(view, runId, episodeId) {
   view.append(
     h("p", {}, h("a", { href: `#/run/${enc(runId)}/episodes` }, "← all episodes")),
     h("h2", {}, `Episode ${e.id}`), h("div", { class: "card facts", id: "episode-facts" }, facts.map(([k, v]) => h("div", {}, h("span", {}, k), v))),
-    legend, h("div", { id: "episode" }, segments));
+    simSteps(runId, e.steps), legend, h("div", { id: "episode" }, segments));
   if (Object.keys(e.metadata).length) {
     view.append(h("details", {}, h("summary", {}, "row and episode metadata"), h("pre", { class: "card" }, JSON.stringify(e.metadata, null, 2))));
   }
@@ -119,6 +120,17 @@ async function renderEpisode(view, runId, episodeId) {
   }
   paint();
   attachTips(view);
+}
+
+// A simulator episode's frames, each beside the action the model took on it and that step's reward.
+function simSteps(runId, steps) {
+  if (!steps || !steps.length) return null;
+  const row = (s) => h("tr", { dataset: { step: s.step } }, h("td", { class: "num" }, s.step),
+    h("td", {}, h("img", { class: "frame", alt: `frame ${s.step}`, src: `/api/frame?run=${enc(runId)}&path=${enc(s.frame)}` })),
+    h("td", {}, s.action ?? "–"), h("td", { class: "num" }, s.reward === null ? "–" : fmt(s.reward)));
+  return h("details", { open: true, id: "episode-steps" }, h("summary", {}, `${steps.length} frames, with actions and rewards`),
+    h("table", {}, h("thead", {}, h("tr", {}, ["step", "frame", "action", "reward"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, steps.map(row))));
 }
 
 function tokenTip(t) {

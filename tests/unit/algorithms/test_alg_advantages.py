@@ -70,6 +70,8 @@ def full_inputs(rewards, group_ids, mask):
         baseline_rewards=torch.tensor(rewards, dtype=torch.float32),
         teacher_logprobs=torch.zeros(b, t),
         sampler_logprobs=torch.zeros(b, t),
+        old_logprobs=torch.full((b, t), -0.7),
+        sum_pi_squared=torch.full((b, t), 0.5),
     )
 
 
@@ -94,6 +96,8 @@ def test_fully_masked_rows_are_zero_and_finite(name):
     inp.values[1:] = float("nan")  # garbage behind the mask must not leak
     inp.token_rewards[1:] = float("inf")
     inp.teacher_logprobs[1:] = float("nan")
+    inp.old_logprobs[1:] = float("nan")
+    inp.sum_pi_squared[1:] = float("inf")
     fn = ADVANTAGE_ESTIMATORS[name]
     out = fn(inp, **options_for(fn, {"gamma": 0.9, "lam": 0.95}))
     assert torch.isfinite(out.advantages).all() and torch.isfinite(out.returns).all()

@@ -53,6 +53,8 @@ def test_each_function_gets_only_the_settings_it_names_and_each_is_a_config_fiel
         baseline_rewards=torch.zeros(2),
         teacher_logprobs=torch.zeros(2, 2),
         sampler_logprobs=torch.zeros(2, 2),
+        old_logprobs=torch.zeros(2, 2),
+        sum_pi_squared=torch.ones(2, 2),
     )
     x = torch.zeros(3)
     for field, registry in (("advantage", ADVANTAGE_ESTIMATORS), ("policy_loss", POLICY_LOSSES)):

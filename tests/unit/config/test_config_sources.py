@@ -100,6 +100,7 @@ def test_explain_shows_the_chosen_source_and_its_fields() -> None:
         "rollout.source.env",
         "rollout.source.max_turns",
         "rollout.source.max_episode_tokens",
+        "rollout.source.sims_per_worker",
     }
     assert (
         rows["rollout.source.env"].value == "guess_number" and rows["rollout.source.max_turns"].default == 4

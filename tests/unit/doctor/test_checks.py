@@ -7,8 +7,11 @@ import json
 import socket
 from collections import namedtuple
 
+import pytest
+
 from ascent.config.schema import RunConfig
 from ascent.doctor import cluster, model, plan, run, system, tracking
+from ascent.errors import AscentError
 
 GIB = 2**30
 H100 = system.GpuFacts("2.13.0", "13.0", "580.1", ["H100"], [80 * GIB], [(9, 0)], "2.27.3")
@@ -235,6 +238,25 @@ def test_unsupported_architecture_fails_for_the_fast_engine(tiny_copy):
     assert result.status == "fail" and "rollout.engine=reference" in result.fix
 
 
+def test_vision_language_checkpoints_pass_for_the_fast_engine(tmp_path):
+    from ascent.models.tiny_vl import make_tiny_vl_checkpoint
+
+    path = make_tiny_vl_checkpoint(tmp_path, family="qwen3_vl")
+    result = model.check_engine_architecture(cfg(model={"path": str(path)}, rollout={"engine": "fast"}))
+    assert result.status == "ok" and "qwen3_vl" in result.detail
+
+
+def test_tensor_parallel_must_split_the_models_heads(tiny_copy):
+    def check(tp):
+        return model.check_engine_architecture(
+            cfg(model={"path": str(tiny_copy)}, rollout={"engine": "fast", "tensor_parallel": tp})
+        )
+
+    assert check(2).status == "ok" and "split over 2 ranks" in check(2).detail
+    bad = check(3)  # the tiny model has 4 heads
+    assert bad.status == "fail" and "rollout.tensor_parallel=3" in bad.detail
+
+
 def test_unknown_model_type_fails_for_the_fast_engine(tmp_path, tiny_dir):
     from transformers import GPT2Config
 
@@ -318,3 +340,33 @@ def test_an_awake_engine_warns_where_nothing_overlaps_the_update():
     for result in (check(engine_sleeps=False, backend="ray"), check(engine_sleeps=False, k=1)):
         assert result.status == "warn" and "rollout.max_staleness=1" in result.fix
     assert "max_staleness=0" in check(engine_sleeps=False, backend="ray").detail
+
+
+def test_the_placement_plan_per_component_and_an_impossible_one_refused():
+    split = {"backend": "ray", "placement": "split", "gpus_per_worker": 1, "num_rollout_workers": 2}
+    run = cfg(cluster={**split, "reward_model_gpus": 2}, rollout={"engine": "fast", "tensor_parallel": 2})
+    assert cluster.demand(run).gpus == 1 + 2 * 2  # a trainer rank, two replicas of two GPUs each
+    text = cluster.check_placement(run, 8).detail
+    assert "trainer 1 x 1 GPU" in text and "rollout 2 replica(s) x TP 2 x 1 GPU" in text and "5 GPUs" in text
+    with pytest.raises(AscentError, match=r"this machine has 4 GPU\(s\)") as err:
+        cluster.check_placement(
+            cfg(cluster={**split, "trainer_gpus": 2}, rollout=run.rollout.model_dump()), 4
+        )
+    assert err.value.exit_code == 2
+    assert cluster.check_placement(cfg(), 0).status == "ok"  # inline: one device
+
+
+def test_per_component_gpus_need_split_placement_and_tensor_parallel_the_fast_engine():
+    with pytest.raises(ValueError, match=r"cluster.trainer_gpus=2: only cluster.backend=ray with"):
+        cfg(cluster={"backend": "ray", "trainer_gpus": 2})
+    with pytest.raises(ValueError, match=r"cluster.rollout_gpus=1: .*tensor_parallel=2"):
+        cfg(
+            cluster={"backend": "ray", "placement": "split", "rollout_gpus": 1},
+            rollout={"engine": "fast", "tensor_parallel": 2},
+        )
+    with pytest.raises(ValueError, match=r"rollout.tensor_parallel=2: a colocated replica .*placement=split"):
+        cfg(
+            cluster={"backend": "ray", "gpus_per_worker": 1}, rollout={"engine": "fast", "tensor_parallel": 2}
+        )
+    with pytest.raises(ValueError, match=r"rollout.tensor_parallel=2: only the fast engine"):
+        cfg(rollout={"tensor_parallel": 2})

@@ -152,3 +152,22 @@ def test_update_peak_within_15_percent_of_the_h100_measurements(shape, tokens, c
     m = M.MemoryInputs(shape, 2, True, True, "varlen", seqs * 768, seqs * 512, chunk)
     ratio = M.estimate(m).total("update") / GIB / measured_gib
     assert 1.0 <= ratio < 1.05
+
+
+def test_moe_holds_every_expert_and_activates_k():
+    """Qwen3-30B-A3B's shape: 128 experts of width 768, 8 a token, in 48 layers."""
+    moe = replace(
+        qwen_shape(2048, 6144, 48, 32, kv=4),
+        experts=128,
+        experts_per_token=8,
+        expert_intermediate=768,
+        moe_layers=48,
+    )
+    assert moe.active_params == moe.params - 48 * 120 * 3 * 2048 * 768
+    m = replace(BASE, shape=moe)
+    assert M.weight_bytes(m) == 4 * moe.params  # all experts are held (and trained)
+    dense_width = replace(moe, experts=0)  # the dense MLP of the same width, 8 x 768 = 6144
+    assert (
+        M.layer_working_set(m, 10)
+        == M.layer_working_set(replace(m, shape=dense_width), 10) + 10 * 2 * 8 * 2048 * 2
+    )

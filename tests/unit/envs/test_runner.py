@@ -4,6 +4,7 @@ costing only its episode, and the real reference engine driven turn by turn."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -224,3 +225,31 @@ def test_a_broken_step_result_costs_its_episode_with_the_reason(
     )
     assert bad.finish_reason == "abort" and bad.reward == 0.0 and reason in bad.metadata["env_error"]
     assert good.finish_reason == "stop" and good.reward == 1.0  # the batch goes on
+
+
+class RoutingEngine(ScriptedEngine):
+    """The scripted engine, recording MoE routes as the reference engine does: one row per request token and
+    generated token ([tokens, 1 layer, k=1]), the turn number + 1 as the expert, -1 on the last token."""
+
+    def __call__(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
+        import torch
+
+        out = super().__call__(requests)
+        for r, gens in zip(requests, out, strict=True):
+            n = len(r.prompt_ids) + len(gens[0].token_ids)
+            routes = torch.full((n, 1, 1), len(self.seen), dtype=torch.int16)
+            routes[-1] = -1
+            gens[0] = dataclasses.replace(gens[0], routed_experts=routes)
+        return out
+
+
+def test_an_moe_episode_keeps_each_tokens_first_recorded_experts(chat: ChatTokens) -> None:
+    (ep,) = run_episodes(
+        tasks(7), RoutingEngine(chat, {0: ["3", "7"]}), chat, PARAMS, max_turns=5, max_tokens=200
+    )
+    routes = ep.routed_experts[:, 0, 0].tolist()
+    assert len(routes) == ep.num_tokens
+    first = len(ep.prompt_ids) + 1  # the prompt and turn 1's first token: turn 1's forwards computed them
+    assert routes[:first] == [1] * first
+    assert routes[first:-1] == [2] * (len(routes) - first - 1)  # turn 1's last token, the observation, turn 2
+    assert routes[-1] == -1  # the last sampled token went into no forward

@@ -60,17 +60,25 @@ def test_weight_names_round_trip(model_type):
 
 
 @pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl"])
-def test_vision_language_families_load_as_image_text_models_on_the_reference_engine(model_type, tmp_path):
+def test_vision_language_families_load_as_image_text_models(model_type, tmp_path):
     from ascent.models.loading import load_model
     from ascent.models.multimodal import is_vision_language
     from ascent.models.tiny_vl import make_tiny_vl_checkpoint
 
     family = family_for(model_type)
     assert family.trainer_class == "AutoModelForImageTextToText" and family.is_multimodal
-    assert family.engine is None and family.spec is None
     model = load_model(make_tiny_vl_checkpoint(tmp_path, family=model_type), device="cpu")
     assert type(model).__name__.endswith("ForConditionalGeneration") and is_vision_language(model)
     assert resolve_class(family.processor_class or "").__name__ == "AutoImageProcessor"
+    # the fast engine runs the language model as its decoder, with multimodal RoPE, and the tower as is
+    assert family.engine == "decoder" and family.spec is not None
+    spec = family.spec(model.config)
+    assert spec.mrope_section == (2, 3, 3) and spec.mrope_interleaved == (model_type == "qwen3_vl")
+    names = list(model.state_dict())
+    engine_names = {family.to_engine_name(n) for n in names}
+    assert "model.layers.0.self_attn.q_proj.weight" in engine_names
+    assert any(n.startswith("model.visual.") for n in engine_names)
+    assert [family.to_checkpoint_name(family.to_engine_name(n)) for n in names] == names
 
 
 def test_unknown_model_type_names_it_the_known_families_and_the_fix():

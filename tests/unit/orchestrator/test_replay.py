@@ -150,3 +150,37 @@ def test_a_store_without_groups_of_the_run_size_and_bad_scores_are_errors(tmp_pa
         load_replay(ReplaySpec(str(tmp_path), 3, "uniform", samples_per_prompt=2, seed=0))
     with pytest.raises(ReplayError, match="replay.score='operator:neg' raised TypeError"):
         load_replay(ReplaySpec(str(tmp_path), 1, "operator:neg", samples_per_prompt=2, seed=0))
+
+
+def test_a_vision_language_group_replays_with_its_images_stored_once_each(tmp_path):
+    """Each distinct image (by digest) is stored once, with its patches; every episode replays with its own
+    images in order: the prompt's image its group shares, and a tool's image of one episode only."""
+    import sqlite3
+
+    import numpy as np
+    import torch
+
+    from ascent.messages import ImageInput
+    from ascent.tracking.experience_store import open_store
+
+    shared = ImageInput(torch.arange(12, dtype=torch.bfloat16).reshape(2, 6), (1, 1, 2), 1, "a" * 64, "row 3")
+    zoom = ImageInput(np.full((4, 6), 0.25, dtype=np.float32), (1, 2, 2), 1, "b" * 64, "turn 2: zoom_in")
+    eps = [
+        Episode(**{**vars(single(3, 1.0)), "images": (shared, zoom)}),
+        Episode(**{**vars(single(3, 0.0)), "images": (shared,)}),
+    ]
+    path = write(tmp_path / "experience.db", [Entry(e, 1, "trained", 0, group_index=0) for e in eps])
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM images").fetchone()[0] == 2
+    replay = load_replay(ReplaySpec(str(tmp_path), 1, "uniform", samples_per_prompt=2, seed=0))
+    first, second = replay.groups[0].episodes
+    assert [i.digest for i in first.images] == ["a" * 64, "b" * 64] and len(second.images) == 1
+    assert (first.images[1].grid_thw, first.images[1].num_tokens, first.images[1].source) == (
+        (1, 2, 2),
+        1,
+        "turn 2: zoom_in",
+    )
+    np.testing.assert_array_equal(first.images[0].pixel_values, np.arange(12, dtype=np.float32).reshape(2, 6))
+    np.testing.assert_array_equal(first.images[1].pixel_values, zoom.pixel_values)
+    with open_store(tmp_path) as store:  # a text episode has none
+        assert store.images(10_000) == ()

@@ -214,3 +214,14 @@ def test_an_older_checkpoints_flat_fields_compare_as_their_source() -> None:
     assert R.config_changes(old | {"rollout": flat}, other.model_dump(mode="json")) == [
         "rollout.source.max_turns: 3 -> 4"
     ]
+
+
+def test_an_env_source_setting_newer_than_the_checkpoint_compares_as_its_default() -> None:
+    new = load_config(None, ["rollout.source={name: env, env: guess_number}"]).model_dump(mode="json")
+    saved = json.loads(json.dumps(new))
+    del saved["rollout"]["source"]["sims_per_worker"]  # a checkpoint from before the setting
+    assert R.config_changes(saved, new) == []
+    more = load_config(None, ["rollout.source={name: env, env: guess_number, sims_per_worker: 8}"])
+    assert R.config_changes(saved, more.model_dump(mode="json")) == [
+        "rollout.source.sims_per_worker: '(absent)' -> 8"
+    ]

@@ -32,8 +32,8 @@ class FakeEngine:
 
     num_workers = 2
 
-    def __init__(self, reply):
-        self.reply, self.asked = reply, []
+    def __init__(self, reply, finish=lambda text: "stop"):
+        self.reply, self.finish, self.asked = reply, finish, []
 
     def call_split(self, method, shards):
         tok = CharTokenizer()
@@ -42,7 +42,8 @@ class FakeEngine:
             texts = [tok.decode(r.prompt_ids) for r in shard]
             self.asked += texts
             gens = [
-                [Generation(tok.encode(self.reply(t)), [0.0] * len(self.reply(t)), "stop")] for t in texts
+                [Generation(tok.encode(self.reply(t)), [0.0] * len(self.reply(t)), self.finish(t))]
+                for t in texts
             ]
             out.append(Rollout(gens, 0, 0.0))
         return out
@@ -54,7 +55,7 @@ def judge(engine, max_failure_rate=0.5, cache_size=100):
         CharTokenizer(),
         "Q={prompt} R={response} A={answer}",
         resolve_parser("score_0_10"),
-        SamplingParams(temperature=0.0, max_new_tokens=8),
+        SamplingParams(temperature=0.0, max_new_tokens=8, max_time_s=2.0),
         JudgementCache(cache_size),
         max_failure_rate,
     )
@@ -88,6 +89,22 @@ def test_a_reply_that_does_not_parse_costs_its_sample_and_is_counted_and_not_cac
     assert engine.asked.count("Q=2+2 R=bad A=4") == 2  # a failure is asked again next time
     with pytest.raises(RewardFailureError, match="reward.judge"):
         judge(FakeEngine(lambda text: "?"), max_failure_rate=0.5).score(inputs("a", "b"))
+
+
+def test_a_judgement_past_its_timeout_costs_its_sample_counted_logged_and_not_cached(caplog):
+    # the engine ended the "slow" judgement as "abort" (SamplingParams.max_time_s): a number already written
+    # does not count
+    engine = FakeEngine(lambda text: "8", finish=lambda text: "abort" if "R=slow" in text else "stop")
+    scorer = judge(engine, max_failure_rate=0.5)
+    with caplog.at_level("WARNING", logger="ascent"):
+        out = scorer.score(inputs("slow", "ok", "ok", "ok"))
+    assert out.scores == pytest.approx([0.0, 0.8, 0.8, 0.8]) and out.failures == 1
+    assert out.metrics["reward/judge/failures"] == 1.0
+    assert "timed out after reward.judge.timeout_s=2.0 s" in caplog.text and "row 1" in caplog.text
+    scorer.score(inputs("slow", "ok"))
+    assert engine.asked.count("Q=2+2 R=slow A=4") == 2  # not cached: asked again
+    with pytest.raises(RewardFailureError, match="timed out"):
+        judge(FakeEngine(lambda text: "8", finish=lambda text: "abort")).score(inputs("a", "b"))
 
 
 class Fixed:

@@ -69,6 +69,24 @@ def test_placement_plans_split_colocated_and_inline():
         assert (plan.rollout_gpus, plan.shared_bundles) == (0.0, 0)
 
 
+def test_split_placement_gives_each_component_its_own_gpu_count():
+    """trainer_gpus / rollout_gpus / reward_model_gpus, by default gpus_per_worker (rollout: times
+    rollout.tensor_parallel), which the engine's builder receives."""
+    split = {"backend": "ray", "placement": "split", "gpus_per_worker": 1}
+    own = cfg(
+        cluster={**split, "trainer_gpus": 2, "reward_model_gpus": 0.5}, reward={"model": {"path": "rm"}}
+    )
+    plan = setup.placement_of(own)
+    assert (plan.trainer_gpus, plan.rollout_gpus, plan.reward_gpus) == (2.0, 1.0, 0.5)
+    assert setup.demand(own).gpus == 2 + 1 + 0.5
+    tp = cfg(cluster=split, rollout={"engine": "fast", "tensor_parallel": 4})
+    assert setup.placement_of(tp).rollout_gpus == 4.0
+    assert specs.engine_spec(tp).builder_kwargs()["tensor_parallel"] == 4  # the replica starts its ranks
+    assert setup.weight_transport_kind(tp) == "broadcast"  # GPUs of their own: NCCL
+    halves = cfg(cluster={**split, "trainer_gpus": 0.5})  # a trainer rank shares a GPU: no NCCL to it
+    assert setup.weight_transport_kind(halves) == "cuda_ipc"
+
+
 def test_publications_land_mid_generation_only_where_replicas_generate_alongside():
     """swap_mid_generation needs the fast engine on replicas that sample while the trainer computes: Ray
     split, or Ray colocated with the engine awake; not inline, not colocated with the engine asleep."""

@@ -237,3 +237,12 @@ def test_a_prompts_images_reach_its_requests_episodes_and_train_samples() -> Non
     assert [e.images for e in groups[0].episodes] == [(image,), (image,)]
     assert [s.images for s in B.train_samples(flatten(groups))] == [(image,), (image,)]
     assert C.item_of(groups[0].episodes[0]).images == (image,)  # regenerated prompts keep their images
+
+
+def test_an_moe_generations_experts_reach_train_samples_unless_replay_is_off() -> None:
+    routed = torch.zeros(3, 2, 2, dtype=torch.int16)  # 2 prompt + 1 response tokens, 2 MoE layers, top 2
+    items = [SimpleNamespace(prompt_ids=[1, 2], row_id=0, metadata={})]
+    groups = B.to_groups(items, [[Generation([4], [-0.1], "stop", routed_experts=routed)]], decode=str)
+    assert groups[0].episodes[0].routed_experts is routed
+    assert B.train_samples(flatten(groups))[0].routed_experts is routed  # algorithm.routing_replay=true
+    assert B.train_samples(flatten(groups), routing_replay=False)[0].routed_experts is None

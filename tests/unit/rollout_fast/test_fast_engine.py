@@ -295,3 +295,17 @@ def test_requests_fed_into_a_running_call_get_the_same_samples(engines, params):
     assert queued == [penalised] and len(answers) == 5
     assert min(p for p, _ in answers.values()) < polls[0]  # early requests were answered before the end
     assert fast.alloc.reserved == 0 and fast.alloc.available == fast.cache.num_pages - 1
+
+
+def test_a_spent_wall_clock_budget_ends_a_sample_as_abort_in_both_engines(engines):
+    """SamplingParams.max_time_s (a judge's reward.judge.timeout_s): past it a sample ends with what it has,
+    finish "abort", while the others of the call run to their own end and the engine stays usable."""
+    ref, fast = engines(max_batch_size=4)
+    spent = SamplingParams(temperature=0.0, max_new_tokens=20, max_time_s=1e-9)
+    free = SamplingParams(temperature=0.0, max_new_tokens=6)
+    for engine in (ref, fast):
+        out = engine.generate([GenerationRequest([5, 6, 7], spent), GenerationRequest([5, 6, 7], free)])
+        assert out[0][0].finish_reason == "abort" and 1 <= len(out[0][0].token_ids) < 20
+        assert out[1][0].finish_reason == "length" and len(out[1][0].token_ids) == 6
+        again = engine.generate([GenerationRequest([5, 6, 7], free)])
+        assert again[0][0].token_ids == out[1][0].token_ids

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from ascent.messages import SamplingParams
-from ascent.rollout.fast.pages import CachedSequence, PageAllocator, SessionStore, common_prefix
+from ascent.rollout.fast.pages import CachedSequence, PageAllocator, SessionStore, common_prefix, image_fence
 from ascent.rollout.fast.scheduler import Scheduler, cdiv
 from ascent.rollout.fast.sequence import Sequence
 
@@ -41,6 +41,20 @@ def test_session_store_takes_longest_prefix_and_evicts_lru():
     assert store.evict_one(spare={"x"}) and a.refs[pages[2]] == 0  # "y" first, although more recent
     assert list(store.entries) == ["x"] and store.evict_one() and a.refs[pages[0]] == 0
     assert not store.evict_one() and len(store) == 0
+
+
+def test_a_cached_prefix_is_reused_only_up_to_an_image_it_does_not_hold():
+    """Image tokens are alike whatever the image: reuse stops at the first image run that differs or that
+    the prefix would split."""
+    a, b, c = (2, 5, "A"), (8, 10, "B"), (8, 10, "C")
+    assert image_fence(12, [a, b], [a, b]) == 12  # same images: the whole prefix
+    assert image_fence(12, [a, c], [a, b]) == 8  # another image in the second run
+    assert image_fence(9, [a, b], [a]) == 8  # the prefix ends inside the second run
+    assert image_fence(12, [], [a]) == 2  # the entry showed an image where the prompt shows none
+    store = SessionStore(PageAllocator(4))
+    store.put("s", CachedSequence(list(range(12)), [1], images=(a, b)))
+    assert store.peek("s", list(range(14)), [a, c]) is not None
+    assert store.take("s", list(range(14)), [a, c])[1] == 8
 
 
 def test_session_store_keeps_every_conversation_of_a_shared_session():

@@ -265,3 +265,19 @@ def test_a_resume_trains_at_this_runs_lr_not_the_checkpoints(tiny_path, tmp_path
     new.load(tmp_path / "ckpt")
     assert new.step == 1 and new.update(samples, **totals)["lr"] == pytest.approx(2e-5 * 2 / 4)
     assert new.scheduler.get_last_lr()[0] == pytest.approx(2e-5 * 3 / 4)
+
+
+def test_the_sum_pi_squared_pass_gives_the_same_logprobs_and_the_full_logits_sum(tiny_path):
+    """Σπ² (the optimal-token baseline's statistic) comes from the old-logprob forward: its logprobs are
+    compute_logprobs' bit for bit, its Σπ² that of the full logits at the temperature."""
+    worker = PolicyWorker(tiny_path, device="cpu", logprob_chunk_tokens=5)
+    samples = make_samples(5)
+    logprobs, sums = worker.compute_logprobs_and_sum_pi_squared(samples, 0.7)
+    assert logprobs == worker.compute_logprobs(samples, 0.7)
+    model = worker.model
+    for s, row in zip(samples, sums, strict=True):
+        ids = torch.tensor([s.prompt_ids + s.response_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids, use_cache=False).logits[0, len(s.prompt_ids) - 1 : -1].float() / 0.7
+        want = torch.softmax(logits, -1).pow(2).sum(-1)
+        torch.testing.assert_close(torch.tensor(row), want, atol=1e-6, rtol=1e-5)

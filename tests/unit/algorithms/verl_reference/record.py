@@ -56,6 +56,9 @@ def draw(seed: int, positive: bool = False) -> dict:
     advantages = torch.randn(B, T, generator=g)
     values = torch.randn(B, T, generator=g) * mask
     baselines = torch.rand(B, generator=g)
+    # drawn last (the draws above keep their values): a sum of squared probabilities in [p^2, 1], p = exp(old)
+    p2 = old.exp() ** 2
+    sum_pi_squared = p2 + (1 - p2) * torch.rand(B, T, generator=g) * 0.5
     return {
         "rewards": rewards,
         "mask": mask,
@@ -65,6 +68,7 @@ def draw(seed: int, positive: bool = False) -> dict:
         "advantages": advantages,
         "values": values,
         "baselines": baselines,
+        "sum_pi_squared": sum_pi_squared,
     }
 
 
@@ -75,11 +79,14 @@ def token_rewards(x: dict) -> torch.Tensor:
     return out
 
 
-def advantage_case(name: str, seed: int, opts: dict, verl_call, positive: bool = False) -> dict:
+def advantage_case(
+    name: str, seed: int, opts: dict, verl_call, positive: bool = False, verl: str | None = None
+) -> dict:
     x = draw(seed, positive)
     adv, returns = verl_call(x)
     out = {"advantages": adv} if returns is None else {"advantages": adv, "returns": returns * x["mask"]}
-    return case("advantage", name, seed, opts, x, out, positive=positive)
+    extra = {} if verl is None else {"verl": verl}
+    return case("advantage", name, seed, opts, x, out, positive=positive, **extra)
 
 
 def loss_case(name: str, seed: int, opts: dict, agg: str, verl_loss, verl_cfg: Cfg) -> dict:
@@ -172,6 +179,70 @@ def advantage_cases() -> list[dict]:
     return out
 
 
+def otb(fn, zero_tail: bool):
+    """verl's optimal-token baseline `fn` on a draw: the draw's old logprobs and sum of squared probabilities."""
+
+    def call(x: dict):
+        return fn(
+            token_rewards(x),
+            x["mask"],
+            index(x),
+            old_log_probs=x["old_logprobs"],
+            sum_pi_squared=x["sum_pi_squared"],
+            handle_zero_tail=zero_tail,
+        )
+
+    return call
+
+
+def more_advantage_cases() -> list[dict]:
+    """The optimal-token baseline (and its multi-turn form, equal on masks without holes) and the vectorised
+    GRPO and RLOO (verl's second implementations of the same estimators)."""
+    out = []
+    name = "optimal_token_baseline"
+    for seed in range(4):
+        for tail in (False, True):
+            call = otb(C.compute_optimal_token_baseline_advantage, tail)
+            out.append(advantage_case(name, seed, {"otb_zero_tail": tail}, call))
+        tir = otb(C.compute_multi_turn_optimal_token_baseline_advantage, True)
+        out.append(
+            advantage_case(name, seed, {"otb_zero_tail": True}, tir, verl="tir_optimal_token_baseline")
+        )
+        for scale in (True, False):
+            fn = outcome(C.compute_grpo_vectorized_outcome_advantage, norm_adv_by_std_in_grpo=scale)
+            out.append(advantage_case("grpo", seed, {"scale_by_std": scale}, fn, verl="grpo_vectorized"))
+        rloo = outcome(C.compute_rloo_vectorized_outcome_advantage)
+        out.append(advantage_case("rloo", seed, {}, rloo, verl="rloo_vectorized"))
+    return out
+
+
+def kl_and_value_cases() -> list[dict]:
+    """verl's KL estimators (value, and the gradient of sum(kl * advantages * mask) with respect to the
+    logprobs; reference = the draw's old logprobs) and its clipped value loss (values = the draw's logprobs,
+    old values = its old logprobs, returns = its advantages) under each aggregation, with its gradient."""
+    out = []
+    aggs = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+    for seed in range(4):
+        x = draw(seed)
+        for name in ("k1", "k2", "k3"):  # verl's "k1+" and "k3+" raise NotImplementedError at b178a3c
+            logprobs = x["logprobs"].clone().requires_grad_(True)
+            kl = C.kl_penalty(logprobs, x["old_logprobs"], name)
+            (kl * x["advantages"] * x["mask"]).sum().backward()
+            res = {"kl": kl.detach() * x["mask"], "grad": logprobs.grad}
+            out.append(case("kl", name, seed, {}, x, res, verl=f"kl_penalty({name})"))
+        for agg in aggs:
+            for clip in (0.2, 0.5):
+                vpreds = x["logprobs"].clone().requires_grad_(True)
+                loss, _ = C.compute_value_loss(
+                    vpreds, x["advantages"], x["old_logprobs"], x["mask"], clip, agg
+                )
+                loss.backward()
+                res = {"loss": loss.detach(), "grad": vpreds.grad}
+                opts = {"clip_range": clip}
+                out.append(case("value_loss", "value_loss", seed, opts, x, res, aggregation=agg))
+    return out
+
+
 def loss_cases() -> list[dict]:
     out = []
     aggs = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -212,7 +283,7 @@ def loss_cases() -> list[dict]:
 
 if __name__ == "__main__":
     torch.manual_seed(0)
-    cases = advantage_cases() + loss_cases()
+    cases = advantage_cases() + loss_cases() + more_advantage_cases() + kl_and_value_cases()
     doc = {"verl_commit": sys.argv[1] if len(sys.argv) > 1 else "unknown", "draws": DRAWS, "cases": cases}
     OUT.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
     print(f"{len(cases)} cases -> {OUT}")

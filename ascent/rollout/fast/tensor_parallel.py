@@ -1,0 +1,273 @@
+"""Tensor parallelism for the fast engine (Megatron-style): one replica's forward spread over `size` ranks.
+
+Each rank holds a shard of every decoder layer:
+- q/k/v (and their biases) and gate/up are **column-parallel**: rank r keeps its slice of the output rows,
+  so it computes its own attention heads and its slice of the MLP's intermediate features;
+- o_proj and down_proj are **row-parallel**: rank r keeps the matching input columns, and the partial
+  products are summed over ranks with one all-reduce each (in fp32: the residual stream is fp32);
+- query heads are split evenly; KV heads are split too, or replicated when there are fewer KV heads than
+  ranks (rank r then keeps KV head r // (size / num_kv_heads), the one its query heads read);
+- the embedding table, the norms and the LM head are **replicated** (not vocab-parallel): every rank embeds
+  its inputs itself, and only rank 0 (the driver) runs the head and samples, so no logits move.
+A rank's shard is an ordinary model of a smaller `ModelSpec` (`shard_spec`: heads and intermediate size
+divided), so weights.py, layers.py, attention.py and the KV cache (each rank's holds its own KV heads) run on
+it unchanged; `TPLayerMath` only adds the two all-reduces, and `ShardRunner` uses it.
+
+The driver runs the scheduler and the batching loop (engine.py, batching.py) and sends every rank the
+inputs of each forward before running its own share (`TPGroup.command`: token ids, positions and page
+tables of a decode step; the prompts and page tables of a prefill; page copies, weights, sleep and wake);
+the other ranks serve those commands (tp_engine.py). Weights published to the driver are sliced there and
+each rank receives only its shard (`shard_tensor`, a scatter; replicated tensors a broadcast).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import pickle
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from ascent.models.families import ModelSpec, same_name
+from ascent.rollout.fast.layers import LayerMath, _linear_parts, rms_norm
+from ascent.rollout.fast.runner import ModelRunner
+from ascent.rollout.fast.state import DecodeState, Flags
+from ascent.rollout.fast.vision import RowImages
+
+COLUMN = ("self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.", "mlp.gate_proj.", "mlp.up_proj.")
+ROW = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    """One replica's tensor-parallel ranks: this process's `rank` of `size` (rank 0 drives) and `pg`, a
+    standalone gloo or NCCL process group of them (`tp_group`; not torch.distributed's default group, which
+    a worker may use for something else), whose collectives run on `device` (CPU for gloo)."""
+
+    rank: int
+    size: int
+    pg: Any = None
+    device: torch.device = torch.device("cpu")
+
+    def command(self, *cmd: Any) -> None:
+        """Driver: send every rank the next command (a tuple of plain values and CPU tensors)."""
+        data = torch.frombuffer(bytearray(pickle.dumps(cmd)), dtype=torch.uint8).to(self.device)
+        self.broadcast(torch.tensor([data.numel()], device=self.device))
+        self.broadcast(data)
+
+    def receive(self) -> tuple:
+        """Other ranks: wait for the driver's next command."""
+        n = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.broadcast(n)
+        data = torch.empty(int(n.item()), dtype=torch.uint8, device=self.device)
+        self.broadcast(data)
+        return pickle.loads(data.cpu().numpy().tobytes())
+
+    def broadcast(self, t: Tensor) -> None:
+        """t (contiguous) from the driver to every rank, in place."""
+        self.pg.broadcast(t, 0).wait()
+
+    def scatter(self, out: Tensor, parts: list[Tensor] | None) -> None:
+        """Driver: parts[r] to rank r; every rank: its part into `out` (same shape on every rank)."""
+        self.pg.scatter(out, parts if parts is not None else [], 0).wait()
+
+    def all_reduce(self, t: Tensor) -> Tensor:
+        """t summed over the ranks, in fp32 (in place on the fp32 copy)."""
+        t = t.float()
+        self.pg.allreduce(t).wait()
+        return t
+
+    def min(self, n: int) -> int:
+        """The smallest of every rank's n (how many KV cache pages every rank can hold)."""
+        t = torch.tensor([n], device=self.device)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MIN)
+        self.pg.allreduce([t], opts).wait()
+        return int(t.item())
+
+
+def tp_group(
+    rank: int, size: int, host: str, port: int, device: torch.device, timeout_s: float = 600
+) -> TPGroup:
+    """Join (rank 0: host) the replica's TCPStore at host:port and form its process group: NCCL when
+    `device` is CUDA, else gloo. Waits up to `timeout_s` for every rank (then raises)."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.PrefixStore("ascent-tp", dist.TCPStore(host, port, size, rank == 0, timeout=timeout))
+    if device.type == "cuda":
+        from torch.distributed import ProcessGroupNCCL  # deferred: absent from CPU builds of torch
+
+        opts = ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return TPGroup(rank, size, ProcessGroupNCCL(store, rank, size, opts), device)
+    from torch.distributed import ProcessGroupGloo  # (as transport/broadcast.py imports it)
+
+    return TPGroup(rank, size, ProcessGroupGloo(store, rank, size, timeout), torch.device("cpu"))
+
+
+def check_shardable(spec: ModelSpec, size: int) -> None:
+    """Raise ValueError naming the sizes that `size` ranks cannot split evenly, or the model kinds the
+    shards do not run yet (routed experts, multimodal RoPE)."""
+    unsupported = (
+        "a mixture-of-experts" if spec.num_experts else "a vision-language" if spec.mrope_section else ""
+    )
+    if unsupported and size > 1:
+        raise ValueError(
+            f"rollout.tensor_parallel={size}: {unsupported} model does not run tensor-parallel yet; set "
+            "rollout.tensor_parallel=1 (more replicas instead: cluster.num_rollout_workers)."
+        )
+    kvh = spec.num_kv_heads
+    bad = [
+        f"{name}={n}"
+        for name, n in (
+            ("num_attention_heads", spec.num_heads),
+            ("intermediate_size", spec.intermediate_size),
+        )
+        if n % size
+    ]
+    if kvh % size and size % kvh:
+        bad.append(f"num_key_value_heads={kvh} (neither a multiple nor a divisor of it)")
+    if bad:
+        raise ValueError(
+            f"rollout.tensor_parallel={size}: the model's {', '.join(bad)} cannot be split over {size} ranks; "
+            "pick a tensor_parallel that divides the head count and the MLP's intermediate size."
+        )
+
+
+def shard_spec(spec: ModelSpec, size: int) -> ModelSpec:
+    """The spec of one rank's shard: heads (KV heads at least 1) and the intermediate size divided."""
+    check_shardable(spec, size)
+    return dataclasses.replace(
+        spec,
+        num_heads=spec.num_heads // size,
+        num_kv_heads=max(1, spec.num_kv_heads // size),
+        intermediate_size=spec.intermediate_size // size,
+    )
+
+
+def shard_tensor(name: str, t: Tensor, spec: ModelSpec, rank: int, size: int) -> Tensor:
+    """Rank `rank`'s part of the full tensor `name` (engine name; the full model's `spec`): a slice of
+    rows (column-parallel), of columns (row-parallel), one replicated KV head, or `t` itself (replicated)."""
+    if size == 1 or not is_sharded(name):
+        return t
+    if name.endswith(ROW):
+        return t.chunk(size, dim=1)[rank]
+    kvh = spec.num_kv_heads
+    if (".k_proj." in name or ".v_proj." in name) and kvh < size:
+        head = rank // (size // kvh)
+        return t[head * spec.head_dim : (head + 1) * spec.head_dim]
+    return t.chunk(size, dim=0)[rank]
+
+
+def is_sharded(name: str) -> bool:
+    """Whether the engine-named tensor is split over the ranks (else every rank holds all of it)."""
+    return name.endswith(ROW) or any(f".{part}" in name for part in COLUMN)
+
+
+def shard_state_dict(
+    sd: dict[str, Tensor], spec: ModelSpec, rank: int, size: int, rename: Callable[[str], str] = same_name
+) -> dict[str, Tensor]:
+    """A full state dict -> this rank's shard, by engine name (views; build_weights copies them)."""
+    return {(n := rename(k)): shard_tensor(n, t, spec, rank, size) for k, t in sd.items()}
+
+
+class TPLayerMath(LayerMath):
+    """LayerMath of a shard (a `shard_spec`), with the row-parallel products summed over the ranks."""
+
+    def __init__(self, spec: ModelSpec, tp: TPGroup):
+        super().__init__(spec)
+        self.tp = tp
+
+    def attn_out(
+        self,
+        x: Tensor,
+        attn: Tensor,
+        o_w: Tensor,
+        ln_w: Tensor,
+        gate_up_w: tuple[Tensor, ...],
+        down_w: Tensor,
+    ) -> Tensor:
+        """x [T, H] residual, attn [T, local heads * d] -> x after o_proj (all-reduced), the residual add
+        and the SwiGLU MLP on this rank's intermediate slice (down_proj all-reduced)."""
+        x = x + self.tp.all_reduce(F.linear(attn, o_w))
+        h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
+        gate, up = _linear_parts(h, gate_up_w, None).split(self.inter, dim=-1)
+        return x + self.tp.all_reduce(F.linear(F.silu(gate) * up, down_w))
+
+
+class ShardRunner(ModelRunner):
+    """A ModelRunner over one rank's shard (spec = `shard_spec`): its layers all-reduce (`TPLayerMath`).
+    Every rank runs the same forwards; only the driver's outputs are used (hidden states, sampled tokens)."""
+
+    def __init__(self, *args: Any, tp: TPGroup, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.tp = tp
+        self.math = TPLayerMath(self.spec, tp)
+        self.attn_out = self.math.attn_out  # (uncompiled: it holds the collectives)
+
+
+class DriverRunner(ShardRunner):
+    """The driver's runner: sends each forward's inputs to the other ranks, then runs its own share."""
+
+    def prefill(
+        self,
+        suffixes: list[list[int]],
+        starts: list[int],
+        tables: list[list[int]],
+        images: list[RowImages | None] | None = None,
+    ) -> Tensor:
+        assert images is None or not any(images)  # check_shardable refuses vision-language models
+        self.tp.command("prefill", suffixes, starts, tables)
+        return super().prefill(suffixes, starts, tables)
+
+    def decode(self, st: DecodeState, b: int, flags: Flags, max_len: int | None = None) -> None:
+        rows = (st.input_ids[:b], st.positions[:b], st.block_tables[:b], st.active[:b])
+        self.tp.command("decode", *(t.cpu() for t in rows), max_len)
+        super().decode(st, b, flags, max_len)
+
+
+def scatter_shards(
+    named: Iterable[tuple[str, Tensor]],
+    spec: ModelSpec,
+    tp: TPGroup,
+    device: torch.device,
+    rename: Callable[[str], str] = same_name,
+) -> Iterator[tuple[str, Tensor]]:
+    """Driver: full tensors (any device, dtype) -> (name, the driver's shard), each other rank receiving
+    only its own shard (a scatter; replicated tensors a broadcast) through `receive_shard`."""
+    for name, t in named:
+        key = rename(name)
+        t = t.detach().to(device)
+        tp.command("weight", name, tuple(t.shape), t.dtype)
+        if is_sharded(key):
+            parts = [shard_tensor(key, t, spec, r, tp.size).contiguous() for r in range(tp.size)]
+            out = torch.empty_like(parts[0])
+            tp.scatter(out, parts)
+        else:
+            out = t.contiguous()
+            tp.broadcast(out)
+        yield name, out
+
+
+def receive_shard(
+    cmd: tuple,
+    spec: ModelSpec,
+    tp: TPGroup,
+    device: torch.device,
+    rename: Callable[[str], str] = same_name,
+) -> tuple[str, Tensor]:
+    """Another rank: its shard of the tensor that the driver's `scatter_shards` announced with `cmd`."""
+    _, name, shape, dtype = cmd
+    key = rename(name)
+    full = torch.empty(shape, dtype=dtype, device="meta")
+    out = torch.empty_like(shard_tensor(key, full, spec, tp.rank, tp.size), device=device).contiguous()
+    if is_sharded(key):
+        tp.scatter(out, None)
+    else:
+        tp.broadcast(out)
+    return name, out
