@@ -194,6 +194,7 @@ def run_config(
             "max_tokens_per_micro_batch": args.micro_batch_tokens,
         },
         "cluster": {"device": args.device, "backend": "inline", "placement": "colocated"},
+        "checkpoint": {"save_optimizer": False},  # a 3B run's optimizer state is ~30 GB of the machine's disk
         "tracking": {"tensorboard": False, "progress": False},
     }
 
