@@ -18,9 +18,10 @@ python3 -c "import torch, transformers, torchvision; print(torch.__version__, tr
 quiet() { grep -v "Loading weights\|Writing model" | tail -25; }
 if [ -n "$old" ]; then
   (cd "$old" && PYTHONPATH="$base:$PWD:$PWD/bench" timeout "$limit" python3 bench/vl_e2e.py --shape "$shape" \
-    --json "$out/vl_old_$shape.json" ${VL_ARGS:-} ${ASCENT_ARGS:-} 2>&1 | sed 's/^ascent VL/old ascent VL/' | quiet)
+    --json "$out/vl_old_$shape.json" ${VL_ARGS:-} ${ASCENT_ARGS:-} checkpoint.save_optimizer=false 2>&1 | sed 's/^ascent VL/old ascent VL/' | quiet)
 fi
-rm -rf /tmp/ascent_vl/run_*  # each arm's final checkpoint (3B weights + optimizer, ~45 GB) would fill the disk
-timeout "$limit" python3 bench/vl_e2e.py --shape "$shape" --json "$out/vl_$shape.json" ${VL_ARGS:-} ${ASCENT_ARGS:-} 2>&1 | quiet
+rm -rf /tmp/ascent_vl/run_*  # arms write final checkpoints (optimizer state off: ~45 GB at 3B filled the disk once)
+timeout "$limit" python3 bench/vl_e2e.py --shape "$shape" --json "$out/vl_$shape.json" ${VL_ARGS:-} ${ASCENT_ARGS:-} \
+  checkpoint.save_optimizer=false 2>&1 | quiet
 rm -rf /tmp/ascent_vl/run_*
 timeout "$limit" python3 bench/trl_vl_baseline.py --shape "$shape" --json "$out/trl_vl_$shape.json" ${VL_ARGS:-} ${TRL_ARGS:-} 2>&1 | quiet
