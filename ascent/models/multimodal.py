@@ -10,9 +10,11 @@ engine's left-padded decode and the trainer's packed rows see exactly the positi
 
 `vision_inputs` gives the image keywords of one forward over a batch (images in row-major order: row by
 row, each row's images in the order of their placeholder runs, which is how the model scatters them).
-The trainer's packed rows take `packed_positions` ([4, 1, N]: text positions for the block-causal mask,
+The trainer's packed rows take `packed_positions` ([4, 1, N]: text positions, restarting per sequence,
 then each sequence's mrope rows, the layout transformers' Qwen-VL text models read as packed) and
-`image_features` (the vision tower run apart from the language model).
+`packed_inputs_embeds`: each distinct image through the vision tower once, its features scattered into the
+token embeddings, so the language model runs on its own (`language_model`) and its attention keywords
+(varlen offsets, `ascent.models.varlen`) never reach the tower, on any transformers version.
 """
 
 from __future__ import annotations
@@ -124,6 +126,68 @@ def packed_positions(
     return torch.cat([torch.cat(text)[None], torch.cat(mrope, dim=1)])[:, None]
 
 
+def language_model(model: nn.Module) -> nn.Module:
+    """The language model of a vision-language model (the decoder stack its backbone runs after the tower)."""
+    return cast(nn.Module, multimodal_backbone(model).language_model)
+
+
+def _distinct(images: Sequence[ImageInput]) -> tuple[list[ImageInput], list[int]]:
+    """images -> (the distinct ones (same digest and grid), which[i]: images[i] is distinct[which[i]])."""
+    index: dict[tuple[str, tuple[int, int, int]], int] = {}
+    distinct: list[ImageInput] = []
+    which: list[int] = []
+    for im in images:
+        key = (im.digest, im.grid_thw)
+        if key not in index:
+            index[key] = len(distinct)
+            distinct.append(im)
+        which.append(index[key])
+    return distinct, which
+
+
+def encode_images(
+    backbone: nn.Module, images: Sequence[ImageInput], device: torch.device
+) -> tuple[Tensor, list[Tensor] | None]:
+    """images (row-major order) -> (features [T, H] of all their image tokens in that order, Qwen3-VL's
+    deepstack features (one [T, H] per deepstack layer) or None).
+
+    Each distinct image goes through the tower once: a group's samples share their prompt's images, so the
+    same rows are indexed out for each occurrence and gradients from every sample add up on one pass."""
+    distinct, which = _distinct(images)
+    inputs = model_inputs(distinct)
+    out = cast(Any, backbone).get_image_features(
+        inputs["pixel_values"].to(device), inputs["image_grid_thw"].to(device), return_dict=True
+    )
+    per_image = list(out.pooler_output)
+    features = torch.cat([per_image[j] for j in which])
+    deep = getattr(out, "deepstack_features", None)
+    if not deep:
+        return features, None
+    sizes = [p.shape[0] for p in per_image]
+    stacked = []
+    for layer in deep:  # per image (a tuple) or all images' tokens in one tensor, by transformers version
+        parts = list(layer) if isinstance(layer, (tuple, list)) else list(layer.split(sizes))
+        stacked.append(torch.cat([parts[j] for j in which]))
+    return features, stacked
+
+
+def packed_inputs_embeds(
+    model: nn.Module, input_ids: Tensor, images: Sequence[ImageInput]
+) -> tuple[Tensor, dict[str, Any]]:
+    """input_ids [1, N] holding `images` (row-major) -> (inputs_embeds [1, N, H] with the image features in
+    place of the image tokens, the language model's extra keywords: Qwen3-VL's deepstack inputs, else {})."""
+    backbone = multimodal_backbone(model)
+    embeds = cast(Any, backbone).get_input_embeddings()(input_ids)
+    if not images:
+        return embeds, {}
+    features, deepstack = encode_images(backbone, images, input_ids.device)
+    is_image = input_ids == image_token_id(model)
+    embeds = embeds.masked_scatter(is_image.unsqueeze(-1).expand_as(embeds), features.to(embeds.dtype))
+    if deepstack is None:
+        return embeds, {}
+    return embeds, {"visual_pos_masks": is_image, "deepstack_visual_embeds": deepstack}
+
+
 def image_features(
     backbone: nn.Module, input_ids: Tensor, images: Sequence[ImageInput], device: torch.device
 ) -> dict[str, Any]:
@@ -140,15 +204,7 @@ def image_features(
         return {}
     if "mm_encoder_outputs" not in inspect.signature(backbone.forward).parameters:
         return vision_inputs(backbone, input_ids, images, device)
-    index: dict[tuple[str, tuple[int, int, int]], int] = {}
-    distinct: list[ImageInput] = []
-    which: list[int] = []  # images[i] is distinct[which[i]]
-    for im in images:
-        key = (im.digest, im.grid_thw)
-        if key not in index:
-            index[key] = len(distinct)
-            distinct.append(im)
-        which.append(index[key])
+    distinct, which = _distinct(images)
     inputs = model_inputs(distinct)
     features = cast(Any, backbone).get_image_features(
         inputs["pixel_values"].to(device), inputs["image_grid_thw"].to(device), return_dict=True

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ascent.models.multimodal import is_vision_language
+from ascent.models.multimodal import is_vision_language, language_model
 
 NAME = "ascent_varlen"
 _CACHE_ATTR = "_ascent_varlen_offsets"
@@ -171,13 +171,16 @@ def register() -> None:
 def enable_varlen_attention(model: nn.Module) -> bool:
     """Switch a Hugging Face causal LM (peft-wrapped too) to varlen attention; False where unavailable.
 
-    A vision-language model stays on SDPA (False): its vision tower's attention runs under the same setting
-    and calls it with per-image masks this function refuses; its packed rows get the block-causal mask."""
-    if not available() or is_vision_language(model):
+    A vision-language model switches its language model only: the vision tower keeps its own setting
+    (SDPA), since it calls attention per image or window with keywords this function refuses; the trainer
+    runs the tower apart and hands the language model the packed row (`ascent.trainer.logprobs`)."""
+    if not available():
         return False
     register()
     get_base = getattr(model, "get_base_model", None)
     lm: Any = get_base() if callable(get_base) else model
+    if is_vision_language(lm):
+        lm = language_model(lm)
     try:
         lm.set_attn_implementation(NAME)
     except (AttributeError, KeyError, ValueError):

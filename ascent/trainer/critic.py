@@ -75,9 +75,9 @@ class ValueModel(nn.Module):
 
         `attention_mask=None` and `use_cache=False` are both required for transformers to detect packing.
         """
-        if self.vision:  # packed_positions reads the backbone (`.model`) and its config of a VL model
+        if self.vision:  # multimodal_forward reads the backbone (`.model`) and its config of a VL model
             positions_of = SimpleNamespace(model=self.backbone, config=self.backbone.config)
-            full = multimodal_forward(positions_of, self.backbone, packed)
+            full = multimodal_forward(positions_of, packed)
         else:
             full = packed_forward(self.backbone, packed)
         hidden = full.index_select(0, packed.logit_index)  # [M, H]

@@ -25,7 +25,13 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ascent.algorithms import entropy_from_logits, sum_pi_squared_from_logits
-from ascent.models.multimodal import image_features, is_vision_language, multimodal_backbone, packed_positions
+from ascent.models.multimodal import (
+    is_vision_language,
+    language_model,
+    multimodal_backbone,
+    packed_inputs_embeds,
+    packed_positions,
+)
 from ascent.models.parallel import run_as_forward
 from ascent.models.varlen import attention_kwargs
 from ascent.trainer.head import fusable_head, head_logprobs
@@ -60,24 +66,33 @@ def hidden_states(model: nn.Module, packed: PackedBatch) -> Tensor:
 
     `attention_mask=None` and `use_cache=False` are both required for transformers to detect packing.
     """
-    decoder, _ = backbone_and_head(model)
     if is_vision_language(model):
-        return multimodal_forward(model, decoder, packed)
+        return multimodal_forward(model, packed)
+    decoder, _ = backbone_and_head(model)
     return packed_forward(decoder, packed)
 
 
-def multimodal_forward(model: Any, backbone: nn.Module, packed: PackedBatch) -> Tensor:
-    """A vision-language backbone over one packed row -> last hidden states [N, H]: the row's images through
-    the vision tower, per-sequence multimodal RoPE positions ([4, 1, N], see `packed_positions`)."""
+def multimodal_forward(model: Any, packed: PackedBatch) -> Tensor:
+    """A vision-language model over one packed row -> last hidden states [N, H]: each distinct image of the
+    row through the vision tower once, its features in place of its tokens' embeddings, then the language
+    model alone with per-sequence multimodal RoPE positions ([4, 1, N], see `packed_positions`) and, when it
+    runs varlen attention, the packer's sequence offsets (the tower keeps SDPA and never sees them).
+
+    `model`: the VL model, or anything whose `.model` is its backbone and `.config` its config (the
+    critic's `ValueModel` passes its backbone so)."""
     assert packed.cu_seqlens is not None  # `pack` always sets it
     offsets = packed.cu_seqlens.tolist()
     seq_images = packed.seq_images or [() for _ in packed.response_lens]
-    out = backbone(
-        input_ids=packed.input_ids,
+    embeds, extra = packed_inputs_embeds(model, packed.input_ids, packed.images)
+    lm = language_model(model)
+    out = lm(
+        input_ids=None,
+        inputs_embeds=embeds,
         position_ids=packed_positions(model, packed.input_ids, offsets, seq_images),
         attention_mask=None,
         use_cache=False,
-        **image_features(backbone, packed.input_ids, packed.images, packed.input_ids.device),
+        **extra,
+        **attention_kwargs(lm, packed.cu_seqlens, packed.max_seqlen),
     )
     return out.last_hidden_state[0]
 

@@ -177,3 +177,51 @@ def test_train_attention_setting_on_cpu(tmp_path):
         varlen.enable_for_training(tiny_model, cpu, torch.bfloat16, "varlen")
     with pytest.raises(ValueError, match="train.attention='flash'"):
         varlen.enable_for_training(tiny_model, cpu, torch.bfloat16, "flash")
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_vision_language_model_runs_its_language_model_varlen_and_its_tower_on_sdpa(
+    tmp_path, monkeypatch, family
+):
+    """Packed image rows: the language model takes the packer's offsets (one kernel call per layer, the
+    row's sequence boundaries), the vision tower keeps SDPA, and the hidden states match SDPA's."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from ascent.messages import TrainSample
+    from ascent.models.multimodal import language_model, vision_tower
+    from ascent.models.tiny_vl import make_tiny_vl_checkpoint
+    from ascent.models.vision import load_image_codec
+    from ascent.trainer.logprobs import hidden_states
+    from ascent.trainer.packing import pack
+    from tests.unit.vl_support import image_prompt
+
+    path = make_tiny_vl_checkpoint(tmp_path / "vl", family=family, seed=1)
+    model = AutoModelForImageTextToText.from_pretrained(str(path), attn_implementation="sdpa").eval()
+    codec, tokenizer = load_image_codec(path), AutoTokenizer.from_pretrained(path)
+    response = tokenizer.encode("abc")
+    samples = []
+    for i, k in enumerate((1, 0, 2, 1)):
+        ids, images = image_prompt(codec, tokenizer, k, seed=i % 3)  # rows 0 and 3 share their image
+        samples.append(TrainSample(ids, response, [1] * len(response), [0.0] * len(response), images=images))
+    packed = pack(samples)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = hidden_states(model, packed)
+    seen = []
+    ref = _reference_kernel(False)
+
+    def kernel(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False):
+        seen.append(cu_q.tolist())
+        return ref(q, k, v, cu_q, cu_k, max_q, max_k, is_causal)
+
+    monkeypatch.setattr(varlen, "_kernel", lambda: kernel)
+    monkeypatch.setattr(varlen, "available", lambda: True)
+    monkeypatch.setattr(varlen, "_CALL", None)
+    assert varlen.enable_varlen_attention(model)
+    assert language_model(model).config._attn_implementation == varlen.NAME
+    assert vision_tower(model).config._attn_implementation == "sdpa"
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = hidden_states(model, packed)
+    layers = language_model(model).config.num_hidden_layers
+    assert seen == [packed.cu_seqlens.tolist()] * layers
+    err = (got.float() - want.float()).norm() / want.float().norm()
+    assert err < 2e-2, err
