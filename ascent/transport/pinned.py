@@ -12,6 +12,7 @@ it judges with the weights the uninterrupted run judged with.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from ascent.errors import AscentError
 from ascent.transport.publish import Publisher, TrainerEnd, check_held
 
 WEIGHTS_FILE = "model.safetensors"
+log = logging.getLogger("ascent")
 
 
 def pinned_dir(run_dir: str | Path, version: int) -> Path:
@@ -121,6 +123,9 @@ class PinnedPublisher:
                 "judges with the weights the uninterrupted run judged with)."
             )
         check_held(self.version, self.judge.group.call(self.judge.load, str(self.directory), self.version))
+        log.info(
+            "reward.judge: policy version %d loaded from %s (the run resumes past it)", self.version, path
+        )
 
     def describe(self) -> str:
         return (

@@ -58,13 +58,13 @@ def test_a_judge_pinned_at_a_policy_version_keeps_it_and_a_resume_loads_it(
 ) -> None:
     """`reward.judge.model=policy@1`: the weights published after iteration 1 are kept for the judge in
     <run_dir>/judge/v1 (equal to the trainer's checkpoint of iteration 1), and a run resumed past version 1
-    takes them from there: without the copy it stops and names it."""
+    takes them from there (without the copy it stops and names it: tests/unit/transport/test_pinned.py)."""
     cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=3, val_every=0)
     cfg["data"].pop("val_path")
     cfg["reward"] = {
         "isolation": "inline",
         "max_failure_rate": 1.0,
-        "judge": {"model": "policy@1", "template": "{prompt}={response}?", "max_new_tokens": 2},
+        "judge": {"model": "policy@1", "template": "{prompt}={response}?", "max_new_tokens": 1},
     }
     cfg["checkpoint"] = {"every": 1, "keep_last": 3}
     cfg["tracking"] |= {"tensorboard": False, "trace": False}
@@ -76,12 +76,8 @@ def test_a_judge_pinned_at_a_policy_version_keeps_it_and_a_resume_loads_it(
 
     resumed = tmp_path / "resumed"
     shutil.copytree(run, resumed)
-    shutil.rmtree(resumed / "judge")
     cfg["run_dir"] = str(resumed)
-    args = ("train", str(write_yaml(tmp_path / "resumed.yaml", cfg)), "resume=true", "--resume-from")
-    failed = ascent_here(*args, "iter_000002", check=False)
-    assert (
-        failed.returncode == 2 and "judge/v1/model.safetensors, is missing" in failed.stdout + failed.stderr
-    )
-    shutil.copytree(run / "judge", resumed / "judge")
-    ascent_here(*args, "iter_000002")
+    resume = str(write_yaml(tmp_path / "resumed.yaml", cfg))
+    ascent_here("train", resume, "resume=true", "--resume-from", "iter_000002")
+    log = (resumed / "logs" / "controller.log").read_text()
+    assert f"policy version 1 loaded from {resumed / 'judge' / 'v1' / 'model.safetensors'}" in log
