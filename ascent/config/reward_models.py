@@ -23,6 +23,7 @@ from ascent.config.section import Section
 if TYPE_CHECKING:
     from ascent.config.schema import RunConfig
 
+PIN_PREFIX = "policy@"  # reward.judge.model=policy@N: this run's policy pinned at version N
 JUDGE_PARSERS = ("score_0_10", "yes_no")  # ascent.rewards.judge.JUDGE_PARSERS (config imports no rewards)
 
 Dtype = Literal["bf16", "fp16", "fp32"]
@@ -55,8 +56,12 @@ class JudgeConfig(Section):
     model: str = Field(
         "policy",
         description="`policy`: the rollout replicas judge with the weights they hold now (not pinned: they "
-        "change with every update); a directory: a second reference engine loaded from that checkpoint, "
-        "never updated (model.path here pins the initial policy).",
+        "change with every update). `policy@N` (N >= 0): a judge engine of its own holding this run's policy "
+        "at version N (the weights after iteration N; policy@0: model.path), never updated after: it starts "
+        "from model.path, so iterations 1..N judge with the initial weights (version N does not exist yet, "
+        "and a judge that never moves is what pinning asks for), and from iteration N+1 on with version N, "
+        "also kept in <run_dir>/judge/v<N>/ (outside checkpoint rotation) for a resumed run. A directory: "
+        "a judge engine of its own loaded from that checkpoint, never updated.",
     )
     template: str = Field(
         description="The judge's user message; {prompt}, {response} and {answer} (the row's `answer` field, "
@@ -84,6 +89,17 @@ class JudgeConfig(Section):
         "is not asked again (0: no cache).",
     )
 
+    @property
+    def pinned_version(self) -> int | None:
+        """N of `policy@N`; None for `policy` and for a checkpoint directory."""
+        return pinned_policy_version(self.model)
+
+    @field_validator("model")
+    @classmethod
+    def _pin_spelling(cls, model: str) -> str:
+        pinned_policy_version(model)  # raises on a bad N
+        return model
+
     @field_validator("template")
     @classmethod
     def _shows_response(cls, template: str) -> str:
@@ -108,6 +124,21 @@ class JudgeConfig(Section):
         return parser
 
 
+def pinned_policy_version(model: str) -> int | None:
+    """N of `reward.judge.model=policy@N` (a whole number >= 0); None when `model` does not start with
+    `policy@`. A bad N is a ValueError saying the fix (the config loader prefixes the field and value)."""
+    if not model.startswith(PIN_PREFIX):
+        return None
+    n = model.removeprefix(PIN_PREFIX)
+    if not (n.isascii() and n.isdigit()):
+        raise ValueError(
+            f"the version after {PIN_PREFIX!r} must be a whole number >= 0 (a policy version: the weights "
+            f"after that iteration), e.g. {PIN_PREFIX}0 for model.path or "
+            f"{PIN_PREFIX}10; write `policy` for the moving policy, or a checkpoint directory."
+        )
+    return int(n)
+
+
 class RewardModelsMixin(Section):
     """The `reward` section's fields for reward models and judges (mixed into `RewardConfig`)."""
 
@@ -126,9 +157,17 @@ def reward_model_rules(cfg: RunConfig) -> list[str]:
     """reward.model and reward.judge score single-turn episodes: an env or agent source rewards its own."""
     r = cfg.reward
     used = [name for name, value in (("model", r.model), ("judge", r.judge)) if value is not None]
-    if not used or cfg.rollout.source.name == "prompt":
-        return []
-    return [
+    pin = r.judge.pinned_version if r.judge is not None else None
+    problems = []
+    if pin is not None and pin >= cfg.iterations:
+        problems.append(
+            f"reward.judge.model=policy@{pin}: version {pin} is published after iteration {pin}, and the run "
+            f"has iterations={cfg.iterations}, so no episode would be judged with it; pin a version below "
+            f"{cfg.iterations} (policy@0: the initial weights) or raise iterations."
+        )
+    if cfg.rollout.source.name == "prompt":
+        return problems
+    return problems + [
         f"reward.{name} is set, but rollout.source={cfg.rollout.source.name} rewards its own episodes; "
         "reward models and judges score single-turn prompts (rollout.source=prompt): remove it."
         for name in used

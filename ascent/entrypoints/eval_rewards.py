@@ -5,7 +5,8 @@ reward component of the episode and has its `reward/<name>/*` metrics).
 
 Here every worker is inline (one process, as the rest of `ascent eval`): the reward model in its own worker,
 the judge on the evaluated checkpoint's engine (`judge.model: policy`: the evaluated weights, which an
-evaluation never changes) or on a reference engine of its own checkpoint. Failures are counted and none is
+evaluation never changes) or on a reference engine of its own checkpoint (`policy@N`, a training run's
+pinned version, is refused: an evaluation has no run). Failures are counted and none is
 fatal, as for `--reward` (a failed judgement, one that did not parse or timed out, scores 0).
 """
 
@@ -47,9 +48,17 @@ def read_reward_config(path: str) -> RewardConfig:
             "`reward: {fn: ..., model: {...}, judge: {...}}`."
         )
     try:
-        return RewardConfig(**section)
+        cfg = RewardConfig(**section)
     except ValueError as err:
         raise ConfigError(f"--reward-config {path}: its reward section is invalid:\n{err}") from err
+    pin = cfg.judge.pinned_version if cfg.judge is not None else None
+    if pin is not None:
+        raise ConfigError(
+            f"--reward-config {path}: reward.judge.model=policy@{pin} pins a training run's policy version, "
+            "and an evaluation has no run: set reward.judge.model to `policy` (the evaluated checkpoint) or to "
+            f"a checkpoint directory (that run's checkpoints/iter_{pin:06d} when it kept one)."
+        )
+    return cfg
 
 
 class HeldEngine(RolloutWorker):

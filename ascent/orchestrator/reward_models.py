@@ -8,8 +8,9 @@ a reward component of the episode.
 - `ModelScorer` (`reward.model`): the reward model's worker group (`workers.RewardModelWorker`) scores
   (prompt, response) texts in packed forwards, sharded over its workers.
 - `JudgeScorer` (`reward.judge`): renders the judge template for each episode, asks a rollout worker group
-  for the reply (the policy's replicas, or a second reference engine of its own checkpoint that is never
-  updated), and parses it (`ascent.rewards.judge`). Repeated judgements (same prompt, response and answer)
+  for the reply (the policy's replicas; a second reference engine of its own checkpoint that is never
+  updated; or, `policy@N`, one holding the policy pinned at version N: `ascent.transport.pinned`), and
+  parses it (`ascent.rewards.judge`). Repeated judgements (same prompt, response and answer)
   come from a cache keyed by their hash; a reply that does not parse, or that was still being written when
   the judgement's wall-clock budget ran out (`reward.judge.timeout_s`: the engine ends it as "abort"), costs
   that sample a score of 0.0 and counts as a failure, and past `reward.max_failure_rate` the batch raises
@@ -185,12 +186,13 @@ def build_scorers(cfg: RunConfig, groups: WorkerGroups, policy_tokenizer: Any) -
     if r.judge is not None:
         j = r.judge
         check_template(j.template)
-        own = j.model != "policy"
+        own = j.model != "policy"  # a checkpoint, or the policy pinned (policy@N), in a group of its own
         engine = groups.judge if own else groups.rollout
         if engine is None:
-            raise ValueError("build_scorers: reward.judge names a checkpoint but setup built no judge group")
+            raise ValueError("build_scorers: reward.judge has an engine of its own but setup built no group")
+        checkpoint = own and j.pinned_version is None  # its own tokenizer; policy@N is the policy's
         tokenizer = (
-            load_tokenizer(j.model, cfg.model.trust_remote_code, "reward.judge.model") if own else None
+            load_tokenizer(j.model, cfg.model.trust_remote_code, "reward.judge.model") if checkpoint else None
         )
         params = SamplingParams(
             temperature=j.temperature, max_new_tokens=j.max_new_tokens, max_time_s=j.timeout_s

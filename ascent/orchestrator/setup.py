@@ -167,7 +167,7 @@ def placed_groups(cfg: RunConfig) -> int:
 
 
 def own_judge_engine(cfg: RunConfig) -> bool:
-    """Whether `reward.judge` has an engine of its own (its model a checkpoint, not `policy`): one replica
+    """Whether `reward.judge` has an engine of its own (a checkpoint, or `policy@N`; not `policy`): one replica
     outside the shared bundles with cluster.gpus_per_worker GPUs and cluster.cpus_per_worker CPUs."""
     return cfg.reward.judge is not None and cfg.reward.judge.model != "policy"
 
@@ -405,7 +405,7 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
                 RewardModelWorker, "reward_model", {"spec": spec}, plan.reward_gpus
             )
         judge = specs.judge_engine_spec(cfg)
-        if judge is not None:  # the judge's own checkpoint: one replica outside the shared bundles
+        if judge is not None:  # the judge's own engine: one replica outside the shared bundles
             own = {k: v for k, v in common.items() if k != "placement_group"}
             groups.judge = make_worker_group(
                 RolloutWorker,
@@ -445,8 +445,10 @@ def weight_transport_kind(cfg: RunConfig) -> str:
 
 def build_publisher(cfg: RunConfig, groups: WorkerGroups) -> Publisher:
     """The run's weight `Publisher`, given the two worker groups and their workers' publication methods; a
-    link transport joins both sides here (each waits at most `weight_sync_timeout_s` for the other)."""
+    link transport joins both sides here (each waits at most `weight_sync_timeout_s` for the other). With
+    `reward.judge.model=policy@N` it also hands version N to the judge's group (`ascent.transport.pinned`)."""
     from ascent.orchestrator.workers import RolloutWorker, TrainerWorker  # deferred: torch
+    from ascent.transport.pinned import JudgeEnd, PinnedPublisher, pinned_dir  # deferred: torch
     from ascent.transport.publish import ReplicaEnd, TrainerEnd  # deferred: torch
     from ascent.transport.select import build_publisher as build  # deferred: torch
 
@@ -467,6 +469,10 @@ def build_publisher(cfg: RunConfig, groups: WorkerGroups) -> Publisher:
     )
     kind, bucket_bytes = weight_transport_kind(cfg), c.weight_bucket_mb << 20
     publisher = build(kind, trainer, replicas, c.weight_sync_timeout_s, bucket_bytes)
+    pin = cfg.reward.judge.pinned_version if cfg.reward.judge is not None else None
+    if pin is not None and groups.judge is not None:  # reward.judge.model=policy@N: the judge gets version N
+        judge = JudgeEnd(groups.judge, pin=RolloutWorker.pin_weights, load=RolloutWorker.load_pinned)
+        publisher = PinnedPublisher(publisher, trainer, judge, pin, pinned_dir(cfg.run_dir, pin))
     log.info("weight transport: %s", publisher.describe())
     return publisher
 

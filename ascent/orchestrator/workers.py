@@ -26,6 +26,7 @@ from ascent.models.loading import load_tokenizer, resolve_device
 from ascent.rollout.specs import EngineSpec
 from ascent.trainer.reward_model import RewardModel, RewardModelSpec
 from ascent.trainer.settings import CriticSpec, TrainerSpec
+from ascent.transport.pinned import read_pinned, write_pinned
 from ascent.transport.select import receiver_link, sender_link
 from ascent.transport.weights import Rendezvous, node_address
 
@@ -113,6 +114,20 @@ class RolloutWorker:
         now held (as `update_weights`, in order or alongside)."""
         with self._publication(version):
             self.link.receive(lambda part: self.engine.update_weights(part), version)
+        return self.version
+
+    def pin_weights(self, named_tensors: dict[str, torch.Tensor], version: int, directory: str) -> int:
+        """A judge's engine (`reward.judge.model=policy@N`) takes policy `version`, as `update_weights`
+        does, and keeps a copy in `directory` for a resumed run (`ascent.transport.pinned`)."""
+        held = self.update_weights(named_tensors, version)
+        write_pinned(named_tensors, directory, version)
+        return held
+
+    def load_pinned(self, directory: str, version: int) -> int:
+        """A judge's engine takes policy `version` from the copy `pin_weights` wrote in `directory`."""
+        weights = read_pinned(directory, version)
+        with self._publication(version):
+            self.engine.update_weights(weights.items())
         return self.version
 
     def sleep(self, release_weights: bool = False) -> None:

@@ -62,3 +62,7 @@ def test_a_file_without_a_reward_section_names_the_flag(tmp_path, checkpoints):
     bad.write_text("iterations: 3\n")
     with pytest.raises(ConfigError, match="--reward-config .*no `reward:` mapping"):
         run_eval(str(checkpoints[0]), str(tmp_path / "none.jsonl"), reward_config=str(bad))
+    pinned = tmp_path / "pinned.yaml"  # a training run's pinned judge: an evaluation has no run
+    pinned.write_text(yaml.safe_dump({"reward": {"judge": {"model": "policy@2", "template": "{response}"}}}))
+    with pytest.raises(ConfigError, match="policy@2 pins a training run's policy version"):
+        run_eval(str(checkpoints[0]), str(tmp_path / "none.jsonl"), reward_config=str(pinned))

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from ascent.config import ConfigError, load_config
 from ascent.config.schema import RunConfig
 from ascent.messages import Episode, Generation, Group, Rollout, SamplingParams
 from ascent.orchestrator.reward_models import ComponentScores, JudgeScorer
 from ascent.orchestrator.sampling import Scorer
 from ascent.orchestrator.setup import demand, placed_groups
+from ascent.orchestrator.specs import judge_engine_spec
 from ascent.rewards import RewardFailureError, RewardInput, RewardRunner
 from ascent.rewards.judge import JudgementCache, resolve_parser
 
@@ -180,3 +182,34 @@ def test_the_config_refuses_a_judge_that_cannot_work_and_components_on_an_env_so
     env = {"source": {"name": "env", "env": "pkg.mod:Env"}}
     with pytest.raises(ValueError, match="reward.model is set, but rollout.source=env"):
         RunConfig.model_validate({"model": {"path": "m"}, "rollout": env, "reward": {"model": {"path": "r"}}})
+
+
+def pinned(model: str, *more: str) -> RunConfig:
+    judge = f"reward.judge={{model: '{model}', template: '{{response}}'}}"
+    return load_config(
+        None, ["model.path=/m", "model.tokenizer_path=/tok", "iterations=5", judge, *more], RunConfig
+    )
+
+
+def test_policy_at_n_pins_a_version_and_bad_spellings_name_the_field_and_the_fix():
+    cfg = pinned("policy@3")
+    assert cfg.reward.judge is not None and cfg.reward.judge.pinned_version == 3
+    assert pinned("policy@0").reward.judge.pinned_version == 0  # type: ignore[union-attr]
+    assert pinned("policy").reward.judge.pinned_version is None  # type: ignore[union-attr]
+    assert pinned("/ckpt/judge").reward.judge.pinned_version is None  # type: ignore[union-attr]
+    spec = judge_engine_spec(cfg)  # an engine of its own, of the run's initial policy (and its tokenizer)
+    assert spec is not None and (spec.model_path, spec.tokenizer_path) == ("/m", "/tok")
+    for bad in ("policy@", "policy@-1", "policy@1.5", "policy@x", "policy@ 2"):
+        with pytest.raises(ConfigError) as info:
+            pinned(bad)
+        assert info.value.exit_code == 2
+        (problem,) = info.value.problems
+        assert problem.startswith(f"reward.judge.model='{bad}': the version after 'policy@' must be a whole")
+        assert "policy@0 for model.path" in problem
+    with pytest.raises(ConfigError, match=r"policy@5: version 5 is published after iteration 5.*below 5"):
+        pinned("policy@5")
+
+
+def test_a_pinned_judge_has_an_engine_of_its_own():
+    ray = ["cluster.backend=ray", "cluster.gpus_per_worker=1.0"]
+    assert demand(pinned("policy@2", *ray)).gpus == demand(pinned("policy", *ray)).gpus + 1.0
