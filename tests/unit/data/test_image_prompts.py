@@ -74,7 +74,8 @@ def test_a_missing_image_costs_its_row_with_row_number_and_path(tmp_path, vl, ca
     assert [i.row_id for i in items] == [0, 2]
     assert report.dropped == 1 and report.dropped_row_ids == [1]
     assert report.bad_images == [
-        f"row 2: image {tmp_path / 'gone.png'}: no such file; check the path (relative paths are relative to the dataset file)"
+        f"row 2: image {tmp_path / 'gone.png'}: no such file (the row writes 'gone.png', resolved against the "
+        f"dataset file's folder {tmp_path}); give an absolute path or a path relative to that folder"
     ]
     assert "row 2: image" in caplog.text and "gone.png" in caplog.text
     assert "; 2 images of 4..4 image tokens; 1 left out for an unusable image" in report.summary()
