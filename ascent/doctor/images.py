@@ -120,7 +120,7 @@ def _tokenizer(cfg: RunConfig, token_id: int) -> tuple[Any, str | None]:
     """(the run's tokenizer or None when it does not load: the tokenizer check says why, the problem of a
     tokenizer that cannot write the model's image token, or None)."""
     from ascent.models.loading import load_tokenizer  # deferred: torch
-    from ascent.models.vision import tokenizer_problem
+    from ascent.models.vision import tokenizer_problem  # deferred: torch
 
     m = cfg.model
     field = "model.tokenizer_path" if m.tokenizer_path else "model.path"
