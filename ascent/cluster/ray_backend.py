@@ -18,6 +18,7 @@ the actor's GPUs) and, for CPU workers, its position among the group's workers o
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import socket
@@ -89,6 +90,15 @@ def init_ray(
             "--head` on the head node, `ray start --address=HEAD_IP:6379` on the others; examples/slurm does "
             "both), check that this node reaches the head's port 6379, or leave cluster.address unset to "
             "start a local cluster."
+        ) from None
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = kwargs.get("_temp_dir") or "Ray's default ($RAY_TMPDIR/ray, $TMPDIR/ray or /tmp/ray)"
+        raise ClusterConfigError(
+            f"cluster.ray_temp_dir={temp_dir or 'null'}: Ray could not write its session files under {where} "
+            f"({e.strerror}: a full disk or a disk quota); point cluster.ray_temp_dir at a local disk with "
+            "room (`ascent doctor` shows its free space), or free space there."
         ) from None
 
 

@@ -27,11 +27,23 @@ if TYPE_CHECKING:
     from ascent.models.vision import ImageCodec
 
 
-def image_codec(path: str, min_pixels: int | None = None, max_pixels: int | None = None) -> ImageCodec | None:
+def image_codec(
+    path: str,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    *,
+    tokenizer: Any = None,
+    tokenizer_field: str = "model.tokenizer_path",
+) -> ImageCodec | None:
     """The image codec of the vision-language checkpoint in `path` (`model.path`) under the pixel budget
     `model.min_pixels` / `model.max_pixels` (None: the checkpoint's); None for a text model, where a
-    pixel budget is refused (nothing would read it)."""
-    from ascent.models.vision import image_token_id, load_image_codec  # deferred: imports torch
+    pixel budget is refused (nothing would read it). With `tokenizer` (named by `tokenizer_field`), a
+    tokenizer that cannot write the model's image token is refused too (a text model's, say)."""
+    from ascent.models.vision import (  # deferred: imports torch
+        image_token_id,
+        load_image_codec,
+        tokenizer_problem,
+    )
 
     if image_token_id(Path(path)) is None:
         for name, value in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
@@ -41,7 +53,14 @@ def image_codec(path: str, min_pixels: int | None = None, max_pixels: int | None
                     f"remove model.{name} or point model.path at a vision-language checkpoint."
                 )
         return None
-    return load_image_codec(path, min_pixels, max_pixels)
+    codec = load_image_codec(path, min_pixels, max_pixels)
+    problem = None if tokenizer is None else tokenizer_problem(tokenizer, codec.image_token_id)
+    if problem is not None:
+        raise DataError(
+            f"{tokenizer_field}={getattr(tokenizer, 'name_or_path', '?')!r}: {problem}; model.path={path!r} is a vision-language model. Use the tokenizer "
+            "that came with it (unset model.tokenizer_path to use model.path's)."
+        )
+    return codec
 
 
 def load_prompts(

@@ -87,6 +87,19 @@ def image_prompt(
     return expand(ids, images, codec, row_no), text, images
 
 
+def overlong_image_problem(
+    row_no: int, length: int, images: Sequence[ImageInput], max_tokens: int, field: str, what: str = "prompt"
+) -> str:
+    """`row N: ...` for a row whose text and image tokens are over `field`=max_tokens: it is left out (a cut
+    would split an image), and the fix is fewer tokens per image or a larger limit."""
+    counts = ", ".join(str(im.num_tokens) for im in images)
+    return (
+        f"row {row_no}: the {what} is {length} tokens, {sum(im.num_tokens for im in images)} of them image "
+        f"tokens ({len(images)} images: {counts}), over {field}={max_tokens}; lower model.max_pixels (fewer "
+        f"tokens per image) or raise {field}"
+    )
+
+
 def log_bad_row(source: str, problem: str, count: int) -> None:
     """Warn about the `count`-th bad image row (the first MAX_LOGGED one by one)."""
     if count <= MAX_LOGGED:

@@ -8,8 +8,9 @@ the `RenderReport` always counts what happened: nothing is cut silently.
 
 Messages that show images (content parts, `ascent.models.content`) need the model's `ImageCodec`: their ids
 hold each image's pads and the item carries the images (`ascent.data.images`). A row whose image is missing
-or unreadable is left out and counted (`RenderReport.bad_images`); an overlong image prompt is dropped,
-never truncated (a cut would split an image's pads).
+or unreadable is left out and counted (`RenderReport.bad_images`); an overlong image prompt is left out
+(logged with its row number, its image tokens and the fix: `model.max_pixels` or the limit), never truncated
+(a cut would split an image's pads).
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ascent.data.images import BadImageRow, image_prompt, log_bad_row, row_has_images, text_model_problem
+from ascent.data.images import (
+    BadImageRow,
+    image_prompt,
+    log_bad_row,
+    overlong_image_problem,
+    row_has_images,
+    text_model_problem,
+)
 from ascent.data.validation import DataError, raise_problems
 from ascent.messages import ImageInput
 from ascent.models.content import template_messages
@@ -57,6 +65,7 @@ class RenderReport:
     max_tokens: int = 0
     dropped_row_ids: list[int] = field(default_factory=list)
     bad_images: list[str] = field(default_factory=list)  # "row N: image <path>: <why>", one per row left out
+    overlong_images: list[str] = field(default_factory=list)  # rows with images over the limit, left out
     image_tokens: list[int] = field(default_factory=list)  # image tokens of every image kept, in order
 
     @property
@@ -73,6 +82,11 @@ class RenderReport:
             f"truncated over {self.max_tokens} tokens (longest: {self.longest})"
             + (f"; {len(tokens)} images of {min(tokens)}..{max(tokens)} image tokens" if tokens else "")
             + (f"; {bad} left out for an unusable image (first: {self.bad_images[0]})" if bad else "")
+            + (
+                f"; {len(self.overlong_images)} with images over the limit (first: {self.overlong_images[0]})"
+                if self.overlong_images
+                else ""
+            )
         )
 
     def drop_bad_image(self, row_id: int, err: BadImageRow, source: str) -> None:
@@ -82,6 +96,13 @@ class RenderReport:
         self.bad_images.append(err.problem)
         log_bad_row(source, err.problem, len(self.bad_images))
 
+    def drop_overlong_images(self, row_id: int, problem: str, source: str) -> None:
+        """Count (and log) row `row_id`, left out for images that take it over the length limit."""
+        self.dropped += 1
+        self.dropped_row_ids.append(row_id)
+        self.overlong_images.append(problem)
+        log_bad_row(source, problem, len(self.bad_images) + len(self.overlong_images))
+
     def no_rows_left(self, source: str, num_rows: int) -> DataError:
         """The error when every row was left out: over the length limit or with an unusable image."""
         if self.bad_images and len(self.bad_images) == num_rows:
@@ -90,8 +111,9 @@ class RenderReport:
                 f"{self.bad_images[0]}); fix the image paths (relative to the dataset file) or the files."
             )
         return DataError(
-            f"{source}: no usable prompts: {self.summary()}; raise data.max_prompt_tokens or fix the images."
-            if self.bad_images
+            f"{source}: no usable prompts: {self.summary()}; raise data.max_prompt_tokens, lower "
+            "model.max_pixels or fix the images."
+            if self.bad_images or self.overlong_images
             else f"{source}: all {num_rows} prompts are over data.max_prompt_tokens={self.max_tokens} "
             f"(longest: {self.longest}) and were dropped; raise data.max_prompt_tokens."
         )
@@ -188,10 +210,19 @@ def render_prompts(
             ids, text = row_prompt(row, tokenizer, chat_template=chat_template)
         report.longest = max(report.longest, len(ids))
         if len(ids) > max_prompt_tokens:
+            if images:  # never cut: a cut would split an image's pads
+                problem = overlong_image_problem(
+                    row_id + 1, len(ids), images, max_prompt_tokens, "data.max_prompt_tokens"
+                )
+                if overlong == "error":
+                    problems.append(problem)
+                else:
+                    report.drop_overlong_images(row_id, problem, source)
+                continue
             if overlong == "error":
                 problems.append(overlong_problem(row_id + 1, len(ids), max_prompt_tokens))
                 continue
-            if overlong == "drop" or images:
+            if overlong == "drop":
                 report.dropped += 1
                 report.dropped_row_ids.append(row_id)
                 continue

@@ -26,6 +26,7 @@ from ascent.data.images import (
     decode_images,
     expand_turns,
     image_prompt,
+    overlong_image_problem,
     row_has_images,
     text_model_problem,
 )
@@ -151,11 +152,30 @@ def render_sft_examples_and_report(
             report.image_tokens += [im.num_tokens for im in images]
             examples.append(SFTExample(prompt_ids, response_ids, row_id, mask, images))
             continue
-        if overlong == "error":
+        if images:  # never cut: a cut would split an image's pads
+            problem = (
+                overlong_image_problem(
+                    row_id + 1, len(prompt_ids), images, max_prompt_tokens, "data.max_prompt_tokens"
+                )
+                if over_prompt
+                else overlong_image_problem(
+                    row_id + 1,
+                    total + len(response_ids),
+                    images,
+                    int(max_total_tokens or 0),
+                    "max_total_tokens",
+                    "prompt + response",
+                )
+            )
+            if overlong == "error":
+                problems.append(problem)
+            else:
+                report.drop_overlong_images(row_id, problem, source)
+        elif overlong == "error":
             problems.append(
                 _sft_problem(row_id + 1, prompt_ids, response_ids, max_prompt_tokens, max_total_tokens)
             )
-        elif overlong == "drop" or images or (room is not None and room <= 0):
+        elif overlong == "drop" or (room is not None and room <= 0):
             report.dropped += 1
             report.dropped_row_ids.append(row_id)
         else:

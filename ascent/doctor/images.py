@@ -1,7 +1,9 @@
 """Doctor check of the images a run shows its model: the pixel budget (`model.min_pixels` /
 `model.max_pixels`, else the checkpoint's preprocessor_config.json), how many image tokens each image of the
-first rows becomes (min / median / max), and the rows whose images cannot be used (missing, unreadable, not
-an image), which the run would leave out. Images in the data of a text-only model fail here, before a run.
+first rows becomes (min / median / max), and the rows the run would leave out: an image that cannot be used
+(missing, unreadable, not an image) or a prompt whose text and image tokens are over data.max_prompt_tokens.
+Images in the data of a text-only model, an image processor cut for another vision tower, and a tokenizer
+without the model's image token (a text model's) fail here, before a run.
 
 Reads the first `HEAD_ROWS` rows of `data.train_path` only, as the data checks do.
 """
@@ -13,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ascent.config.schema import RunConfig
-from ascent.data.images import BadImageRow, decode_images, row_has_images
+from ascent.data.images import BadImageRow, decode_images, image_prompt, row_has_images
 from ascent.doctor.data import HEAD_ROWS, HeadError, head_rows
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
+from ascent.errors import AscentError
 from ascent.models.content import IMAGES_COLUMN, ContentError, resolve_paths
 
 NAME = "images"
@@ -56,7 +59,7 @@ def check_images(cfg: RunConfig) -> CheckResult:
     if cfg.rollout.multi_turn:
         return skipped(NAME, "the environment or agent makes the prompts (their images are not checked here)")
     read, rows = image_rows(cfg.data.train_path)
-    from ascent.models.vision import ImageCodecError, image_token_id, load_image_codec  # deferred: torch
+    from ascent.models.vision import image_token_id, load_image_codec  # deferred: torch
 
     m = cfg.model
     if not m.path or image_token_id(Path(m.path).expanduser()) is None:
@@ -70,27 +73,20 @@ def check_images(cfg: RunConfig) -> CheckResult:
         return skipped(NAME, "a text-only model, and no images in the first rows")
     try:
         codec = load_image_codec(Path(m.path).expanduser(), m.min_pixels, m.max_pixels)
-    except (ImageCodecError, OSError, ValueError) as err:
-        return fail(NAME, f"the image processor does not load ({err})", "check preprocessor_config.json.")
+    except (AscentError, OSError, ValueError) as err:
+        return fail(NAME, f"the image processor does not fit the model: {err}", "see the problem.")
+    tokenizer, problem = _tokenizer(cfg, codec.image_token_id)
+    if problem is not None:
+        return fail(NAME, problem, "unset model.tokenizer_path (model.path's own tokenizer) or fix it.")
     low, high = pixel_budget(codec.processor)
     where = "model.min_pixels/max_pixels" if m.min_pixels or m.max_pixels else "preprocessor_config.json"
     budget = f"pixel budget {low}..{high} pixels ({where})"
     facts: dict[str, Any] = {"min_pixels": low, "max_pixels": high}
     if not rows:
         return ok(NAME, f"{budget}; no images in the first {read} rows", **facts)
-    tokens, per_row, bad = [], [], []
-    for row_no, row in rows:
-        try:
-            _, images = decode_images(row["prompt"], row.get(IMAGES_COLUMN), codec, row_no)
-        except BadImageRow as err:
-            bad.append(err.problem)
-            continue
-        except (ContentError, TypeError, KeyError) as err:  # a malformed row: the run's validation names it
-            bad.append(f"row {row_no}: {err}")
-            continue
-        tokens += [im.num_tokens for im in images]
-        per_row.append(sum(im.num_tokens for im in images))
-    facts |= {"image_tokens": tokens, "bad_rows": bad}
+    tokens, lengths, bad = _measure(rows, codec, tokenizer)
+    over = [(n, length, k) for n, length, k in lengths if length > cfg.data.max_prompt_tokens]
+    facts |= {"image_tokens": tokens, "bad_rows": bad, "over_rows": [n for n, _, _ in over]}
     stats = (
         f"image tokens per image over {len(tokens)} images of the first {read} rows: min {min(tokens)}, "
         f"median {statistics.median(tokens):g}, max {max(tokens)}"
@@ -98,17 +94,69 @@ def check_images(cfg: RunConfig) -> CheckResult:
         else "no usable image"
     )
     detail = f"{budget}; {stats}"
+    problems = []
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        return warn(
-            NAME, f"{detail}; {len(bad)} rows with an unusable image: {bad[0]}{more}", FIX_BAD, **facts
+        problems.append((f"{len(bad)} rows with an unusable image: {bad[0]}{more}", FIX_BAD))
+    if over:
+        n, length, k = over[0]
+        more = f" (and {len(over) - 1} more)" if len(over) > 1 else ""
+        problems.append(
+            (
+                f"{len(over)} rows over data.max_prompt_tokens={cfg.data.max_prompt_tokens}: row {n} is "
+                f"{length} tokens, {k} of them image tokens{more}",
+                "lower model.max_pixels (fewer tokens per image) or raise data.max_prompt_tokens; the run "
+                "leaves these rows out.",
+            )
         )
-    if per_row and max(per_row) > cfg.data.max_prompt_tokens:
+    if problems:
         return warn(
-            NAME,
-            f"{detail}; a row's images alone are {max(per_row)} tokens, over "
-            f"data.max_prompt_tokens={cfg.data.max_prompt_tokens}",
-            "lower model.max_pixels (fewer tokens per image) or raise data.max_prompt_tokens.",
-            **facts,
+            NAME, "; ".join([detail, *(p for p, _ in problems)]), "; ".join(f for _, f in problems), **facts
         )
     return ok(NAME, detail, **facts)
+
+
+def _tokenizer(cfg: RunConfig, token_id: int) -> tuple[Any, str | None]:
+    """(the run's tokenizer or None when it does not load: the tokenizer check says why, the problem of a
+    tokenizer that cannot write the model's image token, or None)."""
+    from ascent.models.loading import load_tokenizer  # deferred: torch
+    from ascent.models.vision import tokenizer_problem  # deferred: torch
+
+    m = cfg.model
+    field = "model.tokenizer_path" if m.tokenizer_path else "model.path"
+    try:
+        tokenizer = load_tokenizer(Path(m.tokenizer_path or m.path).expanduser(), m.trust_remote_code, field)
+    except AscentError:
+        return None, None
+    problem = tokenizer_problem(tokenizer, token_id)
+    if problem is not None:
+        return None, f"{field}={m.tokenizer_path or m.path!r}: {problem}"
+    # without a chat template of its own (model.chat_template may give one) a row counts its images only
+    return (tokenizer if getattr(tokenizer, "chat_template", None) else None), None
+
+
+def _measure(
+    rows: list[tuple[int, dict[str, Any]]], codec: Any, tokenizer: Any
+) -> tuple[list[int], list[tuple[int, int, int]], list[str]]:
+    """(image tokens of every usable image, (row number, prompt tokens, of them image tokens) per usable
+    row, the problems of the rows the run would leave out). Without a tokenizer a row counts its images."""
+    tokens: list[int] = []
+    lengths: list[tuple[int, int, int]] = []
+    bad: list[str] = []
+    for row_no, row in rows:
+        try:
+            if tokenizer is not None:
+                ids, _, images = image_prompt(row, tokenizer, codec, row_no)
+            else:
+                _, images = decode_images(row["prompt"], row.get(IMAGES_COLUMN), codec, row_no)
+                ids = []
+        except BadImageRow as err:
+            bad.append(err.problem)
+            continue
+        except (ContentError, TypeError, KeyError) as err:  # a malformed row: the run's validation names it
+            bad.append(f"row {row_no}: {err}")
+            continue
+        image = sum(im.num_tokens for im in images)
+        tokens += [im.num_tokens for im in images]
+        lengths.append((row_no, max(len(ids), image), image))
+    return tokens, lengths, bad

@@ -5,7 +5,11 @@ model (and the images it is shown), disk, memory (per GPU, or this machine's RAM
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ascent.config.schema import RunConfig
 from ascent.doctor import cluster, data, images, model, plan, system, tracking
@@ -45,6 +49,13 @@ def machine_checks(cfg: RunConfig, facts: system.GpuFacts) -> list[CheckResult]:
     ]
 
 
+def ray_default_temp_dir(environ: Mapping[str, str]) -> str:
+    """Where a local Ray cluster keeps its session and spill files when cluster.ray_temp_dir is unset: Ray's
+    own rule, $RAY_TMPDIR/ray, else $TMPDIR/ray (Linux), else /tmp/ray."""
+    base = environ.get("RAY_TMPDIR") or (environ.get("TMPDIR") if sys.platform.startswith("linux") else None)
+    return str(Path(base or "/tmp") / "ray")
+
+
 def disk_checks(cfg: RunConfig, shape: object) -> list[CheckResult]:
     if not isinstance(shape, ModelShape):
         return [skipped("disk", "the model's size is unknown (see the model check)")]
@@ -62,7 +73,7 @@ def disk_checks(cfg: RunConfig, shape: object) -> list[CheckResult]:
         out.append(
             system.check_disk(
                 "disk: Ray temp/spill",
-                cfg.cluster.ray_temp_dir or "/tmp/ray",
+                cfg.cluster.ray_temp_dir or ray_default_temp_dir(os.environ),
                 plan.ray_temp_bytes(cfg, shape),
                 "session files and spilled weights",
                 "cluster.ray_temp_dir",

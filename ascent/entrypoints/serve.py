@@ -221,7 +221,7 @@ def build_server(s: ServeSettings) -> Any:
     """Load the tokenizer, the model's limits and the engine; an OpenAIServer around them."""
     # deferred: torch; `ascent.cli` imports this module
     from ascent.data import image_codec  # deferred: ascent.data imports torch
-    from ascent.models.loading import load_tokenizer, resolve_device  # deferred: torch
+    from ascent.models.loading import auto_dtype, load_tokenizer, resolve_device  # deferred: torch
     from ascent.rollout import build_engine  # deferred: torch
     from ascent.rollout.server import Limits, OpenAIServer, ServerOptions  # deferred: torch, fastapi
 
@@ -229,7 +229,7 @@ def build_server(s: ServeSettings) -> Any:
     length, vocab = model_limits(s.model, s.max_model_len, s.trust_remote_code)
     dev = resolve_device(s.device)
     name = s.engine if s.engine != "auto" else ("fast" if dev.type == "cuda" else "reference")
-    dtype = s.dtype if s.dtype != "auto" else ("bf16" if dev.type == "cuda" else "fp32")
+    dtype = s.dtype if s.dtype != "auto" else auto_dtype(dev)
     kwargs: dict[str, Any] = {
         "model_path": s.model,
         "dtype": dtype,

@@ -56,7 +56,8 @@ def sft_samples(examples: list[Any]) -> list[TrainSample]:
 def _load(cfg: SFTConfig, path: str | None, tok: Any) -> list[TrainSample]:
     if not path:
         return []
-    d = cfg.data
+    d, m = cfg.data, cfg.model
+    field = "model.tokenizer_path" if m.tokenizer_path else "model.path"
     rows = load_rows(path, split=d.split)
     rows = prepare_rows(
         rows, path, prompt_key=d.prompt_key, answer_key=d.answer_key, system_prompt=d.system_prompt
@@ -67,7 +68,7 @@ def _load(cfg: SFTConfig, path: str | None, tok: Any) -> list[TrainSample]:
         response_key=cfg.response_key,
         max_prompt_tokens=cfg.data.max_prompt_tokens,
         chat_template=cfg.data.chat_template,
-        codec=image_codec(cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels),
+        codec=image_codec(m.path, m.min_pixels, m.max_pixels, tokenizer=tok, tokenizer_field=field),
     )
     return sft_samples(examples)
 

@@ -9,7 +9,8 @@ A message's `content` is a string or a list of parts:
   feature stores); `{"type": "image"}` with no `image` takes the row's next entry of its `images` column;
 - `{"type": "image_url", "image_url": {"url": U}}` (OpenAI), U a data URL or a path (`file://` allowed).
 
-Paths are absolute, or relative to the dataset file's folder (`resolve_paths`, applied when rows are loaded).
+Paths are absolute, or relative to the dataset file's folder (`resolve_paths`, applied when rows are loaded,
+makes them absolute `ResolvedPath`s that remember how the row wrote them, for the "no such file" message).
 http(s) URLs are refused: ascent never downloads (download the image and reference it by path).
 
 The `images` column (TRL's and HF datasets' convention): a list whose entries are bytes, `{"bytes": b,
@@ -207,11 +208,43 @@ def resolve_paths(row: dict[str, Any], folder: Path) -> None:
             entry["path"] = _absolute(entry["path"], folder)
 
 
+class ResolvedPath(str):
+    """A relative image path made absolute under the dataset file's folder: the absolute path as a `str`,
+    still knowing how the row wrote it (`written`) and the folder it was resolved against (`folder`), so an
+    image that is not there can be named both ways."""
+
+    written: str
+    folder: str
+
+    def __new__(cls, written: str, folder: Path) -> ResolvedPath:
+        out = super().__new__(cls, str(folder / Path(written.removeprefix("file://")).expanduser()))
+        out.written, out.folder = written, str(folder)
+        return out
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles (Ray, worker processes) and copies as itself
+        return (_rebuild_resolved, (self.written, self.folder))
+
+
+def _rebuild_resolved(written: str, folder: str) -> ResolvedPath:
+    return ResolvedPath(written, Path(folder))
+
+
 def _absolute(value: str, folder: Path) -> str:
-    if value.startswith("data:") or is_remote(value):
+    if value.startswith("data:") or is_remote(value) or isinstance(value, ResolvedPath):
         return value
     path = Path(value.removeprefix("file://")).expanduser()
-    return str(path if path.is_absolute() else folder / path)
+    return str(path) if path.is_absolute() else ResolvedPath(value, folder)
+
+
+def missing_file(value: str) -> str:
+    """The message for an image path with no file (the caller names the absolute path): for a relative one,
+    the path as the row writes it and the folder it was resolved against, with the fix."""
+    if isinstance(value, ResolvedPath):
+        return (
+            f"no such file (the row writes {value.written!r}, resolved against the dataset file's folder "
+            f"{value.folder}); give an absolute path or a path relative to that folder"
+        )
+    return "no such file; give an existing absolute path, or a path relative to the dataset file"
 
 
 def image_bytes(ref: ImageRef) -> bytes:
@@ -241,7 +274,7 @@ def image_bytes(ref: ImageRef) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError:
-        return _fail(ref, "no such file; check the path (relative paths are relative to the dataset file)")
+        return _fail(ref, missing_file(value))
     except OSError as err:
         return _fail(ref, f"cannot be read ({err.strerror or err})")
 

@@ -63,15 +63,49 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     return DTYPES[name]
 
 
-def check_dtype_supported(dtype: torch.dtype, device: torch.device) -> None:
-    """Raise if bf16 is asked for on a CUDA GPU that cannot run it (pre-Ampere), suggesting fp16."""
-    if dtype != torch.bfloat16 or device.type != "cuda":
+def bf16_supported() -> bool:
+    """Whether this process's CUDA GPU runs bfloat16 natively (compute capability >= 8.0). torch's own
+    default also counts emulation, which says yes on a V100 (7.0) where bf16 matmuls crawl or fail."""
+    return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+
+
+def check_dtype_supported(dtype: torch.dtype, device: torch.device, field: str = "model.dtype") -> None:
+    """Refuse bf16 on a CUDA GPU without native bf16 (pre-Ampere: V100, T4), naming `field` and fp16.
+
+    Every component the user set a dtype for refuses rather than falls back (trainer, critic, reference
+    model, both engines, reward model): the sampler and the trainer must compute in the same precision, and
+    fp16 or fp32 changes memory and numerics, which is the user's choice to make. Only `ascent serve
+    --dtype auto`, where ascent picked bf16, falls back to fp16 (`auto_dtype`)."""
+    if dtype != torch.bfloat16 or device.type != "cuda" or bf16_supported():
         return
-    if not torch.cuda.is_bf16_supported():
-        gpu = torch.cuda.get_device_name(device)
-        raise ModelLoadError(
-            f"model.dtype=bf16: the GPU {gpu!r} has no bfloat16 support; set model.dtype=fp16 (or fp32)."
-        )
+    try:
+        gpu = repr(torch.cuda.get_device_name(device))
+    except (RuntimeError, AssertionError, AttributeError):  # no CUDA runtime to ask (tests)
+        gpu = "of this machine"
+    raise ModelLoadError(
+        f"{field}=bf16: the GPU {gpu} has no native bfloat16 support (compute capability < 8.0); set "
+        f"{field}=fp16 (or fp32)."
+    )
+
+
+def compute_dtype(name: str | torch.dtype, device: torch.device, field: str = "model.dtype") -> torch.dtype:
+    """`torch_dtype(name)`, refused where the device cannot compute in it (`check_dtype_supported`)."""
+    dtype = torch_dtype(name)
+    check_dtype_supported(dtype, device, field)
+    return dtype
+
+
+def auto_dtype(device: torch.device) -> str:
+    """What `--dtype auto` means on `device`: bf16 on a GPU that has it, fp16 (said in a warning) on one
+    that does not, fp32 on the CPU."""
+    if device.type != "cuda":
+        return "fp32"
+    if bf16_supported():
+        return "bf16"
+    logger.warning(
+        "--dtype auto: this GPU has no native bf16; using fp16 (set --dtype fp32 if outputs overflow)"
+    )
+    return "fp16"
 
 
 def _check_checkpoint_dir(path: str | Path, what: str, field: str = "model.path") -> Path:

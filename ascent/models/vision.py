@@ -118,4 +118,51 @@ def load_image_codec(
         )
     budget = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
     processor = AutoImageProcessor.from_pretrained(str(p), local_files_only=True, **budget)
+    problem = processor_problem(_vision_config(p), processor)
+    if problem is not None:
+        raise ImageCodecError(
+            f"model.path={str(p)!r}: {problem}; the image processor belongs to another model. Copy "
+            "preprocessor_config.json from the checkpoint these weights came from (Qwen2.5-VL: patch_size 14, "
+            "Qwen3-VL: 16; both merge_size 2)."
+        )
     return ImageCodec(processor, token, int(getattr(processor, "merge_size", 2)))
+
+
+# preprocessor_config.json's name -> config.json vision_config's name of the same number
+_PROCESSOR_FIELDS = {
+    "patch_size": "patch_size",
+    "merge_size": "spatial_merge_size",
+    "temporal_patch_size": "temporal_patch_size",
+}
+
+
+def _vision_config(path: Path) -> dict[str, Any]:
+    try:
+        vision = json.loads((path / "config.json").read_text()).get("vision_config")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return vision if isinstance(vision, dict) else {}
+
+
+def processor_problem(vision_config: dict[str, Any], processor: Any) -> str | None:
+    """What makes `processor` cut images into patches the vision tower (config.json's `vision_config`) does
+    not take: a patch size, merge size or temporal patch size that differs; None when they agree (or the
+    config does not say)."""
+    for ours, theirs in _PROCESSOR_FIELDS.items():
+        have, want = getattr(processor, ours, None), vision_config.get(theirs)
+        if have is not None and want is not None and int(have) != int(want):
+            return (
+                f"preprocessor_config.json has {ours}={have}, but the vision tower takes "
+                f"{theirs}={want} (config.json vision_config)"
+            )
+    return None
+
+
+def tokenizer_problem(tokenizer: Any, token_id: int) -> str | None:
+    """Why `tokenizer` cannot write the model's image token `token_id` (a text model's tokenizer, or one
+    whose image pad has another id), or None: the id must be one of the tokenizer's added tokens."""
+    if token_id in (getattr(tokenizer, "added_tokens_decoder", None) or {}):
+        return None
+    name = tokenizer.convert_ids_to_tokens(token_id) if 0 <= token_id < len(tokenizer) else None
+    where = f"is {name!r} in this tokenizer" if name is not None else "is outside this tokenizer"
+    return f"the model's image_token_id={token_id} {where}, not an image token (a text model's tokenizer?)"

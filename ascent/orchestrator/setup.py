@@ -52,7 +52,8 @@ def build_datasets(cfg: RunConfig) -> Datasets:
     field = "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path"
     tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path, cfg.model.trust_remote_code, field)
     set_chat_template(tok, cfg.model.chat_template)
-    codec = image_codec(cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels)
+    m = cfg.model
+    codec = image_codec(m.path, m.min_pixels, m.max_pixels, tokenizer=tok, tokenizer_field=field)
     d, episodes = cfg.data, cfg.rollout.source
     sets: dict[str, list[Any]] = {}
     for name, path in (("train", d.train_path), ("val", d.val_path)):

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from ascent.algorithms import LOSS_AGGREGATIONS
 from ascent.algorithms.value import value_clipfrac, value_loss
 from ascent.messages import TrainSample
-from ascent.models.loading import load_model, resolve_device, torch_dtype
+from ascent.models.loading import compute_dtype, load_model, resolve_device
 from ascent.models.multimodal import is_vision_language, multimodal_backbone
 from ascent.models.parallel import full_state_dict, has_shards, load_full_state_dict, load_shards, save_shards
 from ascent.trainer import common
@@ -124,7 +124,7 @@ class CriticWorker:
         seed: int | None = None,
     ) -> None:
         self.device = resolve_device(device)
-        self.compute_dtype = torch_dtype(dtype)
+        self.compute_dtype = compute_dtype(dtype, self.device)
         self.optim_settings = optim or OptimSettings(lr=1e-5)
         self.value_clip = value_clip
         self.max_tokens = max_tokens_per_micro_batch

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from ascent.messages import TrainSample
 from ascent.models.files import copy_processor_files
-from ascent.models.loading import load_model, load_tokenizer, resolve_device, torch_dtype
+from ascent.models.loading import compute_dtype, load_model, load_tokenizer, resolve_device
 from ascent.models.moe import RoutingReplay, is_moe
 from ascent.models.multimodal import freeze_vision
 from ascent.models.parallel import (
@@ -102,7 +102,7 @@ class PolicyWorker:
         seed: int | None = None,
     ) -> None:
         self.device = resolve_device(device)
-        self.compute_dtype = torch_dtype(dtype)
+        self.compute_dtype = compute_dtype(dtype, self.device)
         self.lora = lora if lora is not None and lora.rank > 0 else None
         self.optim_settings = optim or OptimSettings()
         self.loss_settings = loss or LossSettings()

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ascent.errors import AscentError
-from ascent.models.loading import load_tokenizer, resolve_device, torch_dtype
+from ascent.models.loading import compute_dtype, load_tokenizer, resolve_device
 from ascent.models.varlen import attention_kwargs
 from ascent.trainer.packing import plan_micro_batches
 
@@ -58,7 +58,7 @@ class RewardModel:
             )
         model: Any = AutoModelForSequenceClassification.from_pretrained(
             spec.path,
-            dtype=torch_dtype(spec.dtype),
+            dtype=compute_dtype(spec.dtype, self.device, "reward.model.dtype"),
             local_files_only=True,
             attn_implementation="sdpa",
             trust_remote_code=spec.trust_remote_code,

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from ascent.models.loading import load_tokenizer, resolve_device, torch_dtype
+from ascent.models.loading import compute_dtype, load_tokenizer, resolve_device
 from ascent.rollout.fast.engine import FastEngine
 from ascent.rollout.fast.graphs import default_buckets
 from ascent.rollout.fast.kv_cache import KVCache, pages_for_budget
@@ -149,7 +149,8 @@ def build_fast_engine(
             return launch_replica(tensor_parallel, call)
         tensor_parallel = None
     cuda_graphs, compile, attention, sampler = _debug_overrides(cuda_graphs, compile, attention, sampler)
-    dt, dev = torch_dtype(dtype), resolve_device(device)
+    dev = resolve_device(device)
+    dt = compute_dtype(dtype, dev)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     tp = tensor_parallel if tensor_parallel is not None and tensor_parallel.size > 1 else None

@@ -6,7 +6,13 @@ import os
 
 import pytest
 
-from ascent.cluster import WorkerDiedError, WorkerError, WorkerTimeoutError, make_worker_group
+from ascent.cluster import (
+    ClusterConfigError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerTimeoutError,
+    make_worker_group,
+)
 from tests.unit.cluster.workers import BrokenInit, Counter
 
 BACKENDS = ["inline", "ray"]
@@ -295,3 +301,22 @@ def test_an_alongside_call_runs_next_to_the_call_in_progress(request, group):
     assert group.call_alongside_async(Counter.set_flag).get() == list(range(group.num_workers))
     assert busy.get() == [True] * group.num_workers  # released by the alongside call, not by the timeout
     assert group.call(Counter.get)  # the main thread serves ordinary calls again
+
+
+def test_a_full_disk_or_quota_under_rays_temp_dir_names_cluster_ray_temp_dir(monkeypatch, tmp_path):
+    import errno
+
+    from ascent.cluster import ray_backend
+
+    def init(**kwargs):
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    monkeypatch.setattr(ray_backend.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_backend, "_make_ascent_importable_by_local_workers", lambda: None)
+    monkeypatch.setattr(ray_backend.ray, "init", init)
+    with pytest.raises(ClusterConfigError) as err:
+        ray_backend.init_ray(temp_dir=str(tmp_path / "ray"))
+    assert f"cluster.ray_temp_dir={tmp_path / 'ray'}" in str(err.value) and "Disk quota exceeded" in str(
+        err.value
+    )
+    assert "point cluster.ray_temp_dir at a local disk with room" in str(err.value)

@@ -11,6 +11,7 @@ import logging
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from PIL import Image
 from transformers import AutoTokenizer
 
 from ascent.data import DataError, image_codec, load_prompts, render_prompts, render_sft_examples_and_report
@@ -74,10 +75,43 @@ def test_a_missing_image_costs_its_row_with_row_number_and_path(tmp_path, vl, ca
     assert [i.row_id for i in items] == [0, 2]
     assert report.dropped == 1 and report.dropped_row_ids == [1]
     assert report.bad_images == [
-        f"row 2: image {tmp_path / 'gone.png'}: no such file; check the path (relative paths are relative to the dataset file)"
+        f"row 2: image {tmp_path / 'gone.png'}: no such file (the row writes 'gone.png', resolved against the "
+        f"dataset file's folder {tmp_path}); give an absolute path or a path relative to that folder"
     ]
     assert "row 2: image" in caplog.text and "gone.png" in caplog.text
     assert "; 2 images of 4..4 image tokens; 1 left out for an unusable image" in report.summary()
+
+
+def test_an_image_row_over_the_prompt_limit_costs_its_row_naming_max_pixels(tmp_path, vl, caplog):
+    tok, codec = vl
+    (tmp_path / "small.png").write_bytes(png_bytes(28, 28))  # 4 image tokens
+    (tmp_path / "big.png").write_bytes(png_bytes(600, 600))  # capped by the pixel budget
+    big = codec.encode(Image.open(tmp_path / "big.png")).num_tokens
+    rows = [
+        {"prompt": _user({"type": "image", "image": str(tmp_path / n)}, {"type": "text", "text": "hi"})}
+        for n in ("small.png", "big.png")
+    ]
+    data = _write_jsonl(tmp_path / "d.jsonl", rows)
+    for overlong in ("drop", "truncate"):  # never cut: that would split an image
+        with caplog.at_level(logging.WARNING, logger="ascent"):
+            items, report = load_prompts(
+                str(data), tok, source="s", max_prompt_tokens=40, overlong=overlong, codec=codec
+            )
+        assert [i.row_id for i in items] == [0] and report.truncated == 0 and report.dropped_row_ids == [1]
+        (problem,) = report.overlong_images
+        assert (
+            problem.startswith("row 2: the prompt is ")
+            and f"{big} of them image tokens (1 images: {big})" in problem
+        )
+        assert "over data.max_prompt_tokens=40; lower model.max_pixels" in problem
+        assert "row 2: the prompt is" in caplog.text and "1 with images over the limit" in report.summary()
+    with pytest.raises(DataError, match="row 2: the prompt is .* lower model.max_pixels"):
+        load_prompts(str(data), tok, source="s", max_prompt_tokens=40, overlong="error", codec=codec)
+    sft = [{**r, "response": "ok"} for r in rows]
+    _, report = render_sft_examples_and_report(
+        sft, tok, max_prompt_tokens=40, overlong="truncate", codec=codec
+    )
+    assert report.dropped_row_ids == [1] and report.overlong_images[0].startswith("row 2: the prompt is")
 
 
 def test_every_row_bad_is_the_no_usable_rows_error(tmp_path, vl):

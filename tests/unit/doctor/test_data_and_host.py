@@ -118,3 +118,9 @@ def test_a_saved_datasets_directory_is_read_with_its_split(tmp_path: Path) -> No
     assert data.check_split(cfg(data=keys), "train", str(tmp_path / "d")).status == "ok"
     bad = data.check_split(cfg(data={**keys, "split": "train"}), "train", str(tmp_path / "d"))
     assert bad.status == "fail" and "data.split='train' is not a split" in bad.detail
+
+
+def test_ray_temp_dir_default_follows_rays_own_rule() -> None:
+    assert run.ray_default_temp_dir({}) == "/tmp/ray"
+    assert run.ray_default_temp_dir({"TMPDIR": "/scratch/me"}) == "/scratch/me/ray"
+    assert run.ray_default_temp_dir({"TMPDIR": "/scratch", "RAY_TMPDIR": "/big"}) == "/big/ray"

@@ -68,3 +68,26 @@ def test_images_shown_to_a_text_model_fail(tmp_path, tiny_dir):
     assert (
         result.status == "fail" and "row 1 shows images" in result.detail and "vision-language" in result.fix
     )
+
+
+def test_a_row_whose_text_and_images_pass_the_limit_is_named(tmp_path, vl_processor_dir):
+    (tmp_path / "m.png").write_bytes(png_bytes(112, 112))  # 16 image tokens: alone under the limit
+    result = check_images(
+        RunConfig.model_validate(
+            {
+                "model": {"path": str(vl_processor_dir)},
+                "data": {"train_path": _rows(tmp_path, ["m.png", "m.png"]), "max_prompt_tokens": 18},
+            }
+        )
+    )
+    assert result.status == "warn" and result.data["over_rows"] == [1, 2]
+    assert "2 rows over data.max_prompt_tokens=18: row 1 is " in result.detail
+    assert "16 of them image tokens (and 1 more)" in result.detail and "lower model.max_pixels" in result.fix
+
+
+def test_a_text_tokenizer_for_the_vision_language_model_fails(tmp_path, vl_processor_dir, tiny_dir):
+    (tmp_path / "m.png").write_bytes(png_bytes(112, 112))
+    c = _cfg(vl_processor_dir, _rows(tmp_path, ["m.png"]), tokenizer_path=str(tiny_dir))
+    result = check_images(c)
+    assert result.status == "fail" and result.detail.startswith(f"model.tokenizer_path={str(tiny_dir)!r}")
+    assert "not an image token" in result.detail and "unset model.tokenizer_path" in result.fix
