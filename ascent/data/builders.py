@@ -23,6 +23,8 @@ from ascent.data.validation import DataError, validate_rows
 from ascent.plugins import load_plugin
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from ascent.config.schema import DataConfig, SFTConfig
     from ascent.models.vision import ImageCodec
 
@@ -32,7 +34,7 @@ def image_codec(
     min_pixels: int | None = None,
     max_pixels: int | None = None,
     *,
-    tokenizer: Any = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
     tokenizer_field: str = "model.tokenizer_path",
 ) -> ImageCodec | None:
     """The image codec of the vision-language checkpoint in `path` (`model.path`) under the pixel budget

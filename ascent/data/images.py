@@ -25,6 +25,8 @@ from ascent.models.content import (
 )
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from ascent.models.vision import ImageCodec
 
 log = logging.getLogger("ascent")
@@ -78,7 +80,7 @@ def expand(ids: Sequence[int], images: Sequence[ImageInput], codec: ImageCodec, 
 
 
 def image_prompt(
-    row: dict[str, Any], tokenizer: Any, codec: ImageCodec, row_no: int
+    row: dict[str, Any], tokenizer: PreTrainedTokenizerBase, codec: ImageCodec, row_no: int
 ) -> tuple[list[int], str, tuple[ImageInput, ...]]:
     """A row whose `prompt` messages show images -> (ids with image pads, rendered text, images)."""
     messages, images = decode_images(row["prompt"], row.get(IMAGES_COLUMN), codec, row_no)

@@ -23,7 +23,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,6 +31,9 @@ from PIL import Image
 
 from ascent.errors import AscentError
 from ascent.messages import ImageInput
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class ImageCodecError(AscentError, ValueError):
@@ -158,7 +161,7 @@ def processor_problem(vision_config: dict[str, Any], processor: Any) -> str | No
     return None
 
 
-def tokenizer_problem(tokenizer: Any, token_id: int) -> str | None:
+def tokenizer_problem(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str | None:
     """Why `tokenizer` cannot write the model's image token `token_id` (a text model's tokenizer, or one
     whose image pad has another id), or None: the id must be one of the tokenizer's added tokens."""
     if token_id in (getattr(tokenizer, "added_tokens_decoder", None) or {}):
