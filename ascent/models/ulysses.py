@@ -40,6 +40,11 @@ def check_heads(heads: int, kv_heads: int, size: int) -> str | None:
     return None
 
 
+def largest_degree(heads: int, kv_heads: int, size: int) -> int:
+    """The largest degree <= size that splits `heads` query / `kv_heads` KV heads (1 always does)."""
+    return max(n for n in range(1, max(size, 1) + 1) if check_heads(heads, kv_heads, n) is None)
+
+
 class _AllToAll(torch.autograd.Function):
     """x [N, ...] (chunk i goes to rank i) -> [N, ...] (chunk j came from rank j); backward: the same."""
 
@@ -95,6 +100,7 @@ def _replicate_kv(x: Tensor, size: int) -> Tensor:
     return x if x.shape[1] % size == 0 else x.repeat_interleave(size // x.shape[1], dim=1)
 
 
+@torch.compiler.disable  # all-to-alls and host-known offsets: compiled layers call it eagerly
 def ulysses_attention(
     module: nn.Module,
     query: Tensor,

@@ -32,7 +32,7 @@ from ascent.messages import TrainSample
 from ascent.models import varlen
 from ascent.models.moe import is_moe
 from ascent.models.multimodal import is_vision_language
-from ascent.models.ulysses import check_heads, enable_sequence_parallel
+from ascent.models.ulysses import check_heads, enable_sequence_parallel, largest_degree
 from ascent.trainer.distributed import all_reduce_max, all_reduce_sum, world_size
 from ascent.trainer.packing import PackedBatch
 
@@ -69,13 +69,8 @@ def check_model(size: int, config: Any) -> None:
     if why:
         raise SequenceParallelError(
             f"{FIELD}={size}: {why}; use a divisor of {heads} that divides or is a multiple of the "
-            f"{kv_heads} KV heads (e.g. {suggest(heads, kv_heads, size)})."
+            f"{kv_heads} KV heads (e.g. {largest_degree(heads, kv_heads, size)})."
         )
-
-
-def suggest(heads: int, kv_heads: int, size: int) -> int:
-    """The largest degree <= size that splits `heads` query / `kv_heads` KV heads (1 always does)."""
-    return max(n for n in range(1, max(size, 1) + 1) if check_heads(heads, kv_heads, n) is None)
 
 
 def init_sequence_parallel(size: int) -> SequenceParallel | None:

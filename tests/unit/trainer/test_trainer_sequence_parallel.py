@@ -126,7 +126,7 @@ def test_checks_name_the_field_and_the_fix():
     assert ulysses.check_heads(28, 4, 4) is None and ulysses.check_heads(4, 2, 4) is None  # KV replicated
     assert "28 attention heads" in ulysses.check_heads(28, 4, 8)
     assert "KV heads" in ulysses.check_heads(12, 3, 2)
-    assert sp_lib.suggest(28, 4, 8) == 4
+    assert ulysses.largest_degree(28, 4, 8) == 4
     config = type("C", (), {"num_attention_heads": 28, "num_key_value_heads": 4})()
     with pytest.raises(sp_lib.SequenceParallelError, match=r"train.sequence_parallel=8: .*e\.g\. 4") as err:
         sp_lib.check_model(8, config)
