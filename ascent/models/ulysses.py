@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed import ProcessGroup
 
 from ascent.models import varlen
 
@@ -64,14 +65,14 @@ class _AllToAll(torch.autograd.Function):
         return out, None
 
 
-def scatter_heads(x: Tensor, size: int, group: Any) -> Tensor:
+def scatter_heads(x: Tensor, size: int, group: ProcessGroup) -> Tensor:
     """x [n, h, d] (this rank's n tokens, all heads) -> [n * size, h / size, d] (all tokens, its heads)."""
     n, h, d = x.shape
     chunks = x.reshape(n, size, h // size, d).transpose(0, 1)  # [size, n, h/size, d]: chunk i for rank i
     return _AllToAll.apply(chunks, group).reshape(size * n, h // size, d)
 
 
-def gather_heads(x: Tensor, size: int, group: Any) -> Tensor:
+def gather_heads(x: Tensor, size: int, group: ProcessGroup) -> Tensor:
     """x [n * size, h / size, d] (all tokens, this rank's heads) -> [n, h, d] (its tokens, all heads)."""
     total, hl, d = x.shape
     n = total // size
@@ -138,7 +139,7 @@ def ulysses_attention(
     return gather_heads(out, size, group).unsqueeze(0), None
 
 
-def enable_sequence_parallel(model: nn.Module, group: Any, use_varlen: bool) -> None:
+def enable_sequence_parallel(model: nn.Module, group: ProcessGroup, use_varlen: bool) -> None:
     """Switch a Hugging Face causal LM (peft-wrapped too) to Ulysses attention over `group`; `use_varlen`:
     the flash varlen kernel inside (CUDA, bf16/fp16), else SDPA with a block-causal mask."""
     from transformers import AttentionInterface  # deferred: transformers, slow to import

@@ -13,11 +13,11 @@ would divide the step by the world size; `ascent.models.parallel.sum_gradients` 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed import ProcessGroup
 from torch.distributed.tensor import DTensor
 
 BUCKET_ELEMS = 32 * 1024 * 1024
@@ -75,7 +75,7 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
     return float(norm)
 
 
-def all_reduce_sum(x: Tensor, group: Any = None) -> Tensor:
+def all_reduce_sum(x: Tensor, group: ProcessGroup | None = None) -> Tensor:
     """x summed over all processes, or over `group` (a copy; x itself in a single process)."""
     if world_size() == 1 or (group is not None and dist.get_world_size(group) == 1):
         return x
@@ -84,7 +84,7 @@ def all_reduce_sum(x: Tensor, group: Any = None) -> Tensor:
     return y
 
 
-def all_reduce_max(x: Tensor, group: Any = None) -> Tensor:
+def all_reduce_max(x: Tensor, group: ProcessGroup | None = None) -> Tensor:
     """Element-wise max of x over all processes, or over `group` (a copy; x itself in a single process)."""
     if world_size() == 1 or (group is not None and dist.get_world_size(group) == 1):
         return x

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed import ProcessGroup
 
 from ascent.errors import AscentError
 from ascent.messages import TrainSample
@@ -50,8 +51,8 @@ class SequenceParallel:
 
     size: int
     rank: int
-    group: Any
-    dp_group: Any
+    group: ProcessGroup
+    dp_group: ProcessGroup
 
     def reducers(self) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
         """(sum, max) over the data-parallel group: what `MetricSums.reduce` takes."""
