@@ -122,8 +122,10 @@ def ulysses_attention(
             "ascent_ulysses attention: call enable_sequence_parallel(model, group) first and pass the "
             "packed row's global offsets (ascent.trainer.sequence_parallel does both)."
         )
-    if attention_mask is not None or query.shape[0] != 1 or dropout:
-        raise ValueError("ascent_ulysses attention serves one packed row, no mask, no dropout (training).")
+    if attention_mask is not None or query.shape[0] != 1 or dropout or kwargs.get("sliding_window"):
+        raise ValueError(
+            "ascent_ulysses attention serves one packed row: no mask, no dropout, no sliding window."
+        )
     size = dist.get_world_size(group)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     use_varlen = _STATE["varlen"]

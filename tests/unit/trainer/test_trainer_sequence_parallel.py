@@ -69,8 +69,11 @@ def _run_rank(rank, world, port, path, out_dir):
         def share(samples):
             return samples[:CUT] if rank == 0 else samples[CUT:]
 
-        results = {"fsdp": _run(_policy(path, "fsdp", sp=2), share)}
-        results["replicated"] = _run(_policy(path, "none", sp=2), share)
+        fsdp, replicated = _policy(path, "fsdp", sp=2), _policy(path, "none", sp=2)
+        for worker in (fsdp, replicated):  # the row is split and attention runs across the ranks
+            assert worker.sp is not None and worker.sp.size == 2
+            assert worker.model.config._attn_implementation == ulysses.NAME
+        results = {"fsdp": _run(fsdp, share), "replicated": _run(replicated, share)}
         _attention_with_one_kv_head(rank)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
         dist.barrier()  # no rank tears gloo down while another still works
