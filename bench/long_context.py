@@ -1,6 +1,7 @@
 """One optimizer step of a 7B Qwen2.5 shape on a 32k-token episode, with sequence parallelism over a node.
 
     python bench/long_context.py --workdir /tmp/lc [--tokens 32768] [--sp 0] [--gpus 0] [--shape 7b]
+    python bench/long_context.py --device cpu --shape tiny --tokens 256 --gpus 2   # smoke run, gloo
 
 Every GPU of the node (or --gpus) is a trainer rank (NCCL, `train.sharding=fsdp` over all of them); groups
 of --sp ranks share each packed row (`train.sequence_parallel`; 0: the largest degree <= the GPU count that
@@ -32,7 +33,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ modules, as the other benches do
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # bench/ modules, and ascent from this checkout
 
 from e2e_workload import VOCAB, make_checkpoint, qwen_config  # noqa: E402
 
@@ -58,12 +60,14 @@ def episode(tokens: int, seed: int) -> TrainSample:
 
 def rank_main(rank: int, world: int, port: int, path: str, args: Any, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world)
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     try:
         worker = PolicyWorker(
             path,
-            device=f"cuda:{rank}",
+            device=f"cuda:{rank}" if cuda else "cpu",
             dtype="bf16",
             gradient_checkpointing=True,
             optim=OptimSettings(lr=1e-6),
@@ -81,12 +85,14 @@ def rank_main(rank: int, world: int, port: int, path: str, args: Any, out_dir: s
         mine = [batch[rank // args.sp]] if rank % args.sp == 0 else []  # one rank of a group hands it in
         times = []
         for _ in range(2):  # a warm-up step (allocator, kernels), then the measured one
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
             dist.barrier()
             start = time.perf_counter()
             metrics = worker.update(mine, **totals)
-            torch.cuda.synchronize()
+            if cuda:
+                torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
         row = {
             "rank": rank,
@@ -95,11 +101,11 @@ def rank_main(rank: int, world: int, port: int, path: str, args: Any, out_dir: s
             "tokens_per_episode": args.tokens,
             "warmup_s": round(times[0], 3),
             "step_s": round(times[1], 3),
-            "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-            "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
+            "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+            "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2) if cuda else None,
             "loss": metrics["loss/total"],
             "grad_norm": metrics["grad_norm"],
-            "device": torch.cuda.get_device_name(rank),
+            "device": torch.cuda.get_device_name(rank) if cuda else "cpu",
         }
         print(json.dumps(row), flush=True)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(row))
@@ -153,16 +159,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sp", type=int, default=0, help="sequence-parallel degree (0: the largest that fits)")
     ap.add_argument("--chunk", type=int, default=1024, help="train.logprob_chunk_tokens")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a gloo smoke run")
     args = ap.parse_args(argv)
-    world = args.gpus or torch.cuda.device_count()
+    world = args.gpus or (torch.cuda.device_count() if args.device == "cuda" else 2)
     if world < 1:
-        raise SystemExit("bench/long_context.py needs CUDA GPUs.")
+        raise SystemExit("bench/long_context.py needs CUDA GPUs (or --device cpu for a smoke run).")
     c = qwen_config(args.shape)
     if not args.sp:
         args.sp = largest_degree(c.num_attention_heads, c.num_key_value_heads, world)
         while world % args.sp:
             args.sp -= 1
-    path = make_checkpoint(args.workdir, args.shape, device="cuda")
+    path = make_checkpoint(args.workdir, args.shape, device=args.device)
     print(
         f"{world} rank(s), sequence_parallel={args.sp}, {world // args.sp} episode(s) of {args.tokens} "
         f"tokens; doctor's update estimate {doctor_estimate(args, world)} GiB per rank",
