@@ -97,6 +97,7 @@ def check_sft_config(cfg: SFTConfig) -> None:
             f"cluster.num_trainer_workers={cfg.cluster.num_trainer_workers} ranks; make it a multiple of "
             "that."
         )
+    problems += sequence_parallel_rules(cfg.train.sequence_parallel, cfg.cluster.num_trainer_workers)
     problems += ignored_sft_settings(cfg)
     if problems:
         raise ValueError("\n".join(problems))
@@ -127,6 +128,7 @@ def _batch_rules(cfg: RunConfig) -> list[str]:
             f"cluster.num_trainer_workers={c.num_trainer_workers}, or use cluster.placement=split."
         )
     out += _transport_rules(cfg) + _placement_rules(cfg)
+    out += sequence_parallel_rules(t.sequence_parallel, c.num_trainer_workers)
     budget = "rollout.source.max_episode_tokens" if r.multi_turn else "rollout.max_new_tokens"
     needed = cfg.data.max_prompt_tokens + r.response_budget
     if t.max_tokens_per_micro_batch < needed:
@@ -136,6 +138,19 @@ def _batch_rules(cfg: RunConfig) -> list[str]:
             f"raise it to at least {needed}."
         )
     return out
+
+
+def sequence_parallel_rules(degree: int, trainers: int) -> list[str]:
+    """`train.sequence_parallel` splits the trainer ranks into groups of that many (RL and SFT alike); the
+    model's heads are checked where the model is known (`ascent doctor`, the trainer ranks)."""
+    if trainers % degree == 0:
+        return []
+    return [
+        f"train.sequence_parallel={degree}: groups of {degree} trainer ranks share each packed sequence, "
+        f"but cluster.num_trainer_workers={trainers} does not split into them; set "
+        f"cluster.num_trainer_workers to a multiple of {degree} (cluster.backend=ray), or lower "
+        "train.sequence_parallel."
+    ]
 
 
 def _transport_rules(cfg: RunConfig) -> list[str]:

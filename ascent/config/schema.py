@@ -280,6 +280,15 @@ class TrainConfig(Section):
         description="torch.compile each decoder layer and the logprob head of the trainer (fuses the "
         "elementwise work around the matmuls). `auto`: on for CUDA, off on CPU.",
     )
+    sequence_parallel: int = Field(
+        1,
+        gt=0,
+        description="Trainer ranks that share every packed micro-batch (Ulysses sequence parallelism: each "
+        "holds 1/N of its tokens; attention heads are split across the N ranks by an all-to-all), so one "
+        "long episode fits. The trainer ranks form cluster.num_trainer_workers / N data-parallel groups "
+        "(FSDP, when on, still shards over all ranks); the model's attention heads must split N ways. "
+        "train.max_tokens_per_micro_batch stays the budget of the whole packed row.",
+    )
 
 
 class CheckpointConfig(Section):

@@ -18,6 +18,10 @@ go through its k chosen experts only (`ModelShape.mlp_width`; `active_params` is
   `logprob_chunk_tokens` rows: a compute-dtype copy of the [V, H] weight, an fp32 [V, H] weight-gradient
   buffer (when the head trains) and one [chunk, V] logits buffer (compiled; eager adds two fp32 ones), plus
   the [M, H] response rows. SDPA attention adds the dense [N, N] block-causal mask.
+- sequence parallelism (`train.sequence_parallel` = S, `ascent.trainer.sequence_parallel`): a rank holds
+  N/S tokens of every micro-batch through the decoder (layer inputs and working set; the Ulysses
+  all-to-all turns its q/k/v into all N tokens of 1/S of the heads, the same bytes) and the head runs over
+  its M/S response rows; the SDPA mask (off CUDA) still spans the whole row.
 - the frozen reference (a KL term, full fine-tuning): P x e, resident on the trainer GPU.
 - the critic (GAE): the policy's state without the LM head, and its own micro-batch activations (no
   vocabulary).
@@ -134,6 +138,7 @@ class MemoryInputs:
     lora_targets: tuple[str, ...] = ()
     offload_optimizer: bool = False
     fsdp_ranks: int = 1
+    sequence_parallel: int = 1  # ranks sharing each micro-batch (each holds 1/S of its tokens)
     reference: bool = False
     critic: bool = False
     engine: str = "fast"  # fast | reference
@@ -233,14 +238,21 @@ def attention_mask_bytes(m: MemoryInputs, tokens: int) -> int:
     return tokens * tokens if m.attention == "sdpa" else 0
 
 
+def rank_tokens(m: MemoryInputs, tokens: int) -> int:
+    """Tokens of a `tokens`-token micro-batch one rank runs through the decoder (1/S with sequence
+    parallelism, the row padded to a multiple of S)."""
+    return -(-tokens // max(m.sequence_parallel, 1))
+
+
 def body_activation_bytes(m: MemoryInputs, tokens: int) -> int:
-    """The decoder stack's activations kept for backward over one micro-batch."""
+    """The decoder stack's activations kept for backward over one micro-batch, on one rank."""
     s = m.shape
-    per_layer_input = tokens * s.hidden * residual_bytes(m)
+    local = rank_tokens(m, tokens)
+    per_layer_input = local * s.hidden * residual_bytes(m)
     if m.gradient_checkpointing:
-        kept = s.layers * per_layer_input + layer_working_set(m, tokens)
+        kept = s.layers * per_layer_input + layer_working_set(m, local)
     else:
-        kept = s.layers * (per_layer_input + layer_working_set(m, tokens))
+        kept = s.layers * (per_layer_input + layer_working_set(m, local))
     return kept + attention_mask_bytes(m, tokens)
 
 
@@ -252,7 +264,7 @@ def head_bytes(m: MemoryInputs, grad: bool = True) -> int:
     chunk = min(m.logprob_chunk, max(m.response_tokens, 1))
     cast = s.embed_params * m.compute_bytes if m.compute_bytes != 4 and not m.lora_rank else 0
     weight_grad = 4 * s.embed_params if grad and not m.lora_rank else 0
-    rows = m.response_tokens * s.hidden * (residual_bytes(m) + m.compute_bytes)
+    rows = rank_tokens(m, m.response_tokens) * s.hidden * (residual_bytes(m) + m.compute_bytes)
     logits = chunk * s.vocab * (m.compute_bytes + (0 if m.compiled else 8))
     return cast + weight_grad + rows + logits
 
@@ -336,8 +348,8 @@ def update_terms(m: MemoryInputs) -> dict[str, int]:
 def logprob_terms(m: MemoryInputs) -> dict[str, int]:
     """A no-grad forward (old or reference logprobs): one layer's working set at a time, the head chunk."""
     return trainer_state(m, with_grads=False) | {
-        "activations (no-grad forward)": layer_working_set(m, m.micro_batch_tokens)
-        + m.micro_batch_tokens * m.shape.hidden * residual_bytes(m)
+        "activations (no-grad forward)": layer_working_set(m, rank_tokens(m, m.micro_batch_tokens))
+        + rank_tokens(m, m.micro_batch_tokens) * m.shape.hidden * residual_bytes(m)
         + attention_mask_bytes(m, m.micro_batch_tokens),
         "LM head (logprob chunks)": head_bytes(m, grad=False),
         "FSDP gathered layers": fsdp_gather_bytes(m),
@@ -380,7 +392,8 @@ def knobs(m: MemoryInputs, est: Estimate) -> list[str]:
         "gradients": "model.lora.rank=16 or train.sharding=fsdp with more cluster.num_trainer_workers",
         "optimizer (AdamW moments)": "train.offload_optimizer=true (or model.lora.rank=16)",
         "activations (micro-batch)": "lower train.max_tokens_per_micro_batch"
-        + ("" if m.gradient_checkpointing else " or set model.gradient_checkpointing=true"),
+        + ("" if m.gradient_checkpointing else ", set model.gradient_checkpointing=true")
+        + " or raise train.sequence_parallel (more trainer ranks share each micro-batch)",
         "LM head (logprob chunks)": "lower train.logprob_chunk_tokens",
         "KV cache": "lower rollout.gpu_memory_fraction",
         "reference model": "model.lora.rank=16 (the reference is then the base, no copy) or "

@@ -7,8 +7,19 @@ from __future__ import annotations
 
 from ascent.config.schema import RunConfig
 from ascent.doctor.cluster import demand
-from ascent.doctor.memory import CUDA_CONTEXT, GIB, Estimate, MemoryInputs, ModelShape, estimate, gib, knobs
+from ascent.doctor.memory import (
+    CUDA_CONTEXT,
+    GIB,
+    Estimate,
+    MemoryInputs,
+    ModelShape,
+    estimate,
+    gib,
+    knobs,
+    rank_tokens,
+)
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
+from ascent.models.ulysses import check_heads, largest_degree
 from ascent.orchestrator.setup import needs_reference, uses_critic
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -29,9 +40,11 @@ def trainer_attention(cfg: RunConfig, gpu: bool) -> str:
 
 
 def micro_batch(cfg: RunConfig) -> tuple[int, int, int]:
-    """(tokens, response tokens, longest sequence) of the largest micro-batch one trainer rank packs."""
+    """(tokens, response tokens, longest sequence) of the largest micro-batch one trainer rank packs (with
+    sequence parallelism: one group of ranks, which pools its ranks' shares)."""
     seq = cfg.data.max_prompt_tokens + cfg.rollout.response_budget
-    share = max(cfg.train.trajectories_per_update // cfg.cluster.num_trainer_workers, 1)
+    groups = max(cfg.cluster.num_trainer_workers // cfg.train.sequence_parallel, 1)
+    share = max(cfg.train.trajectories_per_update // groups, 1)
     fit = max(min(share, cfg.train.max_tokens_per_micro_batch // seq), 1)
     return fit * seq, fit * cfg.rollout.response_budget, seq
 
@@ -55,6 +68,7 @@ def memory_inputs(cfg: RunConfig, shape: ModelShape, gpu_bytes: int, gpus_visibl
         lora_targets=tuple(cfg.model.lora.target_modules),
         offload_optimizer=t.offload_optimizer,
         fsdp_ranks=c.num_trainer_workers if t.sharding == "fsdp" else 1,
+        sequence_parallel=t.sequence_parallel,
         reference=needs_reference(cfg),
         critic=uses_critic(cfg),
         engine="fast" if r.engine == "fast" else "reference",
@@ -80,6 +94,23 @@ def check_micro_batch(cfg: RunConfig) -> CheckResult | None:
             f"raise train.max_tokens_per_micro_batch to {seq} or more.",
         )
     return None
+
+
+def check_sequence_parallel(cfg: RunConfig, shape: ModelShape | None) -> CheckResult | None:
+    """`train.sequence_parallel` against the model's attention heads (the trainer ranks refuse the same)."""
+    degree = cfg.train.sequence_parallel
+    if degree == 1 or shape is None:
+        return None
+    why = check_heads(shape.heads, shape.kv_heads, degree)
+    if why:
+        return fail(
+            "sequence parallel",
+            f"train.sequence_parallel={degree}: {why}",
+            f"set train.sequence_parallel={largest_degree(shape.heads, shape.kv_heads, degree)} (it must "
+            "divide the heads, and divide or be a multiple of the KV heads).",
+        )
+    groups = cfg.cluster.num_trainer_workers // degree
+    return ok("sequence parallel", f"{groups} group(s) of {degree} ranks share each micro-batch")
 
 
 def check_awake_engine(cfg: RunConfig) -> CheckResult | None:
@@ -126,6 +157,12 @@ def check_memory(m: MemoryInputs, est: Estimate, target: str) -> CheckResult:
             "raise rollout.gpu_memory_fraction.",
             **data,
         )
+    if m.sequence_parallel > 1:
+        text += (
+            f", train.sequence_parallel={m.sequence_parallel}: each rank holds "
+            f"{rank_tokens(m, m.micro_batch_tokens):,} of a micro-batch's {m.micro_batch_tokens:,} tokens"
+        )
+        data["sequence_parallel"] = m.sequence_parallel
     if not m.gpu_bytes:
         return skipped(name, text + "; no GPU to compare with (pass --gpu-memory GIB)", **data)
     tips = "; ".join(knobs(m, est))

@@ -107,7 +107,12 @@ def run_checks(
     backend = rendering.data.get("backend")
     report.results.append(cluster.check_simulator_placement(cfg, simulators, backend, facts.count))
     report.results += disk_checks(cfg, shape)
-    report.results += [r for r in (plan.check_micro_batch(cfg), plan.check_awake_engine(cfg)) if r]
+    checks = (
+        plan.check_micro_batch(cfg),
+        plan.check_awake_engine(cfg),
+        plan.check_sequence_parallel(cfg, shape),
+    )
+    report.results += [r for r in checks if r]
     if shape is None:
         report.results.append(skipped("memory per GPU", "the model's shape is unknown (see the model check)"))
         return report

@@ -110,7 +110,7 @@ def _bind(kernel: Callable[..., Any]) -> Callable[..., Tensor]:
     return call
 
 
-def _compute_dtype(value: Tensor) -> torch.dtype:
+def compute_dtype(value: Tensor) -> torch.dtype:
     """The half-precision dtype the kernel runs in: value's own, or autocast's (q/k leave RoPE in fp32)."""
     if value.dtype in (torch.float16, torch.bfloat16):
         return value.dtype
@@ -149,11 +149,19 @@ def varlen_attention(
     cu, max_len = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
     if cu is None or max_len is None:
         cu, max_len = sequence_offsets(position_ids)
-    dtype = _compute_dtype(value)
+    dtype = compute_dtype(value)
     q, k, v = (t[0].transpose(0, 1).to(dtype).contiguous() for t in (query, key, value))
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = _CALL(q, k, v, cu, max_len, scale)
     return out.unsqueeze(0), None
+
+
+def run_kernel(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, scale: float) -> Tensor:
+    """q [N, nh, d], k/v [N, kvh, d] of one packed row with offsets cu [S+1] -> [N, nh, d], causal per
+    sequence (the kernel `register` bound; `ascent.models.ulysses` calls it over a whole row)."""
+    if _CALL is None:
+        raise RuntimeError("ascent_varlen attention: call register() first.")
+    return _CALL(q, k, v, cu, max_len, scale)
 
 
 def register() -> None:

@@ -44,6 +44,7 @@ HARMLESS = (
     "cluster.address",
     # ranks sum their gradients, and sharded checkpoints load on any number of ranks (torch DCP)
     "cluster.num_trainer_workers",
+    "train.sequence_parallel",  # the same loss and gradients however the rows are split (no state of its own)
     "reward.timeout_s",
     "reward.num_workers",
     "reward.isolation",

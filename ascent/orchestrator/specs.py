@@ -82,6 +82,7 @@ def policy_trainer_spec(
         sharding=train.sharding,
         compile=train.compile,
         attention=train.attention,
+        sequence_parallel=train.sequence_parallel,
     )
 
 

@@ -156,8 +156,12 @@ class TrainerWorker:
         _seed_everything(seed + rank)
         self.policy = PolicyWorker.from_spec(spec, device=device)
         self.link: Any = None  # the weight transport's sending link (rank 0, or every rank for cuda_ipc)
-        # packed micro-batches through flash varlen kernels instead of a dense [N, N] mask (CUDA, bf16/fp16)
-        enable_for_training(self.policy.model, self.policy.device, self.policy.compute_dtype, spec.attention)
+        # packed micro-batches through flash varlen kernels instead of a dense [N, N] mask (CUDA, bf16/fp16);
+        # sequence parallelism has switched the models to its own attention (varlen inside) already
+        if spec.sequence_parallel == 1:
+            enable_for_training(
+                self.policy.model, self.policy.device, self.policy.compute_dtype, spec.attention
+            )
 
     def compute_logprobs(
         self, samples: list[TrainSample], temperature: float, which: str

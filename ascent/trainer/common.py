@@ -181,10 +181,13 @@ def run_update(
     accumulate: Callable[[list[list[int]]], MetricSums],
     guard: contextlib.AbstractContextManager,
     step: bool = True,
+    reducers: tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]] | None = None,
 ) -> tuple[dict[str, float], float, float, bool]:
     """ONE optimizer step: plan micro-batches, `accumulate` them (under `guard`), sum gradients over workers
     (unless the wrapper did), step; -> (metrics reduced over workers, lr of the step, grad norm, skipped).
-    `step=False`: the same forwards, backwards and metrics, but no step (see `optim.optimizer_step`)."""
+    `step=False`: the same forwards, backwards and metrics, but no step (see `optim.optimizer_step`).
+    `reducers`: the (sum, max) that combine the metrics (default: over all workers; sequence parallelism
+    reduces over its data-parallel group)."""
     parts.model.train()
     micro = plan_micro_batches([s.num_tokens for s in samples], parts.max_tokens)
     try:
@@ -197,7 +200,7 @@ def run_update(
             grad_norm, skipped = step_optimizer(parts, step)
     finally:
         parts.optimizer.zero_grad(set_to_none=True)
-    metrics.reduce(all_reduce_sum, all_reduce_max)
+    metrics.reduce(*(reducers or (all_reduce_sum, all_reduce_max)))
     return metrics.result(), lr, grad_norm, skipped
 
 

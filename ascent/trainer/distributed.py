@@ -17,6 +17,7 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed import ProcessGroup
 from torch.distributed.tensor import DTensor
 
 BUCKET_ELEMS = 32 * 1024 * 1024
@@ -74,19 +75,19 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
     return float(norm)
 
 
-def all_reduce_sum(x: Tensor) -> Tensor:
-    """x summed over all processes (a copy; x itself in a single process)."""
-    if world_size() == 1:
+def all_reduce_sum(x: Tensor, group: ProcessGroup | None = None) -> Tensor:
+    """x summed over all processes, or over `group` (a copy; x itself in a single process)."""
+    if world_size() == 1 or (group is not None and dist.get_world_size(group) == 1):
         return x
     y = x.clone()
-    dist.all_reduce(y, op=dist.ReduceOp.SUM)
+    dist.all_reduce(y, op=dist.ReduceOp.SUM, group=group)
     return y
 
 
-def all_reduce_max(x: Tensor) -> Tensor:
-    """Element-wise max of x over all processes (a copy; x itself in a single process)."""
-    if world_size() == 1:
+def all_reduce_max(x: Tensor, group: ProcessGroup | None = None) -> Tensor:
+    """Element-wise max of x over all processes, or over `group` (a copy; x itself in a single process)."""
+    if world_size() == 1 or (group is not None and dist.get_world_size(group) == 1):
         return x
     y = x.clone()
-    dist.all_reduce(y, op=dist.ReduceOp.MAX)
+    dist.all_reduce(y, op=dist.ReduceOp.MAX, group=group)
     return y

@@ -36,6 +36,7 @@ from ascent.models.parallel import run_as_forward
 from ascent.models.varlen import attention_kwargs
 from ascent.trainer.head import fusable_head, head_logprobs
 from ascent.trainer.packing import PackedBatch
+from ascent.trainer.sequence_parallel import SequenceParallel, response_hidden
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -204,12 +205,14 @@ def token_logprobs(
     with_entropy: bool = False,
     compiled: bool = False,
     entropy_grad: bool = True,
+    sp: SequenceParallel | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Logprobs [M] (fp32) of the packed batch's response tokens under `model`, and entropy [M] if asked.
 
     Differentiable when grad is enabled. Equal to `log_softmax(model(...).logits / T)` gathered at the
     targets, computed without ever holding more than [chunk_tokens, vocab] logits. A model sharded by
-    `ascent.models.parallel` runs this as a forward of its FSDP root (see `run_as_forward`).
+    `ascent.models.parallel` runs this as a forward of its FSDP root (see `run_as_forward`). `sp`: the ranks
+    of a sequence-parallel group share the row (`ascent.trainer.sequence_parallel`); each gets all [M].
     """
     kwargs = {
         "temperature": temperature,
@@ -218,13 +221,28 @@ def token_logprobs(
         "compiled": compiled,
         "entropy_grad": entropy_grad,
     }
-    return run_as_forward(model, _token_logprobs, model, packed, **kwargs)
+    return run_as_forward(model, _token_logprobs, model, packed, sp, **kwargs)
 
 
-def _token_logprobs(model: nn.Module, packed: PackedBatch, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+def _response_rows(
+    model: nn.Module, packed: PackedBatch, sp: SequenceParallel | None
+) -> tuple[Tensor, Tensor, Callable[[Tensor], Tensor]]:
+    """(hidden rows predicting response tokens [m, H], their targets [m], per-row values [m] -> [M]): all
+    M rows, or with `sp` this rank's share of them and the group's gather."""
+    if sp is None:
+        hidden = hidden_states(model, packed).index_select(0, packed.logit_index)
+        return hidden, packed.targets, lambda x: x
+    decoder, _ = backbone_and_head(model)
+    return response_hidden(decoder, packed, sp)
+
+
+def _token_logprobs(
+    model: nn.Module, packed: PackedBatch, sp: SequenceParallel | None, **kwargs: Any
+) -> tuple[Tensor, Tensor | None]:
     _, head = backbone_and_head(model)
-    hidden = hidden_states(model, packed).index_select(0, packed.logit_index)
-    return logprobs_from_hidden(head, hidden, packed.targets, **kwargs)
+    hidden, targets, gather = _response_rows(model, packed, sp)
+    lp, ent = logprobs_from_hidden(head, hidden, targets, **kwargs)
+    return gather(lp), (None if ent is None else gather(ent))
 
 
 def token_logprobs_and_sum_pi_squared(
@@ -234,6 +252,7 @@ def token_logprobs_and_sum_pi_squared(
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
     compiled: bool = False,
+    sp: SequenceParallel | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(logprobs [M], Σπ² [M]) of the packed batch's response tokens, one backbone forward, no grad: the
     logprobs are `token_logprobs`' (the same function on the same hidden states), Σπ² = Σ_v softmax(z / T)_v²
@@ -244,6 +263,7 @@ def token_logprobs_and_sum_pi_squared(
         _token_logprobs_and_sum_pi_squared,
         model,
         packed,
+        sp,
         temperature=temperature,
         chunk_tokens=chunk_tokens,
         compiled=compiled,
@@ -251,12 +271,18 @@ def token_logprobs_and_sum_pi_squared(
 
 
 def _token_logprobs_and_sum_pi_squared(
-    model: nn.Module, packed: PackedBatch, *, temperature: float, chunk_tokens: int, compiled: bool
+    model: nn.Module,
+    packed: PackedBatch,
+    sp: SequenceParallel | None,
+    *,
+    temperature: float,
+    chunk_tokens: int,
+    compiled: bool,
 ) -> tuple[Tensor, Tensor]:
     _, head = backbone_and_head(model)
-    hidden = hidden_states(model, packed).index_select(0, packed.logit_index)
+    hidden, targets, gather = _response_rows(model, packed, sp)
     logp, _ = logprobs_from_hidden(
-        head, hidden, packed.targets, temperature=temperature, chunk_tokens=chunk_tokens, compiled=compiled
+        head, hidden, targets, temperature=temperature, chunk_tokens=chunk_tokens, compiled=compiled
     )
     sums = [sum_pi_squared_from_logits(head(h).float() / temperature) for h in hidden.split(chunk_tokens)]
-    return logp, (torch.cat(sums) if sums else hidden.new_zeros(0, dtype=torch.float32))
+    return gather(logp), gather(torch.cat(sums) if sums else hidden.new_zeros(0, dtype=torch.float32))

@@ -29,6 +29,10 @@ training, and LoRA adapters go to the language model (`ascent.trainer.lora`).
 Mixture-of-experts policies (Qwen3-MoE) replay the sampler's experts: a sample's `routed_experts` make the
 policy's routers use the experts the engine chose (`ascent.models.moe.RoutingReplay`), in the old-logprob
 pass and in the update's forward and backward; the reference and the teacher route themselves.
+
+Sequence parallelism (`sequence_parallel=N`, Ulysses): groups of N ranks pool their shares of the samples
+and split every packed row between them (`ascent.trainer.sequence_parallel`); each rank returns the results
+of the samples it was given, as without it.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ from ascent.trainer.compiled import compile_decoder_layers, compile_enabled
 from ascent.trainer.logprobs import token_logprobs, token_logprobs_and_sum_pi_squared, unwrap_model
 from ascent.trainer.loss import LossSettings, MetricSums, micro_batch_loss
 from ascent.trainer.packing import PackedBatch, pack
+from ascent.trainer.sequence_parallel import gather_samples
+from ascent.trainer.sequence_parallel import setup as setup_sequence_parallel
 from ascent.trainer.settings import LoraSettings, OptimSettings, TrainerSpec
 from ascent.trainer.sharded import missing_micro_batches
 
@@ -99,6 +105,8 @@ class PolicyWorker:
         parallelize: Callable[[nn.Module], nn.Module] | None = None,
         sharding: str = "none",
         compile: str = "off",
+        sequence_parallel: int = 1,
+        attention: str = "auto",
         seed: int | None = None,
     ) -> None:
         self.device = resolve_device(device)
@@ -131,6 +139,14 @@ class PolicyWorker:
         self.routing = RoutingReplay(unwrap_model(self.model)) if moe else None
         self.reference = self._load_reference(model_path, need_reference, trust_remote_code)
         self.teacher = None if teacher_path is None else self._load_frozen(teacher_path, trust_remote_code)
+        frozen = [m for m in (self.reference, self.teacher) if m is not None]
+        self.sp = setup_sequence_parallel(  # `attention` picks its kernel (sequence parallelism only)
+            sequence_parallel,
+            [self.model, *frozen],
+            device=self.device,
+            compute_dtype=self.compute_dtype,
+            attention=attention,
+        )
         self.compiled = compile_enabled(compile, self.device)
         if self.compiled:  # fused elementwise work around the matmuls (see ascent.trainer.compiled)
             for m in (self.model, self.reference, self.teacher):
@@ -161,6 +177,8 @@ class PolicyWorker:
             teacher_path=spec.teacher_path,
             sharding=spec.sharding,
             compile=spec.compile,
+            sequence_parallel=spec.sequence_parallel,
+            attention=spec.attention,
             **kwargs,
         )
 
@@ -229,25 +247,29 @@ class PolicyWorker:
         in the input order, one list per sample (len = len(response_ids)).
         """
         model, ctx = self._scoring_module(which)
-        temp = self.temperature if temperature is None else temperature
+        temp, sp = self.temperature if temperature is None else temperature, self.sp
+        pooled, start = (list(samples), 0) if sp is None else gather_samples(sp, samples)
 
         def forward(packed: PackedBatch) -> Tensor:
             chunk, compiled = self.chunk_tokens, self.compiled
             with self._replaying(packed, which == "policy"):
-                lp = token_logprobs(model, packed, temperature=temp, chunk_tokens=chunk, compiled=compiled)
+                lp = token_logprobs(
+                    model, packed, temperature=temp, chunk_tokens=chunk, compiled=compiled, sp=sp
+                )
             return lp[0]
 
         def filler(packed: PackedBatch) -> Any:
-            return token_logprobs(model, packed, temperature=temp)
+            return token_logprobs(model, packed, temperature=temp, sp=sp)
 
         with common.eval_mode(model), ctx, self._autocast(), self._oom_guard(samples):
-            return common.forward_per_sample(
+            out = common.forward_per_sample(
                 self,
-                samples,
+                pooled,
                 forward,
                 filler,
                 self.sharded and model is self.model,  # LoRA: ref = policy
             )
+        return out[start : start + len(samples)]
 
     @torch.no_grad()
     def compute_logprobs_and_sum_pi_squared(
@@ -256,20 +278,22 @@ class PolicyWorker:
         """(per-response-token logprobs under the policy, exactly `compute_logprobs`' values; Σ_v π_v² of each
         of those tokens' distributions), one forward, no grad: what the optimal-token baseline reads. Asked
         only by that estimator; every other run calls `compute_logprobs`."""
-        temp = self.temperature if temperature is None else temperature
+        temp, sp = self.temperature if temperature is None else temperature, self.sp
+        pooled, start = (list(samples), 0) if sp is None else gather_samples(sp, samples)
 
         def forward(packed: PackedBatch) -> tuple[Tensor, Tensor]:
             chunk, compiled = self.chunk_tokens, self.compiled
             return token_logprobs_and_sum_pi_squared(
-                self.model, packed, temperature=temp, chunk_tokens=chunk, compiled=compiled
+                self.model, packed, temperature=temp, chunk_tokens=chunk, compiled=compiled, sp=sp
             )
 
         def filler(packed: PackedBatch) -> Any:
-            return token_logprobs_and_sum_pi_squared(self.model, packed, temperature=temp)
+            return token_logprobs_and_sum_pi_squared(self.model, packed, temperature=temp, sp=sp)
 
         with common.eval_mode(self.model), self._autocast(), self._oom_guard(samples):
-            logprobs, sums = common.forward_per_sample_many(self, samples, forward, filler, self.sharded, 2)
-        return logprobs, sums
+            logprobs, sums = common.forward_per_sample_many(self, pooled, forward, filler, self.sharded, 2)
+        end = start + len(samples)
+        return logprobs[start:end], sums[start:end]
 
     # ------------------------------------------------------------------------------------------ update
     def update(
@@ -283,12 +307,15 @@ class PolicyWorker:
         `step=False` (the controller's call, the same on every rank: a mini-batch without a gradient to
         follow) computes the same metrics but leaves weights, optimizer, schedule and step count as they were.
         """
+        if self.sp is not None:  # the group's ranks update on their pooled samples (module doc)
+            samples = gather_samples(self.sp, samples)[0]
         out, lr, grad_norm, skipped = common.run_update(
             self,
             samples,
             lambda micro: self.accumulate(samples, micro, total_tokens=total_tokens, total_seqs=total_seqs),
             self._oom_guard(samples),
             step,
+            None if self.sp is None else self.sp.reducers(),
         )
         out.update({"grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)})
         return out
@@ -318,6 +345,7 @@ class PolicyWorker:
                     with_entropy=want_entropy,
                     compiled=self.compiled,
                     entropy_grad=settings.entropy_coef != 0,
+                    sp=self.sp,
                 )
             loss = micro_batch_loss(
                 lp,
@@ -348,7 +376,7 @@ class PolicyWorker:
 
     def _filler_backward(self) -> None:
         """A zero-gradient forward + backward that keeps this rank in lock-step with the others (FSDP)."""
-        common.filler_backward(self, lambda packed: token_logprobs(self.model, packed)[0])
+        common.filler_backward(self, lambda packed: token_logprobs(self.model, packed, sp=self.sp)[0])
 
     def _optimizer_step(self) -> tuple[float, bool]:
         """Unscale, clip (global norm), step optimizer and scheduler; skip the step on a non-finite norm."""

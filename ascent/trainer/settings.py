@@ -77,6 +77,7 @@ class TrainerSpec:
     `attention` picks the packed micro-batches' kernels (`ascent.models.varlen.enable_for_training`).
     `freeze_vision_tower`: a vision-language policy trains its language model only. `teacher_path`: hold a
     frozen teacher of that checkpoint (on-policy distillation), scored like the reference.
+    `sequence_parallel`: ranks that share every packed row (`ascent.trainer.sequence_parallel`).
     """
 
     model_path: str
@@ -97,6 +98,7 @@ class TrainerSpec:
     sharding: str = "none"
     compile: str = "off"
     attention: str = "auto"
+    sequence_parallel: int = 1
 
 
 @dataclass(frozen=True)

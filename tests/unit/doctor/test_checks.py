@@ -370,3 +370,18 @@ def test_per_component_gpus_need_split_placement_and_tensor_parallel_the_fast_en
         )
     with pytest.raises(ValueError, match=r"rollout.tensor_parallel=2: only the fast engine"):
         cfg(rollout={"tensor_parallel": 2})
+
+
+def test_sequence_parallel_check_names_the_heads_and_a_degree_that_splits_them():
+    from ascent.doctor import memory as M
+
+    shape = M.ModelShape(1000, 10, 28, 8, 2, heads=28, kv_heads=4, head_dim=1, tied=True)
+    ray = {"backend": "ray", "num_trainer_workers": 8, "num_rollout_workers": 8}
+    batch = {"rollout": {"prompts_per_step": 8, "samples_per_prompt": 2}, "cluster": ray}
+    train = {"trajectories_per_update": 16}
+    bad = plan.check_sequence_parallel(cfg(train={"sequence_parallel": 8, **train}, **batch), shape)
+    assert bad is not None and bad.status == "fail" and "28 attention heads" in bad.detail
+    assert "train.sequence_parallel=4" in bad.fix
+    good = plan.check_sequence_parallel(cfg(train={"sequence_parallel": 4, **train}, **batch), shape)
+    assert good is not None and good.status == "ok" and "2 group(s) of 4" in good.detail
+    assert plan.check_sequence_parallel(cfg(), shape) is None

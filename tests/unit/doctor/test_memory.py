@@ -171,3 +171,29 @@ def test_moe_holds_every_expert_and_activates_k():
         M.layer_working_set(m, 10)
         == M.layer_working_set(replace(m, shape=dense_width), 10) + 10 * 2 * 8 * 2048 * 2
     )
+
+
+def test_sequence_parallel_divides_a_ranks_activations_and_turns_a_plan_that_does_not_fit_into_one():
+    """A 7B Qwen2.5 shape, one 32k-token micro-batch, FSDP over 4 ranks, on 48 GiB GPUs: alone each rank
+    holds the whole row and does not fit; 4 ranks sharing it (train.sequence_parallel=4) do."""
+    from ascent.doctor import plan
+
+    seven_b = qwen_shape(3584, 18944, 28, 28, kv=4, vocab=152064)
+    m = M.MemoryInputs(
+        shape=seven_b,
+        gradient_checkpointing=True,
+        micro_batch_tokens=32768,
+        response_tokens=16384,
+        fsdp_ranks=4,
+        colocated=False,
+        gpu_bytes=48 * GIB,
+    )
+    sp = replace(m, sequence_parallel=4)
+    assert M.body_activation_bytes(sp, 32768) == pytest.approx(M.body_activation_bytes(m, 32768) / 4)
+    assert M.rank_tokens(replace(m, sequence_parallel=3), 10) == 4
+    alone, shared = (
+        plan.check_memory(m, M.estimate(m), "48 GiB"),
+        plan.check_memory(sp, M.estimate(sp), "48 GiB"),
+    )
+    assert alone.status == "fail" and "train.sequence_parallel" in alone.fix
+    assert shared.status == "ok" and "each rank holds 8,192 of a micro-batch's 32,768 tokens" in shared.detail
