@@ -52,12 +52,14 @@ class RolloutConfig(Section):
         "decode row runs alone (batch size 1, no padding: matmul kernels are chosen by shape), decode "
         "attention reads a fixed max_model_len, torch attention and sampler, no CUDA graphs, no "
         "torch.compile, no prompt feeding, no prefix caching. Cost: decode runs rows x layers small "
-        "launches per step: several times slower on CPU, tens of times on a GPU. Not built on GPU: "
+        "launches per step (16 rows of a tiny model: ~5x slower on CPU; on a GPU batching is lost "
+        "altogether, not measured). Not built on GPU: "
         "batch-invariant Triton decode/prefill kernels (fixed split sizes) and batch-invariant matmuls "
         "(fixed tiles, no split-K), which would keep batching; so the mode is for debugging and "
         "reproducibility, not throughput, and not with rollout.tensor_parallel > 1. A session's next "
         "turn reuses its cached prefix when it is still cached: under memory pressure from other "
-        "requests it may be evicted and recomputed, which rounds differently.",
+        "requests it may be evicted and recomputed, which rounds differently. Unseeded requests draw a "
+        "fresh seed each: only seeded (or greedy) requests repeat.",
     )
     prompts_per_step: int = Field(8, gt=0, description="Prompts sampled per iteration.")
     samples_per_prompt: int = Field(
