@@ -3,9 +3,10 @@
 Map: spec.py (architecture facts, read by the model's family in ascent/models/families) -> weights.py
 (shared or owned tensors; IMPLEMENTATIONS, the layouts a family names) -> layers.py / attention.py /
 triton_decode.py (math) -> runner.py (prefill, decode step) -> graphs.py (CUDA graphs) -> engine.py (the
-engine's API) and batching.py (its loop); pages.py, scheduler.py, sequence.py, state.py and live.py are its
-bookkeeping, swap.py hands the weights to publications between decode steps; vision.py runs a
-vision-language model's tower and multimodal RoPE (images at prefill). tensor_parallel.py (shards,
+engine's API) and batching.py (its loop); pages.py, prefix.py (prefix caching across requests),
+scheduler.py, sequence.py, state.py and live.py are its bookkeeping, swap.py hands the weights to
+publications between decode steps; vision.py runs a vision-language model's tower and multimodal RoPE
+(images at prefill). tensor_parallel.py (shards,
 all-reducing layer math), tp_engine.py (the driver and the other ranks) and tp_launch.py (starting a replica's
 ranks) spread one replica over several GPUs. `build_fast_engine` is the builder registered as
 `ENGINES["fast"]`. On CPU the same engine runs eagerly (slowly) for the tests.
