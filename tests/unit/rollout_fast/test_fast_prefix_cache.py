@@ -75,6 +75,29 @@ def test_shared_prefix_prefilled_once_same_tokens_and_logprobs(fast_tiny_path):
     assert cached.stats["prefix_hit_tokens"] == 4 * 32 and again[0][0].cached_tokens == 32
 
 
+def test_requests_fed_into_a_running_call_reuse_the_prefix(fast_tiny_path):
+    """generate_live (the HTTP server's path): requests that arrive between decode steps, fed through the
+    decode steps or prefilled, compute only what follows the cached system prompt."""
+    plain = _engine(fast_tiny_path, max_batch_size=4)
+    cached = _engine(fast_tiny_path, max_batch_size=4, prefix_caching=True)
+    reqs = _requests(_tails(4, seed=2), max_new_tokens=10)
+    queued, answers, polls = list(reqs[1:]), {}, [0]
+
+    def more(fits):
+        polls[0] += 1
+        if polls[0] < 3:  # the first request is decoding by then
+            return []
+        take = [r for r in queued if fits(r)]
+        queued.clear()
+        return take
+
+    cached.generate_live(reqs[:1], more, lambda i, samples: answers.__setitem__(i, samples))
+    assert [answers[i][0].token_ids for i in range(4)] == [r[0].token_ids for r in plain.generate(reqs)]
+    # one joins fed (no more join than run), the others are prefilled: all three after the cached prefix
+    assert cached.stats["fed_tokens"] == 50 - 32 and cached.stats["prefix_hit_tokens"] == 3 * 32
+    assert cached.alloc.reserved == 0
+
+
 def test_a_publication_drops_every_cached_page(fast_tiny_path):
     plain = _engine(fast_tiny_path)
     cached = _engine(fast_tiny_path, prefix_caching=True)
