@@ -33,6 +33,34 @@ class RolloutConfig(Section):
         "them (tensor parallelism): the replica's worker starts the other ranks as child processes; "
         "cluster.num_rollout_workers x tensor_parallel GPUs in all (`ascent doctor` shows the placement).",
     )
+    prefix_caching: bool = Field(
+        False,
+        description="rollout.engine=fast: prompts of different requests that share a prefix (a system "
+        "prompt, few-shot examples) reuse the K/V of its full KV pages instead of prefilling it again; a "
+        "prompt that continues pages another prompt of the same admission computes waits for that prefill "
+        "(one more prefill pass), so a prefix shared by a batch is prefilled once. Unused cached pages are "
+        "evicted least recently used first under memory pressure; a weight publication or sleep drops them "
+        "all, so in synchronous RL the reuse happens within an iteration (eval and `ascent serve` keep it "
+        "longer). Off by default: a reused prefix rounds differently from a full prefill (logprobs move in "
+        "the last bits; tokens may differ at near-ties), so recorded runs replay bit for bit only without "
+        "it. Reported as `rollout/prefix_reused_tokens`.",
+    )
+    batch_invariant: bool = Field(
+        False,
+        description="rollout.engine=fast: a request's tokens and logprobs do not depend on what else is "
+        "batched with it (a seeded request samples bitwise what it samples alone). Every prefill and "
+        "decode row runs alone (batch size 1, no padding: matmul kernels are chosen by shape), decode "
+        "attention reads a fixed max_model_len, torch attention and sampler, no CUDA graphs, no "
+        "torch.compile, no prompt feeding, no prefix caching. Cost: decode runs rows x layers small "
+        "launches per step (16 rows of a tiny model: ~5x slower on CPU; on a GPU batching is lost "
+        "altogether, not measured). Not built on GPU: "
+        "batch-invariant Triton decode/prefill kernels (fixed split sizes) and batch-invariant matmuls "
+        "(fixed tiles, no split-K), which would keep batching; so the mode is for debugging and "
+        "reproducibility, not throughput, and not with rollout.tensor_parallel > 1. A session's next "
+        "turn reuses its cached prefix when it is still cached: under memory pressure from other "
+        "requests it may be evicted and recomputed, which rounds differently. Unseeded requests draw a "
+        "fresh seed each: only seeded (or greedy) requests repeat.",
+    )
     prompts_per_step: int = Field(8, gt=0, description="Prompts sampled per iteration.")
     samples_per_prompt: int = Field(
         8, gt=0, description="Trajectories generated per prompt (the group size)."
@@ -174,6 +202,29 @@ class RolloutConfig(Section):
         if problems:
             raise rule_error(problems)
         return data
+
+    @model_validator(mode="after")
+    def _engine_options(self) -> RolloutConfig:
+        problems = []
+        if self.prefix_caching and self.batch_invariant:
+            problems.append(
+                "rollout.prefix_caching=true with rollout.batch_invariant=true: a prefix-cache hit depends on "
+                "the other requests; set rollout.prefix_caching=false (or batch_invariant=false)."
+            )
+        if self.batch_invariant and self.tensor_parallel > 1:
+            problems.append(
+                f"rollout.batch_invariant=true with rollout.tensor_parallel={self.tensor_parallel}: the "
+                "batch-invariant mode runs a replica on one GPU; set rollout.tensor_parallel=1."
+            )
+        for name in ("prefix_caching", "batch_invariant"):
+            if getattr(self, name) and self.engine == "reference":
+                problems.append(
+                    f"rollout.{name}=true with rollout.engine=reference: only the fast engine has it; set "
+                    "rollout.engine=fast."
+                )
+        if problems:
+            raise rule_error(problems)
+        return self
 
     @property
     def multi_turn(self) -> bool:

@@ -118,6 +118,8 @@ def engine_spec(cfg: RunConfig) -> EngineSpec:
         gpu_memory_fraction=None if reference else r.gpu_memory_fraction,
         on_swap=None if reference else ("restart" if r.swap_mid_generation == "restart" else "continue"),
         tensor_parallel=None if reference else r.tensor_parallel,
+        prefix_caching=None if reference else r.prefix_caching,
+        batch_invariant=None if reference else r.batch_invariant,
     )
 
 

@@ -17,8 +17,9 @@ class EngineSpec:
     """One engine replica: `name` picks the builder (`reference` or `fast`).
 
     Settings one engine has and the other lacks are None where they do not apply: `generation_batch_size`
-    (reference), `gpu_memory_fraction`, `on_swap` and `tensor_parallel` (fast). `options` are more keywords
-    of the builder (tests and benchmarks size the fast engine's pages and batch with them; setup passes none).
+    (reference), `gpu_memory_fraction`, `on_swap`, `tensor_parallel`, `prefix_caching` and `batch_invariant`
+    (fast). `options` are more keywords of the builder (tests and benchmarks size the fast engine's pages
+    and batch with them; setup passes none).
     """
 
     name: str
@@ -31,6 +32,8 @@ class EngineSpec:
     gpu_memory_fraction: float | None = None
     on_swap: str | None = None
     tensor_parallel: int | None = None  # fast: ranks (GPUs of a node) one replica spans
+    prefix_caching: bool | None = None  # fast: reuse full prompt pages across requests (prefix.py)
+    batch_invariant: bool | None = None  # fast: a request's samples independent of its batch (runner.py)
     options: dict[str, Any] = field(default_factory=dict)
 
     def builder_kwargs(self) -> dict[str, Any]:
@@ -47,5 +50,7 @@ class EngineSpec:
             "gpu_memory_fraction": self.gpu_memory_fraction,
             "on_swap": self.on_swap,
             "tensor_parallel": self.tensor_parallel,
+            "prefix_caching": self.prefix_caching,
+            "batch_invariant": self.batch_invariant,
         }
         return kw | {k: v for k, v in optional.items() if v is not None} | self.options

@@ -3,9 +3,10 @@
 Map: spec.py (architecture facts, read by the model's family in ascent/models/families) -> weights.py
 (shared or owned tensors; IMPLEMENTATIONS, the layouts a family names) -> layers.py / attention.py /
 triton_decode.py (math) -> runner.py (prefill, decode step) -> graphs.py (CUDA graphs) -> engine.py (the
-engine's API) and batching.py (its loop); pages.py, scheduler.py, sequence.py, state.py and live.py are its
-bookkeeping, swap.py hands the weights to publications between decode steps; vision.py runs a
-vision-language model's tower and multimodal RoPE (images at prefill). tensor_parallel.py (shards,
+engine's API) and batching.py (its loop); pages.py, prefix.py (prefix caching across requests),
+scheduler.py, sequence.py, state.py and live.py are its bookkeeping, swap.py hands the weights to
+publications between decode steps; vision.py runs a vision-language model's tower and multimodal RoPE
+(images at prefill). tensor_parallel.py (shards,
 all-reducing layer math), tp_engine.py (the driver and the other ranks) and tp_launch.py (starting a replica's
 ranks) spread one replica over several GPUs. `build_fast_engine` is the builder registered as
 `ENGINES["fast"]`. On CPU the same engine runs eagerly (slowly) for the tests.
@@ -121,6 +122,8 @@ def build_fast_engine(
     on_swap: str = "continue",
     feed_prompt_tokens: int = 256,
     tensor_parallel: TPGroup | int | None = None,
+    prefix_caching: bool = False,
+    batch_invariant: bool = False,
     **unused: Any,
 ) -> FastEngine:
     """A FastEngine on `model` (weights shared when dtype and device match) or the checkpoint at `model_path`.
@@ -138,9 +141,17 @@ def build_fast_engine(
     (engine.py; 0: always prefill); `tensor_parallel`: a number of ranks > 1 starts the replica's other ranks
     as child processes (tp_launch.py) and returns the driver, or a `TPGroup` is this process's rank of the
     replica (tp_engine.py: built on every rank, rank 0 drives, the others `serve()`; owned weights, sharded, no
-    CUDA graphs); `unused` swallows options meant for other engines.
+    CUDA graphs); `prefix_caching` reuses the K/V of full prompt pages across requests (prefix.py);
+    `batch_invariant` makes a request's samples independent of what else is batched (runner.py: rows run
+    alone, torch attention and sampler, no CUDA graphs or compile; not with tensor parallelism);
+    `unused` swallows options meant for other engines.
     """
-
+    tp_size = tensor_parallel.size if isinstance(tensor_parallel, TPGroup) else tensor_parallel or 1
+    if batch_invariant and tp_size > 1:
+        raise ValueError(
+            f"batch_invariant=True with tensor_parallel={tp_size}: the batch-invariant mode runs a replica "
+            "on one GPU; set rollout.tensor_parallel=1 or rollout.batch_invariant=false."
+        )
     if isinstance(tensor_parallel, int):  # a replica over that many ranks: start the others, drive them
         if tensor_parallel > 1:
             from ascent.rollout.fast.tp_launch import launch_replica  # deferred: it calls this builder
@@ -149,6 +160,8 @@ def build_fast_engine(
             return launch_replica(tensor_parallel, call)
         tensor_parallel = None
     cuda_graphs, compile, attention, sampler = _debug_overrides(cuda_graphs, compile, attention, sampler)
+    if batch_invariant:  # the paths whose results depend on the batch's shape stay off (runner.py)
+        cuda_graphs, compile, attention, sampler = False, False, "torch", "torch"
     dev = resolve_device(device)
     dt = compute_dtype(dtype, dev)
     if dev.type == "cuda" and dev.index is None:
@@ -200,6 +213,7 @@ def build_fast_engine(
         sampler=sampler,
         mrope_rows=mrope_rows(spec).to(dev) if vision is not None else None,
         allowed=vision.allowed(spec.vocab_size, config) if vision is not None else None,
+        batch_invariant=batch_invariant,
         **tp_kw,
     )
     use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
@@ -220,6 +234,8 @@ def build_fast_engine(
         on_swap=_on_swap(on_swap),
         feed_prompt_tokens=feed_prompt_tokens,
         vision=vision,
+        prefix_caching=prefix_caching,
+        batch_invariant=batch_invariant,
     )
 
 

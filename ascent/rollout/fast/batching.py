@@ -162,20 +162,30 @@ class BatchingLoop:
         return len(self.free_rows) >= threshold
 
     def _admit(self, flags: Flags) -> None:
-        """Prefill admitted groups together, fork them into samples, sample first tokens, fill rows."""
+        """Prefill admitted groups together, fork them into samples, sample first tokens, fill rows. Groups
+        that continue a prefix an earlier group of the pass registers in the prefix cache wait for its
+        prefill and go in a next pass (scheduler.py `deferred`): the shared prefix is prefilled once."""
         adms = self.sched.admit(len(self.free_rows), self.max_prefill_tokens)
         if not adms:
             self._blocked = True
             return
+        while adms:
+            self._prefill(adms, flags)
+            deferred = self.sched.deferred and self.free_rows
+            adms = self.sched.admit(len(self.free_rows), self.max_prefill_tokens) if deferred else []
+
+    def _prefill(self, adms: list[Admission], flags: Flags) -> None:
         self.cache.copy_pages(*unzip_pairs(c for a in adms for c in a.copies))
         images = self._images(adms)
         hidden = self.runner.prefill(
             [a.prompt[a.reuse :] for a in adms], [a.reuse for a in adms], [a.pages for a in adms], images
         )
+        if self.sched.prefix is not None:
+            self.sched.prefix.ready()  # the pages the admitted prompts registered hold their K/V now
         self.cache.copy_pages(*unzip_pairs(c for a in adms for c in self.sched.fork(a)))
         self.stats["prefills"] += 1
         self.stats["prefill_tokens"] += sum(len(a.prompt) - a.reuse for a in adms)
-        self.stats["reused_tokens"] += sum(a.reuse for a in adms)
+        self._count_reuse(adms)
         seqs = [s for a in adms for s in a.seqs]
         version, epoch = self.swaps.version or 0, self.swaps.epoch  # of the weights that ran the prefill
         first = self.runner.sample_first(hidden, [i for i, a in enumerate(adms) for _ in a.seqs], seqs, flags)
@@ -190,6 +200,11 @@ class BatchingLoop:
                 live.append(s)
         if live:
             self.state.admit(live, [s.row for s in live])
+
+    def _count_reuse(self, adms: list[Admission]) -> None:
+        self.stats["prompt_tokens"] += sum(len(a.prompt) for a in adms)
+        self.stats["reused_tokens"] += sum(a.reuse for a in adms)
+        self.stats["prefix_hit_tokens"] += sum(a.hit for a in adms)
 
     def _images(self, adms: list[Admission]) -> list[RowImages | None] | None:
         """The admitted prompts' multimodal inputs (vision.py; each distinct image of them through the tower
@@ -234,7 +249,7 @@ class BatchingLoop:
             seqs.append(s)
             feeds.append(a.prompt[a.reuse :])
         self.stats["fed_tokens"] += sum(len(f) for f in feeds)
-        self.stats["reused_tokens"] += sum(a.reuse for a in adms)
+        self._count_reuse(adms)
         self.state.admit(seqs, [s.row for s in seqs], feeds)
 
     def _bucket(self, n: int) -> int:

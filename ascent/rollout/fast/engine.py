@@ -20,6 +20,13 @@ next request of that session (previous prompt + response + new tokens) prefills 
 longest cached prefix (`Generation.cached_tokens`, `stats["reused_tokens"]`). Cached K/V belongs to the
 weights that computed it: `update_weights`, `sleep` and an in-place step of shared weights drop every session.
 
+Prefix caching (`prefix_caching=True`, prefix.py): across requests, a prompt reuses the K/V of its longest
+run of full pages that another prompt computed (the longer of that and a session prefix wins); a prompt
+that continues pages a prompt of the same admission registers waits for that prefill (batching.py), so a
+prefix shared by many queued prompts is prefilled once. Dropped with the sessions (weights changed).
+Batch-invariant mode (`batch_invariant=True`, runner.py): every row runs alone, so a request's samples do
+not depend on what shares its steps; no prompt feeding, no prefix caching.
+
 Images (a vision-language model, vision.py): an image prompt is always prefilled (never fed); the prefill
 runs the vision tower once per distinct image of the admitted prompts (so a group's n samples share one
 encoding and one prefill of the image K/V) and rotates by multimodal RoPE positions; decode steps stay text
@@ -49,6 +56,7 @@ from ascent.rollout.fast.batching import BatchingLoop
 from ascent.rollout.fast.graphs import GraphRunner, clear_cublas_workspaces
 from ascent.rollout.fast.live import Done, LiveCall, More, fits
 from ascent.rollout.fast.pages import PageAllocator, SessionStore
+from ascent.rollout.fast.prefix import PrefixCache
 from ascent.rollout.fast.runner import ModelRunner
 from ascent.rollout.fast.scheduler import Scheduler
 from ascent.rollout.fast.sequence import Sequence
@@ -77,7 +85,16 @@ class FastEngine(BatchingLoop):
         on_swap: Literal["continue", "restart"] = "continue",
         feed_prompt_tokens: int = 256,
         vision: VisionTower | None = None,
+        prefix_caching: bool = False,
+        batch_invariant: bool = False,
     ):
+        """`prefix_caching`: reuse the K/V of full prompt pages across requests (prefix.py);
+        `batch_invariant`: a request's samples do not depend on what else is batched (module doc)."""
+        if prefix_caching and batch_invariant:
+            raise ValueError(
+                "prefix_caching=True with batch_invariant=True: a prefix-cache hit depends on the other "
+                "requests (and computes the prompt another way); turn one of them off."
+            )
         self.runner, self.weights, self.cache = runner, weights, runner.cache
         self.vision = vision  # a vision-language model's tower (vision.py): image prompts; None: text only
         self.device = self.cache.device
@@ -87,9 +104,12 @@ class FastEngine(BatchingLoop):
         self.max_prefill_tokens = max_prefill_tokens
         self.alloc = PageAllocator(self.cache.num_pages)
         self.sessions = SessionStore(self.alloc)
-        self.sched = Scheduler(self.alloc, self.sessions, self.cache.page_size, keep_sessions)
+        self.prefix = PrefixCache(self.alloc, self.cache.page_size) if prefix_caching else None
+        self.sched = Scheduler(self.alloc, self.sessions, self.cache.page_size, keep_sessions, self.prefix)
+        self.batch_invariant = batch_invariant
         max_pages = -(-max_model_len // self.cache.page_size)
-        self.feed_limit = max(0, min(feed_prompt_tokens, max_model_len))
+        # batch-invariant: never feed (whether a prompt is fed depends on the running batch)
+        self.feed_limit = 0 if batch_invariant else max(0, min(feed_prompt_tokens, max_model_len))
         self.state = DecodeState(
             max_batch_size, max_pages, runner.spec.vocab_size, self.device, self.feed_limit
         )
@@ -102,10 +122,13 @@ class FastEngine(BatchingLoop):
         self._host = HostOutputs(max_batch_size, self.device)  # where each step's tokens come back
         self._stamp = weights.stamp() if weights.shared else ()
         self.on_swap = on_swap  # what sequences in flight do when weights change between steps (module doc)
-        self.swaps = WeightSwaps(self.device, self.sessions.clear, writes=lambda: self.weights.writes)
+        self.swaps = WeightSwaps(self.device, self._drop_cached, writes=lambda: self.weights.writes)
         self.stats = {"steps": 0, "prefills": 0, "compactions": 0, "launch_s": 0.0, "process_s": 0.0}
         self.stats["prefill_tokens"] = 0  # prompt tokens computed by prefill (each group's prompt once)
         self.stats["reused_tokens"] = 0  # prompt tokens whose K/V a cached session prefix supplied
+        self.stats["prefix_hit_tokens"] = 0  # of those, supplied by the prefix cache (prefix.py)
+        # prompt tokens admitted: reused_tokens / prompt_tokens is the hit rate
+        self.stats["prompt_tokens"] = 0
         self.stats["fed_tokens"] = 0  # prompt tokens computed by decode steps (fed, not prefilled)
         self.stats["swaps"] = 0  # publications applied while a call was running (between two steps)
         self.stats["restarted"] = 0  # sequences sampled again from their prompt (on_swap=restart)
@@ -204,7 +227,7 @@ class FastEngine(BatchingLoop):
         if not self.asleep:
             if self.graphs is not None:
                 self.graphs.clear()
-            self.sessions.clear()
+            self._drop_cached()
             self.alloc.reset()
             self.cache.free()
             self.asleep = True
@@ -238,8 +261,14 @@ class FastEngine(BatchingLoop):
             return
         stamp = self.weights.stamp()
         if stamp != self._stamp:
-            self.sessions.clear()
+            self._drop_cached()
             self._stamp = stamp
+
+    def _drop_cached(self) -> None:
+        """Forget all cached K/V (sessions, prefix cache): it belongs to the weights that computed it."""
+        self.sessions.clear()
+        if self.prefix is not None:
+            self.prefix.clear()
 
     def _check_weights(self) -> None:
         """Raise while a publication failed partway or a weight freed by `sleep(release_weights=True)` is
@@ -261,6 +290,8 @@ class FastEngine(BatchingLoop):
         self.sched.waiting_rows = 0
         self.sessions.clear()
         self.alloc.reset()
+        if self.prefix is not None:
+            self.prefix.reset()  # (its references went with the allocator's)
         self.state.release(list(range(self.max_rows)))
         self.rows = [None] * self.max_rows
         self.free_rows = list(range(self.max_rows))

@@ -161,13 +161,16 @@ class SessionStore:
                 best, best_len = c, n
         return None if best is None else (best, best_len)
 
-    def evict_one(self, spare: Container[str] = ()) -> bool:
+    def evict_one(self, spare: Container[str] = (), strict: bool = False) -> bool:
         """Free the least recently cached entry's pages, those of sessions in `spare` (wanted by queued
-        requests) last; False when the store is empty."""
+        requests) last (`strict`: never); False when nothing was evicted."""
         if not self._order:
             return False
         victims = (v for v in self._order.values() if v[0] not in spare)
-        session_id, victim = next(victims, next(iter(self._order.values())))
+        found = next(victims, None)
+        if found is None and strict:
+            return False
+        session_id, victim = found or next(iter(self._order.values()))
         self._remove(session_id, victim)
         self.alloc.release_all(victim.pages)
         return True

@@ -5,6 +5,14 @@
 pieces (attention input, attention output + MLP, head + sampling) go through `torch.compile`; the same
 compiled code serves every layer, since weights are arguments. The decode step makes no host sync, so
 graphs.py can capture it.
+
+Batch-invariant mode (`batch_invariant=True`, rollout.batch_invariant): a row's tokens and logprobs must not
+depend on the rows beside it. Matmul libraries pick kernels (tiling, split-K) by the number of rows and
+padded prefills change shapes, so in this mode every prefill row, every decode row and every head matmul
+runs alone (batch size 1, no padding), decode attention always reads max_model_len keys (masked past the
+row's context), and the builder keeps to the torch attention and sampler, no CUDA graphs and no compile
+(the sampler is row-wise already: counter-based noise per row, stages that are exact identities for rows
+that do not use them). Cost: a decode step makes rows x layers small launches instead of layers big ones.
 """
 
 from __future__ import annotations
@@ -53,9 +61,12 @@ class ModelRunner:
         sampler: str = "torch",
         mrope_rows: Tensor | None = None,
         allowed: Tensor | None = None,
+        batch_invariant: bool = False,
     ):
         """`mrope_rows` [head_dim] (vision.py): a vision-language model's multimodal RoPE layout;
-        `allowed` [V] bool: the tokens it may sample (its image pads never), None for a text model."""
+        `allowed` [V] bool: the tokens it may sample (its image pads never), None for a text model;
+        `batch_invariant`: every row's forward runs alone (module doc), so its results do not depend on
+        the other rows."""
         self.spec, self.w, self.cache = spec, weights, cache
         self.mrope_rows, self.allowed = mrope_rows, allowed
         self.cos, self.sin = rope
@@ -72,6 +83,7 @@ class ModelRunner:
             sample,
         )
         self.final_norm = self.math.final_norm
+        self.batch_invariant = batch_invariant
         if compile:  # the fp32-output head matmul stays outside the compiled region
             self.attn_in, self.attn_out = _compile(self.attn_in), _compile(self.attn_out)
             self.final_norm, self.sample = _compile(self.final_norm), _compile(sample)
@@ -84,7 +96,12 @@ class ModelRunner:
 
         Plain temperature/greedy batches take the one-pass Triton sampler when `sampler="triton"`.
         """
-        logits = self.logits(x, self.w.norm, self.w.lm_head)
+        if self.batch_invariant:  # one row per head matmul (the sampler itself works row by row)
+            logits = torch.cat(
+                [self.logits(x[i : i + 1], self.w.norm, self.w.lm_head) for i in range(len(x))]
+            )
+        else:
+            logits = self.logits(x, self.w.norm, self.w.lm_head)
         plain = not (st.use_top_k_top_p or st.use_min_p or st.use_penalty or self.allowed is not None)
         if self.sampler == "triton" and plain:
             from ascent.rollout.fast.triton_sample import triton_sample  # deferred: triton, optional
@@ -159,6 +176,12 @@ class ModelRunner:
         prompt). Rows are right-padded to the longest suffix; padding writes to the trash page. `images`
         (a vision-language model, vision.py): each row's multimodal RoPE positions and image embeddings.
         """
+        if self.batch_invariant and len(suffixes) > 1:  # each row alone: no padding, no shared matmul
+            rows = [
+                self.prefill([x], [st], [t], None if images is None else [images[i]])
+                for i, (x, st, t) in enumerate(zip(suffixes, starts, tables, strict=True))
+            ]
+            return torch.cat(rows)
         dev, ps = self.cache.device, self.ps
         b, lq = len(suffixes), max(len(s) for s in suffixes)
         if b * lq == 1:  # one token: pad to two, or torch.compile builds new graphs for size 1 (seconds,
@@ -244,7 +267,24 @@ class ModelRunner:
     ) -> Tensor:
         """The layers of one decode step: input_ids, positions, active [B], block tables bt [B, P] -> the
         last hidden states [B, H] (K/V written to the cache). A tensor-parallel rank runs only this.
-        `rope_delta` [B] (multimodal RoPE, vision.py): a text token rotates by its index plus its row's delta."""
+        `rope_delta` [B] (multimodal RoPE, vision.py): a text token rotates by its index plus its row's delta.
+        Batch-invariant: row by row, attention over the whole max_model_len (fixed, whatever the others')."""
+        if self.batch_invariant:
+            max_len = self.max_len
+            if len(input_ids) > 1:
+                return torch.cat(
+                    [
+                        self.decode_hidden(
+                            input_ids[i : i + 1],
+                            positions[i : i + 1],
+                            bt[i : i + 1],
+                            active[i : i + 1],
+                            max_len,
+                            None if rope_delta is None else rope_delta[i : i + 1],
+                        )
+                        for i in range(len(input_ids))
+                    ]
+                )
         pos = positions.clamp(max=self.max_len - 1)
         slots = None if self.attention == "triton" else slots_for(bt, pos[:, None], self.ps)[:, 0]
         ctx = ((pos + 1) * active).to(torch.int32)

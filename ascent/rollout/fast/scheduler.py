@@ -2,7 +2,8 @@
 
 A request with n samples becomes one `Group` (or several, when n exceeds the decode rows). Admitting a
 group reserves the worst-case pages of all its samples, reuses a cached session prefix when the prompt
-continues one, and takes the pages of the prompt. Its prompt is prefilled once; afterwards `fork` gives each
+continues one (or the prefix cache's pages of its longest cached full-page prefix, prefix.py), and takes
+the pages of the prompt. Its prompt is prefilled once; afterwards `fork` gives each
 sample its block table: the prompt's full pages are shared (ref-counted), the partial last page is copied.
 `finish` returns a sequence's pages, or keeps them in the session store for the next turn.
 """
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ascent.rollout.fast.pages import CachedSequence, PageAllocator, SessionStore
+from ascent.rollout.fast.prefix import PrefixCache
 from ascent.rollout.fast.sequence import Sequence
 
 
@@ -29,6 +31,7 @@ class Admission:
     pages: list[int]
     reuse: int
     copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) pages to copy before prefill
+    hit: int = 0  # of the `reuse` tokens, those the prefix cache supplied (prefix.py)
 
     @property
     def prompt(self) -> list[int]:
@@ -39,10 +42,17 @@ class Scheduler:
     """FIFO queue of groups (lists of sibling Sequences) and the page bookkeeping around them."""
 
     def __init__(
-        self, alloc: PageAllocator, sessions: SessionStore, page_size: int, keep_sessions: bool = True
+        self,
+        alloc: PageAllocator,
+        sessions: SessionStore,
+        page_size: int,
+        keep_sessions: bool = True,
+        prefix: PrefixCache | None = None,
     ):
+        """`prefix`: the prefix cache across requests (prefix.py), None when off."""
         self.alloc, self.sessions, self.ps = alloc, sessions, page_size
-        self.keep_sessions = keep_sessions
+        self.keep_sessions, self.prefix = keep_sessions, prefix
+        self.deferred = False  # the last `admit` stopped at a group waiting for its prefix's prefill
         self.waiting: deque[list[Sequence]] = deque()
         self.waiting_rows = 0
 
@@ -56,13 +66,18 @@ class Scheduler:
         return full - cdiv(p, self.ps), full - p // self.ps
 
     def _reserve(self, need: int) -> bool:
-        """Reserve `need` pages, evicting cached sessions (LRU, those queued requests continue last) until
-        they fit; False if they never do."""
+        """Reserve `need` pages, evicting until they fit (cached sessions no queued request continues, then
+        unused prefix-cache pages, then the other sessions; each least recently used first); False if they
+        never do."""
         if self.alloc.reserve(need):
             return True
         wanted = {g[0].session_id for g in self.waiting if g[0].session_id is not None}
         while not self.alloc.reserve(need):
-            if not self.sessions.evict_one(spare=wanted):
+            if not (
+                self.sessions.evict_one(spare=wanted, strict=True)
+                or (self.prefix is not None and self.prefix.evict_one())
+                or self.sessions.evict_one(spare=wanted)
+            ):
                 return False
         return True
 
@@ -81,12 +96,30 @@ class Scheduler:
             copies.append((kept[-1], -1))
         return kept, copies
 
-    def try_admit(self, group: list[Sequence]) -> Admission | None:
-        """Reserve and take pages for `group`; None (nothing held) if they do not fit now."""
+    def _prefix_hit(self, seq: Sequence) -> tuple[list[int], bool]:
+        """Cached pages of the prompt's longest full-page prefix, and whether more wait for a prefill."""
+        if self.prefix is None or seq.image_keys:  # an image's K/V is not a function of its token ids
+            return [], False
+        return self.prefix.lookup(seq.prompt)
+
+    def try_admit(self, group: list[Sequence], register: bool = True) -> Admission | None:
+        """Reserve and take pages for `group`; None (nothing held) if they do not fit now. The longer of a
+        cached session prefix and a prefix-cache hit is reused; `register` puts the prompt's full pages in
+        the prefix cache (pending until the prefill has run)."""
         s0 = group[0]
         p, m_new = len(s0.prompt), s0.max_new
         found = self.sessions.take(s0.session_id, s0.prompt, s0.image_keys)
         entry, m = found if found else (None, 0)
+        hit, _ = self._prefix_hit(s0)
+        if len(hit) * self.ps > m:  # the prefix cache reaches further: keep the session's entry cached
+            if entry is not None:
+                assert s0.session_id is not None  # take() only finds an entry for a session id
+                self.sessions.put(s0.session_id, entry)
+            assert self.prefix is not None  # (a hit comes from it)
+            entry, m = None, len(hit) * self.ps
+            self.prefix.acquire(hit)  # held before reserving, so eviction cannot take them
+        else:
+            hit = []
         g0, g_other = self.growth_pages(p, m_new)
         prompt_new = cdiv(p, self.ps) - cdiv(m, self.ps)
         kept_full = m // self.ps if entry else 0
@@ -96,8 +129,9 @@ class Scheduler:
             if entry is not None:
                 assert s0.session_id is not None  # take() only finds an entry for a session id
                 self.sessions.put(s0.session_id, entry)
+            self.alloc.release_all(hit)
             return None
-        kept, copies = self._reuse(entry, m)
+        kept, copies = (hit, []) if hit else self._reuse(entry, m)
         if copies:
             src = copies[0][0]
             dst = self.alloc.take()
@@ -108,29 +142,38 @@ class Scheduler:
         assert len(pages) == cdiv(p, self.ps) and kept_full <= len(kept)
         for i, s in enumerate(group):
             s.reserved, s.cached = (g0 if i == 0 else g_other), m
-        return Admission(seqs=group, pages=pages, reuse=m, copies=copies)
+        if register and self.prefix is not None and not s0.image_keys:
+            self.prefix.register(s0.prompt, pages, computed=m // self.ps)
+        return Admission(seqs=group, pages=pages, reuse=m, copies=copies, hit=m if hit else 0)
 
     def new_tokens(self, seq: Sequence) -> int:
         """Prompt tokens of `seq` that admitting it now would compute (those after a cached session
-        prefix)."""
+        prefix or a prefix-cache hit)."""
         found = self.sessions.peek(seq.session_id, seq.prompt, seq.image_keys)
-        return len(seq.prompt) - (found[1] if found else 0)
+        hit, _ = self._prefix_hit(seq)
+        return len(seq.prompt) - max(found[1] if found else 0, len(hit) * self.ps)
 
     def admit(
         self, free_rows: int, token_budget: int, accept: Callable[[list[Sequence]], bool] | None = None
     ) -> list[Admission]:
         """Admit waiting groups in order while rows, pages and the prefill token budget allow (and
-        `accept(group)`, when given, holds)."""
+        `accept(group)`, when given, holds). Groups admitted through `accept` are fed, not prefilled: they
+        do not register their pages in the prefix cache. A group whose prompt continues pages an earlier
+        group of this admission registers stops it, `deferred` set: admit it after their prefill."""
         out: list[Admission] = []
         longest = 0
+        self.deferred = False
         while self.waiting:
             group = self.waiting[0]
             if len(group) > free_rows or (accept is not None and not accept(group)):
                 break
+            if out and self._prefix_hit(group[0])[1]:
+                self.deferred = True
+                break
             suffix = len(group[0].prompt)  # upper bound before the session lookup
             if out and (len(out) + 1) * max(longest, suffix) > token_budget:
                 break
-            adm = self.try_admit(group)
+            adm = self.try_admit(group, register=accept is None)
             if adm is None:
                 break
             self.waiting.popleft()
