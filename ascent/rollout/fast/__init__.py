@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import nn
@@ -169,10 +169,76 @@ def build_fast_engine(
     tp = tensor_parallel if tensor_parallel is not None and tensor_parallel.size > 1 else None
     if tp is not None:  # a shard is a copy: never the trainer's tensors
         share_weights, cuda_graphs = False, False
-    config, sd, share = _weights_source(model_path, model, dt, dev, share_weights, trust_remote_code)
+    m = _load_model(model_path, model, dt, dev, share_weights, trust_remote_code, tp, max_model_len)
     eos_token_ids, pad_token_id, decode = _tokenizer_facts(
         tokenizer_path or model_path, eos_token_ids, pad_token_id, decode, trust_remote_code
     )
+    reserve = _activation_reserve(m.spec, max_batch_size, max_prefill_tokens, dt)
+    pages = _num_pages(
+        m.spec, dt, dev, page_size, kv_cache_tokens, gpu_memory_fraction, max_batch_size, m.max_len, reserve
+    )
+    if tp is not None:  # every rank's cache has the pages the driver's tables name
+        pages = tp.min(pages)
+    on_cuda = dev.type == "cuda"
+    fast_default = "triton" if on_cuda and _has_triton() else "torch"
+    runner = _runner(
+        m,
+        KVCache(m.spec, pages, page_size, dt, dev),
+        tp,
+        attention=attention or fast_default,
+        compile=on_cuda if compile is None else compile,
+        attn_options=attn_options,
+        sampler=sampler or fast_default,
+        batch_invariant=batch_invariant,
+    )
+    use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
+    engine_cls: Callable[..., FastEngine] = (
+        FastEngine if tp is None else partial(TPEngine, full_spec=m.full_spec)
+    )
+    return engine_cls(
+        runner,
+        m.weights,
+        eos_token_ids=list(eos_token_ids if eos_token_ids is not None else _config_eos(m.config)),
+        decode=decode,
+        max_batch_size=max_batch_size,
+        max_model_len=m.max_len,
+        buckets=default_buckets(max_batch_size) if use_graphs else None,
+        keep_sessions=keep_sessions,
+        max_prefill_tokens=max_prefill_tokens,
+        stop_check_interval=stop_check_interval,
+        on_swap=_on_swap(on_swap),
+        feed_prompt_tokens=feed_prompt_tokens,
+        vision=m.vision,
+        prefix_caching=prefix_caching,
+        batch_invariant=batch_invariant,
+    )
+
+
+class _Model(NamedTuple):
+    """A checkpoint loaded for the engine: its config, its spec (this rank's shard under tensor parallelism;
+    `full_spec` the whole model's), the engine's weights, the vision tower (or None) and the context."""
+
+    config: Any
+    spec: ModelSpec
+    full_spec: ModelSpec
+    weights: Any
+    vision: Any
+    max_len: int
+
+
+def _load_model(
+    model_path: Any,
+    model: Any,
+    dt: torch.dtype,
+    dev: torch.device,
+    share_weights: bool | None,
+    trust_remote_code: bool,
+    tp: TPGroup | None,
+    max_model_len: int | None,
+) -> _Model:
+    """The family's engine implementation on the weights of `model` or `model_path` (this rank's shard under
+    tensor parallelism), and a vision-language model's tower on the same state dict (vision.py)."""
+    config, sd, share = _weights_source(model_path, model, dt, dev, share_weights, trust_remote_code)
     family = engine_family(config)  # models/families: which implementation, which names, which spec
     assert family.engine is not None and family.spec is not None  # engine_family checked them
     spec = full_spec = family.spec(config)
@@ -186,56 +252,27 @@ def build_fast_engine(
         renamed = {family.to_engine_name(n): t for n, t in sd.items()}
         vision, tower_targets = build_vision(config, renamed, dt, dev, share)
         weights.targets.update(tower_targets)
-    del sd
-    reserve = _activation_reserve(spec, max_batch_size, max_prefill_tokens, dt)
-    pages = _num_pages(
-        spec, dt, dev, page_size, kv_cache_tokens, gpu_memory_fraction, max_batch_size, max_len, reserve
-    )
-    if tp is not None:  # every rank's cache has the pages the driver's tables name
-        pages = tp.min(pages)
-    cache = KVCache(spec, pages, page_size, dt, dev)
-    on_cuda = dev.type == "cuda"
-    fast_default = "triton" if on_cuda and _has_triton() else "torch"
-    attention, sampler = attention or fast_default, sampler or fast_default
-    text_config = getattr(config, "text_config", None) or config  # a vision-language model's decoder
-    rope = rope_tables(text_config, spec, max_len, weights.embed.dtype, dev)  # the residual stream's dtype
+    return _Model(config, spec, full_spec, weights, vision, max_len)
+
+
+def _runner(m: _Model, cache: KVCache, tp: TPGroup | None, **options: Any) -> ModelRunner:
+    """The model runner over `cache`: one process's, or this rank's of a tensor-parallel replica (rank 0
+    drives, the others follow)."""
+    dev = cache.device
+    text_config = getattr(m.config, "text_config", None) or m.config  # a vision-language model's decoder
+    rope = rope_tables(text_config, m.spec, m.max_len, m.weights.embed.dtype, dev)  # the residual's dtype
     tp_kw: dict[str, Any] = {} if tp is None else {"tp": tp}
     runner_cls = ModelRunner if tp is None else DriverRunner if tp.rank == 0 else ShardRunner
-    runner = runner_cls(
-        spec,
-        weights,
+    return runner_cls(
+        m.spec,
+        m.weights,
         cache,
         rope,
-        max_len,
-        attention=attention,
-        compile=on_cuda if compile is None else compile,
-        attn_options=attn_options,
-        sampler=sampler,
-        mrope_rows=mrope_rows(spec).to(dev) if vision is not None else None,
-        allowed=vision.allowed(spec.vocab_size, config) if vision is not None else None,
-        batch_invariant=batch_invariant,
+        m.max_len,
+        mrope_rows=mrope_rows(m.spec).to(dev) if m.vision is not None else None,
+        allowed=m.vision.allowed(m.spec.vocab_size, m.config) if m.vision is not None else None,
+        **options,
         **tp_kw,
-    )
-    use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
-    engine_cls: Callable[..., FastEngine] = (
-        FastEngine if tp is None else partial(TPEngine, full_spec=full_spec)
-    )
-    return engine_cls(
-        runner,
-        weights,
-        eos_token_ids=list(eos_token_ids if eos_token_ids is not None else _config_eos(config)),
-        decode=decode,
-        max_batch_size=max_batch_size,
-        max_model_len=max_len,
-        buckets=default_buckets(max_batch_size) if use_graphs else None,
-        keep_sessions=keep_sessions,
-        max_prefill_tokens=max_prefill_tokens,
-        stop_check_interval=stop_check_interval,
-        on_swap=_on_swap(on_swap),
-        feed_prompt_tokens=feed_prompt_tokens,
-        vision=vision,
-        prefix_caching=prefix_caching,
-        batch_invariant=batch_invariant,
     )
 
 
