@@ -91,7 +91,12 @@ class FastEngine(BatchingLoop):
         max_pages = -(-max_model_len // self.cache.page_size)
         self.feed_limit = max(0, min(feed_prompt_tokens, max_model_len))
         self.state = DecodeState(
-            max_batch_size, max_pages, runner.spec.vocab_size, self.device, self.feed_limit
+            max_batch_size,
+            max_pages,
+            runner.spec.vocab_size,
+            self.device,
+            self.feed_limit,
+            runner.route_shape,
         )
         self.graphs = GraphRunner(self._graph_step, buckets) if buckets else None
         self.lag = 1 if self.device.type == "cuda" else 0
@@ -99,7 +104,9 @@ class FastEngine(BatchingLoop):
         self.free_rows = list(range(max_batch_size))
         self.asleep, self._blocked = False, False
         self._live: LiveCall | None = None  # the requests of a `generate_live` call in progress
-        self._host = HostOutputs(max_batch_size, self.device)  # where each step's tokens come back
+        self._host = HostOutputs(
+            max_batch_size, self.device, runner.route_shape
+        )  # where each step's tokens come back
         self._stamp = weights.stamp() if weights.shared else ()
         self.on_swap = on_swap  # what sequences in flight do when weights change between steps (module doc)
         self.swaps = WeightSwaps(self.device, self.sessions.clear, writes=lambda: self.weights.writes)
