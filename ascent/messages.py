@@ -32,6 +32,10 @@ class SamplingParams:
     seed: int | None = None
     grammar: str | None = None  # an llguidance grammar (JSON) the response follows; reference engine only
     max_time_s: float | None = None  # wall-clock budget from admission: past it the sample ends as "abort"
+    # sample only these ids (a VLA's action tokens; empty: all), a turn of max_new_tokens of them complete
+    # ("stop"); a filter: logprobs stay the unfiltered distribution's, as the trainer scores them;
+    # reference engine only
+    allowed_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

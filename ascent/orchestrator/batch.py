@@ -43,6 +43,7 @@ def sampling_params(rollout_cfg: RolloutConfig, *, validation: bool = False) -> 
         max_new_tokens=r.max_new_tokens,
         stop_token_ids=tuple(r.stop_token_ids),
         stop_strings=tuple(r.stop_strings),
+        allowed_token_ids=tuple(r.action_token_ids),
         n=r.val_samples_per_prompt if validation else r.samples_per_prompt,
     )
 

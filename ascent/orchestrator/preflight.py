@@ -76,11 +76,11 @@ def check_vocab(tokenizer: Any, config: dict[str, Any], path: str) -> int:
     return vocab
 
 
-def check_stop_tokens(stop_token_ids: list[int], vocab: int) -> None:
+def check_stop_tokens(stop_token_ids: list[int], vocab: int, field: str = "rollout.stop_token_ids") -> None:
     bad = [t for t in stop_token_ids if not 0 <= t < vocab]
     if bad:
         raise ConfigError(
-            f"rollout.stop_token_ids={stop_token_ids}: {bad} outside the vocabulary (0..{vocab - 1}); "
+            f"{field}={stop_token_ids}: {bad} outside the vocabulary (0..{vocab - 1}); "
             "use ids of real tokens (e.g. tokenizer.convert_tokens_to_ids('<|im_end|>'))."
         )
 
@@ -194,6 +194,7 @@ def check_run(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, prompts: list[
     """Every pre-flight check of `ascent train`, given the tokenizer and the rendered training prompts."""
     vocab = check_model(cfg.model.path, tokenizer)
     check_stop_tokens(list(cfg.rollout.stop_token_ids), vocab)
+    check_stop_tokens(list(cfg.rollout.action_token_ids), vocab, "rollout.action_token_ids")
     longest = max((len(p.prompt_ids) for p in prompts), default=0)
     check_context(
         model_config(cfg.model.path), longest, cfg.rollout.response_budget, cfg.data.max_prompt_tokens

@@ -8,6 +8,9 @@ is checked against. It never calls `model.generate`: each step runs the model on
 Constrained decoding: a request whose `params.grammar` is set samples only what the grammar allows, through
 the engine's `constraints` factory (`(grammar, vocab size) -> TokenConstraint`, one per row: the HTTP server
 gives it one built on llguidance, `ascent.rollout.server.grammar`); its mask joins the sampler's filters.
+A request whose `params.allowed_token_ids` is set (a VLA's action tokens, `rollout.action_token_ids`) samples
+only among those ids, a filter of the same kind, and its turn is complete (finish "stop") once it holds
+`max_new_tokens` of them: one action of that many dimensions.
 
 Batching: up to `batch_size` sequences decode together. Prompts are left-padded; the attention mask hides
 the padding and explicit position ids start every row at 0, so a row's tokens do not depend on its
@@ -291,6 +294,7 @@ class ReferenceEngine:
             if step == 0:
                 grammars = self._constraints(rows, logits.shape[-1])
             allowed = _allowed(rows, grammars, logits.shape[-1], device) if grammars else None
+            allowed = _only_allowed_ids(rows, allowed, logits.shape, device)
             allowed = self._without_image_tokens(allowed, logits.shape)
             tokens, logprobs = sample(logits, st, steps, seen, allowed)
             token_list = tokens.tolist()
@@ -343,8 +347,8 @@ class ReferenceEngine:
                 or self._hit_stop_string(row)
             ):
                 row.finish_reason = "stop"
-            elif len(row.token_ids) >= row.params.max_new_tokens:
-                row.finish_reason = "length"
+            elif len(row.token_ids) >= row.params.max_new_tokens:  # a full action turn is complete
+                row.finish_reason = "stop" if row.params.allowed_token_ids else "length"
             elif row.deadline is not None and time.monotonic() >= row.deadline:
                 row.finish_reason = "abort"  # its wall-clock budget (SamplingParams.max_time_s) is spent
         return all(r.finish_reason is not None for r in rows)
@@ -377,6 +381,22 @@ def _assign_routes(rows: list[_Row], routes: list[Tensor]) -> None:
         got = min(n, steps.shape[1])
         out[p : p + got] = steps[i, :got]
         row.routed_experts = out
+
+
+def _only_allowed_ids(
+    rows: list[_Row], allowed: Tensor | None, shape: torch.Size, device: torch.device
+) -> Tensor | None:
+    """`allowed` [b, V] (or everything) narrowed, in each row with `params.allowed_token_ids`, to those ids
+    (a VLA's action tokens); `allowed` as it is when no row names any."""
+    if not any(r.params.allowed_token_ids for r in rows):
+        return allowed
+    out = allowed if allowed is not None else torch.ones(shape, dtype=torch.bool, device=device)
+    for i, row in enumerate(rows):
+        if row.params.allowed_token_ids:
+            keep = torch.zeros(shape[-1], dtype=torch.bool, device=device)
+            keep[list(row.params.allowed_token_ids)] = True
+            out[i] &= keep
+    return out
 
 
 def _allowed(

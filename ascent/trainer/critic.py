@@ -7,7 +7,9 @@ policy's checkpoint (`<dir>/critic/`; the caller's staging directory makes it at
 
 Model. `ValueModel` = the decoder stack of a causal LM checkpoint (the policy's path, or a separate critic
 checkpoint that shares the policy's tokenizer; its LM head is dropped) + `value_head = nn.Linear(H, 1)`
-initialised to zeros. Values are read from the hidden rows `packed.logit_index`, the positions that PREDICT
+initialised to zeros. For a vision-language checkpoint (a VLA's critic) the stack is the multimodal backbone
+(vision tower, merger, language model), fed each sequence's images and multimodal RoPE positions as the
+policy's forward is (`ascent.trainer.logprobs.multimodal_forward`), so a value sees what the policy saw. Values are read from the hidden rows `packed.logit_index`, the positions that PREDICT
 the response tokens (the rows of the policy's logprobs): value[t] = V(prompt + response[:t]), the state in
 which token t is chosen. So the flat values [M] align 1:1 with response tokens and with the `returns` of
 `gae`.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
 import safetensors.torch as st
@@ -36,14 +39,13 @@ from torch import Tensor, nn
 
 from ascent.algorithms import LOSS_AGGREGATIONS
 from ascent.algorithms.value import value_clipfrac, value_loss
-from ascent.errors import AscentError
 from ascent.messages import TrainSample
 from ascent.models.loading import load_model, resolve_device, torch_dtype
-from ascent.models.multimodal import is_vision_language
+from ascent.models.multimodal import is_vision_language, multimodal_backbone
 from ascent.models.parallel import full_state_dict, has_shards, load_full_state_dict, load_shards, save_shards
 from ascent.trainer import common
 from ascent.trainer.distributed import all_reduce_sum
-from ascent.trainer.logprobs import packed_forward, unwrap_model
+from ascent.trainer.logprobs import multimodal_forward, packed_forward, unwrap_model
 from ascent.trainer.loss import MetricSums
 from ascent.trainer.packing import PackedBatch, pack
 from ascent.trainer.settings import CriticSpec, OptimSettings
@@ -59,9 +61,10 @@ WEIGHTS_FILE = "model.safetensors"
 class ValueModel(nn.Module):
     """Decoder stack + scalar head: a packed micro-batch -> values [M] (fp32) of its response tokens."""
 
-    def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
+    def __init__(self, backbone: nn.Module, hidden_size: int, vision: bool = False) -> None:
         super().__init__()
         self.backbone = backbone
+        self.vision = vision  # a vision-language backbone: images and multimodal positions go in
         param = next(backbone.parameters())
         self.value_head = nn.Linear(hidden_size, 1, device=param.device, dtype=torch.float32)
         nn.init.zeros_(self.value_head.weight)
@@ -72,13 +75,14 @@ class ValueModel(nn.Module):
 
         `attention_mask=None` and `use_cache=False` are both required for transformers to detect packing.
         """
-        hidden = packed_forward(self.backbone, packed).index_select(0, packed.logit_index)  # [M, H]
+        if self.vision:  # packed_positions reads the backbone (`.model`) and its config of a VL model
+            positions_of = SimpleNamespace(model=self.backbone, config=self.backbone.config)
+            full = multimodal_forward(positions_of, self.backbone, packed)
+        else:
+            full = packed_forward(self.backbone, packed)
+        hidden = full.index_select(0, packed.logit_index)  # [M, H]
         with torch.autocast(hidden.device.type, enabled=False):
             return self.value_head(hidden.float()).squeeze(-1)
-
-
-class VisionCriticError(AscentError, ValueError):
-    """A critic asked for on a vision-language checkpoint (not supported yet); the message names the fix."""
 
 
 def load_value_model(
@@ -88,18 +92,16 @@ def load_value_model(
     lm = unwrap_model(
         load_model(path, param_dtype, device, gradient_checkpointing=grad_ckpt, trust_remote_code=remote)
     )
-    if is_vision_language(lm):  # its language model alone would read image pads without their images
-        raise VisionCriticError(
-            f"{str(path)!r} is a vision-language model ({type(lm).__name__}); the critic (PPO with GAE) does "
-            "not read images yet. Use a critic-free estimator: algorithm.advantage=grpo (or rloo, "
-            "reinforce_pp)."
-        )
-    backbone = lm.get_decoder() if hasattr(lm, "get_decoder") else getattr(lm, "model", None)
+    vision = is_vision_language(lm)  # its language model alone would read image pads without their images
+    if vision:
+        backbone: Any = multimodal_backbone(lm)
+    else:
+        backbone = lm.get_decoder() if hasattr(lm, "get_decoder") else getattr(lm, "model", None)
     if backbone is None:
         raise TypeError(f"{type(lm).__name__} at {str(path)!r}: expected a causal LM with get_decoder().")
     config = backbone.config
     hidden = getattr(config, "hidden_size", None) or config.get_text_config().hidden_size
-    return ValueModel(backbone, hidden).train()
+    return ValueModel(backbone, hidden, vision).train()
 
 
 class CriticWorker:

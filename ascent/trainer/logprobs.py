@@ -62,11 +62,11 @@ def hidden_states(model: nn.Module, packed: PackedBatch) -> Tensor:
     """
     decoder, _ = backbone_and_head(model)
     if is_vision_language(model):
-        return _multimodal_forward(model, decoder, packed)
+        return multimodal_forward(model, decoder, packed)
     return packed_forward(decoder, packed)
 
 
-def _multimodal_forward(model: nn.Module, backbone: nn.Module, packed: PackedBatch) -> Tensor:
+def multimodal_forward(model: Any, backbone: nn.Module, packed: PackedBatch) -> Tensor:
     """A vision-language backbone over one packed row -> last hidden states [N, H]: the row's images through
     the vision tower, per-sequence multimodal RoPE positions ([4, 1, N], see `packed_positions`)."""
     assert packed.cu_seqlens is not None  # `pack` always sets it

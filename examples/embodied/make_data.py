@@ -1,7 +1,11 @@
-"""Data and a tiny model for examples/embodied/grpo.yaml: CartPole seeds, and a tiny checkpoint whose
-vocabulary holds the action words `<a0>`, `<a1>` as single tokens (their ids are the turn's stop tokens).
+"""Data and tiny models for examples/embodied: CartPole seeds and a tiny text checkpoint whose vocabulary
+holds the action words `<a0>`, `<a1>` as single tokens (grpo.yaml: their ids are the turn's stop tokens);
+with `--vla`, InvertedPendulum seeds seen as rendered frames and a tiny vision-language checkpoint whose
+vocabulary holds the 16 action tokens of the pendulum's force bins (vla.yaml: a VLA, frames in, action
+tokens out).
 
     python examples/embodied/make_data.py runs/embodied    # then: ascent train examples/embodied/grpo.yaml
+    python examples/embodied/make_data.py runs/embodied_vla --vla    # then: ascent train .../vla.yaml
 """
 
 from __future__ import annotations
@@ -10,10 +14,14 @@ import argparse
 import json
 from pathlib import Path
 
-from ascent.envs.tasks.control_task import make_control_task
+from ascent.envs.sim.actions import ActionTokenizer
+from ascent.envs.tasks.control_task import TASKS, make_control_task
 from ascent.models.tiny import make_tiny_checkpoint
+from ascent.models.tiny_vl import make_tiny_vl_checkpoint
 
 ACTION_WORDS = ["<a0>", "<a1>"]  # CartPole's two actions (ascent.envs.sim.actions)
+VLA_BINS = TASKS["inverted_pendulum"]["bins"]  # the pendulum's force in 16 bins: 16 action tokens
+VLA_WORDS = ActionTokenizer(low=(-3.0,), high=(3.0,), bins=VLA_BINS).words
 
 
 def make(out: Path, rows: int = 64, seed: int = 0, model_seed: int = 0) -> dict[str, object]:
@@ -35,9 +43,21 @@ def make(out: Path, rows: int = 64, seed: int = 0, model_seed: int = 0) -> dict[
     return {"model": str(model), "stop_token_ids": ids}
 
 
+def make_vla(out: Path, rows: int = 64, seed: int = 0, model_seed: int = 0) -> dict[str, object]:
+    """Write out/data/{rows,val}.jsonl (InvertedPendulum seeds, each step's frame shown as an image) and
+    out/model (a tiny Qwen2.5-VL with the action tokens); return the model's path and the tokens' ids."""
+    make_control_task(out / "data", rows, seed, n_val=8, task="inverted_pendulum", image_obs=True)
+    model = make_tiny_vl_checkpoint(out / "model", words=VLA_WORDS, seed=model_seed)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    return {"model": str(model), "action_token_ids": tok.convert_tokens_to_ids(VLA_WORDS)}
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, nargs="?", default=Path("runs/embodied"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vla", action="store_true", help="the VLA's pixel task and VL model (vla.yaml)")
     args = parser.parse_args()
-    print(make(args.out, seed=args.seed, model_seed=args.seed))
+    print((make_vla if args.vla else make)(args.out, seed=args.seed, model_seed=args.seed))

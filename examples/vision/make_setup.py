@@ -1,14 +1,15 @@
 """The zoom task's data and a tiny vision-language checkpoint for it (issue #28's learning comparison).
 
-The task: `python -m ascent.envs.tasks.zoom_task` at 224 pixels with 8-pixel details; the checkpoint's pixel
-budget (16 image tokens, 112 x 112 pixels) halves the image, so every pattern averages to grey, while a zoom
-into a quarter comes back at full resolution. The tokenizer is the tiny model's character tokenizer with the
-task's fixed texts as whole tokens (the system prompts, the question, the tool call's head, the pattern
+The task: `python -m ascent.envs.tasks.zoom_task` at 112 pixels with 40-pixel framed squares of 1-pixel
+stripes; the checkpoint's pixel budget (4 image tokens, 56 x 56 pixels: min_pixels = max_pixels = 3136)
+halves the image, so every pattern averages to a flat grey (std under 2 grey levels), while a zoom into a
+quarter comes back at full resolution (stripes swing ~60 grey levels) and fills most of the view. The
+tokenizer is the tiny model's character tokenizer with the task's fixed texts as whole tokens (the system prompts, the question, the tool call's head, the pattern
 names, the four quarters' boxes in the zoom call): a real tokenizer compresses such text several times
 over, and with one token per character an episode would be ten times longer than it needs to be; with them,
 the call is five tokens and where to zoom is the choice of one. Usage: `python examples/vision/make_setup.py OUT`
-writes OUT/model, OUT/zoom (rows for `zoom_qa`, with `sft.jsonl`) and OUT/plain (the same rows for
-`image_qa`).
+writes OUT/model, OUT/zoom (rows for `zoom_qa`) and OUT/plain (the same rows for `image_qa`), each with
+`sft.jsonl`, its arm's warm-start demonstrations (zoom then answer; answer at once).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from ascent.envs.image_env import SYSTEM, SYSTEM_NO_TOOLS
 from ascent.envs.tasks.zoom_task import PATTERNS, QUARTERS, QUESTION, make_zoom_task
 from ascent.models.tiny_vl import make_tiny_vl_checkpoint
 
-SIZE, DETAIL, TOKENS = 224, 8, 16  # image side, detail side (pixels), image tokens per image
-UNIT = 28 * 28  # pixels of one Qwen2.5-VL image token
+SIZE, DETAIL, TOKENS = 112, 40, 4  # image side, framed square's side (pixels), image tokens per image
+UNIT = 28 * 28  # pixels of one Qwen2.5-VL image token (a 2 x 2 merge of 14-pixel patches)
+HALF = SIZE // 2
 WORDS = [
     SYSTEM,
     SYSTEM_NO_TOOLS,
@@ -35,6 +37,7 @@ WORDS = [
     '{"name": "zoom_in", "arguments": {"bbox": [',
     "]}}",
     *(f"{c / 2}, {r / 2}, {c / 2 + 0.5}, {r / 2 + 0.5}" for c, r in QUARTERS.values()),  # the quarters' boxes
+    *(f"[{c * HALF}, {r * HALF}, {c * HALF + HALF}, {r * HALF + HALF}]" for c, r in QUARTERS.values()),
     "Image 0 (the image):",
     "Zoomed into ",
     " of image 0:",
@@ -42,31 +45,30 @@ WORDS = [
 ]
 
 
-def make_setup(out: Path, rows: int = 64, seed: int = 0, n_val: int = 32, hidden_size: int = 64) -> Path:
+def make_setup(out: Path, rows: int = 256, seed: int = 0, n_val: int = 32, hidden_size: int = 64) -> Path:
     """Write OUT/model, OUT/zoom and OUT/plain (see module doc); return `out`."""
     make_tiny_vl_checkpoint(
         out / "model",
         hidden_size=hidden_size,
-        min_pixels=4 * UNIT,
+        min_pixels=TOKENS * UNIT,
         max_pixels=TOKENS * UNIT,
         words=WORDS,
         seed=seed,
     )
     for name, env in (("zoom", "zoom_qa"), ("plain", "image_qa")):
-        make_zoom_task(
-            out / name, rows, seed, n_val=n_val, size=SIZE, detail=DETAIL, env=env, sft=env == "zoom_qa"
-        )
+        make_zoom_task(out / name, rows, seed, n_val=n_val, size=SIZE, detail=DETAIL, env=env, sft=True)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     out = make_setup(args.out, args.rows, args.seed)
-    print(json.dumps({"model": str(out / "model"), "zoom": str(out / "zoom"), "plain": str(out / "plain")}))
+    paths = {name: str(out / name) for name in ("model", "zoom", "plain")}
+    print(json.dumps(paths))
 
 
 if __name__ == "__main__":

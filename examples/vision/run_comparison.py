@@ -4,10 +4,12 @@
     python examples/vision/run_comparison.py --seeds 1 --iterations 5   # a quick look
 
 Steps, each a real CLI call (echoed): write a tiny Qwen2.5-VL checkpoint and the zoom task (`make_setup.py`:
-224 px images, 8 px details, 16 image tokens per image, so a detail is readable only zoomed), SFT on 64
-zoom-then-answer demonstrations (`sft.yaml`), then per seed two GRPO runs from that same start
-(`grpo.yaml`): WITH the tool (`zoom_qa`) and WITHOUT it (`image_qa`, the same questions, one look). Each run
-validates greedily on 32 held-out questions at its start and at its end; the table is those accuracies.
+112 px images, 40 px squares of 1-pixel stripes, 4 image tokens per image, so the stripes are readable only
+zoomed), a warm start per arm from that one checkpoint, by the same SFT recipe (`sft.yaml`) on its own
+demonstrations of the same questions (zoom then answer in `zoom_qa`; answer at once in `image_qa`, so the
+arm without the tool starts answering in its format), then per seed two GRPO runs (`grpo.yaml`): WITH the
+tool (`zoom_qa`) and WITHOUT it (`image_qa`, the same questions, one look). Each run validates greedily on the held-out questions at its start and at its end; the table is
+those accuracies (start, after GRPO) per arm and seed.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def greedy_accuracy(run_dir: Path) -> tuple[float, float]:
 
 
 def grpo(root: Path, arm: str, seed: int, extra: list[str]) -> tuple[float, float]:
-    """One GRPO run of `arm` (`zoom`: zoom_qa rows; `plain`: image_qa rows) from the SFT start."""
+    """One GRPO run of `arm` (`zoom`: zoom_qa rows; `plain`: image_qa rows) from the arm's SFT start."""
     run = root / f"grpo_{arm}_{seed}"
     shutil.rmtree(run, ignore_errors=True)
     env = "zoom_qa" if arm == "zoom" else "image_qa"
@@ -50,7 +52,7 @@ def grpo(root: Path, arm: str, seed: int, extra: list[str]) -> tuple[float, floa
         str(HERE / "grpo.yaml"),
         f"run_dir={run}",
         f"seed={seed}",
-        f"model.path={root / 'sft' / 'final'}",
+        f"model.path={root / f'sft_{arm}' / 'final'}",
         f"data.train_path={root / arm / 'rows.jsonl'}",
         f"data.val_path={root / arm / 'val.jsonl'}",
         f"rollout.source.env={env}",
@@ -65,18 +67,26 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=3, help="GRPO seeds per arm (default 3)")
     p.add_argument("--iterations", type=int, default=None, help="override grpo.yaml's iterations")
     p.add_argument("--sft-epochs", type=float, default=None, help="override sft.yaml's epochs")
-    p.add_argument("--rows", type=int, default=64, help="training questions (and SFT demonstrations)")
+    p.add_argument("--rows", type=int, default=256, help="training questions (and each arm's demonstrations)")
     p.add_argument("--val", type=int, default=32, help="held-out questions")
     a = p.parse_args()
     sys.path.insert(0, str(HERE))
     from make_setup import make_setup
 
     t0 = time.time()
-    shutil.rmtree(a.root / "sft", ignore_errors=True)
     make_setup(a.root, a.rows, n_val=a.val)
-    over = [f"model.path={a.root / 'model'}", f"data.train_path={a.root / 'zoom' / 'sft.jsonl'}"]
     epochs = [f"epochs={a.sft_epochs}"] if a.sft_epochs else []
-    sh("sft", str(HERE / "sft.yaml"), f"run_dir={a.root / 'sft'}", *over, *epochs)
+    for arm in ("zoom", "plain"):
+        shutil.rmtree(a.root / f"sft_{arm}", ignore_errors=True)
+        demos = f"data.train_path={a.root / arm / 'sft.jsonl'}"
+        sh(
+            "sft",
+            str(HERE / "sft.yaml"),
+            f"run_dir={a.root / f'sft_{arm}'}",
+            f"model.path={a.root / 'model'}",
+            demos,
+            *epochs,
+        )
     t_sft = time.time() - t0
     extra = [f"iterations={a.iterations}"] if a.iterations else []
     results, times = [], []
@@ -86,6 +96,7 @@ def main() -> None:
         times.append(time.time() - t1)
     print(f"\nheld-out greedy accuracy ({a.val} questions); setup + SFT {t_sft:.0f}s")
     print("seed | with tool: start -> GRPO | without tool: start -> GRPO | both arms' wall time")
+    print("-----+--------------------------+-----------------------------+---------------------")
     for (seed, (z0, z1), (p0, p1)), t in zip(results, times, strict=True):
         print(f"{seed:4d} | {z0:10.3f} -> {z1:.3f}       | {p0:13.3f} -> {p1:.3f}          | {t:.0f}s")
     print(f"total {time.time() - t0:.0f}s")

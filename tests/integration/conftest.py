@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -80,6 +81,38 @@ def run_config(tmp_path: Path, model: Path, data: Path, **overrides) -> dict:
 def write_yaml(path: Path, cfg: dict) -> Path:
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def ascent_here(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the real `ascent` CLI app in this process (argument parsing, config loading and the command as
+    `ascent()` runs them, without a new interpreter importing torch and transformers: seconds per command on
+    a small CPU), for tests of what a command does rather than of its process (exit on a signal, stderr
+    apart from stdout). The log handlers, environment variables and sys.path entries the command adds are
+    removed afterwards. Returns what `ascent()` returns. (Python warnings don't reach its stderr: pytest
+    records them; a test of what a command warns runs it with `ascent()`.)"""
+    from typer.testing import CliRunner
+
+    from ascent.cli import app
+    from ascent.plugins import add_plugin_root
+
+    package = logging.getLogger("ascent")
+    handlers, level = list(package.handlers), package.level
+    environ, path = dict(os.environ), list(sys.path)
+    try:
+        add_plugin_root()  # as `main()` does: plug-ins resolve from the current directory, in workers too
+        result = CliRunner().invoke(app, list(args), catch_exceptions=False, prog_name="ascent")
+    finally:
+        for handler in [h for h in package.handlers if h not in handlers]:
+            package.removeHandler(handler)
+            handler.close()
+        package.setLevel(level)
+        os.environ.clear()
+        os.environ.update(environ)
+        sys.path[:] = path
+    proc = subprocess.CompletedProcess(["ascent", *args], result.exit_code, result.stdout, result.stderr)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"ascent {' '.join(args)} exited {proc.returncode}\n{result.output}")
+    return proc
 
 
 def ascent(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:

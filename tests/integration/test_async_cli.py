@@ -11,7 +11,7 @@ import shutil
 from collections import defaultdict
 
 import pytest
-from conftest import ascent, run_config, write_yaml
+from conftest import ascent, ascent_here, run_config, write_yaml
 
 
 def episodes(run_dir) -> dict[int, list[dict]]:
@@ -38,7 +38,7 @@ def test_async_staleness_one_inline_and_its_resume(tmp_path, tiny_model, arithme
     cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=4, val_every=0)
     cfg["rollout"]["max_staleness"] = 1
     cfg["checkpoint"] = {"every": 2}
-    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
+    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
     run = tmp_path / "run"
     eps = episodes(run)
     check_bound(eps, 4, 8, bound=1)
@@ -55,7 +55,7 @@ def test_async_staleness_one_inline_and_its_resume(tmp_path, tiny_model, arithme
     resumed = tmp_path / "resumed"
     shutil.copytree(run, resumed)
     cfg["run_dir"] = str(resumed)
-    ascent(
+    ascent_here(
         "train",
         str(write_yaml(tmp_path / "resumed.yaml", cfg)),
         "resume=true",
@@ -108,7 +108,7 @@ def env_config(tmp_path, tiny_model, iterations: int) -> dict:
 
 
 def test_multi_turn_episodes_played_ahead_inline(tmp_path, tiny_model):
-    ascent("train", str(write_yaml(tmp_path / "run.yaml", env_config(tmp_path, tiny_model, 3))))
+    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", env_config(tmp_path, tiny_model, 3))))
     eps = episodes(tmp_path / "run")
     check_bound(eps, 3, 8, bound=1)
     assert [{r["staleness"] for r in eps[it]} for it in (1, 2, 3)] == [{0}, {1}, {1}]

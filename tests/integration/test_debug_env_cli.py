@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.integration.conftest import ascent
+from tests.integration.conftest import ascent_here
 
 
 def test_debug_env_prints_and_writes_episodes(tmp_path: Path, tiny_model: Path) -> None:
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"target": t}) + "\n" for t in (3, 7, 1)))
     out = tmp_path / "episodes.jsonl"
-    proc = ascent(
+    proc = ascent_here(
         "debug",
         "env",
         "--model",
@@ -42,12 +42,12 @@ def test_debug_env_prints_and_writes_episodes(tmp_path: Path, tiny_model: Path) 
 def test_debug_env_without_an_env_names_the_fix(tmp_path: Path, tiny_model: Path) -> None:
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"target": 3}) + "\n")
-    proc = ascent("debug", "env", "--model", str(tiny_model), "--data", str(rows), check=False)
+    proc = ascent_here("debug", "env", "--model", str(tiny_model), "--data", str(rows), check=False)
     assert proc.returncode == 2 and "--env is not set" in proc.stderr and "Traceback" not in proc.stderr
     # the same rows with --env run: test_debug_env_prints_and_writes_episodes (guess_number, `target` rows)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"goal": 3}) + "\n")
-    proc = ascent(
+    proc = ascent_here(
         "debug", "env", "--model", str(tiny_model), "--data", str(bad), "--env", "guess_number", check=False
     )
     assert (

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from ascent.models.tiny import make_tiny_checkpoint
-from tests.integration.conftest import ascent, run_config, write_yaml
+from tests.integration.conftest import ascent_here, run_config, write_yaml
 
 
 def test_distillation_trains_and_logs_the_reverse_kl(tmp_path: Path, tiny_model: Path, arithmetic_data: Path):
@@ -18,7 +18,7 @@ def test_distillation_trains_and_logs_the_reverse_kl(tmp_path: Path, tiny_model:
     cfg["data"].pop("val_path")
     cfg["algorithm"] = {"advantage": "distill", "teacher": str(teacher)}
     cfg["tracking"] |= {"tensorboard": False, "trace": False}
-    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
+    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
 
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     kls = [m["distill/reverse_kl"] for m in metrics if "distill/reverse_kl" in m]

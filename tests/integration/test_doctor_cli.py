@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from tests.integration.conftest import ascent, run_config, write_yaml
+from tests.integration.conftest import ascent_here, run_config, write_yaml
 
 
 def test_doctor_passes_a_tiny_cpu_config_and_prints_json(tmp_path, tiny_model, arithmetic_data):
     path = write_yaml(tmp_path / "run.yaml", run_config(tmp_path, tiny_model, arithmetic_data))
-    proc = ascent("doctor", str(path), "cluster.device=cpu", "--json", "--gpu-memory", "80")
+    proc = ascent_here("doctor", str(path), "cluster.device=cpu", "--json", "--gpu-memory", "80")
     out = json.loads(proc.stdout)
     by_name = {c["name"]: c for c in out["checks"]}
     assert out["counts"]["fail"] == 0
@@ -21,7 +21,7 @@ def test_doctor_passes_a_tiny_cpu_config_and_prints_json(tmp_path, tiny_model, a
 
 
 def test_doctor_fails_on_missing_data_and_model_without_asking_the_hub(tmp_path):
-    proc = ascent(
+    proc = ascent_here(
         "doctor",
         f"model.path={tmp_path / 'no_model'}",
         f"data.train_path={tmp_path / 'no.jsonl'}",
@@ -42,7 +42,7 @@ def test_doctor_fails_on_missing_data_and_model_without_asking_the_hub(tmp_path)
 
 def test_doctor_exits_1_on_a_failed_check_and_2_on_a_bad_config(tmp_path, tiny_model, arithmetic_data):
     path = write_yaml(tmp_path / "run.yaml", run_config(tmp_path, tiny_model, arithmetic_data))
-    tight = ascent(
+    tight = ascent_here(
         "doctor",
         str(path),
         "train.max_tokens_per_micro_batch=100000",
@@ -53,5 +53,5 @@ def test_doctor_exits_1_on_a_failed_check_and_2_on_a_bad_config(tmp_path, tiny_m
     )
     assert tight.returncode == 1, tight.stdout + tight.stderr
     assert "memory per GPU" in tight.stdout and "fail" in tight.stdout
-    bad = ascent("doctor", str(path), "train.lr=-1", check=False)
+    bad = ascent_here("doctor", str(path), "train.lr=-1", check=False)
     assert bad.returncode == 2 and "train.lr" in bad.stderr

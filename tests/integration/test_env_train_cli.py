@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import ascent, run_config, write_yaml
+from tests.integration.conftest import ascent, ascent_here, run_config, write_yaml
 
 
 def rows(path: Path, targets: list[int]) -> Path:
@@ -34,7 +34,7 @@ def test_train_on_a_multi_turn_environment(tmp_path: Path, tiny_model: Path, eng
     }
     cfg["data"]["max_prompt_tokens"] = 40
     cfg["train"]["max_tokens_per_micro_batch"] = 88  # prompt 40 + episode 48
-    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
+    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     trained = [m for m in metrics if "env/turns_mean" in m]
     assert len(trained) == 2 and all(1.0 <= m["env/turns_mean"] <= 3.0 for m in trained)
@@ -61,11 +61,11 @@ def test_unsupported_combinations_name_the_field(tmp_path: Path, tiny_model: Pat
     cfg["data"].pop("val_path")
     cfg["rollout"] |= {"source": {"name": "env", "env": "guess_number", "max_episode_tokens": 16}}
     cfg["algorithm"] = {"advantage": "remax"}
-    proc = ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), check=False)
+    proc = ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)), check=False)
     assert proc.returncode == 2 and "algorithm.advantage='remax'" in proc.stderr
     cfg.pop("algorithm")
     cfg["rollout"]["source"]["env"] = "no_such_env"
-    proc = ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), check=False)
+    proc = ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)), check=False)
     assert (
         proc.returncode == 2
         and "'no_such_env' is not registered" in proc.stderr
@@ -93,7 +93,7 @@ def test_a_hanging_environment_costs_its_episodes_not_the_run(tmp_path: Path, ti
     }
     cfg["reward"] = {"max_failure_rate": 0.9}
     cfg["train"]["max_tokens_per_micro_batch"] = 64
-    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
+    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
     (metrics,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert 1.0 <= metrics["env/errors"] < 8.0  # the hung row's episodes and its process-mates, not all
     assert (

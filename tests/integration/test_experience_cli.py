@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import ascent, run_config, write_yaml
+from conftest import ascent_here, run_config, write_yaml
 
 from ascent.tracking.experience_store import open_store
 
@@ -28,7 +28,7 @@ def test_store_holds_the_trained_episodes_and_the_cli_reads_it(tmp_path, tiny_mo
     cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=2, val_every=0)
     cfg["checkpoint"] = {"every": 1}
     yaml_path = write_yaml(tmp_path / "run.yaml", cfg)
-    ascent("train", str(yaml_path))
+    ascent_here("train", str(yaml_path))
     run_dir = tmp_path / "run"
     first = stored_episodes(run_dir)
     assert len(first) == 2 * 2 * 4  # iterations x prompts_per_step x samples_per_prompt
@@ -37,21 +37,23 @@ def test_store_holds_the_trained_episodes_and_the_cli_reads_it(tmp_path, tiny_mo
         ep = store.episode(1)
         assert ep.prompt_text and ep.segments and len(ep.sampler_logprobs) == ep.response_len
 
-    ascent("train", str(yaml_path), "--resume-from", "iter_000001")  # iteration 2 again, recorded once
+    ascent_here("train", str(yaml_path), "--resume-from", "iter_000001")  # iteration 2 again, recorded once
     again = stored_episodes(run_dir)
     assert [x[0] for x in again] == [1] * 8 + [2] * 8
     assert again == jsonl_episodes(run_dir) and again[:8] == first[:8]
 
-    listing = ascent("episodes", str(run_dir), "--iteration", "2", "--status", "trained", "--limit", "3")
+    listing = ascent_here("episodes", str(run_dir), "--iteration", "2", "--status", "trained", "--limit", "3")
     assert "3 of 8 episodes" in listing.stdout
-    shown = ascent("episodes", str(run_dir), "--show", "1").stdout
+    shown = ascent_here("episodes", str(run_dir), "--show", "1").stdout
     assert "episode 1: iteration 1, group 0" in shown and "model turn 1" in shown and "prompt (" in shown
     out = tmp_path / "x.jsonl"
-    assert f"16 episodes written to {out}" in ascent("episodes", str(run_dir), "--export", str(out)).stdout
+    assert (
+        f"16 episodes written to {out}" in ascent_here("episodes", str(run_dir), "--export", str(out)).stdout
+    )
     exported = [json.loads(x) for x in out.read_text().splitlines()]
     assert [(x["iteration"], x["row_id"], x["reward"]) for x in exported] == [
         (i, r, w) for i, _, r, w, _ in again
     ]
 
-    missing = ascent("episodes", str(tmp_path / "nowhere"), check=False)
+    missing = ascent_here("episodes", str(tmp_path / "nowhere"), check=False)
     assert missing.returncode == 2 and str(tmp_path / "nowhere" / "experience.db") in missing.stderr

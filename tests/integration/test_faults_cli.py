@@ -7,14 +7,14 @@ import json
 import shutil
 
 import pytest
-from conftest import ascent, run_config, write_yaml
+from conftest import ascent_here, run_config, write_yaml
 
 from ascent.tracking import read_status
 
 
 def run_train(tmp_path, cfg, *extra, debug=False):
     args = ["--debug"] if debug else []
-    proc = ascent(*args, "train", str(write_yaml(tmp_path / "r.yaml", cfg)), *extra, check=False)
+    proc = ascent_here(*args, "train", str(write_yaml(tmp_path / "r.yaml", cfg)), *extra, check=False)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -142,7 +142,7 @@ def finished_run(tmp_path_factory, tiny_model, arithmetic_data):
     cfg = run_config(root, tiny_model, arithmetic_data, iterations=3, val_every=0)
     cfg["data"]["val_path"] = None
     cfg["checkpoint"] = {"every": 1, "keep_last": 3}
-    ascent("train", str(write_yaml(root / "r.yaml", cfg)))
+    ascent_here("train", str(write_yaml(root / "r.yaml", cfg)))
     return root, cfg
 
 
@@ -191,7 +191,7 @@ def test_resume_notices_other_model_contents_under_the_same_path(tmp_path, tiny_
     shutil.copytree(tiny_model, model)
     cfg = run_config(tmp_path, model, arithmetic_data, iterations=1, val_every=0)
     cfg["data"]["val_path"] = None
-    ascent("train", str(write_yaml(tmp_path / "r.yaml", cfg)))
+    ascent_here("train", str(write_yaml(tmp_path / "r.yaml", cfg)))
     shutil.rmtree(model)
     make_tiny_checkpoint(model, hidden_size=32, num_layers=2, seed=1)  # same shape, other weights
     code, out = run_train(tmp_path, dict(cfg, iterations=2), "--resume")

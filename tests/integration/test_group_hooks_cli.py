@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ascent.tracking.experience_store import open_store
-from tests.integration.conftest import ascent, run_config, write_yaml
+from tests.integration.conftest import ascent_here, run_config, write_yaml
 
 
 def test_curiosity_and_a_filter_shape_a_run_on_a_tool_environment(tmp_path: Path, tiny_model: Path) -> None:
@@ -32,7 +32,7 @@ def test_curiosity_and_a_filter_shape_a_run_on_a_tool_environment(tmp_path: Path
     cfg["reward"] = {"group_hooks": [{"name": "difficulty_filter", "low": 0.0, "high": 1.0}, curiosity]}
     cfg["train"]["max_tokens_per_micro_batch"] = 64
     cfg["tracking"] |= {"tensorboard": False, "trace": False}
-    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
+    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
 
     with open_store(tmp_path / "run") as store:
         trained = [r for r in store.episodes() if r.status == "trained"]

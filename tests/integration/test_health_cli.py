@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from tests.integration.conftest import ascent, run_config, write_yaml
+from tests.integration.conftest import ascent_here, run_config, write_yaml
 
 PARITY = "tests.integration.health_rewards:first_token_parity"  # mixed rewards: a real gradient at once
 
@@ -22,13 +22,13 @@ def test_a_diverging_run_stops_before_its_checkpoint(tmp_path: Path, tiny_model:
     cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=1, val_every=0)
     cfg["reward"] = {"fn": PARITY}
     cfg["checkpoint"] = {"every": 1}
-    ascent("train", str(write_yaml(tmp_path / "sane.yaml", cfg)))
+    ascent_here("train", str(write_yaml(tmp_path / "sane.yaml", cfg)))
     good = tmp_path / "run" / "checkpoints" / "iter_000001"
     before = digest(good)
     cfg["iterations"] = 3
     cfg["train"] |= {"lr": 1e3, "max_grad_norm": None}
     wild = write_yaml(tmp_path / "wild.yaml", cfg)
-    proc = ascent("train", str(wild), "--resume", "--accept-changes", check=False)
+    proc = ascent_here("train", str(wild), "--resume", "--accept-changes", check=False)
     assert proc.returncode == 2, proc.stderr
     for part in (
         "training diverged at iteration 2",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ROOT, ascent, write_yaml
+from conftest import ROOT, ascent, ascent_here, write_yaml
 
 from ascent.tracking import read_status
 
@@ -82,7 +82,7 @@ def test_pick_warm_start_scans_sft_checkpoints_in_order(tmp_path, tiny_model, ar
         "checkpoint": {"every": 2, "keep_last": 10},
         "tracking": {"progress": False},
     }
-    ascent("sft", str(write_yaml(tmp_path / "sft.yaml", cfg)))
+    ascent_here("sft", str(write_yaml(tmp_path / "sft.yaml", cfg)))
 
     def pick(bar: float) -> subprocess.CompletedProcess:
         script = ROOT / "examples" / "arithmetic" / "pick_warm_start.py"
@@ -104,7 +104,7 @@ def test_pick_warm_start_scans_sft_checkpoints_in_order(tmp_path, tiny_model, ar
     assert scanned == ["iter_000002", "iter_000004", "final"]
 
     # like `ascent train`, a second SFT into a run_dir with checkpoints refuses instead of mixing two runs
-    again = ascent("sft", str(tmp_path / "sft.yaml"), check=False)
+    again = ascent_here("sft", str(tmp_path / "sft.yaml"), check=False)
     assert (
         again.returncode == 2 and "already holds checkpoints" in again.stderr and "--resume" in again.stderr
     )
@@ -113,13 +113,13 @@ def test_pick_warm_start_scans_sft_checkpoints_in_order(tmp_path, tiny_model, ar
 def test_eval_refuses_when_every_reward_call_fails(tmp_path, tiny_model):
     rows = tmp_path / "no_answers.jsonl"
     rows.write_text("".join(f'{{"prompt": "{i}+1="}}\n' for i in range(4)))  # exact_match needs `answer`
-    proc = ascent(
+    proc = ascent_here(
         "eval", "--model", str(tiny_model), "--data", str(rows), "--max-new-tokens", "2", check=False
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
     assert "every reward call failed" in out and "answer" in out and "Traceback" not in out
-    bad = ascent(
+    bad = ascent_here(
         "eval", "--model", str(tiny_model), "--data", str(rows), "--reward", "nosuch.mod:fn", check=False
     )
     assert bad.returncode == 2 and "nosuch" in bad.stderr and "Traceback" not in bad.stderr
@@ -127,14 +127,14 @@ def test_eval_refuses_when_every_reward_call_fails(tmp_path, tiny_model):
 
 def test_eval_with_the_fast_engine_and_a_dtype(tmp_path, tiny_model, arithmetic_data):
     args = ["--model", str(tiny_model), "--data", str(arithmetic_data / "val.jsonl"), "--max-new-tokens", "3"]
-    ref = ascent("eval", *args)
-    fast = ascent("eval", *args, "--engine", "fast", "--dtype", "fp32")
+    ref = ascent_here("eval", *args)
+    fast = ascent_here("eval", *args, "--engine", "fast", "--dtype", "fp32")
 
     def accuracy(out: str) -> list[str]:  # the result lines, not the progress lines before them
         return [line for line in out.splitlines() if line.startswith("accuracy")]
 
     assert accuracy(fast.stdout) and accuracy(ref.stdout) == accuracy(fast.stdout)
-    bad = ascent("eval", *args, "--dtype", "fp8", check=False)
+    bad = ascent_here("eval", *args, "--dtype", "fp8", check=False)
     assert bad.returncode == 2 and "--dtype fp8" in bad.stderr
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import ascent, run_config, write_yaml
+from conftest import ascent, ascent_here, run_config, write_yaml
 from safetensors.torch import load_file
 
 
@@ -40,7 +40,7 @@ def check_run(run_dir, iterations: int) -> None:
 def test_train_inline(tmp_path, tiny_model, arithmetic_data):
     val = {"rollout.val_samples_per_prompt": 2, "rollout.val_temperature": 1.0, "rollout.val_pass_k": [1, 2]}
     cfg = write_yaml(tmp_path / "run.yaml", run_config(tmp_path, tiny_model, arithmetic_data, **val))
-    ascent("train", str(cfg))
+    ascent_here("train", str(cfg))
     check_run(tmp_path / "run", 3)
     last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     # validation's pass@k over 2 samples per prompt, also per data_source (every row is "addition")
@@ -110,7 +110,7 @@ def test_an_awake_engine_changes_nothing_but_memory_at_staleness_zero(tmp_path, 
         cfg = run_config(tmp_path / str(sleeps), tiny_model, arithmetic_data, iterations=2, val_every=0)
         cfg["rollout"] |= {"engine": "fast"}
         cfg["cluster"] = {"device": "cpu", "placement": "colocated", "engine_sleeps": sleeps}
-        ascent("train", str(write_yaml(tmp_path / f"{sleeps}.yaml", cfg)))
+        ascent_here("train", str(write_yaml(tmp_path / f"{sleeps}.yaml", cfg)))
         run = tmp_path / str(sleeps) / "run"
         lines = _metric_lines(run)
         finals[sleeps] = (
@@ -136,7 +136,7 @@ def test_single_step_iterations_skip_the_old_logprob_pass(tmp_path, tiny_model, 
         cfg = run_config(tmp_path / mode, tiny_model, arithmetic_data, iterations=2, val_every=0)
         cfg["train"] |= {"trajectories_per_update": 8, "old_logprobs": mode}
         cfg["checkpoint"] = {"every": 0}
-        ascent("train", str(write_yaml(tmp_path / f"{mode}.yaml", cfg)))
+        ascent_here("train", str(write_yaml(tmp_path / f"{mode}.yaml", cfg)))
         runs[mode] = _metric_lines(tmp_path / mode / "run")
     for fused, separate in zip(runs["auto"], runs["recompute"], strict=True):
         assert fused["train/old_logprob_pass"] == 0.0 and separate["train/old_logprob_pass"] == 1.0
@@ -158,7 +158,7 @@ def test_colocated_fast_engine_round_trip(tmp_path, tiny_model, arithmetic_data)
     cfg["train"] |= {"old_logprobs": "recompute"}  # 2 optimizer steps per iteration: the pass runs anyway
     cfg["cluster"] = {"device": "cpu", "placement": "colocated"}
     cfg["checkpoint"] = {"every": 0}
-    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
+    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
     lines = _metric_lines(tmp_path / "run")
     assert [x["step"] for x in lines] == [1, 2, 3]
     for x in lines:

@@ -1,5 +1,5 @@
 """examples/vision/run_comparison.py end to end at its smallest: the zoom task's setup, one SFT epoch on 8
-demonstrations, and one GRPO iteration of each arm (zoom_qa with the tool, image_qa without) through the real
+demonstrations per arm, and one GRPO iteration of each arm (zoom_qa with the tool, image_qa without) through the real
 CLI on a tiny Qwen2.5-VL checkpoint. The learning comparison itself (3 seeds, margins) is too slow for CI on
 CPU; its numbers are in examples/vision/README.md."""
 
@@ -34,4 +34,5 @@ def test_the_vision_comparison_runs_both_arms_and_prints_the_table(tmp_path: Pat
     assert all(0.0 <= float(x) <= 1.0 for x in row.groups())
     for arm in ("zoom", "plain"):  # each arm trained one iteration and saved its policy
         assert (tmp_path / f"grpo_{arm}_1" / "checkpoints" / "iter_000001").is_dir()
-    assert (tmp_path / "sft" / "final" / "preprocessor_config.json").is_file()
+    for arm in ("zoom", "plain"):  # each arm's own warm start, from the same checkpoint
+        assert (tmp_path / f"sft_{arm}" / "final" / "preprocessor_config.json").is_file()

@@ -15,7 +15,8 @@ tasks (`TASKS`):
   out), a pixel task for a vision-language or VLA policy.
 
 Short episodes keep a tiny model's turns on a CPU cheap; a row may set its own `max_steps`, `bins`,
-`render`. Command line: `python -m ascent.envs.tasks.control_task OUT --task cartpole --rows 400 --seed 0`.
+`render`. `image_obs=True` (`--image-obs`) adds `"image_obs": true` to every row: each observation shows the
+rendered frame beside the state's text (a VLA's pixel observations; examples/embodied/vla.yaml). Command line: `python -m ascent.envs.tasks.control_task OUT --task cartpole --rows 400 --seed 0`.
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ TASKS: dict[str, dict[str, Any]] = {
 }
 
 
-def control_rows(task: str, seeds: Sequence[int]) -> list[dict[str, Any]]:
-    """One row per seed of `task` (a key of TASKS)."""
+def control_rows(task: str, seeds: Sequence[int], image_obs: bool = False) -> list[dict[str, Any]]:
+    """One row per seed of `task` (a key of TASKS); with `image_obs`, observations show rendered frames."""
     if task not in TASKS:
         raise ValueError(f"task={task!r} is not a control task; choose one of {', '.join(TASKS)}")
-    preset = TASKS[task]
+    preset = TASKS[task] | ({"image_obs": True} if image_obs else {})
     return [
         {"prompt": f"{preset['gym_id']} from seed {s}", **preset, "seed": int(s), "env": "gym"} for s in seeds
     ]
@@ -63,6 +64,7 @@ def make_control_task(
     n_val: int | None = None,
     shape: Shape = "ascent",
     task: str = "cartpole",
+    image_obs: bool = False,
 ) -> Path:
     """Write `rows.jsonl` (`n_rows` seeds of `task`) and `val.jsonl` (`n_val`, default a tenth) to `out_dir`;
     return the path of `rows.jsonl`. The simulator seeds are distinct draws from `seed`."""
@@ -70,7 +72,7 @@ def make_control_task(
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     total = n_rows + n_val_rows(n_rows, n_val)
-    rows = control_rows(task, rng.sample(range(1_000_000), total))
+    rows = control_rows(task, rng.sample(range(1_000_000), total), image_obs)
     return write_split(out, rng, rows, n_rows, total, shape)
 
 
@@ -81,8 +83,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=400, help="training rows (default 400)")
     parser.add_argument("--val", type=int, default=None, help="validation rows (default: a tenth of --rows)")
     parser.add_argument("--seed", type=int, default=0, help="the seed of the drawn seeds (default 0)")
+    parser.add_argument("--image-obs", action="store_true", help="show rendered frames as observations")
     args = parser.parse_args(argv)
-    rows = make_control_task(args.out, args.rows, args.seed, n_val=args.val, task=args.task)
+    rows = make_control_task(
+        args.out, args.rows, args.seed, n_val=args.val, task=args.task, image_obs=args.image_obs
+    )
     print(f"wrote {rows} and {rows.with_name('val.jsonl')}")
 
 

@@ -2,22 +2,25 @@
 the `zoom_qa` environment (`ascent.envs.image_env`) and, without the tool, `image_qa`.
 
 Each image (`size` pixels square, default 448) is a light background with grey distractor shapes and,
-in each of its four quarters, a small framed square (`detail` pixels, default 12) filled with one of
+in each of its four quarters, a framed square (`detail` pixels, default 12; at even pixels) filled with one of
 `PATTERNS`: 1-pixel `horizontal` or `vertical` stripes, a 1-pixel `checkered` board, or `solid` grey of the
 same mean. The question names a quarter ("What pattern fills the framed square in the top-left quarter of
-the image?"); the answer is its pattern. Shrunk to half size, as a vision-language model's pixel budget does to
-a large image (the tiny checkpoint's 64 image tokens hold 224 x 224 pixels), every pattern averages to the same
-grey: the answer is visible only in a zoom of that quarter (its crop, upscaled to the image's size, comes back
-at full resolution). A model that calls `zoom_in` on the right quarter can answer; one that cannot zoom can
-only guess (one in four).
+the image?"); the answer is its pattern. The detail is the 1-pixel texture, not the square: shrunk to half
+size, as a vision-language model's pixel budget does to a large image, every pattern averages to the same
+grey (under 2 grey levels of std), however large the square; a zoom into its quarter (the crop, upscaled to
+the image's size) brings the stripes back at the budget (about 60 grey levels of swing, checkers about 30).
+A model that calls `zoom_in` on the right quarter can answer; one that cannot zoom can only guess (one in
+four). A larger square (`examples/vision`: 40 px in 112 px images) makes the zoomed texture fill most of the
+view, which a tiny vision tower reads more easily; the whole image still shows none of it.
 
 `make_zoom_task(out_dir, n_rows, seed)` writes `rows.jsonl` and `val.jsonl`, each row `{"prompt", "answer",
 "image" (a PNG data URI: rows carry their image, so a data folder moves as one file), "quarter", "box" (the
 framed square's pixel box, for analysis and demonstrations), "env"}`; `env="image_qa"` writes the same task
 for the environment without tools (the baseline of a learning comparison). `sft=True` also writes
-`sft.jsonl`: for each training row, the conversation `zoom_qa` plays when the model zooms into the named
-quarter and answers (`demonstration`: played by the environment itself, so it is token for token what an
-episode samples), its images as data URIs in content parts, for a supervised warm-start before RL.
+`sft.jsonl`: for each training row, the conversation its environment plays when the model answers right
+(`demonstration`: in `zoom_qa` it zooms into the named quarter first; played by the environment itself, so
+it is token for token what an episode samples), its images as data URIs in content parts, for a supervised
+warm-start before RL.
 Command line: `python -m ascent.envs.tasks.zoom_task OUT --rows 400 --seed 0 [--size 448] [--env image_qa]
 [--sft]`.
 """
@@ -47,6 +50,7 @@ QUARTERS = {  # name -> (column, row) of the quarter
     "bottom-right": (1, 1),
 }
 FRAME = (200, 30, 30)  # the red frame around each detail: visible at any size, so a model can find it
+BORDER = 2  # the frame's width in pixels
 QUESTION = "What pattern fills the framed square in the {quarter} quarter of the image?"
 
 
@@ -63,29 +67,35 @@ def draw_scene(
     rng: random.Random, size: int, detail: int
 ) -> tuple[Image.Image, dict[str, tuple[str, list[int]]]]:
     """A size x size image and, per quarter, (its pattern, the pixel box [x1, y1, x2, y2] of its framed
-    square)."""
+    square). The squares sit at even pixels, so a halving resize (the pixel budget) or a zoom into a quarter
+    keeps their stripes in phase with the vision tower's patches."""
     image = Image.new("RGB", (size, size), (215, 215, 215))
     draw = ImageDraw.Draw(image)
-    for _ in range(size // 16):  # distractors: grey shapes of the detail's size and larger
-        r = rng.randint(detail // 2, 3 * detail)
+    for _ in range(size // 16):  # distractors: grey shapes
+        r = rng.randint(max(1, size // 64), max(2, size // 12))
         cx, cy, grey = rng.randrange(size), rng.randrange(size), rng.randint(90, 180)
         shape = draw.ellipse if rng.random() < 0.5 else draw.rectangle
         shape((cx - r, cy - r, cx + r, cy + r), fill=(grey, grey, grey))
-    half, border = size // 2, 2
-    margin = detail + 2 * border
+    half = size // 2
     out: dict[str, tuple[str, list[int]]] = {}
     for quarter, (col, row) in QUARTERS.items():
         name = rng.choice(PATTERNS)
-        x = col * half + rng.randint(margin, half - 2 * margin)
-        y = row * half + rng.randint(margin, half - 2 * margin)
-        draw.rectangle((x - border, y - border, x + detail + border - 1, y + detail + border - 1), fill=FRAME)
+        x, y = (col * half + _even(rng, half, detail), row * half + _even(rng, half, detail))
+        draw.rectangle((x - BORDER, y - BORDER, x + detail + BORDER - 1, y + detail + BORDER - 1), fill=FRAME)
         image.paste(Image.fromarray(pattern(name, detail)).convert("RGB"), (x, y))
         out[quarter] = (name, [x, y, x + detail, y + detail])
     return image, out
 
 
-def _rows(rng: random.Random, size: int, detail: int, env: str) -> list[dict[str, Any]]:
-    """The four questions of one scene (one per quarter), sharing its image."""
+def _even(rng: random.Random, half: int, detail: int) -> int:
+    """An even offset in a quarter of side `half` where a framed square of side `detail` fits whole."""
+    return 2 * rng.randint((BORDER + 1) // 2 + 1, (half - detail - BORDER - 1) // 2)
+
+
+def _rows(
+    rng: random.Random, size: int, detail: int, env: str, quarters: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The questions of one scene (one per quarter of `quarters`), sharing its image."""
     image, details = draw_scene(rng, size, detail)
     uri = data_uri(image)
     return [
@@ -98,20 +108,23 @@ def _rows(rng: random.Random, size: int, detail: int, env: str) -> list[dict[str
             "env": env,
         }
         for quarter, (name, box) in details.items()
+        if quarter in quarters
     ]
 
 
 def demonstration(row: dict[str, Any]) -> dict[str, Any]:
-    """The `zoom_qa` conversation of `row` played right: zoom into the named quarter (fractions of the image),
-    then answer; `{"messages": [...], "tools": [...]}` with the images as PNG data URIs."""
-    env = ZoomQa()
+    """The conversation of `row` played right, `{"messages": [...], "tools": [...]}` with the images as PNG
+    data URIs: in `zoom_qa`, zoom into the named quarter (fractions of the image), then answer; in `image_qa`
+    (the row's `env`), answer at once."""
+    env = ZoomQa(use_tools=row.get("env", "zoom_qa") != "image_qa")
     messages = [*env.reset(row)]
-    col, line = QUARTERS[row["quarter"]]
-    call = {"name": "zoom_in", "arguments": {"bbox": [col / 2, line / 2, col / 2 + 0.5, line / 2 + 0.5]}}
-    action = f"<tool_call>{json.dumps(call)}</tool_call>"
-    step = env.step(action)
     answer = {"role": "assistant", "content": f"<answer>{row['answer']}</answer>"}
-    messages += [{"role": "assistant", "content": action}, *step.observation, answer]
+    if env.use_tools:
+        col, line = QUARTERS[row["quarter"]]
+        bbox = [col / 2, line / 2, col / 2 + 0.5, line / 2 + 0.5]
+        action = f"<tool_call>{json.dumps({'name': 'zoom_in', 'arguments': {'bbox': bbox}})}</tool_call>"
+        messages += [{"role": "assistant", "content": action}, *env.step(action).observation]
+    messages.append(answer)
     return {"messages": [_portable(m) for m in messages], "tools": env.tools}
 
 
@@ -135,19 +148,27 @@ def make_zoom_task(
     detail: int = 12,
     env: str = "zoom_qa",
     sft: bool = False,
+    quarters: Sequence[str] = tuple(QUARTERS),
 ) -> Path:
     """Write `rows.jsonl` (`n_rows` questions) and `val.jsonl` (`n_val`, default a tenth, about other images)
     to `out_dir`; return the path of `rows.jsonl`. `size`: the images' side in pixels; `detail`: the framed
     squares' side; `env`: `zoom_qa` (with the tool) or `image_qa` (without); `sft`: also write `sft.jsonl`,
-    a demonstration per training row."""
-    if size < 16 * detail or detail < 4:
-        raise ValueError(f"size={size}, detail={detail}: need detail >= 4 and size >= 16 * detail")
+    a demonstration per training row; `quarters`: the quarters questions ask about (default all four, one
+    question each per image; one quarter makes where to zoom the same for every question)."""
+    if not quarters or set(quarters) - set(QUARTERS):
+        raise ValueError(f"quarters={list(quarters)}: choose among {', '.join(QUARTERS)}")
+    if detail < 4 or size < 2 * (detail + 2 * BORDER + 4):
+        raise ValueError(
+            f"size={size}, detail={detail}: need detail >= 4 and size >= 2 * (detail + {2 * BORDER + 4}) "
+            "(a framed square fits in a quarter)"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
 
     def questions(n: int) -> list[dict[str, Any]]:  # about scenes of their own: no image in both splits
-        return [r for _ in range(-(-n // len(QUARTERS))) for r in _rows(rng, size, detail, env)][:n]
+        scenes = range(-(-n // len(quarters)))
+        return [r for _ in scenes for r in _rows(rng, size, detail, env, quarters)][:n]
 
     train, val = questions(n_rows), questions(n_val_rows(n_rows, n_val))
     write_rows(out / "val.jsonl", rng.sample(val, len(val)), shape)

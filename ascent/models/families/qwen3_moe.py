@@ -11,14 +11,17 @@ router picks each token's `num_experts_per_tok` experts by softmax probability, 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ascent.models.families.family import Family
 from ascent.models.families.llama_like import ENGINE, decoder_spec
 from ascent.models.families.spec import ModelSpec
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
-def moe_layers(config: Any) -> tuple[int, ...]:
+
+def moe_layers(config: PretrainedConfig) -> tuple[int, ...]:
     """The layers whose MLP is sparse (transformers' rule for Qwen2/3-MoE; every layer of a config without
     the rule's fields, as Mixtral)."""
     step = int(getattr(config, "decoder_sparse_step", 1) or 1)

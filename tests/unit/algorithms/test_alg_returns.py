@@ -131,3 +131,22 @@ def test_turn_rewards_move_from_the_outcome_to_their_turns_and_keep_the_sum():
     out = token_level_rewards(torch.tensor([2.25]), m, kl, torch.tensor([placed]))
     assert out[0].tolist() == pytest.approx([-0.1, 0.4, 0, -0.1, -0.35, 0, 1.9])
     assert out.sum() == pytest.approx(2.25 - 0.5)
+
+
+def test_gae_discounts_per_env_step_when_each_action_is_one_token():
+    """A VLA's episode: three one-token action turns with observation tokens between, reward 1 per step
+    (each on its turn's token). GAE's gamma then discounts per environment step: with zero values and
+    lam = 1 the advantages are the discounted returns 1 + 0.9 + 0.81, 1 + 0.9, 1."""
+    from ascent.algorithms.advantage_types import turn_end_rewards
+
+    mask = [1, 0, 0, 1, 0, 0, 1]
+    turns = turn_end_rewards([1.0, 1.0, 1.0], mask)
+    inp = AdvantageInputs(
+        rewards=torch.tensor([3.0]),
+        mask=torch.tensor([mask], dtype=torch.float32),
+        group_ids=torch.tensor([0]),
+        values=torch.zeros(1, 7),
+        turn_rewards=torch.tensor([turns]),
+    )
+    out = gae(inp, gamma=0.9, lam=1.0, gae_whiten=False)
+    assert out.advantages[0].tolist() == pytest.approx([2.71, 0, 0, 1.9, 0, 0, 1.0])

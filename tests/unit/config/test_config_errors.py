@@ -163,3 +163,9 @@ def test_system_prompt_needs_the_chat_template_and_a_prompt_source() -> None:
     assert msg.startswith("data.system_prompt is set, but data.chat_template=false")
     msgs = problems(["data.system_prompt=Be brief.", ENV])
     assert any(m.startswith("data.system_prompt is set, but rollout.source=env") for m in msgs)
+
+
+def test_action_tokens_need_the_reference_engine() -> None:
+    (msg,) = problems([ENV, "rollout.engine=fast", "rollout.action_token_ids=[5,6]"])
+    assert msg.startswith("rollout.action_token_ids is set with rollout.engine='fast'")
+    load_config(None, [ENV, "rollout.action_token_ids=[5,6]"])

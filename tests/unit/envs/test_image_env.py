@@ -13,8 +13,8 @@ from PIL import Image
 
 from ascent.envs import make_env
 from ascent.envs.image_env import ZoomQa
-from ascent.envs.tasks.zoom_task import PATTERNS, main, make_zoom_task, pattern
-from ascent.envs.tools.image_tools import load_image
+from ascent.envs.tasks.zoom_task import PATTERNS, QUARTERS, demonstration, main, make_zoom_task, pattern
+from ascent.envs.tools.image_tools import load_image, zoom
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -167,5 +167,42 @@ def test_the_generator_is_seeded_splits_by_image_and_writes_both_envs_and_shapes
     _, user = env.reset(row)  # SkyRL's shape: the image read from extra_info
     assert images_of(user)[0].size == (448, 448)
     assert env.step(f"<answer>{row['reward_spec']['ground_truth']}</answer>").reward == 1.0
-    with pytest.raises(ValueError, match="size >= 16 \\* detail"):
-        make_zoom_task(tmp_path / "d", 4, size=100, detail=8)
+    with pytest.raises(ValueError, match="a framed square fits in a quarter"):
+        make_zoom_task(tmp_path / "d", 4, size=100, detail=44)
+
+
+def test_at_the_examples_scale_the_texture_is_gone_whole_and_strong_zoomed(tmp_path) -> None:
+    """examples/vision's scale: 112 px images, 40 px squares, a budget of 4 image tokens (56 x 56 pixels).
+    In the whole image at the budget every square is a flat grey (std under 2 grey levels); in the zoom of
+    its quarter at the budget its 1-pixel stripes swing by about 60 grey levels (checkers ~30, solid ~1)."""
+    path = make_zoom_task(tmp_path, 8, seed=3, n_val=1, size=112, detail=40)
+    swing = {"horizontal": 40, "vertical": 40, "checkered": 15}
+    for row in [json.loads(line) for line in path.read_text().splitlines()]:
+        image = load_image(row["image"])
+        x1, y1, x2, y2 = row["box"]
+        whole = np.asarray(image.resize((56, 56), Image.Resampling.BICUBIC), dtype=float)
+        assert whole[y1 // 2 + 1 : y2 // 2 - 1, x1 // 2 + 1 : x2 // 2 - 1].std() < 2
+        col, line = QUARTERS[row["quarter"]]
+        zoomed = zoom(image, (56 * col, 56 * line, 56 * col + 56, 56 * line + 56), 112)
+        at_budget = np.asarray(zoomed.resize((56, 56), Image.Resampling.BICUBIC), dtype=float)
+        inner = at_budget[y1 - 56 * line + 1 : y2 - 56 * line - 1, x1 - 56 * col + 1 : x2 - 56 * col - 1]
+        assert inner.std() > swing.get(row["answer"], -1) and (row["answer"] != "solid" or inner.std() < 3)
+
+
+def test_an_image_qa_demonstration_answers_at_once(rows) -> None:
+    row = {**rows[0], "env": "image_qa"}
+    demo = demonstration(row)
+    assert demo["tools"] is None and [m["role"] for m in demo["messages"]] == ["system", "user", "assistant"]
+    assert demo["messages"][-1]["content"] == f"<answer>{row['answer']}</answer>"
+
+
+def test_questions_can_ask_about_one_quarter_only(tmp_path) -> None:
+    path = make_zoom_task(tmp_path, 6, seed=2, n_val=2, size=112, detail=40, quarters=("top-left",))
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert (
+        len(rows) == 6
+        and {r["quarter"] for r in rows} == {"top-left"}
+        and len({r["image"] for r in rows}) == 6
+    )
+    with pytest.raises(ValueError, match="quarters=\\['middle'\\]: choose among top-left"):
+        make_zoom_task(tmp_path, 4, quarters=("middle",))

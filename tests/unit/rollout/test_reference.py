@@ -186,3 +186,25 @@ def test_generation_passes_the_kv_cache_without_deprecated_names(make_engine: Ma
         str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))
     ]
     assert [m for m in deprecated if "deprecated" in m.lower()] == []
+
+
+def test_action_tokens_are_the_only_tokens_sampled_and_a_full_action_turn_stops(
+    make_engine: MakeEngine,
+) -> None:
+    """rollout.action_token_ids: every sampled token is one of them, a turn of max_new_tokens of them ends
+    with "stop", and the logprobs are the unfiltered distribution's (what the trainer scores)."""
+    engine = make_engine()
+    actions = (20, 21, 22)
+    params = SamplingParams(temperature=1.0, max_new_tokens=3, seed=5, n=4, allowed_token_ids=actions)
+    free = SamplingParams(temperature=1.0, max_new_tokens=3, seed=5, n=4)
+    for request, gens in zip(_requests(params), engine.generate(_requests(params)), strict=True):
+        for g in gens:
+            assert set(g.token_ids) <= set(actions) and len(g.token_ids) == 3 and g.finish_reason == "stop"
+            ids = torch.tensor([request.prompt_ids + g.token_ids])
+            with torch.no_grad():
+                logp = torch.log_softmax(engine.model(input_ids=ids).logits[0].float(), -1)
+            want = logp[len(request.prompt_ids) - 1 : -1].gather(-1, torch.tensor(g.token_ids)[:, None])
+            torch.testing.assert_close(torch.tensor(g.logprobs), want[:, 0], atol=1e-4, rtol=0)
+    unconstrained = [g for r in engine.generate(_requests(free)) for g in r]
+    assert any(not set(g.token_ids) <= set(actions) for g in unconstrained)  # the filter did the narrowing
+    assert any(g.finish_reason == "length" for g in unconstrained)  # a full turn of free text is cut

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint import FileSystemWriter
-from trainer_helpers import make_samples
+from trainer_helpers import make_samples, spawn_ranks
 
 from ascent.models.parallel import full_state_dict
 from ascent.orchestrator import checkpointing
@@ -81,7 +81,7 @@ def test_killed_mid_save_leaves_the_previous_checkpoint_loadable(tiny_path, tmp_
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(mp.ProcessExitedException, match="SIGKILL"):
-        mp.spawn(_ranks, args=(2, port, str(tiny_path), str(run_dir), str(out)), nprocs=2, join=True)
+        spawn_ranks(_ranks, (2, port, str(tiny_path), str(run_dir), str(out)), 2)
     half = run_dir / "checkpoints" / ".tmp_iter_000002"
     assert len(list((half / "model_shards").glob("*.distcp"))) == 2  # the kill came mid-save
     assert not (half / "model_shards" / ".metadata").exists() and not (half / "state.json").exists()

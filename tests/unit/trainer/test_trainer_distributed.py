@@ -8,8 +8,7 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from trainer_helpers import make_samples
+from trainer_helpers import make_samples, spawn_ranks
 
 from ascent.trainer import LossSettings, OptimSettings, PolicyWorker, minibatch_totals
 
@@ -42,7 +41,7 @@ def _run_rank(rank, world, port, path, out_dir):
 
 
 def test_two_workers_match_one(tiny_path, tmp_path):
-    mp.spawn(_run_rank, args=(2, _free_port(), str(tiny_path), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_run_rank, (2, _free_port(), str(tiny_path), str(tmp_path)), 2)
     samples = make_samples(8, seed=9)
     tokens, seqs = minibatch_totals(samples)
     single = _make_worker(tiny_path)

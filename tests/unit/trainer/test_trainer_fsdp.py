@@ -13,9 +13,8 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
-from trainer_helpers import make_samples
+from trainer_helpers import make_samples, spawn_ranks
 
 from ascent.config.schema import TrainConfig
 from ascent.models import load_model
@@ -151,7 +150,7 @@ TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUD
 @TWO_GPUS
 def test_fsdp_two_gpus_nccl_match_one_gpu(tiny_path, tmp_path):
     """The same equivalence over NCCL on two GPUs (fp32 compute; GPU reduction order allows 1e-4)."""
-    mp.spawn(_run_rank, args=(2, _free_port(), str(tiny_path), str(tmp_path), "cuda"), nprocs=2, join=True)
+    spawn_ranks(_run_rank, (2, _free_port(), str(tiny_path), str(tmp_path), "cuda"), 2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     single = _run(
         lambda: _policy(tiny_path, "none", device="cuda:0"),
@@ -168,7 +167,7 @@ def test_fsdp_two_ranks_match_one_process(tiny_path, tmp_path):
         for mb in _mini_batches()
     ]
     assert any(a != b for a, b in counts), counts  # the lock-step fillers are exercised
-    mp.spawn(_run_rank, args=(2, _free_port(), str(tiny_path), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_run_rank, (2, _free_port(), str(tiny_path), str(tmp_path)), 2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
     def whole(samples):

@@ -11,10 +11,9 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-from trainer_helpers import make_samples
+from trainer_helpers import make_samples, spawn_ranks
 
 from ascent.trainer import LoraSettings, LossSettings, OptimSettings, PolicyWorker, minibatch_totals
 from ascent.trainer.lora import ADAPTER_DIR
@@ -116,7 +115,7 @@ def test_lora_fsdp_matches_one_process_and_resumes_from_adapter_shards(tiny_path
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_ranks, args=(2, port, str(tiny_path), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_ranks, (2, port, str(tiny_path), str(tmp_path)), 2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
     single = _worker(str(tiny_path))

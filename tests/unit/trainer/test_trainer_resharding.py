@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 from torch.distributed.tensor import DTensor
-from trainer_helpers import make_samples
+from trainer_helpers import make_samples, spawn_ranks
 
 from ascent.models.parallel import fsdp_parallelize, full_state_dict
 from ascent.trainer import CriticWorker, LossSettings, OptimSettings, PolicyWorker, minibatch_totals
@@ -161,7 +160,7 @@ def _spawn(fn, world, *args) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(fn, args=(world, port, *args), nprocs=world, join=True)
+    spawn_ranks(fn, (world, port, *args), world)
 
 
 def _uninterrupted(kind: str, path) -> dict:

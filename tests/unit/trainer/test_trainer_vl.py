@@ -179,12 +179,25 @@ def test_the_update_does_not_depend_on_packing_or_on_images_shared_in_a_row(vl):
 
 
 @pytest.mark.parametrize("vl", ["qwen3_vl"], indirect=True)
-def test_a_critic_on_a_vision_language_model_is_refused_with_the_fix(vl):
+def test_a_vision_language_critic_sees_the_images_and_packs_like_lone_sequences(vl):
+    """A VLA's critic: its values read the images (other pixels, other values) and do not depend on how
+    sequences with and without images are packed."""
     from ascent.trainer import CriticWorker
-    from ascent.trainer.critic import VisionCriticError
 
-    with pytest.raises(VisionCriticError, match="algorithm.advantage=grpo"):
-        CriticWorker(vl[0], device="cpu")
+    path, samples = vl
+    critics = [
+        CriticWorker(path, device="cpu", max_tokens_per_micro_batch=budget)
+        for budget in (sum(s.num_tokens for s in samples), max(s.num_tokens for s in samples))
+    ]
+    for critic in critics:  # the head starts at zero (every value 0): give it the same random weights
+        torch.manual_seed(0)
+        torch.nn.init.normal_(critic.value_model.value_head.weight)
+    packed, apart = (critic.compute_values(samples) for critic in critics)
+    for a, b in zip(packed, apart, strict=True):
+        assert a == pytest.approx(b, abs=1e-4)
+    (image,) = samples[0].images  # the same ids, other pixels
+    other = replace(samples[0], images=(replace(image, pixel_values=-image.pixel_values, digest="neg"),))
+    assert critics[0].compute_values([other])[0] != pytest.approx(packed[0], abs=1e-4)
 
 
 @pytest.mark.parametrize("vl", ["qwen3_vl"], indirect=True)

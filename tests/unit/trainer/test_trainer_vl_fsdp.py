@@ -9,7 +9,7 @@ import socket
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from trainer_helpers import spawn_ranks
 from transformers import AutoTokenizer
 
 from ascent.messages import TrainSample
@@ -73,7 +73,7 @@ def test_fsdp_two_ranks_match_one_process_with_images(tmp_path):
     path = make_tiny_vl_checkpoint(tmp_path / "vl", family="qwen3_vl", seed=2)
     kinds = {type(m).__name__ for m in decoder_layers(load_model(path, device="cpu"))}
     assert kinds == {"Qwen3VLVisionBlock", "Qwen3VLTextDecoderLayer"}
-    mp.spawn(_rank, args=(_free_port(), str(path), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_rank, (_free_port(), str(path), str(tmp_path)), 2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     single = _run(path, "none", lambda s: s)
     for got, want in zip(ranks[0]["logprobs"] + ranks[1]["logprobs"], single["logprobs"], strict=True):
