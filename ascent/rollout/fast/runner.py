@@ -235,11 +235,10 @@ class ModelRunner:
             cos, sin = mrope_cos_sin(self.cos, self.sin, pos3, self.mrope_rows)
             x = x.float().index_put((index,), embeds)
             deepstack = (index, deep) if deep else None
-        routes = None
-        if self.route_shape is not None:
-            routes = torch.empty(b * lq, *self.route_shape, dtype=ROUTES_DTYPE, device=dev)
+        shape = self.route_shape
+        routes = torch.empty(b * lq, *shape, dtype=ROUTES_DTYPE, device=dev) if shape is not None else None
         x = self._layers(x, cos, sin, slots, attend, deepstack, routes)
-        self.prefill_routes = routes.view(b, lq, *self.route_shape).cpu() if routes is not None else None
+        self.prefill_routes = routes.view(b, lq, *shape).cpu() if routes is not None and shape else None
         return x.view(b, lq, -1)[torch.arange(b, device=dev), (lens - 1).to(dev)]
 
     def _decode_attend(self, bt: Tensor, ctx: Tensor, max_len: int) -> Callable:
