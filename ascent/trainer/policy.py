@@ -376,6 +376,13 @@ class PolicyWorker:
         for name, t in items:
             yield name, (t if dtype is None else t.to(dtype))
 
+    def adapter_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """A LoRA policy's adapter-only publication (`lora.adapter_named_tensors`): every adapted layer's
+        lora_A, lora_B and lora_scaling, which an engine merges into its own base weights (unsharded)."""
+        if self.lora is None or self.sharded:
+            raise ValueError("adapter_weights: an unsharded LoRA policy publishes its adapter only.")
+        yield from lora_lib.adapter_named_tensors(self.model)
+
     def _plain_named_weights(self) -> Iterator[tuple[str, Tensor]]:
         for name, p in unwrap_model(self.model).named_parameters():
             yield name, p.detach()

@@ -45,6 +45,7 @@ from typing import Any, Literal
 import torch
 
 from ascent.messages import Generation, GenerationRequest
+from ascent.rollout.adapter import AdapterMerger
 from ascent.rollout.fast.batching import BatchingLoop
 from ascent.rollout.fast.graphs import GraphRunner, clear_cublas_workspaces
 from ascent.rollout.fast.live import Done, LiveCall, More, fits
@@ -79,6 +80,8 @@ class FastEngine(BatchingLoop):
         vision: VisionTower | None = None,
     ):
         self.runner, self.weights, self.cache = runner, weights, runner.cache
+        # LoRA adapter-only publications merge into pristine copies of the adapted layers (rollout/adapter.py)
+        self.adapters = AdapterMerger(lambda name: weights.targets[weights.rename(name)])
         self.vision = vision  # a vision-language model's tower (vision.py): image prompts; None: text only
         self.device = self.cache.device
         self.eos = frozenset(int(t) for t in eos_token_ids)
@@ -184,6 +187,8 @@ class FastEngine(BatchingLoop):
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Copy new weights in place (HF names, any device/dtype, any bucketing); drops cached sessions.
+        A LoRA adapter (`layer.lora_A` / `lora_B` / `lora_scaling`) is merged into the layer's pristine
+        base weight (`ascent.rollout.adapter`).
 
         After `sleep(release_weights=True)` the first call re-allocates the weights; `wake`/`generate` then
         wait for every weight to have arrived (over one or several calls). From another thread while a call
@@ -191,7 +196,7 @@ class FastEngine(BatchingLoop):
         whole only inside `publication`, which also names its version.
         """
         with self.publication():
-            self.weights.update(named_tensors)
+            self.weights.update(self.adapters.apply(named_tensors))
 
     def publication(self, version: int | None = None) -> contextlib.AbstractContextManager[None]:
         """A block holding the weights for one publication (any number of `update_weights` calls), from any
