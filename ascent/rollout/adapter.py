@@ -1,7 +1,7 @@
 """LoRA adapter-only publication, engine side: merge received adapters into pristine base weights.
 
 A LoRA policy changes only its adapters, so a publication can carry them instead of the merged model: for
-every adapted linear layer `m`, `m.lora_A` [r, in], `m.lora_B` [out, r] and `m.lora_scaling` (a 0-d tensor),
+every adapted linear layer `m`, `m.lora_A` [r, in], `m.lora_B` [out, r] and `m.lora_scaling` (one number),
 the trainer's names (`ascent.trainer.lora.adapter_named_tensors`). The bytes moved are the adapter's
 (r * (in + out) per layer), not the model's. An engine keeps the base weights of the adapted layers as they
 were before the first adapter arrived (its "pristine" copies, the targeted matrices once more in the

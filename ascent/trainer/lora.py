@@ -135,7 +135,7 @@ def merged_named_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
 
 def adapter_named_tensors(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     """(name, tensor) of the adapter of every adapted linear layer `m` of `model` (HF naming, as
-    `merged_named_weights`): `m.lora_A` [r, in], `m.lora_B` [out, r], `m.lora_scaling` (0-d fp64) -- what an
+    `merged_named_weights`): `m.lora_A` [r, in], `m.lora_B` [out, r], `m.lora_scaling` ([1] fp64) -- what an
     engine needs to hold W + scaling * B @ A (`ascent.rollout.adapter.merged_weight`). One active adapter."""
     from peft.tuners.lora import Linear, LoraLayer  # deferred: peft, only for LoRA
 
@@ -153,7 +153,8 @@ def adapter_named_tensors(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
         lora_a, lora_b = cast(nn.Linear, module.lora_A[adapter]), cast(nn.Linear, module.lora_B[adapter])
         yield f"{name}.lora_A", lora_a.weight.detach()
         yield f"{name}.lora_B", lora_b.weight.detach()
-        yield f"{name}.lora_scaling", torch.tensor(module.scaling[adapter], dtype=torch.float64)
+        scaling = torch.tensor([module.scaling[adapter]], dtype=torch.float64, device=lora_b.weight.device)
+        yield f"{name}.lora_scaling", scaling
 
 
 def write_merged(model: nn.Module, directory: str | Path, merged: dict[str, Tensor] | None = None) -> None:

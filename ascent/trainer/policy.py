@@ -359,13 +359,17 @@ class PolicyWorker:
 
     # --------------------------------------------------------------------------------- weights, state
     def named_weights(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
-        """(HF name, tensor) of the current policy for the rollout engine; LoRA is merged on the fly.
+        """(HF name, tensor) of the current policy for the rollout engine; LoRA is merged on the fly, or
+        with `publish_adapter` only the adapter is sent (`adapter_weights`; `dtype` does not apply).
 
         Tied parameters appear once (e.g. `model.embed_tokens.weight`, not `lm_head.weight`). Tensors are
         detached views of live weights unless `dtype` asks for a cast; the consumer copies what it keeps.
         Sharded: full tensors gathered in buckets (cast before the gather), a collective: every rank must
         iterate to the end (ranks other than the publisher can drop what they get).
         """
+        if self.lora is not None and self.lora.publish_adapter:
+            yield from self.adapter_weights()
+            return
         if self.sharded:
             if self.lora is not None:
                 yield from lora_sharded.merged_full_weights(self.model, dtype)

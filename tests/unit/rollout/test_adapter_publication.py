@@ -5,6 +5,8 @@ the first); and the bytes published are the adapter's."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -73,8 +75,14 @@ def test_published_bytes_are_the_adapters(lora_policy, tiny_path):
     """Tiny Qwen2: hidden 64, intermediate 256, 4 heads of 16, 2 KV heads, 2 layers; fp32 adapters."""
     h, inter, kv, layers = 64, 256, 2 * 16, 2
     shapes = [(h, h), (h, kv), (h, kv), (h, h), (h, inter), (h, inter), (inter, h)]  # q k v o gate up down
-    per_layer = sum(RANK * (i + o) * 4 + 8 for i, o in shapes)  # A [r, in] + B [out, r] fp32, fp64 scale
+    per_layer = sum(RANK * (i + o) * 4 + 8 for i, o in shapes)  # A [r, in] + B [out, r] fp32, fp64 scaling
     adapter = sum(t.numel() * t.element_size() for _, t in lora_policy.adapter_weights())
     full = sum(t.numel() * t.element_size() for _, t in lora_policy.named_weights())
     assert adapter == layers * per_layer == 45168
     assert full > 10 * adapter
+    # model.lora.publish=adapter: what every publication path sends (TrainerWorker.named_weights/send_weights)
+    lora_policy.lora = replace(lora_policy.lora, publish_adapter=True)
+    try:
+        assert [n for n, _ in lora_policy.named_weights()] == [n for n, _ in lora_policy.adapter_weights()]
+    finally:
+        lora_policy.lora = replace(lora_policy.lora, publish_adapter=False)
