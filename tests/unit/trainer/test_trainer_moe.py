@@ -101,7 +101,16 @@ def test_replay_keeps_the_gap_within_dense_bounds(moe_path, tiny_path):
     assert without >= 3 * with_replay, (without, with_replay)
 
 
-def test_replay_of_the_fast_engines_routes(moe_path, tiny_path):
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: one intra-op thread is faster than two on a busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_replay_of_the_fast_engines_routes(moe_path, tiny_path, one_thread):
     """The bf16 fast engine as the sampler, its dense bound measured on the same engine (its fp32 routes
     equal the reference engine's: tests/unit/rollout_fast/test_fast_moe.py). More tokens than above: its
     fp32 residual stream flips fewer routes."""
