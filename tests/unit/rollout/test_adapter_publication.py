@@ -1,7 +1,8 @@
 """LoRA adapter-only publication (`ascent.rollout.adapter`): an engine that receives a LoRA policy's adapters
 (lora_A, lora_B, lora_scaling per adapted layer) generates exactly what it generates after the full merged
 publication, both engines, over two publications (the second merges into the pristine base, not on top of
-the first); and the bytes published are the adapter's."""
+the first), also when it arrives in link buckets through a reused buffer; and the bytes published are the
+adapter's."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from ascent.messages import GenerationRequest, SamplingParams
 from ascent.rollout import build_engine
 from ascent.trainer import LoraSettings, PolicyWorker
+from ascent.transport.buckets import batched, pack, unpack
 
 pytest.importorskip("peft")
 
@@ -69,6 +71,21 @@ def test_adapter_only_publication_equals_the_merged_one(tiny_path, lora_policy, 
         assert got == want  # tokens and logprobs, exactly: the same merge on the same device
         assert want[1] != _generate(base)[1]  # the adapters did change the policy
     assert len(adapter.adapters.base) == 2 * 7  # pristine copies of the adapted layers, kept from the first
+
+
+def test_adapter_in_link_buckets(tiny_path, lora_policy):
+    """Over a link the adapter comes in buckets through one reused buffer (`ascent.transport.buckets`): a
+    layer's parts split over buckets wait for each other, and the engine ends where one call leaves it."""
+    _set_adapters(lora_policy, 3)
+    whole, bucketed = _engine(tiny_path, "fast"), _engine(tiny_path, "fast")
+    whole.update_weights(lora_policy.adapter_weights())
+    buffer = torch.empty(4096, dtype=torch.uint8)
+    buckets = list(batched(lora_policy.adapter_weights(), 3000))
+    assert any(b[-1][0].endswith(("lora_A", "lora_B")) for b in buckets)  # some layer's parts are split
+    with bucketed.publication():
+        for bucket in buckets:
+            bucketed.update_weights(unpack(buffer, pack(bucket, buffer)))
+    assert _generate(bucketed) == _generate(whole)
 
 
 def test_published_bytes_are_the_adapters(lora_policy, tiny_path):
