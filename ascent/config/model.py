@@ -24,6 +24,14 @@ class LoraConfig(Section):
         description="Module names that get adapters.",
     )
     save_merged: bool = Field(True, description="Checkpoints hold merged HF weights (else the adapter only).")
+    publish: Literal["merged", "adapter"] = Field(
+        "merged",
+        description="What a weight publication sends the rollout engines: `merged` weights (the whole model) "
+        "or the `adapter` only (lora_A, lora_B and scaling of each adapted layer; the engines merge it into "
+        "their own base weights): the adapter's bytes instead of the model's. `adapter` needs engines that "
+        "keep their weights (not colocated with a sleeping fast engine), an unsharded trainer and "
+        "rollout.tensor_parallel=1.",
+    )
 
 
 class ModelConfig(Section):

@@ -49,7 +49,7 @@ ENGINES = {"reference", "fast"}
 def check_run_config(cfg: RunConfig) -> None:
     """Raise ValueError listing every broken cross-field rule of `cfg` (nothing when all hold)."""
     problems = _batch_rules(cfg) + _algorithm_rules(cfg) + ignored_run_settings(cfg) + reward_model_rules(cfg)
-    problems += replay_rules(cfg)
+    problems += replay_rules(cfg) + _adapter_publication_rules(cfg)
     if problems:
         raise ValueError("\n".join(problems))
 
@@ -209,6 +209,34 @@ def _placement_rules(cfg: RunConfig) -> list[str]:
         out.append(
             f"rollout.tensor_parallel={tp}: only the fast engine runs tensor-parallel; set rollout.engine=fast "
             "or tensor_parallel=1."
+        )
+    return out
+
+
+def _adapter_publication_rules(cfg: RunConfig) -> list[str]:
+    """model.lora.publish=adapter: the engines merge the adapter into base weights they keep, which a
+    sleeping colocated fast engine frees; a sharded trainer and a tensor-parallel replica do not send or
+    take adapters yet."""
+    lora, c = cfg.model.lora, cfg.cluster
+    if lora.publish != "adapter":
+        return []
+    field = "model.lora.publish=adapter"
+    out = []
+    if lora.rank == 0:
+        out.append(f"{field}: model.lora.rank=0 trains no adapter; set a rank or publish=merged.")
+    if c.placement == "colocated" and cfg.rollout.engine == "fast" and c.engine_sleeps:
+        out.append(
+            f"{field}: a colocated fast engine frees its weights while the trainer updates and needs the "
+            "whole model back; set cluster.placement=split or cluster.engine_sleeps=false, or publish=merged."
+        )
+    if cfg.train.sharding == "fsdp":
+        out.append(
+            f"{field}: a sharded (train.sharding=fsdp) trainer publishes merged weights; set publish=merged."
+        )
+    if cfg.rollout.tensor_parallel > 1:
+        out.append(
+            f"{field}: a tensor-parallel replica (rollout.tensor_parallel={cfg.rollout.tensor_parallel}) takes "
+            "merged weights; set publish=merged."
         )
     return out
 

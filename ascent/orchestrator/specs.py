@@ -154,7 +154,14 @@ def judge_engine_spec(cfg: RunConfig) -> EngineSpec | None:
 
 
 def lora_settings(lora: LoraConfig) -> LoraSettings:
-    return LoraSettings(lora.rank, lora.alpha, lora.dropout, tuple(lora.target_modules), lora.save_merged)
+    return LoraSettings(
+        lora.rank,
+        lora.alpha,
+        lora.dropout,
+        tuple(lora.target_modules),
+        lora.save_merged,
+        publish_adapter=lora.publish == "adapter",
+    )
 
 
 def optim_settings(train: TrainConfig, total_optimizer_steps: int, lr: float | None = None) -> OptimSettings:

@@ -52,6 +52,7 @@ from ascent.models.multimodal import (
     mrope_positions,
     multimodal_backbone,
 )
+from ascent.rollout.adapter import AdapterMerger
 from ascent.rollout.sampling import SamplingTensors, sample, split_seed, token_presence
 
 
@@ -107,6 +108,7 @@ class ReferenceEngine:
         self.decode = decode
         self.batch_size = batch_size
         self.constraints: ConstraintFactory | None = None  # for requests with a grammar (module docstring)
+        self.adapters = AdapterMerger(model.get_parameter)  # LoRA adapter-only publications (adapter.py)
 
     @classmethod
     def from_pretrained(
@@ -161,10 +163,12 @@ class ReferenceEngine:
         """Copy (name, tensor) pairs into the model's parameters and buffers (Hugging Face names).
 
         Partial updates (one bucket at a time) are fine; an unknown name or a wrong shape is an error.
+        A LoRA adapter (`layer.lora_A` / `lora_B` / `lora_scaling`) is merged into the layer's pristine base
+        weight (`ascent.rollout.adapter`).
         """
         targets = self.model.state_dict(keep_vars=True)
         with torch.no_grad():
-            for name, tensor in named_tensors:
+            for name, tensor in self.adapters.apply(named_tensors):
                 if name not in targets:
                     known = ", ".join(list(targets)[:3])
                     raise KeyError(

@@ -8,6 +8,9 @@ the rest of the trainer relies on:
 - the rollout engine receives MERGED weights in plain Hugging Face naming (`merged_named_weights`):
   W + scale * B @ A computed on the fly per layer, names without peft's `base_model.model.` / `base_layer.`
   parts, so it can load them into an ordinary model;
+- or, adapter-only (`adapter_named_tensors`), each adapted layer's `lora_A`, `lora_B` and `lora_scaling`:
+  the bytes of the adapter, not the model's; the engine merges them into its pristine base weights as
+  `merged_named_weights` does (`ascent.rollout.adapter`);
 - checkpoints hold the adapter (small, exact resume) and, when asked, merged HF weights (`write_merged`).
 
 A sharded (FSDP2) LoRA policy merges, saves and loads through `ascent.trainer.lora_sharded` instead.
@@ -20,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
 
+import torch
 from torch import Tensor, nn
 
 from ascent.models.multimodal import is_vision_language
@@ -127,6 +131,30 @@ def merged_named_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
             if id(p) not in seen:
                 seen.add(id(p))
                 yield (f"{name}.{pname}" if name else pname), p.detach()
+
+
+def adapter_named_tensors(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """(name, tensor) of the adapter of every adapted linear layer `m` of `model` (HF naming, as
+    `merged_named_weights`): `m.lora_A` [r, in], `m.lora_B` [out, r], `m.lora_scaling` ([1] fp64) -- what an
+    engine needs to hold W + scaling * B @ A (`ascent.rollout.adapter.merged_weight`). One active adapter."""
+    from peft.tuners.lora import Linear, LoraLayer  # deferred: peft, only for LoRA
+
+    for name, module in _peft(model).get_base_model().named_modules():
+        if not isinstance(module, LoraLayer) or module.disable_adapters:
+            continue
+        (adapter,) = module.active_adapters
+        if not isinstance(module, Linear) or module.fan_in_fan_out or module.use_dora.get(adapter):
+            raise ValueError(
+                f"{name}: adapter-only publication handles plain linear LoRA layers; this one is "
+                f"{type(module).__name__}; publish merged weights instead."
+            )
+        if module.merged:
+            raise ValueError(f"{name}: the adapter is merged into the base; publish merged weights instead.")
+        lora_a, lora_b = cast(nn.Linear, module.lora_A[adapter]), cast(nn.Linear, module.lora_B[adapter])
+        yield f"{name}.lora_A", lora_a.weight.detach()
+        yield f"{name}.lora_B", lora_b.weight.detach()
+        scaling = torch.tensor([module.scaling[adapter]], dtype=torch.float64, device=lora_b.weight.device)
+        yield f"{name}.lora_scaling", scaling
 
 
 def write_merged(model: nn.Module, directory: str | Path, merged: dict[str, Tensor] | None = None) -> None:

@@ -387,13 +387,17 @@ class PolicyWorker:
 
     # --------------------------------------------------------------------------------- weights, state
     def named_weights(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
-        """(HF name, tensor) of the current policy for the rollout engine; LoRA is merged on the fly.
+        """(HF name, tensor) of the current policy for the rollout engine; LoRA is merged on the fly, or
+        with `publish_adapter` only the adapter is sent (`adapter_weights`; `dtype` does not apply).
 
         Tied parameters appear once (e.g. `model.embed_tokens.weight`, not `lm_head.weight`). Tensors are
         detached views of live weights unless `dtype` asks for a cast; the consumer copies what it keeps.
         Sharded: full tensors gathered in buckets (cast before the gather), a collective: every rank must
         iterate to the end (ranks other than the publisher can drop what they get).
         """
+        if self.lora is not None and self.lora.publish_adapter:
+            yield from self.adapter_weights()
+            return
         if self.sharded:
             if self.lora is not None:
                 yield from lora_sharded.merged_full_weights(self.model, dtype)
@@ -403,6 +407,13 @@ class PolicyWorker:
         items = lora_lib.merged_named_weights(self.model) if self.lora else self._plain_named_weights()
         for name, t in items:
             yield name, (t if dtype is None else t.to(dtype))
+
+    def adapter_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """A LoRA policy's adapter-only publication (`lora.adapter_named_tensors`): every adapted layer's
+        lora_A, lora_B and lora_scaling, which an engine merges into its own base weights (unsharded)."""
+        if self.lora is None or self.sharded:
+            raise ValueError("adapter_weights: an unsharded LoRA policy publishes its adapter only.")
+        yield from lora_lib.adapter_named_tensors(self.model)
 
     def _plain_named_weights(self) -> Iterator[tuple[str, Tensor]]:
         for name, p in unwrap_model(self.model).named_parameters():

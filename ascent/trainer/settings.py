@@ -15,7 +15,8 @@ from ascent.trainer.loss import LossSettings
 
 @dataclass(frozen=True)
 class LoraSettings:
-    """LoRA adapters (rank 0 disables). `save_merged`: checkpoints also hold merged HF weights."""
+    """LoRA adapters (rank 0 disables). `save_merged`: checkpoints also hold merged HF weights.
+    `publish_adapter`: publications send the adapter only (`PolicyWorker.named_weights`)."""
 
     rank: int = 0
     alpha: float = 16.0
@@ -30,6 +31,7 @@ class LoraSettings:
         "down_proj",
     )
     save_merged: bool = True
+    publish_adapter: bool = False
 
 
 @dataclass(frozen=True)

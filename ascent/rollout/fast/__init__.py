@@ -170,6 +170,13 @@ def build_fast_engine(
     if tp is not None:  # a shard is a copy: never the trainer's tensors
         share_weights, cuda_graphs = False, False
     m = _load_model(model_path, model, dt, dev, share_weights, trust_remote_code, tp, max_model_len)
+    if m.spec.num_experts and (prefix_caching or batch_invariant):
+        raise ValueError(
+            f"prefix_caching={prefix_caching}, batch_invariant={batch_invariant} with a mixture-of-experts "
+            "model: neither records the experts routing replay needs (cached pages hold no routes, and rows "
+            "run alone write no batch's routes); set rollout.prefix_caching=false and "
+            "rollout.batch_invariant=false."
+        )
     eos_token_ids, pad_token_id, decode = _tokenizer_facts(
         tokenizer_path or model_path, eos_token_ids, pad_token_id, decode, trust_remote_code
     )

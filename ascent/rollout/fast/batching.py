@@ -2,6 +2,11 @@
 (prefill, or feeding a short prompt through decode steps), launching and processing decode steps,
 compaction, and what a weight swap between two steps does to the sequences in flight.
 
+Routing replay (an MoE model): every sequence collects the experts of each token a forward computed, in
+order (`Sequence.routes`): a cached session prefix keeps those of the turn that computed it (pages.py), a
+prefill gives the prompt's to all its samples, and each decode step's host copy (state.py) gives its row's
+input token's, fed prompt tokens included.
+
 `BatchingLoop` is a base class of `FastEngine`: it holds no state of its own; the attributes it works on
 are declared below and set by `FastEngine.__init__` (engine.py, whose module docstring tells the loop).
 """
@@ -183,6 +188,10 @@ class BatchingLoop:
         if self.sched.prefix is not None:
             self.sched.prefix.ready()  # the pages the admitted prompts registered hold their K/V now
         self.cache.copy_pages(*unzip_pairs(c for a in adms for c in self.sched.fork(a)))
+        if self.runner.prefill_routes is not None:
+            for a, routes in zip(adms, self.runner.prefill_routes, strict=True):
+                for s in a.seqs:  # the samples share the prompt's routes
+                    s.routes = [*(s.routes or []), routes[: len(a.prompt) - a.reuse]]
         self.stats["prefills"] += 1
         self.stats["prefill_tokens"] += sum(len(a.prompt) - a.reuse for a in adms)
         self._count_reuse(adms)
@@ -243,6 +252,8 @@ class BatchingLoop:
             (s,) = a.seqs
             s.num_cached, s.launched, s.epoch = a.reuse, 0, self.swaps.epoch
             s.fed = len(a.prompt) - a.reuse
+            if self.runner.route_shape is not None:
+                s.routes = s.routes or []  # the fed tokens' routes come with the steps that compute them
             s.skip = s.fed - 1  # every fed step but the last samples a throw-away token
             s.row = heapq.heappop(self.free_rows)
             self.rows[s.row] = s
@@ -294,15 +305,18 @@ class BatchingLoop:
 
     def _process(self, step) -> None:
         """Append a finished step's tokens; finish sequences that stop; free their rows."""
-        live, version, toks_t, lps_t, event = step
+        live, version, toks_t, lps_t, routes_t, event = step
         if event is not None:
             event.synchronize()
         t0 = time.perf_counter()
         toks, lps = toks_t.tolist(), lps_t.tolist()
+        routes = routes_t.clone() if routes_t is not None else None  # (the ring buffer comes round)
         released = []
         for s in live:
             if s.finish is not None:
                 continue
+            if routes is not None and s.routes is not None:  # the experts of the token the step read
+                s.routes.append(routes[s.row : s.row + 1])
             if s.skip:  # the step read a prompt token: what it sampled is not the sequence's
                 s.skip -= 1
                 continue

@@ -52,6 +52,7 @@ from typing import Any, Literal
 import torch
 
 from ascent.messages import Generation, GenerationRequest
+from ascent.rollout.adapter import AdapterMerger
 from ascent.rollout.fast.batching import BatchingLoop
 from ascent.rollout.fast.graphs import GraphRunner, clear_cublas_workspaces
 from ascent.rollout.fast.live import Done, LiveCall, More, fits
@@ -96,6 +97,8 @@ class FastEngine(BatchingLoop):
                 "requests (and computes the prompt another way); turn one of them off."
             )
         self.runner, self.weights, self.cache = runner, weights, runner.cache
+        # LoRA adapter-only publications merge into pristine copies of the adapted layers (rollout/adapter.py)
+        self.adapters = AdapterMerger(lambda name: weights.targets[weights.rename(name)])
         self.vision = vision  # a vision-language model's tower (vision.py): image prompts; None: text only
         self.device = self.cache.device
         self.eos = frozenset(int(t) for t in eos_token_ids)
@@ -111,7 +114,12 @@ class FastEngine(BatchingLoop):
         # batch-invariant: never feed (whether a prompt is fed depends on the running batch)
         self.feed_limit = 0 if batch_invariant else max(0, min(feed_prompt_tokens, max_model_len))
         self.state = DecodeState(
-            max_batch_size, max_pages, runner.spec.vocab_size, self.device, self.feed_limit
+            max_batch_size,
+            max_pages,
+            runner.spec.vocab_size,
+            self.device,
+            self.feed_limit,
+            runner.route_shape,
         )
         self.graphs = GraphRunner(self._graph_step, buckets) if buckets else None
         self.lag = 1 if self.device.type == "cuda" else 0
@@ -119,7 +127,9 @@ class FastEngine(BatchingLoop):
         self.free_rows = list(range(max_batch_size))
         self.asleep, self._blocked = False, False
         self._live: LiveCall | None = None  # the requests of a `generate_live` call in progress
-        self._host = HostOutputs(max_batch_size, self.device)  # where each step's tokens come back
+        self._host = HostOutputs(
+            max_batch_size, self.device, runner.route_shape
+        )  # where each step's tokens come back
         self._stamp = weights.stamp() if weights.shared else ()
         self.on_swap = on_swap  # what sequences in flight do when weights change between steps (module doc)
         self.swaps = WeightSwaps(self.device, self._drop_cached, writes=lambda: self.weights.writes)
@@ -200,6 +210,8 @@ class FastEngine(BatchingLoop):
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Copy new weights in place (HF names, any device/dtype, any bucketing); drops cached sessions.
+        A LoRA adapter (`layer.lora_A` / `lora_B` / `lora_scaling`) is merged into the layer's pristine
+        base weight (`ascent.rollout.adapter`).
 
         After `sleep(release_weights=True)` the first call re-allocates the weights; `wake`/`generate` then
         wait for every weight to have arrived (over one or several calls). From another thread while a call
@@ -207,7 +219,7 @@ class FastEngine(BatchingLoop):
         whole only inside `publication`, which also names its version.
         """
         with self.publication():
-            self.weights.update(named_tensors)
+            self.weights.update(self.adapters.apply(named_tensors))
 
     def publication(self, version: int | None = None) -> contextlib.AbstractContextManager[None]:
         """A block holding the weights for one publication (any number of `update_weights` calls), from any

@@ -14,6 +14,10 @@ logits' dtype; each expert's output scaled by its weight, summed over experts in
 Every expert runs on every row with a zero weight where it was not chosen (adding 0 is exact), so a step
 has no data-dependent shapes and no host sync (CUDA graphs capture it); that costs E/k times the routed
 compute, fine for the tiny models of the tests, and a grouped matmul is the fast path still to write.
+
+Routing replay: `attn_out_routed` also returns each token's chosen experts; the runner writes them into a
+[tokens, MoE layers, k] int16 tensor (`ascent.models.moe.ROUTES_DTYPE`), the same layout the reference
+engine records, and every generation carries them as `routed_experts` (batching.py tells how).
 """
 
 from __future__ import annotations
@@ -121,11 +125,24 @@ class MoeLayerMath(LayerMath):
         """x [T, H] residual, attn [T, nh*d] -> x after o_proj, residual add and the MLP (experts or dense)."""
         if down_w.dim() == 2:
             return super().attn_out(x, attn, o_w, ln_w, gate_up_w, down_w)
+        return self.attn_out_routed(x, attn, o_w, ln_w, gate_up_w, down_w)[0]
+
+    def attn_out_routed(
+        self,
+        x: Tensor,
+        attn: Tensor,
+        o_w: Tensor,
+        ln_w: Tensor,
+        gate_up_w: tuple[Tensor, ...],
+        down_w: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """`attn_out` of an MoE layer (3-D `down_w`) -> (x [T, H], the chosen expert ids [T, k] long), the
+        ids for routing replay (the runner records them, runner.py)."""
         router, gate_up = gate_up_w
         x = x + F.linear(attn, o_w)
         h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
         ids, weights = route(F.linear(h, router), self.top_k, self.norm_topk)
-        return x + experts_forward(h, ids, weights, gate_up, down_w)
+        return x + experts_forward(h, ids, weights, gate_up, down_w), ids
 
 
 def layer_math(spec: ModelSpec) -> LayerMath:

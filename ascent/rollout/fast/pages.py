@@ -90,6 +90,7 @@ class CachedSequence:
     tokens: list[int]
     pages: list[int]
     images: tuple[tuple[int, int, Any], ...] = ()  # (start, end, image key) of each image-token run
+    routes: Any = None  # MoE: the experts of `tokens` [len(tokens), layers, k] (host), as their turn chose
 
 
 def image_fence(n: int, spans: Sequence[tuple[int, int, Any]], cached: Sequence[tuple[int, int, Any]]) -> int:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ascent.models.logits import logits_fp32
+from ascent.models.moe import ROUTES_DTYPE
 from ascent.rollout.fast.attention import decode_attention_torch, prefill_attention, slots_for
 from ascent.rollout.fast.kv_cache import KVCache
 from ascent.rollout.fast.moe import layer_math
@@ -84,8 +85,15 @@ class ModelRunner:
         )
         self.final_norm = self.math.final_norm
         self.batch_invariant = batch_invariant
+        # routing replay (moe.py): (MoE layers, k) of the routes each forward records; None for dense models
+        moe_layers = sum(lw.down_w.dim() == 3 for lw in weights.layers)
+        self.route_shape = (moe_layers, spec.experts_per_token) if moe_layers else None
+        self.attn_out_routed = getattr(self.math, "attn_out_routed", None)
+        self.prefill_routes: Tensor | None = None  # the last prefill's routes [B, Lq, layers, k], host
         if compile:  # the fp32-output head matmul stays outside the compiled region
             self.attn_in, self.attn_out = _compile(self.attn_in), _compile(self.attn_out)
+            if self.attn_out_routed is not None:
+                self.attn_out_routed = _compile(self.attn_out_routed)
             self.final_norm, self.sample = _compile(self.final_norm), _compile(sample)
             self.logits = lambda x, norm_w, lm_head: logits_fp32(
                 self.final_norm(x, norm_w).to(lm_head.dtype), lm_head
@@ -147,17 +155,27 @@ class ModelRunner:
         slots: Tensor | None,
         attend: Callable,
         deepstack: tuple[Tensor, list[Tensor]] | None = None,
+        routes: Tensor | None = None,
     ) -> Tensor:
         """x [T, H] through every layer; K/V of the T tokens are written to `slots` [T] first (None: the
         attention kernel writes them itself). The residual stream runs in fp32 (see layers.py).
         `deepstack` = (token indices [N], features [N, H] per layer): added to those tokens' hidden states
-        after layer k (Qwen3-VL's visual features, vision.py)."""
+        after layer k (Qwen3-VL's visual features, vision.py). `routes` [T, MoE layers, k] (an MoE model):
+        each MoE layer's chosen experts are written into it in place (a graph's persistent buffer)."""
         x = x.float()
+        moe_layer = 0
         for i, lw in enumerate(self.w.layers):
             q, k, v = self.attn_in(x, cos, sin, lw.ln1, lw.qkv_w, lw.qkv_b, lw.q_norm, lw.k_norm)
             if slots is not None:
                 self.cache.write(i, slots, k, v)
-            x = self.attn_out(x, attend(i, q, k, v), lw.o_w, lw.ln2, lw.gate_up_w, lw.down_w)
+            a = attend(i, q, k, v)
+            if routes is not None and lw.down_w.dim() == 3:
+                assert self.attn_out_routed is not None  # an MoE layer has MoeLayerMath
+                x, ids = self.attn_out_routed(x, a, lw.o_w, lw.ln2, lw.gate_up_w, lw.down_w)
+                routes[:, moe_layer].copy_(ids)
+                moe_layer += 1
+            else:
+                x = self.attn_out(x, a, lw.o_w, lw.ln2, lw.gate_up_w, lw.down_w)
             if deepstack is not None and i < len(deepstack[1]):
                 x = x.index_put((deepstack[0],), x[deepstack[0]] + deepstack[1][i])
         return x
@@ -175,6 +193,7 @@ class ModelRunner:
         suffixes[i] sit at positions starts[i].. of a sequence whose pages are tables[i] (covering the whole
         prompt). Rows are right-padded to the longest suffix; padding writes to the trash page. `images`
         (a vision-language model, vision.py): each row's multimodal RoPE positions and image embeddings.
+        An MoE model's routes of the B x Lq tokens land in `self.prefill_routes` (host, [B, Lq, layers, k]).
         """
         if self.batch_invariant and len(suffixes) > 1:  # each row alone: no padding, no shared matmul
             rows = [
@@ -239,7 +258,10 @@ class ModelRunner:
             cos, sin = mrope_cos_sin(self.cos, self.sin, pos3, self.mrope_rows)
             x = x.float().index_put((index,), embeds)
             deepstack = (index, deep) if deep else None
-        x = self._layers(x, cos, sin, slots, attend, deepstack)
+        shape = self.route_shape
+        routes = torch.empty(b * lq, *shape, dtype=ROUTES_DTYPE, device=dev) if shape is not None else None
+        x = self._layers(x, cos, sin, slots, attend, deepstack, routes)
+        self.prefill_routes = routes.view(b, lq, *shape).cpu() if routes is not None and shape else None
         return x.view(b, lq, -1)[torch.arange(b, device=dev), (lens - 1).to(dev)]
 
     def _decode_attend(self, bt: Tensor, ctx: Tensor, max_len: int) -> Callable:
@@ -264,10 +286,12 @@ class ModelRunner:
         active: Tensor,
         max_len: int | None = None,
         rope_delta: Tensor | None = None,
+        routes: Tensor | None = None,
     ) -> Tensor:
         """The layers of one decode step: input_ids, positions, active [B], block tables bt [B, P] -> the
         last hidden states [B, H] (K/V written to the cache). A tensor-parallel rank runs only this.
         `rope_delta` [B] (multimodal RoPE, vision.py): a text token rotates by its index plus its row's delta.
+        `routes` [B, MoE layers, k]: where an MoE model's chosen experts are written (see `_layers`).
         Batch-invariant: row by row, attention over the whole max_model_len (fixed, whatever the others')."""
         if self.batch_invariant:
             max_len = self.max_len
@@ -281,6 +305,7 @@ class ModelRunner:
                             active[i : i + 1],
                             max_len,
                             None if rope_delta is None else rope_delta[i : i + 1],
+                            None if routes is None else routes[i : i + 1],
                         )
                         for i in range(len(input_ids))
                     ]
@@ -290,19 +315,28 @@ class ModelRunner:
         ctx = ((pos + 1) * active).to(torch.int32)
         attend = self._decode_attend(bt, ctx, max_len or self.max_len)
         rot = pos if rope_delta is None else (positions + rope_delta).clamp(0, self.max_len - 1)
-        return self._layers(F.embedding(input_ids, self.w.embed), self.cos[rot], self.sin[rot], slots, attend)
+        x = F.embedding(input_ids, self.w.embed)
+        return self._layers(x, self.cos[rot], self.sin[rot], slots, attend, routes=routes)
 
     @torch.no_grad()
     def decode(self, st: DecodeState, b: int, flags: Flags, max_len: int | None = None) -> None:
-        """One decode step over rows [0, b) of `st`: writes st.out_tokens/out_logprobs and advances st.
+        """One decode step over rows [0, b) of `st`: writes st.out_tokens/out_logprobs (and an MoE model's
+        st.out_routes, the experts of each row's input token) and advances st.
 
         Idle rows (active 0) have context 0: the Triton kernel skips them; the torch path writes their K/V
         to the trash page through their all-zero block table. `max_len` bounds the context the torch
         attention reads (default max_model_len, as a graph needs).
         """
         rope_delta = st.rope_delta[:b] if self.mrope_rows is not None else None
+        routes = st.out_routes[:b] if st.out_routes is not None else None
         x = self.decode_hidden(
-            st.input_ids[:b], st.positions[:b], st.block_tables[:b], st.active[:b], max_len, rope_delta
+            st.input_ids[:b],
+            st.positions[:b],
+            st.block_tables[:b],
+            st.active[:b],
+            max_len,
+            rope_delta,
+            routes,
         )
         seen = None
         if flags.penalty:

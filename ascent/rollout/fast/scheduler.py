@@ -140,8 +140,10 @@ class Scheduler:
             copies = [(src, dst)]
         pages = kept + [self.alloc.take() for _ in range(prompt_new)]
         assert len(pages) == cdiv(p, self.ps) and kept_full <= len(kept)
+        routes = entry.routes[:m] if entry is not None and entry.routes is not None else None
         for i, s in enumerate(group):
             s.reserved, s.cached = (g0 if i == 0 else g_other), m
+            s.routes = [routes] if routes is not None else None  # MoE: the prefix's, from its own turn
         if register and self.prefix is not None and not s0.image_keys:
             self.prefix.register(s0.prompt, pages, computed=m // self.ps)
         return Admission(seqs=group, pages=pages, reuse=m, copies=copies, hit=m if hit else 0)
@@ -224,11 +226,16 @@ class Scheduler:
         seq.reserved = 0
         if keep and self.keep_sessions and seq.session_id is not None and seq.finish != "abort":
             n = min(seq.num_cached, len(seq.prompt) + len(seq.tokens))
+            routes = seq.routed_experts()  # MoE: keep only tokens whose routes came back, with their routes
+            if routes is not None:
+                n = min(n, seq.routed)
+                routes = routes[:n]
             pages = cdiv(n, self.ps)
             self.alloc.release_all(seq.pages[pages:])
             images = tuple(k for k in seq.image_keys if k[1] <= n)
             self.sessions.put(
-                seq.session_id, CachedSequence((seq.prompt + seq.tokens)[:n], seq.pages[:pages], images)
+                seq.session_id,
+                CachedSequence((seq.prompt + seq.tokens)[:n], seq.pages[:pages], images, routes),
             )
         else:
             self.alloc.release_all(seq.pages)

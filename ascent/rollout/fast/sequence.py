@@ -1,9 +1,12 @@
-"""Host state of one sampled sequence, its stop conditions and how requests become sequences (no tensors).
+"""Host state of one sampled sequence, its stop conditions and how requests become sequences (no device
+tensors).
 
 A `Sequence` is one of the n samples of a request. Its counters follow the decode pipeline: `num_cached`
 counts prompt and generated tokens whose K/V are written (or being written by a launched step), `launched`
 counts tokens sampled or in flight, `tokens` / `logprobs` hold what has come back to the host, `versions`
-the policy version of the weights that sampled each of them.
+the policy version of the weights that sampled each of them. An MoE model's `routes` hold host chunks
+[tokens, MoE layers, k] of the experts each computed token went to, in token order from the first (a
+cached session prefix, the prefill, then one row per decode step, fed prompt tokens included).
 """
 
 from __future__ import annotations
@@ -13,7 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+from torch import Tensor
+
 from ascent.messages import FinishReason, Generation, GenerationRequest, ImageInput, SamplingParams
+from ascent.models.moe import NOT_RECORDED, ROUTES_DTYPE
 from ascent.rollout.sampling import split_seed
 
 ImageSpan = tuple[int, int, tuple[str, tuple[int, int, int]]]  # start, end, (digest, grid) of one image
@@ -50,6 +57,25 @@ class Sequence:
     image_keys: tuple[ImageSpan, ...] = ()  # (start, end, digest and grid) of each image's run
     rope_delta: int = 0  # multimodal RoPE: a decode token's rotary position minus its index (vision.py)
     deadline: float | None = None  # time.monotonic() past which it ends as "abort" (params.max_time_s)
+    routes: list[Tensor] | None = None  # MoE: host chunks [tokens, layers, k] (module docstring)
+
+    @property
+    def routed(self) -> int:
+        """Tokens whose experts are recorded so far (MoE), counted from the first prompt token."""
+        return sum(len(r) for r in self.routes) if self.routes is not None else 0
+
+    def routed_experts(self) -> Tensor | None:
+        """MoE: [prompt + response tokens, layers, k] ROUTES_DTYPE, the reference engine's layout: tokens no
+        forward computed (the last sampled one) are NOT_RECORDED. None for a dense model."""
+        if self.routes is None:
+            return None
+        n = len(self.prompt) + len(self.tokens)
+        got = torch.cat(self.routes)[:n] if self.routes else None
+        shape = got.shape[1:] if got is not None else (0, 0)
+        out = torch.full((n, *shape), NOT_RECORDED, dtype=ROUTES_DTYPE)
+        if got is not None:
+            out[: len(got)] = got
+        return out
 
     @property
     def exhausted(self) -> bool:
@@ -65,6 +91,7 @@ class Sequence:
             self.finish or "abort",
             versions,
             cached_tokens=self.cached,
+            routed_experts=self.routed_experts(),
         )
 
     def restart(self) -> None:
@@ -73,6 +100,7 @@ class Sequence:
         self.tokens, self.logprobs, self.versions = [], [], []
         self.finish, self.row, self.idle, self.stop_checked, self.cached = None, -1, False, 0, 0
         self.fed = self.skip = 0
+        self.routes = [] if self.routes is not None else None
 
 
 def image_spans(ids: list[int], token_id: int) -> list[tuple[int, int]]:

@@ -12,6 +12,10 @@ already in `input_ids`). While `feed_pos < feed_len` a step's sampled token is t
 prompt token becomes the input instead, so the decode step itself writes the prompt's K/V, one token per
 step, with no prefill pass; the step that reads the last prompt token samples the first real one (its
 sampling step counter `steps` starts counting there, as after a prefill).
+
+Routing replay (an MoE model, `route_shape` given): `out_routes` [rows, MoE layers, k] holds the experts
+each row's input token went to in the last step, written in place by the step and copied to the host with
+the sampled tokens (`HostOutputs`); a dense model has none and pays nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ascent.messages import SamplingParams
+from ascent.models.moe import ROUTES_DTYPE
 from ascent.rollout.fast.sequence import Sequence
 from ascent.rollout.sampling import SamplingTensors, token_presence
 
@@ -50,7 +55,15 @@ class DecodeState:
 
     PARAMS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 
-    def __init__(self, rows: int, max_pages: int, vocab_size: int, device: torch.device, feed_width: int = 0):
+    def __init__(
+        self,
+        rows: int,
+        max_pages: int,
+        vocab_size: int,
+        device: torch.device,
+        feed_width: int = 0,
+        route_shape: tuple[int, int] | None = None,
+    ):
         self.rows, self.vocab_size, self.device = rows, vocab_size, device
         self.pin = device.type == "cuda"
 
@@ -67,6 +80,7 @@ class DecodeState:
         self.feed_width = feed_width  # the longest prompt a row can be fed (0: no feeding, no step overhead)
         self.feed_buf, self.feed_pos, self.feed_len = z(rows, max(feed_width, 1)), z(rows), z(rows)
         self.rope_delta = z(rows)  # multimodal RoPE: rotary position minus cache position (vision.py)
+        self.out_routes = z(rows, *route_shape, dtype=ROUTES_DTYPE) if route_shape else None
 
     def _put(self, values: list, dtype: torch.dtype = torch.long) -> Tensor:
         """A host list on the device without a stream sync: a plain copy from pageable memory waits for
@@ -175,31 +189,39 @@ class DecodeState:
 
 
 class HostOutputs:
-    """Host copies of the step outputs (`out_tokens`, `out_logprobs` of rows [0, b)), made without waiting:
-    a ring of three pinned (on CUDA) buffer pairs [rows], so the copy of a step in flight never overwrites
-    the buffers of the step the host is still reading (the engine processes one step behind)."""
+    """Host copies of the step outputs (`out_tokens`, `out_logprobs` of rows [0, b), and an MoE model's
+    `out_routes`), made without waiting: a ring of three pinned (on CUDA) buffer sets [rows], so the copy of
+    a step in flight never overwrites the buffers of the step the host is still reading (the engine
+    processes one step behind). Readers copy what they keep out of the routes buffer before it comes round."""
 
-    def __init__(self, rows: int, device: torch.device):
+    def __init__(self, rows: int, device: torch.device, route_shape: tuple[int, int] | None = None):
         pin = device.type == "cuda"
         self.cuda = pin
         self.buffers = [
             (
                 torch.empty(rows, dtype=torch.long, pin_memory=pin),
                 torch.empty(rows, dtype=torch.float32, pin_memory=pin),
+                torch.empty(rows, *route_shape, dtype=ROUTES_DTYPE, pin_memory=pin) if route_shape else None,
             )
             for _ in range(3)
         ]
         self.next = 0
 
-    def copy(self, state: DecodeState, b: int) -> tuple[Tensor, Tensor, torch.cuda.Event | None]:
-        """Start copying rows [0, b) of the step's outputs -> (tokens [rows], logprobs [rows], event or None:
-        the buffers hold the step's values once the event has completed)."""
-        toks, lps = self.buffers[self.next]
+    def copy(
+        self, state: DecodeState, b: int
+    ) -> tuple[Tensor, Tensor, Tensor | None, torch.cuda.Event | None]:
+        """Start copying rows [0, b) of the step's outputs -> (tokens [rows], logprobs [rows], routes
+        [rows, layers, k] or None, event or None: the buffers hold the step's values once the event has
+        completed)."""
+        toks, lps, routes = self.buffers[self.next]
         self.next = (self.next + 1) % len(self.buffers)
         toks[:b].copy_(state.out_tokens[:b], non_blocking=True)
         lps[:b].copy_(state.out_logprobs[:b], non_blocking=True)
+        if routes is not None:
+            assert state.out_routes is not None  # both made from the runner's route_shape (engine.py)
+            routes[:b].copy_(state.out_routes[:b], non_blocking=True)
         event = None
         if self.cuda:
             event = torch.cuda.Event()
             event.record()
-        return toks, lps, event
+        return toks, lps, routes, event

@@ -169,3 +169,13 @@ def test_action_tokens_need_the_reference_engine() -> None:
     (msg,) = problems([ENV, "rollout.engine=fast", "rollout.action_token_ids=[5,6]"])
     assert msg.startswith("rollout.action_token_ids is set with rollout.engine='fast'")
     load_config(None, [ENV, "rollout.action_token_ids=[5,6]"])
+
+
+def test_adapter_publication_needs_engines_that_keep_their_weights() -> None:
+    adapter = ["model.lora.publish=adapter", "rollout.engine=fast"]
+    got = problems([*adapter, "train.sharding=fsdp"])
+    assert [p.split(":")[0] for p in got] == ["model.lora.publish=adapter"] * 3  # rank 0, colocated, fsdp
+    assert "cluster.placement=split" in got[1] and "train.sharding=fsdp" in got[2]
+    ok = [*adapter, "model.lora.rank=4"]
+    load_config(None, [*ok, "cluster.engine_sleeps=false"])
+    load_config(None, [*ok, "cluster.placement=split", "cluster.backend=ray"])

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from ascent.config import RunConfig, SFTConfig, load_config
+from ascent.config import LoraConfig, RunConfig, SFTConfig, load_config
 from ascent.entrypoints import sft
-from ascent.orchestrator.specs import critic_spec, engine_spec, loss_settings, trainer_spec
+from ascent.orchestrator.specs import critic_spec, engine_spec, lora_settings, loss_settings, trainer_spec
 
 
 @pytest.mark.parametrize(
@@ -163,3 +163,8 @@ def test_specs_are_flat_and_pickle():
         assert pickle.loads(pickle.dumps(spec)) == spec
         with pytest.raises(dataclasses.FrozenInstanceError):
             spec.model_path = "elsewhere"  # type: ignore[misc]
+
+
+def test_lora_publish_reaches_the_trainer() -> None:
+    assert not lora_settings(LoraConfig(rank=4)).publish_adapter
+    assert lora_settings(LoraConfig(rank=4, publish="adapter")).publish_adapter

@@ -9,6 +9,8 @@ tied (`router_scale`) and the experts weigh a lot (`expert_scale`), so routing i
   differs from the sampler's on some tokens; without replay those tokens get logprobs of other experts and
   the gap grows several times; with replay it is back within what a dense model of the same size shows
   under the same bf16/fp32 mismatch (measured here on the tiny dense Qwen2), up to a factor for margin.
+The same holds with the fast engine as the sampler (its own bf16 kernels, its recorded routes): replay
+brings its gap back within its own dense bound.
 Also: FSDP2 over two gloo ranks (expert weights sharded by expert) scores and updates with replay as one
 process does.
 """
@@ -40,15 +42,17 @@ def moe_path(tmp_path_factory):
     return make_tiny_moe_checkpoint(path, router_scale=0.02, expert_scale=3.0)
 
 
-def _sampled(path, dtype: str) -> list[tuple[TrainSample, list[float]]]:
-    """(sample with the sampler's experts, sampler logprobs) for 2 prompts x 3 samples."""
-    engine = build_engine("reference", model_path=path, device="cpu", dtype=dtype)
+def _sampled(
+    path, dtype: str, engine_name: str = "reference", lengths=(9, 30), new_tokens: int = 12
+) -> list[tuple[TrainSample, list[float]]]:
+    """(sample with the sampler's experts, sampler logprobs) for prompts of `lengths` x 3 samples."""
+    fast_kw = {"page_size": 16, "max_model_len": 64} if engine_name == "fast" else {}
+    engine = build_engine(engine_name, model_path=path, device="cpu", dtype=dtype, **fast_kw)
     g = torch.Generator().manual_seed(0)
+    params = [SamplingParams(max_new_tokens=new_tokens, n=3, seed=n) for n in lengths]
     reqs = [
-        GenerationRequest(
-            torch.randint(4, 80, (n,), generator=g).tolist(), SamplingParams(max_new_tokens=12, n=3, seed=n)
-        )
-        for n in (9, 30)
+        GenerationRequest(torch.randint(4, 80, (n,), generator=g).tolist(), p)
+        for n, p in zip(lengths, params, strict=True)
     ]
     out = []
     for req, gens in zip(reqs, engine.generate(reqs), strict=True):
@@ -93,6 +97,30 @@ def test_replay_keeps_the_gap_within_dense_bounds(moe_path, tiny_path):
     assert _flipped_tokens(worker, bf16) > 0  # the bf16 sampler routed some tokens elsewhere
     with_replay, without = _gap(worker, bf16, replay=True), _gap(worker, bf16, replay=False)
     dense = _gap(PolicyWorker(tiny_path, device="cpu"), _sampled(tiny_path, "bf16"), replay=False)
+    assert with_replay <= DENSE_MARGIN * dense, (with_replay, dense)
+    assert without >= 3 * with_replay, (without, with_replay)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: one intra-op thread is faster than two on a busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_replay_of_the_fast_engines_routes(moe_path, tiny_path, one_thread):
+    """The bf16 fast engine as the sampler, its dense bound measured on the same engine (its fp32 routes
+    equal the reference engine's: tests/unit/rollout_fast/test_fast_moe.py). More tokens than above: its
+    fp32 residual stream flips fewer routes."""
+    worker = PolicyWorker(moe_path, device="cpu")
+    shape = {"lengths": (9, 30, 17, 24), "new_tokens": 16}
+    bf16 = _sampled(moe_path, "bf16", "fast", **shape)
+    assert _flipped_tokens(worker, bf16) > 0
+    with_replay, without = _gap(worker, bf16, replay=True), _gap(worker, bf16, replay=False)
+    dense_sampled = _sampled(tiny_path, "bf16", "fast", **shape)
+    dense = _gap(PolicyWorker(tiny_path, device="cpu"), dense_sampled, replay=False)
     assert with_replay <= DENSE_MARGIN * dense, (with_replay, dense)
     assert without >= 3 * with_replay, (without, with_replay)
 
