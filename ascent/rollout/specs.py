@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ascent.models.action_head import ActionHeadSpec
+
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -31,6 +33,7 @@ class EngineSpec:
     gpu_memory_fraction: float | None = None
     on_swap: str | None = None
     tensor_parallel: int | None = None  # fast: ranks (GPUs of a node) one replica spans
+    action_head: ActionHeadSpec | None = None  # reference: act with a continuous action head
     options: dict[str, Any] = field(default_factory=dict)
 
     def builder_kwargs(self) -> dict[str, Any]:
@@ -47,5 +50,6 @@ class EngineSpec:
             "gpu_memory_fraction": self.gpu_memory_fraction,
             "on_swap": self.on_swap,
             "tensor_parallel": self.tensor_parallel,
+            "action_head": self.action_head,
         }
         return kw | {k: v for k, v in optional.items() if v is not None} | self.options

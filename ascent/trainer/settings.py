@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ascent.models.action_head import ActionHeadSpec
 from ascent.trainer.loss import LossSettings
 
 
@@ -76,7 +77,8 @@ class TrainerSpec:
     copy of the initial policy for a KL term (with LoRA the base with adapters off serves, never a copy).
     `attention` picks the packed micro-batches' kernels (`ascent.models.varlen.enable_for_training`).
     `freeze_vision_tower`: a vision-language policy trains its language model only. `teacher_path`: hold a
-    frozen teacher of that checkpoint (on-policy distillation), scored like the reference.
+    frozen teacher of that checkpoint (on-policy distillation), scored like the reference. `action_head`:
+    the policy carries a continuous action head (`ascent.models.action_head`), trained with it.
     """
 
     model_path: str
@@ -97,6 +99,7 @@ class TrainerSpec:
     sharding: str = "none"
     compile: str = "off"
     attention: str = "auto"
+    action_head: ActionHeadSpec | None = None
 
 
 @dataclass(frozen=True)
