@@ -66,6 +66,10 @@ def action_head_rules(cfg: RunConfig) -> list[str]:
             f"{why}, which is not sharded; set it to 1.",
         ),
         (
+            cfg.train.sharding != "none",
+            f"train.sharding={cfg.train.sharding!r}: {why}, which is not sharded; set train.sharding=none.",
+        ),
+        (
             a.kl_loss_coef > 0 or a.kl_penalty_coef > 0,
             f"algorithm.kl_loss_coef={a.kl_loss_coef}, "
             f"kl_penalty_coef={a.kl_penalty_coef}: {why} and the reference model has no head to score actions "

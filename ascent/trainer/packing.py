@@ -168,14 +168,15 @@ def _actions(
     samples: Sequence[TrainSample], device: torch.device | str
 ) -> tuple[Tensor | None, Tensor | None]:
     """(rows of M holding action placeholders [A], the actions [A, chunk, dim]), or (None, None) when no sample
-    has actions. A sample's actions are its loss-mask-1 tokens, in order: their counts must agree."""
+    has actions. A sample's actions are its loss-mask-1 tokens, in order: their counts must agree (a sample
+    without actions keeps its tokens' own logprobs)."""
     if not any(s.actions for s in samples):
         return None, None
     rows: list[int] = []
     chunks: list[list[list[float]]] = []
     start = 0
     for i, s in enumerate(samples):
-        sampled = [start + j for j, m in enumerate(s.loss_mask) if m]
+        sampled = [start + j for j, m in enumerate(s.loss_mask) if m] if s.actions else []
         if len(sampled) != len(s.actions):
             raise ValueError(
                 f"sample {i}: {len(s.actions)} actions for {len(sampled)} sampled tokens; an action-head "
