@@ -80,5 +80,10 @@ def action_head_rules(cfg: RunConfig) -> list[str]:
             f"algorithm.advantage={a.advantage.name!r}: "
             f"{why} and it reads token distributions an action does not have; pick grpo, rloo or gae.",
         ),
+        (
+            cfg.replay.store is not None,
+            f"replay.store={cfg.replay.store!r}: {why} and stored episodes keep no action chunks; set "
+            "replay.store to null.",
+        ),
     ]
     return [message for broken, message in refused if broken]

@@ -28,6 +28,7 @@ def test_the_example_builds_the_head_spec_for_trainer_and_engine() -> None:
         ("model.lora.rank=4", ["model.lora.rank=4", "model.lora.rank=0"]),
         ("algorithm.kl_loss_coef=0.1", ["kl_loss_coef=0.1", "set both to 0"]),
         ("train.sharding=fsdp", ["train.sharding='fsdp'", "train.sharding=none"]),
+        ("replay.store=x.db", ["replay.store='x.db'", "replay.store to null"]),
     ],
 )
 def test_what_the_head_does_not_support_is_refused_with_the_fix(override: str, names: list[str]) -> None:
