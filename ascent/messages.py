@@ -78,6 +78,7 @@ class Generation:
 
     `token_versions` holds the policy version each token was sampled with (the rollout worker stamps a copy
     with the weights it held; an engine that swaps weights between decode steps fills it per token).
+    `action` (an action-head policy): the continuous action chunk this turn chose, see the field.
     `cached_tokens` counts the prompt tokens whose keys and values the engine reused from a cached session
     instead of computing them (prefix reuse of a multi-turn `session_id`; 0 for engines that keep none).
     `routed_experts` (MoE models, engines that record routing): the experts the engine chose for every
@@ -90,6 +91,9 @@ class Generation:
     token_versions: list[int] = field(default_factory=list)
     cached_tokens: int = 0
     routed_experts: Any = field(default=None, compare=False, repr=False)
+    # an action-head policy's action chunk [chunk][action_dim]: `token_ids` is then its one placeholder
+    # token and `logprobs` the chunk's log-probability (`ascent.rollout.action_sampler`); None otherwise
+    action: list[list[float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,9 @@ class Episode:
     images: tuple[ImageInput, ...] = ()  # one per image-token run of prompt_ids + response_ids, in order
     # MoE: the sampler's experts per token of prompt_ids + response_ids (`Generation.routed_experts`)
     routed_experts: Any = field(default=None, compare=False, repr=False)
+    # an action-head policy's action chunks, one per sampled (loss mask 1) token, in order: each such token
+    # is an action's placeholder and its sampler logprob the chunk's log-probability; empty otherwise
+    actions: list[list[list[float]]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -205,6 +212,7 @@ class TrainSample:
     old_values: list[float] | None = None
     images: tuple[ImageInput, ...] = ()  # the episode's images (`Episode.images`)
     routed_experts: Any = field(default=None, compare=False, repr=False)  # `Episode.routed_experts`, replayed
+    actions: list[list[list[float]]] = field(default_factory=list)  # `Episode.actions`, scored by the head
 
     @property
     def num_tokens(self) -> int:

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from ascent.config.action_head import ActionHeadConfig
 from ascent.config.section import Section
 
 Dtype = Literal["bf16", "fp16", "fp32"]
@@ -49,6 +50,11 @@ class ModelConfig(Section):
         "verl and EasyR1 do; with LoRA the tower is frozen anyway (adapters go to the language model).",
     )
     trust_remote_code: bool = Field(False, description="Allow model code shipped inside the checkpoint.")
+    action_head: ActionHeadConfig | None = Field(
+        None,
+        description="Embodied RL: a continuous action head over the policy's last hidden state (a Gaussian over "
+        "an action chunk) that acts in a simulator instead of text; null: the policy acts with tokens.",
+    )
     chat_template: str | None = Field(
         None,
         description="Replace the tokenizer's chat template: a path to a Jinja file (.jinja) or a built-in name "

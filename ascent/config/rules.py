@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ascent.config.action_head import action_head_rules
 from ascent.config.choices import GrpoAdvantage
 from ascent.config.ignored import ignored_run_settings, ignored_sft_settings
 from ascent.config.replay import replay_rules
@@ -49,7 +50,7 @@ ENGINES = {"reference", "fast"}
 def check_run_config(cfg: RunConfig) -> None:
     """Raise ValueError listing every broken cross-field rule of `cfg` (nothing when all hold)."""
     problems = _batch_rules(cfg) + _algorithm_rules(cfg) + ignored_run_settings(cfg) + reward_model_rules(cfg)
-    problems += replay_rules(cfg) + _adapter_publication_rules(cfg)
+    problems += replay_rules(cfg) + _adapter_publication_rules(cfg) + action_head_rules(cfg)
     if problems:
         raise ValueError("\n".join(problems))
 

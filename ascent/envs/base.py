@@ -33,6 +33,8 @@ from ascent.plugins import PluginError, load_plugin
 
 # {"role": "user" | "tool" | ..., "content": "..."}; content may be a list of parts (`ascent.envs.images`)
 Message = Mapping[str, Any]
+# a model turn as an environment receives it: its text, or an action head's chunk [chunk][action_dim]
+Action = str | list[list[float]]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from ascent.envs.base import Environment, Message, StepResult, make_env
+from ascent.envs.base import Action, Environment, Message, StepResult, make_env
 from ascent.messages import Outcome
 
 Command = tuple[str, Callable[..., Any], tuple[Any, ...]]  # (op, fn, args): fn(state, *args)
@@ -92,7 +92,7 @@ def reset(state: dict[Any, Any], key: Any, env: Environment | str, row: Any) -> 
     return made.reset(row), getattr(made, "tools", None)
 
 
-def step(state: dict[Any, Any], key: Any, action: str) -> StepResult:
+def step(state: dict[Any, Any], key: Any, action: Action) -> StepResult:
     if key not in state:
         raise EnvironmentLost(LOST)
     result: StepResult = state[key].step(action)
@@ -129,7 +129,7 @@ class HostedEnvs:
             [(self.host(i), ("reset", reset, ((self.batch, i), e, row))) for i, (e, row) in pairs]
         )
 
-    def step(self, calls: Sequence[tuple[int, str]]) -> list[StepResult | str]:
+    def step(self, calls: Sequence[tuple[int, Action]]) -> list[StepResult | str]:
         return self._run([(self.host(i), ("step", step, ((self.batch, i), action))) for i, action in calls])
 
     def _run(self, commands: list[tuple[int | None, Command]]) -> list[Any]:

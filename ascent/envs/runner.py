@@ -32,6 +32,10 @@ Any other number in `info` is the environment's own metric: `metadata["env_info"
 value (absent when there are none), and evaluation averages them (`ascent.orchestrator.eval_metrics`).
 A simulator's `info["success"]`, `info["episode_length"]` and `info["frames"]` (its frames' files, when it
 renders into a run's folder: `ascent.envs.sim`) are kept from its latest turn in the episode's metadata (the loop's env/success_rate and env/episode_length); other environments add none.
+
+An action-head policy (`Generation.action`, `ascent.rollout.action_sampler`): a turn is one placeholder token
+and its action chunk, which goes to the environment's `step` as it is (a list of `chunk` vectors) instead of
+text; the episode keeps the chunks in `Episode.actions`, one per sampled token.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from ascent.envs.base import Environment, Message, StepResult
+from ascent.envs.base import Action, Environment, Message, StepResult
 from ascent.envs.chat import ChatTokens
 from ascent.envs.hosts import HostedEnvs, Hosts, InlineHosts
 from ascent.envs.images import ImageEncoder, render_with_images
@@ -89,6 +93,7 @@ class _Open:
     error: str | None = None
     cut: str | None = None  # why a model turn was cut short (it sampled an image placeholder)
     routes: Any = None  # MoE: the sampler's experts per token of prompt_ids + ids (`_merged_routes`)
+    actions: list[list[list[float]]] = field(default_factory=list)  # an action head's chunks, per turn
 
     def add_model_turn(self, gen: Generation, version: int) -> None:
         self.prompt_tokens += len(self.prompt_ids) + len(self.ids)  # what this turn's request sent
@@ -98,6 +103,8 @@ class _Open:
         self.logprobs += gen.logprobs
         self.versions += gen.token_versions or [version] * len(gen.token_ids)
         self.turns += 1
+        if gen.action is not None:
+            self.actions.append(gen.action)
         if gen.routed_experts is not None:
             self.routes = _merged_routes(self.routes, gen.routed_experts)
 
@@ -140,6 +147,7 @@ class _Open:
             routed_experts=None
             if self.routes is None
             else self.routes[: len(self.prompt_ids) + len(self.ids)],
+            actions=list(self.actions),
         )
 
 
@@ -199,7 +207,7 @@ def run_episodes(
                 if s.finish is not None:  # it sampled an image placeholder: cut there
                     continue
                 if gen.finish_reason == "stop":
-                    to_step.append((k, chat.decode(gen.token_ids)))
+                    to_step.append((k, chat.decode(gen.token_ids) if gen.action is None else gen.action))
                 else:  # cut by the token budget: the turn is unfinished, so is the episode
                     s.finish = gen.finish_reason
             last = turn == max_turns - 1  # no observation after the last turn: nobody would answer it
@@ -216,7 +224,7 @@ class BatchEnvs(Protocol):
 
     def reset(self, rows: Sequence[Any]) -> list[tuple[list[Message], Any] | str]: ...
 
-    def step(self, calls: Sequence[tuple[int, str]]) -> list[StepResult | str]: ...
+    def step(self, calls: Sequence[tuple[int, Action]]) -> list[StepResult | str]: ...
 
     def close(self) -> None: ...
 

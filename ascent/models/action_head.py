@@ -17,15 +17,26 @@ clips it (a tanh squash would add its Jacobian to the log-probability; not done 
 The sampler (`ascent.rollout.action_sampler`) and the trainer (`ascent.trainer.action_policy`) both read the
 hidden state through `last_hidden_states` and score through `ActionHead.log_prob`, so they agree on the
 log-probability of an action up to float rounding.
+
+In the RL loop (`model.action_head`): `attach_action_head` hangs the head on the causal LM as its
+`action_head` submodule, so its parameters are the policy's (`action_head.mean_proj.weight`, ...): the
+optimizer steps them, the transport publishes them with the other weights, and `save_action_head` /
+`attach_action_head` keep them beside the Hugging Face weights of a checkpoint (`action_head.safetensors`).
+An action is one placeholder token (`ActionHeadSpec.token_id`) of the episode: loss mask 1, the chunk's
+log-probability as its logprob, the hidden state before it the state the action was chosen in.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 LOG_2PI = math.log(2 * math.pi)
@@ -89,3 +100,65 @@ def last_hidden_states(model: nn.Module, sequences: Sequence[Sequence[int]], **i
     out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False, **inputs)
     rows = torch.arange(len(sequences), device=device)
     return out.hidden_states[-1][rows, lengths - 1]
+
+
+HEAD_FILE = "action_head.safetensors"  # a checkpoint's head, beside its Hugging Face weights
+HEAD_NAME = "action_head"  # the head's submodule name on the causal LM (its parameters' name prefix)
+
+
+@dataclass(frozen=True)
+class ActionHeadSpec:
+    """The head of a run (`model.action_head`): `dim` dimensions per step, `chunk` steps per action, the
+    initial std, and the placeholder token id that stands for an action in an episode's tokens."""
+
+    dim: int
+    chunk: int = 1
+    init_std: float = 1.0
+    token_id: int = 0
+
+
+def action_head_of(model: nn.Module) -> ActionHead | None:
+    """The head `attach_action_head` hung on `model` (a PEFT or compile wrapper looked through), else None."""
+    get_base = getattr(model, "get_base_model", None)
+    base = get_base() if callable(get_base) else model
+    inner = getattr(base, "_orig_mod", base)
+    head = getattr(inner, HEAD_NAME, None)
+    return head if isinstance(head, ActionHead) else None
+
+
+def attach_action_head(
+    model: nn.Module, spec: ActionHeadSpec, checkpoint: str | Path | None = None
+) -> ActionHead:
+    """A fresh head of `spec` on `model` (as `model.action_head`, fp32, on the model's device), loaded from
+    `checkpoint`'s `action_head.safetensors` when there is one (a saved run), else initialised (mean 0, std
+    `init_std`)."""
+    config: Any = getattr(model, "config")  # noqa: B009 - a Hugging Face model's config, typed loosely
+    hidden = int(config.get_text_config().hidden_size)
+    head = ActionHead(hidden, spec.dim, spec.chunk, init_log_std=math.log(spec.init_std))
+    saved = None if checkpoint is None else Path(checkpoint) / HEAD_FILE
+    if saved is not None and saved.is_file():
+        head.load_state_dict(load_file(str(saved)))
+    head.to(next(model.parameters()).device)
+    setattr(model, HEAD_NAME, head)
+    return head
+
+
+def save_action_head(model: nn.Module, directory: str | Path) -> None:
+    """Write `model`'s head (if it has one) to `directory/action_head.safetensors`."""
+    head = action_head_of(model)
+    if head is not None:
+        state = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
+        save_file(state, str(Path(directory) / HEAD_FILE))
+
+
+@contextlib.contextmanager
+def without_action_head(model: nn.Module) -> Iterator[None]:
+    """`model` without its head for the duration (a Hugging Face save or load of the LM's own weights)."""
+    head = getattr(model, HEAD_NAME, None)
+    if head is not None:
+        delattr(model, HEAD_NAME)
+    try:
+        yield
+    finally:
+        if head is not None:
+            setattr(model, HEAD_NAME, head)

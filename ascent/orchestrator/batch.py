@@ -225,6 +225,7 @@ def train_samples(episodes: Sequence[Episode], routing_replay: bool = True) -> l
             sampler_logprobs=e.sampler_logprobs,
             images=e.images,
             routed_experts=e.routed_experts if routing_replay else None,
+            actions=e.actions,
         )
         for e in episodes
     ]

@@ -16,6 +16,7 @@ from ascent.config.replay import replay_groups
 from ascent.config.reward_models import RewardModelConfig
 from ascent.config.schema import AlgorithmConfig, LoraConfig, ModelConfig, RunConfig, TrainConfig
 from ascent.config.sources import EnvSourceConfig
+from ascent.models.action_head import ActionHeadSpec
 from ascent.orchestrator.collector import CollectSpec
 from ascent.orchestrator.episodes import EnvEpisodes
 from ascent.orchestrator.setup import distill_teacher, needs_reference
@@ -83,6 +84,7 @@ def policy_trainer_spec(
         compile=train.compile,
         attention=train.attention,
         sequence_parallel=train.sequence_parallel,
+        action_head=action_head_spec(model),
     )
 
 
@@ -120,6 +122,17 @@ def engine_spec(cfg: RunConfig) -> EngineSpec:
         tensor_parallel=None if reference else r.tensor_parallel,
         prefix_caching=None if reference else r.prefix_caching,
         batch_invariant=None if reference else r.batch_invariant,
+        action_head=action_head_spec(m),
+    )
+
+
+def action_head_spec(model: ModelConfig) -> ActionHeadSpec | None:
+    """`model.action_head` as the trainer's and the engine's flat spec (None without a head)."""
+    h = model.action_head
+    return (
+        None
+        if h is None
+        else ActionHeadSpec(dim=h.dim, chunk=h.chunk, init_std=h.init_std, token_id=h.token_id)
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ascent.models.action_head import ActionHeadSpec
 from ascent.models.loading import load_tokenizer
 from ascent.rollout.base import RolloutEngine
 from ascent.rollout.reference import ReferenceEngine
@@ -31,11 +32,14 @@ def build_reference_engine(
     generation_batch_size: int = 64,
     trust_remote_code: bool = False,
     gpu_memory_fraction: float | None = None,
+    action_head: ActionHeadSpec | None = None,
 ) -> ReferenceEngine:
     """A ReferenceEngine on `model` (shared as given) or on the checkpoint at `model_path`.
 
     EOS/pad ids and `decode` (for stop strings) come from the tokenizer at `tokenizer_path` (default
     `model_path`) unless given. `gpu_memory_fraction` belongs to the fast engine and is ignored here.
+    `action_head`: the engine acts with a continuous action head (`ascent.rollout.action_sampler`); a
+    shared `model` must carry it already.
     """
     del gpu_memory_fraction
     tok_dir = tokenizer_path or model_path
@@ -49,7 +53,9 @@ def build_reference_engine(
             raise ValueError(
                 "build_reference_engine(model=...): pass eos_token_ids and pad_token_id, or tokenizer_path."
             )
-        return ReferenceEngine(model, eos_token_ids, pad_token_id, decode, generation_batch_size)
+        return ReferenceEngine(
+            model, eos_token_ids, pad_token_id, decode, generation_batch_size, action_head=action_head
+        )
     if model_path is None:
         raise ValueError(
             "rollout.engine=reference needs model.path (or a model module) to load weights from."
@@ -63,6 +69,7 @@ def build_reference_engine(
         decode=decode,
         batch_size=generation_batch_size,
         trust_remote_code=trust_remote_code,
+        action_head=action_head,
     )
 
 

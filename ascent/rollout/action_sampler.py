@@ -3,10 +3,11 @@ of the model over each observation's token ids, the head's Gaussian sampled at t
 chunk returned with its log-probability (design: actions are "continuous vectors from an action head, each
 with its log-probability").
 
-Only here, beside the reference engine: the fast engine has no hidden-state output yet, and the runner and
-the loop do not carry action vectors through episodes yet (an environment receives text). A caller plays an
-episode by `act` on the conversation's ids each turn, steps its simulator with the actions, and trains with
-`ascent.trainer.action_policy` on the returned log-probabilities as the old ones.
+Only here, beside the reference engine: the fast engine has no hidden-state output yet. In the loop
+(`model.action_head`) the reference engine answers every request with `generations`: one placeholder token
+(`ActionHeadSpec.token_id`) whose logprob is the chunk's log-probability, the chunk itself in
+`Generation.action`; the runner steps the environment with the chunk (`ascent.envs.runner`). A seeded
+request draws its noise from its own generator (the seed of the runner's turn), so a seeded run repeats.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ascent.models.action_head import ActionHead, last_hidden_states
+from ascent.messages import Generation, GenerationRequest
+from ascent.models.action_head import ActionHead, gaussian_logprob, last_hidden_states
 
 
 @dataclass(frozen=True)
@@ -46,3 +48,24 @@ class ActionSampler:
             ActionSample(actions=a.tolist(), logprob=float(lp))
             for a, lp in zip(actions.cpu(), logprobs.cpu(), strict=True)
         ]
+
+
+@torch.no_grad()
+def generations(
+    model: nn.Module, head: ActionHead, requests: Sequence[GenerationRequest], token_id: int
+) -> list[list[Generation]]:
+    """One action per request (its `params.n` is taken as 1: the runner asks one turn at a time): the
+    placeholder token `token_id` with the chunk's log-probability, and the chunk [chunk][action_dim] in
+    `Generation.action`. A request with `params.seed` draws its noise from a generator of that seed."""
+    hidden = last_hidden_states(model, [r.prompt_ids for r in requests])
+    mean = head.mean(hidden)
+    out = []
+    for i, req in enumerate(requests):
+        gen = None
+        if req.params.seed is not None:
+            gen = torch.Generator(device=mean.device).manual_seed(int(req.params.seed))
+        noise = torch.randn(mean[i].shape, generator=gen, device=mean.device, dtype=mean.dtype)
+        action = mean[i] + noise * head.log_std.exp()
+        logprob = float(gaussian_logprob(action[None], mean[i][None], head.log_std)[0])
+        out.append([Generation([token_id], [logprob], "stop", action=action.cpu().tolist())])
+    return out

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from ascent.messages import FinishReason, Generation, GenerationRequest, ImageInput, SamplingParams
+from ascent.models.action_head import ActionHeadSpec, action_head_of, attach_action_head
 from ascent.models.loading import cache_kwarg, load_model
 from ascent.models.moe import NOT_RECORDED, ROUTES_DTYPE, RoutingRecorder, is_moe
 from ascent.models.multimodal import (
@@ -52,6 +53,7 @@ from ascent.models.multimodal import (
     mrope_positions,
     multimodal_backbone,
 )
+from ascent.rollout import action_sampler
 from ascent.rollout.adapter import AdapterMerger
 from ascent.rollout.sampling import SamplingTensors, sample, split_seed, token_presence
 
@@ -99,6 +101,7 @@ class ReferenceEngine:
         pad_token_id: int,
         decode: Callable[[list[int]], str] | None = None,
         batch_size: int = 64,
+        action_head: ActionHeadSpec | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"rollout.generation_batch_size={batch_size}: set it to 1 or more.")
@@ -109,6 +112,7 @@ class ReferenceEngine:
         self.batch_size = batch_size
         self.constraints: ConstraintFactory | None = None  # for requests with a grammar (module docstring)
         self.adapters = AdapterMerger(model.get_parameter)  # LoRA adapter-only publications (adapter.py)
+        self.action_head = action_head  # answer each request with an action chunk (`action_sampler`)
 
     @classmethod
     def from_pretrained(
@@ -121,10 +125,14 @@ class ReferenceEngine:
         decode: Callable[[list[int]], str] | None = None,
         batch_size: int = 64,
         trust_remote_code: bool = False,
+        action_head: ActionHeadSpec | None = None,
     ) -> ReferenceEngine:
-        """Load the checkpoint in `path`; EOS and pad ids default to the model's generation config."""
+        """Load the checkpoint in `path`; EOS and pad ids default to the model's generation config. With
+        `action_head`, the head is attached (and loaded from the checkpoint when it has one)."""
 
         model = load_model(path, dtype, device, trust_remote_code=trust_remote_code)
+        if action_head is not None:
+            attach_action_head(model, action_head, path)
         gen = model.generation_config
         if eos_token_ids is None:
             eos = gen.eos_token_id if gen.eos_token_id is not None else model.config.eos_token_id
@@ -132,7 +140,9 @@ class ReferenceEngine:
         if pad_token_id is None:  # any id works: padded positions are masked out
             pad = gen.pad_token_id if gen.pad_token_id is not None else model.config.pad_token_id
             pad_token_id = pad if pad is not None else next(iter(eos_token_ids), 0)
-        return cls(model, eos_token_ids, pad_token_id, decode=decode, batch_size=batch_size)
+        return cls(
+            model, eos_token_ids, pad_token_id, decode=decode, batch_size=batch_size, action_head=action_head
+        )
 
     @property
     def device(self) -> torch.device:
@@ -141,7 +151,10 @@ class ReferenceEngine:
     # ---- RolloutEngine protocol -------------------------------------------------------------------------
 
     def generate(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
-        """For each request, `request.params.n` generations, in request order."""
+        """For each request, `request.params.n` generations, in request order (with an action head: one
+        action each, `ascent.rollout.action_sampler.generations`)."""
+        if self.action_head is not None:
+            return self._act(requests)
         rows = self._expand(requests)
         was_training = self.model.training
         self.model.eval()
@@ -158,6 +171,18 @@ class ReferenceEngine:
             )
             out[row.request_pos].append(gen)
         return out
+
+    def _act(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
+        head = action_head_of(self.model)
+        if head is None:
+            raise ValueError("the engine was built with an action head spec, but its model carries no head")
+        was_training = self.model.training
+        self.model.eval()
+        token_id = self.action_head.token_id if self.action_head is not None else 0
+        try:
+            return action_sampler.generations(self.model, head, requests, token_id)
+        finally:
+            self.model.train(was_training)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Copy (name, tensor) pairs into the model's parameters and buffers (Hugging Face names).

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ascent.models.action_head import ActionHeadSpec
+
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -34,6 +36,7 @@ class EngineSpec:
     tensor_parallel: int | None = None  # fast: ranks (GPUs of a node) one replica spans
     prefix_caching: bool | None = None  # fast: reuse full prompt pages across requests (prefix.py)
     batch_invariant: bool | None = None  # fast: a request's samples independent of its batch (runner.py)
+    action_head: ActionHeadSpec | None = None  # reference: act with a continuous action head
     options: dict[str, Any] = field(default_factory=dict)
 
     def builder_kwargs(self) -> dict[str, Any]:
@@ -52,5 +55,6 @@ class EngineSpec:
             "tensor_parallel": self.tensor_parallel,
             "prefix_caching": self.prefix_caching,
             "batch_invariant": self.batch_invariant,
+            "action_head": self.action_head,
         }
         return kw | {k: v for k, v in optional.items() if v is not None} | self.options

@@ -6,6 +6,10 @@ hidden state the sampler read (`last_hidden_states`, the observation's last toke
 feeds it, with the sampler's log-probabilities as the old ones and one advantage per action (GRPO's episode
 advantage, or GAE's at the action's step), to a policy loss of `ascent.algorithms.POLICY_LOSSES` ([N]
 tensors, one entry per action). Gradients reach the head's mean, its log-std and the model under it.
+
+These are the standalone pieces (a caller's own loop, tests). The RL loop scores actions inside its packed
+micro-batches instead (`ascent.trainer.logprobs.with_action_logprobs`: each action a placeholder token whose
+row the head scores), so the run's own policy loss, aggregation and metrics apply to actions unchanged.
 """
 
 from __future__ import annotations

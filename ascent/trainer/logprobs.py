@@ -12,6 +12,8 @@ and so do we.
 A vision-language policy (Qwen2.5-VL, Qwen3-VL) runs its multimodal backbone instead (vision tower, merger,
 language model: `ascent.models.multimodal`): the row's images through the vision tower, then the language
 model with each sequence's own multimodal RoPE positions; sequences with and without images pack together.
+An action-head policy's placeholder tokens (`PackedBatch.action_rows`) are scored by its head instead, from
+the same hidden rows (`with_action_logprobs`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ascent.algorithms import entropy_from_logits, sum_pi_squared_from_logits
+from ascent.models.action_head import action_head_of, gaussian_entropy
 from ascent.models.multimodal import (
     is_vision_language,
     language_model,
@@ -242,7 +245,31 @@ def _token_logprobs(
     _, head = backbone_and_head(model)
     hidden, targets, gather = _response_rows(model, packed, sp)
     lp, ent = logprobs_from_hidden(head, hidden, targets, **kwargs)
+    if sp is None:  # an action head runs on one rank without sequence parallelism (config rules)
+        return with_action_logprobs(model, packed, hidden, lp, ent)
     return gather(lp), (None if ent is None else gather(ent))
+
+
+def with_action_logprobs(
+    model: nn.Module, packed: PackedBatch, hidden: Tensor, logp: Tensor, ent: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
+    """hidden [M, H] (the rows predicting the response tokens), logp [M], ent [M] | None -> the same with
+    the action placeholders' rows replaced by the action head's log-probability of their chunks (and the
+    chunk's entropy): an action is scored like a one-token turn (`ascent.models.action_head`). Unchanged
+    without actions."""
+    if packed.action_rows is None or packed.actions is None:
+        return logp, ent
+    head = action_head_of(model)
+    if head is None:
+        raise ValueError(
+            "the batch carries action chunks but the policy has no action head (model.action_head)"
+        )
+    rows = packed.action_rows
+    logp = logp.index_put((rows,), head.log_prob(hidden.index_select(0, rows), packed.actions))
+    if ent is not None:
+        chunk_entropy = gaussian_entropy(head.log_std, head.chunk).to(ent.dtype)
+        ent = ent.index_put((rows,), chunk_entropy.expand(rows.shape[0]))
+    return logp, ent
 
 
 def token_logprobs_and_sum_pi_squared(
@@ -284,5 +311,6 @@ def _token_logprobs_and_sum_pi_squared(
     logp, _ = logprobs_from_hidden(
         head, hidden, targets, temperature=temperature, chunk_tokens=chunk_tokens, compiled=compiled
     )
+    logp, _ = with_action_logprobs(model, packed, hidden, logp, None)
     sums = [sum_pi_squared_from_logits(head(h).float() / temperature) for h in hidden.split(chunk_tokens)]
     return gather(logp), gather(torch.cat(sums) if sums else hidden.new_zeros(0, dtype=torch.float32))

@@ -68,7 +68,8 @@ class PackedBatch:
     the host so the GPU never has to be asked for them. `seq_images`: S tuples, each sequence's images in
     the order of its image-token runs (empty for text). `routed_experts` [N, moe layers, k] long: the
     sampler's experts for every token of the row (-1 where a sample has none; `ascent.models.moe`), None
-    when no sample carries any.
+    when no sample carries any. `action_rows` [A] and `actions` [A, chunk, dim]: an action-head policy's
+    actions (each sample's loss-mask-1 tokens, in order, are its actions), None when no sample has any.
     """
 
     input_ids: Tensor
@@ -88,6 +89,8 @@ class PackedBatch:
     max_seqlen: int = 0
     seq_images: list[tuple[ImageInput, ...]] = field(default_factory=list)
     routed_experts: Tensor | None = None
+    action_rows: Tensor | None = None  # long [A]: the rows of M that are action placeholders
+    actions: Tensor | None = None  # float [A, chunk, action_dim]: their chunks (`TrainSample.actions`)
 
     @property
     def num_tokens(self) -> int:
@@ -161,6 +164,30 @@ def _routes(samples: Sequence[TrainSample], device: torch.device | str) -> Tenso
     return out.to(device)
 
 
+def _actions(
+    samples: Sequence[TrainSample], device: torch.device | str
+) -> tuple[Tensor | None, Tensor | None]:
+    """(rows of M holding action placeholders [A], the actions [A, chunk, dim]), or (None, None) when no sample
+    has actions. A sample's actions are its loss-mask-1 tokens, in order: their counts must agree (a sample
+    without actions keeps its tokens' own logprobs)."""
+    if not any(s.actions for s in samples):
+        return None, None
+    rows: list[int] = []
+    chunks: list[list[list[float]]] = []
+    start = 0
+    for i, s in enumerate(samples):
+        sampled = [start + j for j, m in enumerate(s.loss_mask) if m] if s.actions else []
+        if len(sampled) != len(s.actions):
+            raise ValueError(
+                f"sample {i}: {len(s.actions)} actions for {len(sampled)} sampled tokens; an action-head "
+                "episode samples exactly one placeholder token per action."
+            )
+        rows += sampled
+        chunks += s.actions
+        start += len(s.response_ids)
+    return torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(chunks, device=device)
+
+
 def pack(samples: Sequence[TrainSample], device: torch.device | str = "cpu") -> PackedBatch:
     """samples (S) -> PackedBatch: one row of N tokens, flat [M] response-token tensors (see module doc)."""
     ids: list[int] = []
@@ -184,6 +211,8 @@ def pack(samples: Sequence[TrainSample], device: torch.device | str = "cpu") -> 
     def long(data: list[int] | list[list[int]]) -> torch.Tensor:
         return torch.tensor(data, dtype=torch.long, device=device)
 
+    action_rows, actions = _actions(samples, device)
+
     return PackedBatch(
         input_ids=long([ids]),
         position_ids=long([pos]),
@@ -202,4 +231,6 @@ def pack(samples: Sequence[TrainSample], device: torch.device | str = "cpu") -> 
         max_seqlen=max((s.num_tokens for s in samples), default=0),
         seq_images=[tuple(s.images) for s in samples],
         routed_experts=_routes(samples, device),
+        action_rows=action_rows,
+        actions=actions,
     )

@@ -46,6 +46,12 @@ import torch
 from torch import Tensor, nn
 
 from ascent.messages import TrainSample
+from ascent.models.action_head import (
+    ActionHeadSpec,
+    attach_action_head,
+    save_action_head,
+    without_action_head,
+)
 from ascent.models.files import copy_processor_files
 from ascent.models.loading import compute_dtype, load_model, load_tokenizer, resolve_device
 from ascent.models.moe import RoutingReplay, is_moe
@@ -108,6 +114,7 @@ class PolicyWorker:
         sequence_parallel: int = 1,
         attention: str = "auto",
         seed: int | None = None,
+        action_head: ActionHeadSpec | None = None,
     ) -> None:
         self.device = resolve_device(device)
         self.compute_dtype = compute_dtype(dtype, self.device)
@@ -119,6 +126,7 @@ class PolicyWorker:
         self.temperature = temperature
         self.tokenizer_path = tokenizer_path or model_path
         self.model_path = model_path
+        self.action_head = action_head
         self.step = 0
         if seed is not None:
             torch.manual_seed(seed)
@@ -179,6 +187,7 @@ class PolicyWorker:
             compile=spec.compile,
             sequence_parallel=spec.sequence_parallel,
             attention=spec.attention,
+            action_head=spec.action_head,
             **kwargs,
         )
 
@@ -189,6 +198,8 @@ class PolicyWorker:
         model = load_model(
             path, param_dtype, self.device, gradient_checkpointing=grad_ckpt, trust_remote_code=remote
         )
+        if self.action_head is not None:  # its parameters join the policy's (ascent.models.action_head)
+            attach_action_head(model, self.action_head, path)
         if self.lora is not None:
             lo = self.lora
             model = lora_lib.apply_lora(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules)
@@ -447,7 +458,9 @@ class PolicyWorker:
         if self.lora is not None:
             self._write_lora(out, export, gathered)
         elif export:
-            model.save_pretrained(str(out), state_dict=gathered.get("weights"))
+            with without_action_head(model):  # the head has its own file (save_action_head)
+                model.save_pretrained(str(out), state_dict=gathered.get("weights"))
+            save_action_head(model, out)
         else:
             model.config.save_pretrained(str(out))  # what the shards are weights of
         with contextlib.suppress(OSError, ValueError):
@@ -492,6 +505,8 @@ class PolicyWorker:
             load_shards(unwrap_model(self.model), src)
         else:
             fresh = load_model(src, self.param_dtype, "cpu")
+            if self.action_head is not None:
+                attach_action_head(fresh, self.action_head, src)
             load_full_state_dict(unwrap_model(self.model), fresh.state_dict())
         common.load_state(self, src, rng=True)
 

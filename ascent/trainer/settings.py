@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ascent.models.action_head import ActionHeadSpec
 from ascent.trainer.loss import LossSettings
 
 
@@ -79,7 +80,8 @@ class TrainerSpec:
     `attention` picks the packed micro-batches' kernels (`ascent.models.varlen.enable_for_training`).
     `freeze_vision_tower`: a vision-language policy trains its language model only. `teacher_path`: hold a
     frozen teacher of that checkpoint (on-policy distillation), scored like the reference.
-    `sequence_parallel`: ranks that share every packed row (`ascent.trainer.sequence_parallel`).
+    `sequence_parallel`: ranks that share every packed row (`ascent.trainer.sequence_parallel`). `action_head`:
+    the policy carries a continuous action head (`ascent.models.action_head`), trained with it.
     """
 
     model_path: str
@@ -101,6 +103,7 @@ class TrainerSpec:
     compile: str = "off"
     attention: str = "auto"
     sequence_parallel: int = 1
+    action_head: ActionHeadSpec | None = None
 
 
 @dataclass(frozen=True)

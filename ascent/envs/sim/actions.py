@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ascent.envs.base import Action
+
 WORD = re.compile(r"<a(\d+)>")
 DEFAULT_BINS = 256
 
@@ -88,3 +90,16 @@ class ActionTokenizer:
     def random_text(self, rng: np.random.Generator) -> str:
         """A uniformly random action's words (a random policy, for `ascent debug env --random-actions`)."""
         return "".join(f"<a{k}>" for k in rng.integers(0, self.bins, size=self.size))
+
+
+def parse_chunk(tokens: ActionTokenizer, action: Action) -> list[Any] | None:
+    """A turn's action as the simulator steps to take in order: action words (text) are one step; an action
+    head's chunk [chunk][dims] is `chunk` steps, each clipped to the Box's bounds. None when it does not fit
+    (no action words; a chunk for a discrete space, or of other dimensions than the space's)."""
+    if isinstance(action, str):
+        parsed = tokens.parse(action)
+        return None if parsed is None else [parsed]
+    steps = np.asarray(action, dtype=np.float32)
+    if tokens.discrete or steps.ndim != 2 or steps.shape[1] != tokens.size or len(steps) == 0:
+        return None
+    return list(np.clip(steps, np.asarray(tokens.low), np.asarray(tokens.high)).astype(np.float32))

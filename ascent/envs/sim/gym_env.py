@@ -13,7 +13,9 @@ a rendering episode writes each frame there as `<episode>/<step>.png` and lists 
 the folder, in `info["frames"]`, which the episode's metadata keeps for the studio's episode browser). Frames
 render headless through MuJoCo's `MUJOCO_GL` (default here: egl; `ascent doctor` says which works).
 
-Each model turn is one simulator step: the turn's first action words (`ascent.envs.sim.actions`) are the
+An action head's turn (`model.action_head`) is a chunk of continuous vectors for a Box space: its steps run
+in order (each clipped to the bounds), the turn's reward is their sum (`info["step_rewards"]` lists them)
+and an episode that ends mid-chunk drops the rest. Otherwise each model turn is one simulator step: the turn's first action words (`ascent.envs.sim.actions`) are the
 action, the step's reward is the turn's reward, and the episode's reward is the return. A turn without a
 parseable action ENDS the episode (reward 0 for that turn, `info["invalid_action"]`): the steps it gives up
 are its cost, so a policy learns the action format before anything else.
@@ -29,14 +31,14 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ascent.envs.base import Message, StepResult
-from ascent.envs.sim.actions import DEFAULT_BINS, ActionTokenizer
+from ascent.envs.base import Action, Message, StepResult
+from ascent.envs.sim.actions import DEFAULT_BINS, ActionTokenizer, parse_chunk
 from ascent.envs.sim.frames import save_frame
 
 SUCCESS_RULES = ("survive", "goal")
@@ -189,12 +191,20 @@ class GymEnv:
         self.env.action_space.seed(spec.seed)
         return self.episode.first(obs, self._frame())
 
-    def step(self, action: str) -> StepResult:
-        parsed = self.actions.parse(action)
-        if parsed is None:
+    def step(self, action: Action) -> StepResult:
+        chunk = parse_chunk(self.actions, action)  # action words: one step; an action head's chunk: several
+        if chunk is None:
             return self.episode.invalid()
-        obs, reward, terminated, truncated, _ = self.env.step(parsed)
-        return self.episode.outcome(obs, float(reward), terminated, truncated, self._frame())
+        rewards: list[float] = []
+        for a in chunk:
+            obs, reward, terminated, truncated, _ = self.env.step(a)
+            rewards.append(float(reward))
+            result = self.episode.outcome(obs, float(reward), terminated, truncated, self._frame())
+            if result.done:
+                break
+        if len(rewards) == 1:
+            return result
+        return replace(result, reward=sum(rewards), info=result.info | {"step_rewards": rewards})
 
     def _frame(self) -> Any:
         return self.env.render() if self.episode.spec.render else None

@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ascent.envs.base import Message, StepResult
+from ascent.envs.base import Action, Message, StepResult
 from ascent.envs.hosts import LOST, Command, EnvironmentLost, Hosts
 from ascent.envs.sim.vector import SimVectorEnvs
 
@@ -32,7 +32,7 @@ def reset_block(
     return vec.reset(rows)
 
 
-def step_block(state: dict[Any, Any], key: Any, calls: list[tuple[int, str]]) -> list[StepResult | str]:
+def step_block(state: dict[Any, Any], key: Any, calls: list[tuple[int, Action]]) -> list[StepResult | str]:
     """A host command: one vector step of the block under `key` (calls by position in the block)."""
     if key not in state:
         raise EnvironmentLost(LOST)
@@ -78,8 +78,8 @@ class HostedSimEnvs:
             out += o.value if o.ok else [str(o.error)] * size
         return out
 
-    def step(self, calls: Sequence[tuple[int, str]]) -> list[StepResult | str]:
-        per_block: dict[int, list[tuple[int, str]]] = {}
+    def step(self, calls: Sequence[tuple[int, Action]]) -> list[StepResult | str]:
+        per_block: dict[int, list[tuple[int, Action]]] = {}
         for i, action in calls:
             per_block.setdefault(i // self.copies, []).append((i % self.copies, action))
         order = sorted(per_block)

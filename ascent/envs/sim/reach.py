@@ -13,7 +13,13 @@ Frames (`render_mode="rgb_array"`) draw the line as `size` squares of `cell` pix
 target green, the rest grey; with `image_obs` and `pixels_only` rows (`ascent.envs.sim.gym_env`) the frame is
 the whole observation, a pixel task for a vision-language or VLA policy.
 
-Registered with gymnasium as `Reach-v0` when this module is imported; rows name it with its module,
+`ReachContinuous` (`ReachContinuous-v0`, `CONTINUOUS_ID`) is the same line for an action head
+(`model.action_head`): the point moves by the action, a Box(-1, 1) of one dimension; the target sits 1 away
+(either side, from the seed). Each step earns the distance it closed (a dense reward: negative for a step
+away) and reaching within `TOLERANCE` ends the episode with 1 more (success under `success_rule="goal"`);
+4 steps at most. The best policy steps by the offset (clipped to 1) and succeeds at once.
+
+Registered with gymnasium as `Reach-v0` and `ReachContinuous-v0` when this module is imported; rows name it with its module,
 `gym_id: "ascent.envs.sim.reach:Reach-v0"`, so gymnasium imports it in whichever process makes it (a host).
 gymnasium is imported at the top here: this module is loaded only by gymnasium itself.
 """
@@ -26,6 +32,8 @@ import gymnasium as gym
 import numpy as np
 
 GYM_ID = "ascent.envs.sim.reach:Reach-v0"
+CONTINUOUS_ID = "ascent.envs.sim.reach:ReachContinuous-v0"
+TOLERANCE = 0.25  # ReachContinuous: how close counts as reached
 COLOURS = {"empty": (90, 90, 90), "point": (220, 40, 40), "target": (40, 200, 60)}
 
 
@@ -65,5 +73,42 @@ class Reach(gym.Env[np.ndarray, np.int64]):
         return frame
 
 
+class ReachContinuous(gym.Env[np.ndarray, np.ndarray]):
+    """The line with a continuous step (module docstring)."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        self.render_mode = render_mode
+        self.observation_space = gym.spaces.Box(-4.0, 4.0, shape=(1,), dtype=np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+        self.offset = 0.0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        self.offset = float(self.np_random.choice([-1.0, 1.0]))
+        return self._obs(), {}
+
+    def step(self, action: Any) -> Any:
+        before = abs(self.offset)
+        move = float(np.clip(np.asarray(action, dtype=np.float64).reshape(-1)[0], -1.0, 1.0))
+        self.offset = float(np.clip(self.offset - move, -4.0, 4.0))
+        reached = abs(self.offset) < TOLERANCE
+        return self._obs(), before - abs(self.offset) + (1.0 if reached else 0.0), reached, False, {}
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.offset], dtype=np.float32)
+
+    def render(self) -> Any:
+        """An RGB frame [32, 288, 3] uint8: the point red at the centre, the target green at its offset."""
+        frame = np.full((32, 288, 3), COLOURS["empty"], dtype=np.uint8)
+        frame[:, 140:148] = COLOURS["point"]
+        x = int(144 + self.offset * 32)
+        frame[:, max(0, x - 4) : min(288, x + 4)] = COLOURS["target"]
+        return frame
+
+
+if "ReachContinuous-v0" not in gym.registry:
+    gym.register("ReachContinuous-v0", entry_point=f"{__name__}:ReachContinuous", max_episode_steps=4)
 if "Reach-v0" not in gym.registry:
     gym.register("Reach-v0", entry_point=f"{__name__}:Reach", max_episode_steps=3)

@@ -7,7 +7,8 @@ share their simulator spec (everything but `seed`) form one vector environment, 
 A step call steps every vector environment once: episodes that are not stepped this turn (ended, or their
 turn had no action) get a placeholder action whose result is dropped; a copy whose simulator finished is
 reset at once (autoreset off, `reset_mask`) so the vector can step again, and its episode is never stepped on.
-A turn without a parseable action ends its episode as in `GymEnv`. A simulator that raises costs the episodes
+A turn without a parseable action ends its episode as in `GymEnv`. An action head's turn is a chunk of
+continuous vectors (`parse_chunk`): its steps run in order (`step_chunks`), the turn's reward their sum. A simulator that raises costs the episodes
 of its vector environment (their result is the error's text, as the runner expects), never the batch; a
 simulator that crashes its process is the hosts' business (`ascent.envs.hosts`).
 
@@ -23,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ascent.envs.base import Message, StepResult
-from ascent.envs.sim.actions import ActionTokenizer
+from ascent.envs.base import Action, Message, StepResult
+from ascent.envs.sim.actions import ActionTokenizer, parse_chunk
 from ascent.envs.sim.gym_env import SimEpisode, SimSpec
 
 
@@ -62,6 +63,27 @@ class _Block:
         }
 
 
+def step_chunks(block: _Block, chunks: dict[int, list[Any]]) -> dict[int, StepResult]:
+    """Step a block's episodes through their chunks (position -> steps), one vector step per chunk step; an
+    episode that ends mid-chunk drops the rest. Each episode's result is its last step's, with the reward
+    summed over its steps and `info["step_rewards"]` listing them (a one-step chunk: unchanged)."""
+    results: dict[int, list[StepResult]] = {j: [] for j in chunks}
+    for k in range(max(len(c) for c in chunks.values())):
+        now = {j: c[k] for j, c in chunks.items() if k < len(c) and not (results[j] and results[j][-1].done)}
+        if not now:
+            break
+        for j, result in block.step(now).items():
+            results[j].append(result)
+    out = {}
+    for j, steps in results.items():
+        if len(steps) == 1:
+            out[j] = steps[0]
+            continue
+        rewards = [r.reward for r in steps]
+        out[j] = replace(steps[-1], reward=sum(rewards), info=steps[-1].info | {"step_rewards": rewards})
+    return out
+
+
 class SimVectorEnvs:
     """A batch of simulator episodes (rows with `gym_id`), stepped through vector environments."""
 
@@ -90,23 +112,23 @@ class SimVectorEnvs:
                 out[i] = (block.episodes[j].first(block.obs[j], frame), None)
         return out
 
-    def step(self, calls: Sequence[tuple[int, str]]) -> list[StepResult | str]:
+    def step(self, calls: Sequence[tuple[int, Action]]) -> list[StepResult | str]:
         results: dict[int, StepResult | str] = {}
-        per_block: dict[int, dict[int, Any]] = {}
-        for i, text in calls:
+        per_block: dict[int, dict[int, list[Any]]] = {}
+        for i, action in calls:
             b, j = self.where[i]
-            parsed = self.blocks[b].actions.parse(text)
-            if parsed is None:
+            chunk = parse_chunk(self.blocks[b].actions, action)
+            if chunk is None:
                 results[i] = self.blocks[b].episodes[j].invalid()
             else:
-                per_block.setdefault(b, {})[j] = parsed
-        for b, actions in per_block.items():
+                per_block.setdefault(b, {})[j] = chunk
+        for b, chunks in per_block.items():
             block = self.blocks[b]
             try:
-                for j, result in block.step(actions).items():
+                for j, result in step_chunks(block, chunks).items():
                     results[block.members[j]] = result
             except Exception as e:  # noqa: BLE001 - the simulator: costs the episodes it was stepping
-                for j in actions:
+                for j in chunks:
                     results[block.members[j]] = f"{type(e).__name__}: {e}"
         return [results[i] for i, _ in calls]
 
