@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from ascent.config.section import Section
 
@@ -63,6 +63,19 @@ class JudgeConfig(Section):
         "also kept in <run_dir>/judge/v<N>/ (outside checkpoint rotation) for a resumed run. A directory: "
         "a judge engine of its own loaded from that checkpoint, never updated.",
     )
+    engine: Literal["reference", "fast"] = Field(
+        "reference",
+        description="The engine of a judge of its own (`policy@N` or a checkpoint directory): `reference` "
+        "(transformers, any device) or `fast` (the paged-KV engine with CUDA graphs on a GPU; eager on CPU). "
+        "With `policy` the rollout replicas judge, on rollout.engine.",
+    )
+    gpu_memory_fraction: float = Field(
+        0.2,
+        gt=0,
+        lt=1,
+        description="With reward.judge.engine=fast: the share of its GPU the judge engine takes for weights "
+        "and KV cache (beside what the policy's replicas take when they share the GPU).",
+    )
     template: str = Field(
         description="The judge's user message; {prompt}, {response} and {answer} (the row's `answer` field, "
         "empty when it has none) are filled in. Rendered with the judge tokenizer's chat template."
@@ -99,6 +112,16 @@ class JudgeConfig(Section):
     def _pin_spelling(cls, model: str) -> str:
         pinned_policy_version(model)  # raises on a bad N
         return model
+
+    @model_validator(mode="after")
+    def _engine_of_its_own(self) -> JudgeConfig:
+        if self.engine == "fast" and self.model == "policy":
+            raise ValueError(
+                "reward.judge.engine='fast' with reward.judge.model='policy': the rollout replicas judge, on "
+                "rollout.engine; drop reward.judge.engine, or give the judge an engine of its own (policy@N or "
+                "a checkpoint directory)."
+            )
+        return self
 
     @field_validator("template")
     @classmethod

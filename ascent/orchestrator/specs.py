@@ -148,21 +148,22 @@ def reward_model_spec(model: RewardModelConfig, device: str) -> RewardModelSpec:
 
 
 def judge_engine_spec(cfg: RunConfig) -> EngineSpec | None:
-    """The judge's own engine: a reference engine of `reward.judge.model`'s checkpoint, never sent weights,
+    """The judge's own engine (`reward.judge.engine`) of `reward.judge.model`'s checkpoint, never sent weights,
     or with `policy@N` of model.path, sent version N once (`ascent.transport.pinned`); None when the judge
     is the policy's replicas (or there is no judge)."""
     judge, m = cfg.reward.judge, cfg.model
     if judge is None or judge.model == "policy":
         return None
-    pinned = judge.pinned_version is not None
+    pinned, fast = judge.pinned_version is not None, judge.engine == "fast"
     return EngineSpec(
-        name="reference",
+        name=judge.engine,
         model_path=m.path if pinned else judge.model,
         tokenizer_path=(m.tokenizer_path or m.path) if pinned else judge.model,
         dtype=m.dtype,
         device=cfg.cluster.device,
         trust_remote_code=m.trust_remote_code if pinned else False,
-        generation_batch_size=cfg.rollout.generation_batch_size,
+        generation_batch_size=None if fast else cfg.rollout.generation_batch_size,
+        gpu_memory_fraction=judge.gpu_memory_fraction if fast else None,
     )
 
 

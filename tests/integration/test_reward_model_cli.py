@@ -64,7 +64,13 @@ def test_a_judge_pinned_at_a_policy_version_keeps_it_and_a_resume_loads_it(
     cfg["reward"] = {
         "isolation": "inline",
         "max_failure_rate": 1.0,
-        "judge": {"model": "policy@1", "template": "{prompt}={response}?", "max_new_tokens": 1},
+        # the fast engine (eager on CPU) judges: the reference engine's pinned judge is tests/unit/transport
+        "judge": {
+            "model": "policy@1",
+            "engine": "fast",
+            "template": "{prompt}={response}?",
+            "max_new_tokens": 1,
+        },
     }
     cfg["checkpoint"] = {"every": 1, "keep_last": 3}
     cfg["tracking"] |= {"tensorboard": False, "trace": False}

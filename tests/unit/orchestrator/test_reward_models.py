@@ -213,3 +213,18 @@ def test_policy_at_n_pins_a_version_and_bad_spellings_name_the_field_and_the_fix
 def test_a_pinned_judge_has_an_engine_of_its_own():
     ray = ["cluster.backend=ray", "cluster.gpus_per_worker=1.0"]
     assert demand(pinned("policy@2", *ray)).gpus == demand(pinned("policy", *ray)).gpus + 1.0
+
+
+def test_a_judge_of_its_own_runs_on_the_engine_the_config_names():
+    assert judge_engine_spec(pinned("policy@2")).name == "reference"  # type: ignore[union-attr]
+    fast = judge_engine_spec(
+        pinned("policy@2", "reward.judge.engine=fast", "reward.judge.gpu_memory_fraction=0.3")
+    )
+    assert fast is not None and fast.name == "fast"
+    assert (
+        fast.builder_kwargs()["gpu_memory_fraction"] == 0.3
+        and "generation_batch_size" not in fast.builder_kwargs()
+    )
+    with pytest.raises(ConfigError) as info:
+        pinned("policy", "reward.judge.engine=fast")
+    assert info.value.exit_code == 2 and "the rollout replicas judge, on rollout.engine" in str(info.value)
