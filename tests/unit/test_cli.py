@@ -78,7 +78,7 @@ def test_config_show_explain_piped_is_one_plain_line_per_field(tmp_path: Path) -
     assert len(lines) == len(explain_rows(load_config(None))) and all(
         re.match(r"^[a-z_.]+=", x) for x in lines
     )
-    (line,) = [line for line in lines if "max_tokens_per_micro_batch" in line]
+    (line,) = [line for line in lines if line.startswith("train.max_tokens_per_micro_batch=")]
     assert line == (
         "train.max_tokens_per_micro_batch=8192  (default: 8192)  Token budget of one forward pass; sequences "
         "are packed up to it."
