@@ -49,20 +49,12 @@ from ascent.messages import TrainSample
 from ascent.models.action_head import (
     ActionHeadSpec,
     attach_action_head,
-    save_action_head,
-    without_action_head,
 )
-from ascent.models.files import copy_processor_files
-from ascent.models.loading import compute_dtype, load_model, load_tokenizer, resolve_device
+from ascent.models.loading import compute_dtype, load_model, resolve_device
 from ascent.models.moe import RoutingReplay, is_moe
 from ascent.models.multimodal import freeze_vision
 from ascent.models.parallel import (
     full_parameters,
-    full_state_dict,
-    has_shards,
-    load_full_state_dict,
-    load_shards,
-    save_shards,
 )
 from ascent.trainer import common, lora_sharded
 from ascent.trainer import lora as lora_lib
@@ -72,6 +64,7 @@ from ascent.trainer.compiled import compile_decoder_layers, compile_enabled
 from ascent.trainer.logprobs import token_logprobs, token_logprobs_and_sum_pi_squared, unwrap_model
 from ascent.trainer.loss import LossSettings, MetricSums, micro_batch_loss
 from ascent.trainer.packing import PackedBatch, pack
+from ascent.trainer.policy_checkpoint import load_policy, save_policy
 from ascent.trainer.sequence_parallel import gather_samples
 from ascent.trainer.sequence_parallel import setup as setup_sequence_parallel
 from ascent.trainer.settings import LoraSettings, OptimSettings, TrainerSpec
@@ -437,84 +430,11 @@ class PolicyWorker:
         set_rng_state(state)
 
     def save(self, directory: str | Path, optimizer: bool = True, hf_weights: bool = True) -> None:
-        """Write HF weights (merged for LoRA when `save_merged`), the adapter, tokenizer, trainer_state.pt.
-
-        Sharded (a collective): every rank writes its shards of the weights (`model_shards/`, the resume
-        state), of the optimizer (`optimizer_shards/`) and its RNG (`rng_rank*.pt`); rank 0 also writes
-        gathered HF weights when `hf_weights`, the only step that gathers the model. Unsharded, the HF
-        weights are the resume state and always written.
-        """
-        out = Path(directory)
-        model = unwrap_model(self.model)
-        if self.sharded and self.lora is not None:
-            lora_sharded.save_adapter_shards(self.model, out)
-        elif self.sharded:
-            save_shards(model, out)
-        export = hf_weights or not self.sharded
-        gathered = self._gather_export() if self.sharded and export else {}
-        if not common.write_shard(self, out, optimizer, rng=True):
-            return  # rank 0 writes the rest: unsharded, its state is every rank's; sharded, it gathered
-        out.mkdir(parents=True, exist_ok=True)
-        if self.lora is not None:
-            self._write_lora(out, export, gathered)
-        elif export:
-            with without_action_head(model):  # the head has its own file (save_action_head)
-                model.save_pretrained(str(out), state_dict=gathered.get("weights"))
-            save_action_head(model, out)
-        else:
-            model.config.save_pretrained(str(out))  # what the shards are weights of
-        with contextlib.suppress(OSError, ValueError):
-            load_tokenizer(self.tokenizer_path).save_pretrained(str(out))
-        copy_processor_files(self.model_path, out)
-        common.write_state(self, out, optimizer)
-
-    def _gather_export(self) -> dict[str, Any]:
-        """What a sharded export needs in full, on rank 0 (a collective): the weights, or the adapter and
-        (with `save_merged`) the merged weights."""
-        if self.lora is None:
-            return {"weights": full_state_dict(unwrap_model(self.model))}
-        keep = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
-        out: dict[str, Any] = {"adapter": lora_sharded.gathered_adapter(self.model)}
-        if self.lora.save_merged:
-            merged = lora_sharded.merged_full_weights(self.model)
-            out["merged"] = {n: t.cpu().clone() for n, t in merged if keep}  # ranks > 0 take part, keep none
-        return out
-
-    def _write_lora(self, out: Path, export: bool, gathered: dict[str, Any]) -> None:
-        """Rank 0: the PEFT adapter and the merged weights (`save_merged`), when an export is due; sharded
-        without one, only the adapter config (the adapter itself is in adapter_shards/)."""
-        assert self.lora is not None
-        adapter_dir = out / lora_lib.ADAPTER_DIR
-        if not export:
-            lora_lib.write_adapter_config(self.model, adapter_dir)
-            return
-        lora_lib.write_adapter(self.model, adapter_dir, gathered.get("adapter"))
-        if self.lora.save_merged:
-            lora_lib.write_merged(self.model, out, gathered.get("merged"))
+        """Write HF weights (merged for LoRA when `save_merged`), the adapter, tokenizer, trainer_state.pt
+        (`ascent.trainer.policy_checkpoint.save_policy`; sharded runs: a collective)."""
+        save_policy(self, Path(directory), optimizer, hf_weights)
 
     def load(self, directory: str | Path) -> None:
-        """Restore weights (adapter for LoRA), optimizer, scheduler, scaler, step and RNG from `save(dir)`.
-
-        DCP shards (`model_shards/`) are preferred over the HF weights and load on any number of ranks; a
-        collective when this run is sharded.
-        """
-        src = Path(directory)
-        if self.lora is not None:
-            self._load_adapter(src)
-        elif has_shards(src):  # each rank reads the slices it holds, whatever number of ranks wrote them
-            load_shards(unwrap_model(self.model), src)
-        else:
-            fresh = load_model(src, self.param_dtype, "cpu")
-            if self.action_head is not None:
-                attach_action_head(fresh, self.action_head, src)
-            load_full_state_dict(unwrap_model(self.model), fresh.state_dict())
-        common.load_state(self, src, rng=True)
-
-    def _load_adapter(self, src: Path) -> None:
-        """Adapter shards (any number of ranks) if the checkpoint has them, else the PEFT adapter."""
-        if lora_sharded.has_adapter_shards(src):
-            lora_sharded.load_adapter_shards(self.model, src)
-        elif self.sharded:
-            lora_sharded.load_full_adapter(self.model, src / lora_lib.ADAPTER_DIR)
-        else:
-            lora_lib.load_adapter_weights(self.model, src / lora_lib.ADAPTER_DIR)
+        """Restore weights (adapter for LoRA), optimizer, scheduler, scaler, step and RNG from `save(dir)`
+        (`ascent.trainer.policy_checkpoint.load_policy`; sharded runs: a collective)."""
+        load_policy(self, Path(directory))
