@@ -68,6 +68,7 @@ def _load(cfg: SFTConfig, path: str | None, tok: Any) -> list[TrainSample]:
         max_prompt_tokens=cfg.data.max_prompt_tokens,
         chat_template=cfg.data.chat_template,
         codec=image_codec(cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels),
+        turn_end_loss=cfg.turn_end_loss,
     )
     return sft_samples(examples)
 
