@@ -401,6 +401,12 @@ class SFTConfig(Section):
     epochs: float = Field(1.0, gt=0, description="Passes over the training pairs (fractions allowed).")
     batch_size: int = Field(32, gt=0, description="Prompt/response pairs per optimizer step.")
     response_key: str = Field("response", description="Row field holding the target response.")
+    turn_end_loss: bool = Field(
+        True,
+        description="Train the end-of-turn token (EOS, e.g. <|im_end|>) closing each response and assistant "
+        "turn; false leaves it out of the loss (still in the ids). An assistant message's own `weight: 0` "
+        "leaves that whole turn out.",
+    )
     val_every: int = Field(
         0, ge=0, description="Evaluate on data.val_path every K optimizer steps (0: at end)."
     )

@@ -39,7 +39,7 @@ from ascent.data.prompts import (
     overlong_problem,
     row_prompt,
 )
-from ascent.data.validation import DataError, raise_problems, validate_rows
+from ascent.data.validation import DataError, raise_problems, validate_message_weights, validate_rows
 from ascent.messages import ImageInput
 from ascent.models.content import IMAGES_COLUMN, content_problem, template_messages
 
@@ -117,15 +117,20 @@ def render_sft_examples_and_report(
     chat_template: bool = True,
     source: str = "dataset",
     codec: ImageCodec | None = None,
+    turn_end_loss: bool = True,
 ) -> tuple[list[SFTExample], RenderReport]:
     """Validate rows (prompt and `response_key`) and render them -> (examples, report).
 
     Prompts over `max_prompt_tokens` follow `overlong` like `render_prompts`. A pair over `max_total_tokens`
     is dropped, has its response's tail cut ("truncate"), or is reported ("error"); an example with images
     is dropped rather than cut. `codec` renders rows that show images (a vision-language model's).
+    `turn_end_loss=False` leaves the EOS closing each response or assistant turn out of the loss; an
+    assistant message with `"weight": 0` is out of it too (`ascent.envs.chat.ChatTokens.conversation_ids`).
     """
     conversations = is_conversations(rows, source, response_key)
-    if not conversations:
+    if conversations:
+        validate_message_weights(rows, source)
+    else:
         validate_rows(rows, source, tokenizer_vocab_size=len(tokenizer))
         validate_responses(rows, source, response_key)
         check_chat_template(tokenizer, rows, chat_template)
@@ -134,7 +139,7 @@ def render_sft_examples_and_report(
     problems: list[str] = []
     for row_id, row in enumerate(rows):
         try:
-            options = (response_key, chat_template, source)
+            options = (response_key, chat_template, source, turn_end_loss)
             rendered = _render_row(row, row_id, tokenizer, conversations, options, codec)
         except BadImageRow as err:
             report.drop_bad_image(row_id, err, source)
@@ -202,25 +207,26 @@ def _render_row(
     row_id: int,
     tokenizer: Any,
     conversations: bool,
-    options: tuple[str, bool, str],
+    options: tuple[str, bool, str, bool],
     codec: ImageCodec | None,
 ) -> Rendered | None:
     """One row -> (prompt ids, response ids, loss mask or None, images); None: it shows images and there is
-    no codec (a text model). `options`: (response_key, chat_template, source). Raises BadImageRow for an
-    image it cannot use."""
-    response_key, chat_template, source = options
+    no codec (a text model). `options`: (response_key, chat_template, source, turn_end_loss). Raises
+    BadImageRow for an image it cannot use."""
+    response_key, chat_template, source, turn_end_loss = options
     if row.get("prompt_ids") is None and row_has_images(row, "messages" if conversations else "prompt"):
         if codec is None:
             return None
     else:
         codec = None
     if conversations:
-        return conversation_tokens(row, row_id, tokenizer, source, codec)
+        return conversation_tokens(row, row_id, tokenizer, source, codec, turn_end_loss)
     response_ids = encode_response(row[response_key], tokenizer)
+    mask = None if turn_end_loss else [1] * (len(response_ids) - 1) + [0]  # the closing EOS out of the loss
     if codec is not None:
         prompt_ids, _, images = image_prompt(row, tokenizer, codec, row_id + 1)
-        return prompt_ids, response_ids, None, images
-    return row_prompt(row, tokenizer, chat_template=chat_template)[0], response_ids, None, ()
+        return prompt_ids, response_ids, mask, images
+    return row_prompt(row, tokenizer, chat_template=chat_template)[0], response_ids, mask, ()
 
 
 def is_conversations(rows: Sequence[dict[str, Any]], source: str, response_key: str) -> bool:
@@ -237,10 +243,16 @@ def is_conversations(rows: Sequence[dict[str, Any]], source: str, response_key: 
 
 
 def conversation_tokens(
-    row: dict[str, Any], row_id: int, tokenizer: Any, source: str, codec: ImageCodec | None = None
+    row: dict[str, Any],
+    row_id: int,
+    tokenizer: Any,
+    source: str,
+    codec: ImageCodec | None = None,
+    turn_end_loss: bool = True,
 ) -> Rendered:
     """A `messages` row -> (prompt ids, response ids, loss mask, images) as a multi-turn episode samples them;
-    with `codec`, the images its messages show (each its pads, mask 0)."""
+    with `codec`, the images its messages show (each its pads, mask 0). Assistant messages of weight 0, and
+    with `turn_end_loss=False` every turn's EOS, have mask 0."""
     from ascent.envs.chat import ChatTokens  # tokenizer-only module: the episode's own encoding
 
     messages = row["messages"]
@@ -261,7 +273,8 @@ def conversation_tokens(
             messages, images = decode_images(messages, row.get(IMAGES_COLUMN), codec, row_id + 1)
         else:  # text parts joined into one string, as a text model's template reads them
             messages = template_messages(messages)[0]
-        prompt, response, mask = ChatTokens(tokenizer).conversation_ids(messages, row.get("tools"))
+        chat = ChatTokens(tokenizer)
+        prompt, response, mask = chat.conversation_ids(messages, row.get("tools"), turn_end_loss)
     except ValueError as e:  # ContentError is one: a malformed part or an images column that does not match
         raise DataError(f"{where}: {e}.") from e
     if codec is not None:

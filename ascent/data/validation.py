@@ -163,3 +163,38 @@ def _check_prompt_ids(row: dict[str, Any], row_no: int, vocab_size: int | None, 
                 f"{where} holds {len(outside)} id(s) outside the vocabulary [0, {vocab_size}) "
                 f"(first: {outside[0]}); re-tokenize with the model's tokenizer."
             )
+
+
+def validate_message_weights(rows: Sequence[Any], source: str) -> None:
+    """Raise DataError unless every `weight` in the conversations' `messages` is 0 or 1 on an assistant
+    message (OpenAI fine-tuning's per-message weight: 0 leaves the turn out of the loss; default 1) and every
+    conversation keeps at least one assistant turn in the loss."""
+    problems: list[str] = []
+    for index, row in enumerate(rows):
+        messages = row.get("messages") if isinstance(row, dict) else None
+        if isinstance(messages, list):  # a malformed conversation is conversation_tokens' to report
+            _check_weights([m for m in messages if isinstance(m, dict)], index + 1, problems)
+    raise_problems(source, problems, len(rows))
+
+
+def _check_weights(messages: list[dict[str, Any]], row_no: int, problems: list[str]) -> None:
+    found = len(problems)
+    for i, m in enumerate(messages):
+        if "weight" not in m:
+            continue
+        where, weight = f"row {row_no}: field 'messages' message {i} 'weight'", m["weight"]
+        if m.get("role") != "assistant":
+            problems.append(
+                f"{where} is set on a {m.get('role')!r} message; only assistant messages are trained, so "
+                "only they take a weight. Remove it."
+            )
+        elif isinstance(weight, bool) or weight not in (0, 1):
+            problems.append(
+                f"{where} is {weight!r}; use 0 (leave this turn out of the loss) or 1 (train on it)."
+            )
+    trained = [m for m in messages if m.get("role") == "assistant" and m.get("weight", 1) == 1]
+    if len(problems) == found and not trained and any(m.get("role") == "assistant" for m in messages):
+        problems.append(
+            f"row {row_no}: field 'messages': every assistant message has weight 0, so the row trains nothing; "
+            "give at least one assistant message weight 1, or remove the row."
+        )

@@ -69,6 +69,7 @@ def _load(cfg: SFTConfig, path: str | None, tok: Any) -> list[TrainSample]:
         max_prompt_tokens=cfg.data.max_prompt_tokens,
         chat_template=cfg.data.chat_template,
         codec=image_codec(m.path, m.min_pixels, m.max_pixels, tokenizer=tok, tokenizer_field=field),
+        turn_end_loss=cfg.turn_end_loss,
     )
     return sft_samples(examples)
 

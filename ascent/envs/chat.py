@@ -14,7 +14,7 @@ from typing import Any
 
 Tools = Sequence[Mapping[str, Any]] | None  # function schemas the chat template describes to the model
 
-Message = Mapping[str, str]
+Message = Mapping[str, Any]  # role, content (and, in SFT demonstrations, an assistant turn's loss weight)
 
 _PROBE = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
 
@@ -26,8 +26,10 @@ class ChatTokens:
         self.tok = tokenizer
 
     def _render(self, messages: Sequence[Message], generation_prompt: bool, tools: Tools = None) -> str:
+        # an SFT demonstration's per-message loss weight is the trainer's, not the model's to read
+        shown = [{k: v for k, v in m.items() if k != "weight"} for m in messages]
         out = self.tok.apply_chat_template(
-            [dict(m) for m in messages], tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+            shown, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
         )
         return str(out)
 
@@ -60,12 +62,15 @@ class ChatTokens:
         return [*self._encode(text), int(self.tok.eos_token_id)]
 
     def conversation_ids(
-        self, messages: Sequence[Message], tools: Tools = None
+        self, messages: Sequence[Message], tools: Tools = None, turn_end_loss: bool = True
     ) -> tuple[list[int], list[int], list[int]]:
         """A whole conversation -> (prompt ids, response ids, loss mask [len(response ids)]).
 
         The prompt is every message before the first assistant turn; after it, assistant turns have mask 1
-        and the other messages (tool results, the world's answers) mask 0. It must end on an assistant turn.
+        and the other messages (tool results, the world's answers) mask 0. An assistant message with
+        `"weight": 0` (OpenAI fine-tuning's per-message weight; default 1) is in the ids with mask 0: the
+        model sees it, the loss does not. `turn_end_loss=False` leaves each turn's end-of-turn token out of
+        the loss. It must end on an assistant turn.
         """
         first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
         if first is None or first == 0 or messages[-1]["role"] != "assistant":
@@ -84,8 +89,14 @@ class ChatTokens:
                 obs = self.continuation_ids(pending)
                 ids, mask, pending = ids + obs, mask + [0] * len(obs), []
             turn = self.turn_ids(str(m["content"]))
-            ids, mask = ids + turn, mask + [1] * len(turn)
+            ids, mask = ids + turn, mask + turn_mask(len(turn), int(m.get("weight", 1)), turn_end_loss)
         return self.prompt_ids(messages[:first], tools), ids, mask
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tok.decode(list(ids), skip_special_tokens=True))
+
+
+def turn_mask(n: int, weight: int, turn_end_loss: bool) -> list[int]:
+    """The loss mask [n] of a model turn of `n` ids ending in the end-of-turn token: `weight` (0 or 1) on
+    its text, and on its end-of-turn token too unless `turn_end_loss` is False."""
+    return [weight] * (n - 1) + [weight if turn_end_loss else 0]

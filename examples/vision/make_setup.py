@@ -9,7 +9,9 @@ names, the four quarters' boxes in the zoom call): a real tokenizer compresses s
 over, and with one token per character an episode would be ten times longer than it needs to be; with them,
 the call is five tokens and where to zoom is the choice of one. Usage: `python examples/vision/make_setup.py OUT`
 writes OUT/model, OUT/zoom (rows for `zoom_qa`) and OUT/plain (the same rows for `image_qa`), each with
-`sft.jsonl`, its arm's warm-start demonstrations (zoom then answer; answer at once).
+`sft.jsonl`, its arm's warm-start demonstrations (zoom then answer; answer at once), and the two stages
+of the warm start made from them: `read.jsonl` (the pattern word alone in the loss) and `format.jsonl`
+(whole demonstrations about the top-left quarter only).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from ascent.envs.image_env import SYSTEM, SYSTEM_NO_TOOLS
+from ascent.envs.tasks.common import write_rows
 from ascent.envs.tasks.zoom_task import PATTERNS, QUARTERS, QUESTION, make_zoom_task
 from ascent.models.tiny_vl import make_tiny_vl_checkpoint
 
@@ -45,7 +49,32 @@ WORDS = [
 ]
 
 
-def make_setup(out: Path, rows: int = 256, seed: int = 0, n_val: int = 32, hidden_size: int = 64) -> Path:
+def reading(demo: dict[str, Any]) -> dict[str, Any]:
+    """Stage 1 of the warm start: `demo` with its earlier model turns (the zoom call) at weight 0 and its
+    answer the pattern word alone, so the loss (with `turn_end_loss=false`) is on that one token."""
+    *before, answer = demo["messages"]
+    word = answer["content"].removeprefix("<answer>").removesuffix("</answer>")
+    weighted = [{**m, "weight": 0} if m["role"] == "assistant" else m for m in before]
+    return {**demo, "messages": [*weighted, {"role": "assistant", "content": word}]}
+
+
+def write_stages(arm: Path, quarter: str, n_format: int) -> None:
+    """ARM/read.jsonl (every demonstration, `reading`) and ARM/format.jsonl (the first `n_format`
+    demonstrations about `quarter`, whole: the format and, with the tool, a zoom always into `quarter`)."""
+    rows = [json.loads(line) for line in (arm / "sft.jsonl").read_text().splitlines()]
+    asks = [r for r in rows if QUESTION.format(quarter=quarter) in json.dumps(r["messages"][1])]
+    write_rows(arm / "read.jsonl", [reading(r) for r in rows])
+    write_rows(arm / "format.jsonl", asks[:n_format])
+
+
+def make_setup(
+    out: Path,
+    rows: int = 256,
+    seed: int = 0,
+    n_val: int = 32,
+    hidden_size: int = 64,
+    n_format: int = 64,
+) -> Path:
     """Write OUT/model, OUT/zoom and OUT/plain (see module doc); return `out`."""
     make_tiny_vl_checkpoint(
         out / "model",
@@ -57,6 +86,7 @@ def make_setup(out: Path, rows: int = 256, seed: int = 0, n_val: int = 32, hidde
     )
     for name, env in (("zoom", "zoom_qa"), ("plain", "image_qa")):
         make_zoom_task(out / name, rows, seed, n_val=n_val, size=SIZE, detail=DETAIL, env=env, sft=True)
+        write_stages(out / name, "top-left", n_format)
     return out
 
 

@@ -5,11 +5,13 @@
 
 Steps, each a real CLI call (echoed): write a tiny Qwen2.5-VL checkpoint and the zoom task (`make_setup.py`:
 112 px images, 40 px squares of 1-pixel stripes, 4 image tokens per image, so the stripes are readable only
-zoomed), a warm start per arm from that one checkpoint, by the same SFT recipe (`sft.yaml`) on its own
-demonstrations of the same questions (zoom then answer in `zoom_qa`; answer at once in `image_qa`, so the
-arm without the tool starts answering in its format), then per seed two GRPO runs (`grpo.yaml`): WITH the
-tool (`zoom_qa`) and WITHOUT it (`image_qa`, the same questions, one look). Each run validates greedily on the held-out questions at its start and at its end; the table is
-those accuracies (start, after GRPO) per arm and seed.
+zoomed), a warm start per arm from that one checkpoint in two stages, the same recipe for both arms on their
+own demonstrations of the same questions (zoom then answer in `zoom_qa`; answer at once in `image_qa`):
+stage 1 (`sft_read.yaml`) trains the pattern word alone (the zoom call at `weight: 0`, `turn_end_loss:
+false`), stage 2 (`sft.yaml`) the whole demonstrations about the top-left quarter only (the format; with the
+tool, a zoom that always goes top-left). Then per seed two GRPO runs (`grpo.yaml`): WITH the tool (`zoom_qa`)
+and WITHOUT it (`image_qa`, the same questions, one look). Each run validates greedily on the held-out
+questions at its start and at its end; the table is those accuracies (start, after GRPO) per arm and seed.
 """
 
 from __future__ import annotations
@@ -61,32 +63,44 @@ def grpo(root: Path, arm: str, seed: int, extra: list[str]) -> tuple[float, floa
     return greedy_accuracy(run)
 
 
+def warm_start(root: Path, arm: str, read_epochs: float | None, format_epochs: float | None) -> None:
+    """The arm's two-stage warm start from the one checkpoint: `sft_read.yaml` (the pattern word alone), then
+    `sft.yaml` (the whole demonstrations, top-left only)."""
+    read, final = root / f"sft_read_{arm}", root / f"sft_{arm}"
+    for run, recipe, data, start, epochs in (
+        (read, "sft_read.yaml", "read.jsonl", root / "model", read_epochs),
+        (final, "sft.yaml", "format.jsonl", read / "final", format_epochs),
+    ):
+        shutil.rmtree(run, ignore_errors=True)
+        more = [f"epochs={epochs}"] if epochs else []
+        sh(
+            "sft",
+            str(HERE / recipe),
+            f"run_dir={run}",
+            f"model.path={start}",
+            f"data.train_path={root / arm / data}",
+            *more,
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--root", type=Path, default=Path("runs/vision"), help="where model, data and runs go")
     p.add_argument("--seeds", type=int, default=3, help="GRPO seeds per arm (default 3)")
     p.add_argument("--iterations", type=int, default=None, help="override grpo.yaml's iterations")
-    p.add_argument("--sft-epochs", type=float, default=None, help="override sft.yaml's epochs")
-    p.add_argument("--rows", type=int, default=256, help="training questions (and each arm's demonstrations)")
+    p.add_argument("--read-epochs", type=float, default=None, help="override sft_read.yaml's epochs")
+    p.add_argument("--format-epochs", type=float, default=None, help="override sft.yaml's epochs")
+    p.add_argument("--rows", type=int, default=1024, help="training questions (and stage 1's demonstrations)")
+    p.add_argument("--format-rows", type=int, default=64, help="stage 2's demonstrations (top-left only)")
     p.add_argument("--val", type=int, default=32, help="held-out questions")
     a = p.parse_args()
     sys.path.insert(0, str(HERE))
     from make_setup import make_setup
 
     t0 = time.time()
-    make_setup(a.root, a.rows, n_val=a.val)
-    epochs = [f"epochs={a.sft_epochs}"] if a.sft_epochs else []
+    make_setup(a.root, a.rows, n_val=a.val, n_format=a.format_rows)
     for arm in ("zoom", "plain"):
-        shutil.rmtree(a.root / f"sft_{arm}", ignore_errors=True)
-        demos = f"data.train_path={a.root / arm / 'sft.jsonl'}"
-        sh(
-            "sft",
-            str(HERE / "sft.yaml"),
-            f"run_dir={a.root / f'sft_{arm}'}",
-            f"model.path={a.root / 'model'}",
-            demos,
-            *epochs,
-        )
+        warm_start(a.root, arm, a.read_epochs, a.format_epochs)
     t_sft = time.time() - t0
     extra = [f"iterations={a.iterations}"] if a.iterations else []
     results, times = [], []
