@@ -141,7 +141,11 @@ def require_model_path(cfg: RunConfig | SFTConfig) -> None:
 
 
 def sft_hint(config: str | None, overrides: list[str] | None, err: ConfigError) -> ConfigError:
-    """Add `--sft` to the message when the failing run config is a valid SFT config."""
+    """Add `--sft` to the message when the failing run config is a valid SFT config that the run schema
+    refused for its SFT-only keys (`epochs`, `batch_size`, ...), not for a rule only RL runs have."""
+    sft_only = set(SFTConfig.model_fields) - set(RunConfig.model_fields)
+    if not any(f"'{key}'" in problem for problem in err.problems for key in sft_only):
+        return err
     try:
         load_for_command(config, overrides, SFTConfig)
     except AscentError:

@@ -106,6 +106,10 @@ def test_config_show_sft(tmp_path: Path) -> None:
     assert "add --sft" in result.stderr
     result = runner.invoke(app, ["config", "show", str(path), "--sft"])
     assert result.exit_code == 0 and yaml.safe_load(result.stdout)["batch_size"] == 4
+    # a rule of RL runs only (no SFT-only key refused): no --sft hint, though the SFT schema would pass it
+    result = runner.invoke(app, ["config", "show", "model.lora.publish=adapter"])
+    assert result.exit_code == 2 and "model.lora.publish=adapter" in result.stderr
+    assert "add --sft" not in result.stderr
 
 
 def test_malformed_config_exits_2_naming_the_field(tmp_path: Path) -> None:
