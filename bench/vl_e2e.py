@@ -2,8 +2,8 @@
 
     python bench/vl_e2e.py --shape 3b --json vl_3b.json        # --shape tiny --device cpu: a CPU check
 
-Runs the real CLI in this process (`cluster.backend=inline`, colocated, bf16, the reference engine: the fast
-engine runs text families only so far) on bench/vl_workload.py's workload: `--prompts` rows x `--samples`
+Runs the real CLI in this process (`cluster.backend=inline`, colocated, bf16, `--engine` fast (default: the
+vision tower once per distinct image, multimodal RoPE, CUDA graphs for decode) or reference) on bench/vl_workload.py's workload: `--prompts` rows x `--samples`
 samples, one `--image-size` image per row (448 px: 256 image tokens), exactly `--new-tokens` new tokens at
 most, a coin-flip reward. Reads each iteration's phase times (`time/*`) from the run's metrics.jsonl and
 reports the median over the iterations after `--warmup`, images per second through the update (the
@@ -43,7 +43,7 @@ def run_config(args: argparse.Namespace, model: Path, rows: Path, run_dir: Path)
         },
         "data": {"train_path": str(rows), "max_prompt_tokens": args.image_tokens + 64},
         "rollout": {
-            "engine": "reference",
+            "engine": args.engine,
             "prompts_per_step": args.prompts,
             "samples_per_prompt": args.samples,
             "max_new_tokens": args.new_tokens,
@@ -79,6 +79,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", choices=sorted(V.TEXT), default="3b")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--engine", choices=["fast", "reference"], default="fast")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--image-size", type=int, default=448)
