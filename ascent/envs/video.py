@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import io
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -178,16 +179,31 @@ def video_frames(value: Any, s: VideoSampling, load_frame: Callable[[Any, int], 
 
 def read_video(source: str | Path | bytes, s: VideoSampling) -> list[Frame]:
     """The frames of the video file at `source` (a path, or the file's bytes) that `s` samples, as RGB
-    images within `s.max_pixels`; raises VideoError when it cannot be read."""
+    images within `s.max_pixels`; raises VideoError when it cannot be read. A file's frames are kept for
+    the next rows that ask for the same file (unchanged) with the same options."""
+    if isinstance(source, bytes):
+        return list(_read(source, s))
+    try:
+        stat = Path(source).stat()
+    except OSError:
+        return list(_read(source, s))  # _open says why
+    return list(_read_file(str(source), stat.st_mtime_ns, stat.st_size, s))
+
+
+@functools.lru_cache(maxsize=8)  # several questions about one clip decode it once
+def _read_file(path: str, mtime_ns: int, size: int, s: VideoSampling) -> tuple[Frame, ...]:
+    return _read(path, s)
+
+
+def _read(source: str | Path | bytes, s: VideoSampling) -> tuple[Frame, ...]:
     total, rate = _probe(source)
     wanted = frame_indices(total, rate, s)
-    frames = _decode(source, wanted, rate, s.max_pixels)
-    if len(frames) < len(wanted):  # the header counted frames the stream does not hold
-        decoded = frames[-1].index + 1 if frames else 0
-        frames = _decode(source, frame_indices(decoded, rate, s), rate, s.max_pixels)
+    frames, decoded = _decode(source, wanted, rate, s.max_pixels)
+    if len(frames) < len(wanted):  # the header counts frames the stream does not hold (or a corrupt tail)
+        frames, _ = _decode(source, frame_indices(decoded, rate, s), rate, s.max_pixels)
     if not frames:
         raise VideoError("the video stream holds no frame that decodes; re-encode the file")
-    return frames
+    return tuple(frames)
 
 
 def _open(source: str | Path | bytes) -> Any:
@@ -224,17 +240,20 @@ def _probe(source: str | Path | bytes) -> tuple[int, float | None]:
 
 def _decode(
     source: str | Path | bytes, wanted: Sequence[int], rate: float | None, pixels: int | None
-) -> list[Frame]:
-    """The frames numbered `wanted` (ascending), decoded in one pass; a corrupt tail ends the pass early."""
+) -> tuple[list[Frame], int]:
+    """(the frames numbered `wanted` (ascending), frames decoded), in one pass; a corrupt tail ends the
+    pass early."""
     keep = set(wanted)
     out: list[Frame] = []
+    decoded = 0
     if not keep:
-        return out
+        return out, decoded
     with _open(source) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         try:
             for index, frame in enumerate(container.decode(stream)):
+                decoded = index + 1
                 if index in keep:
                     image = fit_pixels(frame.to_image().convert("RGB"), pixels)
                     out.append(Frame(image, index, index / rate if rate else frame.time))
@@ -245,7 +264,7 @@ def _decode(
                 raise VideoError(
                     f"the video stream does not decode ({_why(err)}); re-encode the file"
                 ) from err
-    return out
+    return out, decoded
 
 
 def _why(err: Exception) -> str:

@@ -14,12 +14,16 @@ def red(i: int) -> int:
     return (i * 20) % 256
 
 
-def write_video(path: Path, frames: int = 10, rate: int = 5, size: tuple[int, int] = (64, 48)) -> Path:
+def write_video(
+    path: Path, frames: int = 10, rate: int = 5, size: tuple[int, int] = (64, 48), index_first: bool = False
+) -> Path:
     """`frames` frames at `rate` per second, width x height `size`; the container follows the suffix
-    (.mp4: MPEG-4 part 2, .webm: VP8, whose header does not count its frames)."""
+    (.mp4: MPEG-4 part 2, .webm: VP8, whose header does not count its frames). `index_first`: an MP4's
+    index (with its frame count) before the frames, so a file cut short still opens and claims them all."""
     codec = "libvpx" if path.suffix == ".webm" else "mpeg4"
     width, height = size
-    with av.open(str(path), "w") as container:
+    options = {"movflags": "faststart"} if index_first else {}
+    with av.open(str(path), "w", options=options) as container:
         stream: Any = container.add_stream(codec, rate=rate)  # a VideoStream for a video codec
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         for i in range(frames):

@@ -101,6 +101,14 @@ def test_unreadable_videos_say_why(tmp_path) -> None:
         video_frames(3, VideoSampling(), _no_frames)
 
 
+def test_a_file_cut_short_is_sampled_within_the_frames_it_holds(tmp_path) -> None:
+    whole = write_video(tmp_path / "clip.mp4", frames=20, rate=10, index_first=True).read_bytes()
+    (tmp_path / "cut.mp4").write_bytes(whole[: int(len(whole) * 0.7)])  # the index still says 20 frames
+    frames = read_video(tmp_path / "cut.mp4", VideoSampling(nframes=4))
+    assert len(frames) == 4 and frames[0].index == 0 and frames[-1].index < 19
+    assert all(abs(frame_red(f.image) - red(f.index)) <= 8 for f in frames)
+
+
 def test_fit_pixels_keeps_the_aspect_and_never_grows() -> None:
     image = Image.new("RGB", (400, 100))
     assert fit_pixels(image, 10_000).size == (200, 50)
