@@ -70,9 +70,10 @@ def test_a_list_of_frame_images_is_a_video_sampled_by_nframes(tmp_path, vl):
     for i in range(5):
         (tmp_path / f"f{i}.png").write_bytes(png_bytes(28, 28, i))
     frames = [f"f{i}.png" for i in range(5)]
+    (tmp_path / "gone").mkdir()
     rows = [
         {"prompt": _user({"type": "video", "video": frames, "nframes": 3}, _text("q"))},
-        {"prompt": _user({"type": "video", "video": frames, "fps": 1}, _text("q"))},
+        {"prompt": _user({"type": "video", "video": ["f0.png", "gone/f9.png"]}, _text("q"))},
     ]
     (item,), report = _load(tmp_path, rows, vl)
     assert [im.source.rsplit(" ", 2)[1:] for im in item.images] == [
@@ -81,10 +82,7 @@ def test_a_list_of_frame_images_is_a_video_sampled_by_nframes(tmp_path, vl):
         ["frame", "4"],
     ]
     assert "Frame 2:<|vision_start|>" in item.prompt_text
-    assert report.bad_images == [
-        "row 2: video message 0 part 0 (5 frames): fps=1.0 for a list of frame images, which has no clock; "
-        "sample it with nframes or max_frames"
-    ]
+    assert report.bad_images[0].startswith(f"row 2: image {tmp_path / 'gone' / 'f9.png'}: no such file")
 
 
 def test_a_missing_or_corrupt_video_costs_its_row_naming_row_and_path(tmp_path, vl, caplog):
@@ -93,24 +91,40 @@ def test_a_missing_or_corrupt_video_costs_its_row_naming_row_and_path(tmp_path, 
     rows = [
         {"prompt": _user({"type": "video", "video": "gone.mp4"})},
         {"prompt": _user({"type": "video", "video": "junk.mp4"})},
-        {"prompt": _user({"type": "video", "video": "ok.mp4", "max_frames": 0})},
-        {"prompt": _user({"type": "video", "video": "ok.mp4", "speed": 2})},
         {"prompt": _user({"type": "video", "video": "ok.mp4", "max_frames": 2})},
     ]
     with caplog.at_level(logging.WARNING, logger="ascent"):
         items, report = _load(tmp_path, rows, vl)
-    assert [i.row_id for i in items] == [4] and len(items[0].images) == 2
-    gone, junk, zero, unknown = report.bad_images
+    assert [i.row_id for i in items] == [2] and len(items[0].images) == 2
+    gone, junk = report.bad_images
     assert gone == (
         f"row 1: video {tmp_path / 'gone.mp4'}: no such file (the row writes 'gone.mp4', resolved against the "
         f"dataset file's folder {tmp_path}); give an absolute path or a path relative to that folder"
     )
     assert junk.startswith(f"row 2: video {tmp_path / 'junk.mp4'}: not a readable video (Invalid data found")
-    assert zero == f"row 3: video {tmp_path / 'ok.mp4'}: max_frames=0: give a positive whole number"
-    assert unknown.endswith(
-        "unknown video option 'speed'; the options are fps, nframes, max_frames, max_pixels"
-    )
     assert "row 2: video" in caplog.text
+
+
+def test_bad_sampling_options_are_validation_errors_naming_row_and_option(tmp_path, vl):
+    rows = [
+        {"prompt": _user({"type": "video", "video": "a.mp4", "max_frames": 0})},
+        {"prompt": _user({"type": "video", "video": "a.mp4", "speed": 2})},
+        {"prompt": _user({"type": "video", "video": ["a.png", "b.png"], "fps": 1})},
+    ]
+    with pytest.raises(DataError) as err:
+        _load(tmp_path, rows, vl)
+    zero, unknown, clockless = err.value.problems
+    assert (
+        zero
+        == f"row 1: field 'prompt' video {tmp_path / 'a.mp4'}: max_frames=0: give a positive whole number."
+    )
+    assert unknown.endswith(
+        "unknown video option 'speed'; the options are fps, nframes, max_frames, max_pixels."
+    )
+    assert (
+        "row 3: field 'prompt' video message 0 part 0 (2 frames): fps=1.0 for a list of frame images"
+        in clockless
+    )
 
 
 def test_a_video_url_is_refused_offline(tmp_path, vl):
