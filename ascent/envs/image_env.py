@@ -137,21 +137,18 @@ def _sequence(row: Mapping[str, Any]) -> tuple[list[Image.Image], list[str]]:
     if frames is not None and video is not None:
         raise ValueError("the row has both 'frames' and 'video'; give one of them (the sequence to show)")
     if frames is not None:
-        return [load_image(f, f"frames[{i}]") for i, f in enumerate(frames)], [
-            f"frame {i}" for i in range(len(frames))
-        ]
+        labels = [f"frame {i}" for i in range(len(frames))]
+        return [load_image(f, f"frames[{i}]") for i, f in enumerate(frames)], labels
     if video is None:
         return [], []
-    value, options = (
-        (video.get("video"), {k: v for k, v in video.items() if k != "video"})
-        if isinstance(video, Mapping)
-        else (video, {})
-    )
+    value, options = video, {}
+    if isinstance(video, Mapping):  # {"video": ..., "fps": ...}: the value and its sampling options
+        value, options = video.get("video"), {k: v for k, v in video.items() if k != "video"}
     try:
         sampled = video_frames(value, sampling(options), lambda v, i: load_image(v, f"video[{i}]"))
     except VideoError as err:
-        name = value if isinstance(value, str) and not value.startswith("data:") else "(inline)"
-        raise ValueError(f"video={name}: {err}") from err
+        named = isinstance(value, str) and not value.startswith("data:")
+        raise ValueError(f"video={value if named else '(inline)'}: {err}") from err
     labels = [f"frame {k}" + ("" if f.time is None else f" at {f.time:.1f} s") for k, f in enumerate(sampled)]
     return [f.image for f in sampled], labels
 
