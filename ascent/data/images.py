@@ -11,7 +11,7 @@ callers drop that row and count it (`RenderReport.bad_images`), never the run.
 A video part (`{"type": "video", "video": "clip.mp4", "fps": 1}`) is decoded here into its sampled frames
 (`ascent.envs.video`, which says why frames and not video tokens) and becomes, in the template, each
 frame's marker text ("Frame 3 at 1.5 s:") and image part: from then on its frames are images like any
-other, named `<video> frame 3 at 1.5 s` (`video_frames` counts them back for reports). A video that is
+other, named `<video> frame 3 at 1.5 s` (`frame_of` and `video_frames_of` find them again for reports). A video that is
 missing, unreadable or has a bad option costs its row the same way.
 """
 

@@ -93,15 +93,15 @@ def check_images(cfg: RunConfig) -> CheckResult:
     shown, lengths, bad = _measure(rows, codec, tokenizer)
     tokens = [im.num_tokens for images in shown for im in images]
     over = [(n, length, k) for n, length, k in lengths if length > cfg.data.max_prompt_tokens]
-    frames = _frames(shown)
-    facts |= {"image_tokens": tokens, "bad_rows": bad, "over_rows": [n for n, _, _ in over], **frames[1]}
+    frame_words, frame_facts = _frames(shown)
+    facts |= {"image_tokens": tokens, "bad_rows": bad, "over_rows": [n for n, _, _ in over], **frame_facts}
     stats = (
         f"image tokens per image over {len(tokens)} images of the first {read} rows: min {min(tokens)}, "
         f"median {statistics.median(tokens):g}, max {max(tokens)}"
         if tokens
         else "no usable image"
     )
-    detail = f"{budget}; {stats}{frames[0]}"
+    detail = f"{budget}; {stats}{frame_words}"
     problems = []
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
@@ -114,7 +114,7 @@ def check_images(cfg: RunConfig) -> CheckResult:
                 f"{len(over)} rows over data.max_prompt_tokens={cfg.data.max_prompt_tokens}: row {n} is "
                 f"{length} tokens, {k} of them image tokens{more}",
                 "lower model.max_pixels (fewer tokens per image), "
-                + (FIX_FRAMES if frames[0] else "")
+                + (FIX_FRAMES if frame_words else "")
                 + "or raise data.max_prompt_tokens; the run leaves these rows out.",
             )
         )
