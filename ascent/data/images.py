@@ -7,19 +7,32 @@ encoded once by the checkpoint's `ImageCodec` (`ascent.models.vision`), whose pi
 (`model.min_pixels` / `model.max_pixels`) decides how many pads it becomes; `codec.expand` writes that many.
 An image that is missing, unreadable or not an image raises `BadImageRow` naming the row and the image: the
 callers drop that row and count it (`RenderReport.bad_images`), never the run.
+
+A video part (`{"type": "video", "video": "clip.mp4", "fps": 1}`) is decoded here into its sampled frames
+(`ascent.envs.video`, which says why frames and not video tokens) and becomes, in the template, each
+frame's marker text ("Frame 3 at 1.5 s:") and image part: from then on its frames are images like any
+other, named `<video> frame 3 at 1.5 s` (`frame_of` and `video_frames_of` find them again for reports). A video that is
+missing, unreadable or has a bad option costs its row the same way.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ascent.envs.video import Frame, VideoError, sampling, video_frames
 from ascent.messages import ImageInput
 from ascent.models.content import (
     IMAGES_COLUMN,
     ImageLoadError,
+    ImageRef,
+    VideoRef,
     has_images,
+    image_bytes,
+    missing_file,
     open_image,
     template_messages,
 )
@@ -31,6 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ascent")
 MAX_LOGGED = 10  # bad image rows logged one by one; past it, only counted
+FRAME_NAME = re.compile(r"^(.*) frame \d+(?: at [\d.]+ s)?$")  # a video frame's ImageInput.source
 
 
 class BadImageRow(Exception):
@@ -57,17 +71,95 @@ def text_model_problem(row_no: int) -> str:
 def decode_images(
     messages: Sequence[dict[str, Any]], images: Sequence[Any] | None, codec: ImageCodec, row_no: int
 ) -> tuple[list[dict[str, Any]], tuple[ImageInput, ...]]:
-    """(the messages as the chat template reads them, their images encoded in order); raises BadImageRow."""
+    """(the messages as the chat template reads them, their images encoded in order: a video's sampled
+    frames in its place); raises BadImageRow."""
     template, refs = template_messages(messages, images)
     out = []
+    shown: list[list[Frame]] = []  # each video's frames, in order
     for ref in refs:
+        if isinstance(ref, VideoRef):
+            shown.append(_frames(ref, row_no))
+            out += [_encode(codec, f.image, f"{ref.source} {f.label}", row_no) for f in shown[-1]]
+            continue
         try:
-            out.append(codec.encode(open_image(ref), ref.source))
+            image = open_image(ref)
         except ImageLoadError as err:
             raise BadImageRow(f"row {row_no}: image {err.source}: {err.why}") from err
-        except ValueError as err:  # the codec's ImageCodecError: pixels it cannot take
-            raise BadImageRow(f"row {row_no}: image {ref.source}: {err}") from err
-    return template, tuple(out)
+        out.append(_encode(codec, image, ref.source, row_no))
+    return (_with_frames(template, shown) if shown else template), tuple(out)
+
+
+def _encode(codec: ImageCodec, image: Any, source: str, row_no: int) -> ImageInput:
+    try:
+        return codec.encode(image, source)
+    except ValueError as err:  # the codec's ImageCodecError: pixels it cannot take
+        raise BadImageRow(f"row {row_no}: image {source}: {err}") from err
+
+
+def _frames(ref: VideoRef, row_no: int) -> list[Frame]:
+    """A video part's sampled frames; raises BadImageRow naming the row, the video and the fix."""
+
+    def open_frame(value: Any, index: int) -> Any:
+        named = isinstance(value, str) and not value.startswith("data:")
+        return open_image(ImageRef(value, value if named else f"{ref.source} frame {index}"))
+
+    value = ref.value
+    try:
+        if isinstance(value, dict):  # HF datasets' {"bytes", "path"}: bytes when present, else the path
+            value = image_bytes(ref) if value.get("bytes") else value.get("path")
+        if isinstance(value, str) and not value.startswith("data:"):
+            _check_path(value)
+        return video_frames(value, sampling(ref.options or {}), open_frame)
+    except ImageLoadError as err:
+        raise BadImageRow(f"row {row_no}: image {err.source}: {err.why}") from err
+    except VideoError as err:
+        raise BadImageRow(f"row {row_no}: video {ref.source}: {err}") from err
+
+
+def _check_path(value: str) -> None:
+    """Raise VideoError for a video path that names no file (with the fix)."""
+    path = Path(value.removeprefix("file://")).expanduser()
+    if not path.is_absolute():
+        raise VideoError(
+            "a relative path, and no dataset folder to resolve it against; give an absolute path"
+        )
+    if not path.is_file():
+        raise VideoError(missing_file(value))
+
+
+def _with_frames(template: list[dict[str, Any]], shown: list[list[Frame]]) -> list[dict[str, Any]]:
+    """`template` with its k-th `{"type": "video"}` part replaced by video k's frames: for each, its marker
+    text and an image part."""
+    videos = iter(shown)
+    out = []
+    for m in template:
+        content = m.get("content")
+        if not isinstance(content, list):
+            out.append(m)
+            continue
+        parts: list[dict[str, Any]] = []
+        for part in content:
+            if part.get("type") != "video":
+                parts.append(part)
+                continue
+            for frame in next(videos):
+                parts += [{"type": "text", "text": f"{frame.label.capitalize()}:"}, {"type": "image"}]
+        out.append({**m, "content": parts})
+    return out
+
+
+def frame_of(image: ImageInput) -> str | None:
+    """The video `image` is a frame of (its source reads `<video> frame N ...`), or None."""
+    match = FRAME_NAME.match(image.source)
+    return match.group(1) if match else None
+
+
+def video_frames_of(images: Sequence[ImageInput]) -> dict[str, int]:
+    """{video: frames shown} for the images that are a video's frames."""
+    counts: dict[str, int] = {}
+    for video in filter(None, map(frame_of, images)):
+        counts[video] = counts.get(video, 0) + 1
+    return counts
 
 
 def expand(ids: Sequence[int], images: Sequence[ImageInput], codec: ImageCodec, row_no: int) -> list[int]:
@@ -95,10 +187,17 @@ def overlong_image_problem(
     """`row N: ...` for a row whose text and image tokens are over `field`=max_tokens: it is left out (a cut
     would split an image), and the fix is fewer tokens per image or a larger limit."""
     counts = ", ".join(str(im.num_tokens) for im in images)
+    frames = sum(video_frames_of(images).values())
+    fewer = (
+        f", show fewer video frames ({frames} now: the video part's max_frames, nframes or fps) or smaller "
+        "ones (its max_pixels)"
+        if frames
+        else ""
+    )
     return (
         f"row {row_no}: the {what} is {length} tokens, {sum(im.num_tokens for im in images)} of them image "
         f"tokens ({len(images)} images: {counts}), over {field}={max_tokens}; lower model.max_pixels (fewer "
-        f"tokens per image) or raise {field}"
+        f"tokens per image){fewer} or raise {field}"
     )
 
 

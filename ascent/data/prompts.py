@@ -107,8 +107,9 @@ class RenderReport:
         """The error when every row was left out: over the length limit or with an unusable image."""
         if self.bad_images and len(self.bad_images) == num_rows:
             return DataError(
-                f"{source}: all {num_rows} rows were left out for an unusable image (first: "
-                f"{self.bad_images[0]}); fix the image paths (relative to the dataset file) or the files."
+                f"{source}: all {num_rows} rows were left out for an unusable image or video (first: "
+                f"{self.bad_images[0]}); fix the paths (relative to the dataset file), the files or the "
+                "video options."
             )
         return DataError(
             f"{source}: no usable prompts: {self.summary()}; raise data.max_prompt_tokens, lower "

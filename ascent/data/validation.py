@@ -1,7 +1,8 @@
 """Check dataset rows before anything is rendered, and report every problem at once.
 
 A row is a dict with a `prompt` (a non-empty string, or a non-empty list of `{role, content}` messages whose
-content is a string or a list of text and image parts, `ascent.models.content`), an
+content is a string or a list of text, image and video parts, `ascent.models.content`; a video part's
+sampling options are checked here too, `ascent.envs.video`), an
 optional `reward_fn` and `data_source` (strings), optional `prompt_ids` (pre-tokenized prompt: a list of
 ints) and any other metadata the reward reads (e.g. `answer`). Problems are collected over the whole file
 and raised as one `DataError` naming the source, the row (1-based) and the field, so a user fixes a file in
@@ -13,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ascent.envs.video import VideoError, sampling, sequence_indices
 from ascent.errors import AscentError
-from ascent.models.content import ContentError, content_problem, has_images, template_messages
+from ascent.models.content import ContentError, VideoRef, content_problem, has_images, template_messages
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 MAX_REPORTED_PROBLEMS = 10
@@ -108,8 +110,8 @@ def _check_prompt(row: dict[str, Any], row_no: int, problems: list[str]) -> str 
             _check_message(message, row_no, msg_index, problems)
         if len(problems) == found and (has_images(prompt) or row.get("images") is not None):
             try:
-                template_messages(prompt, row.get("images"))
-            except ContentError as err:
+                _check_videos(template_messages(prompt, row.get("images"))[1])
+            except (ContentError, VideoError) as err:
                 problems.append(f"row {row_no}: field 'prompt' {err}.")
         return "messages" if len(problems) == found else None
     problems.append(
@@ -117,6 +119,18 @@ def _check_prompt(row: dict[str, Any], row_no: int, problems: list[str]) -> str 
         "use a string or a list of {role, content} messages."
     )
     return None
+
+
+def _check_videos(refs: Sequence[Any]) -> None:
+    """Raise VideoError, naming the part, for a video part whose sampling options cannot be used."""
+    for ref in refs:
+        if isinstance(ref, VideoRef):
+            try:
+                s = sampling(ref.options or {})
+                if isinstance(ref.value, list):
+                    sequence_indices(len(ref.value), s)
+            except VideoError as err:
+                raise VideoError(f"video {ref.source}: {err}") from err
 
 
 def _check_message(message: Any, row_no: int, msg_index: int, problems: list[str]) -> None:

@@ -1,7 +1,9 @@
 """Doctor check of the images a run shows its model: the pixel budget (`model.min_pixels` /
 `model.max_pixels`, else the checkpoint's preprocessor_config.json), how many image tokens each image of the
-first rows becomes (min / median / max), and the rows the run would leave out: an image that cannot be used
-(missing, unreadable, not an image) or a prompt whose text and image tokens are over data.max_prompt_tokens.
+first rows becomes (min / median / max), the frames its videos become (`ascent.data.images`: a video is
+shown as its sampled frames, each an image) and their image tokens, and the rows the run would leave out: an
+image or video that cannot be used (missing, unreadable, not an image) or a prompt whose text and image
+tokens are over data.max_prompt_tokens.
 Images in the data of a text-only model, an image processor cut for another vision tower, and a tokenizer
 without the model's image token (a text model's) fail here, before a run.
 
@@ -15,16 +17,20 @@ from pathlib import Path
 from typing import Any
 
 from ascent.config.schema import RunConfig
-from ascent.data.images import BadImageRow, decode_images, image_prompt, row_has_images
+from ascent.data.images import BadImageRow, decode_images, frame_of, image_prompt, row_has_images
 from ascent.doctor.data import HEAD_ROWS, HeadError, head_rows
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
 from ascent.errors import AscentError
+from ascent.messages import ImageInput
 from ascent.models.content import IMAGES_COLUMN, ContentError, resolve_paths
 
 NAME = "images"
 FIX_BAD = (
-    "fix the image paths (relative paths are relative to the dataset file) or the files; the run leaves "
-    "these rows out."
+    "fix the image and video paths (relative paths are relative to the dataset file) or the files; the run "
+    "leaves these rows out."
+)
+FIX_FRAMES = (
+    "show fewer video frames (a video part's max_frames, nframes or fps) or smaller ones (max_pixels), "
 )
 
 
@@ -84,16 +90,18 @@ def check_images(cfg: RunConfig) -> CheckResult:
     facts: dict[str, Any] = {"min_pixels": low, "max_pixels": high}
     if not rows:
         return ok(NAME, f"{budget}; no images in the first {read} rows", **facts)
-    tokens, lengths, bad = _measure(rows, codec, tokenizer)
+    shown, lengths, bad = _measure(rows, codec, tokenizer)
+    tokens = [im.num_tokens for images in shown for im in images]
     over = [(n, length, k) for n, length, k in lengths if length > cfg.data.max_prompt_tokens]
-    facts |= {"image_tokens": tokens, "bad_rows": bad, "over_rows": [n for n, _, _ in over]}
+    frame_words, frame_facts = _frames(shown)
+    facts |= {"image_tokens": tokens, "bad_rows": bad, "over_rows": [n for n, _, _ in over], **frame_facts}
     stats = (
         f"image tokens per image over {len(tokens)} images of the first {read} rows: min {min(tokens)}, "
         f"median {statistics.median(tokens):g}, max {max(tokens)}"
         if tokens
         else "no usable image"
     )
-    detail = f"{budget}; {stats}"
+    detail = f"{budget}; {stats}{frame_words}"
     problems = []
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
@@ -105,8 +113,9 @@ def check_images(cfg: RunConfig) -> CheckResult:
             (
                 f"{len(over)} rows over data.max_prompt_tokens={cfg.data.max_prompt_tokens}: row {n} is "
                 f"{length} tokens, {k} of them image tokens{more}",
-                "lower model.max_pixels (fewer tokens per image) or raise data.max_prompt_tokens; the run "
-                "leaves these rows out.",
+                "lower model.max_pixels (fewer tokens per image), "
+                + (FIX_FRAMES if frame_words else "")
+                + "or raise data.max_prompt_tokens; the run leaves these rows out.",
             )
         )
     if problems:
@@ -114,6 +123,25 @@ def check_images(cfg: RunConfig) -> CheckResult:
             NAME, "; ".join([detail, *(p for p, _ in problems)]), "; ".join(f for _, f in problems), **facts
         )
     return ok(NAME, detail, **facts)
+
+
+def _frames(shown: list[tuple[ImageInput, ...]]) -> tuple[str, dict[str, Any]]:
+    """(the detail's words on the frames of the rows' videos, or "" without videos; their facts)."""
+    per_video: dict[tuple[int, str], list[int]] = {}
+    for row, images in enumerate(shown):
+        for im in images:
+            video = frame_of(im)
+            if video is not None:
+                per_video.setdefault((row, video), []).append(im.num_tokens)
+    if not per_video:
+        return "", {}
+    counts = [len(t) for t in per_video.values()]
+    tokens = [sum(t) for t in per_video.values()]
+    words = (
+        f"; {sum(counts)} of the images are frames of {len(counts)} videos: {min(counts)}..{max(counts)} "
+        f"frames and {min(tokens)}..{max(tokens)} image tokens per video"
+    )
+    return words, {"video_frames": counts, "video_tokens": tokens}
 
 
 def _tokenizer(cfg: RunConfig, token_id: int) -> tuple[Any, str | None]:
@@ -137,10 +165,11 @@ def _tokenizer(cfg: RunConfig, token_id: int) -> tuple[Any, str | None]:
 
 def _measure(
     rows: list[tuple[int, dict[str, Any]]], codec: Any, tokenizer: Any
-) -> tuple[list[int], list[tuple[int, int, int]], list[str]]:
-    """(image tokens of every usable image, (row number, prompt tokens, of them image tokens) per usable
-    row, the problems of the rows the run would leave out). Without a tokenizer a row counts its images."""
-    tokens: list[int] = []
+) -> tuple[list[tuple[ImageInput, ...]], list[tuple[int, int, int]], list[str]]:
+    """(the images of every usable row, a video's frames included; (row number, prompt tokens, of them
+    image tokens) per usable row; the problems of the rows the run would leave out). Without a tokenizer a
+    row counts its images."""
+    shown: list[tuple[ImageInput, ...]] = []
     lengths: list[tuple[int, int, int]] = []
     bad: list[str] = []
     for row_no, row in rows:
@@ -157,6 +186,6 @@ def _measure(
             bad.append(f"row {row_no}: {err}")
             continue
         image = sum(im.num_tokens for im in images)
-        tokens += [im.num_tokens for im in images]
+        shown.append(tuple(images))
         lengths.append((row_no, max(len(ids), image), image))
-    return tokens, lengths, bad
+    return shown, lengths, bad

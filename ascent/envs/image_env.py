@@ -4,7 +4,11 @@ them: one look, one answer).
 
 A row holds the question (`prompt`), the answer (`answer`, or SkyRL's `reward_spec.ground_truth`) and either
 `image` (a path, a `data:image/...;base64,` URI or RGB pixels: `ascent.envs.tools.image_tools.load_image`) or
-`frames`, a list of such images (a short video or an image sequence). The first user message shows the image,
+`frames`, a list of such images (an image sequence), or `video`: a video file (a path, absolute or relative
+to the dataset file, or a `data:video/...;base64,` URI), a list of frame images, or a dict with that
+`video` and its sampling options (`{"video": "clip.mp4", "fps": 1, "max_frames": 8, "max_pixels": 50000}`:
+`ascent.envs.video`; default 2 frames per second, at most 16). A video's sampled frames are the sequence,
+numbered from 0 and labelled with their time ("frame 2 at 1.5 s"). The first user message shows the image,
 or a `preview` of the frames (the row's list of frame indices; default up to 4 evenly spaced), each after a
 label, "Image 0 (frame 3):", then the question. Every image the model is shown gets the next number.
 
@@ -12,8 +16,8 @@ Tools, in the model's native `<tool_call>{"name": ..., "arguments": {...}}</tool
 - `zoom_in(bbox, image=0)`: the box `[x1, y1, x2, y2]` of shown image `image` (pixels, or fractions of its
   width and height when all four lie in [0, 1]), clamped to the image and upscaled so its longer side is the
   row's `zoom_size` (default: that image's longer side);
-- `select_frames(frames)` (rows with `frames`): those frames at full size, at most `max_frames` (the row's,
-  default 4) per call.
+- `select_frames(frames)` (rows with `frames` or `video`): those frames at full size (a video's: as decoded),
+  at most `max_frames` (the row's, default 4) per call.
 Each result is a `tool` message of text and image parts (`ascent.envs.images`); a wrong argument is answered
 with the error as text, and the episode goes on. A turn without a tool call is the final answer, scored by
 `answer_matches` (the `<answer>` tag, else the whole turn, against the row's answer, normalised exact match).
@@ -33,6 +37,7 @@ from ascent.envs.images import image_part, text_part
 from ascent.envs.rows import row_field, row_messages
 from ascent.envs.tools import ToolResult, function_tool, parse_tool_calls
 from ascent.envs.tools.image_tools import ImageToolError, load_image, pick_frames, pixel_box, zoom
+from ascent.envs.video import VideoError, sampling, video_frames
 
 SYSTEM = (
     "Answer the question about the image. To see a region larger, call the zoom_in tool with its bounding "
@@ -57,15 +62,13 @@ class ZoomQa:
     def reset(self, row: Mapping[str, Any]) -> list[Message]:
         self.row = row
         self.seen: list[Image.Image] = []  # every image shown, by its number
-        self.frames: list[Image.Image] = []
         self.zoom_size = row_field(row, "zoom_size", None)
         self.max_frames = int(row_field(row, "max_frames", 4))
-        frames = row_field(row, "frames", None)
-        if frames is not None:
-            self.frames += [load_image(f, f"frames[{i}]") for i, f in enumerate(frames)]
+        self.frames, self.labels = _sequence(row)
+        if self.frames:
             preview = row_field(row, "preview", None) or _evenly(len(self.frames), PREVIEW_FRAMES)
             pick_frames(len(self.frames), preview, len(self.frames))  # a bad preview is the row's error
-            shown = self._show([(f"frame {i}", self.frames[i]) for i in preview])
+            shown = self._show([(self.labels[i], self.frames[i]) for i in preview])
         else:
             shown = self._show([("the image", load_image(row_field(row, "image")))])
         tools = [function_tool(self.zoom_in)] + ([function_tool(self.select_frames)] if self.frames else [])
@@ -120,11 +123,34 @@ class ZoomQa:
             chosen = pick_frames(len(self.frames), frames, self.max_frames)
         except ImageToolError as e:
             return ToolResult(False, "", str(e))
-        self._new += [(f"frame {i}", self.frames[i]) for i in chosen]
+        self._new += [(self.labels[i], self.frames[i]) for i in chosen]
         return ToolResult(True, f"Frames {', '.join(map(str, chosen))}:")
 
     def _longest(self, source: Image.Image) -> int:
         return int(self.zoom_size) if self.zoom_size else max(source.size)
+
+
+def _sequence(row: Mapping[str, Any]) -> tuple[list[Image.Image], list[str]]:
+    """(the row's sequence of frames, their labels): its `frames`, or the frames sampled from its `video`
+    (numbered by their place in the sequence, with their time); none for a single-image row."""
+    frames, video = row_field(row, "frames", None), row_field(row, "video", None)
+    if frames is not None and video is not None:
+        raise ValueError("the row has both 'frames' and 'video'; give one of them (the sequence to show)")
+    if frames is not None:
+        labels = [f"frame {i}" for i in range(len(frames))]
+        return [load_image(f, f"frames[{i}]") for i, f in enumerate(frames)], labels
+    if video is None:
+        return [], []
+    value, options = video, {}
+    if isinstance(video, Mapping):  # {"video": ..., "fps": ...}: the value and its sampling options
+        value, options = video.get("video"), {k: v for k, v in video.items() if k != "video"}
+    try:
+        sampled = video_frames(value, sampling(options), lambda v, i: load_image(v, f"video[{i}]"))
+    except VideoError as err:
+        named = isinstance(value, str) and not value.startswith("data:")
+        raise ValueError(f"video={value if named else '(inline)'}: {err}") from err
+    labels = [f"frame {k}" + ("" if f.time is None else f" at {f.time:.1f} s") for k, f in enumerate(sampled)]
+    return [f.image for f in sampled], labels
 
 
 def _evenly(n: int, k: int) -> list[int]:

@@ -7,7 +7,12 @@ A message's `content` is a string or a list of parts:
 - `{"type": "image", "image": X}` (Hugging Face processors) where X is a path, a data URL
   (`data:image/png;base64,...`), raw bytes, or `{"bytes": ..., "path": ...}` (what HF datasets' Image
   feature stores); `{"type": "image"}` with no `image` takes the row's next entry of its `images` column;
-- `{"type": "image_url", "image_url": {"url": U}}` (OpenAI), U a data URL or a path (`file://` allowed).
+- `{"type": "image_url", "image_url": {"url": U}}` (OpenAI), U a data URL or a path (`file://` allowed);
+- `{"type": "video", "video": V, "fps": 1.0}` (Hugging Face and Qwen processors) where V is a video file's
+  path, a data URL (`data:video/mp4;base64,...`), raw bytes, an HF `{"bytes", "path"}` dict, or a list of
+  frame images (each as an image part's `image`); the part's other keys are its sampling options (`fps`,
+  `nframes`, `max_frames`, `max_pixels`: `ascent.envs.video`, which also says why a video is shown as its
+  frames, each an image).
 
 Paths are absolute, or relative to the dataset file's folder (`resolve_paths`, applied when rows are loaded,
 makes them absolute `ResolvedPath`s that remember how the row wrote them, for the "no such file" message).
@@ -18,9 +23,11 @@ The `images` column (TRL's and HF datasets' convention): a list whose entries ar
 without its own `image` shows entry k, and a row has exactly as many such parts as entries.
 
 `template_messages` turns messages into what a chat template reads (each image part becomes
-`{"type": "image"}`, text-only part lists become one string) plus an `ImageRef` per image, in order;
-`open_image(ref)` decodes one with PIL, raising `ImageLoadError` (naming the image) when it is missing,
-unreadable or not an image. Nothing here imports torch.
+`{"type": "image"}`, each video part `{"type": "video"}`, text-only part lists become one string) plus an
+`ImageRef` per image and a `VideoRef` per video, in order; `open_image(ref)` decodes an image with PIL,
+raising `ImageLoadError` (naming the image) when it is missing, unreadable or not an image. Videos are
+decoded, and their `{"type": "video"}` parts replaced by their frames, where rows become ids
+(`ascent.data.images`): this layer cannot reach the decoder. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -37,13 +44,20 @@ from PIL import Image
 
 from ascent.errors import AscentError
 
-PART_TYPES = ("text", "image", "image_url")
+PART_TYPES = ("text", "image", "image_url", "video")
+VISUAL_TYPES = ("image", "image_url", "video")  # parts that show the model pixels
 IMAGES_COLUMN = "images"
+VIDEO_FIELD = "video"  # a video part's value, and the image environment's row field (`ascent.envs.image_env`)
 MESSAGE_COLUMNS = ("prompt", "messages")  # row columns that may hold messages with image parts
 NO_DOWNLOAD = (
     "ascent never downloads images; download it and reference it by path (absolute, or relative to the "
     "dataset file) or send it inline as a data URL (data:image/png;base64,...)"
 )
+NO_VIDEO_DOWNLOAD = (
+    "ascent never downloads videos; download it and reference it by path (absolute, or relative to the "
+    "dataset file) or give its frames as a list of images"
+)
+VIDEO_PART = "{'type': 'video', 'video': 'clip.mp4'} (a path, a data URL or a list of frame images)"
 
 
 class ContentError(AscentError, ValueError):
@@ -67,6 +81,14 @@ class ImageRef:
     source: str
 
 
+@dataclass(frozen=True)
+class VideoRef(ImageRef):
+    """One video of a conversation, not yet decoded: `value` (a path, a data URL, bytes, an HF dict or a
+    list of frame images) and the part's sampling `options` (`ascent.envs.video.OPTIONS`, as written)."""
+
+    options: Mapping[str, Any] | None = None
+
+
 def is_remote(url: str) -> bool:
     return url.lower().startswith(("http://", "https://"))
 
@@ -88,11 +110,24 @@ def part_problem(part: object) -> str | None:
         return f"has type {kind!r}; use one of {', '.join(PART_TYPES)}"
     if kind == "text":
         return None if isinstance(part.get("text"), str) else "is a text part without a string 'text'"
+    if kind == "video":
+        return _video_problem(part.get("video"))
     value = _part_value(part)
     if kind == "image_url" and not isinstance(value, str):
         return "is an image_url part without image_url.url; give {'image_url': {'url': 'data:...'}}"
     if isinstance(value, str) and is_remote(value):
         return f"names the URL {value[:80]!r}: {NO_DOWNLOAD}"
+    return None
+
+
+def _video_problem(value: object) -> str | None:
+    if value is None:
+        return f"is a video part without 'video'; give {VIDEO_PART}"
+    if isinstance(value, list) and not value:
+        return f"is a video part with an empty list of frames; give {VIDEO_PART}"
+    for v in value if isinstance(value, list) else [value]:
+        if isinstance(v, str) and is_remote(v):
+            return f"names the URL {v[:80]!r}: {NO_VIDEO_DOWNLOAD}"
     return None
 
 
@@ -117,7 +152,7 @@ def has_images(messages: object) -> bool:
     return any(
         isinstance(m, Mapping)
         and isinstance(m.get("content"), list)
-        and any(isinstance(p, Mapping) and p.get("type") in ("image", "image_url") for p in m["content"])
+        and any(isinstance(p, Mapping) and p.get("type") in VISUAL_TYPES for p in m["content"])
         for m in messages
     )
 
@@ -125,8 +160,9 @@ def has_images(messages: object) -> bool:
 def template_messages(
     messages: Sequence[Mapping[str, Any]], images: Sequence[Any] | None = None
 ) -> tuple[list[dict[str, Any]], list[ImageRef]]:
-    """Messages -> (the dicts a chat template renders, one `ImageRef` per image in order). `images` is the
-    row's `images` column; raises ContentError for a malformed part or a part/column count mismatch."""
+    """Messages -> (the dicts a chat template renders, one `ImageRef` per image or `VideoRef` per video, in
+    order). `images` is the row's `images` column; raises ContentError for a malformed part or a part/column
+    count mismatch."""
     column = list(images or [])
     out: list[dict[str, Any]] = []
     refs: list[ImageRef] = []
@@ -143,6 +179,10 @@ def template_messages(
         for k, part in enumerate(content):
             if part["type"] == "text":
                 parts.append({"type": "text", "text": part["text"]})
+                continue
+            if part["type"] == "video":
+                refs.append(_video_ref(part, f"message {i} part {k}"))
+                parts.append({"type": "video"})
                 continue
             value = _part_value(part)
             if value is None:
@@ -168,6 +208,15 @@ def template_messages(
     return out, refs
 
 
+def _video_ref(part: Mapping[str, Any], where: str) -> VideoRef:
+    """A video part -> its `VideoRef`: the keys other than the part's own and other part types' fields
+    (present, as None, in Parquet's struct columns) are its options."""
+    value = part["video"]
+    options = {k: v for k, v in part.items() if k not in ("type", "video", "text", "image", "image_url")}
+    source = f"{where} ({len(value)} frames)" if isinstance(value, list) else _source(value, where)
+    return VideoRef(value, source, options)
+
+
 def _source(value: Any, where: str) -> str:
     """How errors name an image: its path when it has one, else where it sits (and what it is)."""
     if isinstance(value, Mapping):
@@ -181,8 +230,8 @@ def _source(value: Any, where: str) -> str:
 
 
 def resolve_paths(row: dict[str, Any], folder: Path) -> None:
-    """Relative image paths of `row` (in message parts and the `images` column) -> absolute under `folder`,
-    in place."""
+    """Relative image and video paths of `row` (in message parts, the `images` column and the image
+    environment's `video` field) -> absolute under `folder`, in place."""
     for column in MESSAGE_COLUMNS:
         messages = row.get(column)
         if not isinstance(messages, list):
@@ -194,10 +243,16 @@ def resolve_paths(row: dict[str, Any], folder: Path) -> None:
                     continue
                 if part.get("type") == "image" and isinstance(part.get("image"), str):
                     part["image"] = _absolute(part["image"], folder)
+                elif part.get("type") == "video":
+                    _resolve_video(part, folder)
                 elif part.get("type") == "image_url" and isinstance(part.get("image_url"), dict):
                     url = part["image_url"].get("url")
                     if isinstance(url, str):
                         part["image_url"]["url"] = _absolute(url, folder)
+    for holder in (row, row.get("extra_info")):  # SkyRL's rows keep per-row arguments in extra_info
+        if isinstance(holder, dict) and holder.get(VIDEO_FIELD) is not None:
+            video = holder[VIDEO_FIELD]
+            _resolve_video(video if isinstance(video, dict) else holder, folder)
     entries = row.get(IMAGES_COLUMN)
     if not isinstance(entries, list):
         return
@@ -206,6 +261,15 @@ def resolve_paths(row: dict[str, Any], folder: Path) -> None:
             entries[k] = _absolute(entry, folder)
         elif isinstance(entry, dict) and not entry.get("bytes") and isinstance(entry.get("path"), str):
             entry["path"] = _absolute(entry["path"], folder)
+
+
+def _resolve_video(holder: dict[str, Any], folder: Path) -> None:
+    """`holder["video"]` (a path, or a list of frame paths) made absolute under `folder`, in place."""
+    value = holder.get(VIDEO_FIELD)
+    if isinstance(value, str):
+        holder[VIDEO_FIELD] = _absolute(value, folder)
+    elif isinstance(value, list):
+        holder[VIDEO_FIELD] = [_absolute(v, folder) if isinstance(v, str) else v for v in value]
 
 
 class ResolvedPath(str):
@@ -280,7 +344,12 @@ def image_bytes(ref: ImageRef) -> bytes:
 
 
 def open_image(ref: ImageRef) -> Image.Image:
-    """One image decoded with PIL, as RGB; raises ImageLoadError naming it when it cannot be."""
+    """One image decoded with PIL, as RGB; raises ImageLoadError naming it when it cannot be (a video too:
+    only data rows decode videos, `ascent.data.images`)."""
+    if isinstance(ref, VideoRef):
+        return _fail(
+            ref, "a video part, and videos are read from dataset rows only; send its frames as images"
+        )
     data = image_bytes(ref)
     try:
         with Image.open(io.BytesIO(data)) as image:

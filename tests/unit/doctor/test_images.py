@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ascent.config.schema import RunConfig
 from ascent.doctor.images import check_images
+from tests.unit.video_files import write_video
 from tests.unit.vl_files import UNIT, png_bytes
 
 
@@ -91,3 +92,27 @@ def test_a_text_tokenizer_for_the_vision_language_model_fails(tmp_path, vl_proce
     result = check_images(c)
     assert result.status == "fail" and result.detail.startswith(f"model.tokenizer_path={str(tiny_dir)!r}")
     assert "not an image token" in result.detail and "unset model.tokenizer_path" in result.fix
+
+
+def test_videos_are_counted_as_frames_and_their_image_tokens(tmp_path, vl_processor_dir):
+    write_video(tmp_path / "clip.mp4", frames=20, rate=10, size=(56, 56))  # 2 s; 4 image tokens a frame
+    rows = [
+        {"prompt": [{"role": "user", "content": [{"type": "video", "video": "clip.mp4", **options}]}]}
+        for options in ({"fps": 2}, {"nframes": 2}, {"fps": 1, "nframes": 2})
+    ]
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = check_images(_cfg(vl_processor_dir, str(path)))
+    assert result.status == "warn" and result.data["video_frames"] == [4, 2]
+    assert (
+        "6 of the images are frames of 2 videos: 2..4 frames and 8..16 image tokens per video"
+        in result.detail
+    )
+    assert "row 3: video message 0 part 0" not in result.detail  # a resolved path names the video
+    assert f"1 rows with an unusable image: row 3: video {tmp_path / 'clip.mp4'}: fps=1 and nframes=2" in (
+        result.detail
+    )
+    tight = RunConfig.model_validate(
+        {"model": {"path": str(vl_processor_dir)}, "data": {"train_path": str(path), "max_prompt_tokens": 12}}
+    )
+    assert "show fewer video frames (a video part's max_frames" in check_images(tight).fix

@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from ascent.data.loading import load_rows
 from ascent.envs import make_env
 from ascent.envs.image_env import ZoomQa
 from ascent.envs.tasks.zoom_task import PATTERNS, QUARTERS, demonstration, main, make_zoom_task, pattern
 from ascent.envs.tools.image_tools import load_image, zoom
+from tests.unit.video_files import frame_red, red, write_video
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -132,6 +134,30 @@ def test_a_sequence_shows_a_preview_and_select_frames_shows_the_rest() -> None:
     (error,) = env.step(call("select_frames", frames=[0, 1, 2, 3, 4])).observation
     assert "at most 4 per call" in texts_of(error) and not images_of(error)
     assert env.step("<answer>8</answer>").reward == 1.0
+
+
+def test_a_video_row_gives_its_sampled_frames_to_select_frames(tmp_path) -> None:
+    write_video(tmp_path / "clip.mp4", frames=20, rate=10)  # 2 s: 4 frames at the default 2 per second
+    rows = [
+        {"prompt": "Which frame is reddest?", "answer": 3, "video": "clip.mp4"},
+        {"prompt": "q", "answer": 1, "video": {"video": "clip.mp4", "nframes": 2}, "preview": [0]},
+    ]
+    (tmp_path / "d.jsonl").write_text(  # loading resolves the video path against the file's folder
+        "".join(json.dumps(r) + "\n" for r in rows)
+    )
+    default, two = load_rows(tmp_path / "d.jsonl")
+    env = ZoomQa()
+    _, user = env.reset(default)
+    assert "Image 3 (frame 3 at 1.9 s)" in texts_of(user) and len(images_of(user)) == 4
+    (result,) = env.step(call("select_frames", frames=[2])).observation
+    assert "Image 4 (frame 2 at 1.3 s)" in texts_of(result)
+    assert abs(frame_red(images_of(result)[0]) - red(13)) <= 8  # the clip's frame 13
+    _, user = env.reset(two)
+    assert "Image 0 (frame 0 at 0.0 s)" in texts_of(user) and len(env.frames) == 2
+    with pytest.raises(ValueError, match=f"video={tmp_path / 'gone.mp4'}: no such file"):
+        env.reset({**default, "video": str(tmp_path / "gone.mp4")})
+    with pytest.raises(ValueError, match="both 'frames' and 'video'; give one"):
+        env.reset({**frames_row(), "video": "clip.mp4"})
 
 
 def test_a_row_without_its_image_is_refused_naming_the_field() -> None:

@@ -11,7 +11,9 @@ from ascent.models.content import (
     ContentError,
     ImageLoadError,
     ImageRef,
+    VideoRef,
     content_problem,
+    has_images,
     open_image,
     resolve_paths,
     template_messages,
@@ -93,3 +95,37 @@ def test_unusable_images_raise_naming_them(value, why):
     with pytest.raises(ImageLoadError, match=why) as err:
         open_image(ImageRef(value, "the-source"))
     assert err.value.source == "the-source"
+
+
+def test_video_parts_parse_to_refs_with_their_options_and_resolve_their_paths(tmp_path):
+    row = {
+        "prompt": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "video", "video": "clips/a.mp4", "fps": 1.0, "text": None, "image": None},
+                    {"type": "video", "video": ["f0.png", "/abs/f1.png"], "nframes": 2},
+                    {"type": "text", "text": "what happens?"},
+                ],
+            }
+        ],
+        "video": {"video": "b.mp4", "fps": 2},  # the image environment's row field
+    }
+    resolve_paths(row, tmp_path)
+    template, (clip, frames) = template_messages(row["prompt"])
+    assert template[0]["content"][:2] == [{"type": "video"}, {"type": "video"}]
+    assert isinstance(clip, VideoRef) and clip.value == str(tmp_path / "clips" / "a.mp4")
+    assert clip.options == {"fps": 1.0} and clip.source == str(tmp_path / "clips" / "a.mp4")
+    assert frames.value == [str(tmp_path / "f0.png"), "/abs/f1.png"] and frames.options == {"nframes": 2}
+    assert frames.source == "message 0 part 1 (2 frames)"
+    assert row["video"]["video"] == str(tmp_path / "b.mp4")
+    assert has_images(row["prompt"])
+    with pytest.raises(ImageLoadError, match="videos are read from dataset rows only"):
+        open_image(clip)
+
+
+def test_malformed_video_parts_are_named_with_the_fix():
+    assert "a video part without 'video'; give {'type': 'video'" in content_problem([{"type": "video"}])
+    assert "empty list of frames" in content_problem([{"type": "video", "video": []}])
+    remote = content_problem([{"type": "video", "video": ["a.png", "http://x/b.png"]}])
+    assert "names the URL 'http://x/b.png': ascent never downloads videos" in remote
