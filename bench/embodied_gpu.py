@@ -8,9 +8,11 @@ Three measurements, in one process:
    blocks of `--copies` by `--workers` host processes (`ascent.envs.sim.HostedSimEnvs`, the path
    `rollout.source.sims_per_worker` takes) with random action words: environment steps per second.
 2. The policy's turn alone: one batch of `--episodes` first observations (the prompt with its frame) through
-   the reference engine, sampling the 7 action tokens of one step among the 256 bins
-   (`rollout.action_token_ids`): ms per policy step for the whole batch.
-3. GRPO through the real CLI (`ascent train`, inline, colocated, bf16, gradient checkpointing): the VLA plays
+   the rollout engine (`--engine`: reference, or fast: its session cache keeps an episode's earlier frames
+   and actions, so a turn prefills only its new frame), sampling the 7 action tokens of one step among the
+   256 bins (`rollout.action_token_ids`): ms per policy step for the whole batch.
+3. GRPO through the real CLI (`ascent train`, inline, colocated, bf16, gradient checkpointing, `--engine`):
+   the VLA plays
    `--prompts` x `--samples` episodes of `--max-steps` steps (every step's frame an image, 7 action tokens a
    turn, OpenVLA's 256 bins per dimension), iteration time per phase (`time/*`), return and success rate per
    iteration, environment steps per second over the rollout phase, and the process's peak GPU memory.
@@ -119,25 +121,18 @@ def sim_throughput(args: argparse.Namespace) -> dict[str, float]:
 
 
 class EngineClock:
-    """Times every `ReferenceEngine.generate` call of this process (the inline backend's engine), grouped by
-    iteration (`ascent.orchestrator.loop.run_iteration` wrapped): one call per turn of the batch's live
-    episodes, so a call's time is the policy's forward for one environment step of the whole batch."""
+    """Times every `generate` call of this process's engine (the inline backend's `ReferenceEngine` or
+    `FastEngine`), grouped by iteration (`ascent.orchestrator.loop.run_iteration` wrapped): one call per turn
+    of the batch's live episodes, so a call's time is the policy's forward for one environment step of the
+    whole batch."""
 
     def __init__(self) -> None:
+        from ascent.rollout.fast.engine import FastEngine
         from ascent.rollout.reference import ReferenceEngine
 
         self.calls: list[tuple[int, float]] = []  # (requests, seconds)
-        original = ReferenceEngine.generate
-
-        def timed(engine: Any, requests: list[Any]) -> Any:
-            start = time.perf_counter()
-            out = original(engine, requests)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            self.calls.append((len(requests), time.perf_counter() - start))
-            return out
-
-        ReferenceEngine.generate = timed  # type: ignore[method-assign]
+        for cls in (ReferenceEngine, FastEngine):
+            cls.generate = self._timed(cls.generate)  # type: ignore[method-assign]
         self.per_iteration: list[list[tuple[int, float]]] = []
         from ascent.orchestrator import loop
 
@@ -151,6 +146,17 @@ class EngineClock:
                 self.per_iteration.append(self.calls)
 
         loop.run_iteration = marked
+
+    def _timed(self, original: Any) -> Any:
+        def timed(engine: Any, requests: list[Any]) -> Any:
+            start = time.perf_counter()
+            out = original(engine, requests)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.calls.append((len(requests), time.perf_counter() - start))
+            return out
+
+        return timed
 
 
 def run_config(
@@ -169,7 +175,7 @@ def run_config(
         },
         "data": {"train_path": str(rows), "max_prompt_tokens": 512},
         "rollout": {
-            "engine": "reference",
+            "engine": args.engine,
             "source": {
                 "name": "env",
                 "env": "gym",
@@ -224,6 +230,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", choices=sorted(V.TEXT), default="3b")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--engine", choices=["reference", "fast"], default="reference", help="rollout.engine")
     ap.add_argument("--prompts", type=int, default=8, help="initial states per iteration (GRPO groups)")
     ap.add_argument("--samples", type=int, default=8, help="episodes per initial state")
     ap.add_argument("--max-steps", type=int, default=16, help="simulator steps per episode")
@@ -253,7 +260,7 @@ def train(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     ids = AutoTokenizer.from_pretrained(str(model)).convert_tokens_to_ids(WORDS)
     rows = args.root / "pusher_rows.jsonl"
     rows.write_text("".join(json.dumps(r) + "\n" for r in task_rows(4 * args.prompts, args)))
-    run_dir = args.root / f"run_{args.shape}_{int(time.time())}"
+    run_dir = args.root / f"run_{args.shape}_{args.engine}_{int(time.time())}"
     config = args.root / "embodied.yaml"
     config.write_text(yaml.safe_dump(run_config(args, model, rows, run_dir, ids)))
     clock = EngineClock()
@@ -296,7 +303,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     res["train"] = train(args, model)
     summary = {"env_steps_per_s_sim_only": res["simulators"]["env_steps_per_s"]} | res["train"]["median"]
     summary["peak_allocated_gib"] = res["train"].get("peak_allocated_gib", 0.0)
-    print(f"embodied VLA {args.shape} (median after warm-up): {json.dumps(summary)}", flush=True)
+    print(
+        f"embodied VLA {args.shape} {args.engine} (median after warm-up): {json.dumps(summary)}", flush=True
+    )
     if args.json:
         args.json.write_text(json.dumps(res, indent=1, default=str))
     return res

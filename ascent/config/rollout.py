@@ -85,7 +85,7 @@ class RolloutConfig(Section):
     action_token_ids: list[int] = Field(
         default_factory=list,
         description="A VLA's action tokens (e.g. the ids of `<a0>`..`<a15>`): when set, every model turn "
-        "samples only among them (rollout.engine=reference), so each turn is an action the environment's "
+        "samples only among them (either engine), so each turn is an action the environment's "
         "action tokenizer decodes; a turn is complete at rollout.max_new_tokens of them (set it to the "
         "action's dimensions). A filter: the logprobs stay those of the unfiltered distribution, as the "
         "trainer scores them. Empty: every token may be sampled.",

@@ -430,11 +430,6 @@ def _sampling_rules(cfg: RunConfig) -> list[str]:
             f"rollout.samples_per_prompt={r.samples_per_prompt}: dynamic sampling keeps groups whose rewards "
             "differ, and a group of one never does; set it to 2 or more."
         )
-    if r.action_token_ids and r.engine != "reference":
-        out.append(
-            f"rollout.action_token_ids is set with rollout.engine={r.engine!r}: only the reference engine "
-            "samples among given tokens; set rollout.engine=reference (or drop rollout.action_token_ids)."
-        )
     if a.overlong_buffer >= r.max_new_tokens:
         out.append(
             f"algorithm.overlong_buffer={a.overlong_buffer}: the penalty zone must be shorter than "

@@ -157,8 +157,7 @@ class FastEngine(BatchingLoop):
         out: list[list[Generation | None]] = [[None] * r.params.n for r in requests]
         seqs = self._expand(requests, out)
         flags = Flags.of([r.params for r in requests])
-        if flags.penalty:
-            self.state.ensure_seen()
+        self._ensure_state(flags)
         try:
             if self.graphs is not None and seqs:
                 self._capture(flags, min(len(seqs), self.max_rows))
@@ -183,8 +182,7 @@ class FastEngine(BatchingLoop):
     def _generate_live(self, requests: list[GenerationRequest], more: More, done: Done) -> None:
         self.wake()
         flags = Flags.of([r.params for r in requests])
-        if flags.penalty:
-            self.state.ensure_seen()
+        self._ensure_state(flags)
         self._live = LiveCall(more, done, lambda r: fits(flags, r.params))
         try:
             self._feed(requests)
@@ -196,6 +194,13 @@ class FastEngine(BatchingLoop):
             raise
         finally:
             self._live = None
+
+    def _ensure_state(self, flags: Flags) -> None:
+        """Allocate the per-row masks the call's sampling stages read (state.py)."""
+        if flags.penalty:
+            self.state.ensure_seen()
+        if flags.restricted:
+            self.state.ensure_allowed()
 
     def _capture(self, flags: Flags, rows: int) -> None:
         """Capture the decode graphs a call needs. After the engine's first capture, freeze the heap built

@@ -56,5 +56,6 @@ def fits(flags: Flags, p: Any) -> bool:
         (flags.top_k_top_p or not need.top_k_top_p)
         and (flags.min_p or not need.min_p)
         and (flags.penalty or not need.penalty)
+        and (flags.restricted or not need.restricted)
         and (need.all_greedy or not flags.all_greedy)
     )

@@ -30,7 +30,7 @@ from ascent.rollout.fast.attention import decode_attention_torch, prefill_attent
 from ascent.rollout.fast.kv_cache import KVCache
 from ascent.rollout.fast.moe import layer_math
 from ascent.rollout.fast.spec import ModelSpec
-from ascent.rollout.fast.state import DecodeState, Flags
+from ascent.rollout.fast.state import DecodeState, Flags, allowed_mask
 from ascent.rollout.fast.vision import RowImages, assemble, mrope_cos_sin
 from ascent.rollout.fast.weights import ModelWeights
 from ascent.rollout.sampling import SamplingTensors, sample, token_presence
@@ -99,8 +99,18 @@ class ModelRunner:
                 self.final_norm(x, norm_w).to(lm_head.dtype), lm_head
             )
 
-    def head_sample(self, x: Tensor, st: SamplingTensors, steps: Tensor, seen: Tensor | None):
-        """x [B, H] -> (tokens [B], logprobs [B]) through the final norm, the LM head and the sampler.
+    def head_sample(
+        self,
+        x: Tensor,
+        st: SamplingTensors,
+        steps: Tensor,
+        seen: Tensor | None,
+        allowed: Tensor | None = None,
+    ):
+        """x [B, H], allowed [B, V] bool | None (rows' `allowed_token_ids`, state.py) -> (tokens [B],
+        logprobs [B]) through the final norm, the LM head and the sampler. The model's own mask (a
+        vision-language model's image pads) joins `allowed`; logprobs stay those of the unfiltered
+        distribution.
 
         Plain temperature/greedy batches take the one-pass Triton sampler when `sampler="triton"`.
         """
@@ -110,13 +120,15 @@ class ModelRunner:
             )
         else:
             logits = self.logits(x, self.w.norm, self.w.lm_head)
-        plain = not (st.use_top_k_top_p or st.use_min_p or st.use_penalty or self.allowed is not None)
+        if self.allowed is not None:
+            allowed = self.allowed if allowed is None else allowed & self.allowed
+        plain = not (st.use_top_k_top_p or st.use_min_p or st.use_penalty or allowed is not None)
         if self.sampler == "triton" and plain:
             from ascent.rollout.fast.triton_sample import triton_sample  # deferred: triton, optional
 
             return triton_sample(logits, st.temperature, st.seeds, steps, st.all_greedy)
-        if self.allowed is not None:
-            return self.sample(logits, st, steps, seen, self.allowed)
+        if allowed is not None:
+            return self.sample(logits, st, steps, seen, allowed)
         return self.sample(logits, st, steps, seen)
 
     def sample_first(
@@ -144,7 +156,10 @@ class ModelRunner:
             padded = [s.prompt + [-1] * (width - len(s.prompt)) for s in seqs]
             seen = token_presence(torch.tensor(padded, device=dev), self.spec.vocab_size)
         steps = torch.zeros(len(seqs), dtype=torch.long, device=dev)
-        tokens, logprobs = self.head_sample(hidden[torch.tensor(group, device=dev)], st, steps, seen)
+        allowed = (
+            allowed_mask([s.params for s in seqs], self.spec.vocab_size).to(dev) if flags.restricted else None
+        )
+        tokens, logprobs = self.head_sample(hidden[torch.tensor(group, device=dev)], st, steps, seen, allowed)
         return list(zip(tokens.tolist(), logprobs.tolist(), strict=True))
 
     def _layers(
@@ -342,5 +357,9 @@ class ModelRunner:
         if flags.penalty:
             assert st.seen is not None  # generate() calls ensure_seen() for a penalty batch
             seen = st.seen[:b]
-        tokens, logprobs = self.head_sample(x, st.sampling(b, flags), st.steps[:b], seen)
+        allowed = None
+        if flags.restricted:
+            assert st.allowed is not None  # generate() calls ensure_allowed() for such a batch
+            allowed = st.allowed[:b]
+        tokens, logprobs = self.head_sample(x, st.sampling(b, flags), st.steps[:b], seen, allowed)
         st.advance(b, tokens, logprobs, flags)

@@ -156,10 +156,11 @@ def stop_string_cut(
 def check_finished(seq: Sequence, decode: Callable[[list[int]], str] | None, interval: int) -> bool:
     """Update `seq.finish` from its newest token; truncate at a stop string. -> finished?
 
-        A stop token ends the sequence (and stays in it). Stop strings are checked on the host every `interval`
-        tokens and whenever the sequence ends otherwise; the sequence is cut after the token that completes
-        the string. Then the token budget ends it with "length", and a spent wall-clock budget (`params.max_time_s`)
-    with "abort".
+    A stop token ends the sequence (and stays in it). Stop strings are checked on the host every `interval`
+    tokens and whenever the sequence ends otherwise; the sequence is cut after the token that completes
+    the string. Then the token budget ends it with "length" ("stop" for an action turn, which samples only
+    among `allowed_token_ids`, once it holds max_new_tokens of them: one whole action, as the reference
+    engine ends it), and a spent wall-clock budget (`params.max_time_s`) with "abort".
     """
     stop_hit = bool(seq.tokens) and seq.tokens[-1] in seq.stop_ids
     done = stop_hit or len(seq.tokens) >= seq.max_new
@@ -175,7 +176,8 @@ def check_finished(seq: Sequence, decode: Callable[[list[int]], str] | None, int
     if stop_hit:
         seq.finish = "stop"
     elif len(seq.tokens) >= seq.max_new:
-        seq.finish = "length"
+        full_action = bool(seq.params.allowed_token_ids) and len(seq.tokens) >= seq.params.max_new_tokens
+        seq.finish = "stop" if full_action else "length"
     elif seq.deadline is not None and time.monotonic() >= seq.deadline:
         seq.finish = "abort"  # its wall-clock budget (SamplingParams.max_time_s) is spent
     return seq.finish is not None

@@ -16,6 +16,11 @@ sampling step counter `steps` starts counting there, as after a prefill).
 Routing replay (an MoE model, `route_shape` given): `out_routes` [rows, MoE layers, k] holds the experts
 each row's input token went to in the last step, written in place by the step and copied to the host with
 the sampled tokens (`HostOutputs`); a dense model has none and pays nothing.
+
+Allowed tokens (a VLA's action tokens, `SamplingParams.allowed_token_ids`): `allowed` [rows, V] bool holds
+each row's ids (every token for a row without any), made only once a request names some (`ensure_allowed`);
+the sampler masks the others out like a grammar does, and the logprob stays that of the unfiltered
+distribution (the reference engine's and the trainer's convention, `ascent.rollout.sampling.sample`).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Flags(NamedTuple):
     min_p: bool
     penalty: bool
     all_greedy: bool
+    restricted: bool = False  # some row samples only among its `allowed_token_ids`
 
     @classmethod
     def of(cls, params: Seq[SamplingParams]) -> Flags:
@@ -47,6 +53,7 @@ class Flags(NamedTuple):
             min_p=any(p.min_p > 0 for p in params),
             penalty=any(p.repetition_penalty != 1.0 for p in params),
             all_greedy=all(p.temperature == 0 for p in params),
+            restricted=any(p.allowed_token_ids for p in params),
         )
 
 
@@ -76,6 +83,7 @@ class DecodeState:
         self.top_k, self.min_p = z(rows), z(rows, dtype=torch.float32)
         self.repetition_penalty, self.seeds = z(rows, dtype=torch.float32) + 1, z(rows)
         self.seen: Tensor | None = None
+        self.allowed: Tensor | None = None  # [rows, V] bool once a request names allowed ids (module doc)
         self.out_tokens, self.out_logprobs = z(rows), z(rows, dtype=torch.float32)
         self.feed_width = feed_width  # the longest prompt a row can be fed (0: no feeding, no step overhead)
         self.feed_buf, self.feed_pos, self.feed_len = z(rows, max(feed_width, 1)), z(rows), z(rows)
@@ -92,12 +100,17 @@ class DecodeState:
         base = [self.input_ids, self.positions, self.active, self.steps, self.block_tables, self.seeds]
         base += [self.feed_buf, self.feed_pos, self.feed_len, self.rope_delta]
         base += [getattr(self, n) for n in self.PARAMS]
-        return base + ([self.seen] if self.seen is not None else [])
+        return base + [t for t in (self.seen, self.allowed) if t is not None]
 
     def ensure_seen(self) -> None:
         """Allocate the [rows, V] token-presence mask repetition penalty needs (once)."""
         if self.seen is None:
             self.seen = torch.zeros(self.rows, self.vocab_size, dtype=torch.bool, device=self.device)
+
+    def ensure_allowed(self) -> None:
+        """Allocate the [rows, V] allowed-token mask of rows sampling among given ids (once)."""
+        if self.allowed is None:
+            self.allowed = torch.ones(self.rows, self.vocab_size, dtype=torch.bool, device=self.device)
 
     def sampling(self, b: int, flags: Flags) -> SamplingTensors:
         """Sampling tensors of rows [0, b) with the batch's flags."""
@@ -166,6 +179,10 @@ class DecodeState:
             width = max(len(h) for h in hist)
             padded = self._put([h + [-1] * (width - len(h)) for h in hist])
             self.seen.index_copy_(0, idx, token_presence(padded, self.vocab_size))
+        if self.allowed is not None:
+            mask = allowed_mask([s.params for s in seqs], self.vocab_size)
+            mask = mask.pin_memory() if self.pin else mask
+            self.allowed.index_copy_(0, idx, mask.to(self.device, non_blocking=True))
 
     def set_pages(self, rows: list[int], cols: list[int], pages: list[int]) -> None:
         """block_tables[rows[i], cols[i]] = pages[i] (pages newly taken before a step)."""
@@ -186,6 +203,17 @@ class DecodeState:
         for t in self.per_row():
             t[: len(src_rows)] = t[idx]
         self.release(list(range(len(src_rows), old_end)))
+
+
+def allowed_mask(params: Seq[SamplingParams], vocab_size: int) -> Tensor:
+    """-> [len(params), V] bool (host): True at each row's `allowed_token_ids`, everywhere for a row naming
+    none."""
+    out = torch.ones(len(params), vocab_size, dtype=torch.bool)
+    for i, p in enumerate(params):
+        if p.allowed_token_ids:
+            out[i] = False
+            out[i, list(p.allowed_token_ids)] = True
+    return out
 
 
 class HostOutputs:

@@ -125,3 +125,27 @@ def test_published_weights_reach_the_decoder_and_the_tower(vl):
         ids, SamplingParams(temperature=1.0, max_new_tokens=6, n=2, seed=3), images=images
     )
     _check_against(ref, trainer, [req], fast.generate([req]))
+
+
+def test_a_vlas_turns_sample_action_tokens_and_prefill_only_each_new_frame(vl):
+    """A VLA episode on the fast engine: each turn samples only the action tokens (as the reference engine
+    and the trainer see them), and each turn after the first prefills only its action's last token and the
+    new frame (the tower encodes that frame alone)."""
+    ref, fast, trainer, codec, tok, calls = vl
+    actions = (30, 31, 32, 33)
+    params = SamplingParams(temperature=1.0, max_new_tokens=2, seed=3, allowed_token_ids=actions)
+    ids, images = image_prompt(codec, tok, 1, seed=4)
+    frame: list[int] = []
+    calls.clear()
+    for turn in range(3):
+        prefilled = fast.stats["prefill_tokens"]
+        req = GenerationRequest(ids, params, session_id="episode", images=images)
+        out = fast.generate([req])
+        (gen,) = out[0]
+        assert set(gen.token_ids) <= set(actions) and len(gen.token_ids) == 2 and gen.finish_reason == "stop"
+        assert gen.cached_tokens == (0 if turn == 0 else len(ids) - len(frame) - 1)
+        assert fast.stats["prefill_tokens"] - prefilled == len(ids) - gen.cached_tokens
+        _check_against(ref, trainer, [req], out)
+        frame, frame_images = image_prompt(codec, tok, 1, seed=5 + turn)  # the next observation
+        ids, images = ids + gen.token_ids + frame, images + frame_images
+    assert calls == [1, 1, 1]  # one new frame through the tower per turn
