@@ -18,6 +18,10 @@ tensor-parallel sharding and the trainer are unchanged (they move the trainer's 
 engine keeps no full-precision copy (fp8 storage + [N] scales), and the quantisation is a few elementwise
 passes over the tensor on the engine's device (bench/fp8_rollout.py measures the publication). Trainer-side
 quantisation would halve the bytes moved, but every transport would then carry (fp8, scale) pairs.
+Under tensor parallelism each rank quantises its own shard: the column-parallel matrices' rows (and scales)
+are the single-GPU ones, but the row-parallel o and down shards get their own row scales and their inputs
+their own per-token scales, so a TP replica's FP8 model differs from one GPU's by quantisation-sized amounts
+(about 0.01 nat on the tiny test model, checked by hand), where a bf16 replica agrees to rounding.
 
 The matmul: `torch._scaled_mm` on GPUs with FP8 tensor cores (compute capability >= 8.9: Ada, Hopper,
 Blackwell) for matrices whose sides are multiples of 16; elsewhere (CPU: the tests) the same quantised
