@@ -61,6 +61,17 @@ class RolloutConfig(Section):
         "requests it may be evicted and recomputed, which rounds differently. Unseeded requests draw a "
         "fresh seed each: only seeded (or greedy) requests repeat.",
     )
+    quantization: Literal["none", "fp8"] = Field(
+        "none",
+        description="rollout.engine=fast: `fp8` holds the engine's attention and MLP weight matrices in "
+        "float8_e4m3fn with one scale per output channel, quantised on the engine as each publication "
+        "arrives (the trainer keeps its full-precision weights; embeddings, norms and the LM head stay "
+        "unquantised), and quantises activations per token: FP8 matmuls on GPUs with compute capability "
+        "8.9+ (refused on older GPUs), an emulation on CPU. The engine samples and scores with the FP8 "
+        "weights, so the sampler/trainer gap (`rollout/logprob_diff_mean|max`) grows; correct it with "
+        "algorithm.rollout_correction=tis (its `rollout_is_weight_mean`, `rollout_is_clipped_frac`). Not "
+        "with mixture-of-experts models or model.lora.publish=adapter.",
+    )
     prompts_per_step: int = Field(8, gt=0, description="Prompts sampled per iteration.")
     samples_per_prompt: int = Field(
         8, gt=0, description="Trajectories generated per prompt (the group size)."
@@ -222,6 +233,11 @@ class RolloutConfig(Section):
                     f"rollout.{name}=true with rollout.engine=reference: only the fast engine has it; set "
                     "rollout.engine=fast."
                 )
+        if self.quantization != "none" and self.engine == "reference":
+            problems.append(
+                f"rollout.quantization={self.quantization} with rollout.engine=reference: only the fast engine "
+                "quantises its weights; set rollout.engine=fast (or rollout.quantization=none)."
+            )
         if problems:
             raise rule_error(problems)
         return self

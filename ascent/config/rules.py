@@ -234,6 +234,11 @@ def _adapter_publication_rules(cfg: RunConfig) -> list[str]:
         out.append(
             f"{field}: a sharded (train.sharding=fsdp) trainer publishes merged weights; set publish=merged."
         )
+    if cfg.rollout.quantization != "none":
+        out.append(
+            f"{field}: an FP8 engine (rollout.quantization={cfg.rollout.quantization}) holds no full-precision "
+            "base to merge adapters into; set publish=merged or rollout.quantization=none."
+        )
     if cfg.rollout.tensor_parallel > 1:
         out.append(
             f"{field}: a tensor-parallel replica (rollout.tensor_parallel={cfg.rollout.tensor_parallel}) takes "

@@ -45,6 +45,7 @@ def machine_checks(cfg: RunConfig, facts: system.GpuFacts) -> list[CheckResult]:
         *system.check_capability(
             facts, cfg.model.dtype, cfg.rollout.engine == "fast", plan.trainer_attention(cfg, gpu)
         ),
+        *system.check_fp8(facts, cfg.rollout.quantization),
         system.check_nccl(facts, total, here),
     ]
 

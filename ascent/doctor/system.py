@@ -171,6 +171,27 @@ def check_capability(facts: GpuFacts, dtype: str, fast_engine: bool, attention: 
     return out or [ok(name, f"compute capability {cap} runs model.dtype={dtype}", capability=cap)]
 
 
+def check_fp8(facts: GpuFacts, quantization: str) -> list[CheckResult]:
+    """rollout.quantization=fp8: FP8 matmuls need compute capability >= 8.9 (the engine refuses older GPUs;
+    on CPU it runs an emulation)."""
+    if quantization != "fp8":
+        return []
+    name = "FP8 rollout"
+    if facts.count == 0:
+        return [skipped(name, "no CUDA device (the engine emulates FP8 on CPU)")]
+    low = min(facts.capability)
+    if low < (8, 9):
+        return [
+            fail(
+                name,
+                f"rollout.quantization=fp8 needs FP8 matmuls (compute capability >= 8.9); this GPU has "
+                f"{low[0]}.{low[1]}",
+                "set rollout.quantization=none on this GPU.",
+            )
+        ]
+    return [ok(name, f"compute capability {low[0]}.{low[1]} has FP8 matmuls")]
+
+
 def check_triton(capability: tuple[int, int]) -> CheckResult:
     """The fast engine's decode attention and sampler are Triton kernels; without Triton it runs torch
     ones."""

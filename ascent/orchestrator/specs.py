@@ -122,6 +122,7 @@ def engine_spec(cfg: RunConfig) -> EngineSpec:
         tensor_parallel=None if reference else r.tensor_parallel,
         prefix_caching=None if reference else r.prefix_caching,
         batch_invariant=None if reference else r.batch_invariant,
+        quantization=None if reference else r.quantization,
         action_head=action_head_spec(m),
     )
 

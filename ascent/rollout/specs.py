@@ -19,9 +19,9 @@ class EngineSpec:
     """One engine replica: `name` picks the builder (`reference` or `fast`).
 
     Settings one engine has and the other lacks are None where they do not apply: `generation_batch_size`
-    (reference), `gpu_memory_fraction`, `on_swap`, `tensor_parallel`, `prefix_caching` and `batch_invariant`
-    (fast). `options` are more keywords of the builder (tests and benchmarks size the fast engine's pages
-    and batch with them; setup passes none).
+    (reference), `gpu_memory_fraction`, `on_swap`, `tensor_parallel`, `prefix_caching`, `batch_invariant`
+    and `quantization` (fast). `options` are more keywords of the builder (tests and benchmarks size the fast
+    engine's pages and batch with them; setup passes none).
     """
 
     name: str
@@ -36,6 +36,7 @@ class EngineSpec:
     tensor_parallel: int | None = None  # fast: ranks (GPUs of a node) one replica spans
     prefix_caching: bool | None = None  # fast: reuse full prompt pages across requests (prefix.py)
     batch_invariant: bool | None = None  # fast: a request's samples independent of its batch (runner.py)
+    quantization: str | None = None  # fast: "fp8" holds the layers' linear weights in FP8 (fast/fp8.py)
     action_head: ActionHeadSpec | None = None  # reference: act with a continuous action head
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -55,6 +56,7 @@ class EngineSpec:
             "tensor_parallel": self.tensor_parallel,
             "prefix_caching": self.prefix_caching,
             "batch_invariant": self.batch_invariant,
+            "quantization": self.quantization,
             "action_head": self.action_head,
         }
         return kw | {k: v for k, v in optional.items() if v is not None} | self.options

@@ -26,6 +26,13 @@ from torch import nn
 
 from ascent.models.loading import compute_dtype, load_tokenizer, resolve_device
 from ascent.rollout.fast.engine import FastEngine
+from ascent.rollout.fast.fp8 import (
+    QUANTIZATIONS,
+    Fp8Error,
+    check_fp8_device,
+    quantize_weights,
+    refuse_adapters,
+)
 from ascent.rollout.fast.graphs import default_buckets
 from ascent.rollout.fast.kv_cache import KVCache, pages_for_budget
 from ascent.rollout.fast.runner import ModelRunner
@@ -124,6 +131,7 @@ def build_fast_engine(
     tensor_parallel: TPGroup | int | None = None,
     prefix_caching: bool = False,
     batch_invariant: bool = False,
+    quantization: str = "none",
     **unused: Any,
 ) -> FastEngine:
     """A FastEngine on `model` (weights shared when dtype and device match) or the checkpoint at `model_path`.
@@ -144,9 +152,13 @@ def build_fast_engine(
     CUDA graphs); `prefix_caching` reuses the K/V of full prompt pages across requests (prefix.py);
     `batch_invariant` makes a request's samples independent of what else is batched (runner.py: rows run
     alone, torch attention and sampler, no CUDA graphs or compile; not with tensor parallelism);
+    `quantization="fp8"` holds the layers' linear weights in FP8, quantised as they arrive (fp8.py);
     `unused` swallows options meant for other engines.
     """
     tp_size = tensor_parallel.size if isinstance(tensor_parallel, TPGroup) else tensor_parallel or 1
+    if quantization not in QUANTIZATIONS:
+        raise Fp8Error(f"rollout.quantization={quantization!r}: use one of {list(QUANTIZATIONS)}.")
+    fp8 = quantization == "fp8"
     if batch_invariant and tp_size > 1:
         raise ValueError(
             f"batch_invariant=True with tensor_parallel={tp_size}: the batch-invariant mode runs a replica "
@@ -169,7 +181,14 @@ def build_fast_engine(
     tp = tensor_parallel if tensor_parallel is not None and tensor_parallel.size > 1 else None
     if tp is not None:  # a shard is a copy: never the trainer's tensors
         share_weights, cuda_graphs = False, False
+    if fp8:  # FP8 weights are the engine's own (quantised as they arrive), never the trainer's tensors
+        check_fp8_device(dev)
+        share_weights = False
     m = _load_model(model_path, model, dt, dev, share_weights, trust_remote_code, tp, max_model_len)
+    if fp8:
+        quantize_weights(m.weights, dev)
+        if dev.type == "cuda":  # the full-precision matrices' memory goes back before the KV cache is sized
+            torch.cuda.empty_cache()
     if m.spec.num_experts and (prefix_caching or batch_invariant):
         raise ValueError(
             f"prefix_caching={prefix_caching}, batch_invariant={batch_invariant} with a mixture-of-experts "
@@ -202,7 +221,7 @@ def build_fast_engine(
     engine_cls: Callable[..., FastEngine] = (
         FastEngine if tp is None else partial(TPEngine, full_spec=m.full_spec)
     )
-    return engine_cls(
+    engine = engine_cls(
         runner,
         m.weights,
         eos_token_ids=list(eos_token_ids if eos_token_ids is not None else _config_eos(m.config)),
@@ -219,6 +238,9 @@ def build_fast_engine(
         prefix_caching=prefix_caching,
         batch_invariant=batch_invariant,
     )
+    if fp8:  # an adapter-only publication merges into full-precision bases, which an FP8 engine lacks
+        engine.adapters.read = refuse_adapters
+    return engine
 
 
 class _Model(NamedTuple):

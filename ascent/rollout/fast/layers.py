@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ascent.models.logits import logits_fp32
+from ascent.rollout.fast.fp8 import linear
 from ascent.rollout.fast.spec import ModelSpec
 
 
@@ -42,10 +43,11 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, out_dtype: torch.dtype) -> T
 
 
 def _linear_parts(x: Tensor, ws: tuple[Tensor, ...], bs: tuple[Tensor | None, ...] | None) -> Tensor:
-    """x [T, H] through one fused matrix or several stacked ones -> [T, sum of outputs]."""
+    """x [T, H] through one fused matrix or several stacked ones -> [T, sum of outputs] (a matrix may be
+    an FP8 one: fp8.py)."""
     if len(ws) == 1:
-        return F.linear(x, ws[0], bs[0] if bs else None)
-    return torch.cat([F.linear(x, w, bs[i] if bs else None) for i, w in enumerate(ws)], dim=-1)
+        return linear(x, ws[0], bs[0] if bs else None)
+    return torch.cat([linear(x, w, bs[i] if bs else None) for i, w in enumerate(ws)], dim=-1)
 
 
 class LayerMath:
@@ -93,11 +95,11 @@ class LayerMath:
         down_w: Tensor,
     ) -> Tensor:
         """x [T, H] residual, attn [T, nh*d] -> x after o_proj, residual add and the SwiGLU MLP."""
-        x = x + F.linear(attn, o_w)
+        x = x + linear(attn, o_w)
         h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
         gu = _linear_parts(h, gate_up_w, None)
         gate, up = gu.split(self.inter, dim=-1)
-        return x + F.linear(F.silu(gate) * up, down_w)
+        return x + linear(F.silu(gate) * up, down_w)
 
     def final_norm(self, x: Tensor, norm_w: Tensor) -> Tensor:
         """x [T, H] fp32 residual -> the final RMSNorm's output (fp32)."""

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ascent.models.families import ModelSpec, same_name
+from ascent.rollout.fast.fp8 import linear
 from ascent.rollout.fast.layers import LayerMath, _linear_parts, rms_norm
 from ascent.rollout.fast.runner import ModelRunner
 from ascent.rollout.fast.state import DecodeState, Flags
@@ -194,10 +195,10 @@ class TPLayerMath(LayerMath):
     ) -> Tensor:
         """x [T, H] residual, attn [T, local heads * d] -> x after o_proj (all-reduced), the residual add
         and the SwiGLU MLP on this rank's intermediate slice (down_proj all-reduced)."""
-        x = x + self.tp.all_reduce(F.linear(attn, o_w))
+        x = x + self.tp.all_reduce(linear(attn, o_w))
         h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
         gate, up = _linear_parts(h, gate_up_w, None).split(self.inter, dim=-1)
-        return x + self.tp.all_reduce(F.linear(F.silu(gate) * up, down_w))
+        return x + self.tp.all_reduce(linear(F.silu(gate) * up, down_w))
 
 
 class ShardRunner(ModelRunner):

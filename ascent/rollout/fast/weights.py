@@ -64,6 +64,8 @@ class ModelWeights:
     shared: bool
     head_copy: bool = False  # lm_head is a rounded copy of the tied (fp32) embedding, refreshed by `update`
     rename: Callable[[str], str] = same_name  # checkpoint name -> engine name (the family's to_engine_name)
+    # engine name -> how `update` writes it instead of a copy (FP8 weights quantise on receipt: fp8.py)
+    writers: dict[str, Callable[[Tensor], None]] = field(default_factory=dict)
 
     released: bool = False  # storages are 0 bytes (between `release()` and the next `update`)
     writes: int = 0  # tensors `update` has copied in, ever (a publication failing after one left them mixed)
@@ -100,7 +102,11 @@ class ModelWeights:
                     )
                 if tensor.data_ptr() == target.data_ptr() and tensor.dtype == target.dtype:
                     continue
-                target.copy_(tensor, non_blocking=True)
+                write = self.writers.get(key)
+                if write is not None:
+                    write(tensor)
+                else:
+                    target.copy_(tensor, non_blocking=True)
                 copied += 1
                 self.writes += 1
                 embed_written |= target is self.embed
