@@ -28,7 +28,7 @@ print("GL renderer:", GL.glGetString(GL.GL_RENDERER).decode(), "| mujoco", mujoc
 PY
 for engine in ${engines//,/ }; do
   python3 bench/embodied_gpu.py --engine "$engine" --json "$out/embodied_$engine.json" "$@" 2>&1 \
-    | grep -v "Loading weights\|Writing model\|^\s*$" | tee "$out/embodied_$engine.log" | tail -40
+    | grep --line-buffered -v "Loading weights\|Writing model\|^\s*$" | tee "$out/embodied_$engine.log" | tail -40
 done
 python3 - "$out" ${engines//,/ } <<'PY'
 import json, sys

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import av
 from PIL import Image
 
 from ascent.errors import AscentError
@@ -206,7 +205,16 @@ def _read(source: str | Path | bytes, s: VideoSampling) -> tuple[Frame, ...]:
     return tuple(frames)
 
 
+def _av() -> Any:
+    """PyAV, imported on the first video (deferred on purpose: it loads FFmpeg's libraries, which a run
+    without videos never needs, and machines that never see a video need not carry it)."""
+    import av
+
+    return av
+
+
 def _open(source: str | Path | bytes) -> Any:
+    av = _av()
     try:
         return av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source))
     except FileNotFoundError as err:
@@ -226,6 +234,7 @@ def _probe(source: str | Path | bytes) -> tuple[int, float | None]:
         if not container.streams.video:
             raise VideoError("the file holds no video stream; give a video file (mp4, webm, mkv, avi, ...)")
         stream = container.streams.video[0]
+        av = _av()
         rate = stream.average_rate or stream.guessed_rate
         total = int(stream.frames or 0)
         if total <= 0:
@@ -243,6 +252,7 @@ def _decode(
 ) -> tuple[list[Frame], int]:
     """(the frames numbered `wanted` (ascending), frames decoded), in one pass; a corrupt tail ends the
     pass early."""
+    av = _av()
     keep = set(wanted)
     out: list[Frame] = []
     decoded = 0
