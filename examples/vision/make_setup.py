@@ -11,19 +11,20 @@ the call is five tokens and where to zoom is the choice of one. Usage: `python e
 writes OUT/model, OUT/zoom (rows for `zoom_qa`) and OUT/plain (the same rows for `image_qa`), each with
 `sft.jsonl`, its arm's warm-start demonstrations (zoom then answer; answer at once), and the two stages
 of the warm start made from them: `read.jsonl` (the pattern word alone in the loss) and `format.jsonl`
-(whole demonstrations about the top-left quarter only).
+(whole demonstrations; with the tool, `wandering`: a zoom into a random quarter, answered with what it shows).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 from pathlib import Path
 from typing import Any
 
 from ascent.envs.image_env import SYSTEM, SYSTEM_NO_TOOLS
 from ascent.envs.tasks.common import write_rows
-from ascent.envs.tasks.zoom_task import PATTERNS, QUARTERS, QUESTION, make_zoom_task
+from ascent.envs.tasks.zoom_task import PATTERNS, QUARTERS, QUESTION, demonstration, make_zoom_task
 from ascent.models.tiny_vl import make_tiny_vl_checkpoint
 
 SIZE, DETAIL, TOKENS = 112, 40, 4  # image side, framed square's side (pixels), image tokens per image
@@ -58,13 +59,30 @@ def reading(demo: dict[str, Any]) -> dict[str, Any]:
     return {**demo, "messages": [*weighted, {"role": "assistant", "content": word}]}
 
 
-def write_stages(arm: Path, quarter: str, n_format: int) -> None:
-    """ARM/read.jsonl (every demonstration, `reading`) and ARM/format.jsonl (the first `n_format`
-    demonstrations about `quarter`, whole: the format and, with the tool, a zoom always into `quarter`)."""
-    rows = [json.loads(line) for line in (arm / "sft.jsonl").read_text().splitlines()]
-    asks = [r for r in rows if QUESTION.format(quarter=quarter) in json.dumps(r["messages"][1])]
-    write_rows(arm / "read.jsonl", [reading(r) for r in rows])
-    write_rows(arm / "format.jsonl", asks[:n_format])
+def wandering(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """Stage 2's demonstrations: per row, the conversation that zooms into a quarter drawn at random (not
+    the one the question names) and answers the pattern seen there, so the start reads what it zooms into
+    but zooms anywhere (one in four right): where to zoom is RL's to learn. Rows of one scene share its image,
+    which gives every quarter's pattern."""
+    seen: dict[str, dict[str, str]] = {}
+    for r in rows:
+        seen.setdefault(r["image"], {})[r["quarter"]] = r["answer"]
+    rng = random.Random(seed)
+    demos = []
+    for r in rows:
+        quarter = rng.choice(sorted(seen[r["image"]]))
+        demos.append(demonstration({**r, "quarter": quarter, "answer": seen[r["image"]][quarter]}))
+    return demos
+
+
+def write_stages(arm: Path, n_format: int, seed: int) -> None:
+    """ARM/read.jsonl (every demonstration, `reading`) and ARM/format.jsonl (`n_format` whole
+    demonstrations: with the tool `wandering`, without it the arm's own)."""
+    demos = [json.loads(line) for line in (arm / "sft.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (arm / "rows.jsonl").read_text().splitlines()]
+    write_rows(arm / "read.jsonl", [reading(r) for r in demos])
+    tool = rows[0]["env"] == "zoom_qa"
+    write_rows(arm / "format.jsonl", wandering(rows, seed)[:n_format] if tool else demos[:n_format])
 
 
 def make_setup(
@@ -86,7 +104,7 @@ def make_setup(
     )
     for name, env in (("zoom", "zoom_qa"), ("plain", "image_qa")):
         make_zoom_task(out / name, rows, seed, n_val=n_val, size=SIZE, detail=DETAIL, env=env, sft=True)
-        write_stages(out / name, "top-left", n_format)
+        write_stages(out / name, n_format, seed)
     return out
 
 

@@ -7,9 +7,10 @@ Steps, each a real CLI call (echoed): write a tiny Qwen2.5-VL checkpoint and the
 112 px images, 40 px squares of 1-pixel stripes, 4 image tokens per image, so the stripes are readable only
 zoomed), a warm start per arm from that one checkpoint in two stages, the same recipe for both arms on their
 own demonstrations of the same questions (zoom then answer in `zoom_qa`; answer at once in `image_qa`):
-stage 1 (`sft_read.yaml`) trains the pattern word alone (the zoom call at `weight: 0`, `turn_end_loss:
-false`), stage 2 (`sft.yaml`) the whole demonstrations about the top-left quarter only (the format; with the
-tool, a zoom that always goes top-left). Then per seed two GRPO runs (`grpo.yaml`): WITH the tool (`zoom_qa`)
+stage 1 (`sft_read.yaml`, once, shared) trains the pattern word alone on the zoom demonstrations (the zoom
+call at `weight: 0`, `turn_end_loss: false`), stage 2 (`sft.yaml`, per arm) the whole demonstrations: with
+the tool a zoom into a quarter drawn at random and the pattern seen there (the start reads what it zooms
+into but zooms anywhere: where to zoom is RL's to learn), without it the arm's own. Then per seed two GRPO runs (`grpo.yaml`): WITH the tool (`zoom_qa`)
 and WITHOUT it (`image_qa`, the same questions, one look). Each run validates greedily on the held-out
 questions at its start and at its end; the table is those accuracies (start, after GRPO) per arm and seed.
 """
@@ -63,14 +64,15 @@ def grpo(root: Path, arm: str, seed: int, extra: list[str]) -> tuple[float, floa
     return greedy_accuracy(run)
 
 
-def warm_start(root: Path, arm: str, read_epochs: float | None, format_epochs: float | None) -> None:
-    """The arm's two-stage warm start from the one checkpoint: `sft_read.yaml` (the pattern word alone), then
-    `sft.yaml` (the whole demonstrations, top-left only)."""
-    read, final = root / f"sft_read_{arm}", root / f"sft_{arm}"
-    for run, recipe, data, start, epochs in (
-        (read, "sft_read.yaml", "read.jsonl", root / "model", read_epochs),
-        (final, "sft.yaml", "format.jsonl", read / "final", format_epochs),
-    ):
+def warm_start(root: Path, read_epochs: float | None, format_epochs: float | None) -> None:
+    """The two-stage warm start from the one checkpoint: `sft_read.yaml` (the pattern word alone, on the
+    zoom demonstrations) once, then `sft.yaml` per arm from it (its arm's whole demonstrations)."""
+    stages = [("sft_read", "sft_read.yaml", root / "zoom" / "read.jsonl", root / "model", read_epochs)]
+    for arm in ("zoom", "plain"):
+        start = root / "sft_read" / "final"
+        stages.append((f"sft_{arm}", "sft.yaml", root / arm / "format.jsonl", start, format_epochs))
+    for name, recipe, data, start, epochs in stages:
+        run = root / name
         shutil.rmtree(run, ignore_errors=True)
         more = [f"epochs={epochs}"] if epochs else []
         sh(
@@ -78,7 +80,7 @@ def warm_start(root: Path, arm: str, read_epochs: float | None, format_epochs: f
             str(HERE / recipe),
             f"run_dir={run}",
             f"model.path={start}",
-            f"data.train_path={root / arm / data}",
+            f"data.train_path={data}",
             *more,
         )
 
@@ -90,8 +92,8 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=None, help="override grpo.yaml's iterations")
     p.add_argument("--read-epochs", type=float, default=None, help="override sft_read.yaml's epochs")
     p.add_argument("--format-epochs", type=float, default=None, help="override sft.yaml's epochs")
-    p.add_argument("--rows", type=int, default=1024, help="training questions (and stage 1's demonstrations)")
-    p.add_argument("--format-rows", type=int, default=64, help="stage 2's demonstrations (top-left only)")
+    p.add_argument("--rows", type=int, default=2048, help="training questions (and stage 1's demonstrations)")
+    p.add_argument("--format-rows", type=int, default=256, help="stage 2's demonstrations")
     p.add_argument("--val", type=int, default=32, help="held-out questions")
     a = p.parse_args()
     sys.path.insert(0, str(HERE))
@@ -99,8 +101,7 @@ def main() -> None:
 
     t0 = time.time()
     make_setup(a.root, a.rows, n_val=a.val, n_format=a.format_rows)
-    for arm in ("zoom", "plain"):
-        warm_start(a.root, arm, a.read_epochs, a.format_epochs)
+    warm_start(a.root, a.read_epochs, a.format_epochs)
     t_sft = time.time() - t0
     extra = [f"iterations={a.iterations}"] if a.iterations else []
     results, times = [], []

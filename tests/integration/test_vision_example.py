@@ -1,6 +1,7 @@
 """examples/vision/run_comparison.py end to end at its smallest: the zoom task's setup, the two-stage warm
-start per arm (stage 1: the pattern word alone, through `weight: 0` on the zoom call and
-`turn_end_loss: false`; stage 2: the whole demonstrations), and one GRPO iteration of each arm (zoom_qa with
+start (stage 1, shared: the pattern word alone, through `weight: 0` on the zoom call and
+`turn_end_loss: false`; stage 2, per arm: the whole demonstrations, with the tool zooming into a random
+quarter), and one GRPO iteration of each arm (zoom_qa with
 the tool, image_qa without) through the real CLI on a tiny Qwen2.5-VL checkpoint. The learning comparison
 itself (3 seeds, margins) takes minutes on CPU, over the suite's budget: its numbers are in
 examples/vision/README.md."""
@@ -56,7 +57,7 @@ def test_the_vision_comparison_runs_both_arms_and_prints_the_table(tmp_path: Pat
         assert (tmp_path / f"sft_{arm}" / "final" / "preprocessor_config.json").is_file()
     # stage 1 trains one token per conversation (the pattern word: the call at weight 0, no turn end);
     # stage 2 the whole model turns: the zoom call, the answer and their turn ends
-    (read,) = metrics(tmp_path / "sft_read_zoom")
+    (read,) = metrics(tmp_path / "sft_read")  # once, shared by both arms
     (full,) = metrics(tmp_path / "sft_zoom")
     assert read["response_tokens"] == 16.0  # a batch of 16 conversations (sft_read.yaml), one token each
     assert full["response_tokens"] == 16 * (6 + 4)  # the call's 5 tokens, the answer's 3, two turn ends
