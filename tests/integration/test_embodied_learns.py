@@ -7,8 +7,8 @@ with `instructions: false` rows (the first message is the state alone; the 90-ch
 from-scratch model's attention thin and nothing was learned in 15 iterations). `ascent train` runs in
 process: every episode of a group starts from its row's seed (the same initial state), GRPO with PPO's
 loss, 16 prompts x 4 samples per iteration, two epochs of two mini-batches (one step per iteration learned
-far slower; 4 prompts per iteration let a state-blind bias toward one action win, from which GRPO cannot
-recover once a group's samples agree).
+far slower; with 4 prompts per iteration a state-blind bias toward one action won in one seed of three, and
+GRPO cannot recover from it once a group's samples agree).
 
 Success is measured on 32 held-out seeds (`data.val_path`, 4 samples each at temperature 1) at iteration
 0 and after the last; a random valid policy's success on the same seeds is exact (5/8 from an offset of
