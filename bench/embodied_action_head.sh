@@ -2,7 +2,8 @@
 # GRPO with a continuous action head (model.action_head) on ReachContinuous (ascent.envs.sim.reach: the
 # target 1 to the left or right; each step earns the distance closed, reaching it 1 more) from a tiny model
 # made from scratch, through the real CLI (examples/embodied/action_head.yaml); prints return and success
-# rate of the first and last 3 iterations of each seed. Usage:
+# rate of the first and last 3 iterations of each seed; the rows give the state alone (make_data.py:
+# `instructions: false`), 16 prompts x 4 samples per iteration, 2 epochs. Usage:
 #   bash bench/embodied_action_head.sh [OUT] [ITERATIONS] [SEEDS...]
 set -euo pipefail
 out=${1:-runs/embodied_action_head}
@@ -13,7 +14,8 @@ python examples/embodied/make_data.py "$out" --continuous >/dev/null
 for seed in ${seeds[@]}; do
   python -m ascent train examples/embodied/action_head.yaml "run_dir=$out/seed$seed" "seed=$seed" \
     "iterations=$iterations" "model.path=$out/model" "data.train_path=$out/data/rows.jsonl" \
-    rollout.prompts_per_step=4 rollout.samples_per_prompt=8 train.trajectories_per_update=32 >/dev/null
+    rollout.prompts_per_step=16 rollout.samples_per_prompt=4 train.trajectories_per_update=32 \
+    train.epochs_per_rollout=2 >/dev/null
 done
 python - "$out" <<'PY'
 import json, sys

@@ -58,8 +58,12 @@ def make_vla(out: Path, rows: int = 64, seed: int = 0, model_seed: int = 0) -> d
 
 
 def continuous_rows(seeds: range | list[int]) -> list[dict[str, object]]:
-    """ReachContinuous rows, one per seed (the target's side), success when the target is reached."""
-    return [{"gym_id": CONTINUOUS_ID, "seed": k, "success_rule": "goal"} for k in seeds]
+    """ReachContinuous rows, one per seed (the target's side), success when the target is reached; the first
+    message is the state alone (`instructions: false`: a model made from scratch cannot read the preamble,
+    and it hides the state from its attention)."""
+    return [
+        {"gym_id": CONTINUOUS_ID, "seed": k, "success_rule": "goal", "instructions": False} for k in seeds
+    ]
 
 
 def make_continuous(out: Path, rows: int = 64, seed: int = 0, model_seed: int = 0) -> dict[str, object]:

@@ -10,7 +10,10 @@ an image content part `{"type": "image", "image": <uint8 array [H, W, 3]>}` besi
 `pixels_only` (with `image_obs`: the text leaves the state out, so the frame is the whole observation: a
 pixel task, e.g. `ascent.envs.sim.reach`) and `frames_dir` (set by the training loop to `<run_dir>/frames`:
 a rendering episode writes each frame there as `<episode>/<step>.png` and lists those paths, relative to
-the folder, in `info["frames"]`, which the episode's metadata keeps for the studio's episode browser). Frames
+the folder, in `info["frames"]`, which the episode's metadata keeps for the studio's episode browser) and
+`instructions` (default true; false: the first message is the state alone, as every later observation is,
+without the gym id and the action words: for a tiny policy made from scratch, which cannot read them and
+whose attention a long fixed preamble spreads thin, `tests/integration/test_embodied_learns.py`). Frames
 render headless through MuJoCo's `MUJOCO_GL` (default here: egl; `ascent doctor` says which works).
 
 An action head's turn (`model.action_head`) is a chunk of continuous vectors for a Box space: its steps run
@@ -60,6 +63,7 @@ class SimSpec:
     image_obs: bool = False
     pixels_only: bool = False
     frames_dir: str | None = None
+    instructions: bool = True
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> SimSpec:
@@ -83,6 +87,7 @@ class SimSpec:
             image_obs=bool(row.get("image_obs", False)) or bool(row.get("pixels_only", False)),
             pixels_only=bool(row.get("pixels_only", False)),
             frames_dir=None if row.get("frames_dir") is None else str(row["frames_dir"]),
+            instructions=bool(row.get("instructions", True)),
         )
 
     def make(self) -> Any:
@@ -132,13 +137,15 @@ class SimEpisode:
         return {"role": "user", "content": parts}  # type: ignore[dict-item]  # image parts (branch vlenv)
 
     def first(self, obs: Any, frame: Any = None) -> list[Message]:
+        self.keep(frame)
+        if not self.spec.instructions:
+            return [self.message(self.state_text(obs), frame)]
         a = self.actions
         how = (
             f"one of {a.words[0]}..{a.words[-1]}"
             if a.discrete
             else f"{a.size} of {a.words[0]}..{a.words[-1]}"
         )
-        self.keep(frame)
         intro = f"{self.spec.gym_id}. Each turn answer with an action: {how}. State: {self.state_text(obs)}"
         return [self.message(intro, frame)]
 

@@ -32,6 +32,15 @@ def test_the_same_seed_starts_and_plays_the_same_and_another_seed_differs():
     assert len(a[0][0]["content"].split("State: ")[1].split()) == 4  # CartPole's 4 numbers
 
 
+def test_without_instructions_the_first_message_is_the_state_alone():
+    row = control_rows("reach", [3])[0]
+    told, _ = play(row, [])
+    (bare,), results = play({**row, "instructions": False}, ["<a1>"])
+    assert told[0]["content"].endswith(f"State: {bare['content']}") and "<a0>" not in bare["content"]
+    assert bare["content"].lstrip("-") in {"1", "2"}  # Reach's offset, decimals 0
+    assert results[0].done or results[0].observation[0]["content"].lstrip("-") in {"1", "2", "3"}
+
+
 def test_surviving_the_step_limit_is_a_success_with_its_length():
     _, results = play(CARTPOLE, ["<a0>", "<a1>"] * 3)
     last = next(r for r in results if r.done)
