@@ -127,13 +127,7 @@ def render_sft_examples_and_report(
     `turn_end_loss=False` leaves the EOS closing each response or assistant turn out of the loss; an
     assistant message with `"weight": 0` is out of it too (`ascent.envs.chat.ChatTokens.conversation_ids`).
     """
-    conversations = is_conversations(rows, source, response_key)
-    if conversations:
-        validate_message_weights(rows, source)
-    else:
-        validate_rows(rows, source, tokenizer_vocab_size=len(tokenizer))
-        validate_responses(rows, source, response_key)
-        check_chat_template(tokenizer, rows, chat_template)
+    conversations = _validate(rows, tokenizer, source, response_key, chat_template)
     report = RenderReport(total=len(rows), max_tokens=max_prompt_tokens)
     examples: list[SFTExample] = []
     problems: list[str] = []
@@ -158,20 +152,8 @@ def render_sft_examples_and_report(
             examples.append(SFTExample(prompt_ids, response_ids, row_id, mask, images))
             continue
         if images:  # never cut: a cut would split an image's pads
-            problem = (
-                overlong_image_problem(
-                    row_id + 1, len(prompt_ids), images, max_prompt_tokens, "data.max_prompt_tokens"
-                )
-                if over_prompt
-                else overlong_image_problem(
-                    row_id + 1,
-                    total + len(response_ids),
-                    images,
-                    int(max_total_tokens or 0),
-                    "max_total_tokens",
-                    "prompt + response",
-                )
-            )
+            limits = (max_prompt_tokens, max_total_tokens)
+            problem = _image_pair_problem(row_id, prompt_ids, total + len(response_ids), images, limits)
             if overlong == "error":
                 problems.append(problem)
             else:
@@ -197,6 +179,45 @@ def render_sft_examples_and_report(
             f"{source}: every pair was dropped as too long ({report.summary()}); raise the token limits."
         )
     return examples, report
+
+
+def _validate(
+    rows: Sequence[dict[str, Any]], tokenizer: Any, source: str, response_key: str, chat_template: bool
+) -> bool:
+    """Check the rows as `render_sft_examples_and_report` renders them -> whether they are conversations
+    (`messages`: their loss weights) rather than prompt/response pairs (ids, responses, chat template)."""
+    conversations = is_conversations(rows, source, response_key)
+    if conversations:
+        validate_message_weights(rows, source)
+    else:
+        validate_rows(rows, source, tokenizer_vocab_size=len(tokenizer))
+        validate_responses(rows, source, response_key)
+        check_chat_template(tokenizer, rows, chat_template)
+    return conversations
+
+
+def _image_pair_problem(
+    row_id: int,
+    prompt_ids: list[int],
+    pair_tokens: int,
+    images: tuple[ImageInput, ...],
+    limits: tuple[int, int | None],
+) -> str:
+    """What is too long about an overlong example with images (never cut: a cut would split an image's
+    pads): its prompt over `max_prompt_tokens`, else the pair's `pair_tokens` over `max_total_tokens`."""
+    max_prompt_tokens, max_total_tokens = limits
+    if len(prompt_ids) > max_prompt_tokens:
+        return overlong_image_problem(
+            row_id + 1, len(prompt_ids), images, max_prompt_tokens, "data.max_prompt_tokens"
+        )
+    return overlong_image_problem(
+        row_id + 1,
+        pair_tokens,
+        images,
+        int(max_total_tokens or 0),
+        "max_total_tokens",
+        "prompt + response",
+    )
 
 
 Rendered = tuple[list[int], list[int], list[int] | None, tuple[ImageInput, ...]]

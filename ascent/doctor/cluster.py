@@ -1,5 +1,5 @@
 """Doctor checks of Ray: installed, the cluster at `cluster.address` reachable, and resources enough for the
-placement the config asks for (`ascent.orchestrator.setup.plan_placement`, the same plan the run makes);
+placement the config asks for (`ascent.orchestrator.placement.plan_placement`, the same plan the run makes);
 `check_placement` prints that plan per component and refuses (exit 2) one this machine cannot hold.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 from ascent.config.schema import RunConfig
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
 from ascent.errors import AscentError
-from ascent.orchestrator.setup import Demand, demand, demand_shortfall, describe_placement
+from ascent.orchestrator.placement import Demand, demand, demand_shortfall, describe_placement
 
 
 def tcp_reachable(address: str, timeout_s: float = 5.0) -> str | None:

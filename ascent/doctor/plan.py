@@ -20,7 +20,8 @@ from ascent.doctor.memory import (
 )
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
 from ascent.models.ulysses import check_heads, largest_degree
-from ascent.orchestrator.setup import needs_reference, uses_critic
+from ascent.orchestrator.placement import uses_critic
+from ascent.orchestrator.setup import needs_reference
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 

@@ -48,7 +48,7 @@ def warm_model(tmp_path_factory, arithmetic_data):
         "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 256},
         "tracking": {"progress": False, "tensorboard": False},
     }
-    ascent("sft", str(write_yaml(root / "sft.yaml", cfg)))
+    ascent_here("sft", str(write_yaml(root / "sft.yaml", cfg)))
     return root / "sft" / "final"
 
 
@@ -154,5 +154,5 @@ def lookup_setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, 
         "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 512},
         "tracking": {"progress": False, "tensorboard": False},
     }
-    ascent("sft", str(write_yaml(root / "sft.yaml", cfg)))
+    ascent_here("sft", str(write_yaml(root / "sft.yaml", cfg)))
     return root, root / "sft" / "final", secrets

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ascent, write_yaml
+from conftest import ascent_here, write_yaml
 
 VARIANTS = {
     "grpo+ppo": {"algorithm": {"advantage": "grpo", "policy_loss": "ppo"}},
@@ -80,7 +80,7 @@ def test_variant_improves_reward(name, tmp_path, warm_model, arithmetic_data):
     }
     for section, values in VARIANTS[name].items():
         cfg.setdefault(section, {}).update(values)
-    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
+    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
     rows = [json.loads(line) for line in prompts.read_text().splitlines()]
     final = sorted((tmp_path / "run" / "checkpoints").glob("iter_*"))[-1]
     before, after = expected_reward(warm_model, rows), expected_reward(final, rows)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import ascent, write_yaml
+from tests.integration.conftest import ascent_here, write_yaml
 from tests.integration.lookup_env import conversation, expected_reward, lookup_run
 
 ENV = "tests.integration.lookup_env:Lookup"
@@ -49,7 +49,7 @@ def guessing_start(
         "train": {"lr": 2.5e-3, "max_tokens_per_micro_batch": 512},
         "tracking": {"progress": False, "tensorboard": False},
     }
-    ascent("sft", str(write_yaml(root / "sft.yaml", cfg)))
+    ascent_here("sft", str(write_yaml(root / "sft.yaml", cfg)))
     return root / "sft" / "final"
 
 
@@ -64,7 +64,7 @@ def test_grpo_on_episodes_learns_to_use_the_tool(
     cfg = lookup_run(tmp_path / "run", root / "train.jsonl", guessing_start, seed, ITERATIONS, env=ENV)
     cfg["data"]["val_path"] = str(held_out)
     cfg["val_every"] = 0  # greedy validation (rollout.val_temperature=0) at iteration 0 and at the end
-    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
+    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
     final = sorted((tmp_path / "run" / "checkpoints").glob("iter_*"))[-1]
     before, after = expected_reward(guessing_start, secrets), expected_reward(final, secrets)
     assert after > before + BAR, f"seed {seed}: expected reward {before:.3f} -> {after:.3f}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import ascent, run_config, write_yaml
+from conftest import ascent_here, run_config, write_yaml
 
 from ascent.tracking.experience_store import open_store
 
@@ -23,7 +23,7 @@ def cheap_run(tmp_path, tiny_model, arithmetic_data, iterations: int) -> dict:
 
 def test_a_second_run_replays_the_first_runs_groups(tmp_path, tiny_model, arithmetic_data):
     first = cheap_run(tmp_path, tiny_model, arithmetic_data, iterations=1)
-    ascent("train", str(write_yaml(tmp_path / "first.yaml", first)))
+    ascent_here("train", str(write_yaml(tmp_path / "first.yaml", first)))
     first_dir = tmp_path / "run"
 
     second = cheap_run(tmp_path, tiny_model, arithmetic_data, iterations=2)
@@ -31,7 +31,7 @@ def test_a_second_run_replays_the_first_runs_groups(tmp_path, tiny_model, arithm
     second["data"]["processors"] = [{"name": "difficulty", "store": str(first_dir), "low": 0.0, "high": 1.0}]
     second["replay"] = {"store": str(first_dir), "ratio": 0.5, "score": "uniform"}
     second["algorithm"] = {"rollout_correction": "tis"}
-    out = ascent("train", str(write_yaml(tmp_path / "second.yaml", second)))
+    out = ascent_here("train", str(write_yaml(tmp_path / "second.yaml", second)))
     assert "data.processors[0] (difficulty) kept 2 of" in out.stderr + out.stdout  # the rows run 1 trained on
 
     metrics = [json.loads(x) for x in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()]

@@ -1,4 +1,7 @@
-"""A run killed with SIGKILL and resumed reaches the same final weights as an uninterrupted run."""
+"""A run killed with SIGKILL and resumed reaches the same final weights as an uninterrupted run.
+
+The killed runs are processes of their own; the uninterrupted runs and the resumes run the CLI app in this
+process (`ascent_here`: the same command without an interpreter start)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import sys
 import time
 
 import torch
-from conftest import ascent, run_config, write_yaml
+from conftest import ascent_here, run_config, write_yaml
 from safetensors.torch import load_file
 
 
@@ -26,7 +29,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path, tiny_model, arithme
         "data.val_path": None,
     }
     a = run_config(tmp_path / "a", tiny_model, arithmetic_data, **base)
-    ascent("train", str(write_yaml(tmp_path / "a.yaml", a)))
+    ascent_here("train", str(write_yaml(tmp_path / "a.yaml", a)))
 
     b = run_config(tmp_path / "b", tiny_model, arithmetic_data, **base)
     b_yaml = write_yaml(tmp_path / "b.yaml", b)
@@ -45,7 +48,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path, tiny_model, arithme
     proc.wait()
     assert not (ckpts / "iter_000005").exists(), "killed too late to test resume"
 
-    ascent("train", str(b_yaml), "--resume")
+    ascent_here("train", str(b_yaml), "--resume")
     name_a, wa = final_weights(tmp_path / "a" / "run")
     name_b, wb = final_weights(tmp_path / "b" / "run")
     assert name_a == name_b == "iter_000005"
@@ -82,11 +85,11 @@ def test_sft_sigkill_then_resume_matches_uninterrupted(tmp_path, tiny_model, ari
             "tracking": {"progress": False, "tensorboard": False},
         }
 
-    ascent("sft", str(write_yaml(tmp_path / "a.yaml", cfg("a"))))
+    ascent_here("sft", str(write_yaml(tmp_path / "a.yaml", cfg("a"))))
     b_yaml = write_yaml(tmp_path / "b.yaml", cfg("b"))
     _kill_after(b_yaml, "sft", tmp_path / "b" / "checkpoints", "iter_000010")
     assert not (tmp_path / "b" / "final").exists(), "killed too late to test resume"
-    ascent("sft", str(b_yaml), "--resume")
+    ascent_here("sft", str(b_yaml), "--resume")
     wa = load_file(str(tmp_path / "a" / "final" / "model.safetensors"))
     wb = load_file(str(tmp_path / "b" / "final" / "model.safetensors"))
     for k in wa:
@@ -101,12 +104,12 @@ def test_resume_without_optimizer_state_says_so(tmp_path, tiny_model, arithmetic
     # the tiny model's rewards are all 0: without this no step is taken, AdamW stays fresh and a resume from
     # it is exact (nothing to warn about)
     cfg["train"]["step_on_zero_advantage"] = True
-    ascent("train", str(write_yaml(tmp_path / "r.yaml", cfg)))
+    ascent_here("train", str(write_yaml(tmp_path / "r.yaml", cfg)))
     run = tmp_path / "run"
     assert not (run / "trace.json").exists()
     state = torch.load(run / "checkpoints" / "iter_000001" / "trainer_state.pt", weights_only=True)
     assert state["optimizer"] is None and state["optimizer_saved"] is False
     cfg["iterations"] = 2
-    proc = ascent("train", str(write_yaml(tmp_path / "r.yaml", cfg)), "--resume")
+    proc = ascent_here("train", str(write_yaml(tmp_path / "r.yaml", cfg)), "--resume")
     assert "no optimizer state" in proc.stdout + proc.stderr
     assert (run / "checkpoints" / "iter_000002").is_dir()

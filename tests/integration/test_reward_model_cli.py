@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from ascent.models.tiny import make_tiny_reward_model
 from ascent.tracking.experience_store import open_store
-from tests.integration.conftest import ascent, ascent_here, run_config, write_yaml
+from tests.integration.conftest import ascent_here, run_config, write_yaml
 
 
 def test_a_reward_model_and_a_judge_score_a_run(
@@ -31,7 +31,7 @@ def test_a_reward_model_and_a_judge_score_a_run(
         "judge": {"template": "{prompt}={response}? {answer}", "parser": r"(\d)", "max_new_tokens": 4},
     }
     cfg["tracking"] |= {"tensorboard": False, "trace": False}
-    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
+    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
 
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     step = next(m for m in metrics if "reward/reward_model/mean" in m)

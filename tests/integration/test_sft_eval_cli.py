@@ -139,7 +139,8 @@ def test_eval_with_the_fast_engine_and_a_dtype(tmp_path, tiny_model, arithmetic_
 
 
 def _sft_run(root, model, data, name: str, **extra) -> dict:
-    """`ascent sft` for one epoch into root/name -> its final weights."""
+    """`ascent sft` for one epoch into root/name -> its final weights (an inline run in this process, a Ray
+    run in a process of its own: its Ray driver ends with the command)."""
     from safetensors.torch import load_file
 
     cfg = {
@@ -152,7 +153,10 @@ def _sft_run(root, model, data, name: str, **extra) -> dict:
         "tracking": {"progress": False},
         **extra,
     }
-    ascent("sft", str(write_yaml(root / f"{name}.yaml", cfg)), timeout=600)
+    if "cluster" in cfg:
+        ascent("sft", str(write_yaml(root / f"{name}.yaml", cfg)), timeout=600)
+    else:
+        ascent_here("sft", str(write_yaml(root / f"{name}.yaml", cfg)))
     return load_file(root / name / "final" / "model.safetensors")
 
 

@@ -8,9 +8,9 @@ import pytest
 from ascent.config import ConfigError, load_config
 from ascent.config.schema import RunConfig
 from ascent.messages import Episode, Generation, Group, Rollout, SamplingParams
+from ascent.orchestrator.placement import demand, placed_groups
 from ascent.orchestrator.reward_models import ComponentScores, JudgeScorer
 from ascent.orchestrator.sampling import Scorer
-from ascent.orchestrator.setup import demand, placed_groups
 from ascent.orchestrator.specs import judge_engine_spec
 from ascent.rewards import RewardFailureError, RewardInput, RewardRunner
 from ascent.rewards.judge import JudgementCache, resolve_parser

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ascent.cluster.hosts import IsolationPolicy
 from ascent.config import RunConfig
 from ascent.envs.hosts import InlineHosts
-from ascent.orchestrator import setup, specs
+from ascent.orchestrator import placement, setup, specs
 from ascent.orchestrator.batch import sampling_params
 
 
@@ -57,15 +57,15 @@ def test_env_isolation_settings_build_the_hosts():
 def test_placement_plans_split_colocated_and_inline():
     """split: own GPUs per worker; colocated on Ray: bundle i shared by trainer rank i and replica i (and
     critic rank i), equal fractions; inline or CPU: nothing to place."""
-    split = setup.plan_placement("ray", "split", 1.0, 2.0, num_trainers=2, groups=1)
+    split = placement.plan_placement("ray", "split", 1.0, 2.0, num_trainers=2, groups=1)
     assert (split.trainer_gpus, split.rollout_gpus, split.shared_bundles) == (1.0, 1.0, 0)
-    col = setup.plan_placement("ray", "colocated", 1.0, 2.0, num_trainers=4, groups=1)
+    col = placement.plan_placement("ray", "colocated", 1.0, 2.0, num_trainers=4, groups=1)
     assert (col.trainer_gpus, col.rollout_gpus) == (0.5, 0.5)
     assert (col.shared_bundles, col.bundle_gpus, col.bundle_cpus) == (4, 1.0, 4.0)
-    critic = setup.plan_placement("ray", "colocated", 1.0, 1.0, num_trainers=2, groups=2)
+    critic = placement.plan_placement("ray", "colocated", 1.0, 1.0, num_trainers=2, groups=2)
     assert critic.trainer_gpus == critic.rollout_gpus == 1 / 3 and critic.bundle_cpus == 3.0
     for backend, gpus in (("inline", 1.0), ("ray", 0.0)):
-        plan = setup.plan_placement(backend, "colocated", gpus, 1.0, num_trainers=1, groups=1)
+        plan = placement.plan_placement(backend, "colocated", gpus, 1.0, num_trainers=1, groups=1)
         assert (plan.rollout_gpus, plan.shared_bundles) == (0.0, 0)
 
 
@@ -76,11 +76,11 @@ def test_split_placement_gives_each_component_its_own_gpu_count():
     own = cfg(
         cluster={**split, "trainer_gpus": 2, "reward_model_gpus": 0.5}, reward={"model": {"path": "rm"}}
     )
-    plan = setup.placement_of(own)
+    plan = placement.placement_of(own)
     assert (plan.trainer_gpus, plan.rollout_gpus, plan.reward_gpus) == (2.0, 1.0, 0.5)
-    assert setup.demand(own).gpus == 2 + 1 + 0.5
+    assert placement.demand(own).gpus == 2 + 1 + 0.5
     tp = cfg(cluster=split, rollout={"engine": "fast", "tensor_parallel": 4})
-    assert setup.placement_of(tp).rollout_gpus == 4.0
+    assert placement.placement_of(tp).rollout_gpus == 4.0
     assert specs.engine_spec(tp).builder_kwargs()["tensor_parallel"] == 4  # the replica starts its ranks
     assert setup.weight_transport_kind(tp) == "broadcast"  # GPUs of their own: NCCL
     halves = cfg(cluster={**split, "trainer_gpus": 0.5})  # a trainer rank shares a GPU: no NCCL to it

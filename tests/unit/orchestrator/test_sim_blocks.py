@@ -27,7 +27,7 @@ def test_only_simulator_rows_get_the_frames_folder():
 
 def test_simulator_actors_gpu_shares_count_in_what_the_run_asks_ray_for():
     from ascent.config import RunConfig
-    from ascent.orchestrator.setup import demand
+    from ascent.orchestrator.placement import demand
 
     def cfg(**rollout):
         source = {"name": "env", "env": "gym", "max_episode_tokens": 64}
