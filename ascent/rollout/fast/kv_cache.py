@@ -12,7 +12,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ascent.errors import AscentError
 from ascent.rollout.fast.spec import ModelSpec
+
+
+class KVCacheOutOfMemory(AscentError, RuntimeError):
+    """The KV cache, sized at start-up, did not fit when it was allocated again (an engine waking beside a
+    colocated trainer); the message names the setting to lower."""
 
 
 def pages_for_budget(
@@ -76,8 +82,26 @@ class KVCache:
             return
         spec = self.spec
         shape = (spec.num_layers, self.num_pages, spec.num_kv_heads, self.page_size, spec.head_dim)
-        self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        try:
+            self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        except torch.OutOfMemoryError as e:
+            self.k = self.v = None
+            raise KVCacheOutOfMemory(self._out_of_memory(shape)) from e
+
+    def _out_of_memory(self, shape: tuple[int, ...]) -> str:
+        need = 2 * torch.Size(shape).numel() * self.dtype.itemsize / 2**30
+        where = str(self.device)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            held = torch.cuda.memory_allocated(self.device) / 2**30
+            where += f" ({free / 2**30:.1f} GiB free, {held:.1f} GiB allocated by this process)"
+        return (
+            f"the fast engine's KV cache ({need:.1f} GiB, {self.num_pages} pages) does not fit on {where}. "
+            "Its size was set at start-up by rollout.gpu_memory_fraction, before a colocated trainer held "
+            "its gradients and optimizer state; lower rollout.gpu_memory_fraction (`ascent doctor` shows "
+            "each phase's peak), or shrink the trainer's share (train.offload_optimizer=true, model.lora.rank)."
+        )
 
     def free(self) -> None:
         """Drop the tensors (the caller empties the allocator cache)."""
