@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -93,3 +94,20 @@ def test_a_published_head_is_used_after_an_update(fast_tiny_path, tmp_path):
     after = fast.generate(reqs)
     _assert_same(after, ref.generate(reqs))
     assert after[0][0].action != before[0][0].action
+
+
+def test_an_engine_on_a_given_module_shares_its_head(fast_tiny_path, tmp_path):
+    """A colocated engine built on the trainer's module acts with the module's own head (its tensors are not
+    the decoder's), so the head's in-place steps reach it without a publication."""
+    ref, _ = _engines(fast_tiny_path, tmp_path)
+    fast = build_fast_engine(
+        model=ref.model, dtype="fp32", device="cpu", page_size=16, max_model_len=160, action_head=SPEC
+    )
+    assert fast.runner.action is not None and fast.runner.action.head is ref.model.action_head
+    reqs = _requests([[5, 9, 11, 30]], [1])
+    _assert_same(fast.generate(reqs), ref.generate(reqs))
+
+
+def test_a_head_over_tensor_parallel_ranks_is_refused(fast_tiny_path):
+    with pytest.raises(ValueError, match="rollout.tensor_parallel=1"):
+        build_fast_engine(model_path=fast_tiny_path, device="cpu", tensor_parallel=2, action_head=SPEC)
