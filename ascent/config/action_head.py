@@ -46,9 +46,9 @@ def action_head_rules(cfg: RunConfig) -> list[str]:
     why = "model.action_head is set"
     refused = [
         (
-            r.engine != "reference",
-            f"rollout.engine={r.engine!r}: {why} and only the reference engine samples "
-            "action chunks; set rollout.engine=reference.",
+            r.engine == "fast" and r.tensor_parallel > 1,
+            f"rollout.tensor_parallel={r.tensor_parallel}: {why} and the fast engine's head runs on one "
+            "GPU; set rollout.tensor_parallel=1 (or rollout.engine=reference).",
         ),
         (
             not isinstance(r.source, EnvSourceConfig),

@@ -3,7 +3,7 @@ of the model over each observation's token ids, the head's Gaussian sampled at t
 chunk returned with its log-probability (design: actions are "continuous vectors from an action head, each
 with its log-probability").
 
-Only here, beside the reference engine: the fast engine has no hidden-state output yet. In the loop
+The fast engine's counterpart is `ascent.rollout.fast.action` (same noise convention). In the loop
 (`model.action_head`) the reference engine answers every request with `generations`: one placeholder token
 (`ActionHeadSpec.token_id`) whose logprob is the chunk's log-probability, the chunk itself in
 `Generation.action`; the runner steps the environment with the chunk (`ascent.envs.runner`). A seeded

@@ -37,7 +37,7 @@ class EngineSpec:
     prefix_caching: bool | None = None  # fast: reuse full prompt pages across requests (prefix.py)
     batch_invariant: bool | None = None  # fast: a request's samples independent of its batch (runner.py)
     quantization: str | None = None  # fast: "fp8" holds the layers' linear weights in FP8 (fast/fp8.py)
-    action_head: ActionHeadSpec | None = None  # reference: act with a continuous action head
+    action_head: ActionHeadSpec | None = None  # act with a continuous action head (either engine)
     options: dict[str, Any] = field(default_factory=dict)
 
     def builder_kwargs(self) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """An action-head policy through the real CLI (issue #29): examples/embodied/action_head.yaml's tiny model
 acts in ReachContinuous with a continuous action head (model.action_head), two GRPO iterations in process.
 The sampler's log-probability of each action equals the trainer's recomputation (the logged mismatch), the
-head's weights move, are saved with the checkpoint and reach the engine."""
+head's weights move, are saved with the checkpoint and reach the engine: on the reference engine and on the fast
+one (its head at prefill, ascent/rollout/fast/action.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import yaml
 from safetensors.torch import load_file
 
@@ -31,8 +33,12 @@ def config(tmp_path: Path, model: Path, **rollout: object) -> dict:
     return cfg
 
 
-def test_an_action_head_acts_in_a_continuous_simulator_and_trains(tmp_path: Path, tiny_model: Path) -> None:
-    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", config(tmp_path, tiny_model))))
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_an_action_head_acts_in_a_continuous_simulator_and_trains(
+    tmp_path: Path, tiny_model: Path, engine: str
+) -> None:
+    cfg = config(tmp_path, tiny_model, engine=engine)
+    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
 
     run = tmp_path / "run"
     episodes = [json.loads(line) for line in (run / "episodes.jsonl").open()]
@@ -44,6 +50,8 @@ def test_an_action_head_acts_in_a_continuous_simulator_and_trains(tmp_path: Path
     # acted with the head the first update moved (published with the policy's weights)
     assert all(m["rollout/logprob_diff_max"] < 1e-4 for m in trained), trained
     assert all(0 <= m["env/success_rate"] <= 1 for m in trained)
+    if engine == "fast":  # an episode's next turn reuses its session's K/V (the placeholder token included)
+        assert all(m["rollout/prefix_reused_tokens"] > 0 for m in trained), trained
     assert trained[0]["train/optimizer_steps"] == 1.0  # the first groups' rewards differ (random actions)
     head = load_file(str(run / "checkpoints/iter_000001" / HEAD_FILE))
     assert head["mean_proj.weight"].abs().max() > 1e-3  # zero at the start: the update moved it

@@ -6,10 +6,10 @@ triton_decode.py (math) -> runner.py (prefill, decode step) -> graphs.py (CUDA g
 engine's API) and batching.py (its loop); pages.py, prefix.py (prefix caching across requests),
 scheduler.py, sequence.py, state.py and live.py are its bookkeeping, swap.py hands the weights to
 publications between decode steps; vision.py runs a vision-language model's tower and multimodal RoPE
-(images at prefill). tensor_parallel.py (shards,
-all-reducing layer math), tp_engine.py (the driver and the other ranks) and tp_launch.py (starting a replica's
-ranks) spread one replica over several GPUs. `build_fast_engine` is the builder registered as
-`ENGINES["fast"]`. On CPU the same engine runs eagerly (slowly) for the tests.
+(images at prefill); action.py acts with a continuous action head (`model.action_head`) at prefill.
+tensor_parallel.py (shards, all-reducing layer math), tp_engine.py (the driver and the other ranks) and
+tp_launch.py (starting a replica's ranks) spread one replica over several GPUs. `build_fast_engine` is the
+builder registered as `ENGINES["fast"]`. On CPU the same engine runs eagerly (slowly) for the tests.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import nn
 
+from ascent.models.action_head import ActionHeadSpec
 from ascent.models.loading import compute_dtype, load_tokenizer, resolve_device
+from ascent.rollout.fast.action import ActionStep, load_action_head, without_head_tensors
 from ascent.rollout.fast.engine import FastEngine
 from ascent.rollout.fast.fp8 import (
     QUANTIZATIONS,
@@ -90,7 +92,7 @@ def _weights_source(model_path, model, dt, dev, share_weights, trust_remote_code
     if model is None and model_path is None:
         raise ValueError("rollout.engine=fast needs model.path (or a model module) to load weights from.")
     if model is not None:
-        sd = state_dict_of(model)
+        sd = without_head_tensors(state_dict_of(model))  # an action head is the engine's own (action.py)
         can_share = all(t.dtype == dt and t.device == dev for t in sd.values())
         return model.config, sd, can_share if share_weights is None else (share_weights and can_share)
     from transformers import AutoConfig  # deferred: transformers, slow to import
@@ -132,6 +134,7 @@ def build_fast_engine(
     prefix_caching: bool = False,
     batch_invariant: bool = False,
     quantization: str = "none",
+    action_head: ActionHeadSpec | None = None,
     **unused: Any,
 ) -> FastEngine:
     """A FastEngine on `model` (weights shared when dtype and device match) or the checkpoint at `model_path`.
@@ -153,7 +156,8 @@ def build_fast_engine(
     `batch_invariant` makes a request's samples independent of what else is batched (runner.py: rows run
     alone, torch attention and sampler, no CUDA graphs or compile; not with tensor parallelism);
     `quantization="fp8"` holds the layers' linear weights in FP8, quantised as they arrive (fp8.py);
-    `unused` swallows options meant for other engines.
+    `action_head`: every request is one action of a continuous action head (action.py; not with tensor
+    parallelism); `unused` swallows options meant for other engines.
     """
     tp_size = tensor_parallel.size if isinstance(tensor_parallel, TPGroup) else tensor_parallel or 1
     if quantization not in QUANTIZATIONS:
@@ -163,6 +167,11 @@ def build_fast_engine(
         raise ValueError(
             f"batch_invariant=True with tensor_parallel={tp_size}: the batch-invariant mode runs a replica "
             "on one GPU; set rollout.tensor_parallel=1 or rollout.batch_invariant=false."
+        )
+    if action_head is not None and tp_size > 1:
+        raise ValueError(
+            f"model.action_head with rollout.tensor_parallel={tp_size}: the fast engine's action head runs "
+            "on one GPU; set rollout.tensor_parallel=1."
         )
     if isinstance(tensor_parallel, int):  # a replica over that many ranks: start the others, drive them
         if tensor_parallel > 1:
@@ -217,6 +226,9 @@ def build_fast_engine(
         sampler=sampler or fast_default,
         batch_invariant=batch_invariant,
     )
+    if action_head is not None:  # acts at prefill (action.py); a given module's own head is shared
+        head = load_action_head(action_head, m.spec.hidden_size, dev, model_path, model)
+        runner.action = ActionStep(head, action_head.token_id)
     use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
     engine_cls: Callable[..., FastEngine] = (
         FastEngine if tp is None else partial(TPEngine, full_spec=m.full_spec)

@@ -197,7 +197,14 @@ class BatchingLoop:
         self._count_reuse(adms)
         seqs = [s for a in adms for s in a.seqs]
         version, epoch = self.swaps.version or 0, self.swaps.epoch  # of the weights that ran the prefill
-        first = self.runner.sample_first(hidden, [i for i, a in enumerate(adms) for _ in a.seqs], seqs, flags)
+        group = [i for i, a in enumerate(adms) for _ in a.seqs]
+        if self.runner.action is not None:  # an action head: each sample's turn is one action (action.py)
+            acts = self.runner.act_first(hidden, group, seqs)
+            first = [(tok, lp) for tok, lp, _ in acts]
+            for s, (_, _, chunk) in zip(seqs, acts, strict=True):
+                s.action = chunk
+        else:
+            first = self.runner.sample_first(hidden, group, seqs, flags)
         live = []
         for s, (tok, lp) in zip(seqs, first, strict=True):
             s.tokens, s.logprobs, s.versions, s.launched, s.epoch = [tok], [lp], [version], 1, epoch

@@ -33,6 +33,9 @@ encoding and one prefill of the image K/V) and rotates by multimodal RoPE positi
 only. A session entry remembers which image each image-token run showed, so a next turn reuses the K/V of
 earlier turns' images and encodes only its new ones, and never reuses a run that showed another image.
 
+An action head (`model.action_head`, action.py): every request is one action turn, sampled by the head at
+its prefill (never fed), one placeholder token that ends it; published `action_head.*` tensors go to the head.
+
 Weight swaps between decode steps (swap.py): a publication may arrive from another thread while a call
 runs; it is applied at the next step boundary, never inside a step (weights are copied into the tensors the
 CUDA graphs read, so a replay after it uses them). By default (`on_swap="continue"`) the sequences in flight
@@ -111,8 +114,10 @@ class FastEngine(BatchingLoop):
         self.sched = Scheduler(self.alloc, self.sessions, self.cache.page_size, keep_sessions, self.prefix)
         self.batch_invariant = batch_invariant
         max_pages = -(-max_model_len // self.cache.page_size)
-        # batch-invariant: never feed (whether a prompt is fed depends on the running batch)
-        self.feed_limit = 0 if batch_invariant else max(0, min(feed_prompt_tokens, max_model_len))
+        # batch-invariant: never feed (whether a prompt is fed depends on the running batch); an action head
+        # acts on a prefill's hidden state (action.py)
+        never_feed = batch_invariant or runner.action is not None
+        self.feed_limit = 0 if never_feed else max(0, min(feed_prompt_tokens, max_model_len))
         self.state = DecodeState(
             max_batch_size,
             max_pages,
@@ -223,6 +228,8 @@ class FastEngine(BatchingLoop):
         runs, it waits for the next decode-step boundary; a publication sent in several calls (buckets) is
         whole only inside `publication`, which also names its version.
         """
+        if self.runner.action is not None:  # the head's `action_head.*` tensors go to it (action.py)
+            named_tensors = self.runner.action.take(named_tensors)
         with self.publication():
             self.weights.update(self.adapters.apply(named_tensors))
 

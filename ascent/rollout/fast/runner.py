@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ascent.models.logits import logits_fp32
 from ascent.models.moe import ROUTES_DTYPE
+from ascent.rollout.fast.action import ActionStep
 from ascent.rollout.fast.attention import decode_attention_torch, prefill_attention, slots_for
 from ascent.rollout.fast.kv_cache import KVCache
 from ascent.rollout.fast.moe import layer_math
@@ -85,6 +86,7 @@ class ModelRunner:
         )
         self.final_norm = self.math.final_norm
         self.batch_invariant = batch_invariant
+        self.action: ActionStep | None = None  # a continuous action head (action.py): acts at prefill
         # routing replay (moe.py): (MoE layers, k) of the routes each forward records; None for dense models
         moe_layers = sum(lw.down_w.dim() == 3 for lw in weights.layers)
         self.route_shape = (moe_layers, spec.experts_per_token) if moe_layers else None
@@ -161,6 +163,19 @@ class ModelRunner:
         )
         tokens, logprobs = self.head_sample(hidden[torch.tensor(group, device=dev)], st, steps, seen, allowed)
         return list(zip(tokens.tolist(), logprobs.tolist(), strict=True))
+
+    def act_first(
+        self, hidden: Tensor, group: list[int], seqs: list
+    ) -> list[tuple[int, float, list[list[float]]]]:
+        """hidden [G, H] (last prompt token of each group, before the final norm), group[i] the group of
+        sample i -> (placeholder token, the chunk's log-probability, the chunk) per sample (action.py). The
+        head reads the final norm's output in the model's dtype, as a Hugging Face model's last hidden state;
+        a seeded request's first sample draws with its seed, as the reference engine's."""
+        assert self.action is not None
+        dev = self.cache.device
+        normed = self.math.final_norm(hidden, self.w.norm).to(self.w.embed.dtype)  # eager: any batch size
+        seeds = [s.params.seed if s.params.seed is not None and s.sample == 0 else s.seed for s in seqs]
+        return self.action.act(normed[torch.tensor(group, device=dev)], seeds)
 
     def _layers(
         self,

@@ -58,6 +58,7 @@ class Sequence:
     rope_delta: int = 0  # multimodal RoPE: a decode token's rotary position minus its index (vision.py)
     deadline: float | None = None  # time.monotonic() past which it ends as "abort" (params.max_time_s)
     routes: list[Tensor] | None = None  # MoE: host chunks [tokens, layers, k] (module docstring)
+    action: list[list[float]] | None = None  # an action head's chunk: the turn is its one token (action.py)
 
     @property
     def routed(self) -> int:
@@ -92,12 +93,13 @@ class Sequence:
             versions,
             cached_tokens=self.cached,
             routed_experts=self.routed_experts(),
+            action=self.action,
         )
 
     def restart(self) -> None:
         """Forget everything sampled (pages and reservation already returned): ready to be admitted again."""
         self.pages, self.reserved, self.num_cached, self.launched = [], 0, 0, 0
-        self.tokens, self.logprobs, self.versions = [], [], []
+        self.tokens, self.logprobs, self.versions, self.action = [], [], [], None
         self.finish, self.row, self.idle, self.stop_checked, self.cached = None, -1, False, 0, 0
         self.fed = self.skip = 0
         self.routes = [] if self.routes is not None else None
@@ -160,8 +162,12 @@ def check_finished(seq: Sequence, decode: Callable[[list[int]], str] | None, int
     tokens and whenever the sequence ends otherwise; the sequence is cut after the token that completes
     the string. Then the token budget ends it with "length" ("stop" for an action turn, which samples only
     among `allowed_token_ids`, once it holds max_new_tokens of them: one whole action, as the reference
-    engine ends it), and a spent wall-clock budget (`params.max_time_s`) with "abort".
+    engine ends it), and a spent wall-clock budget (`params.max_time_s`) with "abort". An action head's turn
+    (`seq.action`, action.py) is its one placeholder token: "stop".
     """
+    if seq.action is not None:
+        seq.finish = "stop"
+        return True
     stop_hit = bool(seq.tokens) and seq.tokens[-1] in seq.stop_ids
     done = stop_hit or len(seq.tokens) >= seq.max_new
     stops = seq.params.stop_strings

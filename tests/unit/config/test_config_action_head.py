@@ -19,12 +19,13 @@ def test_the_example_builds_the_head_spec_for_trainer_and_engine() -> None:
     assert spec is not None and (spec.dim, spec.chunk, spec.init_std, spec.token_id) == (1, 2, 0.5, 0)
     assert trainer_spec(cfg, 10).action_head == spec == engine_spec(cfg).action_head
     assert action_head_spec(load_config(None, []).model) is None
+    assert load_config(EXAMPLE, ["rollout.engine=fast"]).rollout.engine == "fast"  # the fast engine acts too
 
 
 @pytest.mark.parametrize(
     ("override", "names"),
     [
-        ("rollout.engine=fast", ["rollout.engine='fast'", "rollout.engine=reference"]),
+        ("rollout.engine=fast,rollout.tensor_parallel=2", ["rollout.tensor_parallel=2", "tensor_parallel=1"]),
         ("model.lora.rank=4", ["model.lora.rank=4", "model.lora.rank=0"]),
         ("algorithm.kl_loss_coef=0.1", ["kl_loss_coef=0.1", "set both to 0"]),
         ("train.sharding=fsdp", ["train.sharding='fsdp'", "train.sharding=none"]),
@@ -33,7 +34,7 @@ def test_the_example_builds_the_head_spec_for_trainer_and_engine() -> None:
 )
 def test_what_the_head_does_not_support_is_refused_with_the_fix(override: str, names: list[str]) -> None:
     with pytest.raises(ConfigError) as info:
-        load_config(EXAMPLE, [override])
+        load_config(EXAMPLE, override.split(","))
     text = "\n".join(info.value.problems)
     assert all(n in text for n in names), text
     assert "model.action_head is set" in text
