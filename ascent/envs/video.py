@@ -151,7 +151,13 @@ def sequence_indices(count: int, s: VideoSampling) -> list[int]:
     return frame_indices(count, None, s)
 
 
-def video_frames(value: Any, s: VideoSampling, load_frame: Callable[[Any, int], Image.Image]) -> list[Frame]:
+VideoValue = str | Path | bytes | bytearray | memoryview | Sequence[object]
+"""What a video part's `video` holds: a path, a data URL, the file's bytes, or a list of frame images."""
+
+
+def video_frames(
+    value: VideoValue | None, s: VideoSampling, load_frame: Callable[[Any, int], Image.Image]
+) -> list[Frame]:
     """The sampled frames of `value`: a video file's path, a `data:video/...;base64,` URL, the file's bytes,
     or a list of frame images (each opened by `load_frame(entry, index)`, which raises for a bad one)."""
     if isinstance(value, (list, tuple)):
