@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import ascent_here, write_yaml
+from tests.integration.conftest import ascent, write_yaml
 from tests.integration.lookup_env import conversation, expected_reward, lookup_run
 
 AGENT = "tests.integration.lookup_agent:run"
@@ -49,7 +49,7 @@ EPISODE = [
 
 def greedy_eval(model: Path, rows: Path) -> dict[str, float]:
     """`ascent eval --agent` of the lookup agent on `rows` (greedy, as training's episodes are bounded)."""
-    out = ascent_here(
+    out = ascent(
         "eval", "--model", str(model), "--data", str(rows), "--agent", AGENT, *EPISODE, "--device", "cpu"
     )
     return {k: float(v) for k, _, v in (x.partition(": ") for x in out.stdout.splitlines()) if v}
@@ -75,7 +75,7 @@ def lazy_start(
         "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 512},
         "tracking": {"progress": False, "tensorboard": False},
     }
-    ascent_here("sft", str(write_yaml(root / "sft.yaml", cfg)))
+    ascent("sft", str(write_yaml(root / "sft.yaml", cfg)))
     rows = root / "held_out.jsonl"
     rows.write_text("".join(json.dumps({"secret": s}) + "\n" for s in range(10)))
     return root / "sft" / "final", rows, greedy_eval(root / "sft" / "final", rows)
@@ -96,7 +96,7 @@ def test_grpo_through_the_endpoint_learns_to_ask(
     root, _, secrets = lookup_setup
     start, held_out, greedy_before = lazy_start
     cfg = agent_config(tmp_path / "run", root / "train.jsonl", start, seed=seed, iterations=ITERATIONS)
-    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
+    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
     final = sorted((tmp_path / "run" / "checkpoints").glob("iter_*"))[-1]
     before, after = expected_reward(start, secrets), expected_reward(final, secrets)
     assert after > before + BAR, f"seed {seed}: expected reward {before:.3f} -> {after:.3f}"
@@ -166,22 +166,22 @@ def test_a_plain_agent_scored_by_the_reward_function_and_agent_failures(
     cfg["rollout"] |= {"prompts_per_step": 2, "samples_per_prompt": 2}
     cfg["train"]["trajectories_per_update"] = 4
     cfg["reward"] = {"fn": "format", "kwargs": {"pattern": "."}}  # any reply scores 1: the function ran
-    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
+    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
     (last,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1:]
     assert last["reward/mean"] == 1.0 and last["agent/calls_mean"] == 1.0
 
     cfg["run_dir"] = str(tmp_path / "long")  # past the context: truncated episodes, not failures (issue #26)
     cfg["rollout"]["source"]["agent"] = "tests.integration.lookup_agent:talks_on"
-    ascent_here("train", str(write_yaml(tmp_path / "long.yaml", cfg)))
+    ascent("train", str(write_yaml(tmp_path / "long.yaml", cfg)))
     (last,) = [json.loads(x) for x in (tmp_path / "long" / "metrics.jsonl").read_text().splitlines()][-1:]
     assert last["agent/truncated"] == 4 and last["agent/errors"] == 0 and last["rollout/truncated_frac"] == 1
 
     cfg["run_dir"] = str(tmp_path / "bad")
     cfg["rollout"]["source"]["agent"] = "tests.integration.lookup_agent:always_fails"
-    out = ascent_here("train", str(write_yaml(tmp_path / "bad.yaml", cfg)), check=False)
+    out = ascent("train", str(write_yaml(tmp_path / "bad.yaml", cfg)), check=False)
     assert out.returncode == 2 and "reward.max_failure_rate=0.05: 4 of 4 agent episodes failed" in out.stderr
     cfg["rollout"]["source"]["agent"] = "tests.integration.lookup_agent:missing"
-    out = ascent_here("train", str(write_yaml(tmp_path / "bad.yaml", cfg)), check=False)
+    out = ascent("train", str(write_yaml(tmp_path / "bad.yaml", cfg)), check=False)
     assert (
         out.returncode == 2 and "rollout.source.agent='tests.integration.lookup_agent:missing'" in out.stderr
     )
