@@ -194,6 +194,7 @@ def validate_message_weights(rows: Sequence[Any], source: str) -> None:
 def _check_weights(messages: list[dict[str, Any]], row_no: int, problems: list[str]) -> None:
     found = len(problems)
     for i, m in enumerate(messages):
+        _check_no_loss(m, f"row {row_no}: field 'messages' message {i} 'no_loss'", problems)
         if "weight" not in m:
             continue
         where, weight = f"row {row_no}: field 'messages' message {i} 'weight'", m["weight"]
@@ -212,3 +213,23 @@ def _check_weights(messages: list[dict[str, Any]], row_no: int, problems: list[s
             f"row {row_no}: field 'messages': every assistant message has weight 0, so the row trains nothing; "
             "give at least one assistant message weight 1, or remove the row."
         )
+
+
+def _check_no_loss(message: dict[str, Any], where: str, problems: list[str]) -> None:
+    """`no_loss` (substrings of an assistant message's text whose tokens stay out of the loss) must be a
+    list of non-empty strings found in the message's text content."""
+    if "no_loss" not in message:
+        return
+    spans, content = message["no_loss"], message.get("content")
+    if message.get("role") != "assistant":
+        problems.append(
+            f"{where} is set on a {message.get('role')!r} message; only assistant messages take it."
+        )
+    elif not isinstance(content, str):
+        problems.append(f"{where} needs the message's content to be text; drop 'no_loss' or use a string.")
+    elif not isinstance(spans, list) or not all(isinstance(x, str) and x for x in spans):
+        problems.append(f"{where} is {spans!r}; use a list of non-empty substrings of the message's content.")
+    else:
+        missing = [x for x in spans if x not in content]
+        if missing:
+            problems.append(f"{where}: {missing[0]!r} is not in the message's content; fix or remove it.")

@@ -9,6 +9,7 @@ end-of-turn token, each observation as the ids the template appends after a fini
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,8 +27,8 @@ class ChatTokens:
         self.tok = tokenizer
 
     def _render(self, messages: Sequence[Message], generation_prompt: bool, tools: Tools = None) -> str:
-        # an SFT demonstration's per-message loss weight is the trainer's, not the model's to read
-        shown = [{k: v for k, v in m.items() if k != "weight"} for m in messages]
+        # an SFT demonstration's loss weights are the trainer's, not the model's to read
+        shown = [{k: v for k, v in m.items() if k not in ("weight", "no_loss")} for m in messages]
         out = self.tok.apply_chat_template(
             shown, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
         )
@@ -70,7 +71,8 @@ class ChatTokens:
         and the other messages (tool results, the world's answers) mask 0. An assistant message with
         `"weight": 0` (OpenAI fine-tuning's per-message weight; default 1) is in the ids with mask 0: the
         model sees it, the loss does not. `turn_end_loss=False` leaves each turn's end-of-turn token out of
-        the loss. It must end on an assistant turn.
+        the loss. An assistant message's `"no_loss"` (a list of substrings of its content) leaves the tokens
+        that overlap any occurrence of them out of the loss too. It must end on an assistant turn.
         """
         first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
         if first is None or first == 0 or messages[-1]["role"] != "assistant":
@@ -89,8 +91,23 @@ class ChatTokens:
                 obs = self.continuation_ids(pending)
                 ids, mask, pending = ids + obs, mask + [0] * len(obs), []
             turn = self.turn_ids(str(m["content"]))
-            ids, mask = ids + turn, mask + turn_mask(len(turn), int(m.get("weight", 1)), turn_end_loss)
+            weights = turn_mask(len(turn), int(m.get("weight", 1)), turn_end_loss)
+            if m.get("no_loss"):  # the end-of-turn token is not in the text: the no_loss spans leave it be
+                kept = [*self._kept(str(m["content"]), m["no_loss"]), 1]
+                weights = [w * k for w, k in zip(weights, kept, strict=True)]
+            ids, mask = ids + turn, mask + weights
         return self.prompt_ids(messages[:first], tools), ids, mask
+
+    def _kept(self, text: str, no_loss: Sequence[str]) -> list[int]:
+        """Per token of `text` (as `_encode` splits it): 0 where the token overlaps an occurrence of a
+        `no_loss` substring, else 1. Needs a fast tokenizer (character offsets)."""
+        out = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        if list(out["input_ids"]) != self._encode(text):
+            raise ValueError(
+                "'no_loss' needs a tokenizer whose offsets match its encoding (a fast tokenizer)"
+            )
+        spans = [(m.start(), m.end()) for s in no_loss for m in re.finditer(re.escape(s), text)]
+        return [0 if any(a < e and s < b for s, e in spans) else 1 for a, b in out["offset_mapping"]]
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tok.decode(list(ids), skip_special_tokens=True))

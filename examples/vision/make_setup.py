@@ -75,14 +75,26 @@ def wandering(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
     return demos
 
 
-def write_stages(arm: Path, n_format: int, seed: int) -> None:
+def placeless(demo: dict[str, Any]) -> dict[str, Any]:
+    """`demo` with the zoom call's box (where to zoom, one token) out of the loss (`no_loss`): the call's
+    format is trained, its place is not, so the place stays free to follow the question under RL."""
+    boxes = [f"{c / 2}, {r / 2}, {c / 2 + 0.5}, {r / 2 + 0.5}" for c, r in QUARTERS.values()]
+    out = []
+    for m in demo["messages"]:
+        box = [b for b in boxes if m["role"] == "assistant" and b in str(m["content"])]
+        out.append({**m, "no_loss": box} if box else m)
+    return {**demo, "messages": out}
+
+
+def write_stages(arm: Path, n_format: int, seed: int, place_loss: bool = True) -> None:
     """ARM/read.jsonl (every demonstration, `reading`) and ARM/format.jsonl (`n_format` whole
-    demonstrations: with the tool `wandering`, without it the arm's own)."""
+    demonstrations: with the tool `wandering`, without it the arm's own; `place_loss=False`: `placeless`)."""
     demos = [json.loads(line) for line in (arm / "sft.jsonl").read_text().splitlines()]
     rows = [json.loads(line) for line in (arm / "rows.jsonl").read_text().splitlines()]
     write_rows(arm / "read.jsonl", [reading(r) for r in demos])
     tool = rows[0]["env"] == "zoom_qa"
-    write_rows(arm / "format.jsonl", wandering(rows, seed)[:n_format] if tool else demos[:n_format])
+    format_rows = wandering(rows, seed)[:n_format] if tool else demos[:n_format]
+    write_rows(arm / "format.jsonl", format_rows if place_loss else [placeless(d) for d in format_rows])
 
 
 def make_setup(
@@ -92,6 +104,7 @@ def make_setup(
     n_val: int = 32,
     hidden_size: int = 64,
     n_format: int = 64,
+    place_loss: bool = True,
 ) -> Path:
     """Write OUT/model, OUT/zoom and OUT/plain (see module doc); return `out`."""
     make_tiny_vl_checkpoint(
@@ -104,7 +117,7 @@ def make_setup(
     )
     for name, env in (("zoom", "zoom_qa"), ("plain", "image_qa")):
         make_zoom_task(out / name, rows, seed, n_val=n_val, size=SIZE, detail=DETAIL, env=env, sft=True)
-        write_stages(out / name, n_format, seed)
+        write_stages(out / name, n_format, seed, place_loss)
     return out
 
 

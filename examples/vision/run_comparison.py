@@ -94,13 +94,18 @@ def main() -> None:
     p.add_argument("--format-epochs", type=float, default=None, help="override sft.yaml's epochs")
     p.add_argument("--rows", type=int, default=2048, help="training questions (and stage 1's demonstrations)")
     p.add_argument("--format-rows", type=int, default=256, help="stage 2's demonstrations")
+    p.add_argument(
+        "--no-place-loss",
+        action="store_true",
+        help="stage 2 leaves where to zoom out of the loss (`no_loss` on the box; measured: no better)",
+    )
     p.add_argument("--val", type=int, default=32, help="held-out questions")
     a = p.parse_args()
     sys.path.insert(0, str(HERE))
     from make_setup import make_setup
 
     t0 = time.time()
-    make_setup(a.root, a.rows, n_val=a.val, n_format=a.format_rows)
+    make_setup(a.root, a.rows, n_val=a.val, n_format=a.format_rows, place_loss=not a.no_place_loss)
     warm_start(a.root, a.read_epochs, a.format_epochs)
     t_sft = time.time() - t0
     extra = [f"iterations={a.iterations}"] if a.iterations else []

@@ -84,3 +84,37 @@ def test_a_weight_on_a_user_message_or_on_no_trained_turn_is_refused(tokenizer: 
     assert problems[0].startswith("row 1: field 'messages' message 0 'weight' is set on a 'user' message")
     assert problems[1].startswith("row 2: field 'messages': every assistant message has weight 0")
     assert "give at least one assistant message weight 1" in problems[1]
+
+
+def test_no_loss_leaves_the_named_text_out_of_the_loss_and_in_the_ids(tokenizer: Any) -> None:
+    """The vision example's stage 2: the call trained, where it zooms (a substring of the turn) not."""
+    call = {"role": "assistant", "content": "zoom(0.5, 0.0)!"}
+    full = render(tokenizer, [GAME[0], call, *GAME[2:]])
+    example = render(tokenizer, [GAME[0], {**call, "no_loss": ["0.5, 0.0"]}, *GAME[2:]])
+    assert example.response_ids == full.response_ids
+    dropped = [
+        t for t, a, b in zip(full.response_ids, full.loss_mask, example.loss_mask, strict=True) if a > b
+    ]
+    assert dropped == tokenizer.encode("0.5, 0.0", add_special_tokens=False)
+    chat = ChatTokens(tokenizer)
+    assert trained(tokenizer, example) == [
+        *tokenizer.encode("zoom()!", add_special_tokens=False),
+        tokenizer.eos_token_id,
+        *chat.turn_ids("77"),
+    ]
+
+
+def test_bad_no_loss_names_row_field_value_and_fix(tokenizer: Any) -> None:
+    rows = [
+        {"messages": [GAME[0], {**GAME[1], "no_loss": ["4"]}, *GAME[2:]]},
+        {"messages": [{**GAME[0], "no_loss": ["0"]}, *GAME[1:]]},
+        {"messages": [GAME[0], {**GAME[1], "no_loss": "3"}, *GAME[2:]]},
+    ]
+    with pytest.raises(DataError) as err:
+        render_sft_examples(rows, tokenizer, max_prompt_tokens=64, source="sft.jsonl")
+    assert err.value.problems == [
+        "row 1: field 'messages' message 1 'no_loss': '4' is not in the message's content; fix or remove it.",
+        "row 2: field 'messages' message 0 'no_loss' is set on a 'user' message; only assistant messages take it.",
+        "row 3: field 'messages' message 1 'no_loss' is '3'; use a list of non-empty substrings of the message's "
+        "content.",
+    ]
