@@ -160,19 +160,8 @@ def build_fast_engine(
     parallelism); `unused` swallows options meant for other engines.
     """
     tp_size = tensor_parallel.size if isinstance(tensor_parallel, TPGroup) else tensor_parallel or 1
-    if quantization not in QUANTIZATIONS:
-        raise Fp8Error(f"rollout.quantization={quantization!r}: use one of {list(QUANTIZATIONS)}.")
+    _check_options(tp_size, quantization, batch_invariant, action_head)
     fp8 = quantization == "fp8"
-    if batch_invariant and tp_size > 1:
-        raise ValueError(
-            f"batch_invariant=True with tensor_parallel={tp_size}: the batch-invariant mode runs a replica "
-            "on one GPU; set rollout.tensor_parallel=1 or rollout.batch_invariant=false."
-        )
-    if action_head is not None and tp_size > 1:
-        raise ValueError(
-            f"model.action_head with rollout.tensor_parallel={tp_size}: the fast engine's action head runs "
-            "on one GPU; set rollout.tensor_parallel=1."
-        )
     if isinstance(tensor_parallel, int):  # a replica over that many ranks: start the others, drive them
         if tensor_parallel > 1:
             from ascent.rollout.fast.tp_launch import launch_replica  # deferred: it calls this builder
@@ -198,13 +187,7 @@ def build_fast_engine(
         quantize_weights(m.weights, dev)
         if dev.type == "cuda":  # the full-precision matrices' memory goes back before the KV cache is sized
             torch.cuda.empty_cache()
-    if m.spec.num_experts and (prefix_caching or batch_invariant):
-        raise ValueError(
-            f"prefix_caching={prefix_caching}, batch_invariant={batch_invariant} with a mixture-of-experts "
-            "model: neither records the experts routing replay needs (cached pages hold no routes, and rows "
-            "run alone write no batch's routes); set rollout.prefix_caching=false and "
-            "rollout.batch_invariant=false."
-        )
+    _check_moe(m.spec, prefix_caching, batch_invariant)
     eos_token_ids, pad_token_id, decode = _tokenizer_facts(
         tokenizer_path or model_path, eos_token_ids, pad_token_id, decode, trust_remote_code
     )
@@ -253,6 +236,35 @@ def build_fast_engine(
     if fp8:  # an adapter-only publication merges into full-precision bases, which an FP8 engine lacks
         engine.adapters.read = refuse_adapters
     return engine
+
+
+def _check_options(
+    tp_size: int, quantization: str, batch_invariant: bool, action_head: ActionHeadSpec | None
+) -> None:
+    """Refuse the option combinations the engine cannot run, before anything is loaded."""
+    if quantization not in QUANTIZATIONS:
+        raise Fp8Error(f"rollout.quantization={quantization!r}: use one of {list(QUANTIZATIONS)}.")
+    if batch_invariant and tp_size > 1:
+        raise ValueError(
+            f"batch_invariant=True with tensor_parallel={tp_size}: the batch-invariant mode runs a replica "
+            "on one GPU; set rollout.tensor_parallel=1 or rollout.batch_invariant=false."
+        )
+    if action_head is not None and tp_size > 1:
+        raise ValueError(
+            f"model.action_head with rollout.tensor_parallel={tp_size}: the fast engine's action head runs "
+            "on one GPU; set rollout.tensor_parallel=1."
+        )
+
+
+def _check_moe(spec: ModelSpec, prefix_caching: bool, batch_invariant: bool) -> None:
+    """Mixture-of-experts models need every row's routes for replay: refuse the modes that lose them."""
+    if spec.num_experts and (prefix_caching or batch_invariant):
+        raise ValueError(
+            f"prefix_caching={prefix_caching}, batch_invariant={batch_invariant} with a mixture-of-experts "
+            "model: neither records the experts routing replay needs (cached pages hold no routes, and rows "
+            "run alone write no batch's routes); set rollout.prefix_caching=false and "
+            "rollout.batch_invariant=false."
+        )
 
 
 class _Model(NamedTuple):
