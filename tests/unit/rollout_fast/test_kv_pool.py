@@ -103,13 +103,16 @@ def test_an_engine_woken_with_less_free_memory_samples_the_same_tokens(fast_tiny
     assert engine.pool is not None
     probe.margin, probe.page_bytes = engine.pool.margin, engine.pool.page_bytes
     assert engine.cache.num_pages == engine.alloc.num_pages == 33
+    start = engine.stats["steps"]
     before = _run(engine)
+    full_steps, start = engine.stats["steps"] - start, engine.stats["steps"]
     engine.sleep()
     probe.pages = 6
     engine.wake()
     assert engine.cache.num_pages == engine.alloc.num_pages == 6 and engine.kv_cache_tokens == 5 * 16
     assert engine.cache.tensors()[0].shape[1] == 6
     assert _run(engine) == before
+    assert engine.stats["steps"] - start > 2 * full_steps  # the sequences queued for pages, a few at a time
     engine.sleep()
     probe.pages = 3  # less than one 64-token request: the clear error, and the engine stays asleep
     with pytest.raises(KVCacheOutOfMemory, match="max_model_len request needs 5 pages"):
