@@ -105,7 +105,13 @@ class RolloutConfig(Section):
         64, gt=0, description="Sequences decoded together by the reference engine."
     )
     gpu_memory_fraction: float = Field(
-        0.5, gt=0, le=1, description="GPU memory share for the fast engine's KV cache."
+        0.5,
+        gt=0,
+        le=1,
+        description="GPU memory share for the fast engine's KV cache, less its weights and an activation "
+        "reserve. At build and at every wake the cache takes at most what is free then (beside a "
+        "colocated trainer's optimizer state it may run smaller, with a warning; rollout/kv_tokens shows "
+        "its size).",
     )
     val_temperature: float = Field(0.0, ge=0, description="Temperature during validation (0 = greedy).")
     val_samples_per_prompt: int = Field(1, gt=0, description="Samples per validation prompt.")

@@ -60,6 +60,7 @@ def model_shape(hf_config: Any, params: int) -> ModelShape:
         kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(text, "head_dim", None) or hidden // heads),
         tied=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        context=int(getattr(text, "max_position_embeddings", None) or 0),
         **moe,
     )
 

@@ -37,6 +37,7 @@ from ascent.rollout.fast.fp8 import (
 )
 from ascent.rollout.fast.graphs import default_buckets
 from ascent.rollout.fast.kv_cache import KVCache, pages_for_budget
+from ascent.rollout.fast.pool import FreeBytes, PoolSizer, cuda_free_bytes
 from ascent.rollout.fast.runner import ModelRunner
 from ascent.rollout.fast.spec import ModelSpec, engine_family, rope_tables
 from ascent.rollout.fast.tensor_parallel import (
@@ -87,6 +88,42 @@ def _num_pages(spec, dtype, device, page_size, kv_cache_tokens, fraction, max_ba
     return max_batch * -(-max_len // page_size) + 1
 
 
+def _pool_sizer(
+    m: _Model,
+    dt: torch.dtype,
+    dev: torch.device,
+    page_size: int,
+    kv_cache_tokens: int | None,
+    fraction: float,
+    max_batch_size: int,
+    reserve: int,
+    free_memory: FreeBytes | None,
+) -> PoolSizer:
+    """What the run asks (`kv_cache_tokens`, else `fraction` of the GPU, else on CPU max_batch_size full
+    sequences) and the free-memory probe that caps it at build and every wake (pool.py; on CUDA by default
+    the driver's free bytes)."""
+    asked = _num_pages(
+        m.spec, dt, dev, page_size, kv_cache_tokens, fraction, max_batch_size, m.max_len, reserve
+    )
+    if free_memory is None and dev.type == "cuda":
+        free_memory = cuda_free_bytes(dev)
+    by = f"rollout.gpu_memory_fraction={fraction}"
+    if kv_cache_tokens is not None:
+        by = f"kv_cache_tokens={kv_cache_tokens}"
+    elif dev.type != "cuda":
+        by = f"max_batch_size={max_batch_size} x max_model_len={m.max_len} (CPU)"
+    return PoolSizer(
+        asked=asked,
+        least=-(-m.max_len // page_size) + 1,
+        page_size=page_size,
+        page_bytes=m.spec.kv_bytes_per_token(dt) * page_size,
+        margin=reserve,
+        free_bytes=free_memory,
+        asked_by=by,
+        device=str(dev),
+    )
+
+
 def _weights_source(model_path, model, dt, dev, share_weights, trust_remote_code=False):
     """-> (HF config, state dict by HF name, whether to share the tensors instead of copying them)."""
     if model is None and model_path is None:
@@ -135,12 +172,14 @@ def build_fast_engine(
     batch_invariant: bool = False,
     quantization: str = "none",
     action_head: ActionHeadSpec | None = None,
+    free_memory: FreeBytes | None = None,
     **unused: Any,
 ) -> FastEngine:
     """A FastEngine on `model` (weights shared when dtype and device match) or the checkpoint at `model_path`.
 
     The KV cache takes what `gpu_memory_fraction` of the GPU leaves after the weights and an activation
-    reserve (or `kv_cache_tokens` tokens, the default on CPU being max_batch_size * max_model_len).
+    reserve (or `kv_cache_tokens` tokens, the default on CPU being max_batch_size * max_model_len), capped
+    at build and every wake by what is free then less that reserve (pool.py).
     `cuda_graphs`/`compile` default to on for CUDA; `attention` and `sampler` are "triton" (CUDA) or
     "torch"; `attn_options` (splits, block_n, num_warps, num_stages) tune the Triton decode kernel, and its
     "prefill" entry (block_m, block_n, num_warps, num_stages) the paged prefill kernel.
@@ -157,7 +196,9 @@ def build_fast_engine(
     alone, torch attention and sampler, no CUDA graphs or compile; not with tensor parallelism);
     `quantization="fp8"` holds the layers' linear weights in FP8, quantised as they arrive (fp8.py);
     `action_head`: every request is one action of a continuous action head (action.py; not with tensor
-    parallelism); `unused` swallows options meant for other engines.
+    parallelism); `free_memory` is the probe of free device bytes that caps the KV cache at build and every
+    wake (pool.py; default on CUDA: the driver's, on CPU: none); `unused` swallows options meant for other
+    engines.
     """
     tp_size = tensor_parallel.size if isinstance(tensor_parallel, TPGroup) else tensor_parallel or 1
     _check_options(tp_size, quantization, batch_invariant, action_head)
@@ -192,11 +233,13 @@ def build_fast_engine(
         tokenizer_path or model_path, eos_token_ids, pad_token_id, decode, trust_remote_code
     )
     reserve = _activation_reserve(m.spec, max_batch_size, max_prefill_tokens, dt)
-    pages = _num_pages(
-        m.spec, dt, dev, page_size, kv_cache_tokens, gpu_memory_fraction, max_batch_size, m.max_len, reserve
+    pool = _pool_sizer(
+        m, dt, dev, page_size, kv_cache_tokens, gpu_memory_fraction, max_batch_size, reserve, free_memory
     )
+    pages = pool.fit()
     if tp is not None:  # every rank's cache has the pages the driver's tables name
         pages = tp.min(pages)
+    pages = pool.settle(pages)
     on_cuda = dev.type == "cuda"
     fast_default = "triton" if on_cuda and _has_triton() else "torch"
     runner = _runner(
@@ -232,6 +275,7 @@ def build_fast_engine(
         vision=m.vision,
         prefix_caching=prefix_caching,
         batch_invariant=batch_invariant,
+        pool=pool,
     )
     if fp8:  # an adapter-only publication merges into full-precision bases, which an FP8 engine lacks
         engine.adapters.read = refuse_adapters

@@ -56,6 +56,10 @@ class TPEngine(FastEngine):
             self.tp.command("wake")
         super().wake()
 
+    def _agree_pages(self, pages: int) -> int:
+        """Every rank sizes its pool at wake (a collective: the driver's wake command brought them here)."""
+        return self.tp.min(pages)
+
     def shutdown(self) -> None:
         """Driver: let the other ranks' `serve()` return (and the processes it started end). Once."""
         if self._stopped:
