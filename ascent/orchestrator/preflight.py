@@ -3,10 +3,10 @@ traceback deep inside a worker, or not at all (a run that trains on nonsense wit
 
 Called by `run_training` (and partly by `run_sft` and `ascent eval`) right after the data is rendered: the
 model directory and its weight files are whole, the tokenizer fits the model's vocabulary, stop tokens
-exist, prompts plus responses fit the model's context, a tensor-parallel fast engine can split the model, a distillation teacher shares the student's
-tokenizer, and plug-in import paths resolve (group hooks' included). (The trackers are
-checked earlier, when `ascent.tracking.open_tracking` opens them.) Every failure names the field or file and
-the fix.
+exist, prompts plus responses fit the model's context, a tensor-parallel fast engine can split the model,
+a distillation teacher shares the student's tokenizer, and plug-in import paths resolve (group hooks'
+included). (The trackers are checked earlier, when `ascent.tracking.open_tracking` opens them.) Every
+failure names the field or file and the fix.
 """
 
 from __future__ import annotations
