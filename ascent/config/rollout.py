@@ -29,9 +29,10 @@ class RolloutConfig(Section):
     tensor_parallel: int = Field(
         1,
         ge=1,
-        description="Ranks (GPUs of one node) that each fast-engine replica spans, heads and MLP split over "
-        "them (tensor parallelism): the replica's worker starts the other ranks as child processes; "
-        "cluster.num_rollout_workers x tensor_parallel GPUs in all (`ascent doctor` shows the placement).",
+        description="Ranks (GPUs of one node) that each fast-engine replica spans, heads and MLP (every "
+        "expert of a mixture of experts) split over them (tensor parallelism): the replica's worker starts "
+        "the other ranks as child processes; cluster.num_rollout_workers x tensor_parallel GPUs in all "
+        "(`ascent doctor` shows the placement).",
     )
     prefix_caching: bool = Field(
         False,

@@ -214,7 +214,10 @@ def check_engine_architecture(cfg: RunConfig) -> CheckResult:
         try:
             check_shardable(spec, tp)
         except ValueError as err:
-            return fail(name, str(err), f"set rollout.tensor_parallel to a divisor of {spec.num_heads}.")
+            sizes = f"{spec.num_heads} heads" + (
+                f" and the experts' {spec.moe_intermediate_size} features" if spec.is_moe else ""
+            )
+            return fail(name, str(err), f"set rollout.tensor_parallel to a divisor of the {sizes}.")
     split = f", split over {tp} ranks" if tp > 1 else ""
     return ok(name, f"{spec.model_type} is supported ({', '.join(supported_model_types())}){split}")
 
