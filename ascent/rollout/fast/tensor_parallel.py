@@ -40,7 +40,7 @@ from torch import Tensor
 from ascent.models.families import ModelSpec, same_name
 from ascent.rollout.fast.fp8 import linear
 from ascent.rollout.fast.layers import LayerMath, _linear_parts, rms_norm
-from ascent.rollout.fast.runner import ModelRunner
+from ascent.rollout.fast.runner import ModelRunner, compile_step
 from ascent.rollout.fast.state import DecodeState, Flags
 from ascent.rollout.fast.vision import RowImages
 
@@ -219,10 +219,18 @@ class TPLayerMath(LayerMath):
     ) -> Tensor:
         """x [T, H] residual, attn [T, local heads * d] -> x after o_proj (all-reduced), the residual add
         and the SwiGLU MLP on this rank's intermediate slice (down_proj all-reduced)."""
-        x = x + self.tp.all_reduce(linear(attn, o_w))
+        x, part = self.mlp(x, self.tp.all_reduce(linear(attn, o_w)), ln_w, gate_up_w, down_w)
+        return x + self.tp.all_reduce(part)
+
+    def mlp(
+        self, x: Tensor, o_sum: Tensor, ln_w: Tensor, gate_up_w: tuple[Tensor, ...], down_w: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """x [T, H] residual, o_sum [T, H] the all-reduced o_proj output -> (x + o_sum, this rank's share of
+        the SwiGLU MLP's output [T, H], to be all-reduced). No collective: `torch.compile` takes it whole."""
+        x = x + o_sum
         h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
         gate, up = _linear_parts(h, gate_up_w, None).split(self.inter, dim=-1)
-        return x + self.tp.all_reduce(linear(F.silu(gate) * up, down_w))
+        return x, linear(F.silu(gate) * up, down_w)
 
 
 class ShardRunner(ModelRunner):
@@ -233,7 +241,9 @@ class ShardRunner(ModelRunner):
         super().__init__(*args, **kwargs)
         self.tp = tp
         self.math = TPLayerMath(self.spec, tp)
-        self.attn_out = self.math.attn_out  # (uncompiled: it holds the collectives)
+        self.attn_out = self.math.attn_out  # (uncompiled: it holds the collectives; the MLP between is)
+        if kwargs.get("compile"):
+            self.math.mlp = compile_step(self.math.mlp)  # type: ignore[method-assign]
 
     @torch.no_grad()
     def decode(self, st: DecodeState, b: int, flags: Flags, max_len: int | None = None) -> None:

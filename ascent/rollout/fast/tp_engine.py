@@ -10,9 +10,10 @@ between its step boundaries, a publisher inside `publication`: swap.py), so they
 A decode step is one command (its bucket, flags and context bound: `_decode_step`) on the same code path as
 one process: every rank replays its CUDA graph of that bucket, or runs the step eagerly. Graphs are captured
 on every rank by one command per `_capture`, so every rank captures the same buckets in the same order (the
-collectives inside them pair up). Differences from one process, for now: no torch.compile of the
-all-reducing layer half, and the logits are computed on the driver alone (the LM head is replicated, not
-vocab-parallel).
+collectives inside them pair up). With `compile`, what lies between the all-reduces is compiled as on one
+GPU (the o_proj sum's residual add, the norm and this rank's MLP share: `TPLayerMath.mlp`); the
+collectives run between compiled pieces. Difference from one process, for now: the logits are computed on
+the driver alone (the LM head is replicated, not vocab-parallel).
 """
 
 from __future__ import annotations
