@@ -167,8 +167,9 @@ def peak_gib(device: torch.device) -> float:
 def follower(rank: int, size: int, port: int, args, out_dir: str) -> None:
     """Ranks 1..size-1: build, serve the driver until it shuts down, write this rank's memory."""
     engine = build(args, rank, size, port)
+    held = engine.memory()  # (before the driver's last sleep frees it)
     engine.serve()
-    mem = dict(rank=rank, peak_gib=peak_gib(engine.device), **engine.memory())
+    mem = dict(rank=rank, peak_gib=peak_gib(engine.device), **held)
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(mem))
 
 
@@ -263,13 +264,16 @@ def run(args, size: int, bw: float | None) -> dict:
             res["pct_roofline"] = 100 * res["roofline"]["roofline_ms"] / res["ms_per_step"]
         res["ranks"] = [dict(rank=0, peak_gib=peak_gib(engine.device), **engine.memory())]
     finally:
-        if engine is not None and size > 1:
-            engine.shutdown()
+        if engine is not None:  # free its memory on every rank: the engine froze the heap (gc.freeze at its
+            engine.sleep(release_weights=True)  # first capture), so a cycle through it is never collected
+            if size > 1:
+                engine.shutdown()
         for c in children:
             c.join(timeout=120)
             if c.is_alive():
                 c.kill()
         del engine
+        gc.unfreeze()
         gc.collect()
         if args.device == "cuda":
             torch.cuda.empty_cache()
