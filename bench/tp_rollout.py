@@ -273,9 +273,9 @@ def run(args, size: int, bw: float | None) -> dict:
             if c.is_alive():
                 c.kill()
         del engine
-        gc.unfreeze()
-        gc.collect()
         if args.device == "cuda":
+            gc.unfreeze()
+            gc.collect()
             torch.cuda.empty_cache()
     for c in children:
         if c.exitcode != 0:

@@ -46,6 +46,7 @@ def _requests() -> list[GenerationRequest]:
 
 def test_two_ranks_replaying_step_graphs_generate_what_one_process_generates(tmp_path, monkeypatch):
     monkeypatch.setattr(engine_module, "GraphRunner", StepGraphs)  # (the forked rank inherits it)
+    monkeypatch.setattr(engine_module.gc, "freeze", lambda: None)  # (a first capture freezes the heap)
     path = make_tiny_checkpoint(tmp_path, tie_word_embeddings=False, seed=4)
     kw: dict[str, Any] = {"model_path": path, "dtype": "fp32", "device": "cpu", "page_size": 8}
     kw |= {"max_model_len": 64, "max_batch_size": 4, "cuda_graphs": True}
