@@ -190,8 +190,8 @@ def build_fast_engine(
     (engine.py); `feed_prompt_tokens`: the longest new prompt fed through decode steps, not prefilled
     (engine.py; 0: always prefill); `tensor_parallel`: a number of ranks > 1 starts the replica's other ranks
     as child processes (tp_launch.py) and returns the driver, or a `TPGroup` is this process's rank of the
-    replica (tp_engine.py: built on every rank, rank 0 drives, the others `serve()`; owned weights, sharded, no
-    CUDA graphs); `prefix_caching` reuses the K/V of full prompt pages across requests (prefix.py);
+    replica (tp_engine.py: built on every rank, rank 0 drives, the others `serve()`; owned weights, sharded;
+    every rank captures the same CUDA graphs); `prefix_caching` reuses the K/V of full prompt pages across requests (prefix.py);
     `batch_invariant` makes a request's samples independent of what else is batched (runner.py: rows run
     alone, torch attention and sampler, no CUDA graphs or compile; not with tensor parallelism);
     `quantization="fp8"` holds the layers' linear weights in FP8, quantised as they arrive (fp8.py);
@@ -219,7 +219,7 @@ def build_fast_engine(
         dev = torch.device("cuda", torch.cuda.current_device())
     tp = tensor_parallel if tensor_parallel is not None and tensor_parallel.size > 1 else None
     if tp is not None:  # a shard is a copy: never the trainer's tensors
-        share_weights, cuda_graphs = False, False
+        share_weights = False
     if fp8:  # FP8 weights are the engine's own (quantised as they arrive), never the trainer's tensors
         check_fp8_device(dev)
         share_weights = False

@@ -18,11 +18,14 @@ A rank's shard is an ordinary model of a smaller `ModelSpec` (`shard_spec`: head
 divided, the experts' too), so weights.py, layers.py, moe.py, attention.py and the KV cache (each rank's holds
 its own KV heads) run on it unchanged; `TPLayerMath` only adds the two all-reduces, and `ShardRunner` uses it.
 
-The driver runs the scheduler and the batching loop (engine.py, batching.py) and sends every rank the
-inputs of each forward before running its own share (`TPGroup.command`: token ids, positions and page
-tables of a decode step; the prompts and page tables of a prefill; page copies, weights, sleep and wake);
-the other ranks serve those commands (tp_engine.py). Weights published to the driver are sliced there and
-each rank receives only its shard (`shard_tensor`, a scatter; replicated tensors a broadcast).
+The driver runs the scheduler and the batching loop (engine.py, batching.py) and sends every rank each
+forward before running its own share (`TPGroup.command`: a decode step's batch bucket and flags; the prompts
+and page tables of a prefill; graph captures, page copies, weights, sleep and wake); the other ranks serve
+those commands (tp_engine.py). A decode step's inputs (token ids, positions, page tables) move from the
+driver's decode state to the others' on the device, inside the step (`ShardRunner.decode`), so the step,
+broadcasts and all-reduces included, is captured in a CUDA graph per bucket on every rank as on one GPU.
+Weights published to the driver are sliced there and each rank receives only its shard (`shard_tensor`, a
+scatter; replicated tensors a broadcast).
 """
 
 from __future__ import annotations
@@ -43,13 +46,14 @@ from ascent.models.families import ModelSpec, same_name
 from ascent.rollout.fast.fp8 import linear
 from ascent.rollout.fast.layers import LayerMath, _linear_parts, rms_norm
 from ascent.rollout.fast.moe import MoeLayerMath, experts_forward, route
-from ascent.rollout.fast.runner import ModelRunner
+from ascent.rollout.fast.runner import ModelRunner, compile_step
 from ascent.rollout.fast.state import DecodeState, Flags
 from ascent.rollout.fast.vision import RowImages
 
 COLUMN = ("self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.", "mlp.gate_proj.", "mlp.up_proj.")
 ROW = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 EXPERTS = ".mlp.experts."  # every tensor of the routed experts is split (stacked or per expert)
+HEADER = 1024  # bytes of a command's first broadcast (TPGroup.command): a decode step's fits in it
 
 
 @dataclass(frozen=True)
@@ -64,18 +68,38 @@ class TPGroup:
     device: torch.device = torch.device("cpu")
 
     def command(self, *cmd: Any) -> None:
-        """Driver: send every rank the next command (a tuple of plain values and CPU tensors)."""
-        data = torch.frombuffer(bytearray(pickle.dumps(cmd)), dtype=torch.uint8).to(self.device)
-        self.broadcast(torch.tensor([data.numel()], device=self.device))
-        self.broadcast(data)
+        """Driver: send every rank the next command (a tuple of plain values and CPU tensors): one broadcast
+        of HEADER bytes (the pickle's length, then as much of it as fits), a second for the rest of a longer
+        one. On CUDA the bytes go up from pinned memory without waiting for the steps in flight, so a decode
+        step's command does not stall the driver's host (engine.py processes one step behind)."""
+        data = pickle.dumps(cmd)
+        head = bytearray(HEADER)
+        head[:8] = len(data).to_bytes(8, "little")
+        fits = HEADER - 8
+        head[8 : 8 + min(len(data), fits)] = data[:fits]
+        self.broadcast(self._upload(head))
+        if len(data) > fits:
+            self.broadcast(self._upload(bytearray(data[fits:])))
 
     def receive(self) -> tuple:
         """Other ranks: wait for the driver's next command."""
-        n = torch.zeros(1, dtype=torch.long, device=self.device)
-        self.broadcast(n)
-        data = torch.empty(int(n.item()), dtype=torch.uint8, device=self.device)
-        self.broadcast(data)
-        return pickle.loads(data.cpu().numpy().tobytes())
+        head = torch.empty(HEADER, dtype=torch.uint8, device=self.device)
+        self.broadcast(head)
+        raw = head.cpu().numpy().tobytes()
+        n, fits = int.from_bytes(raw[:8], "little"), HEADER - 8
+        data = raw[8 : 8 + min(n, fits)]
+        if n > fits:
+            rest = torch.empty(n - fits, dtype=torch.uint8, device=self.device)
+            self.broadcast(rest)
+            data += rest.cpu().numpy().tobytes()
+        return pickle.loads(data)
+
+    def _upload(self, data: bytearray) -> Tensor:
+        """Host bytes -> a uint8 tensor on the group's device (pinned and non-blocking on CUDA)."""
+        t = torch.frombuffer(data, dtype=torch.uint8)
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def broadcast(self, t: Tensor) -> None:
         """t (contiguous) from the driver to every rank, in place."""
@@ -219,10 +243,18 @@ class TPLayerMath(LayerMath):
     ) -> Tensor:
         """x [T, H] residual, attn [T, local heads * d] -> x after o_proj (all-reduced), the residual add
         and the SwiGLU MLP on this rank's intermediate slice (down_proj all-reduced)."""
-        x = x + self.tp.all_reduce(linear(attn, o_w))
+        x, part = self.mlp(x, self.tp.all_reduce(linear(attn, o_w)), ln_w, gate_up_w, down_w)
+        return x + self.tp.all_reduce(part)
+
+    def mlp(
+        self, x: Tensor, o_sum: Tensor, ln_w: Tensor, gate_up_w: tuple[Tensor, ...], down_w: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """x [T, H] residual, o_sum [T, H] the all-reduced o_proj output -> (x + o_sum, this rank's share of
+        the SwiGLU MLP's output [T, H], to be all-reduced). No collective: `torch.compile` takes it whole."""
+        x = x + o_sum
         h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
         gate, up = _linear_parts(h, gate_up_w, None).split(self.inter, dim=-1)
-        return x + self.tp.all_reduce(linear(F.silu(gate) * up, down_w))
+        return x, linear(F.silu(gate) * up, down_w)
 
 
 class TPMoeLayerMath(TPLayerMath, MoeLayerMath):
@@ -271,12 +303,30 @@ class ShardRunner(ModelRunner):
         super().__init__(*args, **kwargs)
         self.tp = tp
         self.math = TPMoeLayerMath(self.spec, tp) if self.spec.is_moe else TPLayerMath(self.spec, tp)
-        self.attn_out = self.math.attn_out  # (uncompiled: it holds the collectives)
+        self.attn_out = self.math.attn_out  # (uncompiled: it holds the collectives; the MLP between is)
         self.attn_out_routed = getattr(self.math, "attn_out_routed", None)
+        if kwargs.get("compile"):
+            self.math.mlp = compile_step(self.math.mlp)  # type: ignore[method-assign]
+
+    @torch.no_grad()
+    def decode(self, st: DecodeState, b: int, flags: Flags, max_len: int | None = None) -> None:
+        """Every rank: rows [0, b) of the driver's step inputs (token ids, positions, page tables, active)
+        are broadcast into this rank's `st` on the device (no host round trip, so a CUDA graph of the step
+        holds the broadcasts too), then the driver runs the whole step (layers, head, sampling, advance:
+        ModelRunner.decode) and the other ranks the layers alone."""
+        for t in (st.input_ids, st.positions, st.block_tables, st.active):
+            self.tp.broadcast(t[:b])
+        if self.tp.rank == 0:
+            super().decode(st, b, flags, max_len)
+        else:
+            self.decode_hidden(
+                st.input_ids[:b], st.positions[:b], st.block_tables[:b], st.active[:b], max_len
+            )
 
 
 class DriverRunner(ShardRunner):
-    """The driver's runner: sends each forward's inputs to the other ranks, then runs its own share."""
+    """The driver's runner: sends each prefill's inputs to the other ranks, then runs its own share (a
+    decode step's command is the engine's: TPEngine._decode_step)."""
 
     def prefill(
         self,
@@ -288,11 +338,6 @@ class DriverRunner(ShardRunner):
         assert images is None or not any(images)  # check_shardable refuses vision-language models
         self.tp.command("prefill", suffixes, starts, tables)
         return super().prefill(suffixes, starts, tables)
-
-    def decode(self, st: DecodeState, b: int, flags: Flags, max_len: int | None = None) -> None:
-        rows = (st.input_ids[:b], st.positions[:b], st.block_tables[:b], st.active[:b])
-        self.tp.command("decode", *(t.cpu() for t in rows), max_len)
-        super().decode(st, b, flags, max_len)
 
 
 def scatter_shards(
