@@ -121,16 +121,23 @@ def experts_forward(h: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, do
 def experts_forward_routed(h: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
     """`experts_forward` computing only the chosen experts (grouped matmuls over rows sorted by expert; the
     module doc tells how its sums differ). h [T, H], ids/weights [T, k], gate_up [E, 2I, H], down [E, H, I]
-    -> [T, H]. T*k rows always, offsets on the device: no host sync on CUDA, CUDA graphs capture it."""
+    -> [T, H]. T*k rows always, offsets on the device: no host sync on CUDA, CUDA graphs capture it.
+    Eager peak beyond h: about 2 * T*k*H elements (each temporary is dropped once read: a prefill's rows)."""
     t, k = ids.shape
     sorted_ids, order = torch.sort(ids.reshape(-1), stable=True)  # [T*k] pairs by expert; order: their index
     experts = torch.arange(gate_up.shape[0], device=ids.device, dtype=sorted_ids.dtype)
     ends = torch.searchsorted(sorted_ids, experts, right=True, out_int32=True)  # [E] each expert's last row+1
     rows = h[order // k]  # [T*k, H]: each pair's token, grouped by expert
-    gate, up = grouped_linear(rows, gate_up, ends).chunk(2, dim=-1)
-    y = grouped_linear(F.silu(gate) * up, down, ends)  # [T*k, H] sorted by expert
-    y = torch.empty_like(y).index_copy_(0, order, y).view(t, k, -1)  # back in (token, slot) order
-    return (y * weights[:, :, None]).sum(dim=1)
+    gate_up_out = grouped_linear(rows, gate_up, ends)  # [T*k, 2I]
+    del rows
+    gate, up = gate_up_out.chunk(2, dim=-1)
+    act = F.silu(gate).mul_(up)
+    del gate_up_out, gate, up
+    y = grouped_linear(act, down, ends).mul_(weights.reshape(-1)[order, None])  # [T*k, H] scaled, sorted
+    del act
+    unsorted = torch.empty_like(y).index_copy_(0, order, y)  # back in (token, slot) order
+    del y
+    return unsorted.view(t, k, -1).sum(dim=1)
 
 
 def grouped_linear(x: Tensor, w: Tensor, ends: Tensor) -> Tensor:
