@@ -21,7 +21,8 @@ Two paths compute the experts (`MOE_PATHS`, the engine's `moe_path`):
   outputs summed per token in slot order. It sums the k experts in another order than "dense" (and its
   matmuls see other row counts), so bf16 results differ from "dense" at rounding; fp32 agrees to ~1e-6.
 Neither has data-dependent shapes or a host sync on CUDA (the routed path always runs T*k rows, its group
-offsets computed on the device), so CUDA graphs capture both. The engine defaults to "routed" on a GPU
+offsets computed on the device and read there by `torch._grouped_mm`, bf16 only), so CUDA graphs capture
+both, and `torch.compile` traces the routed one whole (dynamic shapes). The engine defaults to "routed" on a GPU
 whose `torch._grouped_mm` runs it (`default_moe_path`) and to "dense" elsewhere.
 
 Routing replay: `attn_out_routed` also returns each token's chosen experts; the runner writes them into a
