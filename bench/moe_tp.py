@@ -2,6 +2,7 @@
 
     python bench/moe_tp.py --shape 30b-a3b --tensor-parallel 2            # ranks 1..N-1 are spawned here
     python bench/moe_tp.py --shape tiny-moe --tensor-parallel 2 --device cpu   # the same path on CPU, gloo
+    for p in dense routed; do python bench/moe_tp.py --moe-path $p; done        # the experts' two paths
 
 Random weights, built directly on each rank's GPU at the size of its shard (no checkpoint on disk, never the
 whole model on one rank): the tensor names and full shapes come from transformers' Qwen3-MoE built on the
@@ -10,7 +11,9 @@ a real checkpoint or a trainer's publication would give. Each rank's engine is a
 `build_fast_engine(tensor_parallel=TPGroup)` assembles it (rank 0 drives, the others `serve()`), over the
 shard's own tensors (shared, not copied). Rank 0 times a prefill-only pass and the whole workload (sampling
 at temperature 1, EOS off) and prints one JSON line: new tokens/s, ms per decode step, and every rank's peak
-memory (CUDA: max allocated over the whole run; CPU: 0).
+memory (CUDA: max allocated over the whole run; CPU: 0). `--moe-path` picks how the experts are computed
+(ascent/rollout/fast/moe.py: "dense", every expert on every token, or "routed", grouped matmuls over the
+chosen experts only; default: the engine's, routed on an sm90 GPU in bf16).
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ def build_engine(args: argparse.Namespace, rank: int, size: int, port: int, devi
     from ascent.rollout.fast import FastEngine, TPEngine
     from ascent.rollout.fast.graphs import default_buckets
     from ascent.rollout.fast.kv_cache import KVCache
+    from ascent.rollout.fast.moe import default_moe_path
     from ascent.rollout.fast.runner import ModelRunner
     from ascent.rollout.fast.spec import rope_tables, spec_from_config
     from ascent.rollout.fast.tensor_parallel import DriverRunner, ShardRunner, shard_spec, tp_group
@@ -111,6 +115,8 @@ def build_engine(args: argparse.Namespace, rank: int, size: int, port: int, devi
     cache = KVCache(local, rows * -(-max_len // args.page_size) + 1, args.page_size, dt, device)
     fast = "triton" if cuda else "torch"
     kw: dict[str, Any] = dict(attention=fast, sampler=fast, compile=cuda and not args.no_compile)
+    moe_down = next(lw.down_w for lw in weights.layers if lw.down_w.dim() == 3)
+    kw["moe_path"] = args.moe_path or default_moe_path(device, moe_down)
     rope = rope_tables(config, local, max_len, torch.float32, device)
     common = dict(eos_token_ids=[], decode=None, max_batch_size=args.max_batch_size, max_model_len=max_len)
     if size == 1:
@@ -148,7 +154,9 @@ def timed(fn: Any, device: torch.device) -> tuple[Any, float]:
 
 
 def drive(args: argparse.Namespace, engine: Any, device: torch.device) -> dict:
-    """Rank 0: warm up, time a prefill-only pass and the whole workload."""
+    """Rank 0: warm up, time a prefill-only pass and the whole workload (and say which experts path ran)."""
+    from ascent.rollout.fast.moe import experts_forward_routed
+
     engine.generate(requests(args, 4))  # compile, first kernels
     _, prefill_s = timed(lambda: engine.generate(requests(args, 1)), device)
     steps0 = engine.stats["steps"]
@@ -156,6 +164,7 @@ def drive(args: argparse.Namespace, engine: Any, device: torch.device) -> dict:
     steps = engine.stats["steps"] - steps0
     new = sum(len(g.token_ids) for gens in out for g in gens)
     return dict(
+        moe_path="routed" if engine.runner.math.experts is experts_forward_routed else "dense",
         new_tokens=new,
         total_s=round(total_s, 3),
         prefill_s=round(prefill_s, 3),
@@ -207,6 +216,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-batch-size", type=int, default=128)
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--no-compile", action="store_true", help="no torch.compile of the layer halves")
+    ap.add_argument(
+        "--moe-path",
+        choices=["dense", "routed"],
+        default=None,
+        help="how the experts are computed (moe.py); default: the engine's (routed on an sm90 GPU)",
+    )
     return ap.parse_args(argv)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ascent.models.action_head import ActionHeadSpec
 from ascent.models.loading import compute_dtype, load_tokenizer, resolve_device
@@ -37,6 +37,7 @@ from ascent.rollout.fast.fp8 import (
 )
 from ascent.rollout.fast.graphs import default_buckets
 from ascent.rollout.fast.kv_cache import KVCache, pages_for_budget
+from ascent.rollout.fast.moe import default_moe_path, experts_path
 from ascent.rollout.fast.pool import FreeBytes, PoolSizer, cuda_free_bytes
 from ascent.rollout.fast.runner import ModelRunner
 from ascent.rollout.fast.spec import ModelSpec, engine_family, rope_tables
@@ -159,6 +160,7 @@ def build_fast_engine(
     compile: bool | None = None,
     attention: str | None = None,
     sampler: str | None = None,
+    moe_path: str | None = None,
     attn_options: dict | None = None,
     keep_sessions: bool = True,
     max_prefill_tokens: int = 16384,
@@ -182,7 +184,10 @@ def build_fast_engine(
     at build and every wake by what is free then less that reserve (pool.py).
     `cuda_graphs`/`compile` default to on for CUDA; `attention` and `sampler` are "triton" (CUDA) or
     "torch"; `attn_options` (splits, block_n, num_warps, num_stages) tune the Triton decode kernel, and its
-    "prefill" entry (block_m, block_n, num_warps, num_stages) the paged prefill kernel.
+    "prefill" entry (block_m, block_n, num_warps, num_stages) the paged prefill kernel. `moe_path`: how a
+    mixture-of-experts layer computes its experts (moe.py): "routed" (grouped matmuls over the chosen
+    experts only; the default on a GPU whose `torch._grouped_mm` runs them) or "dense" (every expert on every
+    token, transformers' summation order; the default elsewhere).
     `share_weights=False` copies a given module's weights (fused q/k/v and gate/up) even when they could
     be shared; `trust_remote_code` lets the config and tokenizer run code shipped in the checkpoint
     (model.trust_remote_code); `on_swap` is what sequences in flight do when a publication lands between two
@@ -202,6 +207,8 @@ def build_fast_engine(
     """
     tp_size = tensor_parallel.size if isinstance(tensor_parallel, TPGroup) else tensor_parallel or 1
     _check_options(tp_size, quantization, batch_invariant, action_head)
+    if moe_path is not None:
+        experts_path(moe_path)  # refuses an unknown path before anything is loaded
     fp8 = quantization == "fp8"
     if isinstance(tensor_parallel, int):  # a replica over that many ranks: start the others, drive them
         if tensor_parallel > 1:
@@ -210,7 +217,9 @@ def build_fast_engine(
             call = {k: v for k, v in locals().items() if k != "unused"}
             return launch_replica(tensor_parallel, call)
         tensor_parallel = None
-    cuda_graphs, compile, attention, sampler = _debug_overrides(cuda_graphs, compile, attention, sampler)
+    cuda_graphs, compile, attention, sampler, moe_path = _debug_overrides(
+        cuda_graphs, compile, attention, sampler, moe_path
+    )
     if batch_invariant:  # the paths whose results depend on the batch's shape stay off (runner.py)
         cuda_graphs, compile, attention, sampler = False, False, "torch", "torch"
     dev = resolve_device(device)
@@ -251,6 +260,7 @@ def build_fast_engine(
         attn_options=attn_options,
         sampler=sampler or fast_default,
         batch_invariant=batch_invariant,
+        moe_path=moe_path or default_moe_path(dev, _moe_down(m.weights)),
     )
     if action_head is not None:  # acts at prefill (action.py); a given module's own head is shared
         head = load_action_head(action_head, m.spec.hidden_size, dev, model_path, model)
@@ -384,16 +394,25 @@ def _max_len(spec: Any, max_model_len: int | None) -> int:
     return max_len
 
 
-def _debug_overrides(cuda_graphs: Any, compile: Any, attention: Any, sampler: Any) -> tuple[Any, ...]:
-    """ASCENT_FAST_ENGINE='{"cuda_graphs": false, "compile": false, "attention": "torch", "sampler": "torch"}'
-    switches engine parts off for a whole run, to locate a problem (BENCHMARKS.md, logprob agreement)."""
+def _debug_overrides(
+    cuda_graphs: Any, compile: Any, attention: Any, sampler: Any, moe_path: Any
+) -> tuple[Any, ...]:
+    """ASCENT_FAST_ENGINE='{"cuda_graphs": false, "compile": false, "attention": "torch", "sampler": "torch",
+    "moe_path": "dense"}' switches engine parts off for a whole run, to locate a problem (BENCHMARKS.md,
+    logprob agreement)."""
     o = json.loads(os.environ.get("ASCENT_FAST_ENGINE", "{}"))
     return (
         o.get("cuda_graphs", cuda_graphs),
         o.get("compile", compile),
         o.get("attention", attention),
         o.get("sampler", sampler),
+        o.get("moe_path", moe_path),
     )
+
+
+def _moe_down(weights: Any) -> Tensor | None:
+    """The first mixture-of-experts layer's stacked down_proj [E, H, I] (3-D), None for a dense model."""
+    return next((lw.down_w for lw in weights.layers if lw.down_w.dim() == 3), None)
 
 
 def _on_swap(value: str) -> Literal["continue", "restart"]:

@@ -45,7 +45,7 @@ from torch import Tensor
 from ascent.models.families import ModelSpec, same_name
 from ascent.rollout.fast.fp8 import linear
 from ascent.rollout.fast.layers import LayerMath, _linear_parts, rms_norm
-from ascent.rollout.fast.moe import MoeLayerMath, experts_forward, route
+from ascent.rollout.fast.moe import MoeLayerMath, experts_path, route
 from ascent.rollout.fast.runner import ModelRunner, compile_step
 from ascent.rollout.fast.state import DecodeState, Flags
 from ascent.rollout.fast.vision import RowImages
@@ -262,6 +262,10 @@ class TPMoeLayerMath(TPLayerMath, MoeLayerMath):
     each rank runs them on its slice of their intermediate features, and their weighted sum is all-reduced
     once (the dense layers of the model as `TPLayerMath`)."""
 
+    def __init__(self, spec: ModelSpec, tp: TPGroup, moe_path: str = "dense"):
+        super().__init__(spec, tp)
+        self.experts = experts_path(moe_path)  # on this rank's slice of every expert, either path
+
     def attn_out(
         self,
         x: Tensor,
@@ -291,7 +295,7 @@ class TPMoeLayerMath(TPLayerMath, MoeLayerMath):
         x = x + self.tp.all_reduce(linear(attn, o_w))
         h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
         ids, weights = route(F.linear(h, router), self.top_k, self.norm_topk)
-        return x + self.tp.all_reduce(experts_forward(h, ids, weights, gate_up, down_w)), ids
+        return x + self.tp.all_reduce(self.experts(h, ids, weights, gate_up, down_w)), ids
 
 
 class ShardRunner(ModelRunner):
@@ -302,7 +306,10 @@ class ShardRunner(ModelRunner):
     def __init__(self, *args: Any, tp: TPGroup, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.tp = tp
-        self.math = TPMoeLayerMath(self.spec, tp) if self.spec.is_moe else TPLayerMath(self.spec, tp)
+        moe_path = kwargs.get("moe_path", "dense")
+        self.math = (
+            TPMoeLayerMath(self.spec, tp, moe_path) if self.spec.is_moe else TPLayerMath(self.spec, tp)
+        )
         self.attn_out = self.math.attn_out  # (uncompiled: it holds the collectives; the MLP between is)
         self.attn_out_routed = getattr(self.math, "attn_out_routed", None)
         if kwargs.get("compile"):

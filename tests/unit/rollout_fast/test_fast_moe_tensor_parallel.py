@@ -1,7 +1,9 @@
 """A Qwen3-MoE under tensor parallelism (CPU, gloo): the router replicated, every expert split over the
 ranks by its intermediate features. Two ranks generate what one process generates (greedy tokens equal,
 fp32 logprobs within 1e-5) and record the same experts for routing replay, before and after a publication of
-the trainer's stacked expert tensors (each rank receiving its slice). The slicing itself (stacked and
+the trainer's stacked expert tensors (each rank receiving its slice). The two ranks run the routed experts
+path (grouped over the chosen experts, each rank on its slice; the GPU default), the one process the dense
+path, so this also shows the paths agree under tensor parallelism. The slicing itself (stacked and
 per-expert names agree and put every expert back together) is checked without processes, and so is the
 refusal of an expert width the ranks cannot split."""
 
@@ -20,6 +22,7 @@ from ascent.models.families import ModelSpec
 from ascent.models.tiny import make_tiny_moe_checkpoint
 from ascent.orchestrator import preflight
 from ascent.rollout.fast import TPEngine, build_fast_engine
+from ascent.rollout.fast.moe import experts_forward_routed
 from ascent.rollout.fast.tensor_parallel import is_sharded, shard_spec, shard_tensor
 
 E, H, INTER = 4, 8, 6
@@ -122,15 +125,15 @@ def test_two_ranks_run_a_mixture_of_experts_as_one_process(moe_path):
                 p.mul_(1.5)
     assert STACKED + "gate_up_proj" in dict(trainer.named_parameters())  # the trainer publishes them stacked
     kw = {"model_path": moe_path, "dtype": "fp32", "device": "cpu", "page_size": 8, "max_model_len": 64}
-    engine = build_fast_engine(**kw, max_batch_size=8, tensor_parallel=2)
-    assert isinstance(engine, TPEngine)
+    engine = build_fast_engine(**kw, max_batch_size=8, tensor_parallel=2, moe_path="routed")
+    assert isinstance(engine, TPEngine) and engine.runner.math.experts is experts_forward_routed
     assert engine.weights.layers[0].down_w.shape == (8, 64, 16)  # every expert: half its 32 features
     try:
         tp2 = _scenario(engine, trainer)
     finally:
         engine.shutdown()
     assert [c.exitcode for c in engine.children] == [0]
-    tp1 = _scenario(build_fast_engine(**kw, max_batch_size=8), trainer)
+    tp1 = _scenario(build_fast_engine(**kw, max_batch_size=8, moe_path="dense"), trainer)
     for phase in ("first", "published"):
         for one, two in zip(tp1[phase], tp2[phase], strict=True):
             assert two.token_ids == one.token_ids
