@@ -30,9 +30,10 @@ class RolloutConfig(Section):
     tensor_parallel: int = Field(
         1,
         ge=1,
-        description="Ranks (GPUs of one node) that each fast-engine replica spans, heads and MLP split over "
-        "them (tensor parallelism): the replica's worker starts the other ranks as child processes; "
-        "cluster.num_rollout_workers x tensor_parallel GPUs in all (`ascent doctor` shows the placement).",
+        description="Ranks (GPUs of one node) that each fast-engine replica spans, heads and MLP (every "
+        "expert of a mixture of experts) split over them (tensor parallelism): the replica's worker starts "
+        "the other ranks as child processes; cluster.num_rollout_workers x tensor_parallel GPUs in all "
+        "(`ascent doctor` shows the placement).",
     )
     prefix_caching: bool = Field(
         False,
@@ -115,7 +116,13 @@ class RolloutConfig(Section):
         64, gt=0, description="Sequences decoded together by the reference engine."
     )
     gpu_memory_fraction: float = Field(
-        0.5, gt=0, le=1, description="GPU memory share for the fast engine's KV cache."
+        0.5,
+        gt=0,
+        le=1,
+        description="GPU memory share for the fast engine's KV cache, less its weights and an activation "
+        "reserve. At build and at every wake the cache takes at most what is free then (beside a "
+        "colocated trainer's optimizer state it may run smaller, with a warning; rollout/kv_tokens shows "
+        "its size).",
     )
     val_temperature: float = Field(0.0, ge=0, description="Temperature during validation (0 = greedy).")
     val_samples_per_prompt: int = Field(1, gt=0, description="Samples per validation prompt.")

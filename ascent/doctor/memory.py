@@ -29,7 +29,8 @@ go through its k chosen experts only (`ModelShape.mlp_width`; `active_params` is
   head's copy in the compute dtype), a KV cache of `gpu_memory_fraction` x GPU memory less its weights and
   activation reserve (`pages_for_budget`), and the activations it actually uses (prefill of the step's
   prompts, fp32 decode logits). Colocated, it frees cache and weights for the update; the update is the
-  trainer's peak. The reference engine: the model in the compute dtype, a padded KV cache of its generation
+  trainer's peak. At every wake the engine caps its cache by what is free (`kv_wake_bytes`): beside a
+  colocated trainer's state with its AdamW moments it may run smaller than the fraction asks. The reference engine: the model in the compute dtype, a padded KV cache of its generation
   batch.
 
 Calibration against BENCHMARKS.md (H100, bench/e2e.py: 0.5B at 16384 / 24576 tokens, 1.5B at 24576 / 2048):
@@ -71,6 +72,7 @@ class ModelShape:
     experts_per_token: int = 0
     expert_intermediate: int = 0
     moe_layers: int = 0
+    context: int = 0  # max_position_embeddings: the fast engine's max_model_len (0: unknown)
 
     @property
     def active_params(self) -> int:
@@ -157,7 +159,8 @@ class Estimate:
     """Bytes per term of each phase on each GPU; `peak` is the largest phase total of a GPU."""
 
     phases: dict[str, dict[str, int]] = field(default_factory=dict)  # "trainer GPU: update" -> terms
-    kv_cache: int = 0
+    kv_cache: int = 0  # the fast engine's KV cache as it runs (capped by free memory at wake)
+    kv_asked: int = 0  # what rollout.gpu_memory_fraction asks
     kv_tokens: int = 0
     host_bytes: int = 0  # CPU memory that offloading moves there
 
@@ -322,6 +325,28 @@ def kv_cache_bytes(m: MemoryInputs) -> int:
     return rows * m.sequence_tokens * m.shape.kv_bytes_per_token(m.compute_bytes)
 
 
+def kv_wake_bytes(m: MemoryInputs) -> int:
+    """The fast engine's KV cache as it runs (`ascent.rollout.fast.pool`): the asked `kv_cache_bytes`,
+    capped at every wake by what the GPU has free then less the activation reserve. Colocated, a sleeping
+    engine wakes beside the trainer's state, AdamW's moments included (they exist from the first update
+    on), so that is what caps it (below one request the engine refuses to run). An awake colocated engine
+    is sized once, at build: the asked size."""
+    asked = kv_cache_bytes(m)
+    if m.engine != "fast" or not m.gpu_bytes or (m.colocated and not m.engine_sleeps):
+        return asked
+    held = CUDA_CONTEXT + engine_weight_bytes(m) + engine_reserve_bytes(m)
+    if m.colocated:
+        held += sum(trainer_state(m, with_grads=False).values())
+    return min(asked, m.gpu_bytes - held)
+
+
+def kv_floor_bytes(m: MemoryInputs) -> int:
+    """K and V of one request of the engine's context (the model's, else the run's longest sequence) plus
+    the trash page: the smallest pool the fast engine runs with."""
+    tokens = (m.shape.context or m.sequence_tokens) + 64
+    return tokens * m.shape.kv_bytes_per_token(m.compute_bytes)
+
+
 # ----------------------------------------------------------------------------------------------- phases
 def trainer_state(m: MemoryInputs, with_grads: bool) -> dict[str, int]:
     """What the trainer GPU holds between calls (gradients only inside an update)."""
@@ -359,14 +384,14 @@ def logprob_terms(m: MemoryInputs) -> dict[str, int]:
 def engine_terms(m: MemoryInputs) -> dict[str, int]:
     return {
         "engine weights": engine_weight_bytes(m),
-        "KV cache": max(kv_cache_bytes(m), 0),
+        "KV cache": max(kv_wake_bytes(m), 0),
         "engine activations": engine_activation_bytes(m),
     }
 
 
 def estimate(m: MemoryInputs) -> Estimate:
     """Per-phase bytes on the trainer's GPU and (split placement) the engine's GPU."""
-    out = Estimate(kv_cache=kv_cache_bytes(m), host_bytes=offload_host_bytes(m))
+    out = Estimate(kv_cache=kv_wake_bytes(m), kv_asked=kv_cache_bytes(m), host_bytes=offload_host_bytes(m))
     out.kv_tokens = max(out.kv_cache, 0) // max(m.shape.kv_bytes_per_token(m.compute_bytes), 1)
     engine = engine_terms(m)
     if m.colocated:

@@ -60,6 +60,7 @@ def model_shape(hf_config: Any, params: int) -> ModelShape:
         kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(text, "head_dim", None) or hidden // heads),
         tied=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        context=int(getattr(text, "max_position_embeddings", None) or 0),
         **moe,
     )
 
@@ -213,7 +214,10 @@ def check_engine_architecture(cfg: RunConfig) -> CheckResult:
         try:
             check_shardable(spec, tp)
         except ValueError as err:
-            return fail(name, str(err), f"set rollout.tensor_parallel to a divisor of {spec.num_heads}.")
+            sizes = f"{spec.num_heads} heads" + (
+                f" and the experts' {spec.moe_intermediate_size} features" if spec.is_moe else ""
+            )
+            return fail(name, str(err), f"set rollout.tensor_parallel to a divisor of the {sizes}.")
     split = f", split over {tp} ranks" if tp > 1 else ""
     return ok(name, f"{spec.model_type} is supported ({', '.join(supported_model_types())}){split}")
 

@@ -16,7 +16,9 @@ from ascent.doctor.memory import (
     estimate,
     gib,
     knobs,
+    kv_floor_bytes,
     rank_tokens,
+    trainer_state,
 )
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
 from ascent.models.ulysses import check_heads, largest_degree
@@ -149,7 +151,7 @@ def check_memory(m: MemoryInputs, est: Estimate, target: str) -> CheckResult:
     if (
         m.engine == "fast"
         and m.gpu_bytes
-        and est.kv_cache < 2 * 64 * m.shape.kv_bytes_per_token(m.compute_bytes)
+        and est.kv_asked < 2 * 64 * m.shape.kv_bytes_per_token(m.compute_bytes)
     ):
         return fail(
             name,
@@ -158,6 +160,9 @@ def check_memory(m: MemoryInputs, est: Estimate, target: str) -> CheckResult:
             "raise rollout.gpu_memory_fraction.",
             **data,
         )
+    if m.engine == "fast" and m.gpu_bytes and est.kv_cache < min(est.kv_asked, kv_floor_bytes(m)):
+        detail, fix = _kv_at_wake(m, est, target, short=True)
+        return fail(name, detail, fix, **data)
     if m.sequence_parallel > 1:
         text += (
             f", train.sequence_parallel={m.sequence_parallel}: each rank holds "
@@ -169,12 +174,37 @@ def check_memory(m: MemoryInputs, est: Estimate, target: str) -> CheckResult:
     tips = "; ".join(knobs(m, est))
     if peak + CUDA_CONTEXT > m.gpu_bytes:
         return fail(name, f"{text} does not fit {target}", f"{tips}.", **data)
+    if m.engine == "fast" and est.kv_cache < est.kv_asked:  # (the capped cache fills the GPU: not tight)
+        detail, fix = _kv_at_wake(m, est, target)
+        return warn(name, f"{text} of {target}; {detail}", fix, **data)
     if est.needed() > m.gpu_bytes:
         return warn(
             name, f"{text}: tight on {target} once the allocator's fragmentation counts", f"{tips}.", **data
         )
     kv = f"; KV cache {gib(est.kv_cache)} ({est.kv_tokens:,} tokens)" if m.engine == "fast" else ""
     return ok(name, f"{text} of {target}{kv}", **data)
+
+
+def _kv_at_wake(m: MemoryInputs, est: Estimate, target: str, short: bool = False) -> tuple[str, str]:
+    """(detail, fix) of a fast engine whose KV cache is capped at wake by what else the GPU holds (a
+    colocated trainer's state, its AdamW moments included: `kv_wake_bytes`)."""
+    beside = "the colocated trainer's state (weights, AdamW moments" if m.colocated else "its weights ("
+    state = sum(trainer_state(m, with_grads=False).values()) if m.colocated else 0
+    where = f"beside {beside}: {gib(state)}) on {target}" if m.colocated else f"on {target}"
+    lever = "train.offload_optimizer=true or model.lora.rank=16" if m.colocated else "a larger GPU"
+    if short:
+        return (
+            f"{where} the fast engine's KV cache gets {gib(max(est.kv_cache, 0))} at wake, less than one "
+            f"request of its {m.shape.context or m.sequence_tokens:,}-token context needs "
+            f"({gib(kv_floor_bytes(m))}): the engine stops with KVCacheOutOfMemory",
+            f"{lever} (smaller trainer state), or cluster.placement=split (the engine on its own GPUs).",
+        )
+    return (
+        f"{where} the fast engine's KV cache runs at {gib(est.kv_cache)} ({est.kv_tokens:,} tokens), not the "
+        f"{gib(est.kv_asked)} rollout.gpu_memory_fraction={m.gpu_memory_fraction} asks (fewer sequences "
+        "decode at once; rollout/kv_tokens shows it)",
+        f"{lever} gives it the asked size; or lower rollout.gpu_memory_fraction to ask for what fits.",
+    )
 
 
 PROCESS_RUNTIME = 1 << 30  # Python, torch and transformers in one worker process, before any tensor

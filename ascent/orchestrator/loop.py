@@ -105,6 +105,8 @@ def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> d
         spec.update, state.kl_controller, len(episodes), it
     )
     if run.colocated:
+        # the pool this iteration's rollout had (sized at the last wake to what the trainer left free)
+        collect_metrics |= kv_pool_metrics(run.rollout.call(RolloutWorker.kv_cache_tokens))
         # the engine is idle until the next publish: free its KV cache and weights before the trainer's
         # logprob passes and update (a full set of weights is published before "wake")
         run.rollout.call(RolloutWorker.sleep, release_weights=True)
@@ -176,6 +178,13 @@ def update_gives_old_logprobs(
         and it > u.critic_warmup_iterations
         and kl_controller is None
     )
+
+
+def kv_pool_metrics(tokens: list[int | None]) -> dict[str, float]:
+    """rollout/kv_tokens: the smallest replica's KV cache in tokens (a colocated fast engine's shrinks when
+    the trainer leaves less free than rollout.gpu_memory_fraction asks); none for other engines."""
+    sizes = [t for t in tokens if t is not None]
+    return {"rollout/kv_tokens": float(min(sizes))} if sizes else {}
 
 
 def release_trainer_memory(run: Run) -> int:

@@ -3,10 +3,10 @@ traceback deep inside a worker, or not at all (a run that trains on nonsense wit
 
 Called by `run_training` (and partly by `run_sft` and `ascent eval`) right after the data is rendered: the
 model directory and its weight files are whole, the tokenizer fits the model's vocabulary, stop tokens
-exist, prompts plus responses fit the model's context, a distillation teacher shares the student's
-tokenizer, and plug-in import paths resolve (group hooks' included). (The trackers are
-checked earlier, when `ascent.tracking.open_tracking` opens them.) Every failure names the field or file and
-the fix.
+exist, prompts plus responses fit the model's context, a tensor-parallel fast engine can split the model,
+a distillation teacher shares the student's tokenizer, and plug-in import paths resolve (group hooks'
+included). (The trackers are checked earlier, when `ascent.tracking.open_tracking` opens them.) Every
+failure names the field or file and the fix.
 """
 
 from __future__ import annotations
@@ -190,6 +190,31 @@ def check_teacher(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, vocab: int
         )
 
 
+def check_tensor_parallel(cfg: RunConfig) -> None:
+    """rollout.tensor_parallel > 1 (fast engine): the ranks must split the model's heads and MLP widths (every
+    expert's for a mixture of experts) evenly; refused here, naming the field, not in the replica's worker.
+    A model the fast engine does not run at all is left to the engine's own error."""
+    tp = cfg.rollout.tensor_parallel
+    if tp <= 1 or cfg.rollout.engine != "fast":
+        return
+    from transformers import AutoConfig  # deferred: transformers and the fast engine, slow to import
+
+    from ascent.rollout.fast.spec import spec_from_config  # deferred: as above
+    from ascent.rollout.fast.tensor_parallel import check_shardable  # deferred: as above
+
+    hf = AutoConfig.from_pretrained(
+        cfg.model.path, local_files_only=True, trust_remote_code=cfg.model.trust_remote_code
+    )
+    try:
+        spec = spec_from_config(hf)
+    except ValueError:
+        return
+    try:
+        check_shardable(spec, tp)
+    except ValueError as err:  # names rollout.tensor_parallel, the model's size and the fix
+        raise ConfigError(str(err)) from err
+
+
 def check_run(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, prompts: list[PromptItem]) -> None:
     """Every pre-flight check of `ascent train`, given the tokenizer and the rendered training prompts."""
     vocab = check_model(cfg.model.path, tokenizer)
@@ -200,6 +225,7 @@ def check_run(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, prompts: list[
         model_config(cfg.model.path), longest, cfg.rollout.response_budget, cfg.data.max_prompt_tokens
     )
     check_teacher(cfg, tokenizer, vocab)
+    check_tensor_parallel(cfg)
     check_plugins(cfg.algorithm)
     build_group_hooks(cfg.reward.group_hooks)  # resolves each hook: a bad name or import path fails now
     if isinstance(cfg.rollout.source, AgentSourceConfig):  # a bad import path fails before anything heavy

@@ -144,6 +144,12 @@ class RolloutWorker:
     def wake(self) -> None:
         self.engine.wake()
 
+    def kv_cache_tokens(self) -> int | None:
+        """Tokens the engine's KV cache holds now (the fast engine sizes it at every wake to what is free:
+        rollout/kv_tokens); None for an engine without a paged cache."""
+        tokens = getattr(self.engine, "kv_cache_tokens", None)
+        return tokens if isinstance(tokens, int) else None
+
 
 class TrainerWorker:
     """One data-parallel rank of the policy trainer (wraps `ascent.trainer.PolicyWorker`)."""

@@ -1,5 +1,8 @@
-"""`ascent train` with rollout.tensor_parallel=2 (inline, CPU): the replica's worker forks its second rank,
-and the sharded engine samples what the unsharded trainer scores, through sleeps, releases and publications."""
+"""`ascent train` with rollout.tensor_parallel=2 (inline, CPU) on a tiny Qwen3-MoE: the replica's worker forks
+its second rank, and the sharded engine (attention heads and every expert split over the ranks, the router
+replicated) samples what the unsharded trainer scores, replaying the experts the engine recorded, through
+sleeps, releases and publications of the trainer's stacked experts. (A dense model's sharding takes the same
+path; tests/unit/rollout_fast/test_fast_tensor_parallel.py compares it with one process.)"""
 
 from __future__ import annotations
 
@@ -7,9 +10,14 @@ import json
 
 from conftest import ascent, run_config, write_yaml
 
+from ascent.models.tiny import make_tiny_moe_checkpoint
 
-def test_train_with_a_tensor_parallel_replica(tmp_path, tiny_model, arithmetic_data):
-    cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=2, val_every=0)
+
+def test_train_with_a_tensor_parallel_replica(tmp_path, arithmetic_data):
+    moe = make_tiny_moe_checkpoint(
+        tmp_path / "moe", hidden_size=32, num_layers=1, num_experts=4, moe_intermediate_size=16
+    )
+    cfg = run_config(tmp_path, moe, arithmetic_data, iterations=2, val_every=0)
     cfg["rollout"] |= {"engine": "fast", "tensor_parallel": 2}
     cfg["cluster"] = {"device": "cpu", "placement": "colocated"}
     cfg["checkpoint"] = {"every": 0}

@@ -165,3 +165,5 @@ def test_colocated_fast_engine_round_trip(tmp_path, tiny_model, arithmetic_data)
         assert x["train/old_logprob_pass"] == 1.0
         assert x["train/optimizer_steps"] + x["train/skipped_steps"] == 2.0
         assert x["rollout/logprob_diff_max"] < 1e-3, x["step"]
+        # the KV pool this rollout had (on CPU: max_batch_size sequences of max_model_len, never capped)
+        assert x["rollout/kv_tokens"] == lines[0]["rollout/kv_tokens"] > 0

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ascent.models.action_head import ActionHeadSpec
 from ascent.models.loading import compute_dtype, load_tokenizer, resolve_device
@@ -37,6 +37,8 @@ from ascent.rollout.fast.fp8 import (
 )
 from ascent.rollout.fast.graphs import default_buckets
 from ascent.rollout.fast.kv_cache import KVCache, pages_for_budget
+from ascent.rollout.fast.moe import default_moe_path, experts_path
+from ascent.rollout.fast.pool import FreeBytes, PoolSizer, cuda_free_bytes
 from ascent.rollout.fast.runner import ModelRunner
 from ascent.rollout.fast.spec import ModelSpec, engine_family, rope_tables
 from ascent.rollout.fast.tensor_parallel import (
@@ -87,6 +89,42 @@ def _num_pages(spec, dtype, device, page_size, kv_cache_tokens, fraction, max_ba
     return max_batch * -(-max_len // page_size) + 1
 
 
+def _pool_sizer(
+    m: _Model,
+    dt: torch.dtype,
+    dev: torch.device,
+    page_size: int,
+    kv_cache_tokens: int | None,
+    fraction: float,
+    max_batch_size: int,
+    reserve: int,
+    free_memory: FreeBytes | None,
+) -> PoolSizer:
+    """What the run asks (`kv_cache_tokens`, else `fraction` of the GPU, else on CPU max_batch_size full
+    sequences) and the free-memory probe that caps it at build and every wake (pool.py; on CUDA by default
+    the driver's free bytes)."""
+    asked = _num_pages(
+        m.spec, dt, dev, page_size, kv_cache_tokens, fraction, max_batch_size, m.max_len, reserve
+    )
+    if free_memory is None and dev.type == "cuda":
+        free_memory = cuda_free_bytes(dev)
+    by = f"rollout.gpu_memory_fraction={fraction}"
+    if kv_cache_tokens is not None:
+        by = f"kv_cache_tokens={kv_cache_tokens}"
+    elif dev.type != "cuda":
+        by = f"max_batch_size={max_batch_size} x max_model_len={m.max_len} (CPU)"
+    return PoolSizer(
+        asked=asked,
+        least=-(-m.max_len // page_size) + 1,
+        page_size=page_size,
+        page_bytes=m.spec.kv_bytes_per_token(dt) * page_size,
+        margin=reserve,
+        free_bytes=free_memory,
+        asked_by=by,
+        device=str(dev),
+    )
+
+
 def _weights_source(model_path, model, dt, dev, share_weights, trust_remote_code=False):
     """-> (HF config, state dict by HF name, whether to share the tensors instead of copying them)."""
     if model is None and model_path is None:
@@ -122,6 +160,7 @@ def build_fast_engine(
     compile: bool | None = None,
     attention: str | None = None,
     sampler: str | None = None,
+    moe_path: str | None = None,
     attn_options: dict | None = None,
     keep_sessions: bool = True,
     max_prefill_tokens: int = 16384,
@@ -135,15 +174,20 @@ def build_fast_engine(
     batch_invariant: bool = False,
     quantization: str = "none",
     action_head: ActionHeadSpec | None = None,
+    free_memory: FreeBytes | None = None,
     **unused: Any,
 ) -> FastEngine:
     """A FastEngine on `model` (weights shared when dtype and device match) or the checkpoint at `model_path`.
 
     The KV cache takes what `gpu_memory_fraction` of the GPU leaves after the weights and an activation
-    reserve (or `kv_cache_tokens` tokens, the default on CPU being max_batch_size * max_model_len).
+    reserve (or `kv_cache_tokens` tokens, the default on CPU being max_batch_size * max_model_len), capped
+    at build and every wake by what is free then less that reserve (pool.py).
     `cuda_graphs`/`compile` default to on for CUDA; `attention` and `sampler` are "triton" (CUDA) or
     "torch"; `attn_options` (splits, block_n, num_warps, num_stages) tune the Triton decode kernel, and its
-    "prefill" entry (block_m, block_n, num_warps, num_stages) the paged prefill kernel.
+    "prefill" entry (block_m, block_n, num_warps, num_stages) the paged prefill kernel. `moe_path`: how a
+    mixture-of-experts layer computes its experts (moe.py): "routed" (grouped matmuls over the chosen
+    experts only; the default on a GPU whose `torch._grouped_mm` runs them) or "dense" (every expert on every
+    token, transformers' summation order; the default elsewhere).
     `share_weights=False` copies a given module's weights (fused q/k/v and gate/up) even when they could
     be shared; `trust_remote_code` lets the config and tokenizer run code shipped in the checkpoint
     (model.trust_remote_code); `on_swap` is what sequences in flight do when a publication lands between two
@@ -151,16 +195,20 @@ def build_fast_engine(
     (engine.py); `feed_prompt_tokens`: the longest new prompt fed through decode steps, not prefilled
     (engine.py; 0: always prefill); `tensor_parallel`: a number of ranks > 1 starts the replica's other ranks
     as child processes (tp_launch.py) and returns the driver, or a `TPGroup` is this process's rank of the
-    replica (tp_engine.py: built on every rank, rank 0 drives, the others `serve()`; owned weights, sharded, no
-    CUDA graphs); `prefix_caching` reuses the K/V of full prompt pages across requests (prefix.py);
+    replica (tp_engine.py: built on every rank, rank 0 drives, the others `serve()`; owned weights, sharded;
+    every rank captures the same CUDA graphs); `prefix_caching` reuses the K/V of full prompt pages across requests (prefix.py);
     `batch_invariant` makes a request's samples independent of what else is batched (runner.py: rows run
     alone, torch attention and sampler, no CUDA graphs or compile; not with tensor parallelism);
     `quantization="fp8"` holds the layers' linear weights in FP8, quantised as they arrive (fp8.py);
     `action_head`: every request is one action of a continuous action head (action.py; not with tensor
-    parallelism); `unused` swallows options meant for other engines.
+    parallelism); `free_memory` is the probe of free device bytes that caps the KV cache at build and every
+    wake (pool.py; default on CUDA: the driver's, on CPU: none); `unused` swallows options meant for other
+    engines.
     """
     tp_size = tensor_parallel.size if isinstance(tensor_parallel, TPGroup) else tensor_parallel or 1
     _check_options(tp_size, quantization, batch_invariant, action_head)
+    if moe_path is not None:
+        experts_path(moe_path)  # refuses an unknown path before anything is loaded
     fp8 = quantization == "fp8"
     if isinstance(tensor_parallel, int):  # a replica over that many ranks: start the others, drive them
         if tensor_parallel > 1:
@@ -169,7 +217,9 @@ def build_fast_engine(
             call = {k: v for k, v in locals().items() if k != "unused"}
             return launch_replica(tensor_parallel, call)
         tensor_parallel = None
-    cuda_graphs, compile, attention, sampler = _debug_overrides(cuda_graphs, compile, attention, sampler)
+    cuda_graphs, compile, attention, sampler, moe_path = _debug_overrides(
+        cuda_graphs, compile, attention, sampler, moe_path
+    )
     if batch_invariant:  # the paths whose results depend on the batch's shape stay off (runner.py)
         cuda_graphs, compile, attention, sampler = False, False, "torch", "torch"
     dev = resolve_device(device)
@@ -178,7 +228,7 @@ def build_fast_engine(
         dev = torch.device("cuda", torch.cuda.current_device())
     tp = tensor_parallel if tensor_parallel is not None and tensor_parallel.size > 1 else None
     if tp is not None:  # a shard is a copy: never the trainer's tensors
-        share_weights, cuda_graphs = False, False
+        share_weights = False
     if fp8:  # FP8 weights are the engine's own (quantised as they arrive), never the trainer's tensors
         check_fp8_device(dev)
         share_weights = False
@@ -192,11 +242,13 @@ def build_fast_engine(
         tokenizer_path or model_path, eos_token_ids, pad_token_id, decode, trust_remote_code
     )
     reserve = _activation_reserve(m.spec, max_batch_size, max_prefill_tokens, dt)
-    pages = _num_pages(
-        m.spec, dt, dev, page_size, kv_cache_tokens, gpu_memory_fraction, max_batch_size, m.max_len, reserve
+    pool = _pool_sizer(
+        m, dt, dev, page_size, kv_cache_tokens, gpu_memory_fraction, max_batch_size, reserve, free_memory
     )
+    pages = pool.fit()
     if tp is not None:  # every rank's cache has the pages the driver's tables name
         pages = tp.min(pages)
+    pages = pool.settle(pages)
     on_cuda = dev.type == "cuda"
     fast_default = "triton" if on_cuda and _has_triton() else "torch"
     runner = _runner(
@@ -208,6 +260,7 @@ def build_fast_engine(
         attn_options=attn_options,
         sampler=sampler or fast_default,
         batch_invariant=batch_invariant,
+        moe_path=moe_path or default_moe_path(dev, _moe_down(m.weights)),
     )
     if action_head is not None:  # acts at prefill (action.py); a given module's own head is shared
         head = load_action_head(action_head, m.spec.hidden_size, dev, model_path, model)
@@ -232,6 +285,7 @@ def build_fast_engine(
         vision=m.vision,
         prefix_caching=prefix_caching,
         batch_invariant=batch_invariant,
+        pool=pool,
     )
     if fp8:  # an adapter-only publication merges into full-precision bases, which an FP8 engine lacks
         engine.adapters.read = refuse_adapters
@@ -340,16 +394,25 @@ def _max_len(spec: Any, max_model_len: int | None) -> int:
     return max_len
 
 
-def _debug_overrides(cuda_graphs: Any, compile: Any, attention: Any, sampler: Any) -> tuple[Any, ...]:
-    """ASCENT_FAST_ENGINE='{"cuda_graphs": false, "compile": false, "attention": "torch", "sampler": "torch"}'
-    switches engine parts off for a whole run, to locate a problem (BENCHMARKS.md, logprob agreement)."""
+def _debug_overrides(
+    cuda_graphs: Any, compile: Any, attention: Any, sampler: Any, moe_path: Any
+) -> tuple[Any, ...]:
+    """ASCENT_FAST_ENGINE='{"cuda_graphs": false, "compile": false, "attention": "torch", "sampler": "torch",
+    "moe_path": "dense"}' switches engine parts off for a whole run, to locate a problem (BENCHMARKS.md,
+    logprob agreement)."""
     o = json.loads(os.environ.get("ASCENT_FAST_ENGINE", "{}"))
     return (
         o.get("cuda_graphs", cuda_graphs),
         o.get("compile", compile),
         o.get("attention", attention),
         o.get("sampler", sampler),
+        o.get("moe_path", moe_path),
     )
+
+
+def _moe_down(weights: Any) -> Tensor | None:
+    """The first mixture-of-experts layer's stacked down_proj [E, H, I] (3-D), None for a dense model."""
+    return next((lw.down_w for lw in weights.layers if lw.down_w.dim() == 3), None)
 
 
 def _on_swap(value: str) -> Literal["continue", "restart"]:

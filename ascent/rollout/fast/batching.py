@@ -300,12 +300,17 @@ class BatchingLoop:
             s.num_cached += 1
             s.launched += 1
         version = self.swaps.version or 0  # of the weights this step runs on
+        self._decode_step(b, flags, max_ctx)
+        self.stats["steps"] += 1
+        return (live, version, *self._host.copy(self.state, b))
+
+    def _decode_step(self, b: int, flags: Flags, max_len: int) -> None:
+        """Queue the decode step over rows [0, b): a replay of its graph, or eagerly (the torch attention
+        reading at most `max_len` keys)."""
         if self.graphs is not None:
             self.graphs.replay(b, flags)
         else:
-            self.runner.decode(self.state, b, flags, max_len=max_ctx)
-        self.stats["steps"] += 1
-        return (live, version, *self._host.copy(self.state, b))
+            self.runner.decode(self.state, b, flags, max_len=max_len)
 
     def _graph_step(self, b: int, flags: Flags) -> None:
         self.runner.decode(self.state, b, flags)

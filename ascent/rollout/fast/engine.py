@@ -60,6 +60,7 @@ from ascent.rollout.fast.batching import BatchingLoop
 from ascent.rollout.fast.graphs import GraphRunner, clear_cublas_workspaces
 from ascent.rollout.fast.live import Done, LiveCall, More, fits
 from ascent.rollout.fast.pages import PageAllocator, SessionStore
+from ascent.rollout.fast.pool import PoolSizer
 from ascent.rollout.fast.prefix import PrefixCache
 from ascent.rollout.fast.runner import ModelRunner
 from ascent.rollout.fast.scheduler import Scheduler
@@ -91,9 +92,11 @@ class FastEngine(BatchingLoop):
         vision: VisionTower | None = None,
         prefix_caching: bool = False,
         batch_invariant: bool = False,
+        pool: PoolSizer | None = None,
     ):
         """`prefix_caching`: reuse the K/V of full prompt pages across requests (prefix.py);
-        `batch_invariant`: a request's samples do not depend on what else is batched (module doc)."""
+        `batch_invariant`: a request's samples do not depend on what else is batched (module doc);
+        `pool`: sizes the KV cache again at every wake (pool.py; None: the size it was built with)."""
         if prefix_caching and batch_invariant:
             raise ValueError(
                 "prefix_caching=True with batch_invariant=True: a prefix-cache hit depends on the other "
@@ -108,6 +111,7 @@ class FastEngine(BatchingLoop):
         self.decode, self.interval = decode, stop_check_interval
         self.max_rows, self.max_model_len = max_batch_size, max_model_len
         self.max_prefill_tokens = max_prefill_tokens
+        self.pool = pool
         self.alloc = PageAllocator(self.cache.num_pages)
         self.sessions = SessionStore(self.alloc)
         self.prefix = PrefixCache(self.alloc, self.cache.page_size) if prefix_caching else None
@@ -262,16 +266,40 @@ class FastEngine(BatchingLoop):
             torch.cuda.empty_cache()
 
     def wake(self) -> None:
-        """Reallocate the KV cache (graphs are recaptured by the next generate).
+        """Reallocate the KV cache, sized again to what is free now (pool.py; graphs are recaptured by the
+        next generate).
 
-        Raises when the weights were released by `sleep(release_weights=True)` and not all sent since.
+        Raises when the weights were released by `sleep(release_weights=True)` and not all sent since, and
+        `KVCacheOutOfMemory` when not even one max-length request fits.
         """
         self._check_weights()
         if self.asleep:
             if self.device.type == "cuda":  # hand the trainer's cached free blocks back first, so the
                 torch.cuda.empty_cache()  # cache's new segments do not stack on top of them (reserved peak)
+            self._resize_pool()
             self.cache.allocate()
             self.asleep = False
+
+    def _resize_pool(self) -> None:
+        """While asleep (no page held): the pool's size for this wake, the page bookkeeping resized with it
+        (admission counts free pages; block tables are [rows, pages of one sequence], whatever the pool)."""
+        if self.pool is None:
+            return
+        pages = self.pool.settle(self._agree_pages(self.pool.fit()))
+        if pages != self.cache.num_pages:
+            self.cache.resize(pages)
+            self.alloc.resize(pages)
+            if self.prefix is not None:
+                self.prefix.reset()
+
+    def _agree_pages(self, pages: int) -> int:
+        """The pages every process of the replica can hold (one process: its own; TPEngine: the minimum)."""
+        return pages
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """Tokens the KV cache holds for requests (its size now, the trash page aside): rollout/kv_tokens."""
+        return (self.cache.num_pages - 1) * self.cache.page_size
 
     def memory(self) -> dict[str, int]:
         """Device bytes the engine holds now: {"weights": own weight copy (0 released or shared),

@@ -4,7 +4,8 @@ Layout: k, v [num_layers, num_pages, kv_heads, page_size, head_dim], so one page
 contiguous block the decode kernel reads in one go. Token t of a sequence lives at slot
 `pages[t // page_size] * page_size + t % page_size` (page, offset), where `pages` is the sequence's block
 table (host bookkeeping in pages.py). Page 0 is the trash page: padding tokens write there.
-The size comes from a memory budget (`pages_for_budget`); `free()` / `allocate()` implement sleep/wake.
+The size comes from a memory budget (`pages_for_budget`), capped by free memory at build and at every
+wake (pool.py: `resize` between `free()` and `allocate()`); `free()` / `allocate()` implement sleep/wake.
 """
 
 from __future__ import annotations
@@ -106,6 +107,11 @@ class KVCache:
     def free(self) -> None:
         """Drop the tensors (the caller empties the allocator cache)."""
         self.k = self.v = None
+
+    def resize(self, num_pages: int) -> None:
+        """Take `num_pages` pages at the next `allocate()` (a freed cache only: pool.py sizes it at wake)."""
+        assert self.k is None, "resize a freed KV cache (engine asleep)"
+        self.num_pages = num_pages
 
     def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
         """slots [T] int64, k/v [T, kvh, d] -> stored at those slots of `layer`."""

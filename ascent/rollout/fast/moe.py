@@ -11,9 +11,19 @@ that, so the runner calls every layer alike.
 Math, as transformers' `Qwen3MoeSparseMoeBlock`: router logits in the weights' dtype, softmax in fp32, the
 top-k experts by probability, their weights renormalised to sum 1 (`norm_topk_prob`) and cast to the
 logits' dtype; each expert's output scaled by its weight, summed over experts in ascending expert order.
-Every expert runs on every row with a zero weight where it was not chosen (adding 0 is exact), so a step
-has no data-dependent shapes and no host sync (CUDA graphs capture it); that costs E/k times the routed
-compute, fine for the tiny models of the tests, and a grouped matmul is the fast path still to write.
+Two paths compute the experts (`MOE_PATHS`, the engine's `moe_path`):
+- "dense" (`experts_forward`): every expert runs on every row with a zero weight where it was not chosen
+  (adding 0 is exact), summed in ascending expert order, transformers' order, so it matches transformers
+  bit for bit where the matmuls do; it costs E/k times the needed compute (16x for Qwen3-30B-A3B).
+- "routed" (`experts_forward_routed`): the T*k (token, expert) pairs sorted by expert, their rows gathered,
+  each expert's matmuls run on its contiguous range of rows only (a grouped matmul: `torch._grouped_mm` on
+  CUDA, a loop over experts elsewhere), the rows put back in (token, slot) order and the k experts' scaled
+  outputs summed per token in slot order. It sums the k experts in another order than "dense" (and its
+  matmuls see other row counts), so bf16 results differ from "dense" at rounding; fp32 agrees to ~1e-6.
+Neither has data-dependent shapes or a host sync on CUDA (the routed path always runs T*k rows, its group
+offsets computed on the device and read there by `torch._grouped_mm`, bf16 only), so CUDA graphs capture
+both, and `torch.compile` traces the routed one whole (dynamic shapes). The engine defaults to "routed" on a GPU
+whose `torch._grouped_mm` runs it (`default_moe_path`) and to "dense" elsewhere.
 
 Routing replay: `attn_out_routed` also returns each token's chosen experts; the runner writes them into a
 [tokens, MoE layers, k] int16 tensor (`ascent.models.moe.ROUTES_DTYPE`), the same layout the reference
@@ -22,7 +32,7 @@ engine records, and every generation carries them as `routed_experts` (batching.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +40,9 @@ from torch import Tensor
 
 from ascent.models.families import ModelSpec
 from ascent.rollout.fast.layers import LayerMath, rms_norm
+
+MOE_PATHS = ("dense", "routed")
+Experts = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 def is_moe_mlp(sd: Mapping[str, Tensor], mlp: str) -> bool:
@@ -106,12 +119,74 @@ def experts_forward(h: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, do
     return out
 
 
-class MoeLayerMath(LayerMath):
-    """`LayerMath` whose `attn_out` runs routed experts in the layers that have them (3-D `down_w`)."""
+def experts_forward_routed(h: Tensor, ids: Tensor, weights: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
+    """`experts_forward` computing only the chosen experts (grouped matmuls over rows sorted by expert; the
+    module doc tells how its sums differ). h [T, H], ids/weights [T, k], gate_up [E, 2I, H], down [E, H, I]
+    -> [T, H]. T*k rows always, offsets on the device: no host sync on CUDA, CUDA graphs capture it.
+    Eager peak beyond h: about 2 * T*k*H elements (each temporary is dropped once read: a prefill's rows)."""
+    t, k = ids.shape
+    sorted_ids, order = torch.sort(ids.reshape(-1), stable=True)  # [T*k] pairs by expert; order: their index
+    experts = torch.arange(gate_up.shape[0], device=ids.device, dtype=sorted_ids.dtype)
+    ends = torch.searchsorted(sorted_ids, experts, right=True, out_int32=True)  # [E] each expert's last row+1
+    rows = h[order // k]  # [T*k, H]: each pair's token, grouped by expert
+    gate_up_out = grouped_linear(rows, gate_up, ends)  # [T*k, 2I]
+    del rows
+    gate, up = gate_up_out.chunk(2, dim=-1)
+    act = F.silu(gate).mul_(up)
+    del gate_up_out, gate, up
+    y = grouped_linear(act, down, ends).mul_(weights.reshape(-1)[order, None])  # [T*k, H] scaled, sorted
+    del act
+    unsorted = torch.empty_like(y).index_copy_(0, order, y)  # back in (token, slot) order
+    del y
+    return unsorted.view(t, k, -1).sum(dim=1)
 
-    def __init__(self, spec: ModelSpec):
+
+def grouped_linear(x: Tensor, w: Tensor, ends: Tensor) -> Tensor:
+    """x [N, K] rows grouped by expert (expert e's are rows [ends[e-1], ends[e])), w [E, out, K], ends [E]
+    int32 -> [N, out]: each row times its expert's matrix. CUDA bf16: one `torch._grouped_mm` (no host
+    sync); elsewhere a loop over the experts' row ranges (exact; it reads `ends` on the host, so on CUDA it
+    syncs and CUDA graphs cannot capture it: `default_moe_path` picks "dense" there)."""
+    if x.is_cuda and x.dtype == torch.bfloat16:
+        return torch._grouped_mm(x, w.transpose(1, 2), offs=ends, out_dtype=x.dtype)
+    return grouped_linear_loop(x, w, ends)
+
+
+def grouped_linear_loop(x: Tensor, w: Tensor, ends: Tensor) -> Tensor:
+    """`grouped_linear` as a loop over the experts with rows (the CPU path and the reference)."""
+    out = x.new_empty(x.shape[0], w.shape[1])
+    start = 0
+    for e, end in enumerate(ends.tolist()):
+        if end > start:
+            out[start:end] = F.linear(x[start:end], w[e])
+        start = end
+    return out
+
+
+def experts_path(moe_path: str) -> Experts:
+    """The experts function of `moe_path` ("dense" or "routed", module doc)."""
+    if moe_path not in MOE_PATHS:
+        raise ValueError(f"moe_path={moe_path!r}: use one of {list(MOE_PATHS)}.")
+    return experts_forward_routed if moe_path == "routed" else experts_forward
+
+
+def default_moe_path(device: torch.device, moe_down: Tensor | None) -> str:
+    """The engine's default `moe_path`: "routed" where `torch._grouped_mm` runs the experts whose stacked
+    down_proj is `moe_down` [E, H, I] (bf16 on a CUDA GPU of compute capability 9.0+, H and I rows 16-byte
+    aligned), else "dense" (also for a dense model: `moe_down` None)."""
+    if moe_down is None or device.type != "cuda" or moe_down.dtype != torch.bfloat16:
+        return "dense"
+    aligned = all(n * moe_down.element_size() % 16 == 0 for n in moe_down.shape[1:])
+    return "routed" if aligned and torch.cuda.get_device_capability(device) >= (9, 0) else "dense"
+
+
+class MoeLayerMath(LayerMath):
+    """`LayerMath` whose `attn_out` runs routed experts in the layers that have them (3-D `down_w`), through
+    the experts function of `moe_path` (module doc)."""
+
+    def __init__(self, spec: ModelSpec, moe_path: str = "dense"):
         super().__init__(spec)
         self.top_k, self.norm_topk = spec.experts_per_token, spec.norm_topk_prob
+        self.experts = experts_path(moe_path)
 
     def attn_out(
         self,
@@ -142,9 +217,9 @@ class MoeLayerMath(LayerMath):
         x = x + F.linear(attn, o_w)
         h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
         ids, weights = route(F.linear(h, router), self.top_k, self.norm_topk)
-        return x + experts_forward(h, ids, weights, gate_up, down_w), ids
+        return x + self.experts(h, ids, weights, gate_up, down_w), ids
 
 
-def layer_math(spec: ModelSpec) -> LayerMath:
-    """The layer functions of `spec`'s architecture: with routed experts or dense."""
-    return MoeLayerMath(spec) if spec.is_moe else LayerMath(spec)
+def layer_math(spec: ModelSpec, moe_path: str = "dense") -> LayerMath:
+    """The layer functions of `spec`'s architecture: with routed experts (computed by `moe_path`) or dense."""
+    return MoeLayerMath(spec, moe_path) if spec.is_moe else LayerMath(spec)

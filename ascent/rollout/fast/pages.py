@@ -30,6 +30,13 @@ class PageAllocator:
         self.num_pages = num_pages
         self.reset()
 
+    def resize(self, num_pages: int) -> None:
+        """A pool of `num_pages` pages, all free (the engine's wake with another KV cache size: pool.py)."""
+        if num_pages < 2:
+            raise ValueError(f"num_pages={num_pages}: need at least 2 (page 0 is the trash page).")
+        self.num_pages = num_pages
+        self.reset()
+
     def reset(self) -> None:
         """Forget everything: all pages free, nothing reserved."""
         self.refs = [0] * self.num_pages

@@ -37,7 +37,9 @@ from ascent.rollout.fast.weights import ModelWeights
 from ascent.rollout.sampling import SamplingTensors, sample, token_presence
 
 
-def _compile(fn: Callable) -> Callable:
+def compile_step(fn: Callable) -> Callable:
+    """`torch.compile` of a per-token piece (dynamic batch sizes; room for the recompiles of many layers and
+    sampling flags)."""
     import torch._dynamo  # deferred: torch._dynamo, slow to import
 
     torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
@@ -64,11 +66,12 @@ class ModelRunner:
         mrope_rows: Tensor | None = None,
         allowed: Tensor | None = None,
         batch_invariant: bool = False,
+        moe_path: str = "dense",
     ):
         """`mrope_rows` [head_dim] (vision.py): a vision-language model's multimodal RoPE layout;
         `allowed` [V] bool: the tokens it may sample (its image pads never), None for a text model;
         `batch_invariant`: every row's forward runs alone (module doc), so its results do not depend on
-        the other rows."""
+        the other rows; `moe_path`: how an MoE layer computes its experts ("dense" or "routed", moe.py)."""
         self.spec, self.w, self.cache = spec, weights, cache
         self.mrope_rows, self.allowed = mrope_rows, allowed
         self.cos, self.sin = rope
@@ -77,7 +80,7 @@ class ModelRunner:
         self.attention, self.attn_options = attention, dict(attn_options or {})
         self.prefill_options = self.attn_options.pop("prefill", {})
         self.paged_prefill = attention == "triton"  # cached-prefix prefill through triton_prefill.py
-        self.math, self.sampler = layer_math(spec), sampler
+        self.math, self.sampler = layer_math(spec, moe_path), sampler
         self.attn_in, self.attn_out, self.logits, self.sample = (
             self.math.attn_in,
             self.math.attn_out,
@@ -93,10 +96,10 @@ class ModelRunner:
         self.attn_out_routed = getattr(self.math, "attn_out_routed", None)
         self.prefill_routes: Tensor | None = None  # the last prefill's routes [B, Lq, layers, k], host
         if compile:  # the fp32-output head matmul stays outside the compiled region
-            self.attn_in, self.attn_out = _compile(self.attn_in), _compile(self.attn_out)
+            self.attn_in, self.attn_out = compile_step(self.attn_in), compile_step(self.attn_out)
             if self.attn_out_routed is not None:
-                self.attn_out_routed = _compile(self.attn_out_routed)
-            self.final_norm, self.sample = _compile(self.final_norm), _compile(sample)
+                self.attn_out_routed = compile_step(self.attn_out_routed)
+            self.final_norm, self.sample = compile_step(self.final_norm), compile_step(sample)
             self.logits = lambda x, norm_w, lm_head: logits_fp32(
                 self.final_norm(x, norm_w).to(lm_head.dtype), lm_head
             )
@@ -245,10 +248,32 @@ class ModelRunner:
         pos_c = pos.clamp(max=min(width * ps, self.max_len) - 1)
         slots = torch.where(valid.to(dev), slots_for(bt, pos_c, ps), 0).reshape(-1)
         cos, sin = self.cos[pos_c].reshape(b * lq, -1), self.sin[pos_c].reshape(b * lq, -1)
-        nh, kvh, d = self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim
         lk = max(s + len(x) for s, x in zip(starts, suffixes, strict=True))
+        attend = self._prefill_attend(b, lq, start_t, max(starts) > 0, lens, bt, lk)
+        x = F.embedding(ids.reshape(-1), self.w.embed)
+        deepstack = None
+        if images is not None and any(r is not None for r in images):
+            assert self.mrope_rows is not None  # the engine takes images only with a vision tower
+            pos3, index, embeds, deep = assemble(images, starts, lq, dev)
+            pos3 = pos3.clamp(0, self.max_len - 1)
+            cos, sin = mrope_cos_sin(self.cos, self.sin, pos3, self.mrope_rows)
+            x = x.float().index_put((index,), embeds)
+            deepstack = (index, deep) if deep else None
+        shape = self.route_shape
+        routes = torch.empty(b * lq, *shape, dtype=ROUTES_DTYPE, device=dev) if shape is not None else None
+        x = self._layers(x, cos, sin, slots, attend, deepstack, routes)
+        self.prefill_routes = routes.view(b, lq, *shape).cpu() if routes is not None and shape else None
+        return x.view(b, lq, -1)[torch.arange(b, device=dev), (lens - 1).to(dev)]
 
-        paged = self.paged_prefill and max(starts) > 0
+    def _prefill_attend(
+        self, b: int, lq: int, start_t: Tensor, cached_prefix: bool, lens: Tensor, bt: Tensor, lk: int
+    ) -> Callable:
+        """Attention of a prefill over b rows of lq query tokens (lens [B] real ones, host) whose sequences
+        start at start_t [B] (after cached prefixes, if `cached_prefix`) on pages bt [B, P], lk the longest
+        context: (layer, q, k, v) -> [b * lq, nh * d]."""
+        dev = self.cache.device
+        nh, kvh, d = self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim
+        paged = self.paged_prefill and cached_prefix
         if paged:
             # deferred: triton, optional
             from ascent.rollout.fast.triton_prefill import paged_prefill_attention
@@ -257,7 +282,7 @@ class ModelRunner:
 
         def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             cached = None
-            if max(starts) > 0:
+            if cached_prefix:
                 k_all, v_all = self.cache.tensors()
                 cached = (k_all[i], v_all[i], bt, start_t, lk)
             if paged:  # continues cached prefixes: the paged kernel reads the history in place
@@ -279,20 +304,7 @@ class ModelRunner:
             # torch.compile build new graphs mid-run (it specializes sizes 0 and 1)
             return out.reshape(b * lq, nh * d).clone()
 
-        x = F.embedding(ids.reshape(-1), self.w.embed)
-        deepstack = None
-        if images is not None and any(r is not None for r in images):
-            assert self.mrope_rows is not None  # the engine takes images only with a vision tower
-            pos3, index, embeds, deep = assemble(images, starts, lq, dev)
-            pos3 = pos3.clamp(0, self.max_len - 1)
-            cos, sin = mrope_cos_sin(self.cos, self.sin, pos3, self.mrope_rows)
-            x = x.float().index_put((index,), embeds)
-            deepstack = (index, deep) if deep else None
-        shape = self.route_shape
-        routes = torch.empty(b * lq, *shape, dtype=ROUTES_DTYPE, device=dev) if shape is not None else None
-        x = self._layers(x, cos, sin, slots, attend, deepstack, routes)
-        self.prefill_routes = routes.view(b, lq, *shape).cpu() if routes is not None and shape else None
-        return x.view(b, lq, -1)[torch.arange(b, device=dev), (lens - 1).to(dev)]
+        return attend
 
     def _decode_attend(self, bt: Tensor, ctx: Tensor, max_len: int) -> Callable:
         def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:

@@ -8,16 +8,24 @@ Each rank holds a shard of every decoder layer:
 - query heads are split evenly; KV heads are split too, or replicated when there are fewer KV heads than
   ranks (rank r then keeps KV head r // (size / num_kv_heads), the one its query heads read);
 - the embedding table, the norms and the LM head are **replicated** (not vocab-parallel): every rank embeds
-  its inputs itself, and only rank 0 (the driver) runs the head and samples, so no logits move.
+  its inputs itself, and only rank 0 (the driver) runs the head and samples, so no logits move;
+- a mixture-of-experts layer (moe.py) keeps its router replicated, so every rank routes every token to the
+  same experts, and splits **every expert** like a dense MLP: each rank holds 1/size of every expert's
+  intermediate features (gate/up rows of the stacked [E, 2I, H], down columns of [E, H, I]), runs the routed
+  experts on its slice and all-reduces their sum once, as a dense layer's down_proj. The routes the driver
+  records for routing replay are therefore every rank's.
 A rank's shard is an ordinary model of a smaller `ModelSpec` (`shard_spec`: heads and intermediate size
-divided), so weights.py, layers.py, attention.py and the KV cache (each rank's holds its own KV heads) run on
-it unchanged; `TPLayerMath` only adds the two all-reduces, and `ShardRunner` uses it.
+divided, the experts' too), so weights.py, layers.py, moe.py, attention.py and the KV cache (each rank's holds
+its own KV heads) run on it unchanged; `TPLayerMath` only adds the two all-reduces, and `ShardRunner` uses it.
 
-The driver runs the scheduler and the batching loop (engine.py, batching.py) and sends every rank the
-inputs of each forward before running its own share (`TPGroup.command`: token ids, positions and page
-tables of a decode step; the prompts and page tables of a prefill; page copies, weights, sleep and wake);
-the other ranks serve those commands (tp_engine.py). Weights published to the driver are sliced there and
-each rank receives only its shard (`shard_tensor`, a scatter; replicated tensors a broadcast).
+The driver runs the scheduler and the batching loop (engine.py, batching.py) and sends every rank each
+forward before running its own share (`TPGroup.command`: a decode step's batch bucket and flags; the prompts
+and page tables of a prefill; graph captures, page copies, weights, sleep and wake); the other ranks serve
+those commands (tp_engine.py). A decode step's inputs (token ids, positions, page tables) move from the
+driver's decode state to the others' on the device, inside the step (`ShardRunner.decode`), so the step,
+broadcasts and all-reduces included, is captured in a CUDA graph per bucket on every rank as on one GPU.
+Weights published to the driver are sliced there and each rank receives only its shard (`shard_tensor`, a
+scatter; replicated tensors a broadcast).
 """
 
 from __future__ import annotations
@@ -37,12 +45,15 @@ from torch import Tensor
 from ascent.models.families import ModelSpec, same_name
 from ascent.rollout.fast.fp8 import linear
 from ascent.rollout.fast.layers import LayerMath, _linear_parts, rms_norm
-from ascent.rollout.fast.runner import ModelRunner
+from ascent.rollout.fast.moe import MoeLayerMath, experts_path, route
+from ascent.rollout.fast.runner import ModelRunner, compile_step
 from ascent.rollout.fast.state import DecodeState, Flags
 from ascent.rollout.fast.vision import RowImages
 
 COLUMN = ("self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.", "mlp.gate_proj.", "mlp.up_proj.")
 ROW = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+EXPERTS = ".mlp.experts."  # every tensor of the routed experts is split (stacked or per expert)
+HEADER = 1024  # bytes of a command's first broadcast (TPGroup.command): a decode step's fits in it
 
 
 @dataclass(frozen=True)
@@ -57,18 +68,38 @@ class TPGroup:
     device: torch.device = torch.device("cpu")
 
     def command(self, *cmd: Any) -> None:
-        """Driver: send every rank the next command (a tuple of plain values and CPU tensors)."""
-        data = torch.frombuffer(bytearray(pickle.dumps(cmd)), dtype=torch.uint8).to(self.device)
-        self.broadcast(torch.tensor([data.numel()], device=self.device))
-        self.broadcast(data)
+        """Driver: send every rank the next command (a tuple of plain values and CPU tensors): one broadcast
+        of HEADER bytes (the pickle's length, then as much of it as fits), a second for the rest of a longer
+        one. On CUDA the bytes go up from pinned memory without waiting for the steps in flight, so a decode
+        step's command does not stall the driver's host (engine.py processes one step behind)."""
+        data = pickle.dumps(cmd)
+        head = bytearray(HEADER)
+        head[:8] = len(data).to_bytes(8, "little")
+        fits = HEADER - 8
+        head[8 : 8 + min(len(data), fits)] = data[:fits]
+        self.broadcast(self._upload(head))
+        if len(data) > fits:
+            self.broadcast(self._upload(bytearray(data[fits:])))
 
     def receive(self) -> tuple:
         """Other ranks: wait for the driver's next command."""
-        n = torch.zeros(1, dtype=torch.long, device=self.device)
-        self.broadcast(n)
-        data = torch.empty(int(n.item()), dtype=torch.uint8, device=self.device)
-        self.broadcast(data)
-        return pickle.loads(data.cpu().numpy().tobytes())
+        head = torch.empty(HEADER, dtype=torch.uint8, device=self.device)
+        self.broadcast(head)
+        raw = head.cpu().numpy().tobytes()
+        n, fits = int.from_bytes(raw[:8], "little"), HEADER - 8
+        data = raw[8 : 8 + min(n, fits)]
+        if n > fits:
+            rest = torch.empty(n - fits, dtype=torch.uint8, device=self.device)
+            self.broadcast(rest)
+            data += rest.cpu().numpy().tobytes()
+        return pickle.loads(data)
+
+    def _upload(self, data: bytearray) -> Tensor:
+        """Host bytes -> a uint8 tensor on the group's device (pinned and non-blocking on CUDA)."""
+        t = torch.frombuffer(data, dtype=torch.uint8)
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def broadcast(self, t: Tensor) -> None:
         """t (contiguous) from the driver to every rank, in place."""
@@ -112,50 +143,51 @@ def tp_group(
 
 
 def check_shardable(spec: ModelSpec, size: int) -> None:
-    """Raise ValueError naming the sizes that `size` ranks cannot split evenly, or the model kinds the
-    shards do not run yet (routed experts, multimodal RoPE)."""
-    unsupported = (
-        "a mixture-of-experts" if spec.num_experts else "a vision-language" if spec.mrope_section else ""
-    )
-    if unsupported and size > 1:
+    """Raise ValueError naming the sizes that `size` ranks cannot split evenly (a mixture of experts: every
+    expert's `moe_intermediate_size`, and the dense MLP's `intermediate_size` only where a layer has one), or
+    the model kinds the shards do not run yet (multimodal RoPE)."""
+    if spec.mrope_section and size > 1:
         raise ValueError(
-            f"rollout.tensor_parallel={size}: {unsupported} model does not run tensor-parallel yet; set "
+            f"rollout.tensor_parallel={size}: a vision-language model does not run tensor-parallel yet; set "
             "rollout.tensor_parallel=1 (more replicas instead: cluster.num_rollout_workers)."
         )
     kvh = spec.num_kv_heads
-    bad = [
-        f"{name}={n}"
-        for name, n in (
-            ("num_attention_heads", spec.num_heads),
-            ("intermediate_size", spec.intermediate_size),
-        )
-        if n % size
-    ]
+    sizes = [("num_attention_heads", spec.num_heads)]
+    if len(spec.moe_layers) < spec.num_layers:  # a dense MLP somewhere
+        sizes.append(("intermediate_size", spec.intermediate_size))
+    if spec.is_moe:
+        sizes.append(("moe_intermediate_size", spec.moe_intermediate_size))
+    bad = [f"{name}={n}" for name, n in sizes if n % size]
     if kvh % size and size % kvh:
         bad.append(f"num_key_value_heads={kvh} (neither a multiple nor a divisor of it)")
     if bad:
         raise ValueError(
             f"rollout.tensor_parallel={size}: the model's {', '.join(bad)} cannot be split over {size} ranks; "
-            "pick a tensor_parallel that divides the head count and the MLP's intermediate size."
+            "pick a tensor_parallel that divides the head count and the MLP's intermediate size (every "
+            "expert's, for a mixture of experts)."
         )
 
 
 def shard_spec(spec: ModelSpec, size: int) -> ModelSpec:
-    """The spec of one rank's shard: heads (KV heads at least 1) and the intermediate size divided."""
+    """The spec of one rank's shard: heads (KV heads at least 1) and the intermediate sizes divided."""
     check_shardable(spec, size)
     return dataclasses.replace(
         spec,
         num_heads=spec.num_heads // size,
         num_kv_heads=max(1, spec.num_kv_heads // size),
         intermediate_size=spec.intermediate_size // size,
+        moe_intermediate_size=spec.moe_intermediate_size // size,
     )
 
 
 def shard_tensor(name: str, t: Tensor, spec: ModelSpec, rank: int, size: int) -> Tensor:
     """Rank `rank`'s part of the full tensor `name` (engine name; the full model's `spec`): a slice of
-    rows (column-parallel), of columns (row-parallel), one replicated KV head, or `t` itself (replicated)."""
+    rows (column-parallel), of columns (row-parallel), one replicated KV head, an expert tensor's slice of
+    intermediate features (`_expert_shard`), or `t` itself (replicated)."""
     if size == 1 or not is_sharded(name):
         return t
+    if EXPERTS in name:
+        return _expert_shard(name, t, rank, size)
     if name.endswith(ROW):
         return t.chunk(size, dim=1)[rank]
     kvh = spec.num_kv_heads
@@ -165,9 +197,25 @@ def shard_tensor(name: str, t: Tensor, spec: ModelSpec, rank: int, size: int) ->
     return t.chunk(size, dim=0)[rank]
 
 
+def _expert_shard(name: str, t: Tensor, rank: int, size: int) -> Tensor:
+    """Rank `rank`'s 1/size of the intermediate features of a routed-experts tensor: stacked gate_up
+    [E, 2I, H] -> its gate rows then its up rows [E, 2I/size, H] (a copy), stacked down [E, H, I] -> its
+    columns; per expert (a checkpoint's names) gate_proj/up_proj [I, H] rows, down_proj [H, I] columns."""
+    if name.endswith("experts.gate_up_proj"):
+        gate, up = t.chunk(2, dim=1)
+        return torch.cat([gate.chunk(size, dim=1)[rank], up.chunk(size, dim=1)[rank]], dim=1)
+    if name.endswith("experts.down_proj"):
+        return t.chunk(size, dim=2)[rank]
+    if name.endswith(("gate_proj.weight", "up_proj.weight")):
+        return t.chunk(size, dim=0)[rank]
+    if name.endswith("down_proj.weight"):
+        return t.chunk(size, dim=1)[rank]
+    raise ValueError(f"tensor parallelism: no rule to split the expert tensor {name!r} (not Qwen3-MoE?).")
+
+
 def is_sharded(name: str) -> bool:
     """Whether the engine-named tensor is split over the ranks (else every rank holds all of it)."""
-    return name.endswith(ROW) or any(f".{part}" in name for part in COLUMN)
+    return name.endswith(ROW) or EXPERTS in name or any(f".{part}" in name for part in COLUMN)
 
 
 def shard_state_dict(
@@ -195,25 +243,97 @@ class TPLayerMath(LayerMath):
     ) -> Tensor:
         """x [T, H] residual, attn [T, local heads * d] -> x after o_proj (all-reduced), the residual add
         and the SwiGLU MLP on this rank's intermediate slice (down_proj all-reduced)."""
-        x = x + self.tp.all_reduce(linear(attn, o_w))
+        x, part = self.mlp(x, self.tp.all_reduce(linear(attn, o_w)), ln_w, gate_up_w, down_w)
+        return x + self.tp.all_reduce(part)
+
+    def mlp(
+        self, x: Tensor, o_sum: Tensor, ln_w: Tensor, gate_up_w: tuple[Tensor, ...], down_w: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """x [T, H] residual, o_sum [T, H] the all-reduced o_proj output -> (x + o_sum, this rank's share of
+        the SwiGLU MLP's output [T, H], to be all-reduced). No collective: `torch.compile` takes it whole."""
+        x = x + o_sum
         h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
         gate, up = _linear_parts(h, gate_up_w, None).split(self.inter, dim=-1)
-        return x + self.tp.all_reduce(linear(F.silu(gate) * up, down_w))
+        return x, linear(F.silu(gate) * up, down_w)
+
+
+class TPMoeLayerMath(TPLayerMath, MoeLayerMath):
+    """TPLayerMath of a mixture-of-experts shard: the replicated router picks the same experts on every rank,
+    each rank runs them on its slice of their intermediate features, and their weighted sum is all-reduced
+    once (the dense layers of the model as `TPLayerMath`)."""
+
+    def __init__(self, spec: ModelSpec, tp: TPGroup, moe_path: str = "dense"):
+        super().__init__(spec, tp)
+        self.experts = experts_path(moe_path)  # on this rank's slice of every expert, either path
+
+    def attn_out(
+        self,
+        x: Tensor,
+        attn: Tensor,
+        o_w: Tensor,
+        ln_w: Tensor,
+        gate_up_w: tuple[Tensor, ...],
+        down_w: Tensor,
+    ) -> Tensor:
+        """As `TPLayerMath.attn_out`, through the routed experts in an MoE layer (3-D `down_w`)."""
+        if down_w.dim() == 2:
+            return TPLayerMath.attn_out(self, x, attn, o_w, ln_w, gate_up_w, down_w)
+        return self.attn_out_routed(x, attn, o_w, ln_w, gate_up_w, down_w)[0]
+
+    def attn_out_routed(
+        self,
+        x: Tensor,
+        attn: Tensor,
+        o_w: Tensor,
+        ln_w: Tensor,
+        gate_up_w: tuple[Tensor, ...],
+        down_w: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """x [T, H], attn [T, local heads * d] -> (x after o_proj (all-reduced), the residual add and the
+        experts on this rank's slice (all-reduced), the chosen expert ids [T, k], the same on every rank)."""
+        router, gate_up = gate_up_w
+        x = x + self.tp.all_reduce(linear(attn, o_w))
+        h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
+        ids, weights = route(F.linear(h, router), self.top_k, self.norm_topk)
+        return x + self.tp.all_reduce(self.experts(h, ids, weights, gate_up, down_w)), ids
 
 
 class ShardRunner(ModelRunner):
     """A ModelRunner over one rank's shard (spec = `shard_spec`): its layers all-reduce (`TPLayerMath`).
-    Every rank runs the same forwards; only the driver's outputs are used (hidden states, sampled tokens)."""
+    Every rank runs the same forwards; only the driver's outputs are used (hidden states, sampled tokens,
+    an MoE model's routes)."""
 
     def __init__(self, *args: Any, tp: TPGroup, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.tp = tp
-        self.math = TPLayerMath(self.spec, tp)
-        self.attn_out = self.math.attn_out  # (uncompiled: it holds the collectives)
+        moe_path = kwargs.get("moe_path", "dense")
+        self.math = (
+            TPMoeLayerMath(self.spec, tp, moe_path) if self.spec.is_moe else TPLayerMath(self.spec, tp)
+        )
+        self.attn_out = self.math.attn_out  # (uncompiled: it holds the collectives; the MLP between is)
+        self.attn_out_routed = getattr(self.math, "attn_out_routed", None)
+        if kwargs.get("compile"):
+            self.math.mlp = compile_step(self.math.mlp)  # type: ignore[method-assign]
+
+    @torch.no_grad()
+    def decode(self, st: DecodeState, b: int, flags: Flags, max_len: int | None = None) -> None:
+        """Every rank: rows [0, b) of the driver's step inputs (token ids, positions, page tables, active)
+        are broadcast into this rank's `st` on the device (no host round trip, so a CUDA graph of the step
+        holds the broadcasts too), then the driver runs the whole step (layers, head, sampling, advance:
+        ModelRunner.decode) and the other ranks the layers alone."""
+        for t in (st.input_ids, st.positions, st.block_tables, st.active):
+            self.tp.broadcast(t[:b])
+        if self.tp.rank == 0:
+            super().decode(st, b, flags, max_len)
+        else:
+            self.decode_hidden(
+                st.input_ids[:b], st.positions[:b], st.block_tables[:b], st.active[:b], max_len
+            )
 
 
 class DriverRunner(ShardRunner):
-    """The driver's runner: sends each forward's inputs to the other ranks, then runs its own share."""
+    """The driver's runner: sends each prefill's inputs to the other ranks, then runs its own share (a
+    decode step's command is the engine's: TPEngine._decode_step)."""
 
     def prefill(
         self,
@@ -225,11 +345,6 @@ class DriverRunner(ShardRunner):
         assert images is None or not any(images)  # check_shardable refuses vision-language models
         self.tp.command("prefill", suffixes, starts, tables)
         return super().prefill(suffixes, starts, tables)
-
-    def decode(self, st: DecodeState, b: int, flags: Flags, max_len: int | None = None) -> None:
-        rows = (st.input_ids[:b], st.positions[:b], st.block_tables[:b], st.active[:b])
-        self.tp.command("decode", *(t.cpu() for t in rows), max_len)
-        super().decode(st, b, flags, max_len)
 
 
 def scatter_shards(

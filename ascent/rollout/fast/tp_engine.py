@@ -7,9 +7,13 @@ other ranks as a command (`TPGroup.command`). The other ranks call `serve()`, wh
 the driver's `shutdown()`. Commands are sent only by the thread holding the engine's weights (the decode loop
 between its step boundaries, a publisher inside `publication`: swap.py), so they never interleave.
 
-Differences from one process, for now: no CUDA graphs and no torch.compile of the all-reducing layer half
-(each decode step's inputs come from the driver's host), and the logits are computed on the driver alone
-(the LM head is replicated, not vocab-parallel).
+A decode step is one command (its bucket, flags and context bound: `_decode_step`) on the same code path as
+one process: every rank replays its CUDA graph of that bucket, or runs the step eagerly. Graphs are captured
+on every rank by one command per `_capture`, so every rank captures the same buckets in the same order (the
+collectives inside them pair up). With `compile`, what lies between the all-reduces is compiled as on one
+GPU (the o_proj sum's residual add, the norm and this rank's MLP share: `TPLayerMath.mlp`); the
+collectives run between compiled pieces. Difference from one process, for now: the logits are computed on
+the driver alone (the LM head is replicated, not vocab-parallel).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import torch
 
 from ascent.rollout.fast.engine import FastEngine
+from ascent.rollout.fast.state import Flags
 from ascent.rollout.fast.tensor_parallel import ShardRunner, receive_shard, scatter_shards
 
 
@@ -56,6 +61,10 @@ class TPEngine(FastEngine):
             self.tp.command("wake")
         super().wake()
 
+    def _agree_pages(self, pages: int) -> int:
+        """Every rank sizes its pool at wake (a collective: the driver's wake command brought them here)."""
+        return self.tp.min(pages)
+
     def shutdown(self) -> None:
         """Driver: let the other ranks' `serve()` return (and the processes it started end). Once."""
         if self._stopped:
@@ -64,6 +73,18 @@ class TPEngine(FastEngine):
         self.tp.command("stop")
         for child in self.children:
             child.join(timeout=60)
+
+    def _decode_step(self, b: int, flags: Flags, max_len: int) -> None:
+        """As FastEngine's, every rank running it (the driver sends it first)."""
+        if self.tp.rank == 0:
+            self.tp.command("step", b, flags, max_len)
+        super()._decode_step(b, flags, max_len)
+
+    def _capture(self, flags: Flags, rows: int) -> None:
+        """As FastEngine's, every rank capturing the same graphs (the driver sends it first)."""
+        if self.tp.rank == 0:
+            self.tp.command("capture", flags, rows)
+        super()._capture(flags, rows)
 
     def _copy_pages(self, src: list[int], dst: list[int]) -> None:
         if src:
@@ -82,9 +103,10 @@ class TPEngine(FastEngine):
             op = cmd[0]
             if op == "stop":
                 return
-            if op == "decode":
-                ids, pos, bt, active, max_len = cmd[1:]
-                self.runner.decode_hidden(ids.to(dev), pos.to(dev), bt.to(dev), active.to(dev), max_len)
+            if op == "step":
+                self._decode_step(*cmd[1:])
+            elif op == "capture":
+                self._capture(*cmd[1:])
             elif op == "prefill":
                 self.runner.prefill(*cmd[1:])
             elif op == "copy_pages":

@@ -385,3 +385,27 @@ def test_sequence_parallel_check_names_the_heads_and_a_degree_that_splits_them()
     good = plan.check_sequence_parallel(cfg(train={"sequence_parallel": 4, **train}, **batch), shape)
     assert good is not None and good.status == "ok" and "2 group(s) of 4" in good.detail
     assert plan.check_sequence_parallel(cfg(), shape) is None
+
+
+def test_tensor_parallel_splits_a_mixture_of_experts_by_its_expert_width(tmp_path):
+    from transformers import Qwen3MoeConfig
+
+    Qwen3MoeConfig(
+        vocab_size=50,
+        hidden_size=8,
+        moe_intermediate_size=6,
+        num_experts=4,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=2,
+    ).save_pretrained(tmp_path)
+
+    def check(tp):
+        return model.check_engine_architecture(
+            cfg(model={"path": str(tmp_path)}, rollout={"engine": "fast", "tensor_parallel": tp})
+        )
+
+    assert check(2).status == "ok" and "split over 2 ranks" in check(2).detail
+    bad = check(4)  # 4 heads split, 6 expert features do not
+    assert bad.status == "fail" and "moe_intermediate_size=6" in bad.detail and "experts' 6" in bad.fix

@@ -197,3 +197,32 @@ def test_sequence_parallel_divides_a_ranks_activations_and_turns_a_plan_that_doe
     )
     assert alone.status == "fail" and "train.sequence_parallel" in alone.fix
     assert shared.status == "ok" and "each rank holds 8,192 of a micro-batch's 32,768 tokens" in shared.detail
+
+
+def test_a_colocated_kv_cache_is_capped_at_wake_by_the_trainer_state_with_its_adam_moments():
+    """A 3B Qwen2.5 shape, full fine-tuning, colocated, rollout.gpu_memory_fraction=0.5: the engine wakes
+    beside fp32 masters and AdamW's moments (`ascent.rollout.fast.pool`). On 64 GiB its cache runs smaller
+    than asked (warn), on 44 GiB not even one request of its 32k context fits (fail), and offloading the
+    optimizer gives it the asked size back (ok)."""
+    from ascent.doctor import plan
+
+    three_b = replace(qwen_shape(2048, 11008, 36, 16), context=32768)
+    m = M.MemoryInputs(shape=three_b, gradient_checkpointing=True, gpu_bytes=64 * GIB)
+    est = M.estimate(m)
+    state = sum(M.trainer_state(m, with_grads=False).values())
+    assert M.optimizer_bytes(m) > 0 and est.kv_cache < est.kv_asked
+    held = M.CUDA_CONTEXT + M.engine_weight_bytes(m) + M.engine_reserve_bytes(m) + state
+    assert est.kv_cache == 64 * GIB - held and est.phases["rollout"]["KV cache"] == est.kv_cache
+    capped = plan.check_memory(m, est, "64 GiB")
+    assert capped.status == "warn" and "AdamW moments" in capped.detail
+    assert "train.offload_optimizer=true" in capped.fix and "rollout.gpu_memory_fraction" in capped.fix
+    small = replace(m, gpu_bytes=44 * GIB)
+    assert M.kv_wake_bytes(small) < M.kv_floor_bytes(small) < M.kv_cache_bytes(small)
+    none = plan.check_memory(small, M.estimate(small), "44 GiB")
+    assert none.status == "fail" and "KVCacheOutOfMemory" in none.detail and "32,768-token" in none.detail
+    offloaded = replace(m, offload_optimizer=True)
+    est = M.estimate(offloaded)
+    assert est.kv_cache == est.kv_asked
+    assert plan.check_memory(offloaded, est, "64 GiB").status == "ok"
+    split = replace(m, colocated=False)
+    assert M.kv_wake_bytes(split) == M.kv_cache_bytes(split)  # its own GPU: the asked size fits
