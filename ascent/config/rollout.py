@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+import llguidance
+from pydantic import Field, field_validator, model_validator
 
 from ascent.config.errors import rule_error
 from ascent.config.section import Section
@@ -101,6 +102,15 @@ class RolloutConfig(Section):
         "action tokenizer decodes; a turn is complete at rollout.max_new_tokens of them (set it to the "
         "action's dimensions). A filter: the logprobs stay those of the unfiltered distribution, as the "
         "trainer scores them. Empty: every token may be sampled.",
+    )
+    grammar: str | None = Field(
+        None,
+        description="A grammar every model turn of the run's own episodes follows, training and validation "
+        "(llguidance's Lark syntax: `start: call | answer`, quoted literals, regular expressions, `<tool_call>` "
+        "for a special token or `<[105]>` for a token id), e.g. tool calls whose arguments can only be "
+        "valid values. A filter, as action_token_ids: the logprobs stay those of the unconstrained "
+        "distribution, as the trainer scores them. rollout.engine=reference; not with an agent source "
+        "(an agent sends response_format per request). None: free text.",
     )
     generation_batch_size: int = Field(
         64, gt=0, description="Sequences decoded together by the reference engine."
@@ -221,6 +231,16 @@ class RolloutConfig(Section):
             raise rule_error(problems)
         return data
 
+    @field_validator("grammar")
+    @classmethod
+    def _grammar_compiles(cls, value: str | None) -> str | None:
+        """The grammar must compile (llguidance's Lark): its error, with the line, in the field's message."""
+        if value is not None:
+            error = _lark_error(value)
+            if error:
+                raise ValueError(f"the grammar does not compile: {error} (llguidance's Lark syntax)")
+        return value
+
     @model_validator(mode="after")
     def _engine_options(self) -> RolloutConfig:
         problems = []
@@ -245,6 +265,16 @@ class RolloutConfig(Section):
                 f"rollout.quantization={self.quantization} with rollout.engine=reference: only the fast engine "
                 "quantises its weights; set rollout.engine=fast (or rollout.quantization=none)."
             )
+        if self.grammar is not None and self.engine != "reference":
+            problems.append(
+                f"rollout.grammar with rollout.engine={self.engine}: only the reference engine samples under a "
+                "grammar; set rollout.engine=reference (or drop rollout.grammar)."
+            )
+        if self.grammar is not None and self.source.name == "agent":
+            problems.append(
+                "rollout.grammar with an agent source: an agent's requests reach the endpoint, which takes a "
+                "grammar per request (response_format, guided_regex); drop rollout.grammar."
+            )
         if problems:
             raise rule_error(problems)
         return self
@@ -261,3 +291,12 @@ class RolloutConfig(Section):
         if isinstance(self.source, PromptSourceConfig):
             return self.max_new_tokens
         return self.source.max_episode_tokens
+
+
+def _lark_error(grammar: str) -> str:
+    """llguidance's complaint about a Lark grammar ('' when it compiles)."""
+    try:
+        compiled = llguidance.LLMatcher.grammar_from_lark(grammar)
+    except (ValueError, RuntimeError) as exc:
+        return str(exc)
+    return str(llguidance.LLMatcher.validate_grammar(compiled))

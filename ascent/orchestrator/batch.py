@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import llguidance
 import torch
 
 from ascent.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, options_for, reverse_kl
@@ -44,6 +45,7 @@ def sampling_params(rollout_cfg: RolloutConfig, *, validation: bool = False) -> 
         stop_token_ids=tuple(r.stop_token_ids),
         stop_strings=tuple(r.stop_strings),
         allowed_token_ids=tuple(r.action_token_ids),
+        grammar=llguidance.LLMatcher.grammar_from_lark(r.grammar) if r.grammar else None,
         n=r.val_samples_per_prompt if validation else r.samples_per_prompt,
     )
 

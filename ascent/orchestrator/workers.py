@@ -23,6 +23,7 @@ import torch
 from ascent.cluster.base import find_free_port
 from ascent.messages import Generation, GenerationRequest, Rollout, TrainSample
 from ascent.models.loading import load_tokenizer, resolve_device
+from ascent.rollout.constraints import LLGuidanceConstraints
 from ascent.rollout.specs import EngineSpec
 from ascent.trainer.reward_model import RewardModel, RewardModelSpec
 from ascent.trainer.settings import CriticSpec, TrainerSpec
@@ -65,6 +66,8 @@ class RolloutWorker:
         kwargs.setdefault("pad_token_id", tok.pad_token_id)
         kwargs.setdefault("decode", lambda ids: tok.decode(ids, skip_special_tokens=False))
         self.engine = build_engine(spec.name, **kwargs)
+        if hasattr(self.engine, "constraints") and self.engine.constraints is None:
+            self.engine.constraints = LLGuidanceConstraints(tok)  # rollout.grammar's requests (built lazily)
         self.version = 0  # the policy version of the weights the engine holds (set by every publication)
         self._last_end: float | None = None  # when the previous generate call ended (engine idle time)
         self.link: Any = None  # the weight transport's receiving link, once joined

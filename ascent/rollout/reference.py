@@ -232,7 +232,7 @@ class ReferenceEngine:
             if req.params.grammar is not None and self.constraints is None:
                 raise ValueError(
                     f"request {req.request_id}: it has a grammar, and this engine was given no constraint "
-                    "factory; set engine.constraints (ascent.rollout.server.grammar.LLGuidanceConstraints)."
+                    "factory; set engine.constraints (ascent.rollout.constraints.LLGuidanceConstraints)."
                 )
             self._check_images(req)
             for i in range(req.params.n):

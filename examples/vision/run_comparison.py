@@ -45,11 +45,15 @@ def greedy_accuracy(run_dir: Path) -> tuple[float, float]:
     return acc[0], acc[-1]
 
 
-def grpo(root: Path, arm: str, seed: int, extra: list[str]) -> tuple[float, float]:
-    """One GRPO run of `arm` (`zoom`: zoom_qa rows; `plain`: image_qa rows) from the arm's SFT start."""
+def grpo(root: Path, arm: str, seed: int, extra: list[str], grammar: bool) -> tuple[float, float]:
+    """One GRPO run of `arm` (`zoom`: zoom_qa rows; `plain`: image_qa rows) from the arm's SFT start; with
+    `grammar`, its turns sample under the arm's grammar (zoom.lark, answer.lark)."""
     run = root / f"grpo_{arm}_{seed}"
     shutil.rmtree(run, ignore_errors=True)
     env = "zoom_qa" if arm == "zoom" else "image_qa"
+    if grammar:  # a JSON string is a YAML scalar: the grammar's colons stay text
+        lark = (HERE / ("zoom.lark" if arm == "zoom" else "answer.lark")).read_text()
+        extra = [*extra, f"rollout.grammar={json.dumps(lark)}", "rollout.max_new_tokens=32"]
     sh(
         "train",
         str(HERE / "grpo.yaml"),
@@ -99,6 +103,11 @@ def main() -> None:
         action="store_true",
         help="stage 2 leaves where to zoom out of the loss (`no_loss` on the box; measured: no better)",
     )
+    p.add_argument(
+        "--grammar",
+        action="store_true",
+        help="GRPO samples under zoom.lark / answer.lark (rollout.grammar): only well-formed calls and answers",
+    )
     p.add_argument("--val", type=int, default=32, help="held-out questions")
     a = p.parse_args()
     sys.path.insert(0, str(HERE))
@@ -112,7 +121,8 @@ def main() -> None:
     results, times = [], []
     for seed in range(1, a.seeds + 1):
         t1 = time.time()
-        results.append((seed, grpo(a.root, "zoom", seed, extra), grpo(a.root, "plain", seed, extra)))
+        zoom, plain = (grpo(a.root, arm, seed, extra, a.grammar) for arm in ("zoom", "plain"))
+        results.append((seed, zoom, plain))
         times.append(time.time() - t1)
     print(f"\nheld-out greedy accuracy ({a.val} questions); setup + SFT {t_sft:.0f}s")
     print("seed | with tool: start -> GRPO | without tool: start -> GRPO | both arms' wall time")

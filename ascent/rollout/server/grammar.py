@@ -3,11 +3,8 @@ schema) and vLLM's `guided_json`, `guided_regex`, `guided_choice` become a gramm
 
 Two halves. In the front end, `request_grammar` turns the request's field into an llguidance grammar (a JSON
 string that travels in `SamplingParams.grammar`, so it crosses to the engine's process like any other
-parameter); a schema that does not compile is a 400 naming the field. In the engine's process,
-`LLGuidanceConstraints` is the engine's constraint factory: per sampled row, an llguidance matcher gives the
-tokens that may come next (`allowed`) and follows the tokens sampled (`advance`); `ascent.rollout.sampling`
-masks the rest before sampling (the recorded logprobs stay those of the unmasked distribution, the
-convention the trainer recomputes). Once the grammar is complete only the end-of-turn token is allowed.
+parameter); a schema that does not compile is a 400 naming the field. In the engine's process, the
+constraint factory of `ascent.rollout.constraints` masks each sampled row to what the grammar allows next.
 Engines that take no constraint factory (the fast GPU engine) refuse these fields by name.
 
 We chose llguidance (the Rust library behind Guidance, also used by vLLM and SGLang): one 3 MB wheel with no
@@ -22,9 +19,6 @@ import re
 from typing import Any
 
 import llguidance
-import llguidance.hf
-import torch
-from torch import Tensor
 
 from ascent.rollout.server.errors import APIError, bad_request
 from ascent.rollout.server.schemas import GRAMMAR_FIELDS
@@ -93,42 +87,3 @@ def request_grammar(extra: dict[str, Any], supported: bool) -> str | None:
     if error:
         raise bad_request(f"{name}: the schema cannot be compiled into a grammar: {error}", name)
     return grammar
-
-
-class GrammarConstraint:
-    """One sampled row's grammar state; see `ascent.rollout.reference.TokenConstraint`."""
-
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos: list[int]) -> None:
-        self.matcher, self.vocab_size, self.eos = matcher, vocab_size, eos
-
-    def allowed(self) -> Tensor:
-        """[V] bool: the tokens the grammar allows next (only end-of-turn once it is complete or broken)."""
-        out = torch.zeros(self.vocab_size, dtype=torch.bool)
-        if self.matcher.is_error():
-            out[self.eos] = True
-            return out
-        bias = torch.frombuffer(bytearray(self.matcher.compute_logit_bias()), dtype=torch.uint8)
-        n = min(self.vocab_size, bias.numel())
-        out[:n] = bias[:n] > 0
-        return out
-
-    def advance(self, token: int) -> None:
-        self.matcher.consume_token(token)  # a refused token leaves it in error: only end-of-turn follows
-
-
-class LLGuidanceConstraints:
-    """The constraint factory an engine is given: `(grammar, vocab_size) -> GrammarConstraint`. The llguidance
-    tokenizer is built from `tokenizer` (a fast Hugging Face one) on first use and kept per vocabulary
-    size."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.eos = [int(tokenizer.eos_token_id)]
-        self._ll: dict[int, Any] = {}
-
-    def __call__(self, grammar: str, vocab_size: int) -> GrammarConstraint:
-        if vocab_size not in self._ll:
-            self._ll[vocab_size] = llguidance.hf.from_tokenizer(
-                self.tokenizer, n_vocab=vocab_size, eos_token=self.eos
-            )
-        return GrammarConstraint(llguidance.LLMatcher(self._ll[vocab_size], grammar), vocab_size, self.eos)

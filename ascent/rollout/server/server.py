@@ -31,12 +31,12 @@ from typing import Any
 from ascent.messages import GenerationRequest
 from ascent.models.vision import ImageCodec
 from ascent.rollout.base import RolloutEngine
+from ascent.rollout.constraints import LLGuidanceConstraints
 from ascent.rollout.reference import ReferenceEngine
 from ascent.rollout.server.app import build_app
 from ascent.rollout.server.batcher import Batcher, BatchResult, EnginePaused, TokenCallback
 from ascent.rollout.server.front import Front, unavailable
 from ascent.rollout.server.frontend import FrontendSpec, hold_port
-from ascent.rollout.server.grammar import LLGuidanceConstraints
 from ascent.rollout.server.hub import EngineHub
 from ascent.rollout.server.options import ServerOptions, uvicorn_config
 from ascent.rollout.server.pool import FrontendPool
