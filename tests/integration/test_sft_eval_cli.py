@@ -168,7 +168,9 @@ def one_rank_sft(tmp_path_factory, tiny_model, arithmetic_data) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["none", "fsdp"])
-def test_sft_on_two_trainer_ranks_equals_one(tmp_path, tiny_model, arithmetic_data, sharding, one_rank_sft):
+def test_sft_on_two_trainer_ranks_equals_one(
+    tmp_path, tiny_model, arithmetic_data, ray_address, sharding, one_rank_sft
+):
     """`cluster.num_trainer_workers=2` on a local Ray cluster (gloo): each batch split over two data-parallel
     ranks (replicated or FSDP2-sharded) gives the weights one inline rank gives, to fp32 rounding."""
     import torch
@@ -181,7 +183,12 @@ def test_sft_on_two_trainer_ranks_equals_one(tmp_path, tiny_model, arithmetic_da
         arithmetic_data,
         "two",
         sharding=sharding,
-        cluster={"backend": "ray", "num_trainer_workers": 2, "cpus_per_worker": 0.5},
+        cluster={
+            "backend": "ray",
+            "address": ray_address,
+            "num_trainer_workers": 2,
+            "cpus_per_worker": 0.5,
+        },
     )
     assert one.keys() == two.keys()
     start = load_file(tiny_model / "model.safetensors")
