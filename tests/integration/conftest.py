@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,19 +55,15 @@ def warm_model(tmp_path_factory, arithmetic_data):
     return root / "sft" / "final"
 
 
-# the stop of the session's Ray cluster (ray_address) while it runs
-_SESSION_RAY: list[Callable[[], None]] = []
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
-    """A local Ray cluster the session's Ray runs join through `cluster.address`, instead of each `ascent`
-    process starting and stopping a cluster of its own (about 5 s of the 2 CPUs a run). It has what a cluster
-    that `init_ray` starts would have: this machine's CPUs, and this checkout on its workers' PYTHONPATH. Its
-    files, address file included, live under a directory of its own (RAY_TMPDIR while it starts), so nothing
-    else on this machine joins it. It stops after the last test that joins it (`pytest_runtest_teardown`):
-    idle, it takes about 3% of a core. test_env_train_cli's Ray run still starts its own
-    (cluster.num_cpus)."""
+    """A local Ray cluster the module's Ray runs join through `cluster.address`, instead of each `ascent`
+    process starting and stopping a cluster of its own (about 7 s of CPU a run, on 2 cores). It has what a
+    cluster that `init_ray` starts would have: this machine's CPUs, and this checkout on its workers'
+    PYTHONPATH. Its files, address file included, live under a directory of its own (RAY_TMPDIR while it
+    starts), so nothing else on this machine joins it. One per module, not per session: starting one takes
+    about 2 s of CPU, and an idle one about 3% of a core (minutes of other modules lie between the users).
+    test_env_train_cli's Ray run still starts its own (cluster.num_cpus)."""
     from ray.cluster_utils import Cluster
 
     saved, own = dict(os.environ), tempfile.mkdtemp(prefix="ray")
@@ -79,29 +75,12 @@ def ray_address() -> Iterator[str]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
-
-    def stop() -> None:
-        _SESSION_RAY.clear()
-        cluster.shutdown()
-        shutil.rmtree(own, ignore_errors=True)
-
-    _SESSION_RAY.append(stop)
     try:
         cluster.wait_for_nodes()
         yield cluster.address
     finally:
-        if _SESSION_RAY:
-            stop()
-
-
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Stop the session's Ray cluster once no test left to run joins it."""
-    if not _SESSION_RAY:
-        return
-    items = item.session.items
-    rest = items[items.index(item) + 1 :] if item in items else []
-    if not any("ray_address" in getattr(i, "fixturenames", ()) for i in rest):
-        _SESSION_RAY[0]()
+        cluster.shutdown()
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def run_config(tmp_path: Path, model: Path, data: Path, **overrides) -> dict:

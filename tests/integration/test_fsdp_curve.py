@@ -34,7 +34,7 @@ def test_fsdp_curve_cpu_two_ranks_match_one(tmp_path, warm_model, arithmetic_dat
         "--data",
         str(arithmetic_data),
         "--set",
-        f"cluster.address={ray_address}",  # both runs join the session's cluster instead of starting one
+        f"cluster.address={ray_address}",  # both runs join the module's cluster instead of starting one
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
