@@ -70,13 +70,16 @@ def test_async_staleness_one_inline_and_its_resume(tmp_path, tiny_model, arithme
 
 
 @pytest.mark.slow
-def test_async_on_ray_with_two_replicas_and_two_trainer_ranks(tmp_path, tiny_model, arithmetic_data):
+def test_async_on_ray_with_two_replicas_and_two_trainer_ranks(
+    tmp_path, tiny_model, arithmetic_data, ray_address
+):
     """The replicas sample iteration i+1 while the trainer ranks update on iteration i; a publication waits
     for the replicas' queued calls and each replica must report the published version (else the run fails)."""
     cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=3, val_every=0)
     cfg["rollout"]["max_staleness"] = 1
     cfg["cluster"] = {
         "backend": "ray",
+        "address": ray_address,
         "num_rollout_workers": 2,
         "num_trainer_workers": 2,
         "cpus_per_worker": 0.5,
@@ -115,11 +118,11 @@ def test_multi_turn_episodes_played_ahead_inline(tmp_path, tiny_model):
 
 
 @pytest.mark.slow
-def test_multi_turn_episodes_played_ahead_on_ray_split(tmp_path, tiny_model):
+def test_multi_turn_episodes_played_ahead_on_ray_split(tmp_path, tiny_model, ray_address):
     """On Ray with split placement a controller thread plays the next iteration's episodes while the trainer
     updates; a publication can land between two turns of an episode, and each turn keeps its own version."""
     cfg = env_config(tmp_path, tiny_model, 3)
-    cfg["cluster"] = {"backend": "ray", "placement": "split", "cpus_per_worker": 0.5}
+    cfg["cluster"] = {"backend": "ray", "address": ray_address, "placement": "split", "cpus_per_worker": 0.5}
     ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), timeout=600)
     eps = episodes(tmp_path / "run")
     check_bound(eps, 3, 8, bound=1)
@@ -133,7 +136,9 @@ def test_multi_turn_episodes_played_ahead_on_ray_split(tmp_path, tiny_model):
 @pytest.mark.parametrize(
     "placement", [{"placement": "split"}, {"placement": "colocated", "engine_sleeps": False}], ids=str
 )
-def test_async_on_ray_swaps_weights_between_decode_steps(tmp_path, tiny_model, arithmetic_data, placement):
+def test_async_on_ray_swaps_weights_between_decode_steps(
+    tmp_path, tiny_model, arithmetic_data, ray_address, placement
+):
     """Ray, the fast engine, replicas that generate alongside the trainer (split placement, or colocated with
     the engine kept awake): each publication reaches the replica during the generate call of the next
     iteration (rollout.swap_mid_generation=continue), between two decode steps. Responses may then hold
@@ -141,7 +146,7 @@ def test_async_on_ray_swaps_weights_between_decode_steps(tmp_path, tiny_model, a
     cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=4, val_every=0)
     cfg["rollout"] |= {"engine": "fast", "max_staleness": 1, "max_new_tokens": 160}
     cfg["train"]["max_tokens_per_micro_batch"] = 400
-    cfg["cluster"] = {"backend": "ray", "cpus_per_worker": 0.5, **placement}
+    cfg["cluster"] = {"backend": "ray", "address": ray_address, "cpus_per_worker": 0.5, **placement}
     ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)), timeout=600)
     run = tmp_path / "run"
     eps = episodes(run)

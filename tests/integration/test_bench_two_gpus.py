@@ -1,13 +1,14 @@
 """bench/two_gpus.py on CPU: its smallest mode (one_gpu: inline `run_training`, tiny shape) runs in a child,
 its metrics.jsonl becomes the per-mode table and the JSON, `--compare` reads that JSON back; and the GPU
-memory sampler parses what nvidia-smi prints (a stand-in script)."""
+memory sampler parses what nvidia-smi prints (a stand-in script). The bench's parent side (`main(argv)`)
+runs in this process: its children are processes of their own all the same, and a new interpreter for the
+parent and another for `--compare` would each spend seconds importing torch."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,16 +18,30 @@ from conftest import ROOT
 BENCH = ROOT / "bench" / "two_gpus.py"
 
 
-def _run(*argv: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, str(BENCH), *argv], capture_output=True, text=True, timeout=300, env=env
-    )
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_one_gpu_mode_on_cpu_reports_its_iterations(tmp_path: Path) -> None:
+def _run(monkeypatch, capsys, *argv: str) -> str:
+    """`two_gpus.py ARGV` as its `__main__` runs it (the bench's folder on sys.path while it runs); its
+    stdout."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the bench puts its folder first; undone after
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    capsys.readouterr()
+    _load("two_gpus", BENCH).main(list(argv))
+    return capsys.readouterr().out
+
+
+def test_one_gpu_mode_on_cpu_reports_its_iterations(tmp_path: Path, monkeypatch, capsys) -> None:
     out = tmp_path / "out.json"
-    proc = _run(
+    table = _run(
+        monkeypatch,
+        capsys,
         "--mode",
         "one_gpu",
         "--device",
@@ -42,8 +57,6 @@ def test_one_gpu_mode_on_cpu_reports_its_iterations(tmp_path: Path) -> None:
         "--json",
         str(out),
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    table = proc.stdout
     assert "== one_gpu: inline" in table and "completions/s" in table
     for row in ("time/iteration", "time/generate", "time/update", "time/publish", "time/trainer_idle"):
         assert row in table, row
@@ -58,10 +71,9 @@ def test_one_gpu_mode_on_cpu_reports_its_iterations(tmp_path: Path) -> None:
         res["config"]["cluster"]["backend"] == "inline" and res["config"]["rollout"]["engine"] == "reference"
     )
 
-    again = _run("--compare", str(out), "--root", str(tmp_path / "root"))
-    assert again.returncode == 0, again.stdout + again.stderr
-    lines = again.stdout.splitlines()
-    assert any(line.startswith("one_gpu") and " 1.00 " in line for line in lines), again.stdout
+    again = _run(monkeypatch, capsys, "--compare", str(out), "--root", str(tmp_path / "root"))
+    lines = again.splitlines()
+    assert any(line.startswith("one_gpu") and " 1.00 " in line for line in lines), again
 
 
 def test_gpu_sampler_reads_nvidia_smi(tmp_path: Path, monkeypatch) -> None:
@@ -69,10 +81,7 @@ def test_gpu_sampler_reads_nvidia_smi(tmp_path: Path, monkeypatch) -> None:
     fake.write_text("#!/bin/sh\necho '0, 2048, 81920, 50'\necho '1, 4096, 81920, [N/A]'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    spec = importlib.util.spec_from_file_location("two_gpus_report", ROOT / "bench" / "two_gpus_report.py")
-    assert spec is not None and spec.loader is not None
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = _load("two_gpus_report", ROOT / "bench" / "two_gpus_report.py")
     sampler = report.GpuSampler(interval_s=0.05)
     time.sleep(0.5)
     sampler.stop()

@@ -16,7 +16,7 @@ from conftest import ROOT
 
 
 @pytest.mark.slow
-def test_fsdp_curve_cpu_two_ranks_match_one(tmp_path, warm_model, arithmetic_data):
+def test_fsdp_curve_cpu_two_ranks_match_one(tmp_path, warm_model, arithmetic_data, ray_address):
     out = tmp_path / "curve.json"
     cmd = [
         sys.executable,
@@ -33,6 +33,8 @@ def test_fsdp_curve_cpu_two_ranks_match_one(tmp_path, warm_model, arithmetic_dat
         str(warm_model),
         "--data",
         str(arithmetic_data),
+        "--set",
+        f"cluster.address={ray_address}",  # both runs join the module's cluster instead of starting one
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)

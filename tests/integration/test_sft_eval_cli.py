@@ -65,12 +65,16 @@ def test_sft_then_eval(tmp_path, tiny_model, arithmetic_data):
     assert shown["source/addition/pass@2"] == shown["pass@2"]
 
 
-def test_pick_warm_start_scans_sft_checkpoints_in_order(tmp_path, tiny_model, arithmetic_data):
+def test_pick_warm_start_scans_sft_checkpoints_in_order(
+    tmp_path, tiny_model, arithmetic_data, monkeypatch, capsys
+):
     """examples/arithmetic/pick_warm_start.py (run_gpu.sh): the first SFT checkpoint at or above the accuracy
     bar, scored on the given prompts; the final weights when none reaches it. Then a second `ascent sft` into
-    the same run_dir is refused."""
-    import subprocess
+    the same run_dir is refused. (The script runs as `__main__` in this process, its command line in
+    sys.argv: a new interpreter would spend seconds importing torch twice.)"""
+    import runpy
     import sys
+    from types import SimpleNamespace
 
     cfg = {
         "run_dir": str(tmp_path / "sft"),
@@ -84,16 +88,14 @@ def test_pick_warm_start_scans_sft_checkpoints_in_order(tmp_path, tiny_model, ar
     }
     ascent_here("sft", str(write_yaml(tmp_path / "sft.yaml", cfg)))
 
-    def pick(bar: float) -> subprocess.CompletedProcess:
+    def pick(bar: float) -> SimpleNamespace:
         script = ROOT / "examples" / "arithmetic" / "pick_warm_start.py"
         args = ["--sft", str(tmp_path / "sft"), "--data", str(arithmetic_data / "train.jsonl")]
-        return subprocess.run(
-            [sys.executable, str(script), *args, "--min-accuracy", str(bar), "--prompts", "8"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=300,
-        )
+        monkeypatch.setattr(sys, "argv", [str(script), *args, "--min-accuracy", str(bar), "--prompts", "8"])
+        capsys.readouterr()
+        runpy.run_path(str(script), run_name="__main__")
+        out = capsys.readouterr()
+        return SimpleNamespace(stdout=out.out, stderr=out.err)
 
     first = pick(0.0)
     assert first.stdout.strip() == str(tmp_path / "sft" / "checkpoints" / "iter_000002")
@@ -168,7 +170,9 @@ def one_rank_sft(tmp_path_factory, tiny_model, arithmetic_data) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["none", "fsdp"])
-def test_sft_on_two_trainer_ranks_equals_one(tmp_path, tiny_model, arithmetic_data, sharding, one_rank_sft):
+def test_sft_on_two_trainer_ranks_equals_one(
+    tmp_path, tiny_model, arithmetic_data, ray_address, sharding, one_rank_sft
+):
     """`cluster.num_trainer_workers=2` on a local Ray cluster (gloo): each batch split over two data-parallel
     ranks (replicated or FSDP2-sharded) gives the weights one inline rank gives, to fp32 rounding."""
     import torch
@@ -181,7 +185,12 @@ def test_sft_on_two_trainer_ranks_equals_one(tmp_path, tiny_model, arithmetic_da
         arithmetic_data,
         "two",
         sharding=sharding,
-        cluster={"backend": "ray", "num_trainer_workers": 2, "cpus_per_worker": 0.5},
+        cluster={
+            "backend": "ray",
+            "address": ray_address,
+            "num_trainer_workers": 2,
+            "cpus_per_worker": 0.5,
+        },
     )
     assert one.keys() == two.keys()
     start = load_file(tiny_model / "model.safetensors")

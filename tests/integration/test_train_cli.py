@@ -49,7 +49,9 @@ def test_train_inline(tmp_path, tiny_model, arithmetic_data):
 
 
 @pytest.mark.slow
-def test_train_ray_backend_same_run_over_either_weight_transport(tmp_path, tiny_model, arithmetic_data):
+def test_train_ray_backend_same_run_over_either_weight_transport(
+    tmp_path, tiny_model, arithmetic_data, ray_address
+):
     """Ray actors, colocated, the fast engine; the weights reach the replica over a gloo broadcast or through
     the object store, and the two runs are the same run (same samples, same losses): the transport moves
     bytes, nothing else."""
@@ -57,7 +59,12 @@ def test_train_ray_backend_same_run_over_either_weight_transport(tmp_path, tiny_
     for transport in ("broadcast", "object_store"):
         cfg = run_config(tmp_path / transport, tiny_model, arithmetic_data, iterations=2, val_every=0)
         cfg["rollout"] |= {"engine": "fast"}  # colocated with the fast engine: it sleeps through the update
-        cfg["cluster"] = {"backend": "ray", "weight_transport": transport, "weight_bucket_mb": 1}
+        cfg["cluster"] = {
+            "backend": "ray",
+            "address": ray_address,
+            "weight_transport": transport,
+            "weight_bucket_mb": 1,
+        }
         ascent("train", str(write_yaml(tmp_path / f"{transport}.yaml", cfg)), timeout=600)
         run = tmp_path / transport / "run"
         check_run(run, 2)
@@ -72,12 +79,17 @@ def test_train_ray_backend_same_run_over_either_weight_transport(tmp_path, tiny_
 
 
 @pytest.mark.slow
-def test_train_ray_two_sharded_trainer_ranks(tmp_path, tiny_model, arithmetic_data):
+def test_train_ray_two_sharded_trainer_ranks(tmp_path, tiny_model, arithmetic_data, ray_address):
     """Two trainer ranks (FSDP2 over gloo) and a rollout actor: the multi-process path of a cluster run. Its
     mid-run checkpoint holds DCP shards only (checkpoint.hf_weights=last); one trainer rank resumes from it
     and ends where the two ranks did."""
     cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=2, val_every=0)
-    cfg["cluster"] = {"backend": "ray", "num_trainer_workers": 2, "cpus_per_worker": 0.5}
+    cfg["cluster"] = {
+        "backend": "ray",
+        "address": ray_address,
+        "num_trainer_workers": 2,
+        "cpus_per_worker": 0.5,
+    }
     cfg["train"]["sharding"] = "fsdp"
     # the untrained model earns no reward, so every advantage is 0: step anyway, or AdamW would hold no state
     # for the DCP checkpoint to shard (train.step_on_zero_advantage, issue #26)
