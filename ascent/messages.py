@@ -36,6 +36,9 @@ class SamplingParams:
     # ("stop"); a filter: logprobs stay the unfiltered distribution's, as the trainer scores them;
     # reference engine only
     allowed_token_ids: tuple[int, ...] = ()
+    # an environment's episodes: turn i samples under turn_grammars[min(i, len - 1)] (the episode runner
+    # sets `grammar` per turn from it; engines read only `grammar`)
+    turn_grammars: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

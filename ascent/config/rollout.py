@@ -103,14 +103,16 @@ class RolloutConfig(Section):
         "action's dimensions). A filter: the logprobs stay those of the unfiltered distribution, as the "
         "trainer scores them. Empty: every token may be sampled.",
     )
-    grammar: str | None = Field(
+    grammar: str | list[str] | None = Field(
         None,
         description="A grammar every model turn of the run's own episodes follows, training and validation "
         "(llguidance's Lark syntax: `start: call | answer`, quoted literals, regular expressions, `<tool_call>` "
         "for a special token or `<[105]>` for a token id), e.g. tool calls whose arguments can only be "
         "valid values. A filter, as action_token_ids: the logprobs stay those of the unconstrained "
-        "distribution, as the trainer scores them. rollout.engine=reference; not with an agent source "
-        "(an agent sends response_format per request). None: free text.",
+        "distribution, as the trainer scores them. A list gives an environment's episodes one per turn: "
+        "turn i follows grammar[i], the last one every later turn (e.g. a first turn that must call a tool); "
+        "prompt rows use the first. rollout.engine=reference; not with an agent source (an agent sends "
+        "response_format per request). None: free text.",
     )
     generation_batch_size: int = Field(
         64, gt=0, description="Sequences decoded together by the reference engine."
@@ -233,12 +235,16 @@ class RolloutConfig(Section):
 
     @field_validator("grammar")
     @classmethod
-    def _grammar_compiles(cls, value: str | None) -> str | None:
-        """The grammar must compile (llguidance's Lark): its error, with the line, in the field's message."""
-        if value is not None:
-            error = _lark_error(value)
+    def _grammar_compiles(cls, value: str | list[str] | None) -> str | list[str] | None:
+        """The grammar (each, for a list) must compile (llguidance's Lark): its error, with the line, in the
+        field's message."""
+        if isinstance(value, list) and not value:
+            raise ValueError("give at least one grammar, or leave rollout.grammar out")
+        for i, grammar in enumerate([value] if isinstance(value, str) else value or []):
+            error = _lark_error(grammar)
             if error:
-                raise ValueError(f"the grammar does not compile: {error} (llguidance's Lark syntax)")
+                where = "the grammar" if isinstance(value, str) else f"grammar {i} (turn {i + 1})"
+                raise ValueError(f"{where} does not compile: {error} (llguidance's Lark syntax)")
         return value
 
     @model_validator(mode="after")

@@ -279,6 +279,9 @@ def _request(s: _Open, params: SamplingParams, max_tokens: int, turn: int, i: in
     left = max(1, max_tokens - len(s.ids))
     seed = None if params.seed is None else params.seed + 1000 * turn + i
     turn_params = replace(params, n=1, max_new_tokens=min(params.max_new_tokens, left), seed=seed)
+    if params.turn_grammars:  # this turn's grammar (the last one for every turn past the list)
+        grammar = params.turn_grammars[min(turn, len(params.turn_grammars) - 1)]
+        turn_params = replace(turn_params, grammar=grammar, turn_grammars=())
     return GenerationRequest(
         s.prompt_ids + s.ids,
         turn_params,

@@ -35,6 +35,8 @@ from ascent.plugins import resolve
 def sampling_params(rollout_cfg: RolloutConfig, *, validation: bool = False) -> SamplingParams:
     """The engine's sampling parameters from the rollout config section (training or validation)."""
     r = rollout_cfg
+    lark = [r.grammar] if isinstance(r.grammar, str) else list(r.grammar or [])
+    grammars = [llguidance.LLMatcher.grammar_from_lark(g) for g in lark]
     return SamplingParams(
         temperature=r.val_temperature if validation else r.temperature,
         top_p=1.0 if validation else r.top_p,
@@ -45,7 +47,8 @@ def sampling_params(rollout_cfg: RolloutConfig, *, validation: bool = False) -> 
         stop_token_ids=tuple(r.stop_token_ids),
         stop_strings=tuple(r.stop_strings),
         allowed_token_ids=tuple(r.action_token_ids),
-        grammar=llguidance.LLMatcher.grammar_from_lark(r.grammar) if r.grammar else None,
+        grammar=grammars[0] if grammars else None,
+        turn_grammars=tuple(grammars) if len(grammars) > 1 else (),
         n=r.val_samples_per_prompt if validation else r.samples_per_prompt,
     )
 

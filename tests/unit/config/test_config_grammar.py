@@ -34,3 +34,15 @@ def test_training_and_validation_requests_carry_the_compiled_grammar():
     assert train.grammar is not None and train.grammar == val.grammar
     assert "yes" in train.grammar  # llguidance's JSON form of the Lark text
     assert sampling_params(load_config(None, []).rollout).grammar is None
+
+
+def test_a_list_is_one_grammar_a_turn_and_each_must_compile():
+    cfg = load_config(None, [f"rollout.grammar=[{YES}, 'start: \"ok\"']"])
+    params = sampling_params(cfg.rollout)
+    assert len(params.turn_grammars) == 2 and params.grammar == params.turn_grammars[0]
+    assert "ok" in params.turn_grammars[1] and "ok" not in params.turn_grammars[0]
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"rollout.grammar=[{YES}, 'start: foo']"])
+    assert "grammar 1 (turn 2) does not compile" in str(err.value)
+    with pytest.raises(ConfigError):
+        load_config(None, ["rollout.grammar=[]"])

@@ -253,3 +253,12 @@ def test_an_moe_episode_keeps_each_tokens_first_recorded_experts(chat: ChatToken
     assert routes[:first] == [1] * first
     assert routes[first:-1] == [2] * (len(routes) - first - 1)  # turn 1's last token, the observation, turn 2
     assert routes[-1] == -1  # the last sampled token went into no forward
+
+
+def test_turn_grammars_give_each_turn_its_own_and_the_last_to_every_later_turn(chat: ChatTokens) -> None:
+    engine = ScriptedEngine(chat, {0: ["3", "9", "8", "7"]})
+    params = dataclasses.replace(PARAMS, grammar="first", turn_grammars=("first", "second"))
+    run_episodes(tasks(7), engine, chat, params, max_turns=5, max_tokens=200)
+    sent = [call[0].params for call in engine.seen]
+    assert [p.grammar for p in sent] == ["first", "second", "second", "second"]
+    assert all(p.turn_grammars == () for p in sent)  # an engine reads `grammar` alone
