@@ -86,7 +86,8 @@ def test_engine_defaults_to_routed_and_generates_as_dense(tmp_path):
     assert routed.runner.math.experts is experts_forward_routed  # the default on this GPU
     got = [g for gs in routed.generate(reqs) for g in gs]
     assert routed.graphs is not None and routed.graphs.graphs  # decode steps replayed captured graphs
-    del routed  # the fraction counts what the process holds: the dense engine gets the card back
+    routed.sleep(release_weights=True)  # the fraction counts what the process holds: the dense engine
+    del routed  # gets the card back
     gc.collect()
     torch.cuda.empty_cache()
     want = [g for gs in build_fast_engine(**kw, moe_path="dense").generate(reqs) for g in gs]
