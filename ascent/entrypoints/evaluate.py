@@ -13,6 +13,7 @@ line (`ascent.tracking.Progress`), so a long evaluation is not silent.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -263,14 +264,13 @@ def run_agent_eval(
         max_turns=max_turns,
     )
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples)
-    service = AgentService(setup, rollout.generate, params, tok)
-    try:
+    with contextlib.ExitStack() as stack:  # the reward processes, the endpoint and the agent processes
+        stack.callback(rewards.close)
+        service = AgentService(setup, rollout.generate, params, tok)
+        stack.callback(service.close)
         groups, unscored, stats = play_agent_groups(service, agent_items(rows), params, decode)
         stats.require_calls()
         score_last_replies(rewards, decode, groups, unscored)
-    finally:
-        service.close()
-        rewards.close()
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         with open(out, "w") as f:

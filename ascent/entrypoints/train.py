@@ -8,6 +8,7 @@ processes however the run ends.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -67,16 +68,18 @@ def _build_and_run(cfg: RunConfig, run_dir: Any, stop: Any, found: Any, bus: Any
     preflight.model_config(cfg.model.path)
     data = setup.build_datasets(cfg)
     preflight.check_run(cfg, data.tokenizer, data.train)
-    rewards = setup.build_reward_runner(cfg)
-    rewards.prepare(item.metadata for item in data.train + data.val)
-    groups = setup.build_worker_groups(cfg)
-    timeline = Timeline(str(run_dir / TRACE_FILE) if cfg.tracking.trace else None)
-    run, state = build_run(cfg, data, rewards, groups, timeline), initial_state(cfg, data)
-    try:
+    # everything built from here is stopped in reverse order, however the run ends (a failed build too): a
+    # Python caller that runs several trainings in one process inherits no thread, process or port from it
+    with contextlib.ExitStack() as built:
+        rewards = setup.build_reward_runner(cfg)
+        built.callback(rewards.close)
+        rewards.prepare(item.metadata for item in data.train + data.val)
+        groups = setup.build_worker_groups(cfg)
+        built.callback(groups.shutdown)
+        timeline = Timeline(str(run_dir / TRACE_FILE) if cfg.tracking.trace else None)
+        run = build_run(cfg, data, rewards, groups, timeline)
+        built.callback(run.close)
+        built.callback(timeline.flush)  # first: what the run's last spans recorded
+        state = initial_state(cfg, data)
         start = checkpointing.restore(run, state, found) if found else 0
         return run_loop(run, state, start, stop, bus)
-    finally:
-        timeline.flush()
-        run.close()
-        groups.shutdown()
-        rewards.close()

@@ -156,9 +156,13 @@ class AgentService:
 
         self.server = OpenAIServer(self.engine, tokenizer, options, codec=setup.codec)
         url = self.server.start("127.0.0.1", 0)
-        self.spec = AgentSpec(setup.agent, url, key, MODEL_NAME, setup.timeout_s)
-        self.workers = default_workers(setup.workers)
-        self.hosts = agent_hosts(setup, self.workers)
+        try:  # a service that fails to build leaves no server thread or port behind
+            self.spec = AgentSpec(setup.agent, url, key, MODEL_NAME, setup.timeout_s)
+            self.workers = default_workers(setup.workers)
+            self.hosts = agent_hosts(setup, self.workers)
+        except BaseException:
+            self.server.stop()
+            raise
         self._sessions = itertools.count()
         self._lock = threading.Lock()
 
@@ -201,8 +205,11 @@ class AgentService:
         return count_tool_calls(records, self.server.tool_parser, self.server.tool_text)
 
     def close(self) -> None:
-        self.hosts.close()
-        self.server.stop()
+        """Stop the agent processes and the endpoint (its HTTP thread and batcher), whatever fails first."""
+        try:
+            self.hosts.close()
+        finally:
+            self.server.stop()
 
 
 def agent_hosts(setup: AgentSetup, workers: int) -> Hosts:

@@ -17,20 +17,25 @@ much (0.346-0.363 -> 0.71-0.79) but the greedy held-out accuracy stayed at 0.5-0
 after).
 
 Then, in-process on a small run: every episode the update received (its ids, loss mask and sampler logprobs)
-is the one the experience store holds, token for token, and each is one segment of two calls or one call.
+is the one the experience store holds, token for token, and each is one segment of two calls or one call;
+and the run leaves no thread, agent process or endpoint behind (every run here is in-process, like the
+learning tests after it in the same pytest process).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import random
+import threading
+from multiprocessing import active_children
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import ascent, write_yaml
+from tests.integration.conftest import ascent_here, write_yaml
 from tests.integration.lookup_env import conversation, expected_reward, lookup_run
 
 AGENT = "tests.integration.lookup_agent:run"
@@ -49,7 +54,7 @@ EPISODE = [
 
 def greedy_eval(model: Path, rows: Path) -> dict[str, float]:
     """`ascent eval --agent` of the lookup agent on `rows` (greedy, as training's episodes are bounded)."""
-    out = ascent(
+    out = ascent_here(
         "eval", "--model", str(model), "--data", str(rows), "--agent", AGENT, *EPISODE, "--device", "cpu"
     )
     return {k: float(v) for k, _, v in (x.partition(": ") for x in out.stdout.splitlines()) if v}
@@ -75,10 +80,18 @@ def lazy_start(
         "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 512},
         "tracking": {"progress": False, "tensorboard": False},
     }
-    ascent("sft", str(write_yaml(root / "sft.yaml", cfg)))
+    ascent_here("sft", str(write_yaml(root / "sft.yaml", cfg)))
     rows = root / "held_out.jsonl"
     rows.write_text("".join(json.dumps({"secret": s}) + "\n" for s in range(10)))
     return root / "sft" / "final", rows, greedy_eval(root / "sft" / "final", rows)
+
+
+def live_servers() -> set[int]:
+    """The ids of the OpenAI endpoints alive in this process (after a garbage collection)."""
+    from ascent.rollout.server import OpenAIServer
+
+    gc.collect()
+    return {id(o) for o in gc.get_objects() if isinstance(o, OpenAIServer)}
 
 
 def agent_config(run_dir: Path, data: Path, model: Path, seed: int, iterations: int) -> dict[str, Any]:
@@ -96,7 +109,7 @@ def test_grpo_through_the_endpoint_learns_to_ask(
     root, _, secrets = lookup_setup
     start, held_out, greedy_before = lazy_start
     cfg = agent_config(tmp_path / "run", root / "train.jsonl", start, seed=seed, iterations=ITERATIONS)
-    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
+    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
     final = sorted((tmp_path / "run" / "checkpoints").glob("iter_*"))[-1]
     before, after = expected_reward(start, secrets), expected_reward(final, secrets)
     assert after > before + BAR, f"seed {seed}: expected reward {before:.3f} -> {after:.3f}"
@@ -132,12 +145,17 @@ def test_the_update_trains_on_what_the_store_holds(
     cfg = agent_config(tmp_path / "run", root / "train.jsonl", warm, seed=2, iterations=2)
     package = logging.getLogger("ascent")  # the run adds its log handlers here: leave none to later tests
     handlers, level = list(package.handlers), package.level
+    threads, children, servers = {t.ident for t in threading.enumerate()}, active_children(), live_servers()
     try:
         run_training(load_config(str(write_yaml(tmp_path / "run.yaml", cfg))))
     finally:
         for h in package.handlers[len(handlers) :]:
             h.close()
         package.handlers, package.level = handlers, level
+    # the endpoint's threads, the agent processes and the server itself end with the run (several trainings
+    # may run in one Python process)
+    assert {t.ident for t in threading.enumerate()} <= threads
+    assert set(active_children()) <= set(children) and live_servers() <= servers
     with open_store(tmp_path / "run") as store:
         stored = [r for r in store.iter_episodes() if r.status in ("trained", "filtered")]
     assert len(stored) == len(used) == 2 * 8 * 8
@@ -166,22 +184,22 @@ def test_a_plain_agent_scored_by_the_reward_function_and_agent_failures(
     cfg["rollout"] |= {"prompts_per_step": 2, "samples_per_prompt": 2}
     cfg["train"]["trajectories_per_update"] = 4
     cfg["reward"] = {"fn": "format", "kwargs": {"pattern": "."}}  # any reply scores 1: the function ran
-    ascent("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
+    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
     (last,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1:]
     assert last["reward/mean"] == 1.0 and last["agent/calls_mean"] == 1.0
 
     cfg["run_dir"] = str(tmp_path / "long")  # past the context: truncated episodes, not failures (issue #26)
     cfg["rollout"]["source"]["agent"] = "tests.integration.lookup_agent:talks_on"
-    ascent("train", str(write_yaml(tmp_path / "long.yaml", cfg)))
+    ascent_here("train", str(write_yaml(tmp_path / "long.yaml", cfg)))
     (last,) = [json.loads(x) for x in (tmp_path / "long" / "metrics.jsonl").read_text().splitlines()][-1:]
     assert last["agent/truncated"] == 4 and last["agent/errors"] == 0 and last["rollout/truncated_frac"] == 1
 
     cfg["run_dir"] = str(tmp_path / "bad")
     cfg["rollout"]["source"]["agent"] = "tests.integration.lookup_agent:always_fails"
-    out = ascent("train", str(write_yaml(tmp_path / "bad.yaml", cfg)), check=False)
+    out = ascent_here("train", str(write_yaml(tmp_path / "bad.yaml", cfg)), check=False)
     assert out.returncode == 2 and "reward.max_failure_rate=0.05: 4 of 4 agent episodes failed" in out.stderr
     cfg["rollout"]["source"]["agent"] = "tests.integration.lookup_agent:missing"
-    out = ascent("train", str(write_yaml(tmp_path / "bad.yaml", cfg)), check=False)
+    out = ascent_here("train", str(write_yaml(tmp_path / "bad.yaml", cfg)), check=False)
     assert (
         out.returncode == 2 and "rollout.source.agent='tests.integration.lookup_agent:missing'" in out.stderr
     )

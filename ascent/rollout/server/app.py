@@ -83,37 +83,45 @@ def session_checker(api_key: str | None) -> Any:
     return check
 
 
+async def _front(request: Request) -> Any:
+    """The routes' dependency: the server the app serves (`app.state.front`). The route functions never
+    close over it: FastAPI keeps them in module-level caches that outlive the app, and a closure would keep
+    a stopped server alive with its engine (and the model behind it) for the rest of the process."""
+    return request.app.state.front
+
+
 def build_app(server: Front, lifespan: Any = None) -> FastAPI:
     """The routes over `server` (this process's engine, or a front-end process's channel to it)."""
     app = FastAPI(title="ascent", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.front = server
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _internal)
     session = Depends(session_checker(server.options.api_key))
-    created = int(time.time())
+    front = Depends(_front)
+    card = {
+        "id": server.options.model_name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "ascent",
+        "max_model_len": server.options.limits.max_model_len,
+    }
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return await server.health()
+    async def health(server: Any = front) -> dict[str, Any]:
+        return await server.health()  # type: ignore[no-any-return]
 
     @app.get("/v1/models")
     async def models(_: str = session) -> dict[str, Any]:
-        card = {
-            "id": server.options.model_name,
-            "object": "model",
-            "created": created,
-            "owned_by": "ascent",
-            "max_model_len": server.options.limits.max_model_len,
-        }
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [dict(card)]}
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatCompletionRequest, key: str = session) -> Any:
+    async def chat(body: ChatCompletionRequest, key: str = session, server: Any = front) -> Any:
         return await handlers.chat_completions(server, body, key)
 
     @app.post("/v1/completions", response_model=None)
-    async def complete(body: CompletionRequest, key: str = session) -> Any:
+    async def complete(body: CompletionRequest, key: str = session, server: Any = front) -> Any:
         return await handlers.completions(server, body, key)
 
     return app

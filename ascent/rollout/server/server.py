@@ -170,13 +170,18 @@ class OpenAIServer(Front):
             self._hub.close()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the background server started by `start` and the batcher."""
+        """Stop the background server started by `start` and the batcher, joining their threads (the log
+        names an HTTP thread still running `timeout_s` after the batcher stopped)."""
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout_s)
         self._stop_frontends()
         self.batcher.close()
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout_s)  # its requests that waited on the batcher have their answer now
+            if self._thread.is_alive():
+                logger.warning("the HTTP server at %s did not stop within %g s", self.url, 2 * timeout_s)
 
     def take(self, session: str) -> list[CompletionRecord]:
         """Drain `session`'s records (oldest first) and forget its conversations: the session is over."""

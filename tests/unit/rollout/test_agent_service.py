@@ -5,9 +5,15 @@ process's, and costs its episode only; a batch without a single call stops with 
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
+import socket
+import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -25,12 +31,11 @@ class Item:
         self.row_id, self.metadata = row_id, {"q": q}
 
 
-@pytest.fixture
-def service(chat_model: Path, request: pytest.FixtureRequest) -> Iterator[AgentService]:
-    """A service for the agent named by the test's parameter, with a 2 s timeout and a 48-token context."""
+def make_service(chat_model: Path, agent: str) -> AgentService:
+    """A service for the scripted agent `agent`, with a 2 s timeout and a 48-token context."""
     engine = ScriptedEngine(lambda r: [r.prompt_ids[-4], r.prompt_ids[-4], EOS])
     setup = AgentSetup(
-        f"{AGENTS}:{request.param}",
+        f"{AGENTS}:{agent}",
         timeout_s=2.0,
         concurrency=8,
         workers=1,
@@ -40,7 +45,13 @@ def service(chat_model: Path, request: pytest.FixtureRequest) -> Iterator[AgentS
         max_new_tokens=4,
         max_turns=99,
     )
-    svc = AgentService(setup, engine.generate, PARAMS, load_tokenizer(chat_model))
+    return AgentService(setup, engine.generate, PARAMS, load_tokenizer(chat_model))
+
+
+@pytest.fixture
+def service(chat_model: Path, request: pytest.FixtureRequest) -> Iterator[AgentService]:
+    """A service for the agent named by the test's parameter (`make_service`)."""
+    svc = make_service(chat_model, request.param)
     try:
         yield svc
     finally:
@@ -115,3 +126,27 @@ def test_a_batch_without_a_call_names_the_fix() -> None:
             stats.require_calls()
         assert words in str(err.value)
     assert failed.metrics(max_failure_rate=1.0)["agent/errors"] == 3.0  # counted, within the rate
+
+
+def test_a_closed_service_leaves_no_thread_process_port_or_server_behind(chat_model: Path) -> None:
+    """What a run's endpoint and agent processes start is stopped by `close` (a Python caller may run several
+    trainings in one process), and nothing keeps the stopped server (its engine, and a model behind it)
+    alive: FastAPI's module-level caches hold the route functions, which must not close over it."""
+    threads = {t.ident for t in threading.enumerate()}
+    children = set(multiprocessing.active_children())
+    service = make_service(chat_model, "polite")
+    try:
+        groups, _, stats = play_agent_groups(service, [Item(0, "hi")], PARAMS, decode)
+        assert stats.calls > 0 and stats.errors == 0
+        assert {t.ident for t in threading.enumerate()} > threads  # the HTTP thread and the batcher ran
+        assert set(multiprocessing.active_children()) > children  # and the agent process
+    finally:
+        service.close()
+    url, server = urlsplit(service.spec.url), weakref.ref(service.server)
+    assert {t.ident for t in threading.enumerate()} <= threads
+    assert set(multiprocessing.active_children()) <= children
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((url.hostname, url.port), timeout=5).close()
+    del service, groups
+    gc.collect()
+    assert server() is None
