@@ -227,6 +227,36 @@ def roofline(engine, args, bw: float | None) -> dict:
     return out
 
 
+def profile_step(engine, args) -> dict:
+    """The driver's GPU time per decode step by kernel category (NCCL collectives apart): profiles of a
+    1-new-token and a 33-new-token run, their difference over 32 steps (bench/rollout.py's method)."""
+    from rollout import _category  # bench/rollout.py, beside this script
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = engine.device.type == "cuda"  # (on CPU: host operators, to check the path)
+
+    def kernels(n: int) -> dict[str, float]:
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            engine.generate(requests(args, 2, new_tokens=n))
+            if cuda:
+                torch.cuda.synchronize()
+        out: dict[str, float] = {}
+        for e in prof.key_averages():
+            t = getattr(e, "device_time_total", 0) if cuda else e.self_cpu_time_total
+            if t and e.device_type.name == ("CUDA" if cuda else "CPU"):
+                out[e.key] = t
+        return out
+
+    a, b = kernels(1), kernels(33)
+    per = {k: (b[k] - a.get(k, 0.0)) / 32 / 1e3 for k in b}  # ms a step
+    cats: dict[str, float] = {}
+    for k, ms in per.items():
+        cat = "all-reduce/broadcast (nccl)" if "nccl" in k.lower() else _category(k)
+        cats[cat] = cats.get(cat, 0.0) + ms
+    top = sorted(per.items(), key=lambda kv: -kv[1])[:12]
+    return dict(categories=cats, top=[(k[:80], ms) for k, ms in top])
+
+
 def fits(args, size: int) -> str:
     """'' when a rank's shard can be built on one GPU (the builder holds the random shard and its copy),
     else why not."""
@@ -263,6 +293,8 @@ def run(args, size: int, bw: float | None) -> dict:
         if "roofline_ms" in res["roofline"]:
             res["pct_roofline"] = 100 * res["roofline"]["roofline_ms"] / res["ms_per_step"]
         res["ranks"] = [dict(rank=0, peak_gib=peak_gib(engine.device), **engine.memory())]
+        if args.profile:
+            res["profile"] = profile_step(engine, args)
     finally:
         if engine is not None:  # free its memory on every rank: the engine froze the heap (gc.freeze at its
             engine.sleep(release_weights=True)  # first capture), so a cycle through it is never collected
@@ -307,6 +339,8 @@ def report(res: dict) -> str:
         lines.append(
             f"      warm-up {r['warmup_s']:.1f} s; peak GiB per rank [{peaks}] (KV cache {kv:.1f} GiB a rank)"
         )
+        for cat, ms in sorted(r.get("profile", {}).get("categories", {}).items(), key=lambda kv: -kv[1]):
+            lines.append(f"      profile {cat:30s} {ms:.3f} ms/step")
     return "\n".join(lines)
 
 
@@ -324,6 +358,7 @@ def parse(argv):
     ap.add_argument("--gpu-memory-fraction", type=float, default=0.8)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="the driver's GPU time a decode step, by kernel")
     ap.add_argument("--timeout", type=float, default=600, help="seconds a rank waits for the others")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
