@@ -68,11 +68,38 @@ def grpo(root: Path, arm: str, seed: int, extra: list[str], grammar: bool) -> tu
     return greedy_accuracy(run)
 
 
-def warm_start(root: Path, read_epochs: float | None, format_epochs: float | None) -> None:
+WORD_ONLY = 'start: WORD\nWORD: "horizontal" | "vertical" | "checkered" | "solid"\n'
+
+
+def grpo_turns(root: Path, arm: str, seed: int, extra: list[str]) -> tuple[float, float]:
+    """One GRPO run of `arm` from stage 1 under one grammar a turn (`grpo_turns.yaml`): with the tool a
+    zoom call then the word; without it (`image_qa`, one look) the word alone."""
+    run = root / f"turns_{arm}_{seed}"
+    shutil.rmtree(run, ignore_errors=True)
+    plain = (
+        [] if arm == "zoom" else ["rollout.source.env=image_qa", f"rollout.grammar={json.dumps([WORD_ONLY])}"]
+    )
+    sh(
+        "train",
+        str(HERE / "grpo_turns.yaml"),
+        f"run_dir={run}",
+        f"seed={seed}",
+        f"model.path={root / 'sft_read' / 'final'}",
+        f"data.train_path={root / arm / 'rows.jsonl'}",
+        f"data.val_path={root / arm / 'val.jsonl'}",
+        *plain,
+        *extra,
+    )
+    return greedy_accuracy(run)
+
+
+def warm_start(
+    root: Path, read_epochs: float | None, format_epochs: float | None, stage_2: bool = True
+) -> None:
     """The two-stage warm start from the one checkpoint: `sft_read.yaml` (the pattern word alone, on the
-    zoom demonstrations) once, then `sft.yaml` per arm from it (its arm's whole demonstrations)."""
+    zoom demonstrations) once, then (`stage_2`) `sft.yaml` per arm from it (its arm's whole demonstrations)."""
     stages = [("sft_read", "sft_read.yaml", root / "zoom" / "read.jsonl", root / "model", read_epochs)]
-    for arm in ("zoom", "plain"):
+    for arm in ("zoom", "plain") if stage_2 else ():
         start = root / "sft_read" / "final"
         stages.append((f"sft_{arm}", "sft.yaml", root / arm / "format.jsonl", start, format_epochs))
     for name, recipe, data, start, epochs in stages:
@@ -108,6 +135,11 @@ def main() -> None:
         action="store_true",
         help="GRPO samples under zoom.lark / answer.lark (rollout.grammar): only well-formed calls and answers",
     )
+    p.add_argument(
+        "--turns",
+        action="store_true",
+        help="no stage 2: GRPO from stage 1 with one grammar a turn (grpo_turns.yaml; 300 iterations a run)",
+    )
     p.add_argument("--val", type=int, default=32, help="held-out questions")
     a = p.parse_args()
     sys.path.insert(0, str(HERE))
@@ -121,7 +153,10 @@ def main() -> None:
     results, times = [], []
     for seed in range(1, a.seeds + 1):
         t1 = time.time()
-        zoom, plain = (grpo(a.root, arm, seed, extra, a.grammar) for arm in ("zoom", "plain"))
+        if a.turns:
+            zoom, plain = (grpo_turns(a.root, arm, seed, extra) for arm in ("zoom", "plain"))
+        else:
+            zoom, plain = (grpo(a.root, arm, seed, extra, a.grammar) for arm in ("zoom", "plain"))
         results.append((seed, zoom, plain))
         times.append(time.time() - t1)
     print(f"\nheld-out greedy accuracy ({a.val} questions); setup + SFT {t_sft:.0f}s")
