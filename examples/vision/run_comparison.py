@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -68,17 +70,14 @@ def grpo(root: Path, arm: str, seed: int, extra: list[str], grammar: bool) -> tu
     return greedy_accuracy(run)
 
 
-WORD_ONLY = 'start: WORD\nWORD: "horizontal" | "vertical" | "checkered" | "solid"\n'
-
-
 def grpo_turns(root: Path, arm: str, seed: int, extra: list[str]) -> tuple[float, float]:
     """One GRPO run of `arm` from stage 1 under one grammar a turn (`grpo_turns.yaml`): with the tool a
     zoom call then the word; without it (`image_qa`, one look) the word alone."""
     run = root / f"turns_{arm}_{seed}"
     shutil.rmtree(run, ignore_errors=True)
-    plain = (
-        [] if arm == "zoom" else ["rollout.source.env=image_qa", f"rollout.grammar={json.dumps([WORD_ONLY])}"]
-    )
+    turns = yaml.safe_load((HERE / "grpo_turns.yaml").read_text())["rollout"]["grammar"]
+    word_only = json.dumps(turns[1:])  # without the tool: every turn the recipe's word grammar
+    plain = [] if arm == "zoom" else ["rollout.source.env=image_qa", f"rollout.grammar={word_only}"]
     sh(
         "train",
         str(HERE / "grpo_turns.yaml"),
