@@ -334,7 +334,13 @@ def report(res: dict) -> str:
     if "profile" in res:
         from step_profile import table  # bench/, beside this script
 
-        lines += ["driver kernel time a decode step:", *table(res["profile"]), "costliest kernels:"]
+        busy = sum(res["profile"]["categories"].values())
+        lines += [
+            f"driver kernel time a decode step ({busy:.2f} ms of {res['decode_ms_per_step']:.2f} ms wall: the "
+            "rest is the GPU waiting on the host or on the other ranks):",
+            *table(res["profile"]),
+            "costliest kernels:",
+        ]
         lines += [f"  {ms:8.3f} ms {n:6.1f}x  {name}" for name, ms, n in res["profile"]["top"]]
     return "\n".join(lines)
 

@@ -84,7 +84,7 @@ def categorize(
         cats[cat] = cats.get(cat, 0.0) + ms
         launches[cat] = launches.get(cat, 0.0) + n
     worst = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:top]
-    return dict(categories=cats, launches=launches, top=[(k[:90], ms, n) for k, (ms, n) in worst])
+    return dict(categories=cats, launches=launches, top=[(k[:160], ms, n) for k, (ms, n) in worst])
 
 
 def table(profile: dict) -> list[str]:
