@@ -1,11 +1,12 @@
-"""The decode step's kernel time by category, for the rollout benchmarks (tp_rollout.py, moe_tp.py).
+"""The decode step's kernel time by category, for the rollout benchmarks (rollout.py, tp_rollout.py,
+moe_tp.py).
 
 `profile_decode(generate, cuda)` runs torch.profiler over a 1-new-token and a (1 + steps)-new-token run of the
-same workload and takes their difference over `steps`: what one decode step costs, the prefill cancelled out
-(bench/rollout.py's method). On CUDA it counts GPU kernel time (CUDA graph replays included); on CPU the
-operators' own host time, which only checks the path. `categorize` sums the per-kernel table into categories
-by a naming rule: `tp_category` (matmuls, attention, fused elementwise, NCCL: the dense engine's parts) or
-`moe_category` (the routed experts' parts apart: grouped matmuls, routing, the sort and its gathers).
+same workload and takes their difference over `steps`: what one decode step costs, the prefill cancelled out.
+On CUDA it counts GPU kernel time (CUDA graph replays included); on CPU the operators' own host time, which
+only checks the path. `categorize` sums the per-kernel table into categories by a naming rule:
+`dense_category` and `tp_category` (matmuls, attention, fused elementwise; NCCL apart: a dense model's parts)
+or `moe_category` (a routed MoE step's parts: grouped matmuls, routing, the sort and its copies).
 """
 
 from __future__ import annotations
@@ -26,11 +27,23 @@ MOE_CATEGORIES = (  # (category, name fragments), first match wins: the order ma
 )
 
 
-def tp_category(name: str) -> str:
-    """bench/rollout.py's categories, NCCL collectives apart."""
-    from rollout import _category  # bench/rollout.py, beside this module (on sys.path as the benches run)
+def dense_category(name: str) -> str:
+    """A kernel's category in a dense model's step (bench/rollout.py's table)."""
+    n = name.lower()
+    if "_split_kernel" in n or "_combine_kernel" in n:
+        return "attention (triton)"
+    if any(k in n for k in ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas")):
+        return "matmul"
+    if "index" in n or "scatter" in n or "gather" in n:
+        return "index/scatter"
+    if n.startswith("triton"):
+        return "fused elementwise (inductor)"
+    return "other"
 
-    return "all-reduce/broadcast (nccl)" if "nccl" in name.lower() else _category(name)
+
+def tp_category(name: str) -> str:
+    """`dense_category`, NCCL collectives apart (bench/tp_rollout.py's table)."""
+    return "all-reduce/broadcast (nccl)" if "nccl" in name.lower() else dense_category(name)
 
 
 def moe_category(name: str) -> str:
