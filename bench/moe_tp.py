@@ -41,10 +41,8 @@ from typing import Any
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [
-    str(HERE),
-    str(HERE.parent),
-]  # bench/ modules, and ascent from this checkout (spawned ranks too)
+# bench/ modules (step_profile.py, rollout.py), and ascent from this checkout (spawned ranks too)
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 SHAPES: dict[str, dict[str, Any]] = {
     # Qwen3-30B-A3B's config.json (30.5B parameters, 3.3B active): 48 layers, 128 experts, 8 per token
