@@ -3,6 +3,7 @@
     python bench/moe_tp.py --shape 30b-a3b --tensor-parallel 2            # ranks 1..N-1 are spawned here
     python bench/moe_tp.py --shape tiny-moe --tensor-parallel 2 --device cpu   # the same path on CPU, gloo
     for p in dense routed; do python bench/moe_tp.py --moe-path $p; done        # the experts' two paths
+    python bench/moe_tp.py --tensor-parallel 2 --profile --json moe.json            # where a decode step goes
 
 Random weights, built directly on each rank's GPU at the size of its shard (no checkpoint on disk, never the
 whole model on one rank): the tensor names and full shapes come from transformers' Qwen3-MoE built on the
@@ -13,7 +14,16 @@ shard's own tensors (shared, not copied). Rank 0 times a prefill-only pass and t
 at temperature 1, EOS off) and prints one JSON line: new tokens/s, ms per decode step, and every rank's peak
 memory (CUDA: max allocated over the whole run; CPU: 0). `--moe-path` picks how the experts are computed
 (ascent/rollout/fast/moe.py: "dense", every expert on every token, or "routed", grouped matmuls over the
-chosen experts only; default: the engine's, routed on an sm90 GPU in bf16).
+chosen experts only; default: the engine's, routed on an sm90 GPU in bf16). The decode step is replayed from
+CUDA graphs on CUDA, as the engine's builder does (`--no-graphs`: eager, as this bench ran before, the first
+BENCHMARKS.md figures); `--eager-moe` leaves the MoE block of a TP rank uncompiled (as before it was compiled).
+
+The floor of a decode step on the driver (`floor`): the bytes it must read (its weight shard less the
+embedding table, whose rows are gathered; of the experts only the expected share a step's rows hit, for
+uniform routing 1 - (1 - k/E)^rows: all of them from ~64 rows at 128 experts, 8 a token; its KV heads at the
+mean context) over the copy bandwidth measured in the same call (bench/rollout.py); all-reduces not counted.
+`--profile` adds the driver's kernel time a decode step by category (bench/step_profile.py: grouped matmuls,
+routing, the sort and its copies, attention, NCCL, norms, ...), printed as a table and kept in the JSON.
 """
 
 from __future__ import annotations
@@ -30,9 +40,9 @@ from typing import Any
 
 import torch
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parent.parent)
-)  # ascent from this checkout (spawned ranks too)
+HERE = Path(__file__).resolve().parent
+# bench/ modules (step_profile.py, rollout.py), and ascent from this checkout (spawned ranks too)
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 SHAPES: dict[str, dict[str, Any]] = {
     # Qwen3-30B-A3B's config.json (30.5B parameters, 3.3B active): 48 layers, 128 experts, 8 per token
@@ -94,8 +104,16 @@ def shard_weights(config: Any, rank: int, size: int, device: torch.device, dtype
     return sd
 
 
+def weight_bytes(sd: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Bytes of a rank's shard that a decode step reads: the experts', and the rest less the embedding."""
+    experts = sum(t.nbytes for n, t in sd.items() if ".mlp.experts." in n)
+    rest = sum(t.nbytes for n, t in sd.items() if ".mlp.experts." not in n and "embed" not in n)
+    return dict(experts=experts, rest=rest)
+
+
 def build_engine(args: argparse.Namespace, rank: int, size: int, port: int, device: torch.device) -> Any:
-    """Rank `rank`'s engine (a TPEngine when size > 1, else a FastEngine) over its random shard."""
+    """Rank `rank`'s engine (a TPEngine when size > 1, else a FastEngine) over its random shard; the bytes of
+    its shard a step reads (`weight_bytes`) in `engine.bench_bytes`."""
     from ascent.rollout.fast import FastEngine, TPEngine
     from ascent.rollout.fast.graphs import default_buckets
     from ascent.rollout.fast.kv_cache import KVCache
@@ -109,7 +127,8 @@ def build_engine(args: argparse.Namespace, rank: int, size: int, port: int, devi
     config = hf_config(args.shape)
     full = spec_from_config(config)
     local = shard_spec(full, size)
-    weights = build_weights(shard_weights(config, rank, size, device, dt), local, dt, device, share=True)
+    sd = shard_weights(config, rank, size, device, dt)
+    weights = build_weights(sd, local, dt, device, share=True)
     max_len = args.prompt_len + args.new_tokens + 16
     rows = min(args.prompts * args.samples, args.max_batch_size)
     cache = KVCache(local, rows * -(-max_len // args.page_size) + 1, args.page_size, dt, device)
@@ -119,14 +138,39 @@ def build_engine(args: argparse.Namespace, rank: int, size: int, port: int, devi
     kw["moe_path"] = args.moe_path or default_moe_path(device, moe_down)
     rope = rope_tables(config, local, max_len, torch.float32, device)
     common = dict(eos_token_ids=[], decode=None, max_batch_size=args.max_batch_size, max_model_len=max_len)
+    buckets = default_buckets(args.max_batch_size) if cuda and not args.no_graphs else None
     if size == 1:
         runner = ModelRunner(local, weights, cache, rope, max_len, **kw)
-        buckets = default_buckets(args.max_batch_size) if cuda else None
-        return FastEngine(runner, weights, buckets=buckets, **common)
-    tp = tp_group(rank, size, "127.0.0.1", port, device)
-    runner_cls = DriverRunner if rank == 0 else ShardRunner
-    runner = runner_cls(local, weights, cache, rope, max_len, **kw, tp=tp)
-    return TPEngine(runner, weights, full_spec=full, buckets=None, **common)
+        engine: Any = FastEngine(runner, weights, buckets=buckets, **common)
+    else:
+        tp = tp_group(rank, size, "127.0.0.1", port, device)
+        runner_cls = DriverRunner if rank == 0 else ShardRunner
+        runner = runner_cls(local, weights, cache, rope, max_len, **kw, tp=tp)
+        if args.eager_moe and "moe_mlp" in vars(runner.math):
+            del runner.math.moe_mlp  # the compiled wrapper goes: the class's (eager) method runs
+        engine = TPEngine(runner, weights, full_spec=full, buckets=buckets, **common)
+    engine.bench_bytes = weight_bytes(sd)
+    return engine
+
+
+def floor(args: argparse.Namespace, engine: Any, bw: float | None) -> dict:
+    """The driver's bytes a decode step (module doc) and their time at copy bandwidth `bw` (bytes/s)."""
+    c, spec = SHAPES[args.shape], engine.runner.spec
+    rows = min(args.prompts * args.samples, args.max_batch_size)
+    hit = 1 - (1 - c["num_experts_per_tok"] / c["num_experts"]) ** rows  # expected share of experts hit
+    kv = rows * (args.prompt_len + args.new_tokens / 2) * spec.kv_bytes_per_token(torch.bfloat16)
+    b = engine.bench_bytes
+    total = hit * b["experts"] + b["rest"] + kv
+    out = dict(
+        experts_gb=b["experts"] / 1e9,
+        experts_hit=hit,
+        other_weights_gb=b["rest"] / 1e9,
+        kv_gb=kv / 1e9,
+    )
+    out["floor_gb"] = total / 1e9
+    if bw:
+        out |= dict(copy_bw_tbs=bw / 1e12, floor_ms=1e3 * total / bw)
+    return out
 
 
 def requests(args: argparse.Namespace, new_tokens: int) -> list:
@@ -154,17 +198,21 @@ def timed(fn: Any, device: torch.device) -> tuple[Any, float]:
 
 
 def drive(args: argparse.Namespace, engine: Any, device: torch.device) -> dict:
-    """Rank 0: warm up, time a prefill-only pass and the whole workload (and say which experts path ran)."""
+    """Rank 0: warm up, time a prefill-only pass and the whole workload (and say which experts path ran);
+    with `--profile`, the kernel time a decode step by category."""
     from ascent.rollout.fast.moe import experts_forward_routed
 
-    engine.generate(requests(args, 4))  # compile, first kernels
+    engine.generate(requests(args, 4))  # compile, first kernels, graph captures
+    engine.generate(requests(args, 4))
     _, prefill_s = timed(lambda: engine.generate(requests(args, 1)), device)
     steps0 = engine.stats["steps"]
     out, total_s = timed(lambda: engine.generate(requests(args, args.new_tokens)), device)
     steps = engine.stats["steps"] - steps0
     new = sum(len(g.token_ids) for gens in out for g in gens)
-    return dict(
+    res: dict[str, Any] = dict(
         moe_path="routed" if engine.runner.math.experts is experts_forward_routed else "dense",
+        graphs=engine.graphs is not None,
+        eager_moe=args.eager_moe,
         new_tokens=new,
         total_s=round(total_s, 3),
         prefill_s=round(prefill_s, 3),
@@ -172,6 +220,12 @@ def drive(args: argparse.Namespace, engine: Any, device: torch.device) -> dict:
         tokens_per_s=round(new / total_s, 1),
         decode_ms_per_step=round(1e3 * (total_s - prefill_s) / max(1, steps), 2),
     )
+    if args.profile:
+        from step_profile import categorize, moe_category, profile_decode  # bench/, beside this script
+
+        per = profile_decode(lambda n: engine.generate(requests(args, n)), device.type == "cuda")
+        res["profile"] = categorize(per, moe_category, top=20)
+    return res
 
 
 def peak_gib(device: torch.device) -> float:
@@ -184,10 +238,19 @@ def run_rank(args: argparse.Namespace, rank: int, size: int, port: int) -> dict 
     device = torch.device("cuda", rank) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    bw = None
+    if rank == 0 and device.type == "cuda":
+        from rollout import copy_bandwidth  # bench/rollout.py: the floor's bandwidth, measured here
+
+        bw = copy_bandwidth(device)
+        torch.cuda.empty_cache()  # (the bandwidth test's 2 GiB)
     engine = build_engine(args, rank, size, port, device)
+    res = {**drive(args, engine, device), "floor": floor(args, engine, bw)} if rank == 0 else None
+    if res is not None and "floor_ms" in res["floor"]:
+        res["floor"]["pct_of_floor"] = round(100 * res["floor"]["floor_ms"] / res["decode_ms_per_step"], 1)
     if size == 1:
-        return {**drive(args, engine, device), "peak_gib_per_rank": [round(peak_gib(device), 2)]}
-    res = drive(args, engine, device) if rank == 0 else None
+        assert res is not None
+        return {**res, "peak_gib_per_rank": [round(peak_gib(device), 2)]}
     if rank == 0:
         engine.shutdown()
     else:
@@ -216,6 +279,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-batch-size", type=int, default=128)
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--no-compile", action="store_true", help="no torch.compile of the layer halves")
+    ap.add_argument("--no-graphs", action="store_true", help="decode steps eagerly (no CUDA graphs)")
+    ap.add_argument(
+        "--eager-moe", action="store_true", help="TP: the MoE block (norm, router, experts) uncompiled"
+    )
+    ap.add_argument("--profile", action="store_true", help="the driver's kernel time a decode step, by part")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument(
         "--moe-path",
         choices=["dense", "routed"],
@@ -241,8 +310,37 @@ def main(argv: list[str] | None = None) -> dict:
     assert res is not None
     res = {"shape": args.shape, "tensor_parallel": size, "device": args.device, **res}
     res["child_exitcodes"] = [c.exitcode for c in children]
+    print(report(res), flush=True)
     print(json.dumps(res))
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1))
     return res
+
+
+def report(res: dict) -> str:
+    """The step time against the floor, and the profile's table when there is one."""
+    f = res["floor"]
+    line = (
+        f"{res['shape']} TP={res['tensor_parallel']} {res['moe_path']} (graphs {res['graphs']}, eager MoE "
+        f"{res['eager_moe']}): {res['decode_ms_per_step']:.2f} ms/step; floor {f['floor_gb']:.2f} GB a step "
+        f"(experts {f['experts_gb']:.2f} GB x {f['experts_hit']:.4f} hit, other weights "
+        f"{f['other_weights_gb']:.2f} GB, KV {f['kv_gb']:.2f} GB)"
+    )
+    if "floor_ms" in f:
+        line += f" = {f['floor_ms']:.2f} ms at {f['copy_bw_tbs']:.2f} TB/s: {f['pct_of_floor']:.0f}% of it"
+    lines = [line]
+    if "profile" in res:
+        from step_profile import table  # bench/, beside this script
+
+        busy = sum(res["profile"]["categories"].values())
+        lines += [
+            f"driver kernel time a decode step ({busy:.2f} ms of {res['decode_ms_per_step']:.2f} ms wall: the "
+            "rest is the GPU waiting on the host or on the other ranks):",
+            *table(res["profile"]),
+            "costliest kernels:",
+        ]
+        lines += [f"  {ms:8.3f} ms {n:6.1f}x  {name}" for name, ms, n in res["profile"]["top"]]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

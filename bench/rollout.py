@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 import torch
+from step_profile import categorize, dense_category  # bench/step_profile.py, beside this script
+from step_profile import profile_decode as kernel_ms
 
 SHAPES = {
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14),
@@ -239,43 +241,11 @@ def attn_sweep(device, batch=256, ctx=768, nh=14, kvh=2, d=64) -> list[dict]:
     return out
 
 
-def _category(name: str) -> str:
-    n = name.lower()
-    if "_split_kernel" in n or "_combine_kernel" in n:
-        return "attention (triton)"
-    if any(k in n for k in ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas")):
-        return "matmul"
-    if "index" in n or "scatter" in n or "gather" in n:
-        return "index/scatter"
-    if n.startswith("triton"):
-        return "fused elementwise (inductor)"
-    return "other"
-
-
 def profile_decode(engine, args, device) -> dict:
-    """Per-step GPU time by kernel category: profile 1-token and 33-token runs, difference over 32 steps."""
-    from torch.profiler import ProfilerActivity, profile
-
-    def run(n):
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            engine.generate(make_requests(args, random.Random(2), new_tokens=n))
-            torch.cuda.synchronize()
-        kernels: dict[str, tuple[float, int]] = {}
-        for e in prof.key_averages():
-            t = getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0)
-            if t and e.device_type.name == "CUDA":
-                kernels[e.key] = (t, e.count)
-        return kernels
-
-    a, b = run(1), run(33)
-    per_kernel = {
-        k: ((b[k][0] - a.get(k, (0, 0))[0]) / 32 / 1e3, (b[k][1] - a.get(k, (0, 0))[1]) / 32) for k in b
-    }
-    cats: dict[str, float] = {}
-    for k, (ms, _) in per_kernel.items():
-        cats[_category(k)] = cats.get(_category(k), 0.0) + ms
-    top = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:30]
-    return dict(categories=cats, top=[(k[:90], ms, n) for k, (ms, n) in top])  # ms and launches per step
+    """Per-step GPU time by kernel category: profile 1-token and 33-token runs, difference over 32 steps
+    (bench/step_profile.py)."""
+    per = kernel_ms(lambda n: engine.generate(make_requests(args, random.Random(2), new_tokens=n)), cuda=True)
+    return categorize(per, dense_category, top=30)  # ms and launches per step
 
 
 def parse(argv):

@@ -229,32 +229,13 @@ def roofline(engine, args, bw: float | None) -> dict:
 
 def profile_step(engine, args) -> dict:
     """The driver's GPU time per decode step by kernel category (NCCL collectives apart): profiles of a
-    1-new-token and a 33-new-token run, their difference over 32 steps (bench/rollout.py's method)."""
-    from rollout import _category  # bench/rollout.py, beside this script
-    from torch.profiler import ProfilerActivity, profile
+    1-new-token and a 33-new-token run, their difference over 32 steps (bench/step_profile.py)."""
+    from step_profile import categorize, profile_decode, tp_category  # bench/, beside this script
 
-    cuda = engine.device.type == "cuda"  # (on CPU: host operators, to check the path)
-
-    def kernels(n: int) -> dict[str, float]:
-        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
-            engine.generate(requests(args, 2, new_tokens=n))
-            if cuda:
-                torch.cuda.synchronize()
-        out: dict[str, float] = {}
-        for e in prof.key_averages():
-            t = getattr(e, "device_time_total", 0) if cuda else e.self_cpu_time_total
-            if t and e.device_type.name == ("CUDA" if cuda else "CPU"):
-                out[e.key] = t
-        return out
-
-    a, b = kernels(1), kernels(33)
-    per = {k: (b[k] - a.get(k, 0.0)) / 32 / 1e3 for k in b}  # ms a step
-    cats: dict[str, float] = {}
-    for k, ms in per.items():
-        cat = "all-reduce/broadcast (nccl)" if "nccl" in k.lower() else _category(k)
-        cats[cat] = cats.get(cat, 0.0) + ms
-    top = sorted(per.items(), key=lambda kv: -kv[1])[:12]
-    return dict(categories=cats, top=[(k[:80], ms) for k, ms in top])
+    per = profile_decode(
+        lambda n: engine.generate(requests(args, 2, new_tokens=n)), engine.device.type == "cuda"
+    )
+    return categorize(per, tp_category)
 
 
 def fits(args, size: int) -> str:

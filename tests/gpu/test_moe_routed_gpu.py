@@ -2,7 +2,8 @@
 sorted by expert computes in bf16 what the dense path computes (both within bf16 rounding of an fp32
 reference), a CUDA graph captures it (no host sync) and its replays on new routings equal eager calls, and a
 fast engine on a tiny Qwen3-MoE picks it by default and, with CUDA graphs, generates the greedy tokens the
-dense path generates."""
+dense path generates; so does a TP=2 replica (two devices), its MoE block compiled between the all-reduces
+and its steps replayed from graphs."""
 
 from __future__ import annotations
 
@@ -91,9 +92,42 @@ def test_engine_defaults_to_routed_and_generates_as_dense(tmp_path):
     gc.collect()
     torch.cuda.empty_cache()
     want = [g for gs in build_fast_engine(**kw, moe_path="dense").generate(reqs) for g in gs]
-    for a, b in zip(got, want, strict=True):  # bf16: the paths' sums differ at rounding (moe.py)
+    _first_tokens_and_routes_agree(got, want)  # bf16: the paths' sums differ at rounding (moe.py)
+
+
+def _first_tokens_and_routes_agree(got: list, want: list) -> None:
+    """bf16 runs whose sums differ at rounding: the first 3 greedy tokens equal, layer 0's routes over the
+    prompt and those tokens equal (its router reads no expert output), layer 1's at least 90% (near-ties
+    may flip)."""
+    for a, b in zip(got, want, strict=True):
         assert a.token_ids[:3] == b.token_ids[:3]
-        seen = len(a.routed_experts) - len(a.token_ids) + 3  # the prompt and the first 3 tokens
+        seen = len(a.routed_experts) - len(a.token_ids) + 3
         first, second = a.routed_experts[:seen], b.routed_experts[:seen]
-        assert torch.equal(first[:, 0], second[:, 0])  # layer 0's router reads no expert output
-        assert (first[:, 1] == second[:, 1]).float().mean() >= 0.9  # layer 1's: near-ties may flip
+        assert torch.equal(first[:, 0], second[:, 0])
+        assert (first[:, 1] == second[:, 1]).float().mean() >= 0.9
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_tensor_parallel_routed_with_compile_and_graphs_generates_as_one_gpu(tmp_path):
+    path = make_tiny_moe_checkpoint(tmp_path, expert_scale=10.0, seed=2)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    reqs = [GenerationRequest(list(range(4, 4 + n)), greedy) for n in (1, 9, 23, 40)]
+    kw = dict(
+        model_path=path, dtype="bf16", device="cuda:0", page_size=16, max_model_len=96, max_batch_size=4
+    )
+    kw |= {"kv_cache_tokens": 2048}
+    tp = build_fast_engine(**kw, tensor_parallel=2)
+    try:
+        assert tp.runner.math.experts is experts_forward_routed
+        assert "moe_mlp" in vars(tp.runner.math)  # the MoE block between the all-reduces is compiled
+        got = [g for gs in tp.generate(reqs) for g in gs]
+        assert tp.graphs is not None and tp.graphs.graphs  # TP decode steps replayed captured graphs
+        tp.sleep(release_weights=True)
+    finally:
+        tp.shutdown()
+    assert [c.exitcode for c in tp.children] == [0]
+    del tp
+    gc.collect()
+    torch.cuda.empty_cache()
+    want = [g for gs in build_fast_engine(**kw).generate(reqs) for g in gs]
+    _first_tokens_and_routes_agree(got, want)

@@ -291,11 +291,21 @@ class TPMoeLayerMath(TPLayerMath, MoeLayerMath):
     ) -> tuple[Tensor, Tensor]:
         """x [T, H], attn [T, local heads * d] -> (x after o_proj (all-reduced), the residual add and the
         experts on this rank's slice (all-reduced), the chosen expert ids [T, k], the same on every rank)."""
+        x, part, ids = self.moe_mlp(x, self.tp.all_reduce(linear(attn, o_w)), ln_w, gate_up_w, down_w)
+        return x + self.tp.all_reduce(part), ids
+
+    def moe_mlp(
+        self, x: Tensor, o_sum: Tensor, ln_w: Tensor, gate_up_w: tuple[Tensor, ...], down_w: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """x [T, H] residual, o_sum [T, H] the all-reduced o_proj output -> (x + o_sum, this rank's share of
+        the experts' weighted sum [T, H], to be all-reduced, the chosen expert ids [T, k]): the MoE block
+        between the two collectives, which `torch.compile` takes whole as `TPLayerMath.mlp` (norm, router,
+        top-k, the sort, the grouped matmuls and the combine in one graph, not ~25 eager kernels)."""
         router, gate_up = gate_up_w
-        x = x + self.tp.all_reduce(linear(attn, o_w))
+        x = x + o_sum
         h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
         ids, weights = route(F.linear(h, router), self.top_k, self.norm_topk)
-        return x + self.tp.all_reduce(self.experts(h, ids, weights, gate_up, down_w)), ids
+        return x, self.experts(h, ids, weights, gate_up, down_w), ids
 
 
 class ShardRunner(ModelRunner):
@@ -314,6 +324,8 @@ class ShardRunner(ModelRunner):
         self.attn_out_routed = getattr(self.math, "attn_out_routed", None)
         if kwargs.get("compile"):
             self.math.mlp = compile_step(self.math.mlp)  # type: ignore[method-assign]
+            if isinstance(self.math, TPMoeLayerMath):  # the MoE block between the collectives too
+                self.math.moe_mlp = compile_step(self.math.moe_mlp)  # type: ignore[method-assign]
 
     @torch.no_grad()
     def decode(self, st: DecodeState, b: int, flags: Flags, max_len: int | None = None) -> None:

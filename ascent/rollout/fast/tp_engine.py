@@ -11,9 +11,10 @@ A decode step is one command (its bucket, flags and context bound: `_decode_step
 one process: every rank replays its CUDA graph of that bucket, or runs the step eagerly. Graphs are captured
 on every rank by one command per `_capture`, so every rank captures the same buckets in the same order (the
 collectives inside them pair up). With `compile`, what lies between the all-reduces is compiled as on one
-GPU (the o_proj sum's residual add, the norm and this rank's MLP share: `TPLayerMath.mlp`); the
-collectives run between compiled pieces. Difference from one process, for now: the logits are computed on
-the driver alone (the LM head is replicated, not vocab-parallel).
+GPU (the o_proj sum's residual add, the norm and this rank's MLP share: `TPLayerMath.mlp`; an MoE layer's
+router and experts: `TPMoeLayerMath.moe_mlp`); the collectives run between compiled pieces. Difference from
+one process, for now: the logits are computed on the driver alone (the LM head is replicated, not
+vocab-parallel).
 """
 
 from __future__ import annotations
