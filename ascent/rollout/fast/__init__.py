@@ -7,8 +7,9 @@ engine's API) and batching.py (its loop); pages.py, prefix.py (prefix caching ac
 scheduler.py, sequence.py, state.py and live.py are its bookkeeping, swap.py hands the weights to
 publications between decode steps; vision.py runs a vision-language model's tower and multimodal RoPE
 (images at prefill); action.py acts with a continuous action head (`model.action_head`) at prefill.
-tensor_parallel.py (shards, all-reducing layer math), tp_engine.py (the driver and the other ranks) and
-tp_launch.py (starting a replica's ranks) spread one replica over several GPUs. `build_fast_engine` is the
+tensor_parallel.py (shards, all-reducing layer math), tp_comm.py (its all-reduce modes), tp_head.py (the
+vocab-parallel LM head's sampling), tp_engine.py (the driver and the other ranks) and tp_launch.py
+(starting a replica's ranks) spread one replica over several GPUs. `build_fast_engine` is the
 builder registered as `ENGINES["fast"]`. On CPU the same engine runs eagerly (slowly) for the tests.
 """
 

@@ -368,16 +368,15 @@ class ShardRunner(ModelRunner):
 
     @torch.no_grad()
     def decode(self, st: DecodeState, b: int, flags: Flags, max_len: int | None = None) -> None:
-        """Every rank: rows [0, b) of the driver's step inputs (token ids, positions, page tables, active)
-        are broadcast into this rank's `st` on the device (no host round trip, so a CUDA graph of the step
-        holds the broadcasts too), then the driver runs the whole step (layers, head, sampling, advance:
-        ModelRunner.decode) and the other ranks the layers alone; or, vocab-parallel on a plain batch, every
-        rank runs the layers and its slice of the head, and the driver advances (`vocab_parallel_sample`)."""
-        for t in (st.input_ids, st.positions, st.block_tables, st.active):
-            self.tp.broadcast(t[:b])
+        """Every rank: rows [0, b) of the driver's step inputs reach this rank's `st` on the device in one
+        broadcast (`_share_inputs`: no host round trip, so a CUDA graph of the step holds it too), then the
+        driver runs the whole step (layers, head, sampling, advance: ModelRunner.decode) and the other ranks
+        the layers alone; or, vocab-parallel on a plain batch, every rank runs the layers and its slice of
+        the head, and the driver advances (`vocab_parallel_sample`)."""
         split = self.vocab is not None and not (
             flags.top_k_top_p or flags.min_p or flags.penalty or flags.restricted or self.allowed is not None
         )
+        sampling = self._share_inputs(st, b, split and not flags.all_greedy)
         if self.tp.rank == 0 and not split:
             super().decode(st, b, flags, max_len)
             return
@@ -386,28 +385,48 @@ class ShardRunner(ModelRunner):
             st.input_ids[:b], st.positions[:b], st.block_tables[:b], st.active[:b], max_len, None, routes
         )
         if split:
-            tokens, logprobs = self.vocab_parallel_sample(x, st, b, flags)
+            tokens, logprobs = self.vocab_parallel_sample(x, st, b, flags, sampling)
             if self.tp.rank == 0:
                 st.advance(b, tokens, logprobs, flags)
 
+    def _share_inputs(self, st: DecodeState, b: int, sampling: bool) -> tuple[Tensor, Tensor, Tensor] | None:
+        """Rows [0, b) of the driver's token ids, positions, active flags (then, with `sampling`, seeds,
+        sampling steps and temperatures' bits) and page tables, packed as int64 [b, 3 (+ 3) + pages]: one
+        broadcast (a latency-bound collective) instead of one per tensor; the other ranks unpack them into
+        their `st`. -> the rows' (temperature [b], seeds [b], steps [b]) with `sampling`, else None."""
+        cols = [st.input_ids, st.positions, st.active]
+        if sampling:
+            cols += [st.seeds, st.steps, st.temperature.view(torch.int32)]
+        n, dev = len(cols), st.input_ids.device
+        if self.tp.rank == 0:
+            packed = torch.cat([*(c[:b, None].long() for c in cols), st.block_tables[:b].long()], dim=1)
+        else:
+            packed = torch.empty(b, n + st.block_tables.shape[1], dtype=torch.long, device=dev)
+        self.tp.broadcast(packed)
+        if self.tp.rank != 0:
+            for i, t in enumerate((st.input_ids, st.positions, st.active)):
+                t[:b].copy_(packed[:, i])
+            st.block_tables[:b].copy_(packed[:, n:])
+        if not sampling:
+            return None
+        return packed[:, 5].to(torch.int32).view(torch.float32), packed[:, 3], packed[:, 4]
+
     def vocab_parallel_sample(
-        self, x: Tensor, st: DecodeState, b: int, flags: Flags
+        self,
+        x: Tensor,
+        st: DecodeState,
+        b: int,
+        flags: Flags,
+        sampling: tuple[Tensor, Tensor, Tensor] | None,
     ) -> tuple[Tensor, Tensor]:
         """x [b, H] last hidden states -> (tokens [b], logprobs [b]) of a plain batch (no filters, penalty
         or masks): this rank's logits slice reduced to per-row candidates (tp_head.py), gathered from every
-        rank (one all-gather of [b, 5] values) and combined. The other ranks get the rows' temperatures,
-        seeds and sampling steps from the driver first (one broadcast; none for an all-greedy batch)."""
+        rank (one all-gather of [b, 5] values) and combined. `sampling`: the rows' (temperature, seeds,
+        steps) as the driver holds them (`_share_inputs`); None for an all-greedy batch (no noise; every
+        temperature then scales by 1)."""
         assert self.vocab is not None
         start, end = self.vocab
-        temperature, seeds, steps = st.temperature[:b], st.seeds[:b], st.steps[:b]
-        if not flags.all_greedy:
-            if self.tp.rank == 0:
-                packed = torch.stack([seeds, steps, temperature.view(torch.int32).long()], dim=1)
-            else:
-                packed = torch.empty(b, 3, dtype=torch.long, device=x.device)
-            self.tp.broadcast(packed)
-            seeds, steps = packed[:, 0], packed[:, 1]
-            temperature = packed[:, 2].to(torch.int32).view(torch.float32)
+        temperature, seeds, steps = sampling or (st.temperature[:b], st.seeds[:b], st.steps[:b])
         logits = self.logits(x, self.w.norm, self.w.lm_head[start:end])
         stats = self.candidates(logits, temperature, seeds, steps, start, flags.all_greedy)
         return combine(self.tp.all_gather(stats))

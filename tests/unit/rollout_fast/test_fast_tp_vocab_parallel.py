@@ -44,7 +44,7 @@ def test_two_ranks_with_split_head_sample_what_one_process_samples(tmp_path, mon
     calls = []
     split = ShardRunner.vocab_parallel_sample
     monkeypatch.setattr(
-        ShardRunner, "vocab_parallel_sample", lambda self, *a: calls.append(a[-1]) or split(self, *a)
+        ShardRunner, "vocab_parallel_sample", lambda self, *a: calls.append(a[3]) or split(self, *a)
     )
     path = make_tiny_checkpoint(tmp_path, seed=6)  # tied embeddings: each rank's head is a slice of them
     kw: dict[str, Any] = {"model_path": path, "dtype": "fp32", "device": "cpu", "page_size": 8}
