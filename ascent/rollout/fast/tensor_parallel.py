@@ -359,12 +359,12 @@ class ShardRunner(ModelRunner):
         self.attn_out = self.math.attn_out  # (uncompiled: it holds the collectives; the MLP between is)
         self.attn_out_routed = getattr(self.math, "attn_out_routed", None)
         self.vocab = vocab_slice(len(self.w.lm_head), tp.rank, tp.size) if vocab_parallel else None
-        self.candidates = local_candidates
+        self.candidates, self.combine = local_candidates, combine
         if kwargs.get("compile"):
             self.math.mlp = compile_step(self.math.mlp)  # type: ignore[method-assign]
             if isinstance(self.math, TPMoeLayerMath):  # the MoE block between the collectives too
                 self.math.moe_mlp = compile_step(self.math.moe_mlp)  # type: ignore[method-assign]
-            self.candidates = compile_step(local_candidates)
+            self.candidates, self.combine = compile_step(local_candidates), compile_step(combine)
 
     @torch.no_grad()
     def decode(self, st: DecodeState, b: int, flags: Flags, max_len: int | None = None) -> None:
@@ -429,7 +429,7 @@ class ShardRunner(ModelRunner):
         temperature, seeds, steps = sampling or (st.temperature[:b], st.seeds[:b], st.steps[:b])
         logits = self.logits(x, self.w.norm, self.w.lm_head[start:end])
         stats = self.candidates(logits, temperature, seeds, steps, start, flags.all_greedy)
-        return combine(self.tp.all_gather(stats))
+        return self.combine(self.tp.all_gather(stats))
 
 
 class DriverRunner(ShardRunner):
