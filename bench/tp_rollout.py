@@ -220,9 +220,14 @@ def workload(engine, args) -> dict:
 
 
 def roofline(engine, args, bw: float | None) -> dict:
-    """The driver's bytes per decode step (weights less the embedding table, whose rows are gathered; its
-    KV heads of every row at the mean context) and their time at copy bandwidth `bw` (bytes/s)."""
+    """The driver's bytes per decode step (weights less the embedding table, whose rows are gathered, and
+    less the LM head rows of the other ranks when vocab-parallel; its KV heads of every row at the mean
+    context) and their time at copy bandwidth `bw` (bytes/s)."""
     weights = engine.weights.nbytes - engine.weights.embed.nbytes
+    vocab = getattr(engine.runner, "vocab", None)  # a vocab-parallel rank's (start, end) of the head rows
+    if vocab is not None and engine.weights.lm_head is not engine.weights.embed:
+        head = engine.weights.lm_head
+        weights -= head.nbytes * (1 - (vocab[1] - vocab[0]) / len(head))
     rows = min(args.prompts * args.samples, args.max_batch_size)
     ctx = args.prompt_len + args.new_tokens / 2
     kv = rows * ctx * engine.runner.spec.kv_bytes_per_token(engine.weights.lm_head.dtype)
