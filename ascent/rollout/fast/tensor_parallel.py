@@ -86,7 +86,7 @@ class TPGroup:
         if mode != "symm":
             return dataclasses.replace(self, reduce=mode)
         store = dist.PrefixStore("symm", self.store) if self.store is not None else None
-        symm = symmetric_or_warn(self.name, self.rank, self.size, store, self.device, max_numel)
+        symm = symmetric_or_warn(self.name, self.rank, self.size, store, self.pg, self.device, max_numel)
         return dataclasses.replace(self, reduce="symm" if symm else "nccl", symm=symm)
 
     def command(self, *cmd: Any) -> None:

@@ -38,15 +38,13 @@ def symmetric_unavailable(device: torch.device) -> str | None:
     """Why the "symm" mode cannot run on `device` (None: it can)."""
     if device.type != "cuda":
         return f"symmetric memory needs CUDA ranks (NCCL); this replica runs on {device}"
-    ops = getattr(torch.ops, "symm_mem", None)
     try:
-        from torch._C._distributed_c10d import _SymmetricMemory  # deferred: absent from some builds
+        import torch.distributed._symmetric_memory  # noqa: F401  (deferred: registers the symm_mem ops)
+        from torch._C._distributed_c10d import _SymmetricMemory  # noqa: F401  (not in every build)
     except ImportError:
         return "this torch build has no symmetric memory"
-    if not hasattr(_SymmetricMemory, "set_group_info") or not hasattr(ops, "one_shot_all_reduce"):
-        return (
-            f"torch {torch.__version__} lacks _SymmetricMemory.set_group_info or symm_mem.one_shot_all_reduce"
-        )
+    if not hasattr(torch.ops.symm_mem, "one_shot_all_reduce"):
+        return f"torch {torch.__version__} has no symm_mem.one_shot_all_reduce"
     return None
 
 
@@ -57,13 +55,12 @@ class SymmetricAllReduce:
     two per layer, so a replayed graph keeps alternating.)"""
 
     def __init__(
-        self, name: str, rank: int, size: int, store: Any, device: torch.device, max_numel: int
+        self, name: str, rank: int, size: int, store: Any, pg: Any, device: torch.device, max_numel: int
     ) -> None:
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")  # NVLink multicast stays off
-        from torch._C._distributed_c10d import _SymmetricMemory  # deferred: CUDA builds
         from torch.distributed import _symmetric_memory as symm_mem  # deferred: CUDA builds
 
-        _SymmetricMemory.set_group_info(name, rank, size, store)
+        self.group = register_group(name, rank, size, store, pg, device)  # (kept: a weak registry's)
         self.bufs = [symm_mem.empty(max_numel, dtype=torch.float32, device=device) for _ in range(2)]
         for buf in self.bufs:
             symm_mem.rendezvous(buf, name)  # type: ignore[arg-type]  # (a collective, on every rank)
@@ -86,8 +83,30 @@ class SymmetricAllReduce:
         return out.view(t.shape)
 
 
+def register_group(name: str, rank: int, size: int, store: Any, pg: Any, device: torch.device) -> Any:
+    """Make the group known to symmetric memory under `name`: its rank, size and store (`set_group_info`),
+    and a c10d ProcessGroup over the NCCL backend `pg` in c10d's registry (where a torch that resolves the
+    group by name in C++ finds it, with the same store) -> that ProcessGroup: the registry holds it weakly,
+    so the caller keeps it."""
+    from torch._C._distributed_c10d import (  # deferred: distributed builds only
+        ProcessGroup,
+        _register_process_group,
+        _SymmetricMemory,
+    )
+
+    group = ProcessGroup(store, rank, size)
+    kind = ProcessGroup.BackendType.NCCL if device.type == "cuda" else ProcessGroup.BackendType.GLOO
+    group._set_default_backend(kind)
+    group._register_backend(device, kind, pg)
+    group._set_group_name(name)  # type: ignore[arg-type]  # (a str: c10d's GroupName)
+    _register_process_group(name, group)  # type: ignore[arg-type]
+    if hasattr(_SymmetricMemory, "set_group_info"):
+        _SymmetricMemory.set_group_info(name, rank, size, store)
+    return group
+
+
 def symmetric_or_warn(
-    name: str, rank: int, size: int, store: Any, device: torch.device, max_numel: int
+    name: str, rank: int, size: int, store: Any, pg: Any, device: torch.device, max_numel: int
 ) -> SymmetricAllReduce | None:
     """A SymmetricAllReduce, or None (NCCL instead) with a warning saying why."""
     why = symmetric_unavailable(device)
@@ -96,4 +115,4 @@ def symmetric_or_warn(
     if why is not None:
         warnings.warn(f"tp_allreduce='symm': {why}; using 'nccl'.", stacklevel=3)
         return None
-    return SymmetricAllReduce(name, rank, size, store, device, max_numel)
+    return SymmetricAllReduce(name, rank, size, store, pg, device, max_numel)

@@ -6,15 +6,19 @@ from the full logits). The "symm" all-reduce falls back to NCCL/gloo on CPU with
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from ascent.messages import GenerationRequest, SamplingParams
 from ascent.models import make_tiny_checkpoint
 from ascent.rollout.fast import build_fast_engine
 from ascent.rollout.fast.tensor_parallel import ShardRunner
+from ascent.rollout.fast.tp_comm import register_group
 
 
 def _batches() -> list[list[GenerationRequest]]:
@@ -65,3 +69,16 @@ def test_two_ranks_with_split_head_sample_what_one_process_samples(tmp_path, mon
 def test_an_unknown_allreduce_is_refused_before_anything_starts():
     with pytest.raises(ValueError, match=r"tp_allreduce='nvls': use one of \['nccl', 'nccl-dtype', 'symm'\]"):
         build_fast_engine(model_path="unused", tensor_parallel=2, tp_allreduce="nvls")
+
+
+def test_a_group_registered_for_symmetric_memory_is_found_by_name():
+    """(The "symm" mode's registration, here over gloo: the all-reduce itself needs CUDA, tests/gpu.)"""
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
+    pg = dist.ProcessGroupGloo(store, 0, 1, datetime.timedelta(seconds=30))
+    kept = register_group("ascent-tp-test", 0, 1, dist.PrefixStore("symm", store), pg, torch.device("cpu"))
+    group = c10d._resolve_process_group("ascent-tp-test")
+    assert group is kept
+    assert (group.rank(), group.size(), group.group_name) == (0, 1, "ascent-tp-test")
+    t = torch.ones(3)
+    group.allreduce(t).wait()
+    assert t.tolist() == [1.0, 1.0, 1.0]
