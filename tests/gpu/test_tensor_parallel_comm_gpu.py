@@ -9,7 +9,6 @@ flip a near-tie; timings vary)."""
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any
 
 import pytest
@@ -75,15 +74,13 @@ def test_symmetric_allreduce_and_vocab_parallel_head_generate_what_nccl_generate
     runs = {}
     for mode in ("nccl", "symm"):
         for vp in (True, False):
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")  # a fallback from "symm" fails the test
-                engine = build_fast_engine(**kw, tensor_parallel=2, tp_allreduce=mode, vocab_parallel=vp)
+            engine = build_fast_engine(**kw, tensor_parallel=2, tp_allreduce=mode, vocab_parallel=vp)
             runs[(mode, vp)] = _run(engine, str(path))
     print(f"\nbaseline TP=2 nccl, whole head: {base[2] * 1e3:.1f} ms; one GPU: {one[2] * 1e3:.1f} ms")
     for (mode, vp), (greedy, sampled, seconds, ran) in runs.items():
         same = sum(a == b for a, b in zip(sampled, base[1], strict=True))
         print(f"TP=2 {mode} vocab_parallel={vp}: {seconds * 1e3:.1f} ms; sampled same as baseline {same}/16")
-        assert ran == mode
+        assert ran == mode  # (a fallback from "symm" to NCCL fails here, after its warning)
         for other in (base[0], one[0]):
             assert [t for t, _ in greedy] == [t for t, _ in other]
             lp = torch.tensor([x for _, lps in greedy for x in lps])
