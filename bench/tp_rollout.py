@@ -240,12 +240,21 @@ def roofline(engine, args, bw: float | None) -> dict:
 def profile_step(engine, args) -> dict:
     """The driver's GPU time per decode step by kernel category (NCCL collectives apart): profiles of a
     1-new-token and a 33-new-token run, their difference over 32 steps (bench/step_profile.py)."""
-    from step_profile import categorize, profile_decode, tp_category  # bench/, beside this script
+    from step_profile import categorize, profile_decode  # bench/, beside this script
 
     per = profile_decode(
         lambda n: engine.generate(requests(args, 2, new_tokens=n)), engine.device.type == "cuda"
     )
-    return categorize(per, tp_category)
+    return categorize(per, category)
+
+
+def category(name: str) -> str:
+    """`tp_category` (bench/step_profile.py), the one-shot all-reduce kernels over symmetric memory apart."""
+    from step_profile import tp_category  # bench/, beside this script
+
+    low = name.lower()
+    symm = "nccl" not in low and ("all_reduce" in low or "symm" in low)
+    return "all-reduce (symmetric memory)" if symm else tp_category(name)
 
 
 def fits(args, size: int) -> str:
