@@ -35,7 +35,7 @@ def _requests(k: int, temperature: float) -> list[GenerationRequest]:
 
 
 def _run(engine, path: str) -> tuple[list, list, float, str]:
-    """Greedy then seeded sampled batches of 8 requests (16 samples over 8 rows) -> (greedy [(tokens,
+    """Greedy then seeded sampled batches of 8 requests (15 samples over 8 rows) -> (greedy [(tokens,
     logprobs)], sampled tokens, seconds of a repeat of the greedy batch, the all-reduce that ran)."""
     engine.update_weights([("lm_head.weight", load_state_dict(path)["lm_head.weight"] * HEAD_SCALE)])
     try:
@@ -72,14 +72,14 @@ def test_symmetric_allreduce_and_vocab_parallel_head_generate_what_nccl_generate
     )
     one = _run(build_fast_engine(**kw), str(path))
     runs = {}
-    for mode in ("nccl", "symm"):
-        for vp in (True, False):
-            engine = build_fast_engine(**kw, tensor_parallel=2, tp_allreduce=mode, vocab_parallel=vp)
-            runs[(mode, vp)] = _run(engine, str(path))
+    for mode, vp in (("nccl", True), ("symm", True), ("symm", False)):  # (the baseline: nccl, False)
+        engine = build_fast_engine(**kw, tensor_parallel=2, tp_allreduce=mode, vocab_parallel=vp)
+        runs[(mode, vp)] = _run(engine, str(path))
     print(f"\nbaseline TP=2 nccl, whole head: {base[2] * 1e3:.1f} ms; one GPU: {one[2] * 1e3:.1f} ms")
     for (mode, vp), (greedy, sampled, seconds, ran) in runs.items():
         same = sum(a == b for a, b in zip(sampled, base[1], strict=True))
-        print(f"TP=2 {mode} vocab_parallel={vp}: {seconds * 1e3:.1f} ms; sampled same as baseline {same}/16")
+        n = len(sampled)
+        print(f"TP=2 {mode} vocab_parallel={vp}: {seconds * 1e3:.1f} ms; sampled same as baseline {same}/{n}")
         assert ran == mode  # (a fallback from "symm" to NCCL fails here, after its warning)
         for other in (base[0], one[0]):
             assert [t for t, _ in greedy] == [t for t, _ in other]
