@@ -2,6 +2,7 @@
 
     python bench/tp_rollout.py --shape 7b --tp 1,2,4 --prompts 32 --samples 8 --prompt-len 512 --new-tokens 256
     python bench/tp_rollout.py --shape tiny --device cpu --tp 1,2 --prompts 2 --samples 2 --new-tokens 8
+    python bench/tp_rollout.py --shape 7b --tp 2 --vocab-parallel on,off --allreduce nccl,nccl-dtype,symm
 
 Random-weight Qwen2.5 shapes (7B, 14B, 32B; `tiny` for a CPU check with gloo) built from a Qwen2Config on the
 meta device (no downloads, no checkpoint on disk): each rank's engine builder gets meta tensors and makes
@@ -12,7 +13,9 @@ spawned and serve it, as tp_launch.py does for a replica of a training run. For 
 ((full run - 1-new-token run) / steps, EOS off), the roofline of a step on the driver (its bytes read: its
 layer shards, the LM head and its KV heads at the mean context, over the device-to-device copy bandwidth
 measured in this call; all-reduce time not counted) and its share of it, and peak memory of every rank
-after its engine was built (warm-up and runs: activations, graph pools, KV cache).
+after its engine was built (warm-up and runs: activations, graph pools, KV cache). At TP > 1 it runs every
+combination of --vocab-parallel (the LM head split by vocabulary, tp_head.py) and --allreduce (how the ranks
+sum: tp_comm.py), each a replica of its own, labelled e.g. `TP=2 vp=on symm`.
 """
 
 from __future__ import annotations
@@ -153,6 +156,8 @@ def build(args, rank: int, size: int, port: int):
             compile=False if args.no_compile else None,  # (None: on for CUDA, off on CPU)
             cuda_graphs=False if args.no_graphs else None,
             tensor_parallel=tp,
+            vocab_parallel=args.vp == "on",
+            tp_allreduce=args.allreduce_mode,
         )
     if device.type == "cuda":  # the peak of generation, not of building (two copies of the shard)
         torch.cuda.empty_cache()
@@ -215,9 +220,14 @@ def workload(engine, args) -> dict:
 
 
 def roofline(engine, args, bw: float | None) -> dict:
-    """The driver's bytes per decode step (weights less the embedding table, whose rows are gathered; its
-    KV heads of every row at the mean context) and their time at copy bandwidth `bw` (bytes/s)."""
+    """The driver's bytes per decode step (weights less the embedding table, whose rows are gathered, and
+    less the LM head rows of the other ranks when vocab-parallel; its KV heads of every row at the mean
+    context) and their time at copy bandwidth `bw` (bytes/s)."""
     weights = engine.weights.nbytes - engine.weights.embed.nbytes
+    vocab = getattr(engine.runner, "vocab", None)  # a vocab-parallel rank's (start, end) of the head rows
+    if vocab is not None and engine.weights.lm_head is not engine.weights.embed:
+        head = engine.weights.lm_head
+        weights -= head.nbytes * (1 - (vocab[1] - vocab[0]) / len(head))
     rows = min(args.prompts * args.samples, args.max_batch_size)
     ctx = args.prompt_len + args.new_tokens / 2
     kv = rows * ctx * engine.runner.spec.kv_bytes_per_token(engine.weights.lm_head.dtype)
@@ -230,12 +240,21 @@ def roofline(engine, args, bw: float | None) -> dict:
 def profile_step(engine, args) -> dict:
     """The driver's GPU time per decode step by kernel category (NCCL collectives apart): profiles of a
     1-new-token and a 33-new-token run, their difference over 32 steps (bench/step_profile.py)."""
-    from step_profile import categorize, profile_decode, tp_category  # bench/, beside this script
+    from step_profile import categorize, profile_decode  # bench/, beside this script
 
     per = profile_decode(
         lambda n: engine.generate(requests(args, 2, new_tokens=n)), engine.device.type == "cuda"
     )
-    return categorize(per, tp_category)
+    return categorize(per, category)
+
+
+def category(name: str) -> str:
+    """`tp_category` (bench/step_profile.py), the one-shot all-reduce kernels over symmetric memory apart."""
+    from step_profile import tp_category  # bench/, beside this script
+
+    low = name.lower()
+    symm = "nccl" not in low and ("all_reduce" in low or "symm" in low)
+    return "all-reduce (symmetric memory)" if symm else tp_category(name)
 
 
 def fits(args, size: int) -> str:
@@ -274,6 +293,7 @@ def run(args, size: int, bw: float | None) -> dict:
         if "roofline_ms" in res["roofline"]:
             res["pct_roofline"] = 100 * res["roofline"]["roofline_ms"] / res["ms_per_step"]
         res["ranks"] = [dict(rank=0, peak_gib=peak_gib(engine.device), **engine.memory())]
+        res["allreduce_ran"] = engine.tp.reduce if size > 1 else "none"  # ("symm" falls back on CPU)
         if args.profile:
             res["profile"] = profile_step(engine, args)
     finally:
@@ -309,6 +329,8 @@ def report(res: dict) -> str:
             f"TP={size}: {r['tokens_per_s']:.0f} new tok/s ({r['new_tokens']} tokens in {r['total_s']:.2f} s), "
             f"decode {r['ms_per_step']:.2f} ms/step over {r['steps']} steps"
         )
+        if r.get("allreduce_ran", "none") != "none":
+            line += f" (all-reduce ran: {r['allreduce_ran']})"
         if "roofline_ms" in roof:
             line += (
                 f"; roofline per rank {roof['roofline_ms']:.2f} ms (weights {roof['weight_gb']:.2f} GB + KV "
@@ -339,12 +361,29 @@ def parse(argv):
     ap.add_argument("--gpu-memory-fraction", type=float, default=0.8)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--vocab-parallel", default="on", help="at TP > 1: comma-separated on/off, each run")
+    ap.add_argument("--allreduce", default="nccl", help="at TP > 1: comma-separated nccl/nccl-dtype/symm")
     ap.add_argument("--profile", action="store_true", help="the driver's GPU time a decode step, by kernel")
     ap.add_argument("--timeout", type=float, default=600, help="seconds a rank waits for the others")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+    if set(args.vocab_parallel.split(",")) - {"on", "off"}:
+        ap.error(f"--vocab-parallel {args.vocab_parallel}: comma-separated on/off")
     return args
+
+
+def variants(args) -> list[tuple[int, str, str]]:
+    """(TP size, vocab-parallel on/off, all-reduce mode) of every run: one at TP=1 (nothing to split), every
+    combination of --vocab-parallel and --allreduce at TP > 1."""
+    out = []
+    for size in (int(s) for s in args.tp.split(",")):
+        if size == 1:
+            out.append((1, "off", "nccl"))
+            continue
+        for vp in args.vocab_parallel.split(","):
+            out += [(size, vp, mode) for mode in args.allreduce.split(",")]
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -356,12 +395,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     bw = copy_bandwidth(torch.device("cuda", 0)) if cuda else None
     if cuda:
         torch.cuda.empty_cache()  # (the bandwidth test's 2 GiB)
-    for size in (int(s) for s in args.tp.split(",")):
+    for size, vp, mode in variants(args):
+        key: int | str = size if size == 1 else f"{size} vp={vp} {mode}"
         why = fits(args, size)
-        res["tp"][size] = dict(skipped=why) if why else run(args, size, bw)
-        print(
-            report({**res, "tp": {size: res["tp"][size]}}), flush=True
-        )  # (as it comes: a later size may fail)
+        run_args = argparse.Namespace(**{**vars(args), "vp": vp, "allreduce_mode": mode})
+        res["tp"][key] = dict(skipped=why) if why else run(run_args, size, bw)
+        print(report({**res, "tp": {key: res["tp"][key]}}), flush=True)  # (as it comes: a later may fail)
     print("summary\n" + report(res), flush=True)
     if args.json:
         args.json.write_text(json.dumps(res, indent=1, default=str))

@@ -44,8 +44,9 @@ def _mix32(x: Tensor) -> Tensor:
     return x ^ (x >> 16)
 
 
-def uniform_noise(seeds: Tensor, steps: Tensor, vocab_size: int) -> Tensor:
-    """seeds [B] int64 (>= 0), steps [B] int64 -> uniform noise [B, V] float32 in (0, 1).
+def uniform_noise(seeds: Tensor, steps: Tensor, vocab_size: int, offset: int = 0) -> Tensor:
+    """seeds [B] int64 (>= 0), steps [B] int64 -> uniform noise [B, V] float32 in (0, 1) of token ids
+    offset .. offset + V - 1 (a vocabulary slice: a vocab-parallel rank's, fast/tp_head.py).
 
     A pure function of (seed, step, token id): rows never share state, so results do not depend on the
     batch. Resolution is 2**-23 (values (k + 0.5) / 2**23), which keeps -log(u) finite and positive.
@@ -54,7 +55,7 @@ def uniform_noise(seeds: Tensor, steps: Tensor, vocab_size: int) -> Tensor:
     key = _mix32((seeds & _M32) ^ _mix32(((seeds >> 32) & _M32) ^ 0x5BD1E995))
     key = _mix32(key ^ _mix32((steps & _M32) ^ 0x1B873593))  # [B]
     key2 = _mix32(key ^ 0x68E31DA4)
-    vocab = torch.arange(vocab_size, device=seeds.device, dtype=torch.long)
+    vocab = torch.arange(offset, offset + vocab_size, device=seeds.device, dtype=torch.long)
     h = _mix32(_mix32(vocab[None, :] ^ key[:, None]) ^ key2[:, None])  # [B, V]
     return ((h >> 9).float() + 0.5) * (2.0**-23)
 

@@ -7,8 +7,9 @@ engine's API) and batching.py (its loop); pages.py, prefix.py (prefix caching ac
 scheduler.py, sequence.py, state.py and live.py are its bookkeeping, swap.py hands the weights to
 publications between decode steps; vision.py runs a vision-language model's tower and multimodal RoPE
 (images at prefill); action.py acts with a continuous action head (`model.action_head`) at prefill.
-tensor_parallel.py (shards, all-reducing layer math), tp_engine.py (the driver and the other ranks) and
-tp_launch.py (starting a replica's ranks) spread one replica over several GPUs. `build_fast_engine` is the
+tensor_parallel.py (shards, all-reducing layer math), tp_comm.py (its all-reduce modes), tp_head.py (the
+vocab-parallel LM head's sampling), tp_engine.py (the driver and the other ranks) and tp_launch.py
+(starting a replica's ranks) spread one replica over several GPUs. `build_fast_engine` is the
 builder registered as `ENGINES["fast"]`. On CPU the same engine runs eagerly (slowly) for the tests.
 """
 
@@ -48,6 +49,7 @@ from ascent.rollout.fast.tensor_parallel import (
     shard_spec,
     shard_state_dict,
 )
+from ascent.rollout.fast.tp_comm import check_allreduce
 from ascent.rollout.fast.tp_engine import TPEngine
 from ascent.rollout.fast.vision import build_vision, is_vision_config, mrope_rows
 from ascent.rollout.fast.weights import IMPLEMENTATIONS, load_state_dict, state_dict_of
@@ -170,6 +172,8 @@ def build_fast_engine(
     on_swap: str = "continue",
     feed_prompt_tokens: int = 256,
     tensor_parallel: TPGroup | int | None = None,
+    vocab_parallel: bool | None = None,
+    tp_allreduce: str = "nccl",
     prefix_caching: bool = False,
     batch_invariant: bool = False,
     quantization: str = "none",
@@ -196,7 +200,9 @@ def build_fast_engine(
     (engine.py; 0: always prefill); `tensor_parallel`: a number of ranks > 1 starts the replica's other ranks
     as child processes (tp_launch.py) and returns the driver, or a `TPGroup` is this process's rank of the
     replica (tp_engine.py: built on every rank, rank 0 drives, the others `serve()`; owned weights, sharded;
-    every rank captures the same CUDA graphs); `prefix_caching` reuses the K/V of full prompt pages across requests (prefix.py);
+    every rank captures the same CUDA graphs); `vocab_parallel` (default on with tensor parallelism) splits a
+    plain decode step's LM head and sampling over the ranks by vocabulary (tp_head.py); `tp_allreduce` is how
+    the ranks sum their partial products: "nccl" (fp32), "nccl-dtype" or "symm" (tp_comm.py); `prefix_caching` reuses the K/V of full prompt pages across requests (prefix.py);
     `batch_invariant` makes a request's samples independent of what else is batched (runner.py: rows run
     alone, torch attention and sampler, no CUDA graphs or compile; not with tensor parallelism);
     `quantization="fp8"` holds the layers' linear weights in FP8, quantised as they arrive (fp8.py);
@@ -207,6 +213,7 @@ def build_fast_engine(
     """
     tp_size = tensor_parallel.size if isinstance(tensor_parallel, TPGroup) else tensor_parallel or 1
     _check_options(tp_size, quantization, batch_invariant, action_head)
+    check_allreduce(tp_allreduce)
     if moe_path is not None:
         experts_path(moe_path)  # refuses an unknown path before anything is loaded
     fp8 = quantization == "fp8"
@@ -217,8 +224,8 @@ def build_fast_engine(
             call = {k: v for k, v in locals().items() if k != "unused"}
             return launch_replica(tensor_parallel, call)
         tensor_parallel = None
-    cuda_graphs, compile, attention, sampler, moe_path = _debug_overrides(
-        cuda_graphs, compile, attention, sampler, moe_path
+    cuda_graphs, compile, attention, sampler, moe_path, vocab_parallel, tp_allreduce = _debug_overrides(
+        cuda_graphs, compile, attention, sampler, moe_path, vocab_parallel, tp_allreduce
     )
     if batch_invariant:  # the paths whose results depend on the batch's shape stay off (runner.py)
         cuda_graphs, compile, attention, sampler = False, False, "torch", "torch"
@@ -246,15 +253,18 @@ def build_fast_engine(
         m, dt, dev, page_size, kv_cache_tokens, gpu_memory_fraction, max_batch_size, reserve, free_memory
     )
     pages = pool.fit()
+    tp_kw: dict[str, Any] = {}
     if tp is not None:  # every rank's cache has the pages the driver's tables name
         pages = tp.min(pages)
+        tp = tp.with_allreduce(tp_allreduce, max_batch_size * m.spec.hidden_size)  # (a decode step's sums)
+        tp_kw = {"tp": tp, "vocab_parallel": vocab_parallel is not False}
     pages = pool.settle(pages)
     on_cuda = dev.type == "cuda"
     fast_default = "triton" if on_cuda and _has_triton() else "torch"
     runner = _runner(
         m,
         KVCache(m.spec, pages, page_size, dt, dev),
-        tp,
+        tp_kw,
         attention=attention or fast_default,
         compile=on_cuda if compile is None else compile,
         attn_options=attn_options,
@@ -362,13 +372,13 @@ def _load_model(
     return _Model(config, spec, full_spec, weights, vision, max_len)
 
 
-def _runner(m: _Model, cache: KVCache, tp: TPGroup | None, **options: Any) -> ModelRunner:
+def _runner(m: _Model, cache: KVCache, tp_kw: dict[str, Any], **options: Any) -> ModelRunner:
     """The model runner over `cache`: one process's, or this rank's of a tensor-parallel replica (rank 0
-    drives, the others follow)."""
+    drives, the others follow; `tp_kw`: its group `tp` and `vocab_parallel`, empty for one process)."""
     dev = cache.device
     text_config = getattr(m.config, "text_config", None) or m.config  # a vision-language model's decoder
     rope = rope_tables(text_config, m.spec, m.max_len, m.weights.embed.dtype, dev)  # the residual's dtype
-    tp_kw: dict[str, Any] = {} if tp is None else {"tp": tp}
+    tp = tp_kw.get("tp")
     runner_cls = ModelRunner if tp is None else DriverRunner if tp.rank == 0 else ShardRunner
     return runner_cls(
         m.spec,
@@ -394,20 +404,16 @@ def _max_len(spec: Any, max_model_len: int | None) -> int:
     return max_len
 
 
-def _debug_overrides(
-    cuda_graphs: Any, compile: Any, attention: Any, sampler: Any, moe_path: Any
-) -> tuple[Any, ...]:
+DEBUG_KEYS = ("cuda_graphs", "compile", "attention", "sampler", "moe_path", "vocab_parallel", "tp_allreduce")
+
+
+def _debug_overrides(*values: Any) -> tuple[Any, ...]:
     """ASCENT_FAST_ENGINE='{"cuda_graphs": false, "compile": false, "attention": "torch", "sampler": "torch",
-    "moe_path": "dense"}' switches engine parts off for a whole run, to locate a problem (BENCHMARKS.md,
-    logprob agreement)."""
+    "moe_path": "dense", "vocab_parallel": false, "tp_allreduce": "nccl"}' switches engine parts off (or
+    picks them) for a whole run, to locate a problem (BENCHMARKS.md, logprob agreement); `values` in that
+    order."""
     o = json.loads(os.environ.get("ASCENT_FAST_ENGINE", "{}"))
-    return (
-        o.get("cuda_graphs", cuda_graphs),
-        o.get("compile", compile),
-        o.get("attention", attention),
-        o.get("sampler", sampler),
-        o.get("moe_path", moe_path),
-    )
+    return tuple(o.get(k, v) for k, v in zip(DEBUG_KEYS, values, strict=True))
 
 
 def _moe_down(weights: Any) -> Tensor | None:

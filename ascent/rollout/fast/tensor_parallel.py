@@ -4,11 +4,17 @@ Each rank holds a shard of every decoder layer:
 - q/k/v (and their biases) and gate/up are **column-parallel**: rank r keeps its slice of the output rows,
   so it computes its own attention heads and its slice of the MLP's intermediate features;
 - o_proj and down_proj are **row-parallel**: rank r keeps the matching input columns, and the partial
-  products are summed over ranks with one all-reduce each (in fp32: the residual stream is fp32);
+  products are summed over ranks with one all-reduce each (in fp32: the residual stream is fp32; tp_comm.py
+  has the other ways: NCCL in the model's dtype, a one-shot kernel over symmetric memory);
 - query heads are split evenly; KV heads are split too, or replicated when there are fewer KV heads than
   ranks (rank r then keeps KV head r // (size / num_kv_heads), the one its query heads read);
-- the embedding table, the norms and the LM head are **replicated** (not vocab-parallel): every rank embeds
-  its inputs itself, and only rank 0 (the driver) runs the head and samples, so no logits move;
+- the embedding table, the norms and the LM head are **replicated**: every rank embeds its inputs itself; a
+  decode step of a plain batch (temperature or greedy) is **vocab-parallel** by default (`ShardRunner`,
+  tp_head.py): each rank runs its slice of the head's rows (a view: publications still replace the whole)
+  and reduces its logits to a few numbers per row, which one all-gather brings together into the exact
+  sample of the whole; a batch that needs the whole distribution (top-k/top-p, min-p, repetition penalty,
+  allowed tokens) and every prefill's first token are sampled by the driver alone on the whole head, so no
+  logits move;
 - a mixture-of-experts layer (moe.py) keeps its router replicated, so every rank routes every token to the
   same experts, and splits **every expert** like a dense MLP: each rank holds 1/size of every expert's
   intermediate features (gate/up rows of the stacked [E, 2I, H], down columns of [E, H, I]), runs the routed
@@ -48,6 +54,8 @@ from ascent.rollout.fast.layers import LayerMath, _linear_parts, rms_norm
 from ascent.rollout.fast.moe import MoeLayerMath, experts_path, route
 from ascent.rollout.fast.runner import ModelRunner, compile_step
 from ascent.rollout.fast.state import DecodeState, Flags
+from ascent.rollout.fast.tp_comm import SymmetricAllReduce, check_allreduce, symmetric_or_warn
+from ascent.rollout.fast.tp_head import combine, local_candidates, vocab_slice
 from ascent.rollout.fast.vision import RowImages
 
 COLUMN = ("self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.", "mlp.gate_proj.", "mlp.up_proj.")
@@ -66,6 +74,20 @@ class TPGroup:
     size: int
     pg: Any = None
     device: torch.device = torch.device("cpu")
+    store: Any = None  # the group's store (symmetric memory's rendezvous goes through it)
+    name: str = "ascent-tp"  # unique per replica (its store's address)
+    reduce: str = "nccl"  # how `all_reduce` sums (tp_comm.py: "nccl", "nccl-dtype", "symm")
+    symm: SymmetricAllReduce | None = None  # the "symm" mode's buffers, where it runs
+
+    def with_allreduce(self, mode: str, max_numel: int) -> TPGroup:
+        """This group summing the row-parallel partials by `mode` (tp_comm.py); "symm" sets up its symmetric
+        buffers of `max_numel` fp32 values (a collective) or falls back to "nccl" with a warning."""
+        check_allreduce(mode)
+        if mode != "symm":
+            return dataclasses.replace(self, reduce=mode)
+        store = dist.PrefixStore("symm", self.store) if self.store is not None else None
+        symm = symmetric_or_warn(self.name, self.rank, self.size, store, self.pg, self.device, max_numel)
+        return dataclasses.replace(self, reduce="symm" if symm else "nccl", symm=symm)
 
     def command(self, *cmd: Any) -> None:
         """Driver: send every rank the next command (a tuple of plain values and CPU tensors): one broadcast
@@ -110,10 +132,20 @@ class TPGroup:
         self.pg.scatter(out, parts if parts is not None else [], 0).wait()
 
     def all_reduce(self, t: Tensor) -> Tensor:
-        """t summed over the ranks, in fp32 (in place on the fp32 copy)."""
-        t = t.float()
+        """t summed over the ranks, as fp32: in fp32 by NCCL/gloo (in place on the fp32 copy), or in t's
+        dtype ("nccl-dtype"), or by the one-shot kernel over symmetric memory ("symm", up to its size)."""
+        if self.symm is not None and self.symm.fits(t):
+            return self.symm(t)
+        t = t.contiguous() if self.reduce == "nccl-dtype" else t.float()
         self.pg.allreduce(t).wait()
-        return t
+        return t.float()
+
+    def all_gather(self, t: Tensor) -> Tensor:
+        """t [n, ...] (the same shape on every rank) -> [size, n, ...]: every rank's t, in rank order."""
+        t = t.contiguous()
+        out = torch.empty(self.size * t.shape[0], *t.shape[1:], dtype=t.dtype, device=t.device)
+        self.pg._allgather_base(out, t).wait()
+        return out.view(self.size, *t.shape)
 
     def min(self, n: int) -> int:
         """The smallest of every rank's n (how many KV cache pages every rank can hold)."""
@@ -131,15 +163,18 @@ def tp_group(
     `device` is CUDA, else gloo. Waits up to `timeout_s` for every rank (then raises)."""
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.PrefixStore("ascent-tp", dist.TCPStore(host, port, size, rank == 0, timeout=timeout))
+    pg: Any
     if device.type == "cuda":
         from torch.distributed import ProcessGroupNCCL  # deferred: absent from CPU builds of torch
 
         opts = ProcessGroupNCCL.Options()
         opts._timeout = timeout
-        return TPGroup(rank, size, ProcessGroupNCCL(store, rank, size, opts), device)
-    from torch.distributed import ProcessGroupGloo  # (as transport/broadcast.py imports it)
+        pg = ProcessGroupNCCL(store, rank, size, opts)
+    else:
+        from torch.distributed import ProcessGroupGloo  # (as transport/broadcast.py imports it)
 
-    return TPGroup(rank, size, ProcessGroupGloo(store, rank, size, timeout), torch.device("cpu"))
+        pg, device = ProcessGroupGloo(store, rank, size, timeout), torch.device("cpu")
+    return TPGroup(rank, size, pg, device, store, f"ascent-tp-{host}:{port}")
 
 
 def check_shardable(spec: ModelSpec, size: int) -> None:
@@ -311,9 +346,10 @@ class TPMoeLayerMath(TPLayerMath, MoeLayerMath):
 class ShardRunner(ModelRunner):
     """A ModelRunner over one rank's shard (spec = `shard_spec`): its layers all-reduce (`TPLayerMath`).
     Every rank runs the same forwards; only the driver's outputs are used (hidden states, sampled tokens,
-    an MoE model's routes)."""
+    an MoE model's routes). `vocab_parallel`: a plain decode step's LM head and sampling are split over the
+    ranks by vocabulary (tp_head.py); else the driver runs them alone on the whole (replicated) head."""
 
-    def __init__(self, *args: Any, tp: TPGroup, **kwargs: Any):
+    def __init__(self, *args: Any, tp: TPGroup, vocab_parallel: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.tp = tp
         moe_path = kwargs.get("moe_path", "dense")
@@ -322,25 +358,78 @@ class ShardRunner(ModelRunner):
         )
         self.attn_out = self.math.attn_out  # (uncompiled: it holds the collectives; the MLP between is)
         self.attn_out_routed = getattr(self.math, "attn_out_routed", None)
+        self.vocab = vocab_slice(len(self.w.lm_head), tp.rank, tp.size) if vocab_parallel else None
+        self.candidates, self.combine = local_candidates, combine
         if kwargs.get("compile"):
             self.math.mlp = compile_step(self.math.mlp)  # type: ignore[method-assign]
             if isinstance(self.math, TPMoeLayerMath):  # the MoE block between the collectives too
                 self.math.moe_mlp = compile_step(self.math.moe_mlp)  # type: ignore[method-assign]
+            self.candidates, self.combine = compile_step(local_candidates), compile_step(combine)
 
     @torch.no_grad()
     def decode(self, st: DecodeState, b: int, flags: Flags, max_len: int | None = None) -> None:
-        """Every rank: rows [0, b) of the driver's step inputs (token ids, positions, page tables, active)
-        are broadcast into this rank's `st` on the device (no host round trip, so a CUDA graph of the step
-        holds the broadcasts too), then the driver runs the whole step (layers, head, sampling, advance:
-        ModelRunner.decode) and the other ranks the layers alone."""
-        for t in (st.input_ids, st.positions, st.block_tables, st.active):
-            self.tp.broadcast(t[:b])
-        if self.tp.rank == 0:
+        """Every rank: rows [0, b) of the driver's step inputs reach this rank's `st` on the device in one
+        broadcast (`_share_inputs`: no host round trip, so a CUDA graph of the step holds it too), then the
+        driver runs the whole step (layers, head, sampling, advance: ModelRunner.decode) and the other ranks
+        the layers alone; or, vocab-parallel on a plain batch, every rank runs the layers and its slice of
+        the head, and the driver advances (`vocab_parallel_sample`)."""
+        split = self.vocab is not None and not (
+            flags.top_k_top_p or flags.min_p or flags.penalty or flags.restricted or self.allowed is not None
+        )
+        sampling = self._share_inputs(st, b, split and not flags.all_greedy)
+        if self.tp.rank == 0 and not split:
             super().decode(st, b, flags, max_len)
+            return
+        routes = st.out_routes[:b] if st.out_routes is not None and self.tp.rank == 0 else None
+        x = self.decode_hidden(
+            st.input_ids[:b], st.positions[:b], st.block_tables[:b], st.active[:b], max_len, None, routes
+        )
+        if split:
+            tokens, logprobs = self.vocab_parallel_sample(x, st, b, flags, sampling)
+            if self.tp.rank == 0:
+                st.advance(b, tokens, logprobs, flags)
+
+    def _share_inputs(self, st: DecodeState, b: int, sampling: bool) -> tuple[Tensor, Tensor, Tensor] | None:
+        """Rows [0, b) of the driver's token ids, positions, active flags (then, with `sampling`, seeds,
+        sampling steps and temperatures' bits) and page tables, packed as int64 [b, 3 (+ 3) + pages]: one
+        broadcast (a latency-bound collective) instead of one per tensor; the other ranks unpack them into
+        their `st`. -> the rows' (temperature [b], seeds [b], steps [b]) with `sampling`, else None."""
+        cols = [st.input_ids, st.positions, st.active]
+        if sampling:
+            cols += [st.seeds, st.steps, st.temperature.view(torch.int32)]
+        n, dev = len(cols), st.input_ids.device
+        if self.tp.rank == 0:
+            packed = torch.cat([*(c[:b, None].long() for c in cols), st.block_tables[:b].long()], dim=1)
         else:
-            self.decode_hidden(
-                st.input_ids[:b], st.positions[:b], st.block_tables[:b], st.active[:b], max_len
-            )
+            packed = torch.empty(b, n + st.block_tables.shape[1], dtype=torch.long, device=dev)
+        self.tp.broadcast(packed)
+        if self.tp.rank != 0:
+            for i, t in enumerate((st.input_ids, st.positions, st.active)):
+                t[:b].copy_(packed[:, i])
+            st.block_tables[:b].copy_(packed[:, n:])
+        if not sampling:
+            return None
+        return packed[:, 5].to(torch.int32).view(torch.float32), packed[:, 3], packed[:, 4]
+
+    def vocab_parallel_sample(
+        self,
+        x: Tensor,
+        st: DecodeState,
+        b: int,
+        flags: Flags,
+        sampling: tuple[Tensor, Tensor, Tensor] | None,
+    ) -> tuple[Tensor, Tensor]:
+        """x [b, H] last hidden states -> (tokens [b], logprobs [b]) of a plain batch (no filters, penalty
+        or masks): this rank's logits slice reduced to per-row candidates (tp_head.py), gathered from every
+        rank (one all-gather of [b, 5] values) and combined. `sampling`: the rows' (temperature, seeds,
+        steps) as the driver holds them (`_share_inputs`); None for an all-greedy batch (no noise; every
+        temperature then scales by 1)."""
+        assert self.vocab is not None
+        start, end = self.vocab
+        temperature, seeds, steps = sampling or (st.temperature[:b], st.seeds[:b], st.steps[:b])
+        logits = self.logits(x, self.w.norm, self.w.lm_head[start:end])
+        stats = self.candidates(logits, temperature, seeds, steps, start, flags.all_greedy)
+        return self.combine(self.tp.all_gather(stats))
 
 
 class DriverRunner(ShardRunner):
