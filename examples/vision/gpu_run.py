@@ -11,10 +11,11 @@ read from the zoomed view; its loss printed per step), then per seed GRPO with o
 real CLI call (echoed). Recorded, as JSON (`--json`, rewritten after every phase) and a table: held-out
 greedy accuracy at the start, every `--val-every` iterations and at the end; per window of `--window`
 iterations the sampled episodes' right-zoom rate (the zoom into the asked quarter; chance 0.25) and mean
-reward; each phase's wall time and the GPU's peak memory in use (nvidia-smi, polled).
+reward; each phase's wall time and the GPU's peak memory in use (nvidia-smi memory.used, polled every 2 s:
+the whole device, CUDA context and allocator cache included).
 
-`--budget-s` bounds the whole command: the setup and stage 1 come first (stage 1 is stopped at
-`--sft-share` of the budget, its checkpoint then the start), the GRPO runs share what is left. A GRPO run
+`--budget-s` bounds the whole command: the setup and stage 1 come first (stage 1 is stopped once
+`--sft-share` of the budget has passed, its checkpoint then the start), the GRPO runs share what is left. A GRPO run
 stops (SIGTERM: it ends its iteration and writes a checkpoint, `checkpoint.on_interrupt`) right after a
 validation when the next one would not fit its share, so its last accuracy is a validated one. Every knob
 of the recipe is a flag or a `key=value` override for both stages' configs (`--sft-set` / `--grpo-set`
@@ -56,7 +57,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--root", type=Path, default=Path("/tmp/ascent_vision"), help="model, data and runs")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--budget-s", type=float, default=480.0, help="wall-clock bound of the whole command")
-    p.add_argument("--sft-share", type=float, default=0.35, help="most of the budget stage 1 may use")
+    p.add_argument("--sft-share", type=float, default=0.4, help="most of the budget setup + stage 1 may use")
     p.add_argument("--rows", type=int, default=2048, help="training questions (stage 1's demonstrations)")
     p.add_argument("--seeds", type=int, default=1, help="GRPO seeds per arm")
     p.add_argument("--arms", default="zoom,plain", help="zoom (with the tool), plain (without), or both")
@@ -75,13 +76,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--drop-weights",
         action="store_true",
-        help="delete each GRPO run's weights once it is recorded (3B: ~14 GB each; the disk holds ~4 of them)",
+        help="delete each GRPO run's weights once it is recorded (3B: ~14 GB each, fp32; a 64 GB disk holds "
+        "the setup, stage 1 and two runs): on by itself at --shape 3b with --seeds 2 or more",
     )
     p.add_argument("--sft-set", nargs="*", default=[], help="key=value overrides of stage 1 only")
     p.add_argument("--grpo-set", nargs="*", default=[], help="key=value overrides of the GRPO runs only")
     p.add_argument("overrides", nargs="*", help="key=value overrides of every config (both stages)")
     a = p.parse_args(argv)
     a.device = a.device or ("cuda" if a.shape == "3b" else "cpu")
+    a.drop_weights = a.drop_weights or (a.shape == "3b" and a.seeds > 1)
     a.arms = [arm.strip() for arm in a.arms.split(",") if arm.strip()]
     if not a.arms or set(a.arms) - {"zoom", "plain"}:
         p.error(f"--arms={','.join(a.arms)}: name zoom, plain or zoom,plain")
@@ -209,6 +212,7 @@ class Phase:
         ok = proc.returncode == 0 or (self.stopped and proc.returncode == 128 + signal.SIGTERM)
         if not ok:
             sys.exit(f"[{self.name}] failed (exit {proc.returncode}): {shlex.join(argv)}")
+        self.stopped = self.stopped and proc.returncode != 0  # a run that ended as the signal came finished
         return {"seconds": round(time.time() - t0, 1), "peak_gpu_mib": self.peak_mib, "stopped": self.stopped}
 
     def police(self) -> None:
@@ -320,13 +324,13 @@ def grpo_runs(a: argparse.Namespace, t0: float, start: Path, report: dict[str, A
         argv = [sys.executable, "-m", "ascent", *grpo_command(a, run, start, arm, seed)]
         timing = phase.run(argv)
         vals = [[it, acc] for it, acc, _ in phase.vals]
-        iterations = [m["step"] for m in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+        done = metric_lines(run / "metrics.jsonl", 0)[0]
         report["phases"][f"grpo_{arm}_{seed}"] = timing
         report["runs"].append(
             {
                 "arm": arm,
                 "seed": seed,
-                "iterations_done": max(iterations, default=0),
+                "iterations_done": max((m.get("step", 0) for m in done), default=0),
                 "val": vals,
                 "start": vals[0][1] if vals else None,
                 "end": vals[-1][1] if vals else None,
@@ -352,7 +356,11 @@ def table(report: dict[str, Any]) -> str:
         lines.append(f"{name} | {p['seconds']:.0f} | {p['peak_gpu_mib'] or '-'} | {p['stopped']}")
     sft = report["phases"].get("sft", {}).get("nll", [])
     if sft:
-        lines.append(f"stage 1 nll: first {sft[0]:.3f}, last {sft[-1]:.3f} over {len(sft)} steps")
+        tail = sft[-10:]
+        lines.append(
+            f"stage 1 nll: step 1 {sft[0]:.3f}, mean of the last {len(tail)} {sum(tail) / len(tail):.3f}"
+        )
+        lines.append(f"({len(sft)} steps; chance over the 4 pattern words is ln 4 = 1.386)")
     lines += ["", "run | iterations | held out (iteration: accuracy) | right zoom per window"]
     for r in report["runs"]:
         held = ", ".join(f"{it}: {acc:.3f}" for it, acc in r["val"])

@@ -11,7 +11,8 @@
 # Writes under $OUT: vision_3b.json (gpu_run.py --json), vision_3b.log (everything), device.txt, and each
 # run's metrics.jsonl and config.yaml under runs/.
 set -u
-out=${OUT:-/tmp/out}; budget=${1:-450}; shift || true
+out=${OUT:-/tmp/out}; budget=450
+if [[ "${1:-}" =~ ^[0-9]+$ ]]; then budget=$1; shift; fi
 mkdir -p "$out"
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
@@ -20,9 +21,12 @@ fi
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:${PYTHONPATH:-}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/device.txt"
 df -h /tmp | tail -1 | tee -a "$out/device.txt"
-python3 -c "import torch, transformers, llguidance, PIL, pydantic, pebble
+if ! python3 -c "import torch, transformers, llguidance, PIL, pydantic, pebble
 import ascent.cli, ascent.envs.image_env, ascent.rollout.constraints
-print('torch', torch.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -3 | tee -a "$out/device.txt"
+print('torch', torch.__version__, 'transformers', transformers.__version__)" >> "$out/device.txt" 2>&1; then
+  tail -5 "$out/device.txt"; echo "a module is missing: see the wheels this file's head names"; exit 1
+fi
+tail -1 "$out/device.txt"
 root=/tmp/ascent_vision
 rm -rf "$root"
 timeout $((budget + 120)) python3 examples/vision/gpu_run.py --root "$root" --json "$out/vision_3b.json" \
