@@ -178,8 +178,9 @@ def _train(
             progress.update(step, metrics)
             _checkpoint_or_stop(cfg, run_dir, step, steps, trainer, tok, sampler, stop)
     final = run_dir / "final"
-    # HF weights + tokenizer (+ optimizer state, so the warm-start can be resumed)
-    trainer.call(TrainerWorker.save, str(final), True)
+    # HF weights + tokenizer (+ optimizer state, so the warm-start can be resumed, unless
+    # checkpoint.save_optimizer=false: a 3B model's AdamW state is ~27 GB more to write)
+    trainer.call(TrainerWorker.save, str(final), cfg.checkpoint.save_optimizer)
     tok.save_pretrained(str(final))
     log.info("SFT finished: %s (train nll %.4f)", final, metrics.get("sft/nll", float("nan")))
     return metrics

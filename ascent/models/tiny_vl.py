@@ -12,7 +12,7 @@ torchvision) is needed; the checkpoint is read through the ordinary `from_pretra
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,8 +30,31 @@ VL_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>a{% endif %}"
 )
 
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # the checkpoint's dtype on disk (torch's names)
 VLFamily = Literal["qwen2_5_vl", "qwen3_vl"]
 PATCH = {"qwen2_5_vl": 14, "qwen3_vl": 16}  # the vision tower's patch size per family
+
+# Qwen2.5-VL-3B-Instruct's dimensions (its config.json), for a random-weight model of the real size over a
+# small tokenizer: `make_tiny_vl_checkpoint(..., text=QWEN2_5_VL_3B_TEXT, vision=QWEN2_5_VL_3B_VISION)`.
+QWEN2_5_VL_3B_TEXT: dict[str, Any] = {
+    "hidden_size": 2048,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 32768,
+}
+QWEN2_5_VL_3B_VISION: dict[str, Any] = {
+    "depth": 32,
+    "hidden_size": 1280,
+    "intermediate_size": 3420,
+    "num_heads": 16,
+    "fullatt_block_indexes": [7, 15, 23, 31],
+    "window_size": 112,
+}
 
 
 def _text_config(vocab: int, hidden: int, layers: int, tokenizer) -> dict:
@@ -51,12 +74,23 @@ def _text_config(vocab: int, hidden: int, layers: int, tokenizer) -> dict:
     }
 
 
-def _config(family: VLFamily, tokenizer, hidden: int, layers: int, vision_hidden: int):
-    """The transformers config of a tiny `family` model over `tokenizer` (mrope sections sum to head_dim/2)."""
+def _config(
+    family: VLFamily,
+    tokenizer,
+    hidden: int,
+    layers: int,
+    vision_hidden: int,
+    text_shape: Mapping[str, Any] | None = None,
+    vision_shape: Mapping[str, Any] | None = None,
+):
+    """The transformers config of a tiny `family` model over `tokenizer` (mrope sections sum to head_dim/2);
+    `text_shape` / `vision_shape` replace the tiny dimensions (e.g. QWEN2_5_VL_3B_TEXT / _VISION)."""
     from transformers import Qwen2_5_VLConfig, Qwen3VLConfig  # deferred: transformers, slow to import
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
-    text = _text_config(len(tokenizer), hidden, layers, tokenizer)
+    text = _text_config(len(tokenizer), hidden, layers, tokenizer) | dict(text_shape or {})
+    if text_shape and "head_dim" not in text_shape:
+        text["head_dim"] = text["hidden_size"] // text["num_attention_heads"]
     half = text["head_dim"] // 2
     sections = [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8]
     tokens = {
@@ -71,12 +105,12 @@ def _config(family: VLFamily, tokenizer, hidden: int, layers: int, vision_hidden
         "hidden_size": vision_hidden,
         "intermediate_size": 2 * vision_hidden,
         "num_heads": 2,
-        "out_hidden_size": hidden,
+        "out_hidden_size": text["hidden_size"],
         "patch_size": PATCH[family],
     }
     if family == "qwen2_5_vl":
         text["rope_scaling"] = {"type": "mrope", "mrope_section": sections}
-        vision |= {"fullatt_block_indexes": [1], "window_size": 4 * PATCH[family]}
+        vision |= {"fullatt_block_indexes": [1], "window_size": 4 * PATCH[family]} | dict(vision_shape or {})
         return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **tokens)
     text["rope_scaling"] = {"rope_type": "default", "mrope_section": sections, "mrope_interleaved": True}
     vision |= {"deepstack_visual_indexes": [0], "num_position_embeddings": 64}
@@ -109,10 +143,18 @@ def make_tiny_vl_checkpoint(
     chars: str = DEFAULT_CHARS,
     words: Sequence[str] = (),
     seed: int = 0,
+    text: Mapping[str, Any] | None = None,
+    vision: Mapping[str, Any] | None = None,
+    dtype: Literal["fp32", "bf16"] = "fp32",
+    device: str = "cpu",
 ) -> Path:
     """Write a randomly initialised tiny `family` vision-language model, its tokenizer and its image
     processor to `out_dir`; return the path. The pixel budget defaults to 4..64 merged patches per image
-    (a 2x2 merge of patch_size pixels each), so test images become 4 to 64 image tokens."""
+    (a 2x2 merge of patch_size pixels each), so test images become 4 to 64 image tokens. `text` / `vision`
+    (Qwen2.5-VL only for `vision`) replace the tiny dimensions, e.g. QWEN2_5_VL_3B_TEXT / _VISION for the
+    real 3B shape; such a model is best initialised on `device="cuda"` and written in `dtype="bf16"`."""
+    if vision and family != "qwen2_5_vl":
+        raise ValueError(f"vision shape given for family={family!r}: only qwen2_5_vl takes one")
     # deferred: torch and transformers, slow to import
     import torch
     from transformers import AutoModelForImageTextToText
@@ -127,10 +169,14 @@ def make_tiny_vl_checkpoint(
         min_pixels=min_pixels or 4 * unit,
         max_pixels=max_pixels or 64 * unit,
     ).save_pretrained(str(out))
-    config = _config(family, tokenizer, hidden_size, num_layers, vision_hidden_size)
+    config = _config(family, tokenizer, hidden_size, num_layers, vision_hidden_size, text, vision)
     torch.manual_seed(seed)
-    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    with torch.device(device):
+        model = AutoModelForImageTextToText.from_config(config, dtype=getattr(torch, DTYPES[dtype]))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(str(out), safe_serialization=True)
+    del model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
     return out

@@ -1,8 +1,9 @@
 """Images to model inputs, one way for every stage (data, environments, engines, trainer): `ImageCodec`.
 
 A vision-language checkpoint keeps its image processor in preprocessor_config.json. `load_image_codec(dir)`
-reads it (transformers' `AutoImageProcessor`; without torchvision, the PIL implementation) with the
-checkpoint's `image_token_id`, and then:
+reads it (transformers' `AutoImageProcessor`; without torchvision, the PIL implementation, named directly
+where the auto class refuses to run without torchvision, as in transformers 5.17) with the checkpoint's
+`image_token_id`, and then:
 
 - `encode(image, source)` turns one PIL image (or an RGB uint8 array) into an `ImageInput`: its patches,
   their grid and how many image tokens it becomes under the processor's pixel budget
@@ -120,7 +121,10 @@ def load_image_codec(
             "preprocessor_config.json); point model.path at a Qwen2.5-VL/Qwen3-VL directory."
         )
     budget = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
-    processor = AutoImageProcessor.from_pretrained(str(p), local_files_only=True, **budget)
+    try:
+        processor = AutoImageProcessor.from_pretrained(str(p), local_files_only=True, **budget)
+    except ImportError:  # transformers releases whose auto class insists on torchvision (5.17)
+        processor = _pil_processor_class(p).from_pretrained(str(p), local_files_only=True, **budget)
     problem = processor_problem(_vision_config(p), processor)
     if problem is not None:
         raise ImageCodecError(
@@ -129,6 +133,22 @@ def load_image_codec(
             "Qwen3-VL: 16; both merge_size 2)."
         )
     return ImageCodec(processor, token, int(getattr(processor, "merge_size", 2)))
+
+
+def _pil_processor_class(path: Path) -> Any:
+    """The PIL implementation (no torchvision) of the image processor preprocessor_config.json names: its
+    `...Pil` class where transformers has one, else the named class itself."""
+    import transformers  # deferred: transformers, slow to import
+
+    name = str(json.loads((path / "preprocessor_config.json").read_text()).get("image_processor_type", ""))
+    name = name.removesuffix("Fast")
+    found = getattr(transformers, f"{name}Pil", None) or getattr(transformers, name, None)
+    if found is None:
+        raise ImageCodecError(
+            f"{str(path)!r}: image_processor_type {name!r} in preprocessor_config.json is not a transformers "
+            "image processor this release has; install torchvision or point model.path at a Qwen-VL checkpoint."
+        )
+    return found
 
 
 # preprocessor_config.json's name -> config.json vision_config's name of the same number

@@ -52,7 +52,8 @@ class LLGuidanceConstraints:
 
     def __call__(self, grammar: str, vocab_size: int) -> GrammarConstraint:
         if vocab_size not in self._ll:
+            # one end token as an int: llguidance < 1.7 (the manylinux_2_28 wheels) takes no list
             self._ll[vocab_size] = llguidance.hf.from_tokenizer(
-                self.tokenizer, n_vocab=vocab_size, eos_token=self.eos
+                self.tokenizer, n_vocab=vocab_size, eos_token=self.eos[0]
             )
         return GrammarConstraint(llguidance.LLMatcher(self._ll[vocab_size], grammar), vocab_size, self.eos)

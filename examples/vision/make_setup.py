@@ -12,6 +12,8 @@ writes OUT/model, OUT/zoom (rows for `zoom_qa`) and OUT/plain (the same rows for
 `sft.jsonl`, its arm's warm-start demonstrations (zoom then answer; answer at once), and the two stages
 of the warm start made from them: `read.jsonl` (the pattern word alone in the loss) and `format.jsonl`
 (whole demonstrations; with the tool, `wandering`: a zoom into a random quarter, answered with what it shows).
+`--shape 3b --device cuda`: the same tokenizer and pixel budget over Qwen2.5-VL-3B's dimensions, random
+weights in bf16 (`gpu_run.py`'s real-size run).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 from ascent.envs.image_env import SYSTEM, SYSTEM_NO_TOOLS
 from ascent.envs.tasks.common import write_rows
 from ascent.envs.tasks.zoom_task import PATTERNS, QUARTERS, QUESTION, demonstration, make_zoom_task
-from ascent.models.tiny_vl import make_tiny_vl_checkpoint
+from ascent.models.tiny_vl import QWEN2_5_VL_3B_TEXT, QWEN2_5_VL_3B_VISION, make_tiny_vl_checkpoint
 
 SIZE, DETAIL, TOKENS = 112, 40, 4  # image side, framed square's side (pixels), image tokens per image
 UNIT = 28 * 28  # pixels of one Qwen2.5-VL image token (a 2 x 2 merge of 14-pixel patches)
@@ -48,6 +50,9 @@ WORDS = [
     " of image 0:",
     "Image 1 (zoom of image 0 at ",
 ]
+# `--shape`: the checkpoint's dimensions (text, vision); None keeps the tiny model's (`hidden_size` wide).
+# `3b` is Qwen2.5-VL-3B's, random weights in bf16, over the same tokenizer and pixel budget (the same task).
+SHAPES = {"tiny": (None, None), "3b": (QWEN2_5_VL_3B_TEXT, QWEN2_5_VL_3B_VISION)}
 
 
 def reading(demo: dict[str, Any]) -> dict[str, Any]:
@@ -105,8 +110,12 @@ def make_setup(
     hidden_size: int = 64,
     n_format: int = 64,
     place_loss: bool = True,
+    shape: str = "tiny",
+    device: str = "cpu",
 ) -> Path:
-    """Write OUT/model, OUT/zoom and OUT/plain (see module doc); return `out`."""
+    """Write OUT/model (`shape`: SHAPES; initialised on `device`), OUT/zoom and OUT/plain (see module doc);
+    return `out`."""
+    text, vision = SHAPES[shape]
     make_tiny_vl_checkpoint(
         out / "model",
         hidden_size=hidden_size,
@@ -114,6 +123,10 @@ def make_setup(
         max_pixels=TOKENS * UNIT,
         words=WORDS,
         seed=seed,
+        text=text,
+        vision=vision,
+        dtype="fp32" if text is None else "bf16",
+        device=device,
     )
     for name, env in (("zoom", "zoom_qa"), ("plain", "image_qa")):
         make_zoom_task(out / name, rows, seed, n_val=n_val, size=SIZE, detail=DETAIL, env=env, sft=True)
@@ -126,8 +139,10 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="the checkpoint's dimensions")
+    parser.add_argument("--device", default="cpu", help="where the weights are initialised (cuda for 3b)")
     args = parser.parse_args()
-    out = make_setup(args.out, args.rows, args.seed)
+    out = make_setup(args.out, args.rows, args.seed, shape=args.shape, device=args.device)
     paths = {name: str(out / name) for name in ("model", "zoom", "plain")}
     print(json.dumps(paths))
 
