@@ -200,9 +200,10 @@ def build_fast_engine(
     (engine.py; 0: always prefill); `tensor_parallel`: a number of ranks > 1 starts the replica's other ranks
     as child processes (tp_launch.py) and returns the driver, or a `TPGroup` is this process's rank of the
     replica (tp_engine.py: built on every rank, rank 0 drives, the others `serve()`; owned weights, sharded;
-    every rank captures the same CUDA graphs); `vocab_parallel` (default on with tensor parallelism) splits a
-    plain decode step's LM head and sampling over the ranks by vocabulary (tp_head.py); `tp_allreduce` is how
-    the ranks sum their partial products: "nccl" (fp32), "nccl-dtype" or "symm" (tp_comm.py); `prefix_caching` reuses the K/V of full prompt pages across requests (prefix.py);
+    every rank captures the same CUDA graphs); `vocab_parallel` (opt-in, tensor parallelism only: exact on CPU, not yet
+    checked on a GPU, 1% of a 7B TP=2 step on H200s) splits a plain decode step's LM head and sampling over
+    the ranks by vocabulary (tp_head.py); `tp_allreduce` is how
+    the ranks sum their partial products: "nccl" (fp32), "nccl-dtype" or "symm" (tp_comm.py; experimental, see there); `prefix_caching` reuses the K/V of full prompt pages across requests (prefix.py);
     `batch_invariant` makes a request's samples independent of what else is batched (runner.py: rows run
     alone, torch attention and sampler, no CUDA graphs or compile; not with tensor parallelism);
     `quantization="fp8"` holds the layers' linear weights in FP8, quantised as they arrive (fp8.py);
@@ -257,7 +258,7 @@ def build_fast_engine(
     if tp is not None:  # every rank's cache has the pages the driver's tables name
         pages = tp.min(pages)
         tp = tp.with_allreduce(tp_allreduce, max_batch_size * m.spec.hidden_size)  # (a decode step's sums)
-        tp_kw = {"tp": tp, "vocab_parallel": vocab_parallel is not False}
+        tp_kw = {"tp": tp, "vocab_parallel": bool(vocab_parallel)}
     pages = pool.settle(pages)
     on_cuda = dev.type == "cuda"
     fast_default = "triton" if on_cuda and _has_triton() else "torch"

@@ -54,7 +54,7 @@ def test_two_ranks_with_split_head_sample_what_one_process_samples(tmp_path, mon
     kw: dict[str, Any] = {"model_path": path, "dtype": "fp32", "device": "cpu", "page_size": 8}
     kw |= {"max_model_len": 64, "max_batch_size": 4}
     with pytest.warns(UserWarning, match="tp_allreduce='symm': symmetric memory needs CUDA"):
-        tp2 = _generate(build_fast_engine(**kw, tensor_parallel=2, tp_allreduce="symm"))
+        tp2 = _generate(build_fast_engine(**kw, tensor_parallel=2, tp_allreduce="symm", vocab_parallel=True))
     tp1 = _generate(build_fast_engine(**kw))
     for batch2, batch1 in zip(tp2, tp1, strict=True):
         assert [t for t, _ in batch2] == [t for t, _ in batch1]
