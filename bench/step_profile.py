@@ -20,7 +20,10 @@ MOE_CATEGORIES = (  # (category, name fragments), first match wins: the order ma
     ("nccl", ("nccl",)),
     ("grouped_mm", ("grouped", "groupproblemshape")),
     ("router (topk/softmax)", ("topk", "softmax")),
-    ("sort/searchsorted/index copies", ("sort", "searchsorted", "index", "scatter", "gather", "arange")),
+    (
+        "sort/searchsorted/index copies",
+        ("sort", "searchsorted", "cumsum", "index", "scatter", "gather", "arange"),
+    ),
     ("attention", ("_split_kernel", "_combine_kernel", "attention", "flash", "sdpa")),
     ("norms", ("rsqrt", "norm")),
     ("matmul (dense)", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "gemv", "aten::mm", "aten::addmm")),

@@ -14,8 +14,14 @@ import torch
 
 from ascent.messages import GenerationRequest, SamplingParams
 from ascent.models.tiny import make_tiny_moe_checkpoint
-from ascent.rollout.fast import build_fast_engine
-from ascent.rollout.fast.moe import experts_forward, experts_forward_routed, route
+from ascent.rollout.fast import build_fast_engine, moe
+from ascent.rollout.fast.moe import (
+    experts_forward,
+    experts_forward_routed,
+    group_by_expert,
+    route,
+    sorting_group,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -56,6 +62,24 @@ def test_routed_bf16_agrees_with_dense_within_rounding(t, monkeypatch):
     dense_err = (dense.float() - ref).abs().max().item()
     routed_err = (routed.float() - ref).abs().max().item()
     assert routed_err <= max(2 * dense_err, 0.02 * scale), (routed_err, dense_err, scale)
+
+
+@pytest.mark.parametrize("t", [1, 128, 4096])  # 4096 x top-8 x 128 experts is above COUNTING_SORT_MAX
+def test_compiled_grouping_on_cuda_is_the_stable_sorts(t):
+    """The counting sort compiled as the TP MoE block is (dynamic shapes) gives the stable sort's order,
+    inverse and ends on CUDA; above the threshold the compiled function sorts."""
+    grouped = torch.compile(group_by_expert, dynamic=True)
+    ids = _inputs(t, seed=t)[1].reshape(-1)
+    for got, want in zip(grouped(ids, E), sorting_group(ids, E), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_routed_bf16_is_bit_identical_counting_or_sorting(monkeypatch):
+    gate_up, down = _experts()
+    h, ids, w = _inputs(128, seed=3)
+    counted = experts_forward_routed(h, ids, w, gate_up, down)
+    monkeypatch.setattr(moe, "COUNTING_SORT_MAX", 0)
+    assert torch.equal(counted, experts_forward_routed(h, ids, w, gate_up, down))
 
 
 def test_a_cuda_graph_captures_the_routed_path():

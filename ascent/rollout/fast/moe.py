@@ -15,7 +15,8 @@ Two paths compute the experts (`MOE_PATHS`, the engine's `moe_path`):
 - "dense" (`experts_forward`): every expert runs on every row with a zero weight where it was not chosen
   (adding 0 is exact), summed in ascending expert order, transformers' order, so it matches transformers
   bit for bit where the matmuls do; it costs E/k times the needed compute (16x for Qwen3-30B-A3B).
-- "routed" (`experts_forward_routed`): the T*k (token, expert) pairs sorted by expert, their rows gathered,
+- "routed" (`experts_forward_routed`): the T*k (token, expert) pairs grouped by expert in pair order
+  (`group_by_expert`: a counting sort at decode sizes, a stable sort above), their rows gathered,
   each expert's matmuls run on its contiguous range of rows only (a grouped matmul: `torch._grouped_mm` on
   CUDA, a loop over experts elsewhere), the rows put back in (token, slot) order and the k experts' scaled
   outputs summed per token in slot order. It sums the k experts in another order than "dense" (and its
@@ -42,6 +43,9 @@ from ascent.models.families import ModelSpec
 from ascent.rollout.fast.layers import LayerMath, rms_norm
 
 MOE_PATHS = ("dense", "routed")
+# the largest N*E (routed pairs times experts) `group_by_expert` counts rather than sorts: 1024 pairs (128
+# rows x top-8) of 128 experts is 2^17; a 4096-token prefill at top-8 is 2^22 and sorts
+COUNTING_SORT_MAX = 2**20
 Experts = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
@@ -99,6 +103,8 @@ def owned_experts(
 def route(logits: Tensor, k: int, normalize: bool) -> tuple[Tensor, Tensor]:
     """Router logits [T, E] -> (expert ids [T, k] long, weights [T, k] in the logits' dtype)."""
     probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    # sorted (the default) on purpose: the slot order is the order of the renormalising sum and of the
+    # combine's sum over slots, and the routes recorded for replay; unsorted top-k order is up to the kernel
     top, ids = torch.topk(probs, k, dim=-1)
     if normalize:
         top = top / top.sum(dim=-1, keepdim=True)
@@ -125,9 +131,7 @@ def experts_forward_routed(h: Tensor, ids: Tensor, weights: Tensor, gate_up: Ten
     -> [T, H]. T*k rows always, offsets on the device: no host sync on CUDA, CUDA graphs capture it.
     Eager peak beyond h: about 2 * T*k*H elements (each temporary is dropped once read: a prefill's rows)."""
     t, k = ids.shape
-    sorted_ids, order = torch.sort(ids.reshape(-1), stable=True)  # [T*k] pairs by expert; order: their index
-    experts = torch.arange(gate_up.shape[0], device=ids.device, dtype=sorted_ids.dtype)
-    ends = torch.searchsorted(sorted_ids, experts, right=True, out_int32=True)  # [E] each expert's last row+1
+    order, slot, ends = group_by_expert(ids.reshape(-1), gate_up.shape[0])
     rows = h[order // k]  # [T*k, H]: each pair's token, grouped by expert
     gate_up_out = grouped_linear(rows, gate_up, ends)  # [T*k, 2I]
     del rows
@@ -136,13 +140,49 @@ def experts_forward_routed(h: Tensor, ids: Tensor, weights: Tensor, gate_up: Ten
     del gate_up_out, gate, up
     y = grouped_linear(act, down, ends)  # [T*k, H], sorted by expert
     del act
-    # each pair's row of y (the inverse of `order`): the combine is a gather, which torch.compile fuses with
-    # the scaling and the sum over the k slots into one pass over T*k*H (a scatter back to (token, slot)
+    # each pair's row of y (`slot`, the inverse of `order`): the combine is a gather, which torch.compile fuses
+    # with the scaling and the sum over the k slots into one pass over T*k*H (a scatter back to (token, slot)
     # order, then the sum, took two compiled, three eager)
-    slot = torch.empty_like(order).scatter_(0, order, torch.arange(t * k, device=order.device))
     scaled = y[slot].mul_(weights.reshape(-1, 1))  # [T*k, H] in (token, slot) order, scaled
     del y
     return scaled.view(t, k, -1).sum(dim=1)
+
+
+def group_by_expert(ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+    """ids [N] each (token, slot) pair's expert (long) -> (order [N] long: the pairs grouped by expert, each
+    expert's in pair order, `torch.sort(ids, stable=True)`'s permutation; slot [N] long: each pair's position
+    in `order`, its inverse; ends [E] int32: each expert's last position + 1). Up to `COUNTING_SORT_MAX`
+    elements of N*E (decode steps) a counting sort (`counting_group`), above it a radix sort
+    (`sorting_group`): the same three tensors, so results are bit-identical either way. The switch reads
+    shapes only: under torch.compile it is a guard, not a host sync."""
+    if ids.shape[0] * num_experts <= COUNTING_SORT_MAX:
+        return counting_group(ids, num_experts)
+    return sorting_group(ids, num_experts)
+
+
+def counting_group(ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+    """`group_by_expert` by counting: a pair's position is its expert's start plus the number of earlier
+    pairs of its expert, from a running count over a one-hot [E, N] (int32; cumsum is deterministic, no
+    atomics). O(N*E) elementwise work in a few kernels that torch.compile fuses, no sort and no searchsorted."""
+    experts = torch.arange(num_experts, device=ids.device, dtype=ids.dtype)
+    hits = (ids[None, :] == experts[:, None]).to(torch.int32)  # [E, N]: 1 where pair n chose expert e
+    seen = hits.cumsum(1, dtype=torch.int32)  # [E, N]: pairs 0..n that chose expert e
+    counts = hits.sum(1, dtype=torch.int32)  # [E]
+    ends = counts.cumsum(0, dtype=torch.int32)
+    # pair n's position: its expert's first row (ends - counts) plus the pairs of that expert before it
+    slot = (ends - counts)[ids] + seen.gather(0, ids[None, :])[0] - 1
+    slot = slot.long()
+    order = torch.empty_like(slot).scatter_(0, slot, torch.arange(ids.shape[0], device=ids.device))
+    return order, slot, ends
+
+
+def sorting_group(ids: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+    """`group_by_expert` by a stable sort (prefills: its cost grows as N log N, the counting one's as N*E)."""
+    sorted_ids, order = torch.sort(ids, stable=True)
+    experts = torch.arange(num_experts, device=ids.device, dtype=sorted_ids.dtype)
+    ends = torch.searchsorted(sorted_ids, experts, right=True, out_int32=True)
+    slot = torch.empty_like(order).scatter_(0, order, torch.arange(ids.shape[0], device=ids.device))
+    return order, slot, ends
 
 
 def grouped_linear(x: Tensor, w: Tensor, ends: Tensor) -> Tensor:

@@ -44,6 +44,7 @@ def test_floor_reads_every_expert_at_128_rows_and_fewer_at_a_few():
         ("triton_per_fused__softmax__to_copy_div_sum_1", "router (topk/softmax)"),
         ("void at::native::bitonicSortKVInPlace<...>", "sort/searchsorted/index copies"),
         ("triton_poi_fused_index_mul_sum_3", "sort/searchsorted/index copies"),
+        ("triton_per_fused__to_copy_cumsum_eq_sum_0", "sort/searchsorted/index copies"),  # counting sort
         ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "nccl"),
         ("_split_kernel", "attention"),
         ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "norms"),
