@@ -10,35 +10,29 @@ publications between decode steps; vision.py runs a vision-language model's towe
 tensor_parallel.py (shards, all-reducing layer math), tp_comm.py (its all-reduce modes), tp_head.py (the
 vocab-parallel LM head's sampling), tp_engine.py (the driver and the other ranks) and tp_launch.py
 (starting a replica's ranks) spread one replica over several GPUs. `build_fast_engine` is the
-builder registered as `ENGINES["fast"]`. On CPU the same engine runs eagerly (slowly) for the tests.
+builder registered as `ENGINES["fast"]`; options.py resolves and documents its options (`EngineOptions`).
+On CPU the same engine runs eagerly (slowly) for the tests.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from ascent.models.action_head import ActionHeadSpec
-from ascent.models.loading import compute_dtype, load_tokenizer, resolve_device
+from ascent.models.loading import load_tokenizer
 from ascent.rollout.fast.action import ActionStep, load_action_head, without_head_tensors
 from ascent.rollout.fast.engine import FastEngine
-from ascent.rollout.fast.fp8 import (
-    QUANTIZATIONS,
-    Fp8Error,
-    check_fp8_device,
-    quantize_weights,
-    refuse_adapters,
-)
+from ascent.rollout.fast.fp8 import quantize_weights, refuse_adapters
 from ascent.rollout.fast.graphs import default_buckets
 from ascent.rollout.fast.kv_cache import KVCache, pages_for_budget
-from ascent.rollout.fast.moe import default_moe_path, experts_path
+from ascent.rollout.fast.moe import default_moe_path
+from ascent.rollout.fast.options import EngineOptions, engine_options
 from ascent.rollout.fast.pool import FreeBytes, PoolSizer, cuda_free_bytes
 from ascent.rollout.fast.runner import ModelRunner
 from ascent.rollout.fast.spec import ModelSpec, engine_family, rope_tables
@@ -49,98 +43,9 @@ from ascent.rollout.fast.tensor_parallel import (
     shard_spec,
     shard_state_dict,
 )
-from ascent.rollout.fast.tp_comm import check_allreduce
 from ascent.rollout.fast.tp_engine import TPEngine
 from ascent.rollout.fast.vision import build_vision, is_vision_config, mrope_rows
 from ascent.rollout.fast.weights import IMPLEMENTATIONS, load_state_dict, state_dict_of
-
-
-def _tokenizer_facts(path, eos_token_ids, pad_token_id, decode, trust_remote_code=False):
-    """Fill EOS ids, pad id and decode from the tokenizer at `path` where not given."""
-    if path is None or (eos_token_ids is not None and decode is not None):
-        return eos_token_ids, pad_token_id, decode
-    if not (Path(path) / "tokenizer_config.json").exists():
-        return eos_token_ids, pad_token_id, decode
-
-    tok = load_tokenizer(path, trust_remote_code)
-    eos_token_ids = eos_token_ids if eos_token_ids is not None else [tok.eos_token_id]
-    pad_token_id = pad_token_id if pad_token_id is not None else tok.pad_token_id
-    return eos_token_ids, pad_token_id, decode or tok.decode
-
-
-def _config_eos(config: Any) -> list[int]:
-    eos = getattr(config, "eos_token_id", None)
-    if eos is None:  # a vision-language config keeps it in its text part
-        eos = getattr(getattr(config, "text_config", None), "eos_token_id", None)
-    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-
-
-def _activation_reserve(spec: ModelSpec, max_batch_size: int, max_prefill_tokens: int, dtype) -> int:
-    """Bytes kept free for activations: decode logits + sampler temporaries, prefill MLP + attention."""
-    elt = torch.empty((), dtype=dtype).element_size()
-    decode = max_batch_size * spec.vocab_size * 4 * 8
-    prefill = max_prefill_tokens * (3 * spec.intermediate_size + 8 * spec.hidden_size) * elt * 2
-    return decode + prefill + (512 << 20)
-
-
-def _num_pages(spec, dtype, device, page_size, kv_cache_tokens, fraction, max_batch, max_len, reserve) -> int:
-    if kv_cache_tokens is not None:
-        return -(-kv_cache_tokens // page_size) + 1
-    if device.type == "cuda":
-        return pages_for_budget(spec, dtype, device, fraction, page_size, reserve)
-    return max_batch * -(-max_len // page_size) + 1
-
-
-def _pool_sizer(
-    m: _Model,
-    dt: torch.dtype,
-    dev: torch.device,
-    page_size: int,
-    kv_cache_tokens: int | None,
-    fraction: float,
-    max_batch_size: int,
-    reserve: int,
-    free_memory: FreeBytes | None,
-) -> PoolSizer:
-    """What the run asks (`kv_cache_tokens`, else `fraction` of the GPU, else on CPU max_batch_size full
-    sequences) and the free-memory probe that caps it at build and every wake (pool.py; on CUDA by default
-    the driver's free bytes)."""
-    asked = _num_pages(
-        m.spec, dt, dev, page_size, kv_cache_tokens, fraction, max_batch_size, m.max_len, reserve
-    )
-    if free_memory is None and dev.type == "cuda":
-        free_memory = cuda_free_bytes(dev)
-    by = f"rollout.gpu_memory_fraction={fraction}"
-    if kv_cache_tokens is not None:
-        by = f"kv_cache_tokens={kv_cache_tokens}"
-    elif dev.type != "cuda":
-        by = f"max_batch_size={max_batch_size} x max_model_len={m.max_len} (CPU)"
-    return PoolSizer(
-        asked=asked,
-        least=-(-m.max_len // page_size) + 1,
-        page_size=page_size,
-        page_bytes=m.spec.kv_bytes_per_token(dt) * page_size,
-        margin=reserve,
-        free_bytes=free_memory,
-        asked_by=by,
-        device=str(dev),
-    )
-
-
-def _weights_source(model_path, model, dt, dev, share_weights, trust_remote_code=False):
-    """-> (HF config, state dict by HF name, whether to share the tensors instead of copying them)."""
-    if model is None and model_path is None:
-        raise ValueError("rollout.engine=fast needs model.path (or a model module) to load weights from.")
-    if model is not None:
-        sd = without_head_tensors(state_dict_of(model))  # an action head is the engine's own (action.py)
-        can_share = all(t.dtype == dt and t.device == dev for t in sd.values())
-        return model.config, sd, can_share if share_weights is None else (share_weights and can_share)
-    from transformers import AutoConfig  # deferred: transformers, slow to import
-
-    config = AutoConfig.from_pretrained(
-        str(model_path), local_files_only=True, trust_remote_code=trust_remote_code
-    )
-    return config, load_state_dict(str(model_path)), False
 
 
 def build_fast_engine(
@@ -183,100 +88,58 @@ def build_fast_engine(
 ) -> FastEngine:
     """A FastEngine on `model` (weights shared when dtype and device match) or the checkpoint at `model_path`.
 
-    The KV cache takes what `gpu_memory_fraction` of the GPU leaves after the weights and an activation
-    reserve (or `kv_cache_tokens` tokens, the default on CPU being max_batch_size * max_model_len), capped
-    at build and every wake by what is free then less that reserve (pool.py).
-    `cuda_graphs`/`compile` default to on for CUDA; `attention` and `sampler` are "triton" (CUDA) or
-    "torch"; `attn_options` (splits, block_n, num_warps, num_stages) tune the Triton decode kernel, and its
-    "prefill" entry (block_m, block_n, num_warps, num_stages) the paged prefill kernel. `moe_path`: how a
-    mixture-of-experts layer computes its experts (moe.py): "routed" (grouped matmuls over the chosen
-    experts only; the default on a GPU whose `torch._grouped_mm` runs them) or "dense" (every expert on every
-    token, transformers' summation order; the default elsewhere).
-    `share_weights=False` copies a given module's weights (fused q/k/v and gate/up) even when they could
-    be shared; `trust_remote_code` lets the config and tokenizer run code shipped in the checkpoint
-    (model.trust_remote_code); `on_swap` is what sequences in flight do when a publication lands between two
-    decode steps: `continue` with the new weights over their K/V so far, or `restart` from their prompt
-    (engine.py); `feed_prompt_tokens`: the longest new prompt fed through decode steps, not prefilled
-    (engine.py; 0: always prefill); `tensor_parallel`: a number of ranks > 1 starts the replica's other ranks
-    as child processes (tp_launch.py) and returns the driver, or a `TPGroup` is this process's rank of the
-    replica (tp_engine.py: built on every rank, rank 0 drives, the others `serve()`; owned weights, sharded;
-    every rank captures the same CUDA graphs); `vocab_parallel` (opt-in, tensor parallelism only: exact on CPU, not yet
-    checked on a GPU, 1% of a 7B TP=2 step on H200s) splits a plain decode step's LM head and sampling over
-    the ranks by vocabulary (tp_head.py); `tp_allreduce` is how
-    the ranks sum their partial products: "nccl" (fp32), "nccl-dtype" or "symm" (tp_comm.py; experimental, see there); `prefix_caching` reuses the K/V of full prompt pages across requests (prefix.py);
-    `batch_invariant` makes a request's samples independent of what else is batched (runner.py: rows run
-    alone, torch attention and sampler, no CUDA graphs or compile; not with tensor parallelism);
-    `quantization="fp8"` holds the layers' linear weights in FP8, quantised as they arrive (fp8.py);
-    `action_head`: every request is one action of a continuous action head (action.py; not with tensor
-    parallelism); `free_memory` is the probe of free device bytes that caps the KV cache at build and every
-    wake (pool.py; default on CUDA: the driver's, on CPU: none); `unused` swallows options meant for other
-    engines.
+    `eos_token_ids` and `decode` come from the tokenizer at `tokenizer_path` (default `model_path`) where not
+    given (EOS else from the model's config); `pad_token_id` is taken for the engines' common signature
+    (the engine never pads with a token). `tensor_parallel`: a number of ranks > 1 starts the replica's
+    other ranks as child processes (tp_launch.py) and returns the driver, or a `TPGroup` is this process's
+    rank of the replica (tp_engine.py: built on every rank, rank 0 drives, the others `serve()`; owned
+    weights, sharded; every rank captures the same CUDA graphs). `free_memory` is the probe of free device
+    bytes that caps the KV cache at build and every wake (pool.py; default on CUDA: the driver's, on CPU:
+    none); `unused` swallows options meant for other engines. Every other argument is one of the engine's
+    options: see the fields of `EngineOptions` (options.py) for what each does and what None picks.
     """
-    tp_size = tensor_parallel.size if isinstance(tensor_parallel, TPGroup) else tensor_parallel or 1
-    _check_options(tp_size, quantization, batch_invariant, action_head)
-    check_allreduce(tp_allreduce)
-    if moe_path is not None:
-        experts_path(moe_path)  # refuses an unknown path before anything is loaded
-    fp8 = quantization == "fp8"
-    if isinstance(tensor_parallel, int):  # a replica over that many ranks: start the others, drive them
-        if tensor_parallel > 1:
-            from ascent.rollout.fast.tp_launch import launch_replica  # deferred: it calls this builder
+    call = {k: v for k, v in locals().items() if k != "unused"}
+    options = engine_options(call)  # refuses what the engine cannot run before any rank starts
+    if isinstance(tensor_parallel, int) and tensor_parallel > 1:
+        return _launch_replica(tensor_parallel, call)
+    tp = tensor_parallel if isinstance(tensor_parallel, TPGroup) and tensor_parallel.size > 1 else None
+    return _assemble(options, tp, model_path, model, tokenizer_path, eos_token_ids, decode, free_memory)
 
-            call = {k: v for k, v in locals().items() if k != "unused"}
-            return launch_replica(tensor_parallel, call)
-        tensor_parallel = None
-    cuda_graphs, compile, attention, sampler, moe_path, vocab_parallel, tp_allreduce = _debug_overrides(
-        cuda_graphs, compile, attention, sampler, moe_path, vocab_parallel, tp_allreduce
-    )
-    if batch_invariant:  # the paths whose results depend on the batch's shape stay off (runner.py)
-        cuda_graphs, compile, attention, sampler = False, False, "torch", "torch"
-    dev = resolve_device(device)
-    dt = compute_dtype(dtype, dev)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    tp = tensor_parallel if tensor_parallel is not None and tensor_parallel.size > 1 else None
-    if tp is not None:  # a shard is a copy: never the trainer's tensors
-        share_weights = False
-    if fp8:  # FP8 weights are the engine's own (quantised as they arrive), never the trainer's tensors
-        check_fp8_device(dev)
-        share_weights = False
-    m = _load_model(model_path, model, dt, dev, share_weights, trust_remote_code, tp, max_model_len)
-    if fp8:
-        quantize_weights(m.weights, dev)
-        if dev.type == "cuda":  # the full-precision matrices' memory goes back before the KV cache is sized
+
+def _launch_replica(size: int, call: dict[str, Any]) -> FastEngine:
+    """A replica over `size` ranks: start the others as child processes (each builds its engine with
+    `call`, its own device and its `TPGroup`), build the driver here and return it (tp_launch.py)."""
+    from ascent.rollout.fast.tp_launch import launch_replica  # deferred: it calls this module's builder
+
+    return launch_replica(size, call)
+
+
+def _assemble(
+    o: EngineOptions,
+    tp: TPGroup | None,
+    model_path: str | Path | None,
+    model: nn.Module | None,
+    tokenizer_path: str | Path | None,
+    eos_token_ids: Sequence[int] | None,
+    decode: Callable[[list[int]], str] | None,
+    free_memory: FreeBytes | None,
+) -> FastEngine:
+    """One process's engine, or this rank's of a tensor-parallel replica (`tp`; None: one process): its
+    weights, a KV cache sized to the memory they leave, the runner over both and the engine around it."""
+    m = _load_model(model_path, model, o, tp)
+    if o.fp8:
+        quantize_weights(m.weights, o.device)
+        if o.device.type == "cuda":  # the full precision's memory goes back before the KV cache is sized
             torch.cuda.empty_cache()
-    _check_moe(m.spec, prefix_caching, batch_invariant)
-    eos_token_ids, pad_token_id, decode = _tokenizer_facts(
-        tokenizer_path or model_path, eos_token_ids, pad_token_id, decode, trust_remote_code
+    _check_moe(m.spec, o.prefix_caching, o.batch_invariant)
+    eos_token_ids, decode = _tokenizer_facts(
+        tokenizer_path or model_path, eos_token_ids, decode, o.trust_remote_code
     )
-    reserve = _activation_reserve(m.spec, max_batch_size, max_prefill_tokens, dt)
-    pool = _pool_sizer(
-        m, dt, dev, page_size, kv_cache_tokens, gpu_memory_fraction, max_batch_size, reserve, free_memory
-    )
-    pages = pool.fit()
-    tp_kw: dict[str, Any] = {}
-    if tp is not None:  # every rank's cache has the pages the driver's tables name
-        pages = tp.min(pages)
-        tp = tp.with_allreduce(tp_allreduce, max_batch_size * m.spec.hidden_size)  # (a decode step's sums)
-        tp_kw = {"tp": tp, "vocab_parallel": bool(vocab_parallel)}
-    pages = pool.settle(pages)
-    on_cuda = dev.type == "cuda"
-    fast_default = "triton" if on_cuda and _has_triton() else "torch"
-    runner = _runner(
-        m,
-        KVCache(m.spec, pages, page_size, dt, dev),
-        tp_kw,
-        attention=attention or fast_default,
-        compile=on_cuda if compile is None else compile,
-        attn_options=attn_options,
-        sampler=sampler or fast_default,
-        batch_invariant=batch_invariant,
-        moe_path=moe_path or default_moe_path(dev, _moe_down(m.weights)),
-    )
-    if action_head is not None:  # acts at prefill (action.py); a given module's own head is shared
-        head = load_action_head(action_head, m.spec.hidden_size, dev, model_path, model)
-        runner.action = ActionStep(head, action_head.token_id)
-    use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
+    pool, pages, tp = _kv_pool(m, o, tp, free_memory)
+    runner = _runner(m, KVCache(m.spec, pages, o.page_size, o.dtype, o.device), o, tp)
+    if o.action_head is not None:  # acts at prefill (action.py); a given module's own head is shared
+        head = load_action_head(o.action_head, m.spec.hidden_size, o.device, model_path, model)
+        runner.action = ActionStep(head, o.action_head.token_id)
     engine_cls: Callable[..., FastEngine] = (
         FastEngine if tp is None else partial(TPEngine, full_spec=m.full_spec)
     )
@@ -285,51 +148,22 @@ def build_fast_engine(
         m.weights,
         eos_token_ids=list(eos_token_ids if eos_token_ids is not None else _config_eos(m.config)),
         decode=decode,
-        max_batch_size=max_batch_size,
+        max_batch_size=o.max_batch_size,
         max_model_len=m.max_len,
-        buckets=default_buckets(max_batch_size) if use_graphs else None,
-        keep_sessions=keep_sessions,
-        max_prefill_tokens=max_prefill_tokens,
-        stop_check_interval=stop_check_interval,
-        on_swap=_on_swap(on_swap),
-        feed_prompt_tokens=feed_prompt_tokens,
+        buckets=default_buckets(o.max_batch_size) if o.cuda_graphs else None,
+        keep_sessions=o.keep_sessions,
+        max_prefill_tokens=o.max_prefill_tokens,
+        stop_check_interval=o.stop_check_interval,
+        on_swap=o.on_swap,
+        feed_prompt_tokens=o.feed_prompt_tokens,
         vision=m.vision,
-        prefix_caching=prefix_caching,
-        batch_invariant=batch_invariant,
+        prefix_caching=o.prefix_caching,
+        batch_invariant=o.batch_invariant,
         pool=pool,
     )
-    if fp8:  # an adapter-only publication merges into full-precision bases, which an FP8 engine lacks
+    if o.fp8:  # an adapter-only publication merges into full-precision bases, which an FP8 engine lacks
         engine.adapters.read = refuse_adapters
     return engine
-
-
-def _check_options(
-    tp_size: int, quantization: str, batch_invariant: bool, action_head: ActionHeadSpec | None
-) -> None:
-    """Refuse the option combinations the engine cannot run, before anything is loaded."""
-    if quantization not in QUANTIZATIONS:
-        raise Fp8Error(f"rollout.quantization={quantization!r}: use one of {list(QUANTIZATIONS)}.")
-    if batch_invariant and tp_size > 1:
-        raise ValueError(
-            f"batch_invariant=True with tensor_parallel={tp_size}: the batch-invariant mode runs a replica "
-            "on one GPU; set rollout.tensor_parallel=1 or rollout.batch_invariant=false."
-        )
-    if action_head is not None and tp_size > 1:
-        raise ValueError(
-            f"model.action_head with rollout.tensor_parallel={tp_size}: the fast engine's action head runs "
-            "on one GPU; set rollout.tensor_parallel=1."
-        )
-
-
-def _check_moe(spec: ModelSpec, prefix_caching: bool, batch_invariant: bool) -> None:
-    """Mixture-of-experts models need every row's routes for replay: refuse the modes that lose them."""
-    if spec.num_experts and (prefix_caching or batch_invariant):
-        raise ValueError(
-            f"prefix_caching={prefix_caching}, batch_invariant={batch_invariant} with a mixture-of-experts "
-            "model: neither records the experts routing replay needs (cached pages hold no routes, and rows "
-            "run alone write no batch's routes); set rollout.prefix_caching=false and "
-            "rollout.batch_invariant=false."
-        )
 
 
 class _Model(NamedTuple):
@@ -345,22 +179,16 @@ class _Model(NamedTuple):
 
 
 def _load_model(
-    model_path: Any,
-    model: Any,
-    dt: torch.dtype,
-    dev: torch.device,
-    share_weights: bool | None,
-    trust_remote_code: bool,
-    tp: TPGroup | None,
-    max_model_len: int | None,
+    model_path: str | Path | None, model: nn.Module | None, o: EngineOptions, tp: TPGroup | None
 ) -> _Model:
     """The family's engine implementation on the weights of `model` or `model_path` (this rank's shard under
     tensor parallelism), and a vision-language model's tower on the same state dict (vision.py)."""
-    config, sd, share = _weights_source(model_path, model, dt, dev, share_weights, trust_remote_code)
+    dt, dev = o.dtype, o.device
+    config, sd, share = _weights_source(model_path, model, dt, dev, o.share_weights, o.trust_remote_code)
     family = engine_family(config)  # models/families: which implementation, which names, which spec
     assert family.engine is not None and family.spec is not None  # engine_family checked them
     spec = full_spec = family.spec(config)
-    max_len = _max_len(spec, max_model_len)
+    max_len = _max_len(spec, o.max_model_len)
     if tp is not None:  # this rank's shard: a model with its share of the heads and the MLP
         sd = shard_state_dict(sd, full_spec, tp.rank, tp.size, family.to_engine_name)
         spec = shard_spec(full_spec, tp.size)
@@ -373,13 +201,87 @@ def _load_model(
     return _Model(config, spec, full_spec, weights, vision, max_len)
 
 
-def _runner(m: _Model, cache: KVCache, tp_kw: dict[str, Any], **options: Any) -> ModelRunner:
+def _weights_source(model_path, model, dt, dev, share_weights, trust_remote_code=False):
+    """-> (HF config, state dict by HF name, whether to share the tensors instead of copying them)."""
+    if model is None and model_path is None:
+        raise ValueError("rollout.engine=fast needs model.path (or a model module) to load weights from.")
+    if model is not None:
+        sd = without_head_tensors(state_dict_of(model))  # an action head is the engine's own (action.py)
+        can_share = all(t.dtype == dt and t.device == dev for t in sd.values())
+        return model.config, sd, can_share if share_weights is None else (share_weights and can_share)
+    from transformers import AutoConfig  # deferred: transformers, slow to import
+
+    config = AutoConfig.from_pretrained(
+        str(model_path), local_files_only=True, trust_remote_code=trust_remote_code
+    )
+    return config, load_state_dict(str(model_path)), False
+
+
+def _kv_pool(
+    m: _Model, o: EngineOptions, tp: TPGroup | None, free_memory: FreeBytes | None
+) -> tuple[PoolSizer, int, TPGroup | None]:
+    """-> (the pool's sizer, the KV cache's pages, the group summing with `o.tp_allreduce`). Under tensor
+    parallelism every rank's cache has the pages the driver's tables name, and the group sets up its
+    all-reduce (sized for a decode step's sums) before the pool settles on what is free then."""
+    reserve = _activation_reserve(m.spec, o.max_batch_size, o.max_prefill_tokens, o.dtype)
+    pool = _pool_sizer(m, o, reserve, free_memory)
+    pages = pool.fit()
+    if tp is not None:
+        pages = tp.min(pages)
+        tp = tp.with_allreduce(o.tp_allreduce, o.max_batch_size * m.spec.hidden_size)
+    return pool, pool.settle(pages), tp
+
+
+def _activation_reserve(spec: ModelSpec, max_batch_size: int, max_prefill_tokens: int, dtype) -> int:
+    """Bytes kept free for activations: decode logits + sampler temporaries, prefill MLP + attention."""
+    elt = torch.empty((), dtype=dtype).element_size()
+    decode = max_batch_size * spec.vocab_size * 4 * 8
+    prefill = max_prefill_tokens * (3 * spec.intermediate_size + 8 * spec.hidden_size) * elt * 2
+    return decode + prefill + (512 << 20)
+
+
+def _pool_sizer(m: _Model, o: EngineOptions, reserve: int, free_memory: FreeBytes | None) -> PoolSizer:
+    """What the run asks (`kv_cache_tokens`, else `gpu_memory_fraction` of the GPU, else on CPU
+    max_batch_size full sequences) and the free-memory probe that caps it at build and every wake (pool.py;
+    on CUDA by default the driver's free bytes)."""
+    dev, page_size, fraction = o.device, o.page_size, o.gpu_memory_fraction
+    asked = _num_pages(
+        m.spec, o.dtype, dev, page_size, o.kv_cache_tokens, fraction, o.max_batch_size, m.max_len, reserve
+    )
+    if free_memory is None and dev.type == "cuda":
+        free_memory = cuda_free_bytes(dev)
+    by = f"rollout.gpu_memory_fraction={fraction}"
+    if o.kv_cache_tokens is not None:
+        by = f"kv_cache_tokens={o.kv_cache_tokens}"
+    elif dev.type != "cuda":
+        by = f"max_batch_size={o.max_batch_size} x max_model_len={m.max_len} (CPU)"
+    return PoolSizer(
+        asked=asked,
+        least=-(-m.max_len // page_size) + 1,
+        page_size=page_size,
+        page_bytes=m.spec.kv_bytes_per_token(o.dtype) * page_size,
+        margin=reserve,
+        free_bytes=free_memory,
+        asked_by=by,
+        device=str(dev),
+    )
+
+
+def _num_pages(spec, dtype, device, page_size, kv_cache_tokens, fraction, max_batch, max_len, reserve) -> int:
+    if kv_cache_tokens is not None:
+        return -(-kv_cache_tokens // page_size) + 1
+    if device.type == "cuda":
+        return pages_for_budget(spec, dtype, device, fraction, page_size, reserve)
+    return max_batch * -(-max_len // page_size) + 1
+
+
+def _runner(m: _Model, cache: KVCache, o: EngineOptions, tp: TPGroup | None) -> ModelRunner:
     """The model runner over `cache`: one process's, or this rank's of a tensor-parallel replica (rank 0
-    drives, the others follow; `tp_kw`: its group `tp` and `vocab_parallel`, empty for one process)."""
+    drives, the others follow)."""
     dev = cache.device
     text_config = getattr(m.config, "text_config", None) or m.config  # a vision-language model's decoder
     rope = rope_tables(text_config, m.spec, m.max_len, m.weights.embed.dtype, dev)  # the residual's dtype
-    tp = tp_kw.get("tp")
+    tp_kw: dict[str, Any] = {} if tp is None else {"tp": tp, "vocab_parallel": o.vocab_parallel}
     runner_cls = ModelRunner if tp is None else DriverRunner if tp.rank == 0 else ShardRunner
     return runner_cls(
         m.spec,
@@ -389,9 +291,44 @@ def _runner(m: _Model, cache: KVCache, tp_kw: dict[str, Any], **options: Any) ->
         m.max_len,
         mrope_rows=mrope_rows(m.spec).to(dev) if m.vision is not None else None,
         allowed=m.vision.allowed(m.spec.vocab_size, m.config) if m.vision is not None else None,
-        **options,
+        attention=o.attention,
+        compile=o.compile,
+        attn_options=o.attn_options,
+        sampler=o.sampler,
+        batch_invariant=o.batch_invariant,
+        moe_path=o.moe_path or default_moe_path(dev, _moe_down(m.weights)),
         **tp_kw,
     )
+
+
+def _tokenizer_facts(path, eos_token_ids, decode, trust_remote_code=False):
+    """Fill EOS ids and decode from the tokenizer at `path` where not given."""
+    if path is None or (eos_token_ids is not None and decode is not None):
+        return eos_token_ids, decode
+    if not (Path(path) / "tokenizer_config.json").exists():
+        return eos_token_ids, decode
+
+    tok = load_tokenizer(path, trust_remote_code)
+    eos_token_ids = eos_token_ids if eos_token_ids is not None else [tok.eos_token_id]
+    return eos_token_ids, decode or tok.decode
+
+
+def _config_eos(config: Any) -> list[int]:
+    eos = getattr(config, "eos_token_id", None)
+    if eos is None:  # a vision-language config keeps it in its text part
+        eos = getattr(getattr(config, "text_config", None), "eos_token_id", None)
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+
+def _check_moe(spec: ModelSpec, prefix_caching: bool, batch_invariant: bool) -> None:
+    """Mixture-of-experts models need every row's routes for replay: refuse the modes that lose them."""
+    if spec.num_experts and (prefix_caching or batch_invariant):
+        raise ValueError(
+            f"prefix_caching={prefix_caching}, batch_invariant={batch_invariant} with a mixture-of-experts "
+            "model: neither records the experts routing replay needs (cached pages hold no routes, and rows "
+            "run alone write no batch's routes); set rollout.prefix_caching=false and "
+            "rollout.batch_invariant=false."
+        )
 
 
 def _max_len(spec: Any, max_model_len: int | None) -> int:
@@ -405,37 +342,9 @@ def _max_len(spec: Any, max_model_len: int | None) -> int:
     return max_len
 
 
-DEBUG_KEYS = ("cuda_graphs", "compile", "attention", "sampler", "moe_path", "vocab_parallel", "tp_allreduce")
-
-
-def _debug_overrides(*values: Any) -> tuple[Any, ...]:
-    """ASCENT_FAST_ENGINE='{"cuda_graphs": false, "compile": false, "attention": "torch", "sampler": "torch",
-    "moe_path": "dense", "vocab_parallel": false, "tp_allreduce": "nccl"}' switches engine parts off (or
-    picks them) for a whole run, to locate a problem (BENCHMARKS.md, logprob agreement); `values` in that
-    order."""
-    o = json.loads(os.environ.get("ASCENT_FAST_ENGINE", "{}"))
-    return tuple(o.get(k, v) for k, v in zip(DEBUG_KEYS, values, strict=True))
-
-
 def _moe_down(weights: Any) -> Tensor | None:
     """The first mixture-of-experts layer's stacked down_proj [E, H, I] (3-D), None for a dense model."""
     return next((lw.down_w for lw in weights.layers if lw.down_w.dim() == 3), None)
 
 
-def _on_swap(value: str) -> Literal["continue", "restart"]:
-    if value == "continue":
-        return "continue"
-    if value == "restart":
-        return "restart"
-    raise ValueError(f"on_swap={value!r}: use 'continue' or 'restart'.")
-
-
-def _has_triton() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-__all__ = ["FastEngine", "TPEngine", "TPGroup", "build_fast_engine"]
+__all__ = ["EngineOptions", "FastEngine", "TPEngine", "TPGroup", "build_fast_engine"]
