@@ -14,6 +14,7 @@ of the warm start made from them: `read.jsonl` (the pattern word alone in the lo
 (whole demonstrations; with the tool, `wandering`: a zoom into a random quarter, answered with what it shows).
 `--shape 3b --device cuda`: the same tokenizer and pixel budget over Qwen2.5-VL-3B's dimensions, random
 weights in bf16 (`gpu_run.py`'s real-size run).
+OUT/zoom also gets the `--place` warm start's stages (`write_places`): `read_plastic.jsonl` and `place.jsonl`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ascent.models.tiny_vl import QWEN2_5_VL_3B_TEXT, QWEN2_5_VL_3B_VISION, make
 SIZE, DETAIL, TOKENS = 112, 40, 4  # image side, framed square's side (pixels), image tokens per image
 UNIT = 28 * 28  # pixels of one Qwen2.5-VL image token (a 2 x 2 merge of 14-pixel patches)
 HALF = SIZE // 2
+CALL_HEAD = ("<tool_call>", '{"name": "zoom_in", "arguments": {"bbox": [')  # the zoom call up to its box
 WORDS = [
     SYSTEM,
     SYSTEM_NO_TOOLS,
@@ -41,7 +43,7 @@ WORDS = [
     "</answer>",
     "<tool_call>",
     "</tool_call>",
-    '{"name": "zoom_in", "arguments": {"bbox": [',
+    CALL_HEAD[1],
     "]}}",
     *(f"{c / 2}, {r / 2}, {c / 2 + 0.5}, {r / 2 + 0.5}" for c, r in QUARTERS.values()),  # the quarters' boxes
     *(f"[{c * HALF}, {r * HALF}, {c * HALF + HALF}, {r * HALF + HALF}]" for c, r in QUARTERS.values()),
@@ -91,6 +93,29 @@ def placeless(demo: dict[str, Any]) -> dict[str, Any]:
     return {**demo, "messages": out}
 
 
+def placing(demo: dict[str, Any]) -> dict[str, Any]:
+    """`demo` up to its zoom call, the call's fixed text out of the loss (`no_loss`): the loss is on where to
+    zoom alone (one token, with `turn_end_loss: false`), the asked quarter."""
+    messages = demo["messages"]
+    i = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    call = {**messages[i], "no_loss": [CALL_HEAD[0], CALL_HEAD[1], "]}}", "</tool_call>"]}
+    return {**demo, "messages": [*messages[:i], call]}
+
+
+def write_places(arm: Path, n_plastic: int, seed: int) -> None:
+    """The `--place` warm start's stages (zoom arm only): ARM/read_plastic.jsonl, every `reading` row and
+    `n_plastic` `placing` rows (too few to teach the place, enough to keep it learnable: stage 1 on reading
+    rows alone leaves it at chance even under cross-entropy), and ARM/place.jsonl, the first half of the
+    demonstrations as `reading` rows and the second half as `placing` rows, shuffled (`sft_place.yaml` takes
+    a few steps of it: a start that zooms right more often than chance and still reads)."""
+    demos = [json.loads(line) for line in (arm / "sft.jsonl").read_text().splitlines()]
+    write_rows(arm / "read_plastic.jsonl", [*(reading(d) for d in demos), *map(placing, demos[:n_plastic])])
+    half = len(demos) // 2
+    mixed = [*(reading(d) for d in demos[:half]), *(placing(d) for d in demos[half:])]
+    random.Random(seed).shuffle(mixed)
+    write_rows(arm / "place.jsonl", mixed)
+
+
 def write_stages(arm: Path, n_format: int, seed: int, place_loss: bool = True) -> None:
     """ARM/read.jsonl (every demonstration, `reading`) and ARM/format.jsonl (`n_format` whole
     demonstrations: with the tool `wandering`, without it the arm's own; `place_loss=False`: `placeless`)."""
@@ -110,11 +135,12 @@ def make_setup(
     hidden_size: int = 64,
     n_format: int = 64,
     place_loss: bool = True,
+    n_plastic: int = 128,
     shape: str = "tiny",
     device: str = "cpu",
 ) -> Path:
-    """Write OUT/model (`shape`: SHAPES; initialised on `device`), OUT/zoom and OUT/plain (see module doc);
-    return `out`."""
+    """Write OUT/model (`shape`: SHAPES; initialised on `device`), OUT/zoom and OUT/plain (see module doc;
+    `write_places` for OUT/zoom's `--place` stages); return `out`."""
     text, vision = SHAPES[shape]
     make_tiny_vl_checkpoint(
         out / "model",
@@ -131,6 +157,7 @@ def make_setup(
     for name, env in (("zoom", "zoom_qa"), ("plain", "image_qa")):
         make_zoom_task(out / name, rows, seed, n_val=n_val, size=SIZE, detail=DETAIL, env=env, sft=True)
         write_stages(out / name, n_format, seed, place_loss)
+    write_places(out / "zoom", min(n_plastic, rows), seed)
     return out
 
 
