@@ -97,6 +97,14 @@ class Generation:
     # an action-head policy's action chunk [chunk][action_dim]: `token_ids` is then its one placeholder
     # token and `logprobs` the chunk's log-probability (`ascent.rollout.action_sampler`); None otherwise
     action: list[list[float]] | None = None
+    # per token, True where a grammar allowed that token alone (the sampler had no choice); empty: none
+    forced: list[bool] = field(default_factory=list)
+
+    def loss_mask(self) -> list[int]:
+        """1 per token the policy chose, 0 per token its grammar forced: a forced token is no action, and
+        its logprob under the unconstrained distribution (what the trainer scores) can be far below zero,
+        so it would carry a large gradient for a choice nobody made."""
+        return [0 if f else 1 for f in self.forced] if self.forced else [1] * len(self.token_ids)
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ class _Open:
         self.prompt_tokens += len(self.prompt_ids) + len(self.ids)  # what this turn's request sent
         self.cached_tokens += gen.cached_tokens
         self.ids += gen.token_ids
-        self.mask += [1] * len(gen.token_ids)
+        self.mask += gen.loss_mask()
         self.logprobs += gen.logprobs
         self.versions += gen.token_versions or [version] * len(gen.token_ids)
         self.turns += 1
@@ -272,7 +272,14 @@ def _without_placeholders(s: _Open, gen: Generation, images: ImageEncoder | None
     cut = gen.token_ids.index(images.image_token_id)
     s.finish, s.cut = "abort", f"turn {s.turns + 1} sampled the image placeholder at token {cut}"
     versions = gen.token_versions[:cut]
-    return replace(gen, token_ids=gen.token_ids[:cut], logprobs=gen.logprobs[:cut], token_versions=versions)
+    forced = gen.forced[:cut]
+    return replace(
+        gen,
+        token_ids=gen.token_ids[:cut],
+        logprobs=gen.logprobs[:cut],
+        token_versions=versions,
+        forced=forced,
+    )
 
 
 def _request(s: _Open, params: SamplingParams, max_tokens: int, turn: int, i: int) -> GenerationRequest:

@@ -98,7 +98,7 @@ def _episode(item: Any, gen: Generation, decode: Callable[[list[int]], str], pol
         prompt_ids=list(item.prompt_ids),
         response_ids=list(gen.token_ids),
         sampler_logprobs=list(gen.logprobs),
-        loss_mask=[1] * len(gen.token_ids),
+        loss_mask=gen.loss_mask(),
         finish_reason=gen.finish_reason,
         row_id=item.row_id,
         policy_version=min(gen.token_versions, default=policy_version),

@@ -81,6 +81,7 @@ class _Row:
     images: tuple[ImageInput, ...] = ()
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    forced: list[bool] = field(default_factory=list)  # per token: its grammar allowed it alone
     finish_reason: FinishReason | None = None
     routed_experts: Tensor | None = None  # MoE: [prompt + response tokens, layers, k] (module docstring)
     deadline: float | None = None  # time.monotonic() past which the row ends as "abort" (params.max_time_s)
@@ -167,7 +168,11 @@ class ReferenceEngine:
         for row in rows:
             assert row.finish_reason is not None
             gen = Generation(
-                row.token_ids, row.logprobs, row.finish_reason, routed_experts=row.routed_experts
+                row.token_ids,
+                row.logprobs,
+                row.finish_reason,
+                routed_experts=row.routed_experts,
+                forced=row.forced if any(row.forced) else [],
             )
             out[row.request_pos].append(gen)
         return out
@@ -323,6 +328,7 @@ class ReferenceEngine:
             if step == 0:
                 grammars = self._constraints(rows, logits.shape[-1])
             allowed = _allowed(rows, grammars, logits.shape[-1], device) if grammars else None
+            forced = (allowed.sum(-1) == 1).tolist() if allowed is not None else [False] * len(rows)
             allowed = _only_allowed_ids(rows, allowed, logits.shape, device)
             allowed = self._without_image_tokens(allowed, logits.shape)
             tokens, logprobs = sample(logits, st, steps, seen, allowed)
@@ -331,7 +337,7 @@ class ReferenceEngine:
             for row, grammar, token in zip(rows, grammars, token_list, strict=False):
                 if grammar is not None and row.finish_reason is None:
                     grammar.advance(token)
-            if self._record(rows, token_list, logprobs.tolist()):
+            if self._record(rows, token_list, logprobs.tolist(), forced):
                 break
             if seen is not None:
                 seen.scatter_(1, tokens[:, None], True)
@@ -363,13 +369,15 @@ class ReferenceEngine:
         make = self.constraints
         return [make(r.params.grammar, vocab_size) if r.params.grammar is not None else None for r in rows]
 
-    def _record(self, rows: list[_Row], tokens: list[int], logprobs: list[float]) -> bool:
-        """Append one step's token to each unfinished row and mark rows that end; True when all ended."""
-        for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
+    def _record(self, rows: list[_Row], tokens: list[int], logprobs: list[float], forced: list[bool]) -> bool:
+        """Append one step's token (and whether its grammar forced it) to each unfinished row and mark rows
+        that end; True when all ended."""
+        for row, token, logprob, only in zip(rows, tokens, logprobs, forced, strict=True):
             if row.finish_reason is not None:
                 continue
             row.token_ids.append(token)
             row.logprobs.append(logprob)
+            row.forced.append(only)
             if (
                 token in self.eos_token_ids
                 or token in row.params.stop_token_ids

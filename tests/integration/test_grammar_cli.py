@@ -1,5 +1,6 @@
 """`ascent train` with `rollout.grammar`: every sampled turn follows the grammar, and the trainer scores the
-sampler's tokens as it sampled them (logprobs of the unconstrained distribution on both sides)."""
+sampler's tokens as it sampled them (logprobs of the unconstrained distribution on both sides), with the
+tokens the grammar forced out of the loss."""
 
 from __future__ import annotations
 
@@ -18,11 +19,15 @@ def test_every_sampled_turn_follows_the_grammar(tmp_path, tiny_model, arithmetic
     ascent_here("train", str(cfg))
     run = tmp_path / "run"
     with sqlite3.connect(run / "experience.db") as db:
-        texts = [t for (t,) in db.execute("select response_text from episodes")]
+        rows = list(db.execute("select response_text, response_ids, loss_mask from episodes"))
+    texts = [t for t, _, _ in rows]
     assert len(texts) == 2 * 2 * 4
     # the untrained tiny model writes anything: here only what the grammar allows, then its end of turn
     for text in texts:
         assert re.fullmatch(r"[78][0-9](<\|[a-z_]+\|>)?", text), text
+    # the two digits were choices (of 2, then of 10); the end of turn after them was the only token allowed
+    for _, ids, mask in rows:
+        assert list(mask) == [1, 1, 0][: len(ids) // 4], (list(mask), len(ids))
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     train = [m for m in metrics if "reward/mean" in m]
     assert train and all(m["rollout/logprob_diff_max"] < 1e-3 for m in train)
