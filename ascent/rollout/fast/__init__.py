@@ -77,7 +77,7 @@ def build_fast_engine(
     on_swap: str = "continue",
     feed_prompt_tokens: int = 256,
     tensor_parallel: TPGroup | int | None = None,
-    vocab_parallel: bool | None = None,
+    vocab_parallel: bool = False,
     tp_allreduce: str = "nccl",
     prefix_caching: bool = False,
     batch_invariant: bool = False,

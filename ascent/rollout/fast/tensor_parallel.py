@@ -8,11 +8,11 @@ Each rank holds a shard of every decoder layer:
   has the other ways: NCCL in the model's dtype, a one-shot kernel over symmetric memory);
 - query heads are split evenly; KV heads are split too, or replicated when there are fewer KV heads than
   ranks (rank r then keeps KV head r // (size / num_kv_heads), the one its query heads read);
-- the embedding table, the norms and the LM head are **replicated**: every rank embeds its inputs itself; a
-  decode step of a plain batch (temperature or greedy) is **vocab-parallel** by default (`ShardRunner`,
-  tp_head.py): each rank runs its slice of the head's rows (a view: publications still replace the whole)
-  and reduces its logits to a few numbers per row, which one all-gather brings together into the exact
-  sample of the whole; a batch that needs the whole distribution (top-k/top-p, min-p, repetition penalty,
+- the embedding table, the norms and the LM head are **replicated**: every rank embeds its inputs itself;
+  with `vocab_parallel` (opt-in) a decode step of a plain batch (temperature or greedy) is
+  **vocab-parallel** (`ShardRunner`, tp_head.py): each rank runs its slice of the head's rows (a view:
+  publications still replace the whole) and reduces its logits to a few numbers per row, which one
+  all-gather brings together into the exact sample of the whole; a batch that needs the whole distribution (top-k/top-p, min-p, repetition penalty,
   allowed tokens) and every prefill's first token are sampled by the driver alone on the whole head, so no
   logits move;
 - a mixture-of-experts layer (moe.py) keeps its router replicated, so every rank routes every token to the
