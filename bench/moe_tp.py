@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import random
 import socket
 import sys
@@ -286,6 +287,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--profile", action="store_true", help="the driver's kernel time a decode step, by part")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument(
+        "--sort",
+        choices=["counting", "radix"],
+        default="counting",
+        help="how decode steps group routes by expert (moe.group_by_expert); radix: the sort of before",
+    )
+    ap.add_argument(
         "--moe-path",
         choices=["dense", "routed"],
         default=None,
@@ -297,6 +304,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     size = args.tensor_parallel
+    if args.sort == "radix":  # every rank: the spawned ones read the environment at import
+        os.environ["ASCENT_MOE_COUNTING_SORT_MAX"] = "0"
+        from ascent.rollout.fast import moe  # (after sys.path points at this checkout)
+
+        moe.COUNTING_SORT_MAX = 0
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -33,6 +33,7 @@ engine records, and every generation carries them as `routed_experts` (batching.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 
 import torch
@@ -44,8 +45,9 @@ from ascent.rollout.fast.layers import LayerMath, rms_norm
 
 MOE_PATHS = ("dense", "routed")
 # the largest N*E (routed pairs times experts) `group_by_expert` counts rather than sorts: 1024 pairs (128
-# rows x top-8) of 128 experts is 2^17; a 4096-token prefill at top-8 is 2^22 and sorts
-COUNTING_SORT_MAX = 2**20
+# rows x top-8) of 128 experts is 2^17; a 4096-token prefill at top-8 is 2^22 and sorts. The environment
+# variable (bench/moe_tp.py --sort radix sets 0) reaches a TP replica's spawned ranks too.
+COUNTING_SORT_MAX = int(os.environ.get("ASCENT_MOE_COUNTING_SORT_MAX", 2**20))
 Experts = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
