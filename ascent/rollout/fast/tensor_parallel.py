@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import pickle
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +55,7 @@ from ascent.rollout.fast.layers import LayerMath, _linear_parts, rms_norm
 from ascent.rollout.fast.moe import MoeLayerMath, experts_path, route
 from ascent.rollout.fast.runner import ModelRunner, compile_step
 from ascent.rollout.fast.state import DecodeState, Flags
-from ascent.rollout.fast.tp_comm import SymmetricAllReduce, check_allreduce, symmetric_or_warn
+from ascent.rollout.fast.tp_comm import SymmetricAllReduce, check_allreduce, symmetric_blocker
 from ascent.rollout.fast.tp_head import combine, local_candidates, vocab_slice
 from ascent.rollout.fast.vision import RowImages
 
@@ -80,14 +81,19 @@ class TPGroup:
     symm: SymmetricAllReduce | None = None  # the "symm" mode's buffers, where it runs
 
     def with_allreduce(self, mode: str, max_numel: int) -> TPGroup:
-        """This group summing the row-parallel partials by `mode` (tp_comm.py); "symm" sets up its symmetric
-        buffers of `max_numel` fp32 values (a collective) or falls back to "nccl" with a warning."""
+        """This group summing the row-parallel partials by `mode` (tp_comm.py); "symm" (a collective: every
+        rank votes, then sets up its symmetric buffers of `max_numel` fp32 values) or, where any rank cannot,
+        "nccl" on every rank with a warning saying why."""
         check_allreduce(mode)
         if mode != "symm":
             return dataclasses.replace(self, reduce=mode)
-        store = dist.PrefixStore("symm", self.store) if self.store is not None else None
-        symm = symmetric_or_warn(self.name, self.rank, self.size, store, self.pg, self.device, max_numel)
-        return dataclasses.replace(self, reduce="symm" if symm else "nccl", symm=symm)
+        why = symmetric_blocker(self.device, self.store)
+        if not self.min(0 if why else 1):  # one rank's reason is every rank's fallback
+            warnings.warn(f"tp_allreduce='symm': {why or 'another rank cannot'}; using 'nccl'.", stacklevel=2)
+            return dataclasses.replace(self, reduce="nccl")
+        store = dist.PrefixStore("symm", self.store)
+        symm = SymmetricAllReduce(self.name, self.rank, self.size, store, self.pg, self.device, max_numel)
+        return dataclasses.replace(self, reduce="symm", symm=symm)
 
     def command(self, *cmd: Any) -> None:
         """Driver: send every rank the next command (a tuple of plain values and CPU tensors): one broadcast

@@ -12,23 +12,27 @@ each ~33 us through NCCL: latency, not bandwidth. The modes (`build_fast_engine(
   rank's partial into its symmetric buffer, waits for the peers at a barrier and reads their buffers over
   NVLink/P2P. No multicast (`TORCH_SYMM_MEM_DISABLE_MULTICAST=1` unless set otherwise; no multimem ops).
   Tensors up to the decode step's size only; larger ones (prefills) take NCCL. CUDA only: a CPU (gloo)
-  replica, or a torch without the ops, falls back to "nccl" with a warning. Experimental: on 2x H200
-  (torch 2.11) it made a 7B TP=2 step 1.18x shorter (6.34 -> 5.37 ms, bench/tp_rollout.py), but
-  tests/gpu/test_tensor_parallel_comm_gpu.py, which builds several replicas in one process, hung in
-  `rendezvous`; so it is reached only by `tp_allreduce` or ASCENT_FAST_ENGINE, never by default.
+  replica, or a torch without the ops, falls back to "nccl" with a warning. On 2x H200 (torch 2.11) it made
+  a 7B TP=2 step 1.18x shorter (6.34 -> 5.37 ms, bench/tp_rollout.py).
+One "symm" replica per driving process: torch numbers the store exchanges of symmetric memory's rendezvous
+with a counter per process, so a second replica driven from the same process, whose other ranks are fresh
+processes (counters at 0), would wait in `rendezvous` forever (measured: the second "symm" replica of one
+process hung there). Every rank therefore votes before the rendezvous (`symmetric_blocker`, one MIN
+all-reduce): if the driver already set one up, or any rank cannot, the whole replica takes "nccl" with a
+warning saying why.
 Every mode is captured in the decode step's CUDA graphs (no host sync).
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
 
 import torch
 from torch import Tensor
 
 ALLREDUCE = ("nccl", "nccl-dtype", "symm")
+_SETUPS = [0]  # symmetric-memory all-reduces this process has set up (see the module's docstring)
 
 
 def check_allreduce(mode: str) -> None:
@@ -51,6 +55,21 @@ def symmetric_unavailable(device: torch.device) -> str | None:
     return None
 
 
+def symmetric_blocker(device: torch.device, store: Any) -> str | None:
+    """Why this rank cannot join a "symm" replica (None: it can): the device or build, a group without a
+    store, or symmetric memory set up in this process before (its rendezvous counter is past the fresh
+    ranks' ones)."""
+    why = symmetric_unavailable(device)
+    if why is None and store is None:
+        why = "the group has no store to rendezvous through (built without tp_group)"
+    if why is None and _SETUPS[0]:
+        why = (
+            "this process already drives a replica over symmetric memory, and torch counts its rendezvous "
+            "per process, so a new replica's fresh ranks would wait forever; one 'symm' replica per process"
+        )
+    return why
+
+
 class SymmetricAllReduce:
     """fp32 one-shot all-reduce of tensors of up to `max_numel` elements over two symmetric buffers, used in
     turn: a rank writes a buffer again only two all-reduces later, after the barrier of the one between,
@@ -68,6 +87,7 @@ class SymmetricAllReduce:
         for buf in self.bufs:
             symm_mem.rendezvous(buf, name)  # type: ignore[arg-type]  # (a collective, on every rank)
         self.name, self.max_numel, self.turn = name, max_numel, 0
+        _SETUPS[0] += 1
         self.copy_reduce = getattr(torch.ops.symm_mem, "one_shot_all_reduce_copy", None)
 
     def fits(self, t: Tensor) -> bool:
@@ -106,16 +126,3 @@ def register_group(name: str, rank: int, size: int, store: Any, pg: Any, device:
     if hasattr(_SymmetricMemory, "set_group_info"):
         _SymmetricMemory.set_group_info(name, rank, size, store)
     return group
-
-
-def symmetric_or_warn(
-    name: str, rank: int, size: int, store: Any, pg: Any, device: torch.device, max_numel: int
-) -> SymmetricAllReduce | None:
-    """A SymmetricAllReduce, or None (NCCL instead) with a warning saying why."""
-    why = symmetric_unavailable(device)
-    if why is None and store is None:
-        why = "the group has no store to rendezvous through (built without tp_group)"
-    if why is not None:
-        warnings.warn(f"tp_allreduce='symm': {why}; using 'nccl'.", stacklevel=3)
-        return None
-    return SymmetricAllReduce(name, rank, size, store, pg, device, max_numel)

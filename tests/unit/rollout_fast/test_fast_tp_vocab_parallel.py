@@ -16,8 +16,8 @@ import torch.distributed.distributed_c10d as c10d
 
 from ascent.messages import GenerationRequest, SamplingParams
 from ascent.models import make_tiny_checkpoint
-from ascent.rollout.fast import build_fast_engine
-from ascent.rollout.fast.tensor_parallel import ShardRunner
+from ascent.rollout.fast import build_fast_engine, tensor_parallel, tp_comm
+from ascent.rollout.fast.tensor_parallel import ShardRunner, TPGroup
 from ascent.rollout.fast.tp_comm import register_group
 
 
@@ -82,3 +82,26 @@ def test_a_group_registered_for_symmetric_memory_is_found_by_name():
     t = torch.ones(3)
     group.allreduce(t).wait()
     assert t.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_process_that_already_set_up_symmetric_memory_is_blocked_from_a_second(monkeypatch):
+    """torch counts symmetric memory's rendezvous per process: a second "symm" replica driven from one
+    process would hang against fresh ranks, so that process votes it down (tp_comm.symmetric_blocker)."""
+    monkeypatch.setattr(tp_comm, "symmetric_unavailable", lambda device: None)
+    store = object()
+    assert tp_comm.symmetric_blocker(torch.device("cuda", 0), store) is None
+    assert "no store" in tp_comm.symmetric_blocker(torch.device("cuda", 0), None)
+    monkeypatch.setattr(tp_comm, "_SETUPS", [1])
+    assert "one 'symm' replica per process" in tp_comm.symmetric_blocker(torch.device("cuda", 0), store)
+
+
+def test_one_ranks_reason_makes_every_rank_fall_back(monkeypatch):
+    """The vote is a MIN over the ranks: a rank that can set up symmetric memory still takes NCCL when its
+    peer cannot (here one process, group of one, whose single vote is 'cannot')."""
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
+    pg = dist.ProcessGroupGloo(store, 0, 1, datetime.timedelta(seconds=30))
+    group = TPGroup(0, 1, pg, torch.device("cpu"), store, "ascent-tp-vote")
+    monkeypatch.setattr(tensor_parallel, "symmetric_blocker", lambda device, store: "a peer said no")
+    with pytest.warns(UserWarning, match="tp_allreduce='symm': a peer said no; using 'nccl'"):
+        voted = group.with_allreduce("symm", 16)
+    assert (voted.reduce, voted.symm) == ("nccl", None)
