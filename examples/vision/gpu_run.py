@@ -1,25 +1,50 @@
-"""The zoom task's learning run at a real model size on one GPU, in one command (issue #28).
+"""The zoom task's learning run at a real model size, in one command (issue #28).
 
-    python examples/vision/gpu_run.py --json OUT/vision_3b.json          # one H100, ~8 minutes
-    python examples/vision/gpu_run.py --shape tiny --rows 64 --iterations 3 --budget-s 600   # CPU check
+    python examples/vision/gpu_run.py --place --gpus 2 --json OUT/vision_3b.json   # 2 GPUs, ~9 minutes
+    python examples/vision/gpu_run.py --place --arms zoom,zoom --lrs 3e-5,6e-5 --gpus 2   # two rates
+    python examples/vision/gpu_run.py --shape tiny --place --gpus 2 --rows 64 --val 8 --read-steps 4 \\
+        --place-steps 2 --iterations 2 --val-every 1 --budget-s 900                  # the CPU check
 
-The `run_comparison.py --turns` recipe at Qwen2.5-VL-3B's dimensions (random weights, bf16, the tiny
-setup's tokenizer with the task's texts as whole tokens and its 4-token pixel budget, so the task is the
-same): `make_setup.py --shape 3b` on the GPU, stage 1 of the warm start (`sft_read.yaml`: the pattern word
-read from the zoomed view; its loss printed per step), then per seed GRPO with one grammar a turn
-(`grpo_turns.yaml`) WITH the zoom tool (`zoom_qa`) and WITHOUT it (`image_qa`, the word alone). Each is a
-real CLI call (echoed). Recorded, as JSON (`--json`, rewritten after every phase) and a table: held-out
-greedy accuracy at the start, every `--val-every` iterations and at the end; per window of `--window`
-iterations the sampled episodes' right-zoom rate (the zoom into the asked quarter; chance 0.25) and mean
-reward; each phase's wall time and the GPU's peak memory in use (nvidia-smi memory.used, polled every 2 s:
-the whole device, CUDA context and allocator cache included).
+`run_comparison.py`'s recipes at Qwen2.5-VL-3B's dimensions (random weights, bf16, the tiny setup's
+tokenizer with the task's texts as whole tokens and its 4-token pixel budget, so the task is the same):
+`make_setup.py --shape 3b` on the first GPU, the warm start there, then GRPO runs from it. Each step is a
+real CLI call (echoed).
 
-`--budget-s` bounds the whole command: the setup and stage 1 come first (stage 1 is stopped once
-`--sft-share` of the budget has passed, its checkpoint then the start), the GRPO runs share what is left. A GRPO run
-stops (SIGTERM: it ends its iteration and writes a checkpoint, `checkpoint.on_interrupt`) right after a
-validation when the next one would not fit its share, so its last accuracy is a validated one. Every knob
-of the recipe is a flag or a `key=value` override for both stages' configs (`--sft-set` / `--grpo-set`
-for one stage only).
+`--place` (run_comparison.py --place): stage 1 `sft_read.yaml` on `zoom/read_plastic.jsonl` (`--read-steps`
+at `--sft-lr`), stage 2 `sft_place.yaml` on `zoom/place.jsonl` (`--place-steps` at `--place-lr`), then
+`grpo_place.yaml` (one grammar a turn, validation sampled: `--val` questions x 4 at temperature 1) for
+`--iterations`. Without `--place`: stage 1 on `zoom/read.jsonl`, then `grpo_turns.yaml` (greedy validation).
+Rates: the tiny recipe's (hidden 64) over 32 for hidden 2048, as for muP's hidden matrices: SFT 5e-3 ->
+1.5e-4 for both stages (stage 1 with 10 warm-up steps: nll 5.55 -> 0.54 in 78 steps on an H200; stage 2
+with 4, its optimizer state fresh), GRPO 2e-3 -> 6e-5 (`grpo_place.yaml`); the default `--lr` 3e-5 is
+half that, as lr 1e-4 collapsed the entropy in 18 iterations (before forced grammar tokens left the loss).
+
+GRPO runs: `--arms` (zoom: with the tool; plain: without, `image_qa` with the word grammar alone) times
+`--seeds`, each arm at its `--lrs` entry. `--gpus N` runs N of them at once, each on its own GPU
+(CUDA_VISIBLE_DEVICES per process; on CPU, N processes); the setup and the warm start run on the first.
+
+Time at `--place --gpus 2` (one H100 or H200 a run; from the previous 3B run on an H200: setup 55 s, stage
+1 140 s for 78 steps with its load and save, GRPO 4-6 s an iteration and ~65 s of load, validations and
+save a run): setup ~55 s, stage 1 at 80 steps ~145 s, stage 2 at 24 steps ~70 s (ends by ~270 s); then
+both arms at once, each ~25 s to load, 30 iterations x ~5 s, 4 validations of 64 x 4 sampled episodes
+(0/10/20/30; one decode batch each: `--gen-batch`) ~30 s and its final save ~15 s: ~220 s, so ~490 s in
+all under `--budget-s 525` (+ ~15 s of gpu_run.sh: a 9.5-minute device call). Stage 1 must end by 0.45 of
+the budget (236 s), stage 2 by 0.6 (315 s); a GRPO run that runs slow stops after its validation at 20.
+With one GPU the arms run one after the other, ~115 s each: about 10-15 iterations.
+
+`--budget-s` bounds the whole command: stage 1 is stopped once `--sft-share` of it has passed and stage 2
+at `--place-share` (each then starts from its newest checkpoint), the GRPO waves share what is left. A GRPO
+run stops (SIGTERM: it ends its iteration and writes a checkpoint, `checkpoint.on_interrupt`) right after a
+validation when the next one would not fit its share, so its last accuracy is a validated one.
+
+Recorded, as JSON (`--json`, rewritten after every phase) and a table: the devices; per phase its wall time,
+its GPU's peak memory in use (nvidia-smi memory.used, polled every 2 s: the whole device, CUDA context and
+allocator cache included) and whether the budget stopped it; stage losses; per GRPO run held-out accuracy
+at its start, every `--val-every` iterations and its end, per `--window` iterations the sampled episodes'
+right-zoom rate (the zoom into the asked quarter; chance 0.25), their reward and reading (reward when the
+zoom was right), and images/s (the images its episodes showed the model, one a model turn, over the
+iterations' time). Every knob is a flag or a `key=value` override for every config (`--sft-set`,
+`--place-set`, `--grpo-set` for one stage only).
 """
 
 from __future__ import annotations
@@ -28,71 +53,95 @@ import argparse
 import json
 import os
 import shlex
-import signal
-import sqlite3
-import subprocess
+import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from run_watch import (  # beside this file: the script's directory is on sys.path
+    Phase,
+    gpu_query,
+    metric_lines,
+    right_zoom_windows,
+    run_phases,
+    throughput,
+)
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent  # the repository: its ascent for every subprocess
-EXIT_GRACE_S = 90.0  # after SIGTERM: one iteration plus a 3B checkpoint (fp32 master weights, ~14 GB)
 EXIT_RESERVE_S = 30.0  # a GRPO run's share less this is its deadline: stopping takes an iteration and a save
-BOXES = {  # the zoom call's box for each quarter (make_setup.WORDS), to score where an episode zoomed
-    "top-left": "0.0, 0.0, 0.5, 0.5",
-    "top-right": "0.5, 0.0, 1.0, 0.5",
-    "bottom-left": "0.0, 0.5, 0.5, 1.0",
-    "bottom-right": "0.5, 0.5, 1.0, 1.0",
-}
+
+
+@dataclass(frozen=True)
+class GrpoRun:
+    """One GRPO run: its arm (zoom: with the tool; plain: without), rate and seed; `name` is its run_dir's."""
+
+    arm: str
+    lr: float
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"grpo_{self.arm}_lr{self.lr:g}_s{self.seed}"
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", choices=["3b", "tiny"], default="3b", help="the checkpoint's dimensions")
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda for 3b, cpu for tiny)")
-    p.add_argument("--root", type=Path, default=Path("/tmp/ascent_vision"), help="model, data and runs")
-    p.add_argument("--json", type=Path, default=None, help="write the results here")
-    p.add_argument("--budget-s", type=float, default=480.0, help="wall-clock bound of the whole command")
-    p.add_argument("--sft-share", type=float, default=0.4, help="most of the budget setup + stage 1 may use")
-    p.add_argument("--rows", type=int, default=2048, help="training questions (stage 1's demonstrations)")
-    p.add_argument("--seeds", type=int, default=1, help="GRPO seeds per arm")
-    p.add_argument("--arms", default="zoom,plain", help="zoom (with the tool), plain (without), or both")
-    # Width scaling of the tiny recipe's rates (hidden 64 -> 2048, 32x: lr/32, as for muP's hidden
-    # matrices): stage 1 5e-3 -> 1.5e-4 (with warm-up), GRPO 1e-3 -> 3e-5.
-    p.add_argument("--sft-lr", type=float, default=1.5e-4, help="stage 1's lr (sft_read.yaml: 5e-3, tiny)")
-    p.add_argument("--sft-warmup", type=int, default=10, help="stage 1's warm-up steps")
-    p.add_argument("--read-epochs", type=float, default=None, help="stage 1's epochs (sft_read.yaml's)")
-    p.add_argument("--lr", type=float, default=3e-5, help="GRPO lr (grpo_turns.yaml: 1e-3, tiny)")
-    p.add_argument("--kl", type=float, default=None, help="GRPO algorithm.kl_loss_coef (yaml's if unset)")
-    p.add_argument(
-        "--iterations", type=int, default=300, help="GRPO iterations at most (the budget stops it)"
-    )
-    p.add_argument("--val-every", type=int, default=10, help="GRPO held-out validation every K iterations")
-    p.add_argument("--window", type=int, default=10, help="iterations per right-zoom window")
-    p.add_argument(
-        "--drop-weights",
-        action="store_true",
-        help="delete each GRPO run's weights once it is recorded (3B: ~14 GB each, fp32; a 64 GB disk holds "
-        "the setup, stage 1 and two runs): on by itself at --shape 3b with --seeds 2 or more",
-    )
-    p.add_argument("--sft-set", nargs="*", default=[], help="key=value overrides of stage 1 only")
-    p.add_argument("--grpo-set", nargs="*", default=[], help="key=value overrides of the GRPO runs only")
-    p.add_argument("overrides", nargs="*", help="key=value overrides of every config (both stages)")
+    arg = p.add_argument
+    arg("--shape", choices=["3b", "tiny"], default="3b", help="the checkpoint's dimensions")
+    arg("--device", default=None, help="cuda or cpu (default: cuda for 3b, cpu for tiny)")
+    arg("--root", type=Path, default=Path("/tmp/ascent_vision"), help="model, data and runs")
+    arg("--json", type=Path, default=None, help="write the results here")
+    arg("--place", action="store_true", help="the --place recipe (default: --turns, stage 1 only)")
+    arg("--gpus", type=int, default=1, help="GRPO runs at once, one GPU each (the warm start: the first)")
+    arg("--budget-s", type=float, default=525.0, help="wall-clock bound of the whole command")
+    arg("--sft-share", type=float, default=0.45, help="share of the budget by which stage 1 must end")
+    arg("--place-share", type=float, default=0.6, help="share of the budget by which stage 2 must end")
+    arg("--rows", type=int, default=2048, help="training questions (stage 1's demonstrations)")
+    arg("--val", type=int, default=64, help="held-out questions")
+    arg("--seeds", type=int, default=1, help="GRPO seeds per arm")
+    arg("--arms", default="zoom,plain", help="GRPO runs per seed: zoom (with the tool), plain (without)")
+    arg("--read-steps", type=int, default=80, help="stage 1's optimizer steps (16 rows each)")
+    arg("--sft-lr", type=float, default=1.5e-4, help="stage 1's lr (sft_read.yaml: 5e-3, tiny)")
+    arg("--sft-warmup", type=int, default=10, help="stage 1's warm-up steps")
+    arg("--place-steps", type=int, default=24, help="stage 2's optimizer steps (--place)")
+    arg("--place-lr", type=float, default=1.5e-4, help="stage 2's lr (sft_place.yaml: 5e-3, tiny)")
+    arg("--place-warmup", type=int, default=4, help="stage 2's warm-up steps")
+    arg("--lr", type=float, default=3e-5, help="GRPO lr of every arm (grpo_place.yaml: 2e-3, tiny)")
+    arg("--lrs", default=None, help="GRPO lr per arm, comma-separated (overrides --lr)")
+    arg("--kl", type=float, default=None, help="GRPO algorithm.kl_loss_coef (yaml's if unset)")
+    arg("--iterations", type=int, default=None, help="GRPO iterations (--place: 30, else 300)")
+    arg("--val-every", type=int, default=10, help="GRPO held-out validation every K iterations")
+    arg("--gen-batch", type=int, default=256, help="rollout.generation_batch_size (validation in one)")
+    arg("--window", type=int, default=10, help="iterations per right-zoom window")
+    arg("--drop-weights", action="store_true", help="delete each GRPO run's weights once recorded")
+    arg("--sft-set", nargs="*", default=[], help="key=value overrides of stage 1 only")
+    arg("--place-set", nargs="*", default=[], help="key=value overrides of stage 2 only")
+    arg("--grpo-set", nargs="*", default=[], help="key=value overrides of the GRPO runs only")
+    arg("overrides", nargs="*", help="key=value overrides of every config")
     a = p.parse_args(argv)
     a.device = a.device or ("cuda" if a.shape == "3b" else "cpu")
-    a.drop_weights = a.drop_weights or (a.shape == "3b" and a.seeds > 1)
+    a.iterations = a.iterations or (30 if a.place else 300)
     a.arms = [arm.strip() for arm in a.arms.split(",") if arm.strip()]
     if not a.arms or set(a.arms) - {"zoom", "plain"}:
-        p.error(f"--arms={','.join(a.arms)}: name zoom, plain or zoom,plain")
+        p.error(f"--arms={','.join(a.arms)}: name zoom, plain or both, comma-separated")
+    lrs = [float(x) for x in a.lrs.split(",")] if a.lrs else [a.lr] * len(a.arms)
+    if len(lrs) != len(a.arms):
+        p.error(f"--lrs={a.lrs}: give one rate per arm of --arms={','.join(a.arms)}")
+    a.runs = [GrpoRun(arm, lr, s) for s in range(1, a.seeds + 1) for arm, lr in zip(a.arms, lrs, strict=True)]
+    if len({r.name for r in a.runs}) < len(a.runs):
+        p.error("--arms/--lrs name one run twice: give the repeated arm another rate, or use --seeds")
+    if a.gpus < 1:
+        p.error(f"--gpus={a.gpus}: set it to 1 or more")
+    # 3B weights are ~14 GB a run (fp32): a 64 GB disk holds the setup, the start and two runs
+    a.drop_weights = a.drop_weights or (a.shape == "3b" and len(a.runs) > 1)
     return a
 
 
 def common_overrides(a: argparse.Namespace) -> list[str]:
-    """Both stages' device settings: bf16 on the GPU; gradient checkpointing (fp32 master weights, gradients
+    """Every stage's device settings: bf16 on the GPU; gradient checkpointing (fp32 master weights, gradients
     and AdamW state of 3.4B parameters take ~55 GB, the engine's copy ~7 GB: a GRPO update's ~3k tokens of
     activations would not fit beside them); no optimizer state on disk (~27 GB a checkpoint); no
     torch.compile (a few thousand tokens a step: compiling each process's layers would cost more than it
@@ -109,42 +158,65 @@ def common_overrides(a: argparse.Namespace) -> list[str]:
     ]
 
 
-def sft_command(a: argparse.Namespace, run: Path) -> list[str]:
-    epochs = [f"epochs={a.read_epochs}"] if a.read_epochs else []
+def epochs_for(steps: int, recipe: str, data: Path) -> float:
+    """`epochs` giving `steps` optimizer steps of the recipe's batch over `data`'s rows (the SFT entrypoint
+    takes ceil(epochs * rows / batch_size); half a batch short keeps the ceiling at `steps`)."""
+    batch = yaml.safe_load((HERE / recipe).read_text())["batch_size"]
+    rows = sum(1 for line in data.read_text().splitlines() if line.strip())
+    return (steps - 0.5) * batch / rows
+
+
+def sft_command(
+    a: argparse.Namespace, run: Path, stage: str, start: Path, epochs: float | None = None
+) -> list[str]:
+    """`stage` 1 (sft_read.yaml: on read_plastic.jsonl with --place, else read.jsonl) or 2 (sft_place.yaml on
+    place.jsonl) into `run`, from `start`; `epochs` from the stage's steps unless given."""
+    zoom = a.root / "zoom"
+    if stage == "1":
+        recipe, data = "sft_read.yaml", zoom / ("read_plastic.jsonl" if a.place else "read.jsonl")
+        steps, lr, warmup, extra = a.read_steps, a.sft_lr, a.sft_warmup, a.sft_set
+    else:
+        recipe, data = "sft_place.yaml", zoom / "place.jsonl"
+        steps, lr, warmup, extra = a.place_steps, a.place_lr, a.place_warmup, a.place_set
+    epochs = epochs if epochs is not None else epochs_for(steps, recipe, data)
     return [
         "sft",
-        str(HERE / "sft_read.yaml"),
+        str(HERE / recipe),
         f"run_dir={run}",
-        f"model.path={a.root / 'model'}",
-        f"data.train_path={a.root / 'zoom' / 'read.jsonl'}",
-        f"train.lr={a.sft_lr}",
-        f"train.warmup_steps={a.sft_warmup}",
-        *epochs,
+        f"model.path={start}",
+        f"data.train_path={data}",
+        f"epochs={epochs}",
+        f"train.lr={lr}",
+        f"train.warmup_steps={warmup}",
         *common_overrides(a),
-        *a.sft_set,
+        *extra,
     ]
 
 
-def grpo_command(a: argparse.Namespace, run: Path, start: Path, arm: str, seed: int) -> list[str]:
-    """`run_comparison.grpo_turns`'s call at this run's settings: without the tool every turn takes the
-    recipe's word grammar."""
-    turns = yaml.safe_load((HERE / "grpo_turns.yaml").read_text())["rollout"]["grammar"]
+def grpo_command(a: argparse.Namespace, run: Path, start: Path, spec: GrpoRun) -> list[str]:
+    """`run_comparison.grpo_turns`'s call at this run's settings (`grpo_place.yaml` with --place, else
+    `grpo_turns.yaml`): without the tool every turn takes the recipe's word grammar."""
+    recipe = HERE / ("grpo_place.yaml" if a.place else "grpo_turns.yaml")
+    turns = yaml.safe_load(recipe.read_text())["rollout"]["grammar"]
     plain = (
-        [] if arm == "zoom" else ["rollout.source.env=image_qa", f"rollout.grammar={json.dumps(turns[1:])}"]
+        []
+        if spec.arm == "zoom"
+        else ["rollout.source.env=image_qa", f"rollout.grammar={json.dumps(turns[1:])}"]
     )
     kl = [f"algorithm.kl_loss_coef={a.kl}"] if a.kl is not None else []
     return [
         "train",
-        str(HERE / "grpo_turns.yaml"),
+        str(recipe),
         f"run_dir={run}",
-        f"seed={seed}",
+        f"seed={spec.seed}",
         f"model.path={start}",
-        f"data.train_path={a.root / arm / 'rows.jsonl'}",
-        f"data.val_path={a.root / arm / 'val.jsonl'}",
+        f"data.train_path={a.root / spec.arm / 'rows.jsonl'}",
+        f"data.val_path={a.root / spec.arm / 'val.jsonl'}",
         f"iterations={a.iterations}",
         f"val_every={a.val_every}",
-        f"train.lr={a.lr}",
+        f"train.lr={spec.lr}",
         "rollout.engine=reference",  # the per-turn grammar needs it
+        f"rollout.generation_batch_size={a.gen_batch}",
         *plain,
         *kl,
         *common_overrides(a),
@@ -152,137 +224,16 @@ def grpo_command(a: argparse.Namespace, run: Path, start: Path, arm: str, seed: 
     ]
 
 
-def gpu_memory_mib() -> float | None:
-    """Memory in use on GPU 0 (nvidia-smi), None where there is none."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        return float(out.stdout.split()[0])
-    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-        return None
-
-
-def metric_lines(path: Path, seen: int) -> tuple[list[dict[str, Any]], int]:
-    """metrics.jsonl's complete lines after the first `seen`, and the new count."""
-    if not path.exists():
-        return [], seen
-    lines = path.read_text().split("\n")[:-1]  # the last piece may be a line being written
-    return [json.loads(line) for line in lines[seen:] if line.strip()], len(lines)
-
-
-class Phase:
-    """One command (a subprocess), watched: its metrics.jsonl printed as it grows, GPU memory polled, and a
-    SIGTERM at its deadline (`stop_after_val`: at the first validation after which the next would not fit)."""
-
-    def __init__(self, name: str, run_dir: Path | None, deadline: float, stop_after_val: bool = False):
-        self.name, self.run_dir, self.deadline, self.stop_after_val = name, run_dir, deadline, stop_after_val
-        self.peak_mib: float | None = None
-        self.stopped = False  # by the budget
-        self.vals: list[tuple[int, float, float]] = []  # (iteration, accuracy, time)
-        self.losses: list[float] = []
-        self.proc: subprocess.Popen | None = None
-        self.termed_at: float | None = None  # when the budget's SIGTERM went
-
-    def run(self, argv: list[str]) -> dict[str, Any]:
-        print(f"\n[{self.name}] $ {shlex.join(argv)}", flush=True)
-        t0 = time.time()
-        env = os.environ | {
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        }
-        proc = self.proc = subprocess.Popen(argv, env=env)
-        seen, last_poll = 0, 0.0
-        while proc.poll() is None:
-            time.sleep(0.5)
-            if self.run_dir is not None:
-                lines, seen = metric_lines(self.run_dir / "metrics.jsonl", seen)
-                for m in lines:
-                    self.on_metrics(m, t0)
-            if time.time() - last_poll > 2.0:
-                last_poll, mib = time.time(), gpu_memory_mib()
-                if mib is not None:
-                    self.peak_mib = max(self.peak_mib or 0.0, mib)
-            self.police()
-        if self.run_dir is not None:
-            for m in metric_lines(self.run_dir / "metrics.jsonl", seen)[0]:
-                self.on_metrics(m, t0)
-        ok = proc.returncode == 0 or (self.stopped and proc.returncode == 128 + signal.SIGTERM)
-        if not ok:
-            sys.exit(f"[{self.name}] failed (exit {proc.returncode}): {shlex.join(argv)}")
-        self.stopped = self.stopped and proc.returncode != 0  # a run that ended as the signal came finished
-        return {"seconds": round(time.time() - t0, 1), "peak_gpu_mib": self.peak_mib, "stopped": self.stopped}
-
-    def police(self) -> None:
-        """SIGTERM once the deadline passes; a second SIGTERM (stop at once) EXIT_GRACE_S after the first."""
-        now = time.time()
-        if self.termed_at is None and now >= self.deadline:
-            self.terminate("deadline reached")
-        elif self.termed_at is not None and now - self.termed_at > EXIT_GRACE_S and self.proc is not None:
-            print(
-                f"[{self.name}] still running {EXIT_GRACE_S:.0f}s after SIGTERM: stopping at once", flush=True
-            )
-            self.proc.send_signal(signal.SIGTERM)
-            self.termed_at = float("inf")  # once
-
-    def terminate(self, why: str) -> None:
-        print(f"[{self.name}] budget: {why}, SIGTERM (it checkpoints and stops)", flush=True)
-        assert self.proc is not None
-        self.stopped, self.termed_at = True, time.time()
-        self.proc.send_signal(signal.SIGTERM)
-
-    def on_metrics(self, m: dict[str, Any], t0: float) -> None:
-        step = m.get("step")
-        if "sft/nll" in m:
-            self.losses.append(m["sft/nll"])
-            more = f" lr {m.get('lr', 0.0):.2e} grad norm {m.get('grad_norm', float('nan')):.3f}"
-            print(f"[{self.name}] step {step} nll {m['sft/nll']:.4f}{more}", flush=True)
-        if "val/accuracy" in m:
-            now = time.time()
-            self.vals.append((int(step or 0), m["val/accuracy"], now - t0))
-            print(f"[{self.name}] iteration {step}: held-out accuracy {m['val/accuracy']:.3f}", flush=True)
-            if self.stop_after_val and len(self.vals) >= 2 and self.termed_at is None:
-                chunk = self.vals[-1][2] - self.vals[-2][2]
-                if now + chunk > self.deadline:
-                    self.terminate("the next validation would not fit")
-        elif "time/iteration" in m:
-            reward, seconds = m.get("reward/mean", float("nan")), m["time/iteration"]
-            print(f"[{self.name}] iteration {step}: reward {reward:.3f} ({seconds:.1f}s)", flush=True)
-
-
-def right_zoom_windows(run_dir: Path, window: int) -> list[dict[str, Any]]:
-    """Per `window` iterations of a run WITH the tool, from its experience store: the share of sampled
-    episodes whose zoom call names the asked quarter's box (`right_zoom`), their mean reward, and the mean
-    reward of the right-zoom ones (`reading`) (experience.db's prompt text holds the question, the response
-    text the call)."""
-    db = run_dir / "experience.db"
-    if not db.exists():
-        return []
-    conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        rows = conn.execute("SELECT iteration, prompt_text, response_text, reward FROM episodes").fetchall()
-    finally:
-        conn.close()
-    buckets: dict[int, list[tuple[bool, float]]] = {}
-    for it, prompt, response, reward in rows:
-        asked = [q for q in BOXES if q in prompt]
-        right = len(asked) == 1 and BOXES[asked[0]] in response
-        buckets.setdefault((it - 1) // window, []).append((right, reward))
-    out = []
-    for b in sorted(buckets):
-        eps = buckets[b]
-        out.append(
-            {
-                "iterations": [b * window + 1, (b + 1) * window],
-                "episodes": len(eps),
-                "right_zoom": round(sum(r for r, _ in eps) / len(eps), 3),
-                "reward": round(sum(x for _, x in eps) / len(eps), 3),
-                "reading": round(sum(x for r, x in eps if r) / max(sum(r for r, _ in eps), 1), 3),
-            }
-        )
-    return out
+def gpu_ids(a: argparse.Namespace) -> list[str | None]:
+    """The `--gpus` devices, as CUDA_VISIBLE_DEVICES names them (the first ones it lists, if set); on CPU
+    N slots with no device."""
+    if not a.device.startswith("cuda"):
+        return [None] * a.gpus
+    visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    ids = visible or [str(i) for i in range(a.gpus)]
+    if len(ids) < a.gpus:
+        sys.exit(f"--gpus={a.gpus}: CUDA_VISIBLE_DEVICES lists {len(ids)}; ask for at most that many")
+    return list(ids[: a.gpus])
 
 
 def newest_weights(run_dir: Path) -> Path:
@@ -295,53 +246,93 @@ def newest_weights(run_dir: Path) -> Path:
     return found[-1]
 
 
-def setup_and_sft(a: argparse.Namespace, t0: float, report: dict[str, Any]) -> Path:
-    """make_setup.py at `--shape` (a subprocess: the parent never holds a CUDA context), then stage 1;
-    returns stage 1's weights."""
-    ascent = [sys.executable, "-m", "ascent"]
-    setup = [sys.executable, str(HERE / "make_setup.py"), str(a.root), "--rows", str(a.rows)]
-    setup += ["--shape", a.shape, "--device", a.device]
-    report["phases"]["setup"] = Phase("setup", None, t0 + a.budget_s).run(setup)
-    write(a, report)
-    run = a.root / "sft_read"
-    phase = Phase("sft", run, t0 + a.sft_share * a.budget_s)
-    report["phases"]["sft"] = phase.run([*ascent, *sft_command(a, run)]) | {
+def drop_weights(run_dir: Path) -> None:
+    for weights in run_dir.glob("**/*.safetensors"):
+        weights.unlink()
+
+
+def sft_stage(a: argparse.Namespace, report: dict[str, Any], name: str, argv: list[str], end: float) -> None:
+    """One SFT stage (`name`: its run_dir under --root) on the first GPU, stopped at `end`; exits if it fails."""
+    shutil.rmtree(a.root / name, ignore_errors=True)
+    phase = Phase(name, a.root / name, end)
+    (result,) = run_phases([(phase, [sys.executable, "-m", "ascent", *argv], a.gpu_ids[0])])
+    report["phases"][name] = result | {
         "nll": [round(x, 4) for x in phase.losses],
         "steps": len(phase.losses),
     }
     write(a, report)
-    return newest_weights(run)
+    if not result["ok"]:
+        sys.exit(f"[{name}] failed (exit {result['exit']}): {shlex.join(argv)}")
+
+
+def warm_start(a: argparse.Namespace, t0: float, report: dict[str, Any]) -> Path:
+    """make_setup.py at `--shape` (a subprocess: the parent never holds a CUDA context), stage 1, and with
+    --place stage 2, on the first GPU; returns the start's weights."""
+    setup = [sys.executable, str(HERE / "make_setup.py"), str(a.root), "--rows", str(a.rows)]
+    setup += ["--val", str(a.val), "--shape", a.shape, "--device", a.device]
+    (result,) = run_phases([(Phase("setup", None, t0 + a.budget_s), setup, a.gpu_ids[0])])
+    report["phases"]["setup"] = result
+    write(a, report)
+    if not result["ok"]:
+        sys.exit(f"[setup] failed (exit {result['exit']}): {shlex.join(setup)}")
+    read = "sft_plastic" if a.place else "sft_read"
+    sft_stage(
+        a, report, read, sft_command(a, a.root / read, "1", a.root / "model"), t0 + a.sft_share * a.budget_s
+    )
+    start = newest_weights(a.root / read)
+    if not a.place:
+        return start
+    argv = sft_command(a, a.root / "sft_place", "2", start)
+    sft_stage(a, report, "sft_place", argv, t0 + a.place_share * a.budget_s)
+    if a.shape == "3b":  # stage 1's weights are no run's start now (disk: ~14 GB)
+        drop_weights(a.root / read)
+    return newest_weights(a.root / "sft_place")
 
 
 def grpo_runs(a: argparse.Namespace, t0: float, start: Path, report: dict[str, Any]) -> None:
-    """Per seed, each arm's GRPO run from `start`, sharing what is left of the budget evenly."""
-    runs = [(arm, seed) for seed in range(1, a.seeds + 1) for arm in a.arms]
-    for i, (arm, seed) in enumerate(runs):
+    """The GRPO runs from `start`, in waves of --gpus at once (one GPU each), sharing what is left of the
+    budget evenly among the waves."""
+    waves = [a.runs[i : i + a.gpus] for i in range(0, len(a.runs), a.gpus)]
+    for w, wave in enumerate(waves):
         left = t0 + a.budget_s - time.time()
-        run = a.root / f"turns_{arm}_{seed}"
-        deadline = time.time() + left / (len(runs) - i) - EXIT_RESERVE_S
-        phase = Phase(f"grpo {arm} {seed}", run, deadline, stop_after_val=True)
-        argv = [sys.executable, "-m", "ascent", *grpo_command(a, run, start, arm, seed)]
-        timing = phase.run(argv)
-        vals = [[it, acc] for it, acc, _ in phase.vals]
-        done = metric_lines(run / "metrics.jsonl", 0)[0]
-        report["phases"][f"grpo_{arm}_{seed}"] = timing
-        report["runs"].append(
-            {
-                "arm": arm,
-                "seed": seed,
-                "iterations_done": max((m.get("step", 0) for m in done), default=0),
-                "val": vals,
-                "start": vals[0][1] if vals else None,
-                "end": vals[-1][1] if vals else None,
-                "windows": right_zoom_windows(run, a.window) if arm == "zoom" else [],
-                **timing,
-            }
-        )
-        write(a, report)
-        if a.drop_weights:
-            for weights in run.glob("**/*.safetensors"):
-                weights.unlink()
+        deadline = time.time() + left / (len(waves) - w) - EXIT_RESERVE_S
+        jobs = []
+        for spec, gpu in zip(wave, a.gpu_ids, strict=False):
+            run = a.root / spec.name
+            shutil.rmtree(run, ignore_errors=True)
+            argv = [sys.executable, "-m", "ascent", *grpo_command(a, run, start, spec)]
+            jobs.append((Phase(spec.name, run, deadline, stop_after_val=True), argv, gpu))
+        for (phase, _, _), spec, timing in zip(jobs, wave, run_phases(jobs), strict=True):
+            record(a, report, phase, spec, timing)
+
+
+def record(a: argparse.Namespace, report: dict[str, Any], phase: Phase, spec: GrpoRun, timing: dict) -> None:
+    """One ended GRPO run into the report: held out at its start and end, windows, throughput."""
+    run = a.root / spec.name
+    vals = [[it, acc] for it, acc, _ in phase.vals]
+    done = metric_lines(run / "metrics.jsonl", 0)[0]
+    report["phases"][spec.name] = timing
+    report["runs"].append(
+        {
+            "name": spec.name,
+            "arm": spec.arm,
+            "lr": spec.lr,
+            "seed": spec.seed,
+            "iterations_done": max((m.get("step", 0) for m in done), default=0),
+            "val": vals,
+            "start": vals[0][1] if vals else None,
+            "end": vals[-1][1] if len(vals) > 1 else None,
+            "end_iteration": vals[-1][0] if len(vals) > 1 else None,
+            "windows": right_zoom_windows(run, a.window) if spec.arm == "zoom" else [],
+            **throughput(run, done),
+            **timing,
+        }
+    )
+    if not timing["ok"]:
+        report["failed"].append(spec.name)
+    write(a, report)
+    if a.drop_weights:
+        drop_weights(run)
 
 
 def write(a: argparse.Namespace, report: dict[str, Any]) -> None:
@@ -351,21 +342,22 @@ def write(a: argparse.Namespace, report: dict[str, Any]) -> None:
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = ["phase | seconds | peak GPU MiB | stopped by budget", "--- | --- | --- | ---"]
+    lines = ["phase | seconds | GPU | peak GPU MiB | stopped by budget", "--- | --- | --- | --- | ---"]
     for name, p in report["phases"].items():
-        lines.append(f"{name} | {p['seconds']:.0f} | {p['peak_gpu_mib'] or '-'} | {p['stopped']}")
-    sft = report["phases"].get("sft", {}).get("nll", [])
-    if sft:
-        tail = sft[-10:]
         lines.append(
-            f"stage 1 nll: step 1 {sft[0]:.3f}, mean of the last {len(tail)} {sum(tail) / len(tail):.3f}"
+            f"{name} | {p['seconds']:.0f} | {p['gpu']} | {p['peak_gpu_mib'] or '-'} | {p['stopped']}"
         )
-        lines.append(f"({len(sft)} steps; chance over the 4 pattern words is ln 4 = 1.386)")
-    lines += ["", "run | iterations | held out (iteration: accuracy) | right zoom per window"]
+    for stage in ("sft_read", "sft_plastic", "sft_place"):
+        nll = report["phases"].get(stage, {}).get("nll", [])
+        if nll:
+            tail = nll[-10:]
+            mean = sum(tail) / len(tail)
+            lines.append(f"{stage} nll ({len(nll)} steps): step 1 {nll[0]:.3f}, last {len(tail)} {mean:.3f}")
+    lines += ["", "run | iterations | held out (iteration: accuracy) | right zoom per window | images/s"]
     for r in report["runs"]:
         held = ", ".join(f"{it}: {acc:.3f}" for it, acc in r["val"])
         zooms = " / ".join(f"{w['right_zoom']:.2f}" for w in r["windows"]) or "-"
-        lines.append(f"{r['arm']} seed {r['seed']} | {r['iterations_done']} | {held} | {zooms}")
+        lines.append(f"{r['name']} | {r['iterations_done']} | {held} | {zooms} | {r['images_per_s']}")
     return "\n".join(lines)
 
 
@@ -374,13 +366,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.time()
     a.root.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    args = {k: v if isinstance(v, int | float | list | type(None)) else str(v) for k, v in vars(a).items()}
-    report: dict[str, Any] = {"args": args, "phases": {}, "runs": []}
-    start = setup_and_sft(a, t0, report)
+    a.gpu_ids = gpu_ids(a)
+    args = json.loads(json.dumps(vars(a), default=str))
+    devices = [gpu_query("name", g) or a.device for g in a.gpu_ids]
+    report: dict[str, Any] = {"args": args, "devices": devices, "phases": {}, "runs": [], "failed": []}
+    start = warm_start(a, t0, report)
     grpo_runs(a, t0, start, report)
     report["total_seconds"] = round(time.time() - t0, 1)
     write(a, report)
     print("\n" + table(report) + f"\ntotal {report['total_seconds']:.0f}s", flush=True)
+    if report["failed"]:
+        sys.exit(f"GRPO runs failed: {', '.join(report['failed'])} (the others are recorded)")
     return report
 
 

@@ -166,10 +166,11 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--val", type=int, default=32, help="held-out questions")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="the checkpoint's dimensions")
     parser.add_argument("--device", default="cpu", help="where the weights are initialised (cuda for 3b)")
     args = parser.parse_args()
-    out = make_setup(args.out, args.rows, args.seed, shape=args.shape, device=args.device)
+    out = make_setup(args.out, args.rows, args.seed, n_val=args.val, shape=args.shape, device=args.device)
     paths = {name: str(out / name) for name in ("model", "zoom", "plain")}
     print(json.dumps(paths))
 

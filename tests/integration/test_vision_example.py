@@ -8,8 +8,9 @@ examples/vision/README.md."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
+import math
 import os
 import re
 import sqlite3
@@ -66,30 +67,30 @@ def test_the_vision_comparison_runs_both_arms_and_prints_the_table(tmp_path: Pat
 
 
 def _gpu_run():
-    spec = importlib.util.spec_from_file_location("gpu_run", ROOT / "examples" / "vision" / "gpu_run.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    vision = str(ROOT / "examples" / "vision")
+    if vision not in sys.path:  # gpu_run.py imports run_watch.py from beside it, as its script run does
+        sys.path.insert(0, vision)
+    return importlib.import_module("gpu_run")
 
 
 def test_gpu_run_scores_where_each_sampled_episode_zoomed(tmp_path: Path) -> None:
     """gpu_run.py's right-zoom windows, from a run's experience store: an episode zoomed right when its call
     names the asked quarter's box; `reading` is the reward of those."""
     conn = sqlite3.connect(tmp_path / "experience.db")
-    conn.execute("CREATE TABLE episodes (iteration, prompt_text, response_text, reward)")
+    conn.execute("CREATE TABLE episodes (iteration, prompt_text, response_text, reward, turns)")
     ask = "What pattern fills the framed square in the {} quarter of the image?"
     call = '<tool_call>{{"name": "zoom_in", "arguments": {{"bbox": [{}]}}}}</tool_call>'
     rows = [
-        (1, ask.format("top-left"), call.format("0.0, 0.0, 0.5, 0.5"), 1.0),  # right, read
-        (1, ask.format("top-right"), call.format("0.0, 0.0, 0.5, 0.5"), 0.0),  # wrong quarter
-        (2, ask.format("bottom-right"), call.format("0.5, 0.5, 1.0, 1.0"), 0.0),  # right, misread
-        (3, ask.format("bottom-left"), call.format("0.0, 0.5, 0.5, 1.0"), 1.0),  # right, read
+        (1, ask.format("top-left"), call.format("0.0, 0.0, 0.5, 0.5"), 1.0, 2),  # right, read
+        (1, ask.format("top-right"), call.format("0.0, 0.0, 0.5, 0.5"), 0.0, 2),  # wrong quarter
+        (2, ask.format("bottom-right"), call.format("0.5, 0.5, 1.0, 1.0"), 0.0, 2),  # right, misread
+        (3, ask.format("bottom-left"), call.format("0.0, 0.5, 0.5, 1.0"), 1.0, 3),  # right, read
     ]
-    conn.executemany("INSERT INTO episodes VALUES (?, ?, ?, ?)", rows)
+    conn.executemany("INSERT INTO episodes VALUES (?, ?, ?, ?, ?)", rows)
     conn.commit()
     conn.close()
-    first, second = _gpu_run().right_zoom_windows(tmp_path, window=2)
+    g = _gpu_run()
+    first, second = g.right_zoom_windows(tmp_path, window=2)
     assert first == {
         "iterations": [1, 2],
         "episodes": 3,
@@ -98,34 +99,48 @@ def test_gpu_run_scores_where_each_sampled_episode_zoomed(tmp_path: Path) -> Non
         "reading": 0.5,
     }
     assert second == {"iterations": [3, 4], "episodes": 1, "right_zoom": 1.0, "reward": 1.0, "reading": 1.0}
+    # one image a model turn (the question's, then each zoom's): 9 images, 4 episodes over 3 + 1 seconds
+    done = [
+        {"step": 1, "time/iteration": 3.0},
+        {"step": 2, "time/iteration": 1.0},
+        {"step": 2, "val/accuracy": 0.5},
+    ]
+    assert g.throughput(tmp_path, done) == {
+        "seconds_per_iteration": 2.0,
+        "episodes_per_s": 1.0,
+        "images_per_s": 2.25,
+    }
 
 
 def test_gpu_run_passes_overrides_to_the_stage_they_name(tmp_path: Path) -> None:
-    """Positional overrides reach both stages, --sft-set / --grpo-set one; the arm without the tool takes
-    the recipe's word grammar on image_qa; the flags' rates land in train.lr."""
+    """Positional overrides reach every stage, --sft-set / --place-set / --grpo-set one; the arm without the
+    tool takes the recipe's word grammar on image_qa; the flags' rates land in train.lr, one per arm."""
     g = _gpu_run()
     a = g.parse(
-        [
-            "--root",
-            str(tmp_path),
-            "--lr",
-            "2e-5",
-            "--kl",
-            "0.01",
-            "--sft-set",
-            "epochs=2",
-            "--grpo-set",
-            "x=1",
-            "--",
-            "y=2",
-        ]
+        ["--root", str(tmp_path), "--place", "--arms", "zoom,plain", "--lrs", "2e-5,1e-5", "--kl", "0.01"]
+        + ["--sft-set", "epochs=2", "--place-set", "z=3", "--grpo-set", "x=1", "--", "y=2"]
     )
-    sft = g.sft_command(a, tmp_path / "sft")
-    plain = g.grpo_command(a, tmp_path / "run", tmp_path / "start", "plain", 1)
+    sft = g.sft_command(a, tmp_path / "sft", "1", tmp_path / "model", epochs=0.5)
+    place = g.sft_command(a, tmp_path / "sft", "2", tmp_path / "sft" / "final", epochs=0.5)
+    zoom, plain = (g.grpo_command(a, tmp_path / "run", tmp_path / "start", run) for run in a.runs)
     assert {"train.lr=0.00015", "epochs=2", "y=2", "model.dtype=bf16"} <= set(sft) and "x=1" not in sft
+    assert "z=3" in place and "z=3" not in sft and str(tmp_path / "zoom" / "place.jsonl") in place[4]
+    assert str(tmp_path / "zoom" / "read_plastic.jsonl") in sft[4]
     assert {"train.lr=2e-05", "algorithm.kl_loss_coef=0.01", "x=1", "y=2"} <= set(
-        plain
-    ) and "epochs=2" not in plain
-    assert "rollout.source.env=image_qa" in plain
+        zoom
+    ) and "epochs=2" not in zoom
+    assert "train.lr=1e-05" in plain and "rollout.source.env=image_qa" in plain
+    assert zoom[1].endswith("grpo_place.yaml") and "iterations=30" in zoom
     (grammar,) = json.loads(next(x for x in plain if x.startswith("rollout.grammar=")).split("=", 1)[1])
     assert "WORD" in grammar and "tool_call" not in grammar
+
+
+def test_gpu_run_asks_for_the_steps_it_names(tmp_path: Path) -> None:
+    """A stage's `epochs` gives exactly its --*-steps optimizer steps (the SFT entrypoint's ceiling)."""
+    g = _gpu_run()
+    for rows in (2176, 2048, 64, 7):
+        data = tmp_path / "rows.jsonl"
+        data.write_text("{}\n" * rows)
+        for steps in (1, 4, 24, 96, 300):
+            epochs = g.epochs_for(steps, "sft_read.yaml", data)
+            assert math.ceil(epochs * rows / 16) == steps
