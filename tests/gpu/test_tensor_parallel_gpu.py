@@ -31,7 +31,7 @@ def test_two_gpus_generate_what_one_gpu_generates(dtype, tmp_path):
     expected = one.generate(_requests())
     del one
     torch.cuda.empty_cache()
-    two = build_fast_engine(**kw, tensor_parallel=2)
+    two = build_fast_engine(**kw, tensor_parallel=2, tp_allreduce="nccl")  # (the comm test takes "symm")
     try:
         got = two.generate(_requests())
     finally:

@@ -56,9 +56,11 @@ def test_graphs_generate_what_eager_and_one_gpu_generate(tmp_path):
     )
     kw: dict[str, Any] = {"model_path": path, "dtype": "fp32", "device": "cuda:0", "max_batch_size": 8}
     kw |= {"kv_cache_tokens": 4096, "max_model_len": 256}
-    graphs, captured = _run(build_fast_engine(**kw, tensor_parallel=2), str(path))
+    graphs, captured = _run(build_fast_engine(**kw, tensor_parallel=2, tp_allreduce="nccl"), str(path))
     assert captured  # the default on CUDA: the TP replica replays graphs
-    eager, captured_eager = _run(build_fast_engine(**kw, tensor_parallel=2, cuda_graphs=False), str(path))
+    eager, captured_eager = _run(
+        build_fast_engine(**kw, tensor_parallel=2, tp_allreduce="nccl", cuda_graphs=False), str(path)
+    )
     assert not captured_eager
     one, _ = _run(build_fast_engine(**kw), str(path))
     for other in (eager, one):

@@ -78,7 +78,7 @@ def build_fast_engine(
     feed_prompt_tokens: int = 256,
     tensor_parallel: TPGroup | int | None = None,
     vocab_parallel: bool = False,
-    tp_allreduce: str = "nccl",
+    tp_allreduce: str | None = None,
     prefix_caching: bool = False,
     batch_invariant: bool = False,
     quantization: str = "none",

@@ -78,11 +78,12 @@ class EngineOptions:
     on_swap: Literal["continue", "restart"]
     # the longest new prompt fed through decode steps instead of prefilled (engine.py; 0: always prefill)
     feed_prompt_tokens: int
-    # tensor parallelism only, opt-in (exact on CPU, not yet checked on a GPU, 1% of a 7B TP=2 step on
-    # H200s): a plain decode step's LM head and sampling split over the ranks by vocabulary (tp_head.py)
+    # tensor parallelism only, opt-in (exact on CPU and on 2x H200, 1% of a 7B TP=2 step there): a plain
+    # decode step's LM head and sampling split over the ranks by vocabulary (tp_head.py)
     vocab_parallel: bool
-    # how the ranks sum their partial products: "nccl" (fp32), "nccl-dtype" or "symm" (tp_comm.py;
-    # experimental, see there)
+    # how the ranks sum their partial products: "nccl" (fp32), "nccl-dtype" or "symm" (tp_comm.py); None:
+    # "symm" on CUDA (1.18x shorter 7B TP=2 steps on H200s; every rank falls back to "nccl" together where
+    # it cannot run), "nccl" elsewhere
     tp_allreduce: str
     # reuse the K/V of full prompt pages across requests (prefix.py)
     prefix_caching: bool
@@ -139,7 +140,7 @@ def engine_options(args: Mapping[str, Any]) -> EngineOptions:
         on_swap=on_swap,
         feed_prompt_tokens=args["feed_prompt_tokens"],
         vocab_parallel=bool(picked["vocab_parallel"]),
-        tp_allreduce=picked["tp_allreduce"],
+        tp_allreduce=picked["tp_allreduce"] or ("symm" if on_cuda else "nccl"),
         prefix_caching=args["prefix_caching"],
         batch_invariant=args["batch_invariant"],
         quantization=args["quantization"],
@@ -168,7 +169,8 @@ def check_options(args: Mapping[str, Any], tp_size: int) -> Literal["continue", 
             f"model.action_head with rollout.tensor_parallel={tp_size}: the fast engine's action head runs "
             "on one GPU; set rollout.tensor_parallel=1."
         )
-    check_allreduce(args["tp_allreduce"])
+    if args["tp_allreduce"] is not None:
+        check_allreduce(args["tp_allreduce"])
     if args["moe_path"] is not None:
         experts_path(args["moe_path"])  # refuses an unknown path
     return _on_swap(args["on_swap"])

@@ -2,18 +2,18 @@
 
 A decode step of a 7B model on two GPUs makes 56 all-reduces of [rows, hidden] fp32 (1.8 MB at 128 rows),
 each ~33 us through NCCL: latency, not bandwidth. The modes (`build_fast_engine(tp_allreduce=...)`):
-- "nccl" (default): NCCL in fp32. The residual stream is fp32 (layers.py), so the o_proj/down_proj partials
-  (model dtype) are cast up first and their sum rounds once, in fp32, as one process's fp32 residual add;
-  the equality tests against one process rely on that.
+- "nccl" (default off CUDA, and the fallback): NCCL in fp32. The residual stream is fp32 (layers.py), so the
+  o_proj/down_proj partials (model dtype) are cast up first and their sum rounds once, in fp32, as one
+  process's fp32 residual add; the equality tests against one process rely on that.
 - "nccl-dtype": NCCL in the partials' own dtype (bf16 for a bf16 model): half the bytes, but the sum rounds
   to bf16 before it joins the fp32 residual, so logprobs move in the last bits and greedy tokens may flip at
   near-ties.
-- "symm": fp32 one-shot all-reduce over symmetric memory (`SymmetricAllReduce`): one kernel copies this
-  rank's partial into its symmetric buffer, waits for the peers at a barrier and reads their buffers over
-  NVLink/P2P. No multicast (`TORCH_SYMM_MEM_DISABLE_MULTICAST=1` unless set otherwise; no multimem ops).
-  Tensors up to the decode step's size only; larger ones (prefills) take NCCL. CUDA only: a CPU (gloo)
-  replica, or a torch without the ops, falls back to "nccl" with a warning. On 2x H200 (torch 2.11) it made
-  a 7B TP=2 step 1.18x shorter (6.34 -> 5.37 ms, bench/tp_rollout.py).
+- "symm" (default on CUDA): fp32 one-shot all-reduce over symmetric memory (`SymmetricAllReduce`): one kernel
+  copies this rank's partial into its symmetric buffer, waits for the peers at a barrier and reads their
+  buffers over NVLink/P2P. No multicast (`TORCH_SYMM_MEM_DISABLE_MULTICAST=1` unless set otherwise; no
+  multimem ops). Tensors up to the decode step's size only; larger ones (prefills) take NCCL. CUDA only: a CPU
+  (gloo) replica, or a torch without the ops, falls back to "nccl" with a warning. On 2x H200 (torch 2.11) it
+  made a 7B TP=2 step 1.18x shorter (6.34 -> 5.37 ms, bench/tp_rollout.py).
 One "symm" replica per driving process: torch numbers the store exchanges of symmetric memory's rendezvous
 with a counter per process, so a second replica driven from the same process, whose other ranks are fresh
 processes (counters at 0), would wait in `rendezvous` forever (measured: the second "symm" replica of one
