@@ -1,7 +1,7 @@
 """The zoom task's learning run at a real model size, in one command (issue #28).
 
-    python examples/vision/gpu_run.py --place --gpus 2 --json OUT/vision_3b.json   # 2 GPUs, ~9 minutes
-    python examples/vision/gpu_run.py --place --arms zoom,zoom --lrs 3e-5,6e-5 --gpus 2   # two rates
+    python examples/vision/gpu_run.py --place --gpus 3 --arms zoom,zoom,plain --lrs 3e-5,6e-5,3e-5  # 7.5 min
+    python examples/vision/gpu_run.py --place --gpus 2 --json OUT/vision_3b.json   # with and without the tool
     python examples/vision/gpu_run.py --shape tiny --place --gpus 2 --rows 64 --val 8 --read-steps 4 \\
         --place-steps 2 --iterations 2 --val-every 1 --budget-s 900                  # the CPU check
 
@@ -23,14 +23,14 @@ GRPO runs: `--arms` (zoom: with the tool; plain: without, `image_qa` with the wo
 `--seeds`, each arm at its `--lrs` entry. `--gpus N` runs N of them at once, each on its own GPU
 (CUDA_VISIBLE_DEVICES per process; on CPU, N processes); the setup and the warm start run on the first.
 
-Time at `--place --gpus 2` (one H100 or H200 a run; from the previous 3B run on an H200: setup 55 s, stage
-1 140 s for 78 steps with its load and save, GRPO 4-6 s an iteration and ~65 s of load, validations and
-save a run): setup ~55 s, stage 1 at 80 steps ~145 s, stage 2 at 24 steps ~70 s (ends by ~270 s); then
-both arms at once, each ~25 s to load, 30 iterations x ~5 s, 4 validations of 64 x 4 sampled episodes
-(0/10/20/30; one decode batch each: `--gen-batch`) ~30 s and its final save ~15 s: ~220 s, so ~490 s in
-all under `--budget-s 525` (+ ~15 s of gpu_run.sh: a 9.5-minute device call). Stage 1 must end by 0.45 of
-the budget (236 s), stage 2 by 0.6 (315 s); a GRPO run that runs slow stops after its validation at 20.
-With one GPU the arms run one after the other, ~115 s each: about 10-15 iterations.
+Time, measured (BENCHMARKS.md, 2026-11-27, 4x H200; the defaults below are that run's settings): setup
+50 s, stage 1 143 s (64 steps with its load and save), stage 2 55 s (16 steps), then the GRPO runs at once,
+178 s each with the tool (20 iterations of ~4.7 s, 3 validations of 64 x 4 sampled episodes in one decode
+batch each, `--gen-batch`, load and save), 128 s without: 431 s in all under `--budget-s 490` (+ ~15 s of
+gpu_run.sh). What made it fit: the run directory in /dev/shm (gpu_run.sh; a 7 GB checkpoint took 28 s to
+write to the device's disk) and `--grpo-rows 256` (each GRPO run prepares all its questions through the
+environment at start: 70 s for 2048). Stage 1 must end by 0.40 of the budget, stage 2 by 0.52; a GRPO run
+that runs slow stops after a validation. With one GPU the runs go one after the other, fewer iterations each.
 
 `--budget-s` bounds the whole command: stage 1 is stopped once `--sft-share` of it has passed and stage 2
 at `--place-share` (each then starts from its newest checkpoint), the GRPO waves share what is left. A GRPO
@@ -96,23 +96,24 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     arg("--json", type=Path, default=None, help="write the results here")
     arg("--place", action="store_true", help="the --place recipe (default: --turns, stage 1 only)")
     arg("--gpus", type=int, default=1, help="GRPO runs at once, one GPU each (the warm start: the first)")
-    arg("--budget-s", type=float, default=525.0, help="wall-clock bound of the whole command")
-    arg("--sft-share", type=float, default=0.45, help="share of the budget by which stage 1 must end")
-    arg("--place-share", type=float, default=0.6, help="share of the budget by which stage 2 must end")
+    arg("--budget-s", type=float, default=490.0, help="wall-clock bound of the whole command")
+    arg("--sft-share", type=float, default=0.40, help="share of the budget by which stage 1 must end")
+    arg("--place-share", type=float, default=0.52, help="share of the budget by which stage 2 must end")
     arg("--rows", type=int, default=2048, help="training questions (stage 1's demonstrations)")
     arg("--val", type=int, default=64, help="held-out questions")
+    arg("--grpo-rows", type=int, default=256, help="GRPO trains on the first N questions (0: all)")
     arg("--seeds", type=int, default=1, help="GRPO seeds per arm")
     arg("--arms", default="zoom,plain", help="GRPO runs per seed: zoom (with the tool), plain (without)")
-    arg("--read-steps", type=int, default=80, help="stage 1's optimizer steps (16 rows each)")
+    arg("--read-steps", type=int, default=64, help="stage 1's optimizer steps (16 rows each)")
     arg("--sft-lr", type=float, default=1.5e-4, help="stage 1's lr (sft_read.yaml: 5e-3, tiny)")
     arg("--sft-warmup", type=int, default=10, help="stage 1's warm-up steps")
-    arg("--place-steps", type=int, default=24, help="stage 2's optimizer steps (--place)")
+    arg("--place-steps", type=int, default=16, help="stage 2's optimizer steps (--place)")
     arg("--place-lr", type=float, default=1.5e-4, help="stage 2's lr (sft_place.yaml: 5e-3, tiny)")
     arg("--place-warmup", type=int, default=4, help="stage 2's warm-up steps")
     arg("--lr", type=float, default=3e-5, help="GRPO lr of every arm (grpo_place.yaml: 2e-3, tiny)")
     arg("--lrs", default=None, help="GRPO lr per arm, comma-separated (overrides --lr)")
     arg("--kl", type=float, default=None, help="GRPO algorithm.kl_loss_coef (yaml's if unset)")
-    arg("--iterations", type=int, default=None, help="GRPO iterations (--place: 30, else 300)")
+    arg("--iterations", type=int, default=None, help="GRPO iterations (--place: 20, else 300)")
     arg("--val-every", type=int, default=10, help="GRPO held-out validation every K iterations")
     arg("--gen-batch", type=int, default=256, help="rollout.generation_batch_size (validation in one)")
     arg("--window", type=int, default=10, help="iterations per right-zoom window")
@@ -123,7 +124,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     arg("overrides", nargs="*", help="key=value overrides of every config")
     a = p.parse_args(argv)
     a.device = a.device or ("cuda" if a.shape == "3b" else "cpu")
-    a.iterations = a.iterations or (30 if a.place else 300)
+    a.iterations = a.iterations or (20 if a.place else 300)
     a.arms = [arm.strip() for arm in a.arms.split(",") if arm.strip()]
     if not a.arms or set(a.arms) - {"zoom", "plain"}:
         p.error(f"--arms={','.join(a.arms)}: name zoom, plain or both, comma-separated")
@@ -210,7 +211,7 @@ def grpo_command(a: argparse.Namespace, run: Path, start: Path, spec: GrpoRun) -
         f"run_dir={run}",
         f"seed={spec.seed}",
         f"model.path={start}",
-        f"data.train_path={a.root / spec.arm / 'rows.jsonl'}",
+        f"data.train_path={grpo_rows(a, spec.arm)}",
         f"data.val_path={a.root / spec.arm / 'val.jsonl'}",
         f"iterations={a.iterations}",
         f"val_every={a.val_every}",
@@ -222,6 +223,23 @@ def grpo_command(a: argparse.Namespace, run: Path, start: Path, spec: GrpoRun) -
         *common_overrides(a),
         *a.grpo_set,
     ]
+
+
+def grpo_rows(a: argparse.Namespace, arm: str) -> Path:
+    """The arm's training questions, or the file of their first --grpo-rows beside it (`write_grpo_rows`;
+    image paths stay relative to it): each GRPO run prepares every question through its environment at
+    start, 70 s for 2048 at the 3B shape, while 20 iterations of 8 use 160."""
+    rows = a.root / arm / "rows.jsonl"
+    return rows.with_name(f"rows_first{a.grpo_rows}.jsonl") if a.grpo_rows else rows
+
+
+def write_grpo_rows(a: argparse.Namespace) -> None:
+    """After the setup: each arm's first --grpo-rows questions, in `grpo_rows`'s file."""
+    for arm in {spec.arm for spec in a.runs}:
+        subset = grpo_rows(a, arm)
+        if a.grpo_rows and not subset.exists():
+            lines = (a.root / arm / "rows.jsonl").read_text().splitlines(keepends=True)
+            subset.write_text("".join(lines[: a.grpo_rows]))
 
 
 def gpu_ids(a: argparse.Namespace) -> list[str | None]:
@@ -275,6 +293,7 @@ def warm_start(a: argparse.Namespace, t0: float, report: dict[str, Any]) -> Path
     write(a, report)
     if not result["ok"]:
         sys.exit(f"[setup] failed (exit {result['exit']}): {shlex.join(setup)}")
+    write_grpo_rows(a)
     read = "sft_plastic" if a.place else "sft_read"
     sft_stage(
         a, report, read, sft_command(a, a.root / read, "1", a.root / "model"), t0 + a.sft_share * a.budget_s
