@@ -131,7 +131,7 @@ def test_gpu_run_passes_overrides_to_the_stage_they_name(tmp_path: Path) -> None
     ) and "epochs=2" not in zoom
     assert "train.lr=1e-05" in plain and "rollout.source.env=image_qa" in plain
     assert zoom[1].endswith("grpo_place.yaml") and "iterations=20" in zoom
-    assert str(tmp_path / "zoom" / "rows_first256.jsonl") in zoom  # (--grpo-rows: the first 256 questions)
+    assert f"data.train_path={tmp_path / 'zoom' / 'rows_first256.jsonl'}" in zoom  # (--grpo-rows 256)
     (grammar,) = json.loads(next(x for x in plain if x.startswith("rollout.grammar=")).split("=", 1)[1])
     assert "WORD" in grammar and "tool_call" not in grammar
 
