@@ -36,6 +36,7 @@ from ascent.models.content import (
     open_image,
     template_messages,
 )
+from ascent.models.tool_calls import with_template_calls
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -72,8 +73,8 @@ def decode_images(
     messages: Sequence[dict[str, Any]], images: Sequence[Any] | None, codec: ImageCodec, row_no: int
 ) -> tuple[list[dict[str, Any]], tuple[ImageInput, ...]]:
     """(the messages as the chat template reads them, their images encoded in order: a video's sampled
-    frames in its place); raises BadImageRow."""
-    template, refs = template_messages(messages, images)
+    frames in its place; assistants' OpenAI tool calls in template form); raises BadImageRow."""
+    template, refs = template_messages(with_template_calls(messages), images)
     out = []
     shown: list[list[Frame]] = []  # each video's frames, in order
     for ref in refs:

@@ -30,6 +30,7 @@ from ascent.data.images import (
 from ascent.data.validation import DataError, raise_problems
 from ascent.messages import ImageInput
 from ascent.models.content import template_messages
+from ascent.models.tool_calls import with_template_calls
 
 if TYPE_CHECKING:
     from ascent.models.vision import ImageCodec
@@ -143,7 +144,7 @@ def encode_prompt(
     if isinstance(prompt, list) or chat_template:
         # text parts joined into one string, as a text model's template reads them
         messages = (
-            template_messages(prompt)[0]
+            template_messages(with_template_calls(prompt))[0]
             if isinstance(prompt, list)
             else [{"role": "user", "content": prompt}]
         )

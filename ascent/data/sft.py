@@ -9,6 +9,10 @@ or the world's answers between them; optional `tools` schemas) is encoded the wa
 sampled (`ascent.envs.chat.ChatTokens.conversation_ids`, token for token), with loss on the assistant turns
 only: demonstrations of tool use train on exactly the ids RL will later sample.
 
+An assistant message may call tools as the OpenAI API writes them (`tool_calls`, content null, "" or text;
+then `tool` messages with the results): the chat template renders each call in the model family's own
+format (`ascent.models.tool_calls`), and the call's tokens are trained like the turn's text.
+
 Messages may show images (content parts in user and tool messages, `ascent.models.content`): with a
 vision-language model's `codec` each image becomes its pads in the ids (loss mask 0) and the example carries
 the images; a row whose image is missing or unreadable is left out and counted, as `render_prompts` does.
@@ -41,7 +45,8 @@ from ascent.data.prompts import (
 )
 from ascent.data.validation import DataError, raise_problems, validate_message_weights, validate_rows
 from ascent.messages import ImageInput
-from ascent.models.content import IMAGES_COLUMN, content_problem, template_messages
+from ascent.models.content import IMAGES_COLUMN, message_problem, template_messages
+from ascent.models.tool_calls import with_template_calls
 
 if TYPE_CHECKING:
     from ascent.models.vision import ImageCodec
@@ -279,13 +284,16 @@ def conversation_tokens(
     messages = row["messages"]
     where = f"{source}: row {row_id + 1}: field 'messages'"
     if not isinstance(messages, list) or not all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and content_problem(m.get("content")) is None
-        for m in messages
+        isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
     ):
         raise DataError(
             f"{where} must be a list of {{role, content}} messages with string roles and string (or "
             "content-part list) contents."
         )
+    for i, m in enumerate(messages):
+        problem = message_problem(m)
+        if problem is not None:
+            raise DataError(f"{where} message {i}: {problem}.")
     if tokenizer.eos_token_id is None or not getattr(tokenizer, "chat_template", None):
         raise DataError(f"{where}: conversations need a tokenizer with an EOS token and a chat template.")
     images: tuple[ImageInput, ...] = ()
@@ -293,7 +301,7 @@ def conversation_tokens(
         if codec is not None:
             messages, images = decode_images(messages, row.get(IMAGES_COLUMN), codec, row_id + 1)
         else:  # text parts joined into one string, as a text model's template reads them
-            messages = template_messages(messages)[0]
+            messages = template_messages(with_template_calls(messages))[0]
         chat = ChatTokens(tokenizer)
         prompt, response, mask = chat.conversation_ids(messages, row.get("tools"), turn_end_loss)
     except ValueError as e:  # ContentError is one: a malformed part or an images column that does not match

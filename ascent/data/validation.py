@@ -2,8 +2,8 @@
 
 A row is a dict with a `prompt` (a non-empty string, or a non-empty list of `{role, content}` messages whose
 content is a string or a list of text, image and video parts, `ascent.models.content`; a video part's
-sampling options are checked here too, `ascent.envs.video`), an
-optional `reward_fn` and `data_source` (strings), optional `prompt_ids` (pre-tokenized prompt: a list of
+sampling options are checked here too, `ascent.envs.video`; an assistant message may call tools as the
+OpenAI API writes them, `ascent.models.tool_calls`), an optional `reward_fn` and `data_source` (strings), optional `prompt_ids` (pre-tokenized prompt: a list of
 ints) and any other metadata the reward reads (e.g. `answer`). Problems are collected over the whole file
 and raised as one `DataError` naming the source, the row (1-based) and the field, so a user fixes a file in
 one pass instead of one error at a time.
@@ -16,7 +16,7 @@ from typing import Any
 
 from ascent.envs.video import VideoError, sampling, sequence_indices
 from ascent.errors import AscentError
-from ascent.models.content import ContentError, VideoRef, content_problem, has_images, template_messages
+from ascent.models.content import ContentError, VideoRef, has_images, message_problem, template_messages
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 MAX_REPORTED_PROBLEMS = 10
@@ -143,7 +143,7 @@ def _check_message(message: Any, row_no: int, msg_index: int, problems: list[str
     role = message.get("role")
     if role not in MESSAGE_ROLES:
         problems.append(f"{where} has role {role!r}; use one of {', '.join(MESSAGE_ROLES)}.")
-    problem = content_problem(message.get("content"))
+    problem = message_problem(message)
     if problem is not None:
         problems.append(f"{where}: {problem}.")
 

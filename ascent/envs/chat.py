@@ -58,6 +58,33 @@ class ChatTokens:
             )
         return self._encode(after[cut:])
 
+    def turn_text(self, message: Message) -> str:
+        """An assistant message's text as the model writes it: its content, or, when it calls tools
+        (`tool_calls` in template form, `ascent.models.tool_calls`), what the chat template renders after the
+        generation prompt: the content and the calls in the model family's own format (Qwen's `<tool_call>`
+        blocks, ...), the text the engine samples and the tool parsers read. A ValueError when the template
+        renders no calls (they would be dropped) or renders the turn other than after its generation prompt."""
+        if not message.get("tool_calls"):
+            return str(message["content"])
+        end = str(self.tok.eos_token)
+        head = self._render(_PROBE[:1], True)
+        full = self._render([*_PROBE[:1], message], False)
+        bare = self._render([*_PROBE[:1], {k: v for k, v in message.items() if k != "tool_calls"}], False)
+        stop = full.rfind(end)
+        if not full.startswith(head) or stop < len(head):
+            raise ValueError(
+                "the chat template renders an assistant turn with tool_calls other than as its generation "
+                f"prompt followed by the turn and {end!r}; write each call as text in the content instead"
+            )
+        names = [str(c["function"]["name"]) for c in message["tool_calls"]]
+        if full == bare or not all(name in full[len(head) : stop] for name in names):
+            raise ValueError(
+                "the chat template does not render assistant 'tool_calls', so the calls would be dropped; "
+                "use the model's own chat template (one that renders tool_calls), or write each call as "
+                "text in the content, as the model writes it"
+            )
+        return full[len(head) : stop]
+
     def turn_ids(self, text: str) -> list[int]:
         """A model turn as the engine samples it: the text's ids, then the end-of-turn (EOS) token."""
         return [*self._encode(text), int(self.tok.eos_token_id)]
@@ -72,7 +99,8 @@ class ChatTokens:
         `"weight": 0` (OpenAI fine-tuning's per-message weight; default 1) is in the ids with mask 0: the
         model sees it, the loss does not. `turn_end_loss=False` leaves each turn's end-of-turn token out of
         the loss. An assistant message's `"no_loss"` (a list of substrings of its content) leaves the tokens
-        that overlap any occurrence of them out of the loss too. It must end on an assistant turn.
+        that overlap any occurrence of them out of the loss too. An assistant message's `tool_calls` are in
+        its turn's text (`turn_text`) and in the loss like it. It must end on an assistant turn.
         """
         first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
         if first is None or first == 0 or messages[-1]["role"] != "assistant":
@@ -90,10 +118,11 @@ class ChatTokens:
             if pending:  # what the world said since the last model turn
                 obs = self.continuation_ids(pending)
                 ids, mask, pending = ids + obs, mask + [0] * len(obs), []
-            turn = self.turn_ids(str(m["content"]))
+            text = self.turn_text(m)
+            turn = self.turn_ids(text)
             weights = turn_mask(len(turn), int(m.get("weight", 1)), turn_end_loss)
             if m.get("no_loss"):  # the end-of-turn token is not in the text: the no_loss spans leave it be
-                kept = [*self._kept(str(m["content"]), m["no_loss"]), 1]
+                kept = [*self._kept(text, m["no_loss"]), 1]
                 weights = [w * k for w, k in zip(weights, kept, strict=True)]
             ids, mask = ids + turn, mask + weights
         return self.prompt_ids(messages[:first], tools), ids, mask

@@ -43,6 +43,7 @@ from typing import Any
 from PIL import Image
 
 from ascent.errors import AscentError
+from ascent.models.tool_calls import content_may_be_null, tool_calls_problem
 
 PART_TYPES = ("text", "image", "image_url", "video")
 VISUAL_TYPES = ("image", "image_url", "video")  # parts that show the model pixels
@@ -143,6 +144,17 @@ def content_problem(content: object) -> str | None:
         if problem is not None:
             return f"content part {k} {problem}"
     return None
+
+
+def message_problem(message: Mapping[str, Any]) -> str | None:
+    """What is wrong with a message's `content` and `tool_calls`, or None. The content is a string or a list
+    of parts; an assistant message that calls tools (OpenAI's form) may leave it null."""
+    content = message.get("content")
+    if content is not None or not content_may_be_null(message):
+        problem = content_problem(content)
+        if problem is not None:
+            return problem
+    return tool_calls_problem(message)
 
 
 def has_images(messages: object) -> bool:

@@ -70,7 +70,8 @@ def test_pairs_keep_no_mask_and_truncation_cuts_the_mask_too(tokenizer: Any) -> 
     [
         ([{"messages": GAME[:3]}], "must end with an assistant turn"),
         ([{"messages": GAME[1:]}], "at least one message before the first assistant turn"),
-        ([{"messages": [{"role": "user"}]}], "list of {role, content} messages"),
+        ([{"messages": [{"role": "user"}]}], "message 0: 'content' is missing"),
+        ([{"messages": [{"role": 1}]}], "list of {role, content} messages"),
         ([{"messages": GAME}, {"prompt": "1+1=", "response": "2"}], "row 1 is a conversation"),
     ],
 )
