@@ -10,10 +10,12 @@ import logging
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from ascent.config import load_config
 from ascent.config.schema import RunConfig
 from ascent.data import load_rows
+from ascent.envs.runner import EnvResetError
 from ascent.errors import AscentError
 from ascent.messages import Episode, ImageInput
 from ascent.models import make_tiny_checkpoint
@@ -109,3 +111,20 @@ def test_an_over_long_image_row_names_its_image_tokens_and_the_fix(
         "or raise data.max_prompt_tokens"
     )
     assert any(problem in r.getMessage() for r in caplog.records)
+
+
+def test_an_image_the_processor_refuses_costs_its_row_but_a_text_model_stops_the_run(
+    tmp_path, vl_processor_dir
+) -> None:
+    data = zoom_rows(tmp_path / "data", ["imgs/0.png", "imgs/thin.png"])
+    Image.new("RGB", (600, 2)).save(tmp_path / "data" / "imgs" / "thin.png")  # aspect ratio over 200
+    cfg = zoom_cfg(vl_processor_dir, data, "rollout.env_isolation=inline")
+    items, report = env_items(load_rows(data), load_tokenizer(vl_processor_dir), "zoom_qa", cfg, "data")
+    assert [it.row_id for it in items] == [0] and len(report.bad_images) == 1
+    assert report.bad_images[0].startswith(
+        "row 2: its prompt's images: UnusableRowError: row 2 image 0: the "
+    )
+    assert "aspect ratio" in report.bad_images[0]
+    text = zoom_cfg(make_tiny_checkpoint(tmp_path / "text"), data, "rollout.env_isolation=inline")
+    with pytest.raises(EnvResetError, match="row 1: its prompt's images: ImagesWithoutEncoderError"):
+        env_items(load_rows(data), load_tokenizer(vl_processor_dir), "zoom_qa", text, "data")
