@@ -7,6 +7,10 @@ tokens are over data.max_prompt_tokens.
 Images in the data of a text-only model, an image processor cut for another vision tower, and a tokenizer
 without the model's image token (a text model's) fail here, before a run.
 
+For an image environment (`rollout.source` an env whose rows carry `image`, `frames` or `video`) the same
+report comes from the first prompts the environment makes of those rows (`ascent.doctor.env_images`); an
+agent's prompts are not checked.
+
 Reads the first `HEAD_ROWS` rows of `data.train_path` only, as the data checks do.
 """
 
@@ -17,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from ascent.config.schema import RunConfig
+from ascent.config.sources import EnvSourceConfig
 from ascent.data.images import BadImageRow, decode_images, frame_of, image_prompt, row_has_images
 from ascent.doctor.data import HEAD_ROWS, HeadError, head_rows
+from ascent.doctor.env_images import FIX_RESET, EnvResetFailed, carries_images, measure_env_rows
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
 from ascent.errors import AscentError
 from ascent.messages import ImageInput
@@ -34,8 +40,9 @@ FIX_FRAMES = (
 )
 
 
-def image_rows(path: str) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
-    """(rows read, [(row number, row) for the rows of the file's head that show images]), paths resolved."""
+def image_rows(path: str, env: bool = False) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
+    """(rows read, [(row number, row) for the rows of the file's head that show images]), paths resolved;
+    `env`: rows of an image environment (their `image`, `frames` or `video` field) instead of messages."""
     file = Path(path).expanduser()
     if not file.is_file():
         return 0, []
@@ -45,7 +52,7 @@ def image_rows(path: str) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
         return 0, []
     out = []
     for i, row in enumerate(rows, start=1):
-        if isinstance(row, dict) and row_has_images(row):
+        if isinstance(row, dict) and (carries_images(row) if env else row_has_images(row)):
             resolve_paths(row, file.resolve().parent)
             out.append((i, row))
     return len(rows), out
@@ -62,9 +69,15 @@ def pixel_budget(processor: Any) -> tuple[int | None, int | None]:
 
 def check_images(cfg: RunConfig) -> CheckResult:
     """See the module docstring."""
-    if cfg.rollout.multi_turn:
-        return skipped(NAME, "the environment or agent makes the prompts (their images are not checked here)")
-    read, rows = image_rows(cfg.data.train_path)
+    source = cfg.rollout.source
+    env = source.env if isinstance(source, EnvSourceConfig) else None
+    if cfg.rollout.multi_turn and env is None:
+        return skipped(NAME, "the agent makes the prompts (their images are not checked here)")
+    read, rows = image_rows(cfg.data.train_path, env=env is not None)
+    if env is not None and not rows:
+        return skipped(
+            NAME, f"the environment makes the prompts; none of the first {read} rows names an image"
+        )
     from ascent.models.vision import image_token_id, load_image_codec  # deferred: torch
 
     m = cfg.model
@@ -90,7 +103,13 @@ def check_images(cfg: RunConfig) -> CheckResult:
     facts: dict[str, Any] = {"min_pixels": low, "max_pixels": high}
     if not rows:
         return ok(NAME, f"{budget}; no images in the first {read} rows", **facts)
-    shown, lengths, bad = _measure(rows, codec, tokenizer)
+    try:
+        measured = (
+            _measure(rows, codec, tokenizer) if env is None else measure_env_rows(rows, env, codec, tokenizer)
+        )
+    except EnvResetFailed as err:
+        return fail(NAME, str(err), FIX_RESET)
+    shown, lengths, bad = measured
     tokens = [im.num_tokens for images in shown for im in images]
     over = [(n, length, k) for n, length, k in lengths if length > cfg.data.max_prompt_tokens]
     frame_words, frame_facts = _frames(shown)

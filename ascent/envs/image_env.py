@@ -22,6 +22,9 @@ Each result is a `tool` message of text and image parts (`ascent.envs.images`); 
 with the error as text, and the episode goes on. A turn without a tool call is the final answer, scored by
 `answer_matches` (the `<answer>` tag, else the whole turn, against the row's answer, normalised exact match).
 Each step's `info["tool_calls"]` counts the calls of the turn (malformed ones too).
+A relative path in `image`, `frames` or `video` is relative to the dataset file (the data loader resolves it);
+an image or video that is missing or unreadable fails the reset with `UnusableRowError`: the run leaves that
+row out, naming it, and goes on.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from PIL import Image
 from ascent.envs.agent import answer_matches
 from ascent.envs.base import Message, StepResult
 from ascent.envs.images import image_part, text_part
-from ascent.envs.rows import row_field, row_messages
+from ascent.envs.rows import UnusableRowError, row_field, row_messages
 from ascent.envs.tools import ToolResult, function_tool, parse_tool_calls
 from ascent.envs.tools.image_tools import ImageToolError, load_image, pick_frames, pixel_box, zoom
 from ascent.envs.video import VideoError, sampling, video_frames
@@ -146,9 +149,12 @@ def _sequence(row: Mapping[str, Any]) -> tuple[list[Image.Image], list[str]]:
         value, options = video.get("video"), {k: v for k, v in video.items() if k != "video"}
     try:
         sampled = video_frames(value, sampling(options), lambda v, i: load_image(v, f"video[{i}]"))
-    except VideoError as err:
+    except VideoError as err:  # a missing or unreadable video, or a bad option: this row's data
         named = isinstance(value, str) and not value.startswith("data:")
-        raise ValueError(f"video={value if named else '(inline)'}: {err}") from err
+        folder = getattr(value, "folder", None)  # a relative path the data loader resolved
+        where = f" (resolved against the dataset file's folder {folder})" if folder else ""
+        written = getattr(value, "written", value) if named else "(inline)"
+        raise UnusableRowError(f"video={written}{where}: {err}") from err
     labels = [f"frame {k}" + ("" if f.time is None else f" at {f.time:.1f} s") for k, f in enumerate(sampled)]
     return [f.image for f in sampled], labels
 

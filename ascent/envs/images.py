@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from ascent.envs.rows import UnusableRowError
 from ascent.errors import AscentError
 from ascent.messages import ImageInput
 
@@ -91,5 +92,13 @@ def render_with_images(
             f"{source}: the messages hold {len(pictures)} image(s) but the model reads no images; use a "
             "vision-language checkpoint (model.path with an image processor) or an environment without images."
         )
-    images = [encoder.encode(p, f"{source} image {k}") for k, p in enumerate(pictures)]
+    images = [_encode(encoder, p, f"{source} image {k}") for k, p in enumerate(pictures)]
     return encoder.expand(ids, images), images
+
+
+def _encode(encoder: ImageEncoder, picture: Any, name: str) -> ImageInput:
+    """`encoder.encode`; pixels it refuses (its ValueError) are the row's data: `UnusableRowError`."""
+    try:
+        return encoder.encode(picture, name)
+    except ValueError as err:
+        raise UnusableRowError(f"{name}: the model's image processor refuses it ({err})") from err

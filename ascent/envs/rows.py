@@ -5,6 +5,8 @@ rows nest: `{"prompt": [{"role": "user", "content": ...}], "env_class": "name", 
 "rule", "ground_truth": ...}, "extra_info": {...}}`. The helpers read either: `row_env` (`env`, else
 `env_class`), `row_answer` (`answer`, else `reward_spec.ground_truth`), `row_field` (a column, else the same
 key in `extra_info`) and `row_messages` (a string prompt as one user message, a message list as it is).
+`UnusableRowError` is how an environment says a row's own file (an image, a video) is missing or unreadable:
+the run leaves that row out, naming it, and goes on (`unusable_row` reads it back from a failed reset).
 Only `ascent.errors` is imported from ascent (design: envs import only messages and errors).
 """
 
@@ -21,6 +23,20 @@ class RowFieldError(KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; this one is a sentence
         return str(self.args[0])
+
+
+class UnusableRowError(ValueError):
+    """A file the row names (its image, frames or video) is missing or unreadable: a problem of this row's
+    data, not of the environment, so the run leaves the row out (warned, with the message, and counted in
+    the data report) and goes on. Any other failed reset stops the run. Raise this class itself: a failure
+    reaches the controller as its text, "UnusableRowError: <message>", which `unusable_row` reads."""
+
+
+def unusable_row(failure: object) -> str | None:
+    """The message of a reset that failed with `UnusableRowError` (`failure`: its error text, as hosts report
+    it), else None (a reset that worked, or failed otherwise)."""
+    head = f"{UnusableRowError.__name__}: "
+    return failure[len(head) :] if isinstance(failure, str) and failure.startswith(head) else None
 
 
 def row_env(row: Mapping[str, Any]) -> str | None:

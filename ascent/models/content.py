@@ -49,6 +49,7 @@ PART_TYPES = ("text", "image", "image_url", "video")
 VISUAL_TYPES = ("image", "image_url", "video")  # parts that show the model pixels
 IMAGES_COLUMN = "images"
 VIDEO_FIELD = "video"  # a video part's value, and the image environment's row field (`ascent.envs.image_env`)
+ENV_IMAGE_FIELDS = ("image", "frames")  # the image environment's row fields: an image, a list of frame images
 MESSAGE_COLUMNS = ("prompt", "messages")  # row columns that may hold messages with image parts
 NO_DOWNLOAD = (
     "ascent never downloads images; download it and reference it by path (absolute, or relative to the "
@@ -243,7 +244,8 @@ def _source(value: Any, where: str) -> str:
 
 def resolve_paths(row: dict[str, Any], folder: Path) -> None:
     """Relative image and video paths of `row` (in message parts, the `images` column and the image
-    environment's `video` field) -> absolute under `folder`, in place."""
+    environment's `image`, `frames` and `video` fields, also in SkyRL's `extra_info`) -> absolute under
+    `folder`, in place."""
     for column in MESSAGE_COLUMNS:
         messages = row.get(column)
         if not isinstance(messages, list):
@@ -265,6 +267,8 @@ def resolve_paths(row: dict[str, Any], folder: Path) -> None:
         if isinstance(holder, dict) and holder.get(VIDEO_FIELD) is not None:
             video = holder[VIDEO_FIELD]
             _resolve_video(video if isinstance(video, dict) else holder, folder)
+        if isinstance(holder, dict):
+            _resolve_env_images(holder, folder)
     entries = row.get(IMAGES_COLUMN)
     if not isinstance(entries, list):
         return
@@ -282,6 +286,16 @@ def _resolve_video(holder: dict[str, Any], folder: Path) -> None:
         holder[VIDEO_FIELD] = _absolute(value, folder)
     elif isinstance(value, list):
         holder[VIDEO_FIELD] = [_absolute(v, folder) if isinstance(v, str) else v for v in value]
+
+
+def _resolve_env_images(holder: dict[str, Any], folder: Path) -> None:
+    """`holder["image"]` (a path) and the paths in `holder["frames"]` made absolute under `folder`, in place;
+    other values (data URIs, pixels) stay as they are."""
+    image, frames = holder.get("image"), holder.get("frames")
+    if isinstance(image, str):
+        holder["image"] = _absolute(image, folder)
+    if isinstance(frames, list):
+        holder["frames"] = [_absolute(f, folder) if isinstance(f, str) else f for f in frames]
 
 
 class ResolvedPath(str):

@@ -27,12 +27,13 @@ from ascent.cluster.base import WorkerGroup
 from ascent.cluster.hosts import IsolationPolicy, ProcessHosts, default_workers
 from ascent.config.schema import RunConfig
 from ascent.data import image_codec
+from ascent.data.images import BadImageRow, overlong_image_problem
 from ascent.data.prompts import PromptItem, RenderReport
 from ascent.envs import ChatTokens, Task, run_episodes
 from ascent.envs.hosts import HostedEnvs, Hosts, InlineHosts
 from ascent.envs.images import ImageEncoder
-from ascent.envs.rows import row_env
-from ascent.envs.runner import prompt_tokens
+from ascent.envs.rows import UnusableRowError, row_env, unusable_row
+from ascent.envs.runner import EnvResetError, prompt_tokens
 from ascent.envs.sim import HostedSimEnvs
 from ascent.errors import AscentError
 from ascent.messages import Generation, GenerationRequest, Group, SamplingParams, flatten
@@ -55,24 +56,39 @@ def env_name(row: dict[str, Any], default: str | None) -> str:
 
 
 def env_items(
-    rows: Sequence[dict[str, Any]], tok: Any, env: str, cfg: Any
+    rows: Sequence[dict[str, Any]], tok: Any, env: str, cfg: Any, source: str = "dataset"
 ) -> tuple[list[PromptItem], RenderReport]:
     """Each row's prompt as its environment (its `env` column, else `env`) starts it (reset in the
-    environment processes unless `rollout.env_isolation=inline`); rows whose prompt is over
-    `data.max_prompt_tokens` are left out (reported). A row an environment refuses is an error naming the
-    row."""
+    environment processes unless `rollout.env_isolation=inline`). Left out, warned with the row number and
+    counted in the report: a row whose image or video is missing or unreadable (its reset failed with
+    `UnusableRowError`) and a row whose prompt is over `data.max_prompt_tokens` (with its image tokens and
+    the fix when it shows images). Any other failed reset is an error naming the row."""
     limit, names = cfg.data.max_prompt_tokens, [env_name(row, env) for row in rows]
     chat, items, report = ChatTokens(tok), [], RenderReport(total=len(rows), max_tokens=limit)
     images = env_image_encoder(cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels)
     with env_hosts(cfg.rollout) as hosts:
         envs = HostedEnvs(hosts, names)
         for i, (row, out) in enumerate(zip(rows, envs.reset(rows), strict=True)):
-            ids, _ = prompt_tokens(chat, images, Task(names[i], row, i), out)  # image tokens counted
-            report.longest = max(report.longest, len(ids))
-            if len(ids) > limit:
-                report.dropped += 1
+            problem = unusable_row(out)
+            if problem is not None:
+                report.drop_bad_image(i, BadImageRow(f"row {i + 1}: {names[i]}.reset: {problem}"), source)
                 continue
-            items.append(PromptItem(row_id=i, prompt_ids=ids, prompt_text="", metadata=dict(row)))
+            try:
+                ids, shown = prompt_tokens(chat, images, Task(names[i], row, i), out)  # image tokens counted
+            except EnvResetError as err:
+                if not isinstance(err.__cause__, UnusableRowError):
+                    raise
+                report.drop_bad_image(i, BadImageRow(str(err)), source)  # pixels the image processor refuses
+                continue
+            report.longest = max(report.longest, len(ids))
+            if len(ids) > limit and shown:
+                problem = overlong_image_problem(i + 1, len(ids), shown, limit, "data.max_prompt_tokens")
+                report.drop_overlong_images(i, problem, source)
+            elif len(ids) > limit:
+                report.dropped += 1
+            else:
+                report.image_tokens += [im.num_tokens for im in shown]
+                items.append(PromptItem(row_id=i, prompt_ids=ids, prompt_text="", metadata=dict(row)))
     return items, report
 
 

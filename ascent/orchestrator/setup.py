@@ -56,6 +56,7 @@ def build_datasets(cfg: RunConfig) -> Datasets:
     codec = image_codec(m.path, m.min_pixels, m.max_pixels, tokenizer=tok, tokenizer_field=field)
     d, episodes = cfg.data, cfg.rollout.source
     sets: dict[str, list[Any]] = {}
+    reports: dict[str, RenderReport] = {}
     for name, path in (("train", d.train_path), ("val", d.val_path)):
         if not path:
             sets[name] = []
@@ -76,7 +77,7 @@ def build_datasets(cfg: RunConfig) -> Datasets:
         elif isinstance(episodes, EnvSourceConfig):  # the environment gives each row's prompt
             from ascent.orchestrator.episodes import env_items  # deferred: imports torch
 
-            items, report = env_items(rows, tok, episodes.env, cfg)
+            items, report = env_items(rows, tok, episodes.env, cfg, source)
         else:
             items, report = render_prompts(
                 rows,
@@ -89,11 +90,13 @@ def build_datasets(cfg: RunConfig) -> Datasets:
                 codec=codec,
             )
         log.info("data.%s_path=%s: %d prompts (%s)", name, path, len(items), report)
-        sets[name] = items
+        sets[name], reports[name] = items, report
     if not sets["train"]:
         raise AscentError(
-            f"data.train_path={d.train_path!r}: no usable training prompts; check the file and "
-            "data.max_prompt_tokens / data.overlong_prompts."
+            f"data.train_path={d.train_path!r}: no usable training prompts"
+            + (f" ({reports['train']})" if "train" in reports else "")
+            + "; check the file, its image paths (relative to the dataset file) and data.max_prompt_tokens / "
+            "data.overlong_prompts."
         )
     return Datasets(train=sets["train"], val=sets["val"], tokenizer=tok, codec=codec)
 

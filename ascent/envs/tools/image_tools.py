@@ -8,7 +8,8 @@ compute, as pure functions on PIL images, and reading an image a row names.
   `MIN_SIDE` pixels a side (a smaller crop shows nothing a patch could see).
 - `zoom(image, box, longest)`: the crop, upscaled so its longer side is `longest` pixels (never shrunk).
 - `pick_frames(n, indices, limit)`: which frames of an `n`-frame sequence a call selects.
-- `load_image(value)`: a PIL image from a path, a `data:image/...;base64,` URI, a PIL image or an RGB array.
+- `load_image(value)`: a PIL image from a path, a `data:image/...;base64,` URI, a PIL image or an RGB array;
+  a missing or unreadable file raises `UnusableRowError` (the row's data: the run leaves the row out).
 
 A bad argument raises `ImageToolError` with a sentence for the model (the environment answers with it; the
 episode goes on).
@@ -25,6 +26,8 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
+
+from ascent.envs.rows import UnusableRowError
 
 MIN_SIDE = 16  # pixels: the smallest crop side zoom_in keeps (a smaller box grows around its centre)
 
@@ -90,25 +93,46 @@ def pick_frames(n: int, indices: Sequence[int], limit: int) -> list[int]:
 
 def load_image(value: Any, field: str = "image") -> Image.Image:
     """An RGB PIL image from `value`: a file path, a `data:image/...;base64,...` URI, a PIL image, or an RGB
-    uint8 array [H, W, 3] (or nested lists of one). Raises ValueError naming `field` and the fix."""
+    uint8 array [H, W, 3] (or nested lists of one). A path or URI that gives no image (a missing file, bytes
+    that are not an image) raises `UnusableRowError` (the run leaves the row out); a value of another kind
+    raises ValueError; both name `field` and the fix."""
     if isinstance(value, Image.Image):
         return value.convert("RGB")
     if isinstance(value, str):
-        if value.startswith("data:"):
-            _, _, payload = value.partition(",")
-            return Image.open(io.BytesIO(base64.b64decode(payload))).convert("RGB")
-        path = Path(value)
-        if not path.is_file():
-            raise ValueError(
-                f"{field}={value[:120]!r}: no such image file; give an absolute path, or a data URI "
-                "(data:image/png;base64,...)"
-            )
-        with Image.open(path) as im:
-            return im.convert("RGB")
+        return _open_image(value, field)
     pixels = np.asarray(value, dtype=np.uint8)
     if pixels.ndim != 3 or pixels.shape[2] != 3:
         raise ValueError(f"{field}: expected a path, a data URI or RGB pixels [H, W, 3], got {pixels.shape}")
     return Image.fromarray(pixels)
+
+
+def _open_image(value: str, field: str) -> Image.Image:
+    """The image at path or data URI `value`; raises UnusableRowError naming the path as the row writes it
+    (a relative one resolved against the dataset file's folder by the data loader: `ascent.data.loading`)
+    and where it was looked for."""
+    inline = value.startswith("data:")
+    written = getattr(value, "written", value)  # a loader's resolved path knows how the row wrote it
+    named = f"{field}={'(data URI)' if inline else repr(written[:200])}"
+    if not inline and not Path(value).is_file():
+        folder = getattr(value, "folder", None)
+        if folder is not None:
+            where = f"resolved against the dataset file's folder {folder}: {value}"
+        elif not Path(value).is_absolute():
+            where = f"relative to the current directory {Path.cwd()}"
+        else:
+            where = "an absolute path"
+        raise UnusableRowError(
+            f"{named}: no such image file ({where}); give a path relative to the dataset file, an absolute "
+            "path or a data URI (data:image/png;base64,...)"
+        )
+    try:
+        source = io.BytesIO(base64.b64decode(value.partition(",")[2])) if inline else Path(value)
+        with Image.open(source) as im:
+            return im.convert("RGB")
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        raise UnusableRowError(
+            f"{named}: not a readable image ({type(err).__name__}: {err}); replace the file or fix the data URI"
+        ) from err
 
 
 def data_uri(image: Image.Image) -> str:

@@ -116,3 +116,55 @@ def test_videos_are_counted_as_frames_and_their_image_tokens(tmp_path, vl_proces
         {"model": {"path": str(vl_processor_dir)}, "data": {"train_path": str(path), "max_prompt_tokens": 12}}
     )
     assert "show fewer video frames (a video part's max_frames" in check_images(tight).fix
+
+
+def _env_cfg(model: Path, rows: list[dict], folder: Path, **data_fields) -> RunConfig:
+    """An image environment's run (zoom_qa) over `rows`, written to `folder`/train.jsonl."""
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = {"train_path": str(folder / "train.jsonl"), **data_fields}
+    source = {"name": "env", "env": "zoom_qa", "max_turns": 2}
+    return RunConfig.model_validate(
+        {"model": {"path": str(model)}, "data": data, "rollout": {"source": source}}
+    )
+
+
+def test_an_image_environments_rows_report_their_image_tokens_and_unusable_rows(
+    tmp_path, monkeypatch, vl_processor_dir
+):
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "a.png").write_bytes(png_bytes(112, 112))  # 16 image tokens
+    (tmp_path / "imgs" / "b.png").write_bytes(png_bytes(56, 56))  # 4
+    q = {"prompt": "What is it?", "answer": "a"}
+    rows = [
+        {**q, "image": "imgs/a.png"},
+        {**q, "frames": ["imgs/b.png", "imgs/a.png"]},
+        {**q, "image": "imgs/gone.png"},
+        {"prompt": "2+2=", "answer": "4", "env": "python_math"},  # names no image: not this check's
+    ]
+    monkeypatch.chdir(vl_processor_dir)  # relative paths follow the data file, not the current directory
+    result = check_images(_env_cfg(vl_processor_dir, rows, tmp_path))
+    assert result.status == "warn", result
+    assert f"pixel budget {4 * UNIT}..{64 * UNIT} pixels" in result.detail
+    assert "over 3 images of the first 4 rows: min 4, median 16, max 16" in result.detail
+    assert result.data["image_tokens"] == [16, 4, 16] and result.data["over_rows"] == []
+    assert (
+        "1 rows with an unusable image: row 3: image='imgs/gone.png': no such image file (resolved against "
+        f"the dataset file's folder {tmp_path}" in result.detail
+    )
+    assert "leaves these rows out" in result.fix
+    over = check_images(_env_cfg(vl_processor_dir, rows[:2], tmp_path, max_prompt_tokens=40))
+    assert over.status == "warn" and over.data["over_rows"] == [1, 2]
+    assert (
+        "2 rows over data.max_prompt_tokens=40: row 1 is" in over.detail
+        and "16 of them image tokens" in over.detail
+    )
+    assert "lower model.max_pixels" in over.fix and "raise data.max_prompt_tokens" in over.fix
+
+
+def test_an_image_environment_without_images_is_skipped_and_a_broken_reset_fails(tmp_path, vl_processor_dir):
+    plain = check_images(_env_cfg(vl_processor_dir, [{"prompt": "2+2=", "answer": "4"}], tmp_path))
+    assert plain.status == "skipped" and "none of the first 1 rows names an image" in plain.detail
+    both = {"prompt": "q", "answer": "a", "frames": [[[[0, 0, 0]]]], "video": "v.mp4"}
+    broken = check_images(_env_cfg(vl_processor_dir, [both], tmp_path))
+    assert broken.status == "fail" and "row 1: zoom_qa.reset failed" in broken.detail
+    assert "both 'frames' and 'video'" in broken.detail and "ascent debug env" in broken.fix

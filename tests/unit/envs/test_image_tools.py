@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from ascent.envs.rows import UnusableRowError, unusable_row
 from ascent.envs.tools.image_tools import (
     MIN_SIDE,
     ImageToolError,
@@ -16,6 +17,7 @@ from ascent.envs.tools.image_tools import (
     pixel_box,
     zoom,
 )
+from ascent.models.content import ResolvedPath
 
 
 def test_fractions_and_pixels_name_the_same_box() -> None:
@@ -78,3 +80,20 @@ def test_an_image_loads_from_a_data_uri_a_file_or_pixels(tmp_path) -> None:
         load_image("nope.png")
     with pytest.raises(ValueError, match=r"frames\[2\]: expected a path, a data URI or RGB pixels"):
         load_image([1, 2, 3], "frames[2]")
+
+
+def test_a_missing_or_unreadable_image_is_the_rows_problem_named_with_its_folder(tmp_path) -> None:
+    with pytest.raises(
+        UnusableRowError,
+        match=r"image='imgs/a.png': no such image file \(resolved against "
+        f"the dataset file's folder {tmp_path}",
+    ):
+        load_image(ResolvedPath("imgs/a.png", tmp_path))
+    (tmp_path / "bad.png").write_text("not a png")
+    with pytest.raises(UnusableRowError, match="frames\\[1\\]=.*bad.png': not a readable image"):
+        load_image(str(tmp_path / "bad.png"), "frames[1]")
+    with pytest.raises(UnusableRowError, match=r"image=\(data URI\): not a readable image"):
+        load_image("data:image/png;base64,AAAA")
+    failure = f"{UnusableRowError.__name__}: image='x.png': no such image file"
+    assert unusable_row(failure) == "image='x.png': no such image file"
+    assert unusable_row("ValueError: no frame 12") is None and unusable_row(([], None)) is None

@@ -4,6 +4,7 @@ file), data URLs, an `images` column of bytes; http(s) URLs refused with the fix
 from __future__ import annotations
 
 import base64
+import pickle
 
 import pytest
 
@@ -129,3 +130,20 @@ def test_malformed_video_parts_are_named_with_the_fix():
     assert "empty list of frames" in content_problem([{"type": "video", "video": []}])
     remote = content_problem([{"type": "video", "video": ["a.png", "http://x/b.png"]}])
     assert "names the URL 'http://x/b.png': ascent never downloads videos" in remote
+
+
+def test_the_image_environments_image_and_frames_paths_resolve_against_the_folder(tmp_path):
+    uri = _data_url(png_bytes(2, 2))
+    row = {
+        "image": "imgs/a.png",
+        "frames": ["f0.png", "/abs/f1.png", uri, [[[0, 0, 0]]]],
+        "extra_info": {"image": "imgs/b.png"},  # SkyRL's rows keep per-row arguments there
+    }
+    resolve_paths(row, tmp_path)
+    assert row["image"] == str(tmp_path / "imgs" / "a.png") and row["image"].written == "imgs/a.png"
+    moved = pickle.loads(
+        pickle.dumps(row["image"])
+    )  # to the environment processes, knowing how it was written
+    assert moved == row["image"] and (moved.written, moved.folder) == ("imgs/a.png", str(tmp_path))
+    assert row["frames"] == [str(tmp_path / "f0.png"), "/abs/f1.png", uri, [[[0, 0, 0]]]]
+    assert row["extra_info"]["image"] == str(tmp_path / "imgs" / "b.png")
