@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ascent.envs import ChatTokens, Task
-from ascent.envs.hosts import HostedEnvs, InlineHosts
+from ascent.envs.hosts import HostedEnvs, Hosts
 from ascent.envs.images import split_images
 from ascent.envs.rows import row_env, row_field, unusable_row
 from ascent.envs.runner import EnvResetError, prompt_tokens
@@ -31,13 +31,14 @@ def carries_images(row: dict[str, Any]) -> bool:
 
 
 def measure_env_rows(
-    rows: list[tuple[int, dict[str, Any]]], env: str, codec: Any, tokenizer: Any
+    rows: list[tuple[int, dict[str, Any]]], env: str, codec: Any, tokenizer: Any, hosts: Hosts
 ) -> tuple[list[tuple[ImageInput, ...]], list[tuple[int, int, int]], list[str]]:
-    """Like `ascent.doctor.images._measure` for environment rows: (the first prompt's images of every usable
-    row; (row number, prompt tokens, of them image tokens) per usable row; the problems of the rows the run
-    leaves out). Without a tokenizer a row counts its images. Raises EnvResetFailed."""
+    """Like `ascent.doctor.images._measure` for environment rows, the resets on `hosts` (the run's: user
+    code isolated under `rollout.env_timeout_s`): (the first prompt's images of every usable row; (row
+    number, prompt tokens, of them image tokens) per usable row; the problems of the rows the run leaves
+    out). Without a tokenizer a row counts its images. Raises EnvResetFailed."""
     names = [row_env(row) or env for _, row in rows]
-    envs = HostedEnvs(InlineHosts(), names)
+    envs = HostedEnvs(hosts, names)
     try:
         outs = envs.reset([row for _, row in rows])
     finally:

@@ -29,6 +29,7 @@ from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
 from ascent.errors import AscentError
 from ascent.messages import ImageInput
 from ascent.models.content import IMAGES_COLUMN, ContentError, resolve_paths
+from ascent.orchestrator.episodes import env_hosts
 
 NAME = "images"
 FIX_BAD = (
@@ -104,9 +105,11 @@ def check_images(cfg: RunConfig) -> CheckResult:
     if not rows:
         return ok(NAME, f"{budget}; no images in the first {read} rows", **facts)
     try:
-        measured = (
-            _measure(rows, codec, tokenizer) if env is None else measure_env_rows(rows, env, codec, tokenizer)
-        )
+        if env is None:
+            measured = _measure(rows, codec, tokenizer)
+        else:
+            with env_hosts(cfg.rollout) as hosts:  # the run's isolation and timeout for user resets
+                measured = measure_env_rows(rows, env, codec, tokenizer, hosts)
     except EnvResetFailed as err:
         return fail(NAME, str(err), FIX_RESET)
     shown, lengths, bad = measured
