@@ -101,10 +101,23 @@ class Generation:
     forced: list[bool] = field(default_factory=list)
 
     def loss_mask(self) -> list[int]:
-        """1 per token the policy chose, 0 per token its grammar forced: a forced token is no action, and
-        its logprob under the unconstrained distribution (what the trainer scores) can be far below zero,
-        so it would carry a large gradient for a choice nobody made."""
-        return [0 if f else 1 for f in self.forced] if self.forced else [1] * len(self.token_ids)
+        """1 per token the policy chose, 0 per token its grammar forced (`sampled_loss_mask`)."""
+        return sampled_loss_mask(self.forced, len(self.token_ids))
+
+
+def sampled_loss_mask(forced: Sequence[bool], num_tokens: int) -> list[int]:
+    """The loss mask of `num_tokens` sampled tokens: 1 per token the policy chose, 0 per token its grammar
+    forced (`forced[i]`; empty: none was). A forced token is no action, and its logprob under the
+    unconstrained distribution (what the trainer scores) can be far below zero, so it would carry a large
+    gradient for a choice nobody made. Used wherever sampled tokens become an episode (the env runner, the
+    single-turn batch, the agent endpoint's records)."""
+    if not forced:
+        return [1] * num_tokens
+    if len(forced) != num_tokens:
+        raise ValueError(
+            f"forced has {len(forced)} flags for {num_tokens} tokens: give one per token, or none"
+        )
+    return [0 if f else 1 for f in forced]
 
 
 @dataclass(frozen=True)

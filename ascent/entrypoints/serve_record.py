@@ -2,10 +2,10 @@
 store training writes (`ascent.tracking.experience_store`), so `ascent episodes DIR` and the studio show what was
 served.
 
-Each sample is a one-turn episode with status `served`: its prompt ids, response ids (loss mask 1), the
-sampler's logprobs, the policy version, the finish reason; `row_id` numbers the prompts the server was asked
-(the `n` samples of one prompt share it); `metadata` holds the session (`X-Session-Id` or API key), the
-completion id, the choice index and the endpoint. Reward and advantage are not known to the server: 0 and
+Each sample is a one-turn episode with status `served`: its prompt ids, response ids (loss mask 1, 0 on the
+tokens a grammar forced), the sampler's logprobs, the policy version, the finish reason; `row_id` numbers the
+prompts the server was asked (the `n` samples of one prompt share it); `metadata` holds the session
+(`X-Session-Id` or API key), the completion id, the choice index and the endpoint. Reward and advantage are not known to the server: 0 and
 none. Records reach the store through `Recorder.sink` and `ExperienceWriter`'s background thread; the
 response text is decoded as the record arrives.
 """
@@ -66,7 +66,7 @@ class RecordSink:
             prompt_ids=list(record.prompt_ids),
             response_ids=list(record.response_ids),
             sampler_logprobs=list(record.logprobs),
-            loss_mask=[1] * len(record.response_ids),
+            loss_mask=record.loss_mask(),
             finish_reason=record.finish_reason,
             row_id=self._row_id(record),
             policy_version=record.policy_version,

@@ -4,7 +4,8 @@ plays).
 What the server generated for a session is recorded token-exact (prompt ids, sampled ids, sampler logprobs,
 policy versions, when each call started and ended), and `segments` assembles the episode from those records
 alone, nothing re-tokenized: a call whose prompt extends the ids of an earlier call (its prompt and reply)
-continues that call's episode, the ids between them are the observation (loss mask 0). Calls are matched in
+continues that call's episode, the ids between them are the observation (loss mask 0), and so are the
+sampled tokens a grammar forced (`response_format`, guided decoding: `CompletionRecord.loss_mask`). Calls are matched in
 the order they started, each to the longest earlier call it extends, so the assembly does not depend on
 the order calls completed in (an agent that runs calls in parallel, with asyncio.gather or a sub-agent, sees
 short ones finish first). A call that extends none, or a second call continuing the same call (a branch),
@@ -72,9 +73,9 @@ def _extends(prompt: list[int], ids: list[int]) -> bool:
 
 
 def segment_episode(seg: Segment, row_id: int, max_turns: int, max_tokens: int, decode: Any) -> Episode:
-    """One segment as an episode: the first call's prompt, then model turns (mask 1, the sampler's logprobs
-    and versions) and the ids between them (mask 0), cut at `max_turns` calls / `max_tokens` response
-    tokens."""
+    """One segment as an episode: the first call's prompt, then model turns (mask 1, 0 on the tokens a
+    grammar forced as the env runner's turns; the sampler's logprobs and versions) and the ids between them
+    (mask 0), cut at `max_turns` calls / `max_tokens` response tokens."""
     first = seg.records[0]
     ids, mask, lps, versions = [], [], [], []  # type: ignore[var-annotated]
     finish, turns = first.finish_reason, 0
@@ -85,7 +86,7 @@ def segment_episode(seg: Segment, row_id: int, max_turns: int, max_tokens: int, 
             break
         sampled = rec.token_versions or [rec.policy_version] * len(rec.response_ids)
         ids += obs + rec.response_ids
-        mask += [0] * len(obs) + [1] * len(rec.response_ids)
+        mask += [0] * len(obs) + rec.loss_mask()
         lps += [0.0] * len(obs) + rec.logprobs
         versions += [versions[-1] if versions else rec.policy_version] * len(obs) + sampled
         finish, turns = rec.finish_reason, turns + 1

@@ -2,8 +2,8 @@
 
 One unix-socket stream per front-end process (asyncio streams on both ends), carrying frames: a 4-byte
 length, then a msgpack array of messages, each an array `[kind, request id, ...]`. Only token ids,
-sampling params, a request's encoded images (float32 patches as bytes), logprobs, finish reasons and
-conversation digests cross it; all text and image decoding work stays in the front ends. `Channel.post` may be called from any thread (the engine's batcher thread posts tokens and
+sampling params, a request's encoded images (float32 patches as bytes), logprobs, forced flags, finish
+reasons and conversation digests cross it; all text and image decoding work stays in the front ends. `Channel.post` may be called from any thread (the engine's batcher thread posts tokens and
 results): messages queue up and are written together once per event-loop turn, so a busy engine costs one
 write per turn, not one per token. The codecs below turn the messages' dataclasses into plain arrays and back.
 
@@ -124,12 +124,12 @@ def image_from_wire(wire: list[Any]) -> ImageInput:
 
 
 def generation_to_wire(gen: Generation) -> list[Any]:
-    return [gen.token_ids, gen.logprobs, gen.finish_reason, gen.token_versions, gen.cached_tokens]
+    return [gen.token_ids, gen.logprobs, gen.finish_reason, gen.token_versions, gen.cached_tokens, gen.forced]
 
 
 def generation_from_wire(wire: list[Any]) -> Generation:
-    ids, logprobs, finish, versions, cached = wire
-    return Generation(ids, logprobs, finish, versions, cached)
+    ids, logprobs, finish, versions, cached, forced = wire
+    return Generation(ids, logprobs, finish, versions, cached, forced=forced)
 
 
 def error_to_wire(err: APIError) -> list[Any]:

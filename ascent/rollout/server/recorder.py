@@ -2,7 +2,8 @@
 
 Every sample the server returns is recorded as a `CompletionRecord`: the prompt ids the engine saw, the
 response ids it sampled, the sampler's logprob of each, the policy version of the weights, the finish
-reason, keyed by a session (the `X-Session-Id` header, else the caller's API key). Training on an agent
+reason, which sampled tokens a grammar forced (`response_format`, guided decoding: the engine allowed that
+token alone), keyed by a session (the `X-Session-Id` header, else the caller's API key). Training on an agent
 that talks to the server (design: "Agents written against the OpenAI API can be trained too") drains a
 session's records into episodes: nothing is re-tokenized from the text the agent saw.
 
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from ascent.messages import FinishReason, ImageInput
+from ascent.messages import FinishReason, ImageInput, sampled_loss_mask
 
 Endpoint = Literal["chat", "completions"]
 logger = logging.getLogger(__name__)
@@ -33,8 +34,9 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CompletionRecord:
-    """One returned sample. `response_ids`, `logprobs` (and `token_versions` when the engine stamps them)
-    have one entry per sampled token, stop tokens included, exactly as the engine produced them."""
+    """One returned sample. `response_ids`, `logprobs` (and `token_versions` when the engine stamps them,
+    `forced` when a grammar forced some of them) have one entry per sampled token, stop tokens included,
+    exactly as the engine produced them."""
 
     session_id: str
     completion_id: str
@@ -50,6 +52,12 @@ class CompletionRecord:
     created: float = field(default_factory=time.time)  # when it completed
     started: float = field(default_factory=time.time)  # when the server received the call
     images: tuple[ImageInput, ...] = ()  # the images the prompt showed (one per image-pad run, in order)
+    # per sampled token, True where a grammar allowed that token alone (`Generation.forced`); empty: none
+    forced: list[bool] = field(default_factory=list)
+
+    def loss_mask(self) -> list[int]:
+        """1 per sampled token the policy chose, 0 per token its grammar forced (`sampled_loss_mask`)."""
+        return sampled_loss_mask(self.forced, len(self.response_ids))
 
 
 class Recorder:

@@ -285,5 +285,6 @@ class OpenAIServer(Front):
                     token_versions=list(gen.token_versions),
                     started=started,
                     images=request.images,
+                    forced=list(gen.forced),
                 )
             )

@@ -1,10 +1,13 @@
 """Episodes from an agent's recorded calls (`ascent.orchestrator.agent_segments`): a call whose prompt
 extends an earlier call's ids continues its episode; one that does not starts a segment of its own; the cuts
-at max_turns / max_tokens; the ids between turns get mask 0, logprob 0 and the version of the turn before."""
+at max_turns / max_tokens; the ids between turns get mask 0, logprob 0 and the version of the turn before;
+the tokens a grammar forced get mask 0."""
 
 from __future__ import annotations
 
 import itertools
+
+import pytest
 
 from ascent.envs.openai_agents import AgentResult
 from ascent.orchestrator.agent_segments import count_tool_calls, segment_episode, segments
@@ -21,6 +24,7 @@ def rec(
     version: int = 3,
     finish: str = "stop",
     at: tuple[float, float] | None = None,
+    forced: list[bool] | None = None,
 ) -> CompletionRecord:
     """A recorded call; `at` = (started, completed), by default one after the other in creation order."""
     start = float(next(CLOCK)) if at is None else at[0]
@@ -37,6 +41,7 @@ def rec(
         response_text="t" * len(response),
         started=start,
         created=start + 0.5 if at is None else at[1],
+        forced=forced or [],
     )
 
 
@@ -52,6 +57,20 @@ def test_calls_that_extend_each_other_make_one_episode() -> None:
     assert e.loss_mask == [1, 1, 0, 0, 1] and e.sampler_logprobs == [-0.5, -0.5, 0.0, 0.0, -0.5]
     assert e.token_versions == [3, 3, 3, 3, 4] and e.policy_version == 3
     assert e.metadata["turns"] == 2 and e.finish_reason == "stop" and e.row_id == 7
+
+
+def test_tokens_a_grammar_forced_leave_the_loss_of_an_agent_episode() -> None:
+    """As the env runner's turns (`Generation.loss_mask`): a call under `response_format` whose `{"` and `}`
+    were the only tokens allowed trains on the choices only; a call without flags trains on every token."""
+    json_call = rec([1, 2], [5, 6, 7, 8], forced=[True, False, False, True])
+    free_call = rec([1, 2, 5, 6, 7, 8, 0], [9, 4])
+    (seg,) = segments([json_call, free_call])
+    e = segment_episode(seg, row_id=0, max_turns=4, max_tokens=100, decode=decode)
+    assert e.response_ids == [5, 6, 7, 8, 0, 9, 4]
+    assert e.loss_mask == [0, 1, 1, 0, 0, 1, 1]
+    assert e.sampler_logprobs == [-0.5] * 4 + [0.0] + [-0.5] * 2  # logprobs kept: only the mask moves
+    with pytest.raises(ValueError, match="forced has 1 flags for 2 tokens"):
+        rec([1], [2, 3], forced=[True]).loss_mask()
 
 
 def test_a_rewritten_history_starts_a_new_segment_and_forks_follow_their_own_reply() -> None:

@@ -1,19 +1,27 @@
 """The server's pieces without HTTP: text deltas with stop strings held back, OpenAI field names from
-pydantic locations, the context budget, tool-call parsing, the bounded recorder and its sink, and the access
-rules of `ascent serve`."""
+pydantic locations, the context budget, tool-call parsing, the bounded recorder and its sink, the forced
+tokens of a record (its loss mask, `--record`'s store, the front ends' wire), and the access rules of
+`ascent serve`."""
 
 from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from ascent.entrypoints import serve as serve_module
 from ascent.entrypoints.serve import ServeError, auto_api_processes, check_access, parse_api_processes
+from ascent.entrypoints.serve_record import RecordSink
+from ascent.messages import Generation
 from ascent.rollout.server.chat import split_tool_calls
 from ascent.rollout.server.errors import APIError, field_path
+from ascent.rollout.server.ipc import generation_from_wire, generation_to_wire
 from ascent.rollout.server.prepare import Limits, token_budget
 from ascent.rollout.server.recorder import CompletionRecord, Recorder
 from ascent.rollout.server.streaming import TextStream
 from ascent.rollout.server.tool_parsers import hermes
+from ascent.tracking.experience_store import open_store
 
 BYTES = "héllo wörld".encode()
 
@@ -93,6 +101,21 @@ def test_recorder_sink_sees_every_record_and_cannot_fail_one() -> None:
         recorder.record(_record("a", i))
     assert seen == ["c0", "c1", "c2"]  # dropped from memory or not, the sink had them all
     assert [r.completion_id for r in recorder.drain("a")] == ["c2"]
+
+
+def test_forced_flags_reach_the_record_its_store_and_the_front_end_wire(tmp_path: Path) -> None:
+    """A record's tokens a grammar forced get loss mask 0 (a record without flags: none was forced), in
+    `ascent serve --record`'s store too; a generation keeps its flags across the front ends' wire."""
+    forced = replace(_record("a", 0), forced=[True, False])
+    assert forced.loss_mask() == [0, 1] and _record("a", 1).loss_mask() == [1, 1]
+    sink = RecordSink(str(tmp_path), str(tmp_path), lambda ids: "x" * len(ids))
+    sink(forced)
+    sink(_record("a", 1))
+    sink.close()
+    with open_store(tmp_path) as store:
+        assert sorted(r.loss_mask for r in store.episodes()) == [[0, 1], [1, 1]]
+    gen = Generation([2, 3], [-0.1, -0.2], "stop", [4, 4], 1, forced=[True, False])
+    assert generation_from_wire(generation_to_wire(gen)) == gen
 
 
 def test_serve_access_rules() -> None:

@@ -1,9 +1,10 @@
 """What a request may ask of the server, through the official `openai` client on a tiny model (reference
 engine, CPU): `response_format` and guided decoding constrain the sampled tokens (parseable JSON, a schema's
-shape, one of the choices), and are refused by name on an engine without a grammar mask; fields it cannot
-honour (`parallel_tool_calls: false`, ...) and fields it does not know are a 400 naming them, never
-silently ignored; informational fields pass; the legacy completions return each sampled token's logprob
-with `logprobs=0`."""
+shape, one of the choices), are refused by name on an engine without a grammar mask, and the tokens the
+grammar forced leave the loss of the agent episode assembled from the records; fields it cannot honour
+(`parallel_tool_calls: false`, ...) and fields it does not know are a 400 naming them, never silently
+ignored; informational fields pass; the legacy completions return each sampled token's logprob with
+`logprobs=0`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 import openai
 import pytest
 
+from ascent.orchestrator.agent_segments import segment_episode, segments
 from ascent.rollout import build_engine
 from ascent.rollout.server import OpenAIServer
 from tests.unit.rollout.server_support import ScriptedEngine, client, serving
@@ -101,6 +103,25 @@ def test_response_format_constrains_the_reply_to_json(server: OpenAIServer) -> N
         model="tiny", prompt="ab", extra_body={"guided_choice": ["yes", "no"]}, seed=3
     )
     assert text.choices[0].text in ("yes", "no")
+
+
+def test_the_tokens_response_format_forced_leave_the_agent_episodes_loss(server: OpenAIServer) -> None:
+    """Under a JSON schema, the reference engine records which sampled tokens the grammar allowed alone, and
+    the agent episode assembled from the session's records gives exactly those loss mask 0, as the env runner
+    does: of `{"ok":true}<|im_end|>` (one token a character) only the `t` or `f` was a choice."""
+    schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": OK_SCHEMA}}
+    c = client(server, default_headers={"X-Session-Id": "forced"})
+    reply = c.chat.completions.create(
+        model="tiny", messages=HI, response_format=schema, seed=4, max_tokens=20
+    )
+    (record,) = server.take("forced")
+    assert json.loads(reply.choices[0].message.content or "") in ({"ok": True}, {"ok": False})
+    assert len(record.forced) == len(record.response_ids)
+    (seg,) = segments([record])
+    episode = segment_episode(seg, row_id=0, max_turns=1, max_tokens=100, decode=str)
+    assert episode.response_ids == record.response_ids
+    assert episode.loss_mask == [0 if f else 1 for f in record.forced]
+    assert episode.loss_mask.count(1) == 1
 
 
 def test_an_engine_without_a_grammar_mask_refuses_response_format(chat_model: Path) -> None:
