@@ -1,5 +1,6 @@
 """Doctor check of the images an image environment shows (`rollout.source` an env: `zoom_qa`, `image_qa`):
-the first rows that carry an `image`, `frames` or `video` field are reset in this process, as the run's data
+the first rows that carry an `image`, `frames` or `video` field are reset on the run's environment hosts
+(processes under rollout.env_timeout_s, or this process with rollout.env_isolation=inline), as the run's data
 path does (`ascent.orchestrator.episodes.env_items`), and their first prompts rendered with the model's
 image codec, so `ascent.doctor.images` reports their image tokens and the rows the run would leave out (an
 image or video that is missing or unreadable, a prompt over data.max_prompt_tokens) as it does for data
