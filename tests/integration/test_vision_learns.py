@@ -16,9 +16,9 @@ Measured on the shared 2-core machine (examples/vision/README.md, newest status)
 for another CPU's rounding: SFT seeds 0 (this test's) to 5 x GRPO seeds 1, 2. With the tool, end minus
 start per run 0.16-0.50, its mean over the two GRPO seeds 0.21-0.43; with minus without the tool at the
 end 0.25-0.65 (without it 0.24-0.25 at both ends: both GRPO seeds on SFT seed 0, seed 1 on the others);
-right zooms over iterations 21-30 minus 1-10, mean over the two GRPO seeds, 0.10-0.37. The margins below are half of the smallest or less. Wall time: 269 s with the machine at load 4-6; about
-175 s idle by its phases' idle times (setup 21 s, both SFT stages 31 s, each GRPO run with the tool
-about 36 s, without it 24 s).
+right zooms over iterations 21-30 minus 1-10, mean over the two GRPO seeds, 0.10-0.37. The margins below
+are half of the smallest or less. Wall time: 169 s on the 2-core machine at load 1-2 (269 s at load 4-6);
+a rerun on this machine repeated every figure.
 """
 
 from __future__ import annotations
