@@ -102,6 +102,38 @@ def placing(demo: dict[str, Any]) -> dict[str, Any]:
     return {**demo, "messages": [*messages[:i], call]}
 
 
+BOXES = {q: f"{c / 2}, {r / 2}, {c / 2 + 0.5}, {r / 2 + 0.5}" for q, (c, r) in QUARTERS.items()}
+
+
+def spreading(demo: dict[str, Any], asked: str, repeats: dict[str, int]) -> list[dict[str, Any]]:
+    """`placing(demo)` (its question about `asked`) once per zoom target: `repeats[quarter]` rows whose
+    call names `quarter`'s box. Trained to convergence on such rows, the probability of zooming into each
+    quarter given the question is its share of the rows: fixed by the data, not by when training stops."""
+    row = placing(demo)
+    *before, call = row["messages"]
+    out = []
+    for quarter, n in repeats.items():
+        content = call["content"].replace(BOXES[asked], BOXES[quarter])
+        out += [{**row, "messages": [*before, {**call, "content": content}]}] * n
+    return out
+
+
+def write_spread(arm: Path, n_questions: int, seed: int, asked_share: int = 2) -> None:
+    """ARM/spread.jsonl, stage 2 of the robust warm start (`sft_spread.yaml`): for each of `n_questions`
+    demonstrations, `asked_share` rows zooming into the asked quarter and one into each other quarter (a
+    target of 2/5 right), and as many `reading` rows of other demonstrations, shuffled."""
+    demos = [json.loads(line) for line in (arm / "sft.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (arm / "rows.jsonl").read_text().splitlines()]
+    spread = []
+    for demo, row in zip(demos[:n_questions], rows, strict=False):
+        repeats = {q: asked_share if q == row["quarter"] else 1 for q in QUARTERS}
+        spread += spreading(demo, row["quarter"], repeats)
+    rest = demos[n_questions : n_questions + len(spread)]
+    mixed = [*spread, *map(reading, rest)]
+    random.Random(seed).shuffle(mixed)
+    write_rows(arm / "spread.jsonl", mixed)
+
+
 def write_places(arm: Path, n_plastic: int, seed: int) -> None:
     """The `--place` warm start's stages (zoom arm only): ARM/read_plastic.jsonl, every `reading` row and
     `n_plastic` `placing` rows (too few to teach the place, enough to keep it learnable: stage 1 on reading
@@ -158,6 +190,7 @@ def make_setup(
         make_zoom_task(out / name, rows, seed, n_val=n_val, size=SIZE, detail=DETAIL, env=env, sft=True)
         write_stages(out / name, n_format, seed, place_loss)
     write_places(out / "zoom", min(n_plastic, rows), seed)
+    write_spread(out / "zoom", min(256, rows // 8), seed)
     return out
 
 

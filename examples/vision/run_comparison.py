@@ -3,6 +3,7 @@
     python examples/vision/run_comparison.py                 # CPU, 3 seeds (timings in README.md)
     python examples/vision/run_comparison.py --seeds 1 --iterations 5   # a quick look
     python examples/vision/run_comparison.py --place --val 64   # partly right start, 30 GRPO iterations
+    python examples/vision/run_comparison.py --spread --seeds 2 --val 64   # robust start (the CI test's)
 
 Steps, each a real CLI call (echoed): write a tiny Qwen2.5-VL checkpoint and the zoom task (`make_setup.py`:
 112 px images, 40 px squares of 1-pixel stripes, 4 image tokens per image, so the stripes are readable only
@@ -102,12 +103,15 @@ def grpo_turns(
     return held_out_accuracy(run)
 
 
-def sft(root: Path, name: str, recipe: str, data: Path, start: Path, epochs: float | None) -> None:
-    """One `ascent sft` stage into ROOT/name."""
+def sft(
+    root: Path, name: str, recipe: str, data: Path, start: Path, epochs: float | None, *extra: str
+) -> None:
+    """One `ascent sft` stage into ROOT/name (`extra`: more overrides)."""
     run = root / name
     shutil.rmtree(run, ignore_errors=True)
     more = [f"epochs={epochs}"] if epochs else []
-    sh("sft", str(HERE / recipe), f"run_dir={run}", f"model.path={start}", f"data.train_path={data}", *more)
+    args = (f"run_dir={run}", f"model.path={start}", f"data.train_path={data}", *more, *extra)
+    sh("sft", str(HERE / recipe), *args)
 
 
 def place_start(root: Path, read_epochs: float | None) -> None:
@@ -117,6 +121,25 @@ def place_start(root: Path, read_epochs: float | None) -> None:
     zoom = root / "zoom"
     sft(root, "sft_plastic", "sft_read.yaml", zoom / "read_plastic.jsonl", root / "model", read_epochs)
     sft(root, "sft_place", "sft_place.yaml", zoom / "place.jsonl", root / "sft_plastic" / "final", None)
+
+
+def spread_start(root: Path, sft_seed: int) -> None:
+    """The `--spread` warm start, once for both arms: `sft_read.yaml` at lr 2e-3 on `read_plastic.jsonl`
+    with a place row for every demonstration (it learns to read and to zoom into the asked quarter), then
+    `sft_spread.yaml` (one epoch of rows zooming into the asked quarter 2 times in 5, and reading rows: a
+    start that zooms right with the share its data fix). `sft_seed`: both stages' batch order."""
+    zoom, seed = root / "zoom", f"seed={sft_seed}"
+    plastic = zoom / "read_plastic.jsonl"
+    sft(root, "sft_plastic", "sft_read.yaml", plastic, root / "model", None, seed, "train.lr=2e-3")
+    sft(
+        root,
+        "sft_spread",
+        "sft_spread.yaml",
+        zoom / "spread.jsonl",
+        root / "sft_plastic" / "final",
+        None,
+        seed,
+    )
 
 
 def warm_start(
@@ -162,14 +185,24 @@ def main() -> None:
         help="the partly right warm start (sft_read.yaml on read_plastic.jsonl, sft_place.yaml), then "
         "grpo_place.yaml (30 iterations, sampled validation); the recipe of README.md's newest status",
     )
+    p.add_argument(
+        "--spread",
+        action="store_true",
+        help="the robust warm start (stage 1 with a place row per demonstration, then sft_spread.yaml: "
+        "right zooms 2 in 5 by its data), then grpo_spread.yaml; tests/integration/test_vision_learns.py",
+    )
+    p.add_argument("--sft-seed", type=int, default=0, help="--spread: the SFT stages' seed (batch order)")
     p.add_argument("--val", type=int, default=32, help="held-out questions")
     a = p.parse_args()
     sys.path.insert(0, str(HERE))
     from make_setup import make_setup
 
     t0 = time.time()
-    make_setup(a.root, a.rows, n_val=a.val, n_format=a.format_rows, place_loss=not a.no_place_loss)
-    if a.place:
+    plastic = {"n_plastic": a.rows} if a.spread else {}  # --spread: a place row for every demonstration
+    make_setup(a.root, a.rows, n_val=a.val, n_format=a.format_rows, place_loss=not a.no_place_loss, **plastic)
+    if a.spread:
+        spread_start(a.root, a.sft_seed)
+    elif a.place:
         place_start(a.root, a.read_epochs)
     else:
         warm_start(a.root, a.read_epochs, a.format_epochs)
@@ -178,8 +211,11 @@ def main() -> None:
     results, times = [], []
     for seed in range(1, a.seeds + 1):
         t1 = time.time()
-        if a.place:
-            runs = (grpo_turns(a.root, arm, seed, extra, "grpo_place.yaml", "sft_place") for arm in ARMS)
+        if a.place or a.spread:
+            recipe, start = (
+                ("grpo_spread.yaml", "sft_spread") if a.spread else ("grpo_place.yaml", "sft_place")
+            )
+            runs = (grpo_turns(a.root, arm, seed, extra, recipe, start) for arm in ARMS)
             zoom, plain = runs
         elif a.turns:
             zoom, plain = (grpo_turns(a.root, arm, seed, extra) for arm in ARMS)
@@ -187,7 +223,7 @@ def main() -> None:
             zoom, plain = (grpo(a.root, arm, seed, extra, a.grammar) for arm in ARMS)
         results.append((seed, zoom, plain))
         times.append(time.time() - t1)
-    how = "sampled, 4 answers a question" if a.place else "greedy"
+    how = "sampled, 4 answers a question" if a.place or a.spread else "greedy"
     print(f"\nheld-out accuracy ({how}, {a.val} questions); setup + SFT {t_sft:.0f}s")
     print("seed | with tool: start -> GRPO | without tool: start -> GRPO | both arms' wall time")
     print("-----+--------------------------+-----------------------------+---------------------")

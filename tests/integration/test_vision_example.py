@@ -64,6 +64,15 @@ def test_the_vision_comparison_runs_both_arms_and_prints_the_table(tmp_path: Pat
     (full,) = metrics(tmp_path / "sft_zoom")
     assert read["response_tokens"] == 16.0  # a batch of 16 conversations (sft_read.yaml), one token each
     assert full["response_tokens"] == 16 * (6 + 4)  # the call's 5 tokens, the answer's 3, two turn ends
+    # --spread's stage 2 (make_setup.write_spread): per question 5 rows ending in the zoom call, 2 of them
+    # into the asked quarter, 1 into each other quarter; and as many reading rows (the word alone)
+    spread = [json.loads(line) for line in (tmp_path / "zoom" / "spread.jsonl").read_text().splitlines()]
+    places = [r["messages"] for r in spread if "<tool_call>" in r["messages"][-1]["content"]]
+    assert len(places) == 5 and len(spread) == 10
+    boxes = _gpu_run().BOXES
+    (asked,) = {q for q in boxes if q in json.dumps(places[0][1])}  # the user turn's question
+    zoomed = [q for m in places for q in boxes if boxes[q] in m[-1]["content"]]
+    assert sorted(zoomed) == sorted([asked, *boxes]), zoomed  # the asked quarter twice, the others once
 
 
 def _gpu_run():
