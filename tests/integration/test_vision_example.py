@@ -69,7 +69,9 @@ def test_the_vision_comparison_runs_both_arms_and_prints_the_table(tmp_path: Pat
     spread = [json.loads(line) for line in (tmp_path / "zoom" / "spread.jsonl").read_text().splitlines()]
     places = [r["messages"] for r in spread if "<tool_call>" in r["messages"][-1]["content"]]
     assert len(places) == 5 and len(spread) == 10
-    boxes = _gpu_run().BOXES
+    _gpu_run()  # (puts examples/vision on sys.path)
+    boxes = importlib.import_module("make_setup").BOXES
+    assert boxes == importlib.import_module("run_watch").BOXES  # gpu_run.py scores zooms where the data zooms
     (asked,) = {q for q in boxes if q in json.dumps(places[0][1])}  # the user turn's question
     zoomed = [q for m in places for q in boxes if boxes[q] in m[-1]["content"]]
     assert sorted(zoomed) == sorted([asked, *boxes]), zoomed  # the asked quarter twice, the others once

@@ -48,9 +48,10 @@ def held_out(run: Path) -> tuple[float, float]:
 
 
 def right_zoom_windows(run: Path) -> list[dict]:
-    """examples/vision/gpu_run.py's per-10-iteration right-zoom shares from the run's experience store."""
-    path = ROOT / "examples" / "vision" / "gpu_run.py"
-    spec = importlib.util.spec_from_file_location("gpu_run", path)
+    """examples/vision/run_watch.py's per-10-iteration right-zoom shares from the run's experience store
+    (gpu_run.py's table)."""
+    path = ROOT / "examples" / "vision" / "run_watch.py"
+    spec = importlib.util.spec_from_file_location("run_watch", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
