@@ -10,6 +10,7 @@ import itertools
 import pytest
 
 from ascent.envs.openai_agents import AgentResult
+from ascent.messages import ImageInput
 from ascent.orchestrator.agent_segments import count_tool_calls, segment_episode, segments
 from ascent.orchestrator.agents import AgentStats
 from ascent.rollout.server import CompletionRecord
@@ -25,6 +26,7 @@ def rec(
     finish: str = "stop",
     at: tuple[float, float] | None = None,
     forced: list[bool] | None = None,
+    images: tuple[ImageInput, ...] = (),
 ) -> CompletionRecord:
     """A recorded call; `at` = (started, completed), by default one after the other in creation order."""
     start = float(next(CLOCK)) if at is None else at[0]
@@ -42,6 +44,7 @@ def rec(
         started=start,
         created=start + 0.5 if at is None else at[1],
         forced=forced or [],
+        images=images,
     )
 
 
@@ -133,3 +136,16 @@ def test_an_agent_episode_counts_the_tool_calls_its_replies_wrote() -> None:
     records = [rec([0], [k]) for k in replies]
     assert count_tool_calls(records, hermes, lambda ids: replies[ids[0]]) == 3
     assert count_tool_calls(records[2:], hermes, lambda ids: replies[ids[0]]) == 0
+
+
+def test_an_agent_episode_shows_the_images_of_its_last_included_call() -> None:
+    """An agent that sends images (content parts to the endpoint): each call's prompt shows every image so
+    far, in order, so the episode carries the last call's images; a cut at max_turns takes the images of
+    the last call it keeps, not of the calls cut off."""
+    first, second = (ImageInput(None, (1, 2, 2), 1, f"d{k}", f"turn {k}") for k in (1, 2))
+    calls = [rec([1, 2], [5], images=(first,)), rec([1, 2, 5, 7], [9], images=(first, second))]
+    (seg,) = segments(calls)
+    whole = segment_episode(seg, row_id=0, max_turns=4, max_tokens=100, decode=decode)
+    assert whole.images == (first, second) and whole.response_ids == [5, 7, 9]
+    cut = segment_episode(seg, row_id=0, max_turns=1, max_tokens=100, decode=decode)
+    assert cut.images == (first,) and cut.response_ids == [5] and cut.finish_reason == "length"
