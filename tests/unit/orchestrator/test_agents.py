@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from ascent.envs.openai_agents import AgentResult
-from ascent.messages import ImageInput
+from ascent.messages import FinishReason, ImageInput
 from ascent.orchestrator.agent_segments import count_tool_calls, segment_episode, segments
 from ascent.orchestrator.agents import AgentStats
 from ascent.rollout.server import CompletionRecord
@@ -23,7 +23,7 @@ def rec(
     prompt: list[int],
     response: list[int],
     version: int = 3,
-    finish: str = "stop",
+    finish: FinishReason = "stop",
     at: tuple[float, float] | None = None,
     forced: list[bool] | None = None,
     images: tuple[ImageInput, ...] = (),
