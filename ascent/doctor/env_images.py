@@ -14,7 +14,7 @@ from typing import Any
 from ascent.envs import ChatTokens, Task
 from ascent.envs.hosts import HostedEnvs, Hosts
 from ascent.envs.images import split_images
-from ascent.envs.rows import row_env, row_field, unusable_row
+from ascent.envs.rows import row_env, row_has, unusable_row
 from ascent.envs.runner import EnvResetError, prompt_tokens
 from ascent.messages import ImageInput
 from ascent.models.content import ENV_IMAGE_FIELDS, VIDEO_FIELD
@@ -28,7 +28,7 @@ class EnvResetFailed(Exception):
 
 def carries_images(row: dict[str, Any]) -> bool:
     """Whether an environment row names images: an `image`, `frames` or `video` field (or in extra_info)."""
-    return any(row_field(row, key, None) is not None for key in (*ENV_IMAGE_FIELDS, VIDEO_FIELD))
+    return any(row_has(row, key) for key in (*ENV_IMAGE_FIELDS, VIDEO_FIELD))
 
 
 def measure_env_rows(

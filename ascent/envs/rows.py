@@ -58,6 +58,11 @@ def row_answer(row: Mapping[str, Any]) -> Any:
     )
 
 
+def row_has(row: Mapping[str, Any], key: str) -> bool:
+    """Whether `row_field(row, key)` finds a value other than None (in the row or its extra_info)."""
+    return row_field(row, key, None) is not None
+
+
 def row_field(row: Mapping[str, Any], key: str, default: Any = _MISSING) -> Any:
     """`row[key]`, else `row["extra_info"][key]` (where SkyRL's rows keep per-row arguments), else
     `default`."""

@@ -25,6 +25,7 @@ from typing import Any
 
 from ascent.cluster.base import WorkerGroup
 from ascent.cluster.hosts import IsolationPolicy, ProcessHosts, default_workers
+from ascent.config.rollout import RolloutConfig
 from ascent.config.schema import RunConfig
 from ascent.data import image_codec
 from ascent.data.images import BadImageRow, overlong_image_problem
@@ -101,13 +102,13 @@ def env_image_encoder(
     return image_codec(model_path, min_pixels, max_pixels)
 
 
-def env_policy(r: Any) -> IsolationPolicy:
+def env_policy(r: RolloutConfig) -> IsolationPolicy:
     """The isolation policy of environments (`rollout.env_timeout_s`), on process hosts and Ray actors."""
     return IsolationPolicy("environment", r.env_timeout_s, "rollout.env_timeout_s")
 
 
 @contextmanager
-def env_hosts(r: Any) -> Iterator[Hosts]:
+def env_hosts(r: RolloutConfig) -> Iterator[Hosts]:
     """The hosts of one batch's environments on this machine: processes started for it
     (`rollout.env_isolation=process`), or this process (`inline`)."""
     hosts: Hosts = (
