@@ -25,6 +25,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from run_watch import BOXES  # beside this file: the zoom call's box per quarter, also gpu_run.py's scoring
+
 from ascent.envs.image_env import SYSTEM, SYSTEM_NO_TOOLS
 from ascent.envs.tasks.common import write_rows
 from ascent.envs.tasks.zoom_task import PATTERNS, QUARTERS, QUESTION, demonstration, make_zoom_task
@@ -45,7 +47,7 @@ WORDS = [
     "</tool_call>",
     CALL_HEAD[1],
     "]}}",
-    *(f"{c / 2}, {r / 2}, {c / 2 + 0.5}, {r / 2 + 0.5}" for c, r in QUARTERS.values()),  # the quarters' boxes
+    *BOXES.values(),  # the quarters' boxes
     *(f"[{c * HALF}, {r * HALF}, {c * HALF + HALF}, {r * HALF + HALF}]" for c, r in QUARTERS.values()),
     "Image 0 (the image):",
     "Zoomed into ",
@@ -100,9 +102,6 @@ def placing(demo: dict[str, Any]) -> dict[str, Any]:
     i = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
     call = {**messages[i], "no_loss": [CALL_HEAD[0], CALL_HEAD[1], "]}}", "</tool_call>"]}
     return {**demo, "messages": [*messages[:i], call]}
-
-
-BOXES = {q: f"{c / 2}, {r / 2}, {c / 2 + 0.5}, {r / 2 + 0.5}" for q, (c, r) in QUARTERS.items()}
 
 
 def spreading(demo: dict[str, Any], asked: str, repeats: dict[str, int]) -> list[dict[str, Any]]:

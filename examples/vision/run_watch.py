@@ -15,14 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ascent.envs.tasks.zoom_task import QUARTERS
+
 ROOT = Path(__file__).resolve().parents[2]  # the repository: its ascent for every subprocess
 EXIT_GRACE_S = 90.0  # after SIGTERM: one iteration plus a 3B checkpoint (fp32 master weights, ~14 GB)
-BOXES = {  # the zoom call's box for each quarter (make_setup.WORDS), to score where an episode zoomed
-    "top-left": "0.0, 0.0, 0.5, 0.5",
-    "top-right": "0.5, 0.0, 1.0, 0.5",
-    "bottom-left": "0.0, 0.5, 0.5, 1.0",
-    "bottom-right": "0.5, 0.5, 1.0, 1.0",
-}
+# the zoom call's box for each quarter (make_setup.py's calls and tokens), to score where an episode zoomed
+BOXES = {q: f"{c / 2}, {r / 2}, {c / 2 + 0.5}, {r / 2 + 0.5}" for q, (c, r) in QUARTERS.items()}
 
 
 def gpu_query(field: str, gpu: str | None) -> str | None:
