@@ -115,7 +115,12 @@ def run_config(args: argparse.Namespace, model: Path, data: Path, run_dir: Path,
                 "compile": args.trainer_compile,
                 "old_logprobs": args.old_logprobs,
             },
-            "cluster": {"device": args.device, "backend": "inline", "placement": "colocated"},
+            "cluster": {
+                "device": args.device,
+                "backend": "inline",
+                "placement": "colocated",
+                "engine_sleeps": not args.engine_awake,
+            },
             "tracking": {"tensorboard": False, "progress": False},
         }
     )
@@ -278,6 +283,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--memory-snapshot", type=Path, default=None, help="one more iteration, allocator history"
     )
     ap.add_argument("--kv-gib", type=float, default=None, help="engine KV cache size (default: workload)")
+    ap.add_argument(
+        "--engine-awake",
+        action="store_true",
+        help="cluster.engine_sleeps=false: the engine keeps its KV cache and CUDA graphs through the update",
+    )
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--root", type=Path, default=Path("/tmp/ascent_e2e"))

@@ -169,6 +169,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--profile", action="store_true", help="one more profiled update per cell")
     ap.add_argument("--root", type=Path, default=Path("/tmp/ascent_e2e"))
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--grad-ckpt",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="recompute each layer in backward (the e2e default); --no-grad-ckpt keeps the activations",
+    )
     args = ap.parse_args(argv)
 
     from ascent.models.varlen import enable_for_training
@@ -180,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         path,
         device=args.device,
         dtype="bf16",
-        gradient_checkpointing=True,
+        gradient_checkpointing=args.grad_ckpt,
         compile="auto",
         optim=OptimSettings(lr=1e-6),
         seed=0,
