@@ -66,8 +66,8 @@ class ClusterConfig(Section):
     engine_sleeps: bool = Field(
         True,
         description="Colocated placement: the fast engine frees its KV cache and weights through the "
-        "trainer's logprob passes and update (true). false keeps it awake: on Ray with "
-        "rollout.max_staleness >= 1 it then generates the next iterations while the trainer updates on the "
+        "trainer's logprob passes and update (true). false keeps it awake, its KV cache and CUDA graphs "
+        "kept (no reallocation or recapture per iteration); on Ray with rollout.max_staleness >= 1 it then generates the next iterations while the trainer updates on the "
         "same GPU (both resident at once: `ascent doctor` sums them), and publications land between decode "
         "steps (rollout.swap_mid_generation).",
     )

@@ -124,6 +124,8 @@ def run_checks(
     report.inputs, report.estimate = plan.run_estimate(cfg, shape, gpu_bytes, gpus)
     if plan.on_gpu(cfg, gpus) or gpu_memory_gib is not None:
         report.results.append(plan.check_memory(report.inputs, report.estimate, target))
+        recompute = plan.check_recompute(report.inputs, target)
+        report.results += [recompute] if recompute else []
     if not plan.on_gpu(cfg, gpus):  # the workers run on the CPU: the estimate is of this machine's RAM
         total, available = system.host_memory()
         report.results.append(plan.check_host_memory(cfg, report.inputs, report.estimate, total, available))

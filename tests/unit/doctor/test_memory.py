@@ -226,3 +226,29 @@ def test_a_colocated_kv_cache_is_capped_at_wake_by_the_trainer_state_with_its_ad
     assert plan.check_memory(offloaded, est, "64 GiB").status == "ok"
     split = replace(m, colocated=False)
     assert M.kv_wake_bytes(split) == M.kv_cache_bytes(split)  # its own GPU: the asked size fits
+
+
+def test_recompute_is_flagged_only_where_the_run_fits_without_it():
+    """The 1.5B update of BENCHMARKS.md ("the update without recomputation"): at 16,384 tokens per
+    micro-batch the estimate without checkpointing (65.5 GiB, 62.9 measured on an H200) fits a 141 GiB
+    card, so the doctor says the recomputation buys nothing; on a 40 GiB card it is needed."""
+    from ascent.doctor import plan
+
+    shape = qwen_shape(1536, 8960, 28, 12)
+    m = M.MemoryInputs(
+        shape=shape,
+        compute_bytes=2,
+        micro_batch_tokens=21 * 768,
+        response_tokens=21 * 512,
+        logprob_chunk=2048,
+        gradient_checkpointing=True,
+        engine="fast",  # asleep through the update
+        gpu_memory_fraction=0.3,
+        gpu_bytes=int(139.8 * GIB),
+    )
+    big = plan.check_recompute(m, "NVIDIA H200")
+    assert big is not None and big.status == "warn" and "gradient_checkpointing=false" in big.fix
+    assert 55 * GIB < big.data["peak_bytes_without"] < 75 * GIB
+    small = plan.check_recompute(replace(m, gpu_bytes=40 * GIB), "a 40 GiB GPU")
+    assert small is not None and small.status == "ok" and "needed" in small.detail
+    assert plan.check_recompute(replace(m, gradient_checkpointing=False), "x") is None
