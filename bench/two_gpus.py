@@ -369,6 +369,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--offload-optimizer", choices=["auto", "on", "off"], default="auto", help="auto: seven_b only"
     )
     ap.add_argument("--trainer-compile", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument(
+        "--grad-ckpt",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="model.gradient_checkpointing (pair --no-grad-ckpt with a smaller --micro-batch-tokens)",
+    )
     ap.add_argument("--cpus-per-worker", type=float, default=None, help="default: 6 on CUDA, 0.5 on CPU")
     ap.add_argument("--budget-s", type=float, default=560.0, help="wall seconds for all modes of this call")
     ap.add_argument(

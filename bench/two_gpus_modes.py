@@ -151,7 +151,7 @@ def run_config(args: argparse.Namespace, mode: str, shape: str) -> Any:
             "model": {
                 "path": str(Path(args.root) / f"model_{shape}"),
                 "dtype": args.dtype or ("bf16" if cuda else "fp32"),
-                "gradient_checkpointing": True,
+                "gradient_checkpointing": args.grad_ckpt,
             },
             "data": {
                 "train_path": str(prompts_path(args, wl)),
