@@ -2,7 +2,7 @@
 
 Map: spec.py (architecture facts, read by the model's family in ascent/models/families) -> weights.py
 (shared or owned tensors; IMPLEMENTATIONS, the layouts a family names) -> layers.py / attention.py /
-triton_decode.py (math) -> runner.py (prefill, decode step) -> graphs.py (CUDA graphs) -> engine.py (the
+triton_decode.py / triton_gemm.py (math; fused_gemm.py: the fused GEMMs' references and tiles) -> runner.py (prefill, decode step) -> graphs.py (CUDA graphs) -> engine.py (the
 engine's API) and batching.py (its loop); pages.py, prefix.py (prefix caching across requests),
 scheduler.py, sequence.py, state.py and live.py are its bookkeeping, swap.py hands the weights to
 publications between decode steps; vision.py runs a vision-language model's tower and multimodal RoPE

@@ -56,11 +56,13 @@ def arch_of(device: torch.device) -> str:
 
 
 def pick_tile(op: str, rows: int, w_rows: int, k: int, device: torch.device, sms: int) -> Tile:
-    """The tile for `op` over `rows` x the weight [w_rows, K]: `TILES`'s entry, else `default_tile`."""
+    """The tile for `op` over `rows` x the weight [w_rows, K]: `TILES`'s entry (its row block no taller
+    than the rows need: fewer rows than the entry was measured at), else `default_tile`."""
     table = TILES.get((arch_of(device), op, w_rows, k))
     if table:
         fits = [r for r in table if r >= rows]
-        return Tile(*table[min(fits) if fits else max(table)])
+        tile = Tile(*table[min(fits) if fits else max(table)])
+        return tile._replace(block_m=min(tile.block_m, max(16, _pow2(rows))))
     return default_tile(op, rows, w_rows, k, sms)
 
 
@@ -75,7 +77,7 @@ def default_tile(op: str, rows: int, w_rows: int, k: int, sms: int) -> Tile:
     bk = 128 if bm <= 64 else 64
     bn = 128 if accs == 1 else 64
     tiles = lambda n: -(-rows // bm) * -(-cols // n)  # noqa: E731
-    while bn > 32 and tiles(bn) < sms:
+    while bn > (32 if bm < 128 else 64) and tiles(bn) < sms:  # many rows: wide tiles, or A is re-read
         bn //= 2
     k_blocks = -(-k // bk)
     split = 1

@@ -61,8 +61,9 @@ class LayerMath:
 
     `fused_gemm` (EngineOptions.fused_gemm): the products run as Triton GEMMs with the elementwise work
     around them in their epilogues (triton_gemm.py): q/k/v + bias + RoPE, o_proj + residual, gate/up +
-    SiLU*up, down_proj + residual. A layer whose weights the kernels do not take (FP8, q/k/v or gate/up held
-    as separate matrices, Qwen3's q/k norms, non-fp32 RoPE tables or residual) takes the path below."""
+    SiLU*up, down_proj + residual. What the kernels do not take keeps the cuBLAS path: FP8 weights,
+    Qwen3's q/k norms, q/k/v or gate/up held as separate matrices (shared trainer weights: the other
+    products still fuse), RoPE tables or a residual stream not in fp32."""
 
     def __init__(self, spec: ModelSpec, fused_gemm: bool = False):
         self.nh, self.kvh, self.d = spec.num_heads, spec.num_kv_heads, spec.head_dim
@@ -119,12 +120,15 @@ class LayerMath:
     ) -> Tensor:
         """x [T, H] residual, attn [T, nh*d] -> x after o_proj, residual add and the SwiGLU MLP."""
         ops = self.ops
-        fused = ops is not None and len(gate_up_w) == 1 and _plain(o_w, down_w, *gate_up_w)
-        if fused and x.dtype == torch.float32:  # o + residual, gate/up + SiLU*up, down + residual
-            assert ops is not None
-            x = ops.linear_residual(attn, o_w, x)
+        if ops is not None and x.dtype == torch.float32 and _plain(o_w, down_w):
+            x = ops.linear_residual(attn, o_w, x)  # o + residual, gate/up + SiLU*up, down + residual
             h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
-            return ops.linear_residual(ops.gate_up_silu(h, gate_up_w[0]), down_w, x)
+            if len(gate_up_w) == 1 and _plain(*gate_up_w):
+                act = ops.gate_up_silu(h, gate_up_w[0])
+            else:  # gate and up held apart (a trainer's shared modules): cuBLAS, SiLU*up by the compiler
+                gate, up = _linear_parts(h, gate_up_w, None).split(self.inter, dim=-1)
+                act = F.silu(gate) * up
+            return ops.linear_residual(act, down_w, x)
         x = x + linear(attn, o_w)
         h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
         gu = _linear_parts(h, gate_up_w, None)

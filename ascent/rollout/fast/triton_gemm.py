@@ -63,7 +63,7 @@ def _dot(a, w, acc, UPCAST: tl.constexpr):
     return tl.dot(a, w, acc)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compile serves every batch size of a tile (graphs.py warm-ups)
 def _gemm_kernel(
     A,
     W,
@@ -85,6 +85,7 @@ def _gemm_kernel(
     stride_cm,
     stride_om,
     MODE: tl.constexpr,
+    NACC: tl.constexpr,
     HALF: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -94,7 +95,7 @@ def _gemm_kernel(
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    TWO: tl.constexpr = MODE != 0
+    TWO: tl.constexpr = NACC == 2
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     pid_m = pid % num_m
@@ -130,7 +131,7 @@ def _gemm_kernel(
     last = True
     if SPLIT_K > 1:
         tile = pid_m + num_m * pid_n
-        tile_elems: tl.constexpr = BLOCK_M * BLOCK_N * (2 if TWO else 1)
+        tile_elems: tl.constexpr = BLOCK_M * BLOCK_N * NACC
         offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         mine = WS + (tile * SPLIT_K + pid_s) * tile_elems + offs
         tl.store(mine, acc1)
@@ -316,6 +317,7 @@ def _launch(
         0 if cos is None else cos.stride(0),
         out.stride(0),
         MODE=mode,
+        NACC=1 if mode == RESIDUAL else 2,
         HALF=half,
         HAS_BIAS=bias is not None,
         BLOCK_M=tile.block_m,
@@ -380,7 +382,7 @@ def qkv_rope(
 ) -> Tensor:
     """h [T, K], w [(nh+2kvh) d, K], bias | None, cos/sin [T, d] fp32 -> [T, (nh+2kvh) d], q/k rotated."""
     if _use_kernel(h):
-        return qkv_rope_launch(h, w, bias, cos, sin, rot_heads, head_dim)
+        return qkv_rope_launch(h, w, bias, cos.contiguous(), sin.contiguous(), rot_heads, head_dim)
     return qkv_rope_ref(h, w, bias, cos, sin, rot_heads, head_dim)
 
 

@@ -153,3 +153,11 @@ def test_layer_math_fused_matches_unfused():
     # eager torch rounds silu(g) before the product with u, the kernel (as inductor) once after it
     assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-2)
     assert (got - want).abs().mean() < 1e-3
+    gate, up = mlp[3][0].chunk(2)  # gate and up apart (shared trainer weights): o and down still fuse
+    apart = (*mlp[:3], (gate, up))
+    assert torch.allclose(fused.attn_out(x, *apart, down), plain.attn_out(x, *apart, down), atol=1e-2)
+    traced = torch.compile(fused.attn_out, backend="aot_eager", fullgraph=True)  # dynamo through the ops
+    assert torch.equal(traced(x, *mlp, down), got)
+    traced_in = torch.compile(fused.attn_in, backend="aot_eager", fullgraph=True)
+    for a, b in zip(traced_in(*args), fused.attn_in(*args), strict=True):
+        assert torch.equal(a, b)
