@@ -25,6 +25,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ascent.rollout.fast.fused_gemm import SMEM_BYTES, Tile, arch_of, default_tile, pick_tile
+from ascent.rollout.fast.layers import apply_rope
+from ascent.rollout.fast.runner import compile_step  # the engine's torch.compile settings
+
 # (hidden, q heads, kv heads, head_dim, intermediate)
 SHAPES = {
     "0.5b": (896, 14, 2, 64, 4864),
@@ -94,7 +98,6 @@ def layer_inputs(shape: str, rows: int, device: torch.device) -> dict:
 
 def current_path(op: str):
     """What layers.py computes today for `op`, to be torch.compiled: (weight, *inputs) -> outputs."""
-    from ascent.rollout.fast.layers import apply_rope
 
     def qkv_rope(w, h, bias, cos, sin, rot_heads, d):
         qkv = F.linear(h, w, bias)
@@ -113,7 +116,7 @@ def current_path(op: str):
 
 
 def fused_call(op: str, tile):
-    from ascent.rollout.fast import triton_gemm as tg
+    from ascent.rollout.fast import triton_gemm as tg  # deferred: triton (the script parses args without it)
 
     if op == "qkv_rope":
         return lambda w, h, bias, cos, sin, rh, d: tg.qkv_rope_launch(h, w, bias, cos, sin, rh, d, tile)
@@ -147,14 +150,12 @@ def graph_us(fn, weights: list, inputs: tuple) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def candidates(op: str, rows: int, n: int, k: int, sms: int) -> list:
+def candidates(op: str, rows: int, n: int, k: int, sms: int, device: torch.device) -> list:
     """CONFIGS that suit `rows` (no row block over twice the rows), each unsplit and split as the rule
     would split it, plus the tile the engine picks today."""
-    from ascent.rollout.fast.fused_gemm import SMEM_BYTES, Tile, default_tile, pick_tile
-
     accs = 1 if op == "residual" else 2
     cols = n // accs
-    out = {pick_tile(op, rows, n, k, torch.device("cuda"), sms)}
+    out = {pick_tile(op, rows, n, k, device, sms)}
     for bm, bn, bk, w, st in CONFIGS:
         if bm > max(16, 2 * rows) or st * (bm + accs * bn) * bk * 2 > SMEM_BYTES + 32 * 1024:
             continue
@@ -168,12 +169,8 @@ def candidates(op: str, rows: int, n: int, k: int, sms: int) -> list:
 
 
 def sweep(args, device: torch.device) -> list[dict]:
-    from ascent.rollout.fast.fused_gemm import pick_tile
-
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    compiled = {
-        op: torch.compile(current_path(op), dynamic=True) for op in ("qkv_rope", "residual", "gate_up")
-    }
+    compiled = {op: compile_step(current_path(op)) for op in ("qkv_rope", "residual", "gate_up")}
     start, results = time.perf_counter(), []
     for shape in args.shapes:
         layer = layer_weights(shape, device)
@@ -185,7 +182,7 @@ def sweep(args, device: torch.device) -> list[dict]:
                 row["current_us"] = graph_us(compiled[op], weights, inputs)
                 chosen = pick_tile(op, rows, n, k, device, sms)
                 row["configs"] = {}
-                for tile in candidates(op, rows, n, k, sms):
+                for tile in candidates(op, rows, n, k, sms, device):
                     if time.perf_counter() - start > args.budget_s and tile != chosen:
                         continue  # out of time: only the engine's own pick from here on
                     try:
@@ -234,8 +231,6 @@ def parse(argv):
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    from ascent.rollout.fast.fused_gemm import arch_of
-
     args = parse(argv)
     device = torch.device("cuda")
     print(f"device: {torch.cuda.get_device_name(device)}  torch {torch.__version__}", flush=True)
