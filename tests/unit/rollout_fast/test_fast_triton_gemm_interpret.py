@@ -97,9 +97,10 @@ def test_qkv_rope_matches_reference(dtype, bias, heads, tile):
     _close(got, qkv_rope_ref(h, w, b, cos, sin, nh + kvh, d), dtype)
 
 
-def test_custom_ops_pick_their_tiles_and_trace():
+def test_custom_ops_pick_their_tiles_and_trace(monkeypatch):
     """The registered ops (default tiles, K split for a small product on many SMs) equal the references,
-    and their fake implementations let dynamo trace a function calling them whole (fullgraph)."""
+    their fake implementations let dynamo trace a function calling them whole (fullgraph), and past
+    MAX_ROWS rows they are the references."""
     from ascent.rollout.fast import triton_gemm as ops
     from ascent.rollout.fast.fused_gemm import gate_up_silu_ref, linear_residual_ref, pick_tile
 
@@ -115,6 +116,8 @@ def test_custom_ops_pick_their_tiles_and_trace():
     want = linear_residual_ref(gate_up_silu_ref(h, w), w[:32, :32], x[:, :32])
     _close(traced(h, w, x) - x[:, :32], want - x[:, :32], torch.float16)
     torch.library.opcheck(ops.gate_up_silu, (h, w), test_utils=("test_schema", "test_faketensor"))
+    monkeypatch.setattr(ops, "MAX_ROWS", 2)  # more rows: the references (cuBLAS's path on a GPU) run
+    assert torch.equal(ops.gate_up_silu(h, w), gate_up_silu_ref(h, w))
 
 
 def _spec(nh=4, kvh=2, d=16, hidden=64, inter=96):
