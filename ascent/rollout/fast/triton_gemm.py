@@ -56,8 +56,8 @@ def _columns(j, MODE: tl.constexpr, HALF: tl.constexpr, second):
 
 @triton.jit
 def _dot(a, w, acc, UPCAST: tl.constexpr):
-    """acc + a @ w; UPCAST (the interpreter only: triton 3.6's multiplies bf16 bit patterns as integers)
-    multiplies in fp32, exact there as the tensor cores' products are."""
+    """acc + a @ w. UPCAST (the interpreter only, whose triton 3.6 dot multiplies bf16 bit patterns as
+    integers) multiplies in fp32: exact products, as the tensor cores' are."""
     if UPCAST:
         return tl.dot(a.to(tl.float32), w.to(tl.float32), acc)
     return tl.dot(a, w, acc)
