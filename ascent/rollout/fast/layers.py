@@ -71,7 +71,8 @@ class LayerMath:
         self.splits = (spec.q_size, spec.kv_size, spec.kv_size)
         self.inter = spec.intermediate_size
         self.ops = None
-        if fused_gemm:  # deferred: triton, optional (registers the ascent:: custom ops)
+        if fused_gemm:
+            # deferred: triton, optional (the import registers the ascent:: custom ops)
             from ascent.rollout.fast import triton_gemm
 
             self.ops = triton_gemm
