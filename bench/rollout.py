@@ -13,10 +13,8 @@ more samples than decode rows, so continuous batching refills freed rows. `main(
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
-import os
 import random
 import sys
 import time
@@ -150,7 +148,6 @@ def bench_fast(args, model, device) -> dict:
         finish={r: sum(g.finish_reason == r for g in gens) for r in ("stop", "length")},
     )
     res["decode_ms_per_step"] = 1e3 * (total_s - prefill_s) / max(1, steps)
-    res["fused_gemm"] = engine.runner.math.ops is not None
     res["engine"] = engine
     return res
 
@@ -272,33 +269,8 @@ def parse(argv):
         "--attn-options", type=json.loads, default=None, help='e.g. {"block_n": 32, "num_stages": 2}'
     )
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument(
-        "--fused-gemm",
-        type=lambda s: s.split(","),
-        default=None,
-        help="on,off: one run each with the fused Triton GEMMs on/off (ASCENT_FAST_ENGINE's fused_gemm)",
-    )
     ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args(argv)
-    if args.fused_gemm and not set(args.fused_gemm) <= {"on", "off"}:
-        ap.error(f"--fused-gemm {','.join(args.fused_gemm)}: give on, off or on,off")
-    return args
-
-
-@contextlib.contextmanager
-def fused_gemm_override(variant: str | None):
-    """ASCENT_FAST_ENGINE with fused_gemm on/off over its current picks, for one run (None: unchanged)."""
-    before = os.environ.get("ASCENT_FAST_ENGINE")
-    if variant is not None:
-        picks = json.loads(before or "{}") | {"fused_gemm": variant == "on"}
-        os.environ["ASCENT_FAST_ENGINE"] = json.dumps(picks)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("ASCENT_FAST_ENGINE", None)
-        else:
-            os.environ["ASCENT_FAST_ENGINE"] = before
+    return ap.parse_args(argv)
 
 
 def report(res: dict) -> str:
@@ -315,8 +287,7 @@ def report(res: dict) -> str:
         f"      warm-up (compile+capture) {f['warmup_s']:.1f} s; peak {f['peak_gib']:.1f} GiB (KV cache "
         f"{f['kv_cache_gib']:.1f} GiB)",
         f"      mean response {f['mean_len']:.0f} tokens; finish {f['finish']}; {f['stats']}",
-        f"      attention kernel config: {res.get('chosen', res['args'].get('attn_options'))}; fused GEMMs "
-        f"{f.get('fused_gemm')}",
+        f"      attention kernel config: {res.get('chosen', res['args'].get('attn_options'))}",
     ]
     if "baseline" in res:
         b = res["baseline"]
@@ -349,20 +320,15 @@ def main(argv: list[str] | None = None) -> dict:
             page, bn, w, st, sp = min(res["attn_sweep"][1:], key=lambda r: r["us"])["config"]
             args.page_size, args.attn_options = page, dict(block_n=bn, num_warps=w, num_stages=st, splits=sp)
             res["chosen"] = dict(page_size=page, **args.attn_options)
-    for variant in args.fused_gemm or [None]:
-        with fused_gemm_override(variant):
-            fast = bench_fast(args, model, device)
-            engine = fast.pop("engine")
-            res["fast"], res["roofline"] = fast, roofline(args, model, fast, bw)
-            if args.profile:
-                res["profile"] = profile_decode(engine, args, device)
-        engine.sleep()
-        del engine
-        gc.collect()
-        torch.cuda.empty_cache()
-        if variant is not None:  # each run's numbers under its name; the last one's also as "fast"
-            res[f"fused_gemm_{variant}"] = {k: res[k] for k in ("fast", "roofline", "profile") if k in res}
-            print(f"=== fused_gemm={variant}\n{report(res)}", flush=True)
+    fast = bench_fast(args, model, device)
+    engine = fast.pop("engine")
+    res["fast"], res["roofline"] = fast, roofline(args, model, fast, bw)
+    if args.profile:
+        res["profile"] = profile_decode(engine, args, device)
+    engine.sleep()
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
     if args.baseline:
         res["baseline"] = bench_baseline(args, model, device)
         res["speedup"] = fast["tokens_per_s"] / res["baseline"]["tokens_per_s"]

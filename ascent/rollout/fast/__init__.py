@@ -2,7 +2,7 @@
 
 Map: spec.py (architecture facts, read by the model's family in ascent/models/families) -> weights.py
 (shared or owned tensors; IMPLEMENTATIONS, the layouts a family names) -> layers.py / attention.py /
-triton_decode.py / triton_gemm.py (math; fused_gemm.py: the fused GEMMs' references and tiles) -> runner.py (prefill, decode step) -> graphs.py (CUDA graphs) -> engine.py (the
+triton_decode.py (math) -> runner.py (prefill, decode step) -> graphs.py (CUDA graphs) -> engine.py (the
 engine's API) and batching.py (its loop); pages.py, prefix.py (prefix caching across requests),
 scheduler.py, sequence.py, state.py and live.py are its bookkeeping, swap.py hands the weights to
 publications between decode steps; vision.py runs a vision-language model's tower and multimodal RoPE
@@ -67,7 +67,6 @@ def build_fast_engine(
     compile: bool | None = None,
     attention: str | None = None,
     sampler: str | None = None,
-    fused_gemm: bool | None = None,
     moe_path: str | None = None,
     attn_options: dict | None = None,
     keep_sessions: bool = True,
@@ -296,7 +295,6 @@ def _runner(m: _Model, cache: KVCache, o: EngineOptions, tp: TPGroup | None) -> 
         compile=o.compile,
         attn_options=o.attn_options,
         sampler=o.sampler,
-        fused_gemm=o.fused_gemm,
         batch_invariant=o.batch_invariant,
         moe_path=o.moe_path or default_moe_path(dev, _moe_down(m.weights)),
         **tp_kw,

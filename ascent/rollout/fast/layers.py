@@ -50,32 +50,14 @@ def _linear_parts(x: Tensor, ws: tuple[Tensor, ...], bs: tuple[Tensor | None, ..
     return torch.cat([linear(x, w, bs[i] if bs else None) for i, w in enumerate(ws)], dim=-1)
 
 
-def _plain(*ws: object) -> bool:
-    """The fused kernels take plain half-precision matrices (not FP8 ones, not an MoE layer's experts)."""
-    half = (torch.bfloat16, torch.float16)
-    return all(isinstance(w, Tensor) and w.dim() == 2 and w.dtype in half for w in ws)
-
-
 class LayerMath:
-    """The layer functions for one architecture; the spec's sizes are constants for the compiler.
+    """The layer functions for one architecture; the spec's sizes are constants for the compiler."""
 
-    `fused_gemm` (EngineOptions.fused_gemm): the products run as Triton GEMMs with the elementwise work
-    around them in their epilogues (triton_gemm.py): q/k/v + bias + RoPE, o_proj + residual, gate/up +
-    SiLU*up, down_proj + residual. What the kernels do not take keeps the cuBLAS path: FP8 weights,
-    Qwen3's q/k norms, q/k/v or gate/up held as separate matrices (shared trainer weights: the other
-    products still fuse), RoPE tables or a residual stream not in fp32."""
-
-    def __init__(self, spec: ModelSpec, fused_gemm: bool = False):
+    def __init__(self, spec: ModelSpec):
         self.nh, self.kvh, self.d = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.eps = spec.rms_eps
         self.splits = (spec.q_size, spec.kv_size, spec.kv_size)
         self.inter = spec.intermediate_size
-        self.ops = None
-        if fused_gemm:
-            # deferred: triton, optional (the import registers the ascent:: custom ops)
-            from ascent.rollout.fast import triton_gemm
-
-            self.ops = triton_gemm
 
     def attn_in(
         self,
@@ -91,15 +73,8 @@ class LayerMath:
         """x [T, H] -> q [T, nh, d], k [T, kvh, d], v [T, kvh, d] (normed, projected, rotated), in the
         weights' dtype; cos/sin [T, d] (fp32 tables: the rotation runs in fp32, see `apply_rope`)."""
         h = rms_norm(x, ln_w, self.eps).to(qkv_w[0].dtype)
-        t, nq = h.shape[0], self.nh + self.kvh
-        fused = self.ops is not None and q_norm is None and len(qkv_w) == 1 and _plain(*qkv_w)
-        if fused and cos.dtype == torch.float32:  # one kernel: product, bias, RoPE (q/k/v views of it)
-            assert self.ops is not None
-            qkv = self.ops.qkv_rope(h, qkv_w[0], qkv_b[0], cos, sin, nq, self.d)
-            heads = qkv.view(t, nq + self.kvh, self.d)
-            return heads[:, : self.nh], heads[:, self.nh : nq], heads[:, nq:]
         qkv = _linear_parts(h, qkv_w, qkv_b if qkv_b[0] is not None else None)
-        dt = qkv.dtype
+        t, nq, dt = qkv.shape[0], self.nh + self.kvh, qkv.dtype
         v = qkv[:, nq * self.d :].view(t, self.kvh, self.d)
         if q_norm is None:  # rotate q and k together: one fused kernel, q and k are views of its output
             qk = apply_rope(qkv[:, : nq * self.d].view(t, nq, self.d), cos, sin, dt)
@@ -120,16 +95,6 @@ class LayerMath:
         down_w: Tensor,
     ) -> Tensor:
         """x [T, H] residual, attn [T, nh*d] -> x after o_proj, residual add and the SwiGLU MLP."""
-        ops = self.ops
-        if ops is not None and x.dtype == torch.float32 and _plain(o_w, down_w):
-            x = ops.linear_residual(attn, o_w, x)  # o + residual, gate/up + SiLU*up, down + residual
-            h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
-            if len(gate_up_w) == 1 and _plain(*gate_up_w):
-                act = ops.gate_up_silu(h, gate_up_w[0])
-            else:  # gate and up held apart (a trainer's shared modules): cuBLAS, SiLU*up by the compiler
-                gate, up = _linear_parts(h, gate_up_w, None).split(self.inter, dim=-1)
-                act = F.silu(gate) * up
-            return ops.linear_residual(act, down_w, x)
         x = x + linear(attn, o_w)
         h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
         gu = _linear_parts(h, gate_up_w, None)

@@ -266,7 +266,6 @@ class MoeLayerMath(LayerMath):
         return x + self.experts(h, ids, weights, gate_up, down_w), ids
 
 
-def layer_math(spec: ModelSpec, moe_path: str = "dense", fused_gemm: bool = False) -> LayerMath:
-    """The layer functions of `spec`'s architecture: with routed experts (computed by `moe_path`) or dense
-    (through the fused Triton GEMMs where `fused_gemm`: dense models only, an MoE model keeps cuBLAS)."""
-    return MoeLayerMath(spec, moe_path) if spec.is_moe else LayerMath(spec, fused_gemm)
+def layer_math(spec: ModelSpec, moe_path: str = "dense") -> LayerMath:
+    """The layer functions of `spec`'s architecture: with routed experts (computed by `moe_path`) or dense."""
+    return MoeLayerMath(spec, moe_path) if spec.is_moe else LayerMath(spec)

@@ -24,25 +24,9 @@ from ascent.rollout.fast.moe import experts_path
 from ascent.rollout.fast.tensor_parallel import TPGroup
 from ascent.rollout.fast.tp_comm import check_allreduce
 
-DEBUG_KEYS = (
-    "cuda_graphs",
-    "compile",
-    "attention",
-    "sampler",
-    "moe_path",
-    "vocab_parallel",
-    "tp_allreduce",
-    "fused_gemm",
-)
-# the paths whose results depend on the batch's shape, off in the batch-invariant mode (runner.py; the
-# fused GEMMs' tiles and K splits follow the batch size)
-BATCH_INVARIANT = {
-    "cuda_graphs": False,
-    "compile": False,
-    "attention": "torch",
-    "sampler": "torch",
-    "fused_gemm": False,
-}
+DEBUG_KEYS = ("cuda_graphs", "compile", "attention", "sampler", "moe_path", "vocab_parallel", "tp_allreduce")
+# the paths whose results depend on the batch's shape, off in the batch-invariant mode (runner.py)
+BATCH_INVARIANT = {"cuda_graphs": False, "compile": False, "attention": "torch", "sampler": "torch"}
 
 
 @dataclass(frozen=True)
@@ -73,11 +57,6 @@ class EngineOptions:
     # "triton" (the default where CUDA has triton) or "torch": the attention kernels and the sampler
     attention: str
     sampler: str
-    # a dense layer's products as Triton GEMMs with the elementwise work around them fused in (q/k/v + bias +
-    # RoPE, o and down + residual, gate/up + SiLU*up: triton_gemm.py); None picks it on CUDA with triton,
-    # Triton attention, bf16/fp16, no FP8 and one GPU per replica (FP8, Qwen3's q/k norms, MoE layers and
-    # tensor-parallel shards always take the cuBLAS path)
-    fused_gemm: bool
     # tune the Triton decode kernel (splits, block_n, num_warps, num_stages), and with its "prefill" entry
     # (block_m, block_n, num_warps, num_stages) the paged prefill kernel
     attn_options: dict | None
@@ -138,12 +117,6 @@ def engine_options(args: Mapping[str, Any]) -> EngineOptions:
         check_fp8_device(dev)
     on_cuda = dev.type == "cuda"
     kernels = "triton" if on_cuda and _has_triton() else "torch"
-    attention = picked["attention"] or kernels
-    fused_gemm = picked["fused_gemm"]
-    if fused_gemm is None:
-        half = dtype in (torch.bfloat16, torch.float16)
-        fused_gemm = kernels == attention == "triton" and half
-    fused_gemm = bool(fused_gemm) and not fp8 and tp_size == 1  # never for these, whatever was asked
     return EngineOptions(
         device=dev,
         dtype=dtype,
@@ -155,9 +128,8 @@ def engine_options(args: Mapping[str, Any]) -> EngineOptions:
         max_prefill_tokens=args["max_prefill_tokens"],
         cuda_graphs=on_cuda if picked["cuda_graphs"] is None else picked["cuda_graphs"],
         compile=on_cuda if picked["compile"] is None else picked["compile"],
-        attention=attention,
+        attention=picked["attention"] or kernels,
         sampler=picked["sampler"] or kernels,
-        fused_gemm=fused_gemm,
         attn_options=args["attn_options"],
         moe_path=picked["moe_path"],
         # a shard is a copy, and FP8 weights are the engine's own: never the trainer's tensors
@@ -206,8 +178,8 @@ def check_options(args: Mapping[str, Any], tp_size: int) -> Literal["continue", 
 
 def debug_overrides(values: dict[str, Any]) -> dict[str, Any]:
     """ASCENT_FAST_ENGINE='{"cuda_graphs": false, "compile": false, "attention": "torch", "sampler": "torch",
-    "moe_path": "dense", "vocab_parallel": false, "tp_allreduce": "nccl", "fused_gemm": false}' switches
-    engine parts off (or picks them) for a whole run, to locate a problem (BENCHMARKS.md, logprob agreement): `values` (by the
+    "moe_path": "dense", "vocab_parallel": false, "tp_allreduce": "nccl"}' switches engine parts off (or
+    picks them) for a whole run, to locate a problem (BENCHMARKS.md, logprob agreement): `values` (by the
     names of DEBUG_KEYS) with the environment's picks over them."""
     picks = json.loads(os.environ.get("ASCENT_FAST_ENGINE", "{}"))
     return {k: picks.get(k, v) for k, v in values.items()}

@@ -67,13 +67,11 @@ class ModelRunner:
         allowed: Tensor | None = None,
         batch_invariant: bool = False,
         moe_path: str = "dense",
-        fused_gemm: bool = False,
     ):
         """`mrope_rows` [head_dim] (vision.py): a vision-language model's multimodal RoPE layout;
         `allowed` [V] bool: the tokens it may sample (its image pads never), None for a text model;
         `batch_invariant`: every row's forward runs alone (module doc), so its results do not depend on
-        the other rows; `moe_path`: how an MoE layer computes its experts ("dense" or "routed", moe.py);
-        `fused_gemm`: a dense layer's products through the fused Triton GEMMs (layers.LayerMath)."""
+        the other rows; `moe_path`: how an MoE layer computes its experts ("dense" or "routed", moe.py)."""
         self.spec, self.w, self.cache = spec, weights, cache
         self.mrope_rows, self.allowed = mrope_rows, allowed
         self.cos, self.sin = rope
@@ -82,7 +80,7 @@ class ModelRunner:
         self.attention, self.attn_options = attention, dict(attn_options or {})
         self.prefill_options = self.attn_options.pop("prefill", {})
         self.paged_prefill = attention == "triton"  # cached-prefix prefill through triton_prefill.py
-        self.math, self.sampler = layer_math(spec, moe_path, fused_gemm), sampler
+        self.math, self.sampler = layer_math(spec, moe_path), sampler
         self.attn_in, self.attn_out, self.logits, self.sample = (
             self.math.attn_in,
             self.math.attn_out,

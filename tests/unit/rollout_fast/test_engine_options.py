@@ -37,39 +37,7 @@ def test_cpu_defaults() -> None:
     assert (o.device, o.dtype) == (torch.device("cpu"), torch.float32)
     assert (o.cuda_graphs, o.compile, o.attention, o.sampler) == (False, False, "torch", "torch")
     assert (o.moe_path, o.vocab_parallel, o.share_weights, o.on_swap) == (None, False, None, "continue")
-    assert not o.fp8 and not o.fused_gemm
-
-
-def test_fused_gemm_default_and_override(monkeypatch) -> None:
-    """Off on CPU, asked for through ASCENT_FAST_ENGINE; never under FP8, tensor parallelism or the
-    batch-invariant mode (tiles follow the batch size)."""
-    assert engine_options(_args(dtype="bf16")).fused_gemm is False
-    monkeypatch.setenv("ASCENT_FAST_ENGINE", json.dumps({"fused_gemm": True}))
-    assert engine_options(_args(dtype="bf16")).fused_gemm is True
-    assert engine_options(_args(dtype="bf16", fused_gemm=False)).fused_gemm is True  # the override wins
-    assert engine_options(_args(tensor_parallel=2)).fused_gemm is False
-    assert engine_options(_args(quantization="fp8")).fused_gemm is False
-    assert engine_options(_args(batch_invariant=True)).fused_gemm is False
-    monkeypatch.delenv("ASCENT_FAST_ENGINE")
-    assert engine_options(_args(dtype="bf16", fused_gemm=True)).fused_gemm is True
-
-
-def test_fused_gemm_defaults_on_for_half_precision_triton_on_cuda(monkeypatch) -> None:
-    """The CUDA default, resolved without a GPU: on for bf16/fp16 with Triton attention, off for fp32,
-    torch attention and FP8."""
-    from ascent.rollout.fast import options
-
-    monkeypatch.setattr(options, "resolve_device", lambda _: torch.device("cuda", 0))
-    monkeypatch.setattr(options, "compute_dtype", lambda name, _: getattr(torch, name))
-    monkeypatch.setattr(options, "check_fp8_device", lambda _: None)
-    monkeypatch.setattr(options, "_has_triton", lambda: True)
-    assert engine_options(_args(dtype="bfloat16")).fused_gemm is True
-    assert engine_options(_args(dtype="float16")).fused_gemm is True
-    assert engine_options(_args(dtype="float32")).fused_gemm is False
-    assert engine_options(_args(dtype="bfloat16", attention="torch")).fused_gemm is False
-    assert engine_options(_args(dtype="bfloat16", quantization="fp8")).fused_gemm is False
-    monkeypatch.setattr(options, "_has_triton", lambda: False)
-    assert engine_options(_args(dtype="bfloat16")).fused_gemm is False
+    assert not o.fp8
 
 
 def test_debug_overrides_pick_over_arguments_and_batch_invariance_over_both(monkeypatch) -> None:
