@@ -54,7 +54,9 @@ def test_record_then_replay_own_experts_is_the_same_forward(moe_path):
         used = rec.take().long()
     # the recorder hooks run after the replay's: they see the experts the forward used
     assert torch.equal(used[3:], other[3:]) and torch.equal(used[:3], routes[:3].long())
-    assert torch.equal(changed[0, :1], want[0, :1])  # token 0 attends to itself only: its own experts
+    # token 0 attends to itself only and keeps its own experts: the same output up to rounding (an
+    # expert's matmul over another number of rows may round differently on some CPUs' BLAS kernels)
+    torch.testing.assert_close(changed[0, :1], want[0, :1], rtol=1e-5, atol=1e-6)
     assert not torch.allclose(changed[0, 3:], want[0, 3:])
     with torch.no_grad():
         torch.testing.assert_close(_forward(model, ids), want, atol=0, rtol=0)  # hooks idle outside
