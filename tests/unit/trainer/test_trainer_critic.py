@@ -66,7 +66,9 @@ def test_values_align_with_response_tokens(tiny_path):
     changed_last.response_ids[-1] = (changed_last.response_ids[-1] + 1) % 60 + 4
     changed_prompt = make_samples(8, seed=2)[0]
     changed_prompt.prompt_ids[-1] = (changed_prompt.prompt_ids[-1] + 1) % 60 + 4
-    base, last, prompt = worker.compute_values([s, changed_last, changed_prompt])
+    # one forward each, of the same shape: bitwise equality then says the last token is not read at all (in
+    # one packed batch the two would sit at other rows and offsets, where kernels may round differently)
+    base, last, prompt = (worker.compute_values([x])[0] for x in (s, changed_last, changed_prompt))
     assert last == base
     assert all(a != b for a, b in zip(prompt, base, strict=True))
 
