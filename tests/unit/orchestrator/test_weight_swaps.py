@@ -80,11 +80,21 @@ def replica(tmp_path_factory):
     return RolloutWorker(EngineSpec("fast", path, path, device="cpu", options=options))
 
 
+@pytest.fixture()
+def one_thread():
+    """torch at one intra-op thread for this test only: set_num_threads is process-wide, and left at 1 it
+    would change the thread count (so the float rounding of some kernels) of every later test in the run."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_thread")
 def test_a_publication_lands_between_decode_steps_of_a_replicas_call(replica, monkeypatch):
     """The controller's publication (update_weights, sent alongside on Ray) arrives while the replica's
     generate call runs: it waits for the next decode step boundary, the call carries on with the new weights,
     and each token records the version that sampled it."""
-    torch.set_num_threads(1)
     engine = replica.engine
     start = {n: t.clone() for n, t in engine.weights.targets.items()}
     replica.update_weights(start, version=4)

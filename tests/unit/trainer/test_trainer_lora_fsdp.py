@@ -148,9 +148,12 @@ def test_lora_fsdp_matches_one_process_and_resumes_from_adapter_shards(tiny_path
     want = load_file(str(single_export / ADAPTER_DIR / "adapter_model.safetensors"))
     got = load_file(str(export / ADAPTER_DIR / "adapter_model.safetensors"))
     assert got.keys() == want.keys() and got
+    # two Adam steps at lr 5e-2 turn the ranks' other summation order into adapter differences of up to
+    # 9.8e-6 (AVX-512, 2 threads; 1.7e-6 on the SSE4.2 path at 1 thread): 1e-5 was one CPU away from failing.
+    # A rank's gradient lost or doubled, or a misplaced shard, moves entries by ~lr.
     for name, t in want.items():
-        torch.testing.assert_close(got[name], t, atol=1e-5, rtol=0, msg=name)
+        torch.testing.assert_close(got[name], t, atol=1e-4, rtol=0, msg=name)
     merged = load_file(str(export / "model.safetensors"))
     for name, t in load_file(str(single_export / "model.safetensors")).items():
-        torch.testing.assert_close(merged[name], t, atol=1e-5, rtol=0, msg=name)
+        torch.testing.assert_close(merged[name], t, atol=1e-4, rtol=0, msg=name)
     assert (export / ADAPTER_SHARDS_DIR / ".metadata").is_file()  # the resume state, export or not

@@ -174,8 +174,11 @@ def test_the_update_does_not_depend_on_packing_or_on_images_shared_in_a_row(vl):
     assert a["micro_batches"] == 1 < b["micro_batches"]
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
     after = dict(apart.model.named_parameters())
+    # Adam's first step scales the packings' summation noise by up to lr / eps = 100: 4.3e-7 measured (SSE4.2
+    # path), too close to 1e-6 for other CPUs (test_trainer_policy's split test says the same); a wrong step
+    # moves weights by ~lr = 1e-2
     for name, p in one_row.model.named_parameters():
-        torch.testing.assert_close(p, after[name], atol=1e-6, rtol=0, msg=name)
+        torch.testing.assert_close(p, after[name], atol=1e-5, rtol=0, msg=name)
 
 
 @pytest.mark.parametrize("vl", ["qwen3_vl"], indirect=True)
