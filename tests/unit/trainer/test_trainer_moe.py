@@ -91,7 +91,10 @@ def test_replay_keeps_the_gap_within_dense_bounds(moe_path, tiny_path):
     worker = PolicyWorker(moe_path, device="cpu")
     fp32 = _sampled(moe_path, "fp32")
     assert _gap(worker, fp32, replay=True) <= FP32_BOUND
-    assert _gap(worker, fp32, replay=False) <= FP32_BOUND  # same dtype: the same routes, replay or not
+    # same dtype: the same routes, replay or not, unless a near-tied router (this checkpoint's top-2 cut is
+    # ~5 fp32 ulps wide at its narrowest) flips on another CPU's rounding; then replay alone is the bound
+    if _flipped_tokens(worker, fp32) == 0:
+        assert _gap(worker, fp32, replay=False) <= FP32_BOUND
 
     bf16 = _sampled(moe_path, "bf16")
     assert _flipped_tokens(worker, bf16) > 0  # the bf16 sampler routed some tokens elsewhere
