@@ -67,9 +67,10 @@ class ClusterConfig(Section):
         True,
         description="Colocated placement: the fast engine frees its KV cache and weights through the "
         "trainer's logprob passes and update (true). false keeps it awake, its KV cache and CUDA graphs "
-        "kept (no reallocation or recapture per iteration); on Ray with rollout.max_staleness >= 1 it then generates the next iterations while the trainer updates on the "
-        "same GPU (both resident at once: `ascent doctor` sums them), and publications land between decode "
-        "steps (rollout.swap_mid_generation).",
+        "kept (no reallocation or recapture per iteration); on Ray with rollout.max_staleness >= 1 it then "
+        "generates the next iterations while the trainer updates on the same GPU (both resident at once: "
+        "`ascent doctor` sums them), and publications land between decode steps "
+        "(rollout.swap_mid_generation).",
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of the workers.")
     worker_timeout_s: float = Field(
