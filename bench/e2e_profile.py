@@ -92,12 +92,12 @@ def summarize(kernels: dict[str, float], walls: dict[str, float]) -> dict[str, A
     cats: dict[str, float] = {}
     for k, s in kernels.items():
         cats[category(k)] = cats.get(category(k), 0.0) + s
-    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:15]
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:40]
     return {
         "wall_s": walls,
         "kernel_s": sum(kernels.values()),
         "categories_s": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
-        "top_kernels_s": [(k[:100], s) for k, s in top],
+        "top_kernels_s": [(k[:160], s) for k, s in top],
     }
 
 

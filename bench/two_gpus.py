@@ -370,6 +370,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     ap.add_argument("--trainer-compile", choices=["auto", "on", "off"], default="auto")
     ap.add_argument(
+        "--mps",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="cluster.mps (overlap modes: MPS or time slices)",
+    )
+    ap.add_argument(
         "--grad-ckpt",
         action=argparse.BooleanOptionalAction,
         default=True,

@@ -18,6 +18,7 @@ import e2e_workload as W  # noqa: E402
 
 TRAIN_MODES = (
     "one_gpu",
+    "one_gpu_awake",
     "colocated2",
     "split_async2",
     "seven_b",
@@ -25,6 +26,8 @@ TRAIN_MODES = (
     "overlap2",
     "colocated4",
     "overlap4",
+    "awake2",
+    "awake4",
 )
 MODES = (*TRAIN_MODES, "publish")
 GIB = 2**30
@@ -47,6 +50,9 @@ class Layout:
 
 LAYOUTS = {
     "one_gpu": Layout("inline", "colocated", 1, 1, 0, "none", 1, "inline, trainer + engine on 1 GPU"),
+    "one_gpu_awake": Layout(
+        "inline", "colocated", 1, 1, 0, "none", 1, "inline, engine awake through the update", False
+    ),
     "colocated2": Layout("ray", "colocated", 2, 2, 0, "fsdp", 2, "Ray colocated, 2 FSDP ranks + 2 replicas"),
     "split_async2": Layout(
         "ray", "split", 1, 1, 1, "none", 2, "Ray split, trainer GPU + engine GPU, staleness 1"
@@ -62,6 +68,13 @@ LAYOUTS = {
     "colocated4": Layout("ray", "colocated", 4, 4, 0, "fsdp", 4, "Ray colocated, 4 FSDP ranks + 4 replicas"),
     "overlap4": Layout(
         "ray", "colocated", 4, 4, 1, "fsdp", 4, "Ray colocated x4, engine awake, staleness 1", False
+    ),
+    # generation and update in turn (staleness 0) with the engines kept awake: no sleep, wake or recapture
+    "awake2": Layout(
+        "ray", "colocated", 2, 2, 0, "fsdp", 2, "Ray colocated x2, engine awake, staleness 0", False
+    ),
+    "awake4": Layout(
+        "ray", "colocated", 4, 4, 0, "fsdp", 4, "Ray colocated x4, engine awake, staleness 0", False
     ),
 }
 
@@ -182,6 +195,7 @@ def run_config(args: argparse.Namespace, mode: str, shape: str) -> Any:
                 "backend": lay.backend,
                 "placement": lay.placement,
                 "engine_sleeps": lay.engine_sleeps,
+                "mps": args.mps,
                 "num_trainer_workers": lay.trainers,
                 "num_rollout_workers": lay.replicas,
                 "gpus_per_worker": 1.0 if cuda and ray else 0.0,

@@ -72,6 +72,15 @@ class ClusterConfig(Section):
         "`ascent doctor` sums them), and publications land between decode steps "
         "(rollout.swap_mid_generation).",
     )
+    mps: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="CUDA MPS on Ray GPUs: without it, processes sharing a GPU run their kernels in turns "
+        "(time slices). `auto`: where trainer ranks and replicas compute at once on the same GPUs (colocated, "
+        "engine_sleeps=false, rollout.max_staleness >= 1) on a local Ray cluster, ascent starts an MPS daemon "
+        "of its own for the run (private pipe directory, stopped at the end), or uses the node's; without "
+        "`nvidia-cuda-mps-control` it logs why and runs time-sliced. `on`: for every Ray GPU run, and an error "
+        "if MPS cannot start. `off`: never. A joined cluster (cluster.address) runs its nodes' own MPS.",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of the workers.")
     worker_timeout_s: float = Field(
         1800.0, gt=0, description="Fail a worker call that takes longer than this."

@@ -51,6 +51,7 @@ def check_run_config(cfg: RunConfig) -> None:
     """Raise ValueError listing every broken cross-field rule of `cfg` (nothing when all hold)."""
     problems = _batch_rules(cfg) + _algorithm_rules(cfg) + ignored_run_settings(cfg) + reward_model_rules(cfg)
     problems += replay_rules(cfg) + _adapter_publication_rules(cfg) + action_head_rules(cfg)
+    problems += _mps_rules(cfg)
     if problems:
         raise ValueError("\n".join(problems))
 
@@ -72,6 +73,7 @@ RL_ONLY_CLUSTER_FIELDS = (
     "trainer_gpus",
     "rollout_gpus",
     "reward_model_gpus",
+    "mps",
 )
 
 
@@ -212,6 +214,31 @@ def _placement_rules(cfg: RunConfig) -> list[str]:
             "or tensor_parallel=1."
         )
     return out
+
+
+def _mps_rules(cfg: RunConfig) -> list[str]:
+    """cluster.mps=on starts a daemon on the driver's node for Ray workers on GPUs; anything else cannot use
+    it (`auto` quietly skips those runs)."""
+    c = cfg.cluster
+    if c.mps != "on":
+        return []
+    if c.backend != "ray":
+        return [
+            "cluster.mps=on: MPS lets several processes share a GPU at once, and backend=inline runs one; "
+            "set cluster.backend=ray or cluster.mps=auto."
+        ]
+    if c.device == "cpu" or c.gpus_per_worker <= 0:
+        return [
+            "cluster.mps=on: the workers have no GPUs (cluster.device=cpu or cluster.gpus_per_worker=0); "
+            "give them GPUs or set cluster.mps=auto."
+        ]
+    if c.address:
+        return [
+            f"cluster.mps=on: ascent would start the daemon on this node only, and cluster.address="
+            f"{c.address!r} joins a cluster of other nodes too; run `nvidia-cuda-mps-control -d` on each node "
+            "before `ray start` (its workers then use it) and leave cluster.mps=auto."
+        ]
+    return []
 
 
 def _adapter_publication_rules(cfg: RunConfig) -> list[str]:

@@ -6,7 +6,9 @@ to disk, and how many GPUs it spans.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
+from ascent.cluster.mps import CONTROL, node_daemon, overlaps_on_gpu
 from ascent.config.schema import RunConfig
 from ascent.doctor.cluster import demand
 from ascent.doctor.memory import (
@@ -140,6 +142,36 @@ def check_awake_engine(cfg: RunConfig) -> CheckResult | None:
         "cluster.engine_sleeps=false keeps the engine's memory through the update, but "
         "rollout.max_staleness=0 gives the engine nothing to generate during the update",
         "set rollout.max_staleness=1, or leave cluster.engine_sleeps=true.",
+    )
+
+
+def check_mps(cfg: RunConfig, control_found: bool | None = None) -> CheckResult | None:
+    """Where trainer ranks and replicas compute at once on the same GPUs, whether they will do it under MPS
+    (`cluster.mps`, `ascent.cluster.mps`) or take turns in the GPU's time slices. `control_found`: whether
+    nvidia-cuda-mps-control is on PATH (None: look)."""
+    c = cfg.cluster
+    overlap = overlaps_on_gpu(
+        c.backend, c.placement, c.engine_sleeps, cfg.rollout.max_staleness, c.gpus_per_worker, c.device
+    )
+    if not overlap:
+        return None
+    slices = "trainer ranks and replicas sharing a GPU will take turns on it (time slices)"
+    if c.mps == "off":
+        return warn(
+            "mps", f"cluster.mps=off: {slices}", "set cluster.mps=auto to run them at once under MPS."
+        )
+    if c.address:
+        return ok("mps", "a joined cluster: its workers use MPS where its nodes run it (cluster.mps docs)")
+    if existing := node_daemon():
+        return ok("mps", f"the workers will use the MPS daemon this node runs ({existing})")
+    found = shutil.which(CONTROL) is not None if control_found is None else control_found
+    if found:
+        return ok("mps", "ascent starts an MPS daemon for the run: trainer and replica compute at once")
+    return warn(
+        "mps",
+        f"{CONTROL} not found: {slices}; on 4x H200 a 1.5B iteration took 4.14 s so, 3.57 s under MPS",
+        "install the NVIDIA driver's utilities (the package that has nvidia-smi usually has it), or set "
+        "cluster.mps=off to accept time slices.",
     )
 
 

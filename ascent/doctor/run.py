@@ -111,6 +111,7 @@ def run_checks(
     checks = (
         plan.check_micro_batch(cfg),
         plan.check_awake_engine(cfg),
+        plan.check_mps(cfg),
         plan.check_sequence_parallel(cfg, shape),
     )
     report.results += [r for r in checks if r]

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from ascent.cluster import make_worker_group
 from ascent.cluster.base import W
+from ascent.cluster.errors import ClusterConfigError
 from ascent.cluster.hosts import IsolationPolicy, ProcessHosts, default_workers
+from ascent.cluster.mps import MpsDaemon, MpsUnavailable, node_daemon, overlaps_on_gpu, start_mps
 from ascent.config.schema import RunConfig
 from ascent.config.sources import AgentSourceConfig, EnvSourceConfig
 from ascent.data import image_codec, load_rows, render_prompts, validate_rows
@@ -129,9 +131,11 @@ class WorkerGroups:
     reward_model: WorkerGroup[RewardModelWorker] | None = None  # reward.model's scorer
     judge: WorkerGroup[RolloutWorker] | None = None  # reward.judge's own engine (None: none, or the policy)
     placement_group: Any = None  # the colocated groups' shared Ray placement group, released at shutdown
+    mps: MpsDaemon | None = None  # the run's own MPS daemon (cluster.mps), stopped after the workers
 
     def shutdown(self) -> None:
-        """Stop every worker, then free the shared bundles (a second build in this process can reuse them)."""
+        """Stop every worker, then free the shared bundles (a second build in this process can reuse them)
+        and stop the run's MPS daemon."""
         for group in (self.rollout, self.trainer, self.critic, self.reward_model, self.judge):
             if group is not None:
                 group.shutdown()
@@ -140,11 +144,43 @@ class WorkerGroups:
 
             remove_placement_group(self.placement_group)
             self.placement_group = None
+        if self.mps is not None:
+            self.mps.stop()
 
 
 def needs_reference(cfg: RunConfig) -> bool:
     """A frozen reference policy is loaded only when a KL term (loss or reward penalty) uses it."""
     return cfg.algorithm.kl_loss_coef > 0 or cfg.algorithm.kl_penalty_coef > 0
+
+
+def mps_daemon(cfg: RunConfig) -> MpsDaemon | None:
+    """`cluster.mps` for a Ray run: a daemon of its own (`ascent.cluster.mps`), or None where MPS is not
+    wanted, the node already runs one, or (`auto`) it cannot start here (logged)."""
+    c = cfg.cluster
+    overlap = overlaps_on_gpu(
+        c.backend, c.placement, c.engine_sleeps, cfg.rollout.max_staleness, c.gpus_per_worker, c.device
+    )
+    if c.mps == "off" or c.backend != "ray" or (c.mps == "auto" and not overlap):
+        return None
+    if c.address:  # `on` with an address is a config rule; `auto` leaves a joined cluster's nodes alone
+        log.info("cluster.mps=auto: the joined cluster's workers use MPS where its nodes run it")
+        return None
+    if existing := node_daemon():
+        log.info("MPS: the workers use the daemon this node runs (pipe directory %s)", existing)
+        return None
+    try:
+        return start_mps()
+    except MpsUnavailable as e:
+        if c.mps == "on":
+            raise ClusterConfigError(
+                f"cluster.mps=on: {e}. Install the NVIDIA driver's utilities, or set cluster.mps=off."
+            ) from None
+        log.warning(
+            "cluster.mps=auto: MPS is not available (%s); trainer ranks and replicas sharing a GPU take "
+            "turns on it (time slices) instead of computing at once",
+            e,
+        )
+        return None
 
 
 def distill_teacher(cfg: RunConfig) -> str | None:
@@ -161,7 +197,22 @@ def reads_sum_pi_squared(cfg: RunConfig) -> bool:
 
 def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     """The rollout, trainer, (for GAE) critic and (reward.model, reward.judge) reward worker groups, inline
-    or as Ray actors."""
+    or as Ray actors; with `cluster.mps` the run's MPS daemon too (`mps_daemon`)."""
+    c = cfg.cluster
+    plan = placement_of(cfg)
+    shared = _start_ray(cfg, plan) if c.backend == "ray" else None
+    mps = mps_daemon(cfg)
+    try:
+        groups = _build_groups(cfg, plan, shared, mps)
+    except BaseException:
+        if mps is not None:
+            mps.stop()
+        raise
+    groups.mps = mps
+    return groups
+
+
+def _build_groups(cfg: RunConfig, plan: Placement, shared: Any, mps: MpsDaemon | None) -> WorkerGroups:
     from ascent.orchestrator import specs  # imports torch (see top)
     from ascent.orchestrator.workers import (  # deferred: imports torch
         CriticWorkerActor,
@@ -171,8 +222,6 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     )
 
     c = cfg.cluster
-    plan = placement_of(cfg)
-    shared = _start_ray(cfg, plan) if c.backend == "ray" else None
     steps = cfg.iterations * optimizer_steps_per_iteration(cfg)
     common: dict[str, Any] = {
         "backend": c.backend,
@@ -181,6 +230,7 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
         "num_cpus_per_worker": c.cpus_per_worker,
         "log_level": cfg.tracking.log_level,
         **({"placement_group": shared} if shared is not None else {}),
+        **({"env": mps.env()} if mps is not None else {}),
     }
 
     def trainer_group(cls: type[W], name: str, init: dict[str, Any], gpus: float) -> WorkerGroup[W]:
