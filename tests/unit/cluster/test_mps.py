@@ -58,20 +58,24 @@ def test_the_default_directory_counts_only_with_its_control_pipe(monkeypatch, tm
 
 
 # ------------------------------------------------------------------------------------ a fake control daemon
-def fake_control(tmp_path: Path, d_exit: int = 0, d_stderr: str = "", servers: str = "4242") -> Path:
+def fake_control(
+    tmp_path: Path, d_exit: int = 0, d_stderr: str = "", servers: str = "4242", d_sleep: float = 0
+) -> Path:
     """An executable standing in for nvidia-cuda-mps-control: appends {argv, stdin, env} per call to
-    calls.jsonl; `-d` exits `d_exit` (printing `d_stderr`); `get_server_list` answers `servers`."""
+    calls.jsonl; `-d` sleeps `d_sleep` s, then exits `d_exit` (printing `d_stderr`); `get_server_list`
+    answers `servers`."""
     script = tmp_path / "nvidia-cuda-mps-control"
     script.write_text(
         f"#!{sys.executable}\n"
         + textwrap.dedent(
             f"""
-            import json, os, sys
+            import json, os, sys, time
             args = sys.argv[1:]
             stdin = "" if args else sys.stdin.read()  # `-d` gets no input: never read the terminal
             with open({str(tmp_path / "calls.jsonl")!r}, "a") as f:
                 f.write(json.dumps({{"argv": args, "stdin": stdin, "env": dict(os.environ)}}) + "\\n")
             if args == ["-d"]:
+                time.sleep({d_sleep})
                 sys.stderr.write({d_stderr!r})
                 sys.exit({d_exit})
             if stdin.strip() == "get_server_list":
@@ -181,6 +185,34 @@ def test_no_server_for_the_probe_quits_the_daemon_and_leaves_nothing(tmp_path, r
     with pytest.raises(MpsUnavailable, match="no MPS server started"):
         start_mps(control=str(fake_control(tmp_path, servers="")), probe=lambda env: None)
     assert [c["stdin"] for c in calls(tmp_path)] == ["", "get_server_list\n", "quit\n"]
+    assert not roots[0].exists()
+
+
+def test_a_control_that_does_not_execute_leaves_nothing(tmp_path, roots, no_atexit):
+    """Found on PATH, but exec fails (here a broken interpreter line): MpsUnavailable, not an OSError that
+    `auto` would not catch, and the directories gone."""
+    control = tmp_path / "nvidia-cuda-mps-control"
+    control.write_text("#!/nonexistent/interpreter\n")
+    control.chmod(0o755)
+    with pytest.raises(MpsUnavailable, match="-d could not run"):
+        start_mps(control=str(control), probe=lambda env: pytest.fail("probed without a daemon"))
+    assert not roots[0].exists() and no_atexit == []
+
+
+def test_a_daemon_start_that_hangs_is_quit_and_leaves_nothing(tmp_path, roots, no_atexit):
+    control = fake_control(tmp_path, d_sleep=60)
+    with pytest.raises(MpsUnavailable, match=r"-d did not return within 0.5 s"):
+        start_mps(
+            control=str(control), probe=lambda env: pytest.fail("probed without a daemon"), timeout_s=0.5
+        )
+    assert [c["stdin"] for c in calls(tmp_path)] == ["", "quit\n"]  # it may have started after all
+    assert not roots[0].exists()
+
+
+def test_a_control_that_stops_answering_is_unavailable_and_leaves_nothing(tmp_path, roots, no_atexit):
+    control = fake_control(tmp_path)
+    with pytest.raises(MpsUnavailable, match="did not answer get_server_list"):
+        start_mps(control=str(control), probe=lambda env: control.unlink())
     assert not roots[0].exists()
 
 
