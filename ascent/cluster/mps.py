@@ -126,31 +126,55 @@ def probe_client(env: dict[str, str], timeout_s: float = 120.0) -> None:
         raise MpsUnavailable(f"a CUDA client failed under MPS (exit {out.returncode}): {tail[0]}")
 
 
-def start_mps(control: str = CONTROL, probe: Callable[[dict[str, str]], None] = probe_client) -> MpsDaemon:
+def start_mps(
+    control: str = CONTROL, probe: Callable[[dict[str, str]], None] = probe_client, timeout_s: float = 30.0
+) -> MpsDaemon:
     """Start a private MPS control daemon and check that a client reaches its server (see the module doc).
 
-    Raises MpsUnavailable (nothing left running) when the executable is missing, the daemon does not start,
-    or the probe client fails or runs without it."""
+    Raises MpsUnavailable (nothing left running) when the executable is missing or cannot run, the daemon does
+    not start (or its control does not answer within `timeout_s`), or the probe client fails or runs without
+    it."""
     exe = shutil.which(control)
     if exe is None:
         raise MpsUnavailable(f"{control} is not on PATH (it comes with the NVIDIA driver's utilities)")
     daemon = MpsDaemon(exe, tempfile.mkdtemp(prefix="ascent-mps-", dir="/tmp"))  # short: socket paths
     for d in (daemon.pipe_dir, daemon.log_dir):
         Path(d).mkdir()
-    started = subprocess.run(
-        [exe, "-d"], env=_daemon_env(daemon.env()), capture_output=True, text=True, timeout=30
-    )
-    if started.returncode != 0:
-        shutil.rmtree(daemon.root, ignore_errors=True)
-        why = (started.stderr or started.stdout).strip() or f"exit {started.returncode}"
-        raise MpsUnavailable(f"{control} -d failed: {why}")
+    _run_daemon(daemon, control, timeout_s)
     atexit.register(daemon.stop)
     try:
         probe(daemon.env())
-        if not daemon.command("get_server_list"):
+        try:
+            servers = daemon.command("get_server_list", timeout_s)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise MpsUnavailable(f"{control} did not answer get_server_list: {e}") from None
+        if not servers:
             raise MpsUnavailable("the probe client ran, but no MPS server started for it")
     except BaseException:
         daemon.stop()
         raise
     log.info("MPS daemon started for this run (pipe directory %s)", daemon.pipe_dir)
     return daemon
+
+
+def _run_daemon(daemon: MpsDaemon, control: str, timeout_s: float) -> None:
+    """`control -d` for `daemon`; on failure raise MpsUnavailable, its directories removed (and, where it may
+    have started after all, the daemon quit)."""
+    try:
+        started = subprocess.run(
+            [daemon.control, "-d"],
+            env=_daemon_env(daemon.env()),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except OSError as e:  # found on PATH, but it does not execute
+        shutil.rmtree(daemon.root, ignore_errors=True)
+        raise MpsUnavailable(f"{control} -d could not run: {e}") from None
+    except subprocess.TimeoutExpired:
+        daemon.stop()
+        raise MpsUnavailable(f"{control} -d did not return within {timeout_s:g} s") from None
+    if started.returncode != 0:
+        shutil.rmtree(daemon.root, ignore_errors=True)
+        why = (started.stderr or started.stdout).strip() or f"exit {started.returncode}"
+        raise MpsUnavailable(f"{control} -d failed: {why}")

@@ -344,6 +344,38 @@ def test_an_awake_engine_warns_only_on_ray_where_nothing_overlaps_the_update():
     assert inline.status == "ok" and "recapture" in inline.detail
 
 
+def test_mps_says_whether_sharing_trainer_and_replicas_compute_at_once(monkeypatch, tmp_path):
+    from ascent.cluster import mps
+
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    monkeypatch.setattr(mps, "DEFAULT_PIPE_DIR", str(tmp_path / "nvidia-mps"))  # no daemon on this node
+    overlap = {"backend": "ray", "engine_sleeps": False, "gpus_per_worker": 1, "device": "cuda"}
+
+    def check(k: int = 1, found: bool | None = True, **cluster):
+        cfg = RunConfig.model_validate({"cluster": {**overlap, **cluster}, "rollout": {"max_staleness": k}})
+        return plan.check_mps(cfg, control_found=found)
+
+    assert check(k=0) is None and check(engine_sleeps=True) is None  # nothing overlaps: nothing to say
+    assert check(device="cpu", gpus_per_worker=0) is None and check(backend="inline") is None
+    off = check(mps="off")
+    assert off.status == "warn" and "time slices" in off.detail and "cluster.mps=auto" in off.fix
+    started = check()
+    assert started.status == "ok" and "starts an MPS daemon" in started.detail
+    missing = check(found=False)
+    assert missing.status == "warn" and missing.detail.startswith("nvidia-cuda-mps-control not found")
+    assert "cluster.mps=off" in missing.fix
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert check(found=None).status == "warn"  # looked up on PATH: not there
+    (tmp_path / "bin" / "nvidia-cuda-mps-control").touch(mode=0o755)
+    assert check(found=None).status == "ok"
+    joined = check(found=False, address="10.0.0.1:6379")
+    assert joined.status == "ok" and "joined cluster" in joined.detail
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/run/mps")
+    node = check(found=False)
+    assert node.status == "ok" and "/run/mps" in node.detail
+
+
 def test_the_placement_plan_per_component_and_an_impossible_one_refused():
     split = {"backend": "ray", "placement": "split", "gpus_per_worker": 1, "num_rollout_workers": 2}
     run = cfg(cluster={**split, "reward_model_gpus": 2}, rollout={"engine": "fast", "tensor_parallel": 2})
