@@ -26,6 +26,8 @@ shared 2-core machine from the lazy start (expected reward 0.241, greedy 0.1):
 - 15 iterations, two runs of seeds 1-3 and seeds 4-5 once: +0.386/+0.397, +0.369/+0.397, +0.188/+0.151,
   +0.287, +0.407; greedy worst 0.4. Seed 3 is the slow one, and a mean of +0.31 left 0.11 of room: too
   little for numbers that move between runs, hence 20 iterations.
+- 20 iterations under ATEN_CPU_CAPABILITY=avx2 (another CPU's rounding; this machine is AVX-512, and the
+  lazy start lands at 0.281 there): +0.353 +0.204 +0.414 (mean +0.324), greedy 0.5 0.5 0.7 (4, 4, 6 rows).
 Before: seeds 1 and 2 of 25 iterations, each against a bar of +0.2 and 3 greedy rows (50 iterations; 60
 now: 59.8 s -> 76.0 s measured back to back on this machine).
 
