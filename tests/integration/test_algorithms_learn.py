@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ascent_here, write_yaml
 
-VARIANTS = {
+VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "grpo+ppo": {"algorithm": {"advantage": "grpo", "policy_loss": "ppo"}},
     "rloo": {"algorithm": {"advantage": "rloo"}},
     "reinforce_pp+kl_penalty": {"algorithm": {"advantage": "reinforce_pp", "kl_penalty_coef": 0.05}},
@@ -99,7 +100,7 @@ def start_reward(warm_model: Path, prompts: Path) -> float:
 
 def gain(name: str, seed: int, run_dir: Path, warm_model: Path, prompts: Path, start: float) -> float:
     """One `ascent train` of variant `name` at `seed` -> its final policy's expected reward minus `start`."""
-    cfg = {
+    cfg: dict[str, Any] = {
         "run_dir": str(run_dir),
         "seed": seed,
         "iterations": ITERATIONS,
