@@ -155,7 +155,8 @@ def warm_start(
         sft(root, name, recipe, data, start, epochs)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """The comparison with `argv` (default: the command line)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--root", type=Path, default=Path("runs/vision"), help="where model, data and runs go")
     p.add_argument("--seeds", type=int, default=3, help="GRPO seeds per arm (default 3)")
@@ -193,7 +194,7 @@ def main() -> None:
     )
     p.add_argument("--sft-seed", type=int, default=0, help="--spread: the SFT stages' seed (batch order)")
     p.add_argument("--val", type=int, default=32, help="held-out questions")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     sys.path.insert(0, str(HERE))
     from make_setup import make_setup
 

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -157,6 +157,35 @@ def ascent(*args: str, timeout: float = 300, check: bool = True) -> subprocess.C
             f"ascent {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         )
     return proc
+
+
+@pytest.fixture
+def vision_comparison(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., str]:
+    """`examples/vision/run_comparison.py ARGS` with each of its `ascent` steps run by `ascent_here` (the same
+    commands, configs and overrides, without a new interpreter importing torch and transformers: about 5 s
+    of CPU a step, 6 steps a comparison). Returns what the script printed."""
+    import importlib.util
+
+    path = ROOT / "examples" / "vision" / "run_comparison.py"
+    spec = importlib.util.spec_from_file_location("run_comparison", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def step(*args: str) -> None:
+        print(f"$ ascent {' '.join(args)}", flush=True)
+        ascent_here(*args)
+
+    def run(*args: str) -> str:
+        monkeypatch.setattr(module, "sh", step)
+        monkeypatch.setattr(sys, "path", list(sys.path))  # main() puts examples/vision first: undone after
+        capsys.readouterr()
+        module.main(list(args))
+        return capsys.readouterr().out
+
+    return run
 
 
 @pytest.fixture(scope="session")

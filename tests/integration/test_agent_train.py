@@ -10,11 +10,26 @@ expected reward of a temperature-1 episode), and it must show on held-out rows, 
 already asks greedily (asking is its likeliest first token), so greedy success could only come from better
 copying; the run starts instead from a lazy start (`lazy_start`: the warm start after 3 epochs on 40
 demonstrations, three in four answering 7 at once), which greedily answers 7 and wins on one secret in ten.
-Measured on one machine over seeds 1-2 in 25 iterations: expected reward 0.318 -> 0.68-0.74 (+0.36 against
-the bar of 0.2); greedy accuracy on the held-out file (the secrets 0-9 once each; 5 is never a training row)
-0.1 -> 0.7 on both (+0.6 against the bar of 0.3). From the shared warm start the expected reward rose as
-much (0.346-0.363 -> 0.71-0.79) but the greedy held-out accuracy stayed at 0.5-0.6 (it asked before and
-after).
+From the shared warm start the expected reward rose as much but the greedy held-out accuracy stayed at
+0.5-0.6 (it asked before and after), hence the lazy start.
+
+The learning test runs three GRPO seeds (1, 2, 3) of 20 iterations and asserts over them: the mean rise
+of the expected reward above BAR and its worst seed above WORST_BAR (a policy that does not learn rises 0);
+greedy held-out accuracy (the secrets 0-9 once each; 5 is never a training row) up by GREEDY_ROWS rows of
+ten on average and by WORST_GREEDY_ROWS on every seed (a row is won or not: the bars count rows).
+The same seed did not repeat its numbers between two processes here (seed 1 at 15 iterations: 0.627 and
+0.638; seed 3 at 20: +0.463 and +0.183), so the margins below are over seeds and reruns. Measured on the
+shared 2-core machine from the lazy start (expected reward 0.241, greedy 0.1):
+- 20 iterations, seeds 1-3: +0.485 +0.452 +0.183 (mean +0.373; greedy 0.7 0.7 0.5); seed 3 in another
+  process +0.463 (greedy 0.7). Mean against BAR = 0.2: 0.17 of room; worst seed +0.183 against
+  WORST_BAR = 0.07 (2.6x); greedy: mean 5.3 rows against 3, worst 4 rows against 2.
+- 15 iterations, two runs of seeds 1-3 and seeds 4-5 once: +0.386/+0.397, +0.369/+0.397, +0.188/+0.151,
+  +0.287, +0.407; greedy worst 0.4. Seed 3 is the slow one, and a mean of +0.31 left 0.11 of room: too
+  little for numbers that move between runs, hence 20 iterations.
+- 20 iterations under ATEN_CPU_CAPABILITY=avx2 (another CPU's rounding; this machine is AVX-512, and the
+  lazy start lands at 0.281 there): +0.353 +0.204 +0.414 (mean +0.324), greedy 0.5 0.5 0.7 (4, 4, 6 rows).
+Before: seeds 1 and 2 of 25 iterations, each against a bar of +0.2 and 3 greedy rows (50 iterations; 60
+now: 59.8 s -> 76.0 s measured back to back on this machine).
 
 Then, in-process on a small run: every episode the update received (its ids, loss mask and sampler logprobs)
 is the one the experience store holds, token for token, and each is one segment of two calls or one call;
@@ -39,7 +54,9 @@ from tests.integration.conftest import ascent_here, write_yaml
 from tests.integration.lookup_env import conversation, expected_reward, lookup_run
 
 AGENT = "tests.integration.lookup_agent:run"
-ITERATIONS, BAR, GREEDY_BAR = 25, 0.2, 0.3
+SEEDS, ITERATIONS = (1, 2, 3), 20
+BAR, WORST_BAR = 0.2, 0.07
+GREEDY_ROWS, WORST_GREEDY_ROWS = 3, 2  # held-out rows (of 10) won greedily, more than at the start
 EPISODE = [
     "--max-turns",
     "2",
@@ -98,30 +115,43 @@ def agent_config(run_dir: Path, data: Path, model: Path, seed: int, iterations: 
     return lookup_run(run_dir, data, model, seed, iterations, agent=AGENT)
 
 
+def learn(
+    run_dir: Path, seed: int, setup: tuple[Path, Path, list[int]], start: Path, held_out: Path
+) -> tuple[float, float, float]:
+    """One GRPO seed from `start` -> (expected reward at the end, greedy held-out accuracy at the end, the
+    asking rate's rise over the run); asserts the agent's calls were recorded untouched."""
+    root, _, secrets = setup
+    cfg = agent_config(run_dir, root / "train.jsonl", start, seed=seed, iterations=ITERATIONS)
+    ascent_here("train", str(write_yaml(run_dir.with_suffix(".yaml"), cfg)))
+    final = sorted((run_dir / "checkpoints").glob("iter_*"))[-1]
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(m.get("agent/rewritten_segments", 0) == 0 and m.get("agent/errors", 0) == 0 for m in metrics)
+    greedy = greedy_eval(final, held_out)
+    assert greedy["episodes"] == 10 and greedy["agent_errors"] == 0
+    asks = metrics[-1]["env/turns_mean"] - metrics[1]["env/turns_mean"]
+    return expected_reward(final, secrets), greedy["accuracy"], asks
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2])
 def test_grpo_through_the_endpoint_learns_to_ask(
-    seed: int,
     tmp_path: Path,
     lookup_setup: tuple[Path, Path, list[int]],
     lazy_start: tuple[Path, Path, dict[str, float]],
 ) -> None:
-    root, _, secrets = lookup_setup
     start, held_out, greedy_before = lazy_start
-    cfg = agent_config(tmp_path / "run", root / "train.jsonl", start, seed=seed, iterations=ITERATIONS)
-    ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
-    final = sorted((tmp_path / "run" / "checkpoints").glob("iter_*"))[-1]
-    before, after = expected_reward(start, secrets), expected_reward(final, secrets)
-    assert after > before + BAR, f"seed {seed}: expected reward {before:.3f} -> {after:.3f}"
-    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert metrics[-1]["env/turns_mean"] > metrics[1]["env/turns_mean"]  # it asks more often
-    assert all(m.get("agent/rewritten_segments", 0) == 0 and m.get("agent/errors", 0) == 0 for m in metrics)
-    greedy_after = greedy_eval(final, held_out)
-    assert greedy_after["episodes"] == 10 and greedy_after["agent_errors"] == 0
-    assert greedy_after["accuracy"] >= greedy_before["accuracy"] + GREEDY_BAR, (
-        f"seed {seed}: held-out greedy accuracy {greedy_before['accuracy']:.2f} -> "
-        f"{greedy_after['accuracy']:.2f}"
+    before = expected_reward(start, lookup_setup[2])
+    runs = [learn(tmp_path / f"run{s}", s, lookup_setup, start, held_out) for s in SEEDS]
+    rises = [after - before for after, _, _ in runs]
+    greedy = [round(10 * (accuracy - greedy_before["accuracy"])) for _, accuracy, _ in runs]  # rows
+    report = (
+        f"seeds {SEEDS}: expected reward {before:.3f} -> "
+        + ", ".join(f"{a:.3f}" for a, _, _ in runs)
+        + f"; held-out greedy accuracy {greedy_before['accuracy']:.2f} -> {[a for _, a, _ in runs]}"
     )
+    print(report)
+    assert sum(rises) / len(rises) > BAR and min(rises) > WORST_BAR, report
+    assert sum(greedy) / len(greedy) >= GREEDY_ROWS and min(greedy) >= WORST_GREEDY_ROWS, report
+    assert all(asks > 0 for _, _, asks in runs), report  # every seed asks more often at the end
 
 
 @pytest.mark.slow

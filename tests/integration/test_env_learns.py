@@ -7,12 +7,20 @@ nudged by two more SFT steps on conversations that answer 0 at once, so that its
 guess "0" (measured: p("0") 0.48, p("?") 0.25) while sampling still asks a quarter of the time. GRPO must
 learn to ask, and to copy what the tool said.
 
-Two measures, both over seeds:
+Two measures, asserted on every one of three GRPO seeds:
 - exact, not sampled: the probability that a temperature-1 episode earns 1, from teacher-forced forwards of
   the final checkpoint over both ways to win, averaged over the training rows;
 - greedy success on held-out rows (one per digit, `data.val_path`): validation at iteration 0 and at the end.
-Measured on one machine, seeds 1 and 2: expected reward 0.226 -> 0.671 and 0.683 (bar: a rise of 0.2);
-greedy held-out success 0.1 (it guesses "0") -> 0.6 for both (bar: a rise of 0.3, three rows of ten).
+Greedy success on one row is all or nothing and ten rows are all the digits, so that bar counts rows: three
+of ten.
+
+Measured on the shared 2-core machine, 10 iterations a seed, seeds 1-5: expected reward 0.210 ->
+0.651, 0.632, 0.578, 0.620, 0.614 (rises +0.37 to +0.44 against the bar of +0.2: the smallest has 0.17 of
+room, twice the spread between seeds); greedy held-out success 0.1 (it guesses "0") -> 0.8, 0.8, 0.7, 0.8,
+0.8 (+0.6 to +0.7 against +0.3: three rows of room on the worst seed). After 7 iterations every seed had
+already risen +0.29 to +0.38 and +0.6 to +0.7. Under ATEN_CPU_CAPABILITY=avx2 (another CPU's rounding; this
+machine is AVX-512), seeds 1-3: 0.236 -> 0.602, 0.638, 0.678 (+0.37 to +0.44), greedy 0.1 -> 0.6, 0.7, 0.7.
+(Before: 2 seeds of 15 iterations, the same 30 iterations.)
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from tests.integration.conftest import ascent_here, write_yaml
 from tests.integration.lookup_env import conversation, expected_reward, lookup_run
 
 ENV = "tests.integration.lookup_env:Lookup"
-ITERATIONS, BAR, GREEDY_BAR = 15, 0.2, 0.3
+ITERATIONS, BAR, GREEDY_BAR = 10, 0.2, 0.3
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +62,7 @@ def guessing_start(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, 2, 3])
 def test_grpo_on_episodes_learns_to_use_the_tool(
     seed: int, tmp_path: Path, lookup_setup: tuple[Path, Path, list[int]], guessing_start: Path
 ) -> None:
@@ -67,9 +75,10 @@ def test_grpo_on_episodes_learns_to_use_the_tool(
     ascent_here("train", str(write_yaml(tmp_path / "run.yaml", cfg)))
     final = sorted((tmp_path / "run" / "checkpoints").glob("iter_*"))[-1]
     before, after = expected_reward(guessing_start, secrets), expected_reward(final, secrets)
-    assert after > before + BAR, f"seed {seed}: expected reward {before:.3f} -> {after:.3f}"
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     greedy = [m["val/accuracy"] for m in metrics if "val/accuracy" in m]
+    print(f"seed {seed}: expected reward {before:.3f} -> {after:.3f}, held-out greedy {greedy}")
+    assert after > before + BAR, f"seed {seed}: expected reward {before:.3f} -> {after:.3f}"
     assert [m["step"] for m in metrics if "val/accuracy" in m] == [0, ITERATIONS]
     assert greedy[1] >= greedy[0] + GREEDY_BAR, f"seed {seed}: held-out greedy success {greedy}"
     trained = [m for m in metrics if "env/turns_mean" in m]

@@ -11,11 +11,10 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import os
 import re
 import sqlite3
-import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,32 +27,13 @@ def metrics(run: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_the_vision_comparison_runs_both_arms_and_prints_the_table(tmp_path: Path) -> None:
-    script = ROOT / "examples" / "vision" / "run_comparison.py"
+def test_the_vision_comparison_runs_both_arms_and_prints_the_table(
+    tmp_path: Path, vision_comparison: Callable[..., str]
+) -> None:
     args = ["--root", str(tmp_path), "--seeds", "1", "--iterations", "1", "--read-epochs", "1"]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            *args,
-            "--format-epochs",
-            "1",
-            "--rows",
-            "8",
-            "--format-rows",
-            "4",
-            "--val",
-            "4",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    row = re.search(r"^\s+1 \| +([\d.]+) -> ([\d.]+) +\| +([\d.]+) -> ([\d.]+)", proc.stdout, re.M)
-    assert row, proc.stdout
+    out = vision_comparison(*args, "--format-epochs", "1", "--rows", "8", "--format-rows", "4", "--val", "4")
+    row = re.search(r"^\s+1 \| +([\d.]+) -> ([\d.]+) +\| +([\d.]+) -> ([\d.]+)", out, re.M)
+    assert row, out
     assert all(0.0 <= float(x) <= 1.0 for x in row.groups())
     for arm in ("zoom", "plain"):  # each arm trained one iteration and saved its policy
         assert (tmp_path / f"grpo_{arm}_1" / "checkpoints" / "iter_000001").is_dir()
