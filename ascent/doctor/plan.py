@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 
-from ascent.cluster.mps import CONTROL, node_daemon, overlaps_on_gpu
+from ascent.cluster.mps import CONTROL, node_daemon
 from ascent.config.schema import RunConfig
 from ascent.doctor.cluster import demand
 from ascent.doctor.memory import (
@@ -27,7 +27,7 @@ from ascent.doctor.memory import (
 from ascent.doctor.report import CheckResult, fail, ok, skipped, warn
 from ascent.models.ulysses import check_heads, largest_degree
 from ascent.orchestrator.placement import uses_critic
-from ascent.orchestrator.setup import needs_reference
+from ascent.orchestrator.setup import computes_beside_engine, needs_reference
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -150,10 +150,7 @@ def check_mps(cfg: RunConfig, control_found: bool | None = None) -> CheckResult 
     (`cluster.mps`, `ascent.cluster.mps`) or take turns in the GPU's time slices. `control_found`: whether
     nvidia-cuda-mps-control is on PATH (None: look)."""
     c = cfg.cluster
-    overlap = overlaps_on_gpu(
-        c.backend, c.placement, c.engine_sleeps, cfg.rollout.max_staleness, c.gpus_per_worker, c.device
-    )
-    if not overlap:
+    if not computes_beside_engine(cfg):
         return None
     slices = "trainer ranks and replicas sharing a GPU will take turns on it (time slices)"
     if c.mps == "off":

@@ -153,14 +153,20 @@ def needs_reference(cfg: RunConfig) -> bool:
     return cfg.algorithm.kl_loss_coef > 0 or cfg.algorithm.kl_penalty_coef > 0
 
 
+def computes_beside_engine(cfg: RunConfig) -> bool:
+    """Whether the run's trainer ranks and replicas compute at once on the same GPUs (where `cluster.mps`
+    matters; `ascent.cluster.mps.overlaps_on_gpu`)."""
+    c = cfg.cluster
+    return overlaps_on_gpu(
+        c.backend, c.placement, c.engine_sleeps, cfg.rollout.max_staleness, c.gpus_per_worker, c.device
+    )
+
+
 def mps_daemon(cfg: RunConfig) -> MpsDaemon | None:
     """`cluster.mps` for a Ray run: a daemon of its own (`ascent.cluster.mps`), or None where MPS is not
     wanted, the node already runs one, or (`auto`) it cannot start here (logged)."""
     c = cfg.cluster
-    overlap = overlaps_on_gpu(
-        c.backend, c.placement, c.engine_sleeps, cfg.rollout.max_staleness, c.gpus_per_worker, c.device
-    )
-    if c.mps == "off" or c.backend != "ray" or (c.mps == "auto" and not overlap):
+    if c.mps == "off" or c.backend != "ray" or (c.mps == "auto" and not computes_beside_engine(cfg)):
         return None
     if c.address:  # `on` with an address is a config rule; `auto` leaves a joined cluster's nodes alone
         log.info("cluster.mps=auto: the joined cluster's workers use MPS where its nodes run it")
