@@ -18,6 +18,9 @@ Variants switch one thing each (the default trainer is `head+offsets`):
   it, the offsets are read off position_ids (a host sync per forward, a graph break per layer).
 - `nogc`: Python's cyclic garbage collector paused during the update.
 - `cold`: the CUDA allocator's cache emptied before each update (as the colocated engine's sleep does).
+- `hostsync`: micro-batches copied to the GPU with blocking copies (the packer before asynchronous ones:
+  the GPU waits while the host packs the next micro-batch).
+- `inductorgrad`: the head's logits gradient as inductor's kernels, not `ascent.trainer.triton_head`'s.
 """
 
 from __future__ import annotations
@@ -63,34 +66,53 @@ def make_samples(n: int, prompt_len: int, new_tokens: int, vocab: int, seed: int
 @contextlib.contextmanager
 def variant(name: str) -> Iterator[None]:
     """Switch the trainer to `name` (see module doc) inside the block."""
+    import ascent.trainer.head as Hd
     import ascent.trainer.logprobs as L
     import ascent.trainer.policy as Pol
 
     parts = set(name.split("+")) - {"base"}
-    unknown = parts - {"head", "offsets", "nogc", "cold"}
+    unknown = parts - {"head", "offsets", "nogc", "cold", "hostsync", "inductorgrad"}
     if unknown:
         raise SystemExit(
-            f"--variants: unknown part(s) {sorted(unknown)}; use base, head, offsets, nogc, cold."
+            f"--variants: unknown part(s) {sorted(unknown)}; use base, head, offsets, nogc, cold, "
+            "hostsync, inductorgrad."
         )
-    saved = (L.fusable_head, Pol.pack)
+    saved = (L.fusable_head, Pol.pack, Hd.TRITON_LOGITS_GRAD)
+    inner = _blocking_pack if "hostsync" in parts else saved[1]
     if "head" not in parts:
         L.fusable_head = lambda head: False  # type: ignore[assignment]
-    if "offsets" not in parts:
+    Hd.TRITON_LOGITS_GRAD = "inductorgrad" not in parts
 
-        def pack(*args: Any, **kwargs: Any) -> Any:
-            packed = saved[1](*args, **kwargs)
+    def pack(*args: Any, **kwargs: Any) -> Any:
+        packed = inner(*args, **kwargs)
+        if "offsets" not in parts:
             packed.cu_seqlens = None
-            return packed
+        return packed
 
-        Pol.pack = pack  # type: ignore[assignment]
+    Pol.pack = pack  # type: ignore[assignment]
     if "nogc" in parts:
         gc.collect()
         gc.disable()
     try:
         yield
     finally:
-        L.fusable_head, Pol.pack = saved  # type: ignore[assignment]
+        L.fusable_head, Pol.pack, Hd.TRITON_LOGITS_GRAD = saved  # type: ignore[assignment]
         gc.enable()
+
+
+def _blocking_pack(samples: Any, device: Any = "cpu") -> Any:
+    """The packer before asynchronous copies: every tensor copied to the device with a blocking copy."""
+    import dataclasses
+
+    import ascent.trainer.packing as Pk
+
+    batch = Pk._pack_on_host(samples)
+    moved = {
+        f.name: getattr(batch, f.name).to(device)
+        for f in dataclasses.fields(batch)
+        if isinstance(getattr(batch, f.name), torch.Tensor)
+    }
+    return dataclasses.replace(batch, **moved)
 
 
 def _sync() -> None:

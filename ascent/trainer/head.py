@@ -71,6 +71,20 @@ def logits_grad_(
     z.scatter_add_(-1, targets.unsqueeze(-1), (g_logp / temperature).unsqueeze(-1).to(z.dtype))
 
 
+#: On CUDA the logits gradient runs as one Triton kernel (`ascent.trainer.triton_head`); False keeps the
+#: compiled pointwise form (bench/update_sweep.py's `inductorgrad` variant measures the two).
+TRITON_LOGITS_GRAD = True
+
+
+def _logits_grad_fn(device: torch.device, compiled: bool) -> Callable[..., Any]:
+    """The in-place logits-gradient function for `device` (see `TRITON_LOGITS_GRAD`)."""
+    if TRITON_LOGITS_GRAD and device.type == "cuda":
+        from ascent.trainer.triton_head import logits_grad_triton_
+
+        return logits_grad_triton_
+    return _compiled(logits_grad_) if compiled else logits_grad_
+
+
 @functools.cache
 def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` compiled with automatic dynamic shapes: the row count turns dynamic when it first changes, the
@@ -139,7 +153,7 @@ class _HeadLogprobs(torch.autograd.Function):
         g_logp = lse.new_zeros(n) if g_logp is None else g_logp.float()
         g_ent = g_ent.float() if ent_grad and g_ent is not None else lse.new_zeros(n)
         ent = ent if ent.numel() else lse.new_zeros(n)
-        grad_fn = _compiled(logits_grad_) if compiled else logits_grad_
+        grad_fn = _logits_grad_fn(h.device, compiled)
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None

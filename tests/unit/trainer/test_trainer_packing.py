@@ -9,7 +9,7 @@ import torch
 from trainer_helpers import make_samples, naive_logprobs
 
 from ascent.trainer.logprobs import token_logprobs
-from ascent.trainer.packing import pack, plan_micro_batches
+from ascent.trainer.packing import pack, plan_micro_batches, to_device
 
 
 def test_plan_respects_budget_and_covers_every_sequence():
@@ -46,6 +46,20 @@ def test_pack_layout():
     assert all(packed.position_ids[0, st] == 0 for st in starts)
     assert packed.seq_ids.tolist() == [i for i, s in enumerate(samples) for _ in s.response_ids]
     assert packed.split(packed.advantages) == [pytest.approx(s.advantages) for s in samples]
+
+
+def test_to_device_moves_every_tensor_and_keeps_the_rest():
+    """Every tensor field goes (a field added to PackedBatch later goes too), host-side fields stay as
+    they are; "meta" stands in for an accelerator on this CPU machine."""
+    packed = pack(make_samples(3, seed=2))
+    moved = to_device(packed, "meta")
+    for name, value in vars(packed).items():
+        if isinstance(value, torch.Tensor):
+            assert moved.__dict__[name].device.type == "meta", name
+            assert moved.__dict__[name].shape == value.shape and moved.__dict__[name].dtype == value.dtype
+        else:
+            assert moved.__dict__[name] == value, name
+    assert to_device(packed, "cpu") is packed
 
 
 def test_pack_missing_optional_field_gives_none():
