@@ -269,11 +269,12 @@ def measure_train(args: argparse.Namespace, mode: str, deadline: float) -> dict[
 
 
 def keep_run_files(run_dir: str, dest: Path) -> None:
-    """Copy the run's small records (metrics.jsonl, config.yaml, status.json, every process's log) next to
-    the children's logs, so they come back from the device with them."""
+    """Copy the run's small records (metrics.jsonl, config.yaml, status.json, trace.json, every process's
+    log) next to the children's logs, so they come back from the device with them."""
     src = Path(run_dir)
     dest.mkdir(parents=True, exist_ok=True)
-    for path in [src / "metrics.jsonl", src / "config.yaml", src / "status.json", *src.glob("logs/*.log")]:
+    records = ["metrics.jsonl", "config.yaml", "status.json", "trace.json"]
+    for path in [*(src / name for name in records), *src.glob("logs/*.log")]:
         if path.is_file():
             shutil.copy2(path, dest / path.name)
 
@@ -374,6 +375,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         choices=["auto", "on", "off"],
         default="auto",
         help="cluster.mps (overlap modes: MPS or time slices)",
+    )
+    ap.add_argument(
+        "--mps-trainer-sm",
+        type=int,
+        default=100,
+        help="cluster.mps_trainer_sm_percent: the SM share a trainer rank may use under MPS",
     )
     ap.add_argument(
         "--grad-ckpt",
