@@ -81,15 +81,6 @@ class ClusterConfig(Section):
         "`nvidia-cuda-mps-control` it logs why and runs time-sliced. `on`: for every Ray GPU run, and an error "
         "if MPS cannot start. `off`: never. A joined cluster (cluster.address) runs its nodes' own MPS.",
     )
-    mps_trainer_sm_percent: int = Field(
-        100,
-        ge=1,
-        le=100,
-        description="Under MPS (cluster.mps), the share of each GPU's SMs a trainer or critic rank may use "
-        "at once (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE). Below 100 keeps the rest free for the replica decoding "
-        "beside it, whose small kernels otherwise queue behind the update's large ones; the replica itself is "
-        "never capped. 100: no cap.",
-    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of the workers.")
     worker_timeout_s: float = Field(
         1800.0, gt=0, description="Fail a worker call that takes longer than this."

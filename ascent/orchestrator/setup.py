@@ -218,15 +218,6 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     return groups
 
 
-def trainer_mps_env(sm_percent: int, mps: MpsDaemon | None) -> dict[str, Any]:
-    """The trainer and critic ranks' `env` under the run's MPS: the daemon's, plus their SM cap
-    (`cluster.mps_trainer_sm_percent`; none at 100). {} without MPS: the cap is an MPS setting."""
-    if mps is None:
-        return {}
-    cap = {} if sm_percent >= 100 else {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(sm_percent)}
-    return {"env": {**mps.env(), **cap}}
-
-
 def _build_groups(cfg: RunConfig, plan: Placement, shared: Any, mps: MpsDaemon | None) -> WorkerGroups:
     from ascent.orchestrator import specs  # imports torch (see top)
     from ascent.orchestrator.workers import (  # deferred: imports torch
@@ -248,17 +239,14 @@ def _build_groups(cfg: RunConfig, plan: Placement, shared: Any, mps: MpsDaemon |
         **({"env": mps.env()} if mps is not None else {}),
     }
 
-    def trainer_group(
-        cls: type[W], name: str, init: dict[str, Any], gpus: float, capped: bool = True
-    ) -> WorkerGroup[W]:
-        sm_percent = c.mps_trainer_sm_percent if capped else 100
+    def trainer_group(cls: type[W], name: str, init: dict[str, Any], gpus: float) -> WorkerGroup[W]:
         return make_worker_group(
             cls,
             num_workers=c.num_trainer_workers,
             init_kwargs={**init, "run_dir": cfg.run_dir},
             name=name,
             num_gpus_per_worker=gpus,
-            **{**common, **trainer_mps_env(sm_percent, mps)},
+            **common,
         )
 
     rollout = make_worker_group(
@@ -290,7 +278,7 @@ def _build_groups(cfg: RunConfig, plan: Placement, shared: Any, mps: MpsDaemon |
         if cfg.reward.model is not None:
             spec = specs.reward_model_spec(cfg.reward.model, cfg.cluster.device)
             groups.reward_model = trainer_group(
-                RewardModelWorker, "reward_model", {"spec": spec}, plan.reward_gpus, capped=False
+                RewardModelWorker, "reward_model", {"spec": spec}, plan.reward_gpus
             )
         groups.judge = _judge_group(cfg, common)
         groups.publisher = build_publisher(cfg, groups)

@@ -184,37 +184,3 @@ def test_every_worker_group_gets_the_daemons_environment(monkeypatch):
     assert all(kw["env"] == FakeDaemon().env() for kw in made.values())
     setup._build_groups(run, setup.placement_of(run), None, None)
     assert all("env" not in kw for kw in made.values())
-
-
-def test_the_sm_cap_reaches_trainer_and_critic_ranks_only(monkeypatch):
-    """cluster.mps_trainer_sm_percent below 100: trainer and critic ranks start with
-    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE beside the daemon's pipe directory; replicas and the reward model
-    never get it, and without a daemon nobody does (the cap is an MPS setting)."""
-    made: dict[str, dict] = {}
-
-    def make_worker_group(cls, **kw):
-        made[kw["name"]] = kw
-        return FakeGroup(kw["name"], [])
-
-    monkeypatch.setattr(setup, "make_worker_group", make_worker_group)
-    monkeypatch.setattr(setup, "build_publisher", lambda c, groups: None)
-    run = RunConfig.model_validate(
-        {
-            "model": {"path": "m"},
-            "algorithm": {"advantage": "gae"},
-            "reward": {"model": {"path": "rm"}},
-            "cluster": {"mps_trainer_sm_percent": 70},
-        }
-    )
-    setup._build_groups(run, setup.placement_of(run), None, FakeDaemon())
-    capped = {**FakeDaemon().env(), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "70"}
-    assert made["trainer"]["env"] == capped and made["critic"]["env"] == capped
-    assert made["rollout"]["env"] == FakeDaemon().env() == made["reward_model"]["env"]
-    setup._build_groups(run, setup.placement_of(run), None, None)
-    assert all("env" not in kw for kw in made.values())
-
-
-def test_the_sm_cap_is_a_percentage():
-    with pytest.raises(ValueError, match="mps_trainer_sm_percent"):
-        RunConfig.model_validate({"cluster": {"mps_trainer_sm_percent": 0}})
-    assert setup.trainer_mps_env(100, FakeDaemon()) == {"env": FakeDaemon().env()}
