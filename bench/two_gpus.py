@@ -377,12 +377,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="cluster.mps (overlap modes: MPS or time slices)",
     )
     ap.add_argument(
-        "--mps-trainer-sm",
-        type=int,
-        default=100,
-        help="cluster.mps_trainer_sm_percent: the SM share a trainer rank may use under MPS",
-    )
-    ap.add_argument(
         "--grad-ckpt",
         action=argparse.BooleanOptionalAction,
         default=True,
