@@ -22,6 +22,12 @@ right zooms over iterations 21-30 minus 1-10, mean over the two GRPO seeds, 0.10
 are half of the smallest or less. Wall time: 196 s in this process on the 2-core machine at load 1 (the
 same comparison with a new interpreter per step: 239-268 s in the suite's CI runs, 169 s at load 1-2
 when it was written).
+
+Fewer GRPO iterations do not hold (measured 2026-11-27 to shorten the suite: `--iterations 20`, two
+comparisons at a time with OMP_NUM_THREADS=1, GRPO seeds 1, 2): SFT seeds 0 and 1 gained 0.34-0.51 a run
+(right zooms +0.23 and +0.24), but SFT seed 2 gained 0.10 and -0.01 (right zooms 0.24 -> 0.34, 0.27 -> 0.25;
+with minus without the tool 0.01 on GRPO seed 2), and SFT seed 0 under ATEN_CPU_CAPABILITY=avx2 gained 0.02
+on GRPO seed 1 (0.434 -> 0.457, its reading falling 0.72 -> 0.60): every bar below fails on one of them.
 """
 
 from __future__ import annotations
