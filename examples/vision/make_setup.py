@@ -68,17 +68,18 @@ def reading(demo: dict[str, Any]) -> dict[str, Any]:
     return {**demo, "messages": [*weighted, {"role": "assistant", "content": word}]}
 
 
-def wandering(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
-    """Stage 2's demonstrations: per row, the conversation that zooms into a quarter drawn at random (not
-    the one the question names) and answers the pattern seen there, so the start reads what it zooms into
-    but zooms anywhere (one in four right): where to zoom is RL's to learn. Rows of one scene share its image,
-    which gives every quarter's pattern."""
+def wandering(rows: list[dict[str, Any]], seed: int, n: int) -> list[dict[str, Any]]:
+    """Stage 2's demonstrations: for each of the first `n` rows, the conversation that zooms into a quarter
+    drawn at random (not the one the question names) and answers the pattern seen there, so the start reads
+    what it zooms into but zooms anywhere (one in four right): where to zoom is RL's to learn. Rows of one
+    scene share its image, which gives every quarter's pattern (from all `rows`). The first `n` of all rows'
+    demonstrations, without playing the rest (a demonstration renders its images: seconds per thousand)."""
     seen: dict[str, dict[str, str]] = {}
     for r in rows:
         seen.setdefault(r["image"], {})[r["quarter"]] = r["answer"]
     rng = random.Random(seed)
     demos = []
-    for r in rows:
+    for r in rows[:n]:
         quarter = rng.choice(sorted(seen[r["image"]]))
         demos.append(demonstration({**r, "quarter": quarter, "answer": seen[r["image"]][quarter]}))
     return demos
@@ -154,7 +155,7 @@ def write_stages(arm: Path, n_format: int, seed: int, place_loss: bool = True) -
     rows = [json.loads(line) for line in (arm / "rows.jsonl").read_text().splitlines()]
     write_rows(arm / "read.jsonl", [reading(r) for r in demos])
     tool = rows[0]["env"] == "zoom_qa"
-    format_rows = wandering(rows, seed)[:n_format] if tool else demos[:n_format]
+    format_rows = wandering(rows, seed, n_format) if tool else demos[:n_format]
     write_rows(arm / "format.jsonl", format_rows if place_loss else [placeless(d) for d in format_rows])
 
 

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ascent, run_config, write_yaml
+from conftest import ascent_here, run_config, write_yaml
 from safetensors.torch import load_file
 
 from ascent.tracking import read_status
@@ -57,7 +57,8 @@ def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path, tiny_mod
         **SLOW,
     }
     a = run_config(tmp_path / "a", tiny_model, arithmetic_data, **base)
-    finish(write_yaml(tmp_path / "a.yaml", a))
+    # the uninterrupted run goes beside b, which spends its iterations asleep in the reward
+    uninterrupted = start(write_yaml(tmp_path / "a.yaml", a))
 
     b = run_config(tmp_path / "b", tiny_model, arithmetic_data, **base)
     b_yaml = write_yaml(tmp_path / "b.yaml", b)
@@ -65,7 +66,8 @@ def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path, tiny_mod
     metrics = tmp_path / "b" / "run" / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, proc)
 
-    second = ascent("train", str(b_yaml), check=False)  # the directory is locked while the first run writes
+    # the directory is locked while the first run writes (this process asks: no new interpreter needed)
+    second = ascent_here("train", str(b_yaml), check=False)
     assert second.returncode == 2, second.stdout + second.stderr
     assert f"pid {proc.pid}" in second.stderr and "in use" in second.stderr
 
@@ -81,6 +83,8 @@ def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path, tiny_mod
     assert status["step"] == int(ckpts[0].name.removeprefix("iter_")) and status["total_steps"] == 20
 
     finish(b_yaml, "--resume")
+    out = uninterrupted.communicate(timeout=300)[0]
+    assert uninterrupted.returncode == 0, out
     status = read_status(tmp_path / "b" / "run")
     assert status["state"] == "finished" and status["step"] == 20 and status["pid"] != proc.pid
     wa = load_file(str(tmp_path / "a" / "run" / "checkpoints" / "iter_000020" / "model.safetensors"))
