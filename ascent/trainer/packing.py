@@ -199,10 +199,10 @@ def to_device(batch: PackedBatch, device: torch.device | str) -> PackedBatch:
     """`batch` with its tensors on `device`; to a GPU through pinned memory without waiting.
 
     A plain copy from pageable memory waits until the GPU has run everything queued before it, so a
-    micro-batch packed on the device's behalf kept the GPU idle while the host built the next one (9-11%
-    of a 0.5B update on an H200, BENCHMARKS.md). Asynchronous copies let the host pack micro-batch i + 1
-    while the GPU still runs micro-batch i; the pinned staging buffers stay reserved until their copy has
-    run (PyTorch's caching host allocator records the copy on them)."""
+    micro-batch packed on the device's behalf kept the GPU idle while the host built the next one.
+    Asynchronous copies let the host pack micro-batch i + 1 while the GPU still runs micro-batch i (on an
+    H200 the 0.5B update's GPU idle fell from 5% to 3%, BENCHMARKS.md); the pinned staging buffers stay
+    reserved until their copy has run (PyTorch's caching host allocator records the copy on them)."""
     target = torch.device(device)
     if target.type == "cpu":
         return batch

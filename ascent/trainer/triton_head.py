@@ -13,7 +13,6 @@ Runs under TRITON_INTERPRET=1 on CPU tensors too (tests/unit/trainer/test_traine
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -69,8 +68,3 @@ def logits_grad_triton_(
     grid = (n, triton.cdiv(vocab, BLOCK))
     rows = (t.contiguous() for t in (targets, lse.float(), ent.float(), g_logp.float(), g_ent.float()))
     _logits_grad_kernel[grid](z, z.stride(0), *rows, vocab, 1.0 / temperature, BLOCK=BLOCK, num_warps=8)
-
-
-def available(device: torch.device) -> bool:
-    """Whether the kernel runs on `device` (a CUDA device; the interpreter is for the tests)."""
-    return device.type == "cuda"
