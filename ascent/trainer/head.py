@@ -79,7 +79,8 @@ TRITON_LOGITS_GRAD = True
 def _logits_grad_fn(device: torch.device, compiled: bool) -> Callable[..., Any]:
     """The in-place logits-gradient function for `device` (see `TRITON_LOGITS_GRAD`)."""
     if TRITON_LOGITS_GRAD and device.type == "cuda":
-        try:  # deferred: Triton ships with torch's Linux CUDA wheels, not with every build
+        try:
+            # deferred: imports triton, which ships with torch's Linux CUDA wheels, not with every build
             from ascent.trainer.triton_head import logits_grad_triton_
         except ImportError:
             pass
