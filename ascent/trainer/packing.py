@@ -134,15 +134,15 @@ def _check_sample(i: int, s: TrainSample) -> None:
             raise ValueError(f"sample {i}: {name} has {len(v)} entries but response_ids has {r}.")
 
 
-def _optional_flat(samples: Sequence[TrainSample], name: str, device: torch.device | str) -> Tensor | None:
+def _optional_flat(samples: Sequence[TrainSample], name: str) -> Tensor | None:
     """Concatenate one optional per-token field over the samples, or None if any sample lacks it."""
     values = [getattr(s, name) for s in samples]
     if any(v is None for v in values):
         return None
-    return torch.tensor([x for v in values for x in v], dtype=torch.float32, device=device)
+    return torch.tensor([x for v in values for x in v], dtype=torch.float32)
 
 
-def _routes(samples: Sequence[TrainSample], device: torch.device | str) -> Tensor | None:
+def _routes(samples: Sequence[TrainSample]) -> Tensor | None:
     """The samples' recorded experts laid out like the packed row: [N, layers, k] long, -1 for the tokens
     (and samples) without any; None when no sample has them."""
     routed = [s.routed_experts for s in samples]
@@ -162,12 +162,10 @@ def _routes(samples: Sequence[TrainSample], device: torch.device | str) -> Tenso
                 )
             out[start : start + r.shape[0]] = r
         start += s.num_tokens
-    return out.to(device)
+    return out
 
 
-def _actions(
-    samples: Sequence[TrainSample], device: torch.device | str
-) -> tuple[Tensor | None, Tensor | None]:
+def _actions(samples: Sequence[TrainSample]) -> tuple[Tensor | None, Tensor | None]:
     """(rows of M holding action placeholders [A], the actions [A, chunk, dim]), or (None, None) when no sample
     has actions. A sample's actions are its loss-mask-1 tokens, in order: their counts must agree (a sample
     without actions keeps its tokens' own logprobs)."""
@@ -186,7 +184,7 @@ def _actions(
         rows += sampled
         chunks += s.actions
         start += len(s.response_ids)
-    return torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(chunks, device=device)
+    return torch.tensor(rows, dtype=torch.long), torch.tensor(chunks)
 
 
 def pack(samples: Sequence[TrainSample], device: torch.device | str = "cpu") -> PackedBatch:
@@ -217,8 +215,7 @@ def to_device(batch: PackedBatch, device: torch.device | str) -> PackedBatch:
 
 
 def _pack_on_host(samples: Sequence[TrainSample]) -> PackedBatch:
-    """`pack` on the CPU."""
-    device = "cpu"
+    """`pack` on the CPU (every tensor built here; `to_device` moves them)."""
     ids: list[int] = []
     pos: list[int] = []
     logit_index: list[int] = []
@@ -238,28 +235,28 @@ def _pack_on_host(samples: Sequence[TrainSample]) -> PackedBatch:
         return [float(x) for s in samples for x in getattr(s, name)]
 
     def long(data: list[int] | list[list[int]]) -> torch.Tensor:
-        return torch.tensor(data, dtype=torch.long, device=device)
+        return torch.tensor(data, dtype=torch.long)
 
-    action_rows, actions = _actions(samples, device)
+    action_rows, actions = _actions(samples)
 
     return PackedBatch(
         input_ids=long([ids]),
         position_ids=long([pos]),
         logit_index=long(logit_index),
         targets=long([t for s in samples for t in s.response_ids]),
-        loss_mask=torch.tensor(flat("loss_mask"), dtype=torch.float32, device=device),
-        advantages=torch.tensor(flat("advantages"), dtype=torch.float32, device=device),
+        loss_mask=torch.tensor(flat("loss_mask"), dtype=torch.float32),
+        advantages=torch.tensor(flat("advantages"), dtype=torch.float32),
         seq_ids=long(seq_ids),
-        old_logprobs=_optional_flat(samples, "old_logprobs", device),
-        ref_logprobs=_optional_flat(samples, "ref_logprobs", device),
-        sampler_logprobs=_optional_flat(samples, "sampler_logprobs", device),
+        old_logprobs=_optional_flat(samples, "old_logprobs"),
+        ref_logprobs=_optional_flat(samples, "ref_logprobs"),
+        sampler_logprobs=_optional_flat(samples, "sampler_logprobs"),
         response_lens=[len(s.response_ids) for s in samples],
-        returns=_optional_flat(samples, "returns", device),
-        old_values=_optional_flat(samples, "old_values", device),
-        cu_seqlens=torch.tensor(starts + [len(ids)], dtype=torch.int32, device=device),
+        returns=_optional_flat(samples, "returns"),
+        old_values=_optional_flat(samples, "old_values"),
+        cu_seqlens=torch.tensor(starts + [len(ids)], dtype=torch.int32),
         max_seqlen=max((s.num_tokens for s in samples), default=0),
         seq_images=[tuple(s.images) for s in samples],
-        routed_experts=_routes(samples, device),
+        routed_experts=_routes(samples),
         action_rows=action_rows,
         actions=actions,
     )
