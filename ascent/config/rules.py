@@ -74,6 +74,7 @@ RL_ONLY_CLUSTER_FIELDS = (
     "rollout_gpus",
     "reward_model_gpus",
     "mps",
+    "mps_priority",
 )
 
 
