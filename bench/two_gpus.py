@@ -377,12 +377,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="cluster.mps (overlap modes: MPS or time slices)",
     )
     ap.add_argument(
-        "--mps-priority",
-        choices=["equal", "rollout", "trainer"],
-        default="equal",
-        help="cluster.mps_priority: whose kernels MPS schedules first",
-    )
-    ap.add_argument(
         "--grad-ckpt",
         action=argparse.BooleanOptionalAction,
         default=True,

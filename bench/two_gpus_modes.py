@@ -196,7 +196,6 @@ def run_config(args: argparse.Namespace, mode: str, shape: str) -> Any:
                 "placement": lay.placement,
                 "engine_sleeps": lay.engine_sleeps,
                 "mps": args.mps,
-                "mps_priority": args.mps_priority,
                 "num_trainer_workers": lay.trainers,
                 "num_rollout_workers": lay.replicas,
                 "gpus_per_worker": 1.0 if cuda and ray else 0.0,

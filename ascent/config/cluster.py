@@ -81,14 +81,6 @@ class ClusterConfig(Section):
         "`nvidia-cuda-mps-control` it logs why and runs time-sliced. `on`: for every Ray GPU run, and an error "
         "if MPS cannot start. `off`: never. A joined cluster (cluster.address) runs its nodes' own MPS.",
     )
-    mps_priority: Literal["equal", "rollout", "trainer"] = Field(
-        "equal",
-        description="Under MPS (cluster.mps), whose kernels the GPU schedules first where a trainer rank and "
-        "a replica share it. `rollout`: trainer and critic ranks run at MPS's below-normal client priority "
-        "(CUDA_MPS_CLIENT_PRIORITY=1), so the decode's small kernels stop queueing behind the update's "
-        "matmuls; `trainer`: the replicas run below normal instead; `equal`: neither. A hint to the "
-        "scheduler, never a cap: the numerics do not change.",
-    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of the workers.")
     worker_timeout_s: float = Field(
         1800.0, gt=0, description="Fail a worker call that takes longer than this."

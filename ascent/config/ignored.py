@@ -136,9 +136,4 @@ def _cluster_fields(cfg: RunConfig) -> list[str]:
             "cluster.placement=split the engines have GPUs of their own and never sleep. Remove it (or use "
             "cluster.placement=colocated)."
         )
-    if c.mps == "off" and c.mps_priority != "equal":
-        out.append(
-            f"cluster.mps_priority={c.mps_priority}: a priority between MPS clients, and cluster.mps=off runs "
-            "without MPS; remove it (or set cluster.mps=auto)."
-        )
     return out

@@ -74,7 +74,6 @@ RL_ONLY_CLUSTER_FIELDS = (
     "rollout_gpus",
     "reward_model_gpus",
     "mps",
-    "mps_priority",
 )
 
 

@@ -218,21 +218,6 @@ def build_worker_groups(cfg: RunConfig) -> WorkerGroups:
     return groups
 
 
-#: MPS's client priority levels (CUDA_MPS_CLIENT_PRIORITY): 0 normal, 1 below normal.
-BELOW_NORMAL = {"CUDA_MPS_CLIENT_PRIORITY": "1"}
-
-
-def mps_env(mps: MpsDaemon | None, priority: str, side: str) -> dict[str, Any]:
-    """The `env` of one side's worker groups under the run's MPS daemon: its pipe directory, plus below-normal
-    priority where `side` ("rollout" or "trainer") is the one `priority` (`cluster.mps_priority`) does not
-    favour; any other side (the reward model, the judge) stays normal. {} without a daemon (priority is an
-    MPS setting)."""
-    if mps is None:
-        return {}
-    lower = priority != "equal" and side in ("rollout", "trainer") and side != priority
-    return {"env": {**mps.env(), **(BELOW_NORMAL if lower else {})}}
-
-
 def _build_groups(cfg: RunConfig, plan: Placement, shared: Any, mps: MpsDaemon | None) -> WorkerGroups:
     from ascent.orchestrator import specs  # imports torch (see top)
     from ascent.orchestrator.workers import (  # deferred: imports torch
@@ -251,19 +236,17 @@ def _build_groups(cfg: RunConfig, plan: Placement, shared: Any, mps: MpsDaemon |
         "num_cpus_per_worker": c.cpus_per_worker,
         "log_level": cfg.tracking.log_level,
         **({"placement_group": shared} if shared is not None else {}),
-        **mps_env(mps, "equal", ""),
+        **({"env": mps.env()} if mps is not None else {}),
     }
 
-    def trainer_group(
-        cls: type[W], name: str, init: dict[str, Any], gpus: float, side: str = "trainer"
-    ) -> WorkerGroup[W]:
+    def trainer_group(cls: type[W], name: str, init: dict[str, Any], gpus: float) -> WorkerGroup[W]:
         return make_worker_group(
             cls,
             num_workers=c.num_trainer_workers,
             init_kwargs={**init, "run_dir": cfg.run_dir},
             name=name,
             num_gpus_per_worker=gpus,
-            **{**common, **mps_env(mps, c.mps_priority, side)},
+            **common,
         )
 
     rollout = make_worker_group(
@@ -272,7 +255,7 @@ def _build_groups(cfg: RunConfig, plan: Placement, shared: Any, mps: MpsDaemon |
         init_kwargs={"spec": specs.engine_spec(cfg), "run_dir": cfg.run_dir},
         name="rollout",
         num_gpus_per_worker=plan.rollout_gpus,
-        **{**common, **mps_env(mps, c.mps_priority, "rollout")},
+        **common,
     )
     critic = (
         trainer_group(
@@ -295,7 +278,7 @@ def _build_groups(cfg: RunConfig, plan: Placement, shared: Any, mps: MpsDaemon |
         if cfg.reward.model is not None:
             spec = specs.reward_model_spec(cfg.reward.model, cfg.cluster.device)
             groups.reward_model = trainer_group(
-                RewardModelWorker, "reward_model", {"spec": spec}, plan.reward_gpus, side="reward"
+                RewardModelWorker, "reward_model", {"spec": spec}, plan.reward_gpus
             )
         groups.judge = _judge_group(cfg, common)
         groups.publisher = build_publisher(cfg, groups)

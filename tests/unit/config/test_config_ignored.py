@@ -84,9 +84,6 @@ def test_cluster_settings_that_do_not_apply_are_refused() -> None:
         split.startswith("cluster.engine_sleeps=false: only colocated placement") and "never sleep" in split
     )
     load_config(None, ["cluster.backend=ray", "cluster.engine_sleeps=false"])
-    (priority,) = problems(["cluster.mps=off", "cluster.mps_priority=rollout"])
-    assert priority.startswith("cluster.mps_priority=rollout: a priority between MPS clients")
-    load_config(None, ["cluster.mps_priority=rollout"])
 
 
 def test_a_kl_estimator_of_a_kl_term_that_is_off_is_refused() -> None:

@@ -184,39 +184,3 @@ def test_every_worker_group_gets_the_daemons_environment(monkeypatch):
     assert all(kw["env"] == FakeDaemon().env() for kw in made.values())
     setup._build_groups(run, setup.placement_of(run), None, None)
     assert all("env" not in kw for kw in made.values())
-
-
-@pytest.mark.parametrize("priority", ["rollout", "trainer"])
-def test_mps_priority_lowers_the_other_side_only(monkeypatch, priority):
-    """cluster.mps_priority=rollout: trainer and critic ranks start at MPS's below-normal client priority;
-    =trainer: the replicas do. The reward model stays normal either way, and without a daemon nobody gets
-    the variable (it is an MPS setting)."""
-    made: dict[str, dict] = {}
-
-    def make_worker_group(cls, **kw):
-        made[kw["name"]] = kw
-        return FakeGroup(kw["name"], [])
-
-    monkeypatch.setattr(setup, "make_worker_group", make_worker_group)
-    monkeypatch.setattr(setup, "build_publisher", lambda c, groups: None)
-    run = RunConfig.model_validate(
-        {
-            "model": {"path": "m"},
-            "algorithm": {"advantage": "gae"},
-            "reward": {"model": {"path": "rm"}},
-            "cluster": {"mps_priority": priority},
-        }
-    )
-    setup._build_groups(run, setup.placement_of(run), None, FakeDaemon())
-    low = {**FakeDaemon().env(), "CUDA_MPS_CLIENT_PRIORITY": "1"}
-    lowered = {name for name, kw in made.items() if kw["env"] == low}
-    assert lowered == ({"trainer", "critic"} if priority == "rollout" else {"rollout"})
-    assert made["reward_model"]["env"] == FakeDaemon().env()
-    setup._build_groups(run, setup.placement_of(run), None, None)
-    assert all("env" not in kw for kw in made.values())
-
-
-def test_mps_priority_names_its_choices():
-    with pytest.raises(ValueError, match="mps_priority"):
-        RunConfig.model_validate({"cluster": {"mps_priority": "decode"}})
-    assert setup.mps_env(FakeDaemon(), "equal", "trainer") == {"env": FakeDaemon().env()}
