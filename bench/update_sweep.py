@@ -21,6 +21,9 @@ Variants switch one thing each (the default trainer is `head+offsets`):
 - `hostsync`: micro-batches copied to the GPU with blocking copies (the packer before asynchronous ones:
   the GPU waits while the host packs the next micro-batch).
 - `inductorgrad`: the head's logits gradient as inductor's kernels, not `ascent.trainer.triton_head`'s.
+- `keeplogits`: the head keeps each chunk's logits from the forward for the backward
+  (`train.keep_head_logits`) instead of recomputing them: one head matmul fewer, [response tokens,
+  vocabulary] more memory per micro-batch.
 """
 
 from __future__ import annotations
@@ -71,11 +74,11 @@ def variant(name: str) -> Iterator[None]:
     import ascent.trainer.policy as Pol
 
     parts = set(name.split("+")) - {"base"}
-    unknown = parts - {"head", "offsets", "nogc", "cold", "hostsync", "inductorgrad"}
+    unknown = parts - {"head", "offsets", "nogc", "cold", "hostsync", "inductorgrad", "keeplogits"}
     if unknown:
         raise SystemExit(
             f"--variants: unknown part(s) {sorted(unknown)}; use base, head, offsets, nogc, cold, "
-            "hostsync, inductorgrad."
+            "hostsync, inductorgrad, keeplogits."
         )
     saved = (L.fusable_head, Pol.pack, Hd.TRITON_LOGITS_GRAD)
     inner = _blocking_pack if "hostsync" in parts else saved[1]
@@ -142,6 +145,7 @@ def _peaks() -> tuple[float, float]:
 def run_cell(worker: Any, samples: list[Any], args: argparse.Namespace, name: str, setting: str) -> dict:
     tokens, chunk = (int(x) for x in setting.split("/"))
     worker.max_tokens, worker.chunk_tokens = tokens, chunk
+    worker.keep_head_logits = "keeplogits" in name.split("+")
     with variant(name):
         warm = timed_update(worker, samples)  # recompiles for a new shape or path land here
         if torch.cuda.is_available():

@@ -17,7 +17,7 @@ go through its k chosen experts only (`ModelShape.mlp_width`; `active_params` is
   layer keeps its working set. The LM head runs as one autograd function over chunks of
   `logprob_chunk_tokens` rows: a compute-dtype copy of the [V, H] weight, an fp32 [V, H] weight-gradient
   buffer (when the head trains) and one [chunk, V] logits buffer (compiled; eager adds two fp32 ones), plus
-  the [M, H] response rows. SDPA attention adds the dense [N, N] block-causal mask.
+  the [M, H] response rows; `train.keep_head_logits` keeps all [M, V] logits for the backward. SDPA attention adds the dense [N, N] block-causal mask.
 - sequence parallelism (`train.sequence_parallel` = S, `ascent.trainer.sequence_parallel`): a rank holds
   N/S tokens of every micro-batch through the decoder (layer inputs and working set; the Ulysses
   all-to-all turns its q/k/v into all N tokens of 1/S of the heads, the same bytes) and the head runs over
@@ -136,6 +136,7 @@ class MemoryInputs:
     micro_batch_tokens: int = 8192
     response_tokens: int = 4096
     logprob_chunk: int = 1024
+    keep_head_logits: bool = False  # the update keeps the head's [M, V] logits for its backward
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ()
     offload_optimizer: bool = False
@@ -262,14 +263,15 @@ def body_activation_bytes(m: MemoryInputs, tokens: int) -> int:
 def head_bytes(m: MemoryInputs, grad: bool = True) -> int:
     """The LM head over the response rows: the weight cast to the compute dtype, an fp32 [V, H] weight
     gradient (when the head trains), the [M, H] rows, one [chunk, V] logits buffer (plus two fp32 ones
-    when not compiled)."""
+    when not compiled), and with `keep_head_logits` in a backward pass all [M, V] logits."""
     s = m.shape
     chunk = min(m.logprob_chunk, max(m.response_tokens, 1))
     cast = s.embed_params * m.compute_bytes if m.compute_bytes != 4 and not m.lora_rank else 0
     weight_grad = 4 * s.embed_params if grad and not m.lora_rank else 0
     rows = rank_tokens(m, m.response_tokens) * s.hidden * (residual_bytes(m) + m.compute_bytes)
     logits = chunk * s.vocab * (m.compute_bytes + (0 if m.compiled else 8))
-    return cast + weight_grad + rows + logits
+    kept = rank_tokens(m, m.response_tokens) * s.vocab * m.compute_bytes if grad and m.keep_head_logits else 0
+    return cast + weight_grad + rows + logits + kept
 
 
 def reference_bytes(m: MemoryInputs) -> int:
@@ -419,7 +421,8 @@ def knobs(m: MemoryInputs, est: Estimate) -> list[str]:
         "activations (micro-batch)": "lower train.max_tokens_per_micro_batch"
         + ("" if m.gradient_checkpointing else ", set model.gradient_checkpointing=true")
         + " or raise train.sequence_parallel (more trainer ranks share each micro-batch)",
-        "LM head (logprob chunks)": "lower train.logprob_chunk_tokens",
+        "LM head (logprob chunks)": "lower train.logprob_chunk_tokens"
+        + (" or set train.keep_head_logits=false" if m.keep_head_logits else ""),
         "KV cache": "lower rollout.gpu_memory_fraction",
         "reference model": "model.lora.rank=16 (the reference is then the base, no copy) or "
         "algorithm.kl_loss_coef=0 and algorithm.kl_penalty_coef=0",

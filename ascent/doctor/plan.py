@@ -71,6 +71,7 @@ def memory_inputs(cfg: RunConfig, shape: ModelShape, gpu_bytes: int, gpus_visibl
         micro_batch_tokens=tokens,
         response_tokens=response,
         logprob_chunk=t.logprob_chunk_tokens,
+        keep_head_logits=t.keep_head_logits,
         lora_rank=cfg.model.lora.rank,
         lora_targets=tuple(cfg.model.lora.target_modules),
         offload_optimizer=t.offload_optimizer,

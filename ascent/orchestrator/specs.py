@@ -77,6 +77,7 @@ def policy_trainer_spec(
         loss=loss,
         max_tokens_per_micro_batch=train.max_tokens_per_micro_batch,
         logprob_chunk_tokens=train.logprob_chunk_tokens,
+        keep_head_logits=train.keep_head_logits,
         temperature=temperature,
         need_reference=need_reference,
         teacher_path=teacher_path,

@@ -10,7 +10,8 @@ that is ~3 GB of memory traffic per chunk, and the profile of a 0.5B update put 
 - the weight gradient of every chunk accumulated straight into ONE fp32 [V, H] buffer by the matmul itself
   (`addmm(..., out_dtype=float32)` on CUDA: no bf16 rounding of partial sums, fewer bytes moved);
 - the logits gradient written in place over the recomputed logits (one [chunk, V] buffer in backward);
-- no checkpoint hooks: forward keeps only the [M, H] input, per-row logsumexp and entropy.
+- no checkpoint hooks: forward keeps only the [M, H] input, per-row logsumexp and entropy (or, with
+  `keep_logits` (`train.keep_head_logits`), every chunk's logits too, so backward skips the recomputation).
 
 Math (z = logits / T, p = softmax(z), lse = logsumexp(z), H = lse - sum p z):
     logp_t = z_t - lse,   d logp_t / d logits = (onehot_t - p) / T,
@@ -69,6 +70,15 @@ def logits_grad_(
         t.div_(temperature)
     z.copy_(t)
     z.scatter_add_(-1, targets.unsqueeze(-1), (g_logp / temperature).unsqueeze(-1).to(z.dtype))
+
+
+def chunk_stats_kept(
+    z: Tensor, targets: Tensor, temperature: float, with_entropy: bool, dtype: torch.dtype
+) -> tuple[Tensor, ...]:
+    """`chunk_stats` plus z cast to `dtype` [n, V], taken before the stats touch z: the compiled form writes
+    the cast from the pass that reads z anyway."""
+    kept = z.to(dtype, copy=True)  # a copy even in z's dtype: chunk_stats works in place
+    return (*chunk_stats(z, targets, temperature, with_entropy), kept)
 
 
 #: On CUDA the logits gradient runs as one Triton kernel (`ascent.trainer.triton_head`); False keeps the
@@ -134,15 +144,18 @@ class _HeadLogprobs(torch.autograd.Function):
         entropy_grad: bool,
         dtype: torch.dtype,
         compiled: bool,
+        keep: bool,
     ) -> tuple[Tensor, Tensor]:
         h, w = hidden.to(dtype), weight.to(dtype)
-        stats = _compiled(chunk_stats) if compiled else chunk_stats
+        fn, extra = (chunk_stats_kept, (dtype,)) if keep else (chunk_stats, ())
+        stats = _compiled(fn) if compiled else fn
         parts = [
-            stats(logits_fp32(hc, w), tc, temperature, with_entropy)
+            stats(logits_fp32(hc, w), tc, temperature, with_entropy, *extra)
             for hc, tc in zip(h.split(chunk), targets.split(chunk), strict=True)
         ]
-        logp, lse, ent = (torch.cat(x) for x in zip(*parts, strict=True))
-        ctx.save_for_backward(h, w, targets, lse, ent)
+        logp, lse, ent = (torch.cat(x) for x in list(zip(*parts, strict=True))[:3])
+        kept = [p[3] for p in parts] if keep else []
+        ctx.save_for_backward(h, w, targets, lse, ent, *kept)
         ctx.args = (temperature, chunk, entropy_grad and with_entropy, compiled, hidden.dtype, weight.dtype)
         if not ctx.args[2]:
             ctx.mark_non_differentiable(ent)
@@ -151,7 +164,7 @@ class _HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g_logp: Tensor | None, g_ent: Tensor | None) -> tuple[Tensor | None, ...]:
-        h, w, targets, lse, ent = ctx.saved_tensors
+        h, w, targets, lse, ent, *kept = ctx.saved_tensors
         temperature, chunk, ent_grad, compiled, h_dtype, w_dtype = ctx.args
         n = h.shape[0]
         g_logp = lse.new_zeros(n) if g_logp is None else g_logp.float()
@@ -161,9 +174,9 @@ class _HeadLogprobs(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None
-        for s in range(0, n, chunk):
+        for i, s in enumerate(range(0, n, chunk)):
             e = min(n, s + chunk)
-            z = h[s:e] @ w.T
+            z = kept[i] if kept else h[s:e] @ w.T
             grad_fn(z, targets[s:e], lse[s:e], ent[s:e], g_logp[s:e], g_ent[s:e], temperature)
             if grad_h is not None:
                 torch.mm(z, w, out=grad_h[s:e])
@@ -172,7 +185,7 @@ class _HeadLogprobs(torch.autograd.Function):
         return (
             None if grad_h is None else grad_h.to(h_dtype),
             None if grad_w is None else grad_w.to(w_dtype),
-            *([None] * 7),
+            *([None] * 8),
         )
 
 
@@ -192,14 +205,18 @@ def head_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = True,
     compiled: bool = False,
+    keep_logits: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """hidden [M, H], targets [M] -> (logprobs [M], entropy [M] or [0]), fp32, through a bias-free Linear
     head (see module doc). Runs in autocast's dtype when autocast is on, else in `hidden`'s dtype.
 
-    `entropy_grad=False` returns the entropy as a metric without a gradient."""
+    `entropy_grad=False` returns the entropy as a metric without a gradient. `keep_logits`: where a backward
+    will run, every chunk's logits are kept from the forward in the compute dtype ([M, V] more memory) and
+    the backward reads them instead of recomputing them: one head matmul of three fewer."""
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
     weight = cast(Tensor, head.weight)
-    args = (temperature, chunk_tokens, with_entropy, entropy_grad, dtype, compiled)
+    keep = keep_logits and torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    args = (temperature, chunk_tokens, with_entropy, entropy_grad, dtype, compiled, keep)
     logp, ent = _HeadLogprobs.apply(hidden, weight, targets, *args)
     return logp, ent

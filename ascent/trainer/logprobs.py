@@ -163,12 +163,13 @@ def logprobs_from_hidden(
     with_entropy: bool = False,
     compiled: bool = False,
     entropy_grad: bool = True,
+    keep_logits: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """hidden [M, H], targets [M] -> (logprobs [M], entropy [M] | None), chunked over rows (see module doc).
 
     `compiled`: the per-chunk math runs as torch.compile'd fused kernels. On the checkpointed path (heads
     other than a plain Linear) an entropy that must carry a gradient (`entropy_grad` and `with_entropy`)
-    stays eager.
+    stays eager. `keep_logits`: the plain-Linear head keeps its logits for the backward (`head_logprobs`).
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature}: the trainer needs T > 0 (greedy rollouts use T = 1).")
@@ -185,6 +186,7 @@ def logprobs_from_hidden(
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
             compiled=compiled,
+            keep_logits=keep_logits,
         )
         return lp, (ent if with_entropy else None)
     use_ckpt = torch.is_grad_enabled() and hidden.requires_grad
@@ -209,6 +211,7 @@ def token_logprobs(
     compiled: bool = False,
     entropy_grad: bool = True,
     sp: SequenceParallel | None = None,
+    keep_logits: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Logprobs [M] (fp32) of the packed batch's response tokens under `model`, and entropy [M] if asked.
 
@@ -223,6 +226,7 @@ def token_logprobs(
         "with_entropy": with_entropy,
         "compiled": compiled,
         "entropy_grad": entropy_grad,
+        "keep_logits": keep_logits,
     }
     return run_as_forward(model, _token_logprobs, model, packed, sp, **kwargs)
 

@@ -98,6 +98,7 @@ class PolicyWorker:
         loss: LossSettings | None = None,
         max_tokens_per_micro_batch: int = 8192,
         logprob_chunk_tokens: int = 1024,
+        keep_head_logits: bool = False,
         temperature: float = 1.0,
         need_reference: bool | None = None,
         teacher_path: str | Path | None = None,
@@ -116,6 +117,7 @@ class PolicyWorker:
         self.loss_settings = loss or LossSettings()
         self.max_tokens = max_tokens_per_micro_batch
         self.chunk_tokens = logprob_chunk_tokens
+        self.keep_head_logits = keep_head_logits
         self.temperature = temperature
         self.tokenizer_path = tokenizer_path or model_path
         self.model_path = model_path
@@ -173,6 +175,7 @@ class PolicyWorker:
             loss=spec.loss,
             max_tokens_per_micro_batch=spec.max_tokens_per_micro_batch,
             logprob_chunk_tokens=spec.logprob_chunk_tokens,
+            keep_head_logits=spec.keep_head_logits,
             temperature=spec.temperature,
             need_reference=spec.need_reference,
             teacher_path=spec.teacher_path,
@@ -350,6 +353,7 @@ class PolicyWorker:
                     compiled=self.compiled,
                     entropy_grad=settings.entropy_coef != 0,
                     sp=self.sp,
+                    keep_logits=self.keep_head_logits,
                 )
             loss = micro_batch_loss(
                 lp,

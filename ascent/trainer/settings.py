@@ -96,6 +96,7 @@ class TrainerSpec:
     loss: LossSettings = field(default_factory=LossSettings)
     max_tokens_per_micro_batch: int = 8192
     logprob_chunk_tokens: int = 1024
+    keep_head_logits: bool = False
     temperature: float = 1.0
     need_reference: bool = False
     teacher_path: str | None = None

@@ -88,6 +88,11 @@ def test_head_terms():
     assert M.head_bytes(BASE, grad=False) == cast + rows + logits
     eager = replace(BASE, compiled=False)
     assert M.head_bytes(eager) - M.head_bytes(BASE) == 20 * 10 * 8  # two fp32 [chunk, V] buffers
+    kept = replace(BASE, keep_head_logits=True)  # every response row's logits, in the update only
+    assert M.head_bytes(kept) - M.head_bytes(BASE) == 50 * 10 * 2
+    assert M.head_bytes(kept, grad=False) == M.head_bytes(BASE, grad=False)
+    sp = replace(BASE, sequence_parallel=2)  # a rank keeps its share of the rows
+    assert M.head_bytes(replace(sp, keep_head_logits=True)) - M.head_bytes(sp) == 25 * 10 * 2
 
 
 def test_reference_and_critic():

@@ -95,6 +95,7 @@ def test_trainer_spec_carries_each_field_the_trainer_reads():
             "train.max_grad_norm=0.5",
             "train.max_tokens_per_micro_batch=960",
             "train.logprob_chunk_tokens=32",
+            "train.keep_head_logits=true",
             "train.compile=off",
             "train.attention=sdpa",
             "algorithm.kl_loss_coef=0.1",
@@ -113,6 +114,7 @@ def test_trainer_spec_carries_each_field_the_trainer_reads():
     assert (optim.lr, optim.betas, optim.total_steps, optim.max_grad_norm) == (3e-4, (0.8, 0.9), 12, 0.5)
     assert (optim.warmup_steps, optim.schedule) == (2, "cosine")
     assert (spec.max_tokens_per_micro_batch, spec.logprob_chunk_tokens) == (960, 32)
+    assert spec.keep_head_logits and not trainer_spec(_cfg(), 1).keep_head_logits
     assert (spec.compile, spec.attention, spec.temperature) == ("off", "sdpa", 0.7)
     loss = spec.loss
     assert (loss.kl_loss_coef, loss.entropy_coef, loss.rollout_correction) == (0.1, 0.01, "mis")

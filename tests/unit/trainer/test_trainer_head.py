@@ -57,6 +57,27 @@ def test_values_and_gradients_match_autograd(chunk, temperature, compiled):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_kept_logits_give_the_same_values_and_gradients(compiled):
+    """keep_logits: the backward reads the forward's logits instead of recomputing them; same math, and the
+    in-place stats must not touch the kept copy (temperature and entropy both write in place)."""
+    head, hidden, targets, w_lp, w_ent = _case(3)
+    kw = {
+        "temperature": 0.7,
+        "chunk_tokens": 4,
+        "with_entropy": True,
+        "compiled": compiled,
+        "keep_logits": True,
+    }
+    lp, ent = head_logprobs(head, hidden, targets, **kw)
+    ref_lp, ref_ent = _reference(head, hidden, targets, 0.7)
+    torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-6)
+    got = _grads(head, hidden, (lp * w_lp).sum() + (ent * w_ent).sum())
+    want = _grads(head, hidden, (ref_lp * w_lp).sum() + (ref_ent * w_ent).sum())
+    for g, r, name in zip(got, want, ("hidden", "weight"), strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_entropy_as_a_metric_carries_no_gradient():
     head, hidden, targets, w_lp, _ = _case(1)
     lp, ent = head_logprobs(head, hidden, targets, with_entropy=True, entropy_grad=False, chunk_tokens=3)

@@ -73,6 +73,23 @@ def test_gradient_and_update_do_not_depend_on_the_micro_batch_split(tiny_path, a
     assert moved > 1e-3
 
 
+def test_kept_head_logits_give_the_same_gradients(tiny_path):
+    """train.keep_head_logits: the backward reads the forward's logits instead of recomputing them; the
+    gradients (entropy in the loss too, so the head's full backward runs) are those of the recomputing path."""
+    grads = {}
+    for keep in (False, True):
+        worker = _worker(tiny_path, entropy_coef=0.01)
+        worker.keep_head_logits = keep
+        samples = _samples(worker)
+        tokens, seqs = minibatch_totals(samples)
+        worker.model.train()
+        worker.accumulate(samples, SPLITS["three_five"], total_tokens=tokens, total_seqs=seqs)
+        grads[keep] = {n: p.grad.clone() for n, p in worker.model.named_parameters()}
+    assert any(g.abs().max() > 0 for g in grads[True].values())
+    for name, g in grads[False].items():
+        torch.testing.assert_close(grads[True][name], g, atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_update_metrics_and_token_budget_split(tiny_path):
     worker = _worker(tiny_path, lr=1e-2)
     worker.max_tokens = max(s.num_tokens for s in make_samples(8, seed=11))
