@@ -124,9 +124,9 @@ def run_checks(
     gpus = max(facts.count, 1 if gpu_bytes else 0)
     report.inputs, report.estimate = plan.run_estimate(cfg, shape, gpu_bytes, gpus)
     if plan.on_gpu(cfg, gpus) or gpu_memory_gib is not None:
-        report.results.append(plan.check_memory(report.inputs, report.estimate, target))
-        recompute = plan.check_recompute(report.inputs, target)
-        report.results += [recompute] if recompute else []
+        hints = (plan.check_recompute(report.inputs, target), plan.check_kept_logits(report.inputs, target))
+        report.results += [h for h in hints if h]
+        report.results.append(plan.check_memory(report.inputs, report.estimate, target))  # last: the verdict
     if not plan.on_gpu(cfg, gpus):  # the workers run on the CPU: the estimate is of this machine's RAM
         total, available = system.host_memory()
         report.results.append(plan.check_host_memory(cfg, report.inputs, report.estimate, total, available))

@@ -257,3 +257,28 @@ def test_recompute_is_flagged_only_where_the_run_fits_without_it():
     small = plan.check_recompute(replace(m, gpu_bytes=40 * GIB), "a 40 GiB GPU")
     assert small is not None and small.status == "ok" and "needed" in small.detail
     assert plan.check_recompute(replace(m, gradient_checkpointing=False), "x") is None
+
+
+def test_kept_logits_are_suggested_only_where_they_fit():
+    """train.keep_head_logits off: the doctor names it where the estimate with the kept [M, V] logits still
+    fits (0.5B at 24576-token micro-batches: 4.6 GiB more, as measured on an H200); silent where it would not
+    fit, where it is already on, and off a GPU."""
+    from ascent.doctor import plan
+
+    m = M.MemoryInputs(
+        shape=qwen_shape(896, 4864, 24, 14),
+        compute_bytes=2,
+        micro_batch_tokens=32 * 768,
+        response_tokens=32 * 512,
+        logprob_chunk=1024,
+        gpu_memory_fraction=0.3,
+        gpu_bytes=int(139.8 * GIB),
+    )
+    hint = plan.check_kept_logits(m, "NVIDIA H200")
+    assert hint is not None and hint.status == "ok" and "train.keep_head_logits=true" in hint.detail
+    kept_extra = M.head_bytes(replace(m, keep_head_logits=True)) - M.head_bytes(m)
+    assert 4.5 * GIB < kept_extra < 4.8 * GIB
+    tight = replace(m, gpu_bytes=hint.data["peak_bytes_kept"])  # fits the peak, not the fragmentation margin
+    assert plan.check_kept_logits(tight, "x") is None
+    assert plan.check_kept_logits(replace(m, keep_head_logits=True), "x") is None
+    assert plan.check_kept_logits(replace(m, gpu_bytes=0), "x") is None
