@@ -112,6 +112,7 @@ def run_config(args: argparse.Namespace, model: Path, data: Path, run_dir: Path,
                 "trajectories_per_update": args.prompts * args.samples // args.updates,
                 "max_tokens_per_micro_batch": args.micro_batch_tokens,
                 "logprob_chunk_tokens": args.logprob_chunk,
+                "keep_head_logits": args.keep_head_logits,
                 "compile": args.trainer_compile,
                 "old_logprobs": args.old_logprobs,
             },
@@ -239,7 +240,7 @@ def report(res: dict[str, Any]) -> str:
         f"{res['facts'].get('device', 'cpu')}  shape {a['shape']}  {a['prompts']}x{a['samples']}  "
         f"prompt {a['prompt_len']}  new {a['new_tokens']}  micro-batch {a['micro_batch_tokens']} tokens  "
         f"grad-ckpt {a['grad_ckpt']}  attn {a['trainer_attn']}  compile {a['trainer_compile']}  "
-        f"old-logprobs {a['old_logprobs']}",
+        f"old-logprobs {a['old_logprobs']}  keep-head-logits {a.get('keep_head_logits', False)}",
         f"iteration {s['iteration_s']:.2f} s  ->  {s['completions_per_s']:.1f} completions/s, "
         f"{s['tokens_per_s']:.0f} tokens/s (median of {len(res['iterations'])})",
         "phases (s): " + "  ".join(f"{k} {s[k]:.3f}" for k in PHASES if k in s),
@@ -275,6 +276,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--micro-batch-tokens", type=int, default=16384)
     ap.add_argument("--logprob-chunk", type=int, default=1024)
     ap.add_argument("--grad-ckpt", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--keep-head-logits", action="store_true", help="train.keep_head_logits=true")
     ap.add_argument("--trainer-attn", choices=["varlen", "sdpa"], default="varlen")
     ap.add_argument("--profile", action="store_true", help="one more iteration under torch.profiler")
     ap.add_argument("--trainer-compile", choices=["auto", "on", "off"], default="auto")

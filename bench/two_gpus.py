@@ -370,6 +370,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--offload-optimizer", choices=["auto", "on", "off"], default="auto", help="auto: seven_b only"
     )
     ap.add_argument("--trainer-compile", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument("--keep-head-logits", action="store_true", help="train.keep_head_logits=true")
     ap.add_argument(
         "--mps",
         choices=["auto", "on", "off"],

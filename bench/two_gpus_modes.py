@@ -186,6 +186,7 @@ def run_config(args: argparse.Namespace, mode: str, shape: str) -> Any:
                 "trajectories_per_update": wl.prompts * wl.samples,
                 "max_tokens_per_micro_batch": wl.micro_batch_tokens,
                 "logprob_chunk_tokens": wl.logprob_chunk,
+                "keep_head_logits": args.keep_head_logits,
                 "compile": args.trainer_compile,
                 "sharding": lay.sharding,
                 "offload_optimizer": offload(args, mode),
