@@ -145,6 +145,10 @@ def summarize(records: list[dict[str, Any]], warmup: int, trajectories: int) -> 
     }
     its = [r["time/iteration"] for r in timed]
     out["completions_per_s_median_iteration"] = trajectories / statistics.median(its)
+    if warmup >= 1:  # record to record: the iteration plus whatever runs between two iterations
+        periods = [b["time"] - a["time"] for a, b in zip(rows[warmup - 1 :], timed, strict=False)]
+        out["keys"]["time/period"] = stats(periods)
+        out["completions_per_s_median_period"] = trajectories / statistics.median(periods)
     start = rows[warmup - 1]["time"] if warmup >= 1 else timed[0]["time"] - timed[0]["time/iteration"]
     wall = timed[-1]["time"] - start
     out["timed_window"] = (start, timed[-1]["time"])
@@ -174,7 +178,18 @@ def mode_table(res: dict[str, Any]) -> str:
         f"iterations {s['steps_timed'][0]}-{s['steps_timed'][-1]} ({s['iterations_timed']} after "
         f"{w['warmup']} warm-up): completions/s {s['completions_per_s_wall']:.2f} (wall), "
         f"{s['completions_per_s_median_iteration']:.2f} (median iteration)"
+        + (
+            f", {s['completions_per_s_median_period']:.2f} (median period)"
+            if "time/period" in s["keys"]
+            else ""
+        )
     )
+    period, iteration = s["keys"].get("time/period"), s["keys"].get("time/iteration")
+    if period and iteration and period["median"] > 1.05 * iteration["median"]:
+        lines.append(
+            f"WARNING: the median period between iterations ({period['median']:.2f} s) exceeds the median "
+            f"iteration ({iteration['median']:.2f} s): work outside time/iteration; read the period"
+        )
     lines.append(f"{'metric':<28}{'median':>10}{'min':>10}{'max':>10}")
     for key, v in s["keys"].items():
         lines.append(f"{key:<28}{_fmt(v['median']):>10}{_fmt(v['min']):>10}{_fmt(v['max']):>10}")
