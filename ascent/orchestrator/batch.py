@@ -6,6 +6,7 @@ Advantages are computed on the controller in padded [B, T] layout (small: one fl
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import llguidance
+import numpy as np
 import torch
 
 from ascent.algorithms import ADVANTAGE_ESTIMATORS, AdvantageInputs, options_for, reverse_kl
@@ -121,12 +123,16 @@ def group_ids(groups: Sequence[Group]) -> torch.Tensor:
 
 
 def padded(rows: Sequence[Sequence[float]], width: int, fill: float = 0.0) -> torch.Tensor:
-    """Ragged rows -> [B, width] float tensor padded with `fill`."""
-    out = torch.full((len(rows), width), fill, dtype=torch.float32)
-    for i, r in enumerate(rows):
-        if len(r):
-            out[i, : len(r)] = torch.as_tensor(r, dtype=torch.float32)
-    return out
+    """Ragged rows (each at most `width` long) -> [B, width] float32 tensor padded with `fill`.
+
+    One C-level pass over all values (numpy's fromiter over the chained rows) and one masked assignment:
+    about 3x faster than a tensor per row at 512 rows of 512 (bench/driver_overhead.py), and this runs on
+    the controller between the trainer's calls."""
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.float32, count=int(lengths.sum()))
+    out = np.full((len(rows), width), fill, dtype=np.float32)
+    out[np.arange(width) < lengths[:, None]] = flat
+    return torch.from_numpy(out)
 
 
 def advantage_inputs(
@@ -248,17 +254,20 @@ def with_targets(
     """The samples with their per-token training targets: advantages [B, T], old/reference logprobs, and
     returns/values [B, T] (only with a critic, when both are given)."""
     critic = values is not None and returns is not None
+    adv_rows = advantages.tolist()  # one conversion of the matrix, then list slices (no tensor per row)
+    ret_rows = returns.tolist() if critic and returns is not None else None
+    val_rows = values.tolist() if critic and values is not None else None
     out = []
     for i, s in enumerate(samples):
         n = len(s.response_ids)
         out.append(
             replace(
                 s,
-                advantages=advantages[i, :n].tolist(),
+                advantages=adv_rows[i][:n],
                 old_logprobs=None if old_logprobs is None else old_logprobs[i],
                 ref_logprobs=None if ref_logprobs is None else ref_logprobs[i],
-                returns=returns[i, :n].tolist() if critic and returns is not None else None,
-                old_values=values[i, :n].tolist() if critic and values is not None else None,
+                returns=None if ret_rows is None else ret_rows[i][:n],
+                old_values=None if val_rows is None else val_rows[i][:n],
             )
         )
     return out

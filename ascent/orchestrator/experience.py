@@ -12,6 +12,7 @@ thread, which decodes with its own copy of the tokenizer.
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -133,7 +134,7 @@ def record_trained(
 
 def _mean_advantage(e: Episode, s: TrainSample) -> float | None:
     """The mean advantage over the episode's loss-mask tokens (all tokens when none has mask 1)."""
-    values = [a for a, m in zip(s.advantages, e.loss_mask, strict=True) if m] or s.advantages
+    values = list(itertools.compress(s.advantages, e.loss_mask)) or s.advantages
     return sum(values) / len(values) if values else None
 
 

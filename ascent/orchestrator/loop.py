@@ -9,6 +9,7 @@ which are inline objects or Ray actors, the loop cannot tell which. `ascent trai
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 
@@ -313,11 +314,11 @@ def swap_metrics(episodes: list[Episode]) -> dict[str, float]:
     the episode's oldest (loss-masked tokens only)."""
     swapped = tokens = 0
     for e in episodes:
-        sampled = [v for v, m in zip(e.token_versions, e.loss_mask, strict=False) if m]
+        sampled = list(itertools.compress(e.token_versions, e.loss_mask))
         oldest = min(sampled, default=0)
-        if sampled and oldest != max(sampled):  # one pass each: a per-token min() made this O(T^2) per episode
+        if sampled and oldest != max(sampled):  # C-level passes: a per-token min() once made this O(T^2)
             swapped += 1
-            tokens += sum(v > oldest for v in sampled)
+            tokens += len(sampled) - sampled.count(oldest)  # every other version is newer than the oldest
     return {"rollout/swapped_sequences": float(swapped), "rollout/tokens_after_swap": float(tokens)}
 
 

@@ -19,6 +19,7 @@ which a resumed run samples again, before the writer starts.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -402,14 +403,26 @@ class ExperienceWriter:
     def _segments(self, ep: Episode) -> list[dict[str, Any]]:
         """The response as runs of equal loss mask, each with its text."""
         out: list[dict[str, Any]] = []
-        start = 0
-        for i in range(1, len(ep.loss_mask) + 1):
-            if i == len(ep.loss_mask) or ep.loss_mask[i] != ep.loss_mask[start]:
-                ids = ep.response_ids[start:i]
-                text = self.decode(ids) if self.decode else ""
-                out.append({"mask": ep.loss_mask[start], "start": start, "end": i, "text": text})
-                start = i
+        for mask, start, end in mask_runs(ep.loss_mask):
+            text = self.decode(ep.response_ids[start:end]) if self.decode else ""
+            out.append({"mask": mask, "start": start, "end": end, "text": text})
         return out
+
+
+def mask_runs(mask: Sequence[int]) -> list[tuple[int, int, int]]:
+    """[(value, start, end)] of the runs of equal values in `mask`. C-level passes (this runs on the writer's
+    thread, which shares the GIL with the loop): a single-turn mask is one `count`, a multi-turn one a
+    `groupby` whose runs are measured by `len(list(run))`, never a Python step per token."""
+    if not mask:
+        return []
+    if mask.count(mask[0]) == len(mask):
+        return [(mask[0], 0, len(mask))]
+    out, start = [], 0
+    for value, run in itertools.groupby(mask):
+        end = start + len(list(run))
+        out.append((value, start, end))
+        start = end
+    return out
 
 
 def _write_images(conn: sqlite3.Connection, episode_id: int, images: Sequence[Any]) -> None:

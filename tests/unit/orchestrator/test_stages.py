@@ -246,3 +246,33 @@ def test_an_moe_generations_experts_reach_train_samples_unless_replay_is_off() -
     assert groups[0].episodes[0].routed_experts is routed
     assert B.train_samples(flatten(groups))[0].routed_experts is routed  # algorithm.routing_replay=true
     assert B.train_samples(flatten(groups), routing_replay=False)[0].routed_experts is None
+
+
+@pytest.mark.parametrize("fill", [0.0, -1.0])
+def test_padded_matches_a_row_by_row_copy(fill) -> None:
+    """Ragged rows (empty ones, full-width ones) -> [B, width] float32, each row's values then `fill`."""
+    rows = [[0.5, -2.0, 3.25], [], [1.0, 2.0, 3.0, 4.0], [7.0]]
+    want = torch.full((4, 4), fill)
+    for i, r in enumerate(rows):
+        want[i, : len(r)] = torch.tensor(r)
+    got = B.padded(rows, 4, fill)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    assert B.padded([], 3).shape == (0, 3)
+
+
+def test_with_targets_slices_each_row_to_its_response() -> None:
+    """Advantages (and, with a critic, returns and values) [B, T] become per-sample lists of each
+    response's length; without a critic returns and values stay None."""
+    samples = [
+        TrainSample(prompt_ids=[1], response_ids=[2, 3], loss_mask=[1, 1], advantages=[0.0, 0.0]),
+        TrainSample(prompt_ids=[1], response_ids=[4, 5, 6], loss_mask=[1, 0, 1], advantages=[0.0] * 3),
+    ]
+    adv = torch.tensor([[0.5, 0.25, 9.0], [1.0, 2.0, 3.0]])
+    out = B.with_targets(
+        samples, adv, [[-1.0, -2.0], [-3.0, -4.0, -5.0]], None, returns=adv + 1, values=adv - 1
+    )
+    assert [s.advantages for s in out] == [[0.5, 0.25], [1.0, 2.0, 3.0]]
+    assert out[1].returns == [2.0, 3.0, 4.0] and out[0].old_values == [-0.5, -0.75]
+    assert out[0].old_logprobs == [-1.0, -2.0] and out[0].ref_logprobs is None
+    plain = B.with_targets(samples, adv, None, None)
+    assert plain[0].returns is None and plain[1].old_values is None and plain[1].advantages == [1.0, 2.0, 3.0]

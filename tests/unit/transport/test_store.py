@@ -16,7 +16,7 @@ import pytest
 
 from ascent.messages import Episode
 from ascent.tracking.experience_store import FILE_NAME, StoreError, export, open_store
-from ascent.transport.store_writer import Entry, ExperienceWriter, prepare_store
+from ascent.transport.store_writer import Entry, ExperienceWriter, mask_runs, prepare_store
 
 
 def decode(ids) -> str:
@@ -304,3 +304,14 @@ def test_a_full_queue_drops_and_counts_while_the_file_is_locked(tmp_path: Path, 
     assert (
         "holds 1 episodes; 0 could not be written (bad rows, logged above) and 3 were dropped" in caplog.text
     )
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [[], [1], [1, 1, 1], [0, 0], [1, 1, 0, 0, 0, 1], [0, 1, 0, 1], [1, 0, 0, 1, 1, 1, 0]],
+)
+def test_mask_runs_are_the_runs_of_equal_values(mask) -> None:
+    """(value, start, end) for every run, in order, covering the mask exactly once."""
+    runs = mask_runs(mask)
+    assert [v for value, start, end in runs for v in [value] * (end - start)] == mask
+    assert all(a[2] == b[1] and a[0] != b[0] for a, b in zip(runs, runs[1:], strict=False))
