@@ -88,14 +88,44 @@ def to_groups(
     """One group per prompt: its generations as episodes, in the order the engine returned them.
 
     Each episode keeps its tokens' policy versions; `policy_version` (its oldest token's) falls back to
-    the argument for generations that carry none (an engine called directly, as `ascent eval` does)."""
-    return [
-        Group(tuple(_episode(item, gen, decode, policy_version) for gen in gens))
-        for item, gens in zip(items, generations, strict=True)
-    ]
+    the argument for generations that carry none (an engine called directly, as `ascent eval` does).
+    The responses are decoded together where `decode` has a `many` (see `decode_many`)."""
+    pairs = [(item, gen) for item, gens in zip(items, generations, strict=True) for gen in gens]
+    texts = iter(decode_many(decode, [gen.token_ids for _, gen in pairs]))
+    episodes = iter([_episode(item, gen, next(texts), policy_version) for item, gen in pairs])
+    return [Group(tuple(next(episodes) for _ in gens)) for gens in generations]
 
 
-def _episode(item: Any, gen: Generation, decode: Callable[[list[int]], str], policy_version: int) -> Episode:
+def decode_many(decode: Callable[[list[int]], str], seqs: list[list[int]]) -> list[str]:
+    """Every sequence decoded: by `decode.many(seqs)` where the decoder has one (a tokenizer's batch decode,
+    `TextDecoder`), else one call each."""
+    many = getattr(decode, "many", None)
+    return list(many(seqs)) if many is not None else [decode(s) for s in seqs]
+
+
+class TextDecoder:
+    """A tokenizer's decode as the loop uses it (`skip_special_tokens`), one sequence or many.
+
+    `many` hands a batch to the Rust tokenizer's `decode_batch` (no Python per sequence, threads across
+    cores) where that gives what `decode` gives: a fast tokenizer that does not clean up spaces afterwards
+    (transformers' `clean_up_tokenization_spaces` is a Python pass `decode_batch` lacks). Else one call each."""
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
+        self.tokenizer, self.skip = tokenizer, skip_special_tokens
+        fast = getattr(tokenizer, "is_fast", False) and hasattr(tokenizer, "backend_tokenizer")
+        self.batched = bool(fast and not getattr(tokenizer, "clean_up_tokenization_spaces", False))
+
+    def __call__(self, ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=self.skip))
+
+    def many(self, seqs: Sequence[Sequence[int]]) -> list[str]:
+        if not self.batched or not seqs:
+            return [self(s) for s in seqs]
+        backend = self.tokenizer.backend_tokenizer
+        return list(backend.decode_batch([list(s) for s in seqs], skip_special_tokens=self.skip))
+
+
+def _episode(item: Any, gen: Generation, text: str, policy_version: int) -> Episode:
     return Episode(
         prompt_ids=list(item.prompt_ids),
         response_ids=list(gen.token_ids),
@@ -105,7 +135,7 @@ def _episode(item: Any, gen: Generation, decode: Callable[[list[int]], str], pol
         row_id=item.row_id,
         policy_version=min(gen.token_versions, default=policy_version),
         token_versions=list(gen.token_versions),
-        response_text=decode(gen.token_ids),
+        response_text=text,
         metadata=item.metadata,
         images=item_images(item),
         routed_experts=gen.routed_experts,

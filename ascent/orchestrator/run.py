@@ -9,7 +9,6 @@ an agent's plays through the run's endpoint; the collector and the validation ta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,10 +194,7 @@ def build_run(
     if groups.publisher is None:  # build_worker_groups sets it once both groups are up
         raise ValueError("build_run: the worker groups have no weight publisher (setup.build_worker_groups)")
     tok = data.tokenizer
-
-    def decode(ids: Sequence[int]) -> str:
-        return str(tok.decode(ids, skip_special_tokens=True))
-
+    decode = B.TextDecoder(tok)  # skips special tokens; decodes a batch's responses in one call
     scorer = Scorer(rewards, decode, build_scorers(cfg, groups, tok), cfg.reward.fn_weight)
     prompts = PromptSource(groups.rollout, scorer)
     params = B.sampling_params(cfg.rollout)

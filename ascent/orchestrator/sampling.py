@@ -90,9 +90,10 @@ class Scorer:
         """The groups with every episode's reward and reward components set, and the reward runner's
         metrics (reward/mean, /std, failures)."""
         trajs = flatten(groups)
+        prompts: dict[tuple[int, ...], str] = {}  # a group's episodes share their prompt: decode it once
         inputs = [
             RewardInput(
-                prompt=self.decode(t.prompt_ids),
+                prompt=_cached(prompts, t.prompt_ids, self.decode),
                 response=t.response_text,
                 response_ids=t.response_ids,
                 metadata=t.metadata,
@@ -127,3 +128,10 @@ class Scorer:
         if n:
             metrics |= {"reward/mean": statistics.fmean(totals), "reward/std": statistics.pstdev(totals)}
         return RewardResult(rewards=totals, components=parts, metrics=metrics)
+
+
+def _cached(texts: dict[tuple[int, ...], str], ids: Sequence[int], decode: Decode) -> str:
+    key = tuple(ids)
+    if key not in texts:
+        texts[key] = decode(ids)
+    return texts[key]

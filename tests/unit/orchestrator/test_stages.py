@@ -276,3 +276,75 @@ def test_with_targets_slices_each_row_to_its_response() -> None:
     assert out[0].old_logprobs == [-1.0, -2.0] and out[0].ref_logprobs is None
     plain = B.with_targets(samples, adv, None, None)
     assert plain[0].returns is None and plain[1].old_values is None and plain[1].advantages == [1.0, 2.0, 3.0]
+
+
+def test_the_scorer_decodes_each_prompt_once() -> None:
+    """The episodes of a group share their prompt: the reward input's prompt text is decoded once per
+    distinct prompt, and every episode gets it."""
+    calls: list[tuple[int, ...]] = []
+
+    def decode(ids) -> str:
+        calls.append(tuple(ids))
+        return "p" + "".join(map(str, ids))
+
+    groups = [Group((ep(text="4"), ep(text="5"))), Group((replace_prompt(ep(text="4", row_id=1), [3]),))]
+    seen: list[str] = []
+    runner = RewardRunner(lambda prompt, response, ids, meta, **_: seen.append(prompt) or 0.0)
+    Scorer(runner, decode=decode)(groups)
+    assert sorted(calls) == [(1, 2), (3,)] and seen == ["p12", "p12", "p3"]
+
+
+def replace_prompt(e: Episode, prompt_ids: list[int]) -> Episode:
+    return dataclasses.replace(e, prompt_ids=prompt_ids)
+
+
+def test_to_groups_decodes_the_responses_in_one_batch_where_the_decoder_can() -> None:
+    """A decoder with `many` gets every response of the batch in one call (in engine order); a plain
+    callable is called once per response; the texts land on the right episodes either way."""
+    items = [SimpleNamespace(prompt_ids=[1], row_id=r, metadata={}) for r in (0, 1)]
+    gens = [
+        [Generation([4], [-0.1], "stop"), Generation([5, 6], [-0.2, -0.3], "stop")],
+        [Generation([8], [-0.4], "stop")],
+    ]
+
+    class Batched:
+        def __init__(self) -> None:
+            self.batches: list[list[list[int]]] = []
+
+        def __call__(self, ids) -> str:
+            raise AssertionError("one call per response")
+
+        def many(self, seqs):
+            self.batches.append([list(s) for s in seqs])
+            return [f"t{s}" for s in seqs]
+
+    batched = Batched()
+    groups = B.to_groups(items, gens, decode=batched)
+    assert batched.batches == [[[4], [5, 6], [8]]]
+    assert [[e.response_text for e in g.episodes] for g in groups] == [["t[4]", "t[5, 6]"], ["t[8]"]]
+    assert [[e.response_text for e in g.episodes] for g in B.to_groups(items, gens, decode=str)] == [
+        ["[4]", "[5, 6]"],
+        ["[8]"],
+    ]
+
+
+def test_text_decoder_batches_exactly_what_decode_gives(tmp_path) -> None:
+    """TextDecoder.many (the Rust tokenizer's decode_batch) equals the tokenizer's own decode, special
+    tokens skipped, on random ids including the special ones; a tokenizer that cleans up spaces afterwards
+    (a Python pass decode_batch lacks) is decoded one sequence at a time."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from ascent.models.tiny import make_char_tokenizer
+
+    make_char_tokenizer(tmp_path)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    rng = random.Random(0)
+    seqs = [[rng.randrange(len(tok)) for _ in range(rng.randrange(0, 40))] for _ in range(200)]
+    decoder = B.TextDecoder(tok)
+    assert decoder.batched
+    assert decoder.many(seqs) == [tok.decode(s, skip_special_tokens=True) for s in seqs]
+    assert decoder(seqs[3]) == tok.decode(seqs[3], skip_special_tokens=True) and decoder.many([]) == []
+    tok.clean_up_tokenization_spaces = True
+    assert not B.TextDecoder(tok).batched
