@@ -140,10 +140,6 @@ def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> d
         if run.colocated:
             released = release_trainer_memory(run)
             run.rollout.call(RolloutWorker.wake)
-    if old_lp is not None:  # else the update reported the sampler/trainer mismatch from its own logprobs
-        diff = B.logprob_diff(old_lp, [t.sampler_logprobs for t in episodes], [t.loss_mask for t in episodes])
-        update_metrics |= {"rollout/logprob_diff_mean": diff[0], "rollout/logprob_diff_max": diff[1]}
-        B.record_logprob_outliers(spec.run_dir, it, episodes, old_lp)
     tokens = sum(t.num_tokens for t in episodes)
     metrics = {
         **collect_metrics,
@@ -151,6 +147,7 @@ def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> d
         **B.distill_metrics(episodes, teacher_lp),
         **filter_metrics,
         **update_metrics,
+        **sampler_gap(spec.run_dir, it, episodes, old_lp),
         **rollout_metrics(episodes),
     }
     # the iteration's time includes its metrics: they run on the critical path too (a swap metric that was
@@ -165,6 +162,19 @@ def run_iteration(run: Run, state: LoopState, log_: ExperienceLog, it: int) -> d
         "perf/tokens_per_s": tokens / max(elapsed, 1e-9),
         **{f"time/{k}": v for k, v in tl.last_durations().items()},
     }
+
+
+def sampler_gap(
+    run_dir: str, it: int, episodes: list[Episode], old_lp: list[list[float]] | None
+) -> dict[str, float]:
+    """rollout/logprob_diff_mean|max between the trainer's old logprobs and the sampler's, with the worst
+    tokens recorded (`record_logprob_outliers`); {} when the update reused its own logprobs (it then
+    reported the mismatch itself)."""
+    if old_lp is None:
+        return {}
+    diff = B.logprob_diff(old_lp, [t.sampler_logprobs for t in episodes], [t.loss_mask for t in episodes])
+    B.record_logprob_outliers(run_dir, it, episodes, old_lp)
+    return {"rollout/logprob_diff_mean": diff[0], "rollout/logprob_diff_max": diff[1]}
 
 
 def update_gives_old_logprobs(
