@@ -17,7 +17,8 @@ go through its k chosen experts only (`ModelShape.mlp_width`; `active_params` is
   layer keeps its working set. The LM head runs as one autograd function over chunks of
   `logprob_chunk_tokens` rows: a compute-dtype copy of the [V, H] weight, an fp32 [V, H] weight-gradient
   buffer (when the head trains) and one [chunk, V] logits buffer (compiled; eager adds two fp32 ones), plus
-  the [M, H] response rows; `train.keep_head_logits` keeps all [M, V] logits for the backward. SDPA attention adds the dense [N, N] block-causal mask.
+  the [M, H] response rows; `train.keep_head_logits` keeps all [M, V] logits for the backward. SDPA
+  attention adds the dense [N, N] block-causal mask.
 - sequence parallelism (`train.sequence_parallel` = S, `ascent.trainer.sequence_parallel`): a rank holds
   N/S tokens of every micro-batch through the decoder (layer inputs and working set; the Ulysses
   all-to-all turns its q/k/v into all N tokens of 1/S of the heads, the same bytes) and the head runs over
@@ -268,9 +269,10 @@ def head_bytes(m: MemoryInputs, grad: bool = True) -> int:
     chunk = min(m.logprob_chunk, max(m.response_tokens, 1))
     cast = s.embed_params * m.compute_bytes if m.compute_bytes != 4 and not m.lora_rank else 0
     weight_grad = 4 * s.embed_params if grad and not m.lora_rank else 0
-    rows = rank_tokens(m, m.response_tokens) * s.hidden * (residual_bytes(m) + m.compute_bytes)
+    m_rows = rank_tokens(m, m.response_tokens)
+    rows = m_rows * s.hidden * (residual_bytes(m) + m.compute_bytes)
     logits = chunk * s.vocab * (m.compute_bytes + (0 if m.compiled else 8))
-    kept = rank_tokens(m, m.response_tokens) * s.vocab * m.compute_bytes if grad and m.keep_head_logits else 0
+    kept = m_rows * s.vocab * m.compute_bytes if grad and m.keep_head_logits else 0
     return cast + weight_grad + rows + logits + kept
 
 

@@ -247,10 +247,11 @@ def check_kept_logits(m: MemoryInputs, target: str) -> CheckResult | None:
     check's fix names it. None off a GPU, or where it is on."""
     if m.keep_head_logits or not m.gpu_bytes:
         return None
-    kept = estimate(dataclasses.replace(m, keep_head_logits=True))
+    with_kept = dataclasses.replace(m, keep_head_logits=True)
+    kept = estimate(with_kept)
     if kept.needed() > m.gpu_bytes:
         return None
-    extra = head_bytes(dataclasses.replace(m, keep_head_logits=True)) - head_bytes(m)
+    extra = head_bytes(with_kept) - head_bytes(m)
     return ok(
         "kept head logits",
         f"train.keep_head_logits=true would fit {target} (estimated peak {gib(kept.peak)}, {gib(extra)} "
