@@ -24,6 +24,8 @@ Variants switch one thing each (the default trainer is `head+offsets`):
 - `keeplogits`: the head keeps each chunk's logits from the forward for the backward
   (`train.keep_head_logits`) instead of recomputing them: one head matmul fewer, [response tokens,
   vocabulary] more memory per micro-batch.
+- `repeatkv`: grouped-query K/V repeated per query head before torch 2.11's varlen kernel (the path before
+  `ascent.models.varlen.NATIVE_GQA`), not handed to flash attention with their own heads.
 """
 
 from __future__ import annotations
@@ -69,18 +71,29 @@ def make_samples(n: int, prompt_len: int, new_tokens: int, vocab: int, seed: int
 @contextlib.contextmanager
 def variant(name: str) -> Iterator[None]:
     """Switch the trainer to `name` (see module doc) inside the block."""
+    import ascent.models.varlen as V
     import ascent.trainer.head as Hd
     import ascent.trainer.logprobs as L
     import ascent.trainer.policy as Pol
 
     parts = set(name.split("+")) - {"base"}
-    unknown = parts - {"head", "offsets", "nogc", "cold", "hostsync", "inductorgrad", "keeplogits"}
+    unknown = parts - {
+        "head",
+        "offsets",
+        "nogc",
+        "cold",
+        "hostsync",
+        "inductorgrad",
+        "keeplogits",
+        "repeatkv",
+    }
     if unknown:
         raise SystemExit(
             f"--variants: unknown part(s) {sorted(unknown)}; use base, head, offsets, nogc, cold, "
-            "hostsync, inductorgrad, keeplogits."
+            "hostsync, inductorgrad, keeplogits, repeatkv."
         )
-    saved = (L.fusable_head, Pol.pack, Hd.TRITON_LOGITS_GRAD)
+    saved = (L.fusable_head, Pol.pack, Hd.TRITON_LOGITS_GRAD, V.NATIVE_GQA)
+    V.NATIVE_GQA = "repeatkv" not in parts
     inner = _blocking_pack if "hostsync" in parts else saved[1]
     if "head" not in parts:
         L.fusable_head = lambda head: False  # type: ignore[assignment]
@@ -99,7 +112,7 @@ def variant(name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        L.fusable_head, Pol.pack, Hd.TRITON_LOGITS_GRAD = saved  # type: ignore[assignment]
+        L.fusable_head, Pol.pack, Hd.TRITON_LOGITS_GRAD, V.NATIVE_GQA = saved  # type: ignore[assignment]
         gc.enable()
 
 

@@ -85,6 +85,19 @@ def sequence_offsets(position_ids: Tensor) -> tuple[Tensor, int]:
     return result
 
 
+NATIVE_GQA = True  # False: repeat K/V per query head on torch builds without enable_gqa (the old path)
+
+
+def _flash_gqa(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, scale: float) -> Tensor:
+    """Flash-attention's varlen kernel through its aten op, K/V with their own (fewer) heads: the kernel maps
+    each query head to its KV head, and its backward sums the groups' K/V gradients itself. For torch builds
+    whose `varlen_attn` has no `enable_gqa` (2.11): no [N, nh, d] copies of K and V, no reduction of them."""
+    out = torch.ops.aten._flash_attention_forward(
+        q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale
+    )
+    return out[0]
+
+
 def _bind(kernel: Callable[..., Any]) -> Callable[..., Tensor]:
     """kernel -> call(q [N, nh, d], k/v [N, kvh, d], cu, max_len, scale) -> [N, nh, d], causal per sequence,
     adapted once to the torch version's keywords (no signature inspection while a compiler traces it)."""
@@ -93,15 +106,18 @@ def _bind(kernel: Callable[..., Any]) -> Callable[..., Tensor]:
     has_scale, has_gqa = "scale" in params, "enable_gqa" in params
 
     def call(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, max_len: int, scaling: float) -> Tensor:
+        grouped = k.shape[1] != q.shape[1]
+        if grouped and not has_gqa and NATIVE_GQA:
+            return _flash_gqa(q, k, v, cu, max_len, scaling)
         kwargs: dict[str, Any] = {"window_size": (-1, 0)} if window else {"is_causal": True}
         if has_scale:
             kwargs["scale"] = scaling
         elif abs(scaling - q.shape[-1] ** -0.5) > 1e-12:
             q = q * (scaling * q.shape[-1] ** 0.5)
-        if k.shape[1] != q.shape[1]:
+        if grouped:
             if has_gqa:
                 kwargs["enable_gqa"] = True
-            else:  # torch 2.11 has no GQA argument: repeat each K/V head for its query heads
+            else:  # NATIVE_GQA off: repeat each K/V head for its query heads
                 group = q.shape[1] // k.shape[1]
                 k = k.repeat_interleave(group, dim=1)
                 v = v.repeat_interleave(group, dim=1)

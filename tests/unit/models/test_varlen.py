@@ -72,6 +72,7 @@ def test_matches_sdpa_on_packed_rows(tmp_path, monkeypatch, new_api):
     monkeypatch.setattr(varlen, "_kernel", lambda: _reference_kernel(new_api))
     monkeypatch.setattr(varlen, "available", lambda: True)
     monkeypatch.setattr(varlen, "_CALL", None)
+    monkeypatch.setattr(varlen, "NATIVE_GQA", False)  # the 2.11 API's repeat path (native: its own test)
     assert varlen.enable_varlen_attention(model)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         got = hidden_states(model, pack(samples))
@@ -119,6 +120,7 @@ def test_packer_offsets_reach_the_kernel_without_a_host_read(tmp_path, monkeypat
     monkeypatch.setattr(varlen, "_kernel", lambda: kernel)
     monkeypatch.setattr(varlen, "available", lambda: True)
     monkeypatch.setattr(varlen, "_CALL", None)
+    monkeypatch.setattr(varlen, "NATIVE_GQA", False)
     assert varlen.enable_varlen_attention(model)
     want = varlen.sequence_offsets(packed.position_ids.clone())
     monkeypatch.setattr(varlen, "sequence_offsets", lambda pos: pytest.fail("read offsets on the host"))
@@ -147,6 +149,7 @@ def test_compiled_layer_traces_through_varlen_attention(tmp_path, monkeypatch):
     monkeypatch.setattr(varlen, "_kernel", lambda: kernel)
     monkeypatch.setattr(varlen, "available", lambda: True)
     monkeypatch.setattr(varlen, "_CALL", None)
+    monkeypatch.setattr(varlen, "NATIVE_GQA", False)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert varlen.enable_varlen_attention(model)
         eager = hidden_states(model, packed)
@@ -155,6 +158,37 @@ def test_compiled_layer_traces_through_varlen_attention(tmp_path, monkeypatch):
             layer.forward = torch.compile(layer.forward, backend="eager", fullgraph=True)
         compiled = hidden_states(model, packed)
     torch.testing.assert_close(compiled, eager)
+
+
+def test_old_api_runs_grouped_heads_natively(tmp_path, monkeypatch):
+    """torch 2.11's varlen_attn has no enable_gqa: grouped K/V go to flash's aten op with their own heads
+    (no repeated copies), and the result equals the repeat path's."""
+    from ascent.trainer.logprobs import hidden_states
+
+    model, packed = _packed_tiny(tmp_path)
+    ref = _reference_kernel(True)
+    seen = []
+
+    def native(q, k, v, cu, max_len, scale):
+        seen.append((q.shape[1], k.shape[1], v.shape[1]))
+        return ref(q, k, v, cu, cu, max_len, max_len, scale=scale, window_size=(-1, 0), enable_gqa=True)
+
+    def old_kernel(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False):
+        assert k.shape[1] == q.shape[1], "grouped heads reached the old kernel"
+        return _reference_kernel(False)(q, k, v, cu_q, cu_k, max_q, max_k, is_causal)
+
+    monkeypatch.setattr(varlen, "_kernel", lambda: old_kernel)
+    monkeypatch.setattr(varlen, "available", lambda: True)
+    monkeypatch.setattr(varlen, "_flash_gqa", native)
+    outs = []
+    for flag in (True, False):
+        monkeypatch.setattr(varlen, "NATIVE_GQA", flag)
+        monkeypatch.setattr(varlen, "_CALL", None)
+        assert varlen.enable_varlen_attention(model)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            outs.append(hidden_states(model, packed))
+    assert seen == [(4, 2, 2)] * 2  # one call per layer, native path only
+    torch.testing.assert_close(outs[0], outs[1])
 
 
 def test_refuses_a_padding_mask():
@@ -216,6 +250,7 @@ def test_vision_language_model_runs_its_language_model_varlen_and_its_tower_on_s
     monkeypatch.setattr(varlen, "_kernel", lambda: kernel)
     monkeypatch.setattr(varlen, "available", lambda: True)
     monkeypatch.setattr(varlen, "_CALL", None)
+    monkeypatch.setattr(varlen, "NATIVE_GQA", False)
     assert varlen.enable_varlen_attention(model)
     assert language_model(model).config._attn_implementation == varlen.NAME
     assert vision_tower(model).config._attn_implementation == "sdpa"
