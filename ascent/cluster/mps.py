@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,13 +93,27 @@ class MpsDaemon:
         )
         return out.stdout.strip()
 
+    def came_up(self, wait_s: float = 2.0) -> bool:
+        """Whether the daemon made its control pipe (waiting up to `wait_s` for a late one). Without it
+        `quit` would block for its whole timeout: an interrupted start-up never got that far."""
+        pipe = Path(self.pipe_dir) / "control"
+        deadline = time.monotonic() + wait_s
+        while not pipe.exists():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def stop(self) -> None:
         """Quit the daemon (after its clients are gone) and remove its directories; idempotent."""
         if self.stopped:
             return
         self.stopped = True
         try:
-            self.command("quit")
+            if self.came_up():
+                self.command("quit")
+            else:
+                log.info("MPS daemon under %s never came up: nothing to quit", self.root)
         except (OSError, subprocess.SubprocessError) as e:
             log.warning("MPS daemon under %s did not quit cleanly: %s", self.root, e)
         shutil.rmtree(self.root, ignore_errors=True)

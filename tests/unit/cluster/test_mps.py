@@ -59,11 +59,16 @@ def test_the_default_directory_counts_only_with_its_control_pipe(monkeypatch, tm
 
 # ------------------------------------------------------------------------------------ a fake control daemon
 def fake_control(
-    tmp_path: Path, d_exit: int = 0, d_stderr: str = "", servers: str = "4242", d_sleep: float = 0
+    tmp_path: Path,
+    d_exit: int = 0,
+    d_stderr: str = "",
+    servers: str = "4242",
+    d_sleep: float = 0,
+    makes_pipe: bool = True,
 ) -> Path:
     """An executable standing in for nvidia-cuda-mps-control: appends {argv, stdin, env} per call to
-    calls.jsonl; `-d` sleeps `d_sleep` s, then exits `d_exit` (printing `d_stderr`); `get_server_list`
-    answers `servers`."""
+    calls.jsonl; `-d` makes the control pipe (a plain file; not with `makes_pipe=False` or a failing exit),
+    sleeps `d_sleep` s, then exits `d_exit` (printing `d_stderr`); `get_server_list` answers `servers`."""
     script = tmp_path / "nvidia-cuda-mps-control"
     script.write_text(
         f"#!{sys.executable}\n"
@@ -75,6 +80,8 @@ def fake_control(
             with open({str(tmp_path / "calls.jsonl")!r}, "a") as f:
                 f.write(json.dumps({{"argv": args, "stdin": stdin, "env": dict(os.environ)}}) + "\\n")
             if args == ["-d"]:
+                if {makes_pipe and d_exit == 0!r}:
+                    open(os.path.join(os.environ["CUDA_MPS_PIPE_DIRECTORY"], "control"), "w").close()
                 time.sleep({d_sleep})
                 sys.stderr.write({d_stderr!r})
                 sys.exit({d_exit})
@@ -206,6 +213,17 @@ def test_a_daemon_start_that_hangs_is_quit_and_leaves_nothing(tmp_path, roots, n
             control=str(control), probe=lambda env: pytest.fail("probed without a daemon"), timeout_s=0.5
         )
     assert [c["stdin"] for c in calls(tmp_path)] == ["", "quit\n"]  # it may have started after all
+    assert not roots[0].exists()
+
+
+def test_a_start_interrupted_before_the_daemon_came_up_stops_at_once(tmp_path, roots, no_atexit):
+    """No control pipe: `quit` would block for its whole timeout, so stop sends none and returns."""
+    control = fake_control(tmp_path, d_sleep=60, makes_pipe=False)
+    with pytest.raises(MpsUnavailable, match=r"-d did not return within 0.5 s"):
+        start_mps(
+            control=str(control), probe=lambda env: pytest.fail("probed without a daemon"), timeout_s=0.5
+        )
+    assert [c["argv"] for c in calls(tmp_path)] == [["-d"]]  # no quit
     assert not roots[0].exists()
 
 
