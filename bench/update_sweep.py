@@ -26,6 +26,8 @@ Variants switch one thing each (the default trainer is `head+offsets`):
   vocabulary] more memory per micro-batch.
 - `repeatkv`: grouped-query K/V repeated per query head before torch 2.11's varlen kernel (the path before
   `ascent.models.varlen.NATIVE_GQA`), not handed to flash attention with their own heads.
+- `tritonstats`: the head's forward stats (logsumexp, entropy, the kept cast) as one Triton pass per row
+  (`ascent.trainer.triton_head.chunk_stats_triton`, `head.TRITON_STATS`), not inductor's two reductions.
 """
 
 from __future__ import annotations
@@ -86,14 +88,16 @@ def variant(name: str) -> Iterator[None]:
         "inductorgrad",
         "keeplogits",
         "repeatkv",
+        "tritonstats",
     }
     if unknown:
         raise SystemExit(
             f"--variants: unknown part(s) {sorted(unknown)}; use base, head, offsets, nogc, cold, "
-            "hostsync, inductorgrad, keeplogits, repeatkv."
+            "hostsync, inductorgrad, keeplogits, repeatkv, tritonstats."
         )
-    saved = (L.fusable_head, Pol.pack, Hd.TRITON_LOGITS_GRAD, V.NATIVE_GQA)
+    saved = (L.fusable_head, Pol.pack, Hd.TRITON_LOGITS_GRAD, V.NATIVE_GQA, Hd.TRITON_STATS)
     V.NATIVE_GQA = "repeatkv" not in parts
+    Hd.TRITON_STATS = "tritonstats" in parts
     inner = _blocking_pack if "hostsync" in parts else saved[1]
     if "head" not in parts:
         L.fusable_head = lambda head: False  # type: ignore[assignment]
@@ -112,7 +116,7 @@ def variant(name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        L.fusable_head, Pol.pack, Hd.TRITON_LOGITS_GRAD, V.NATIVE_GQA = saved  # type: ignore[assignment]
+        L.fusable_head, Pol.pack, Hd.TRITON_LOGITS_GRAD, V.NATIVE_GQA, Hd.TRITON_STATS = saved  # type: ignore[assignment]
         gc.enable()
 
 

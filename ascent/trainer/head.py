@@ -84,6 +84,24 @@ def chunk_stats_kept(
 #: On CUDA the logits gradient runs as one Triton kernel (`ascent.trainer.triton_head`); False keeps the
 #: compiled pointwise form (bench/update_sweep.py's `inductorgrad` variant measures the two).
 TRITON_LOGITS_GRAD = True
+#: True: on CUDA the forward's per-chunk stats (and the kept cast) run as one Triton pass per row
+#: (`triton_head.chunk_stats_triton`) instead of the compiled `chunk_stats`/`chunk_stats_kept`. Off until it
+#: is measured on a GPU (bench/update_sweep.py's `tritonstats` variant); its tests run under the interpreter.
+TRITON_STATS = False
+
+
+def _stats_fn(device: torch.device, compiled: bool, keep: bool) -> Callable[..., Any]:
+    """The forward's per-chunk stats function for `device` (see `TRITON_STATS`): called as
+    fn(z, targets, temperature, with_entropy[, kept dtype])."""
+    if TRITON_STATS and device.type == "cuda":
+        try:
+            from ascent.trainer.triton_head import chunk_stats_triton  # deferred: as in _logits_grad_fn
+        except ImportError:
+            pass
+        else:
+            return chunk_stats_triton
+    fn = chunk_stats_kept if keep else chunk_stats
+    return _compiled(fn) if compiled else fn
 
 
 def _logits_grad_fn(device: torch.device, compiled: bool) -> Callable[..., Any]:
@@ -147,8 +165,7 @@ class _HeadLogprobs(torch.autograd.Function):
         keep: bool,
     ) -> tuple[Tensor, Tensor]:
         h, w = hidden.to(dtype), weight.to(dtype)
-        fn, extra = (chunk_stats_kept, (dtype,)) if keep else (chunk_stats, ())
-        stats = _compiled(fn) if compiled else fn
+        stats, extra = _stats_fn(h.device, compiled, keep), (dtype,) if keep else ()
         parts = [
             stats(logits_fp32(hc, w), tc, temperature, with_entropy, *extra)
             for hc, tc in zip(h.split(chunk), targets.split(chunk), strict=True)

@@ -83,3 +83,79 @@ def test_head_backward_through_the_kernel_matches_autograd(monkeypatch):
 def test_the_kernel_is_what_cuda_uses():
     assert head_mod._logits_grad_fn(torch.device("cuda"), False) is logits_grad_triton_
     assert head_mod._logits_grad_fn(torch.device("cpu"), False) is head_mod.logits_grad_
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("vocab", [5000, 8192, 300])  # partial last step, exact steps, under one step
+def test_stats_kernel_matches_chunk_stats(monkeypatch, temperature, vocab):
+    """One pass of online sums gives chunk_stats' logp, lse and entropy (fp32 reference) and the kept cast."""
+    from ascent.trainer import triton_head
+    from ascent.trainer.triton_head import chunk_stats_triton
+
+    monkeypatch.setattr(triton_head, "BLOCK", 1024)  # the interpreter reduces lane by lane: fewer lanes
+
+    torch.manual_seed(vocab)
+    n = 5
+    z = torch.randn(n, vocab, device=DEVICE) * 4
+    z[0, :7] = 30.0  # peaked: entropy near zero, where cancellation would show
+    z[1, -1] = 50.0  # the max in the last column (a partial step for 5000)
+    z[2] = 0.25  # flat: entropy log V
+    targets = torch.randint(0, vocab, (n,), device=DEVICE)
+    targets[0], targets[1] = 3, vocab - 1
+    want = head_mod.chunk_stats(z.clone(), targets, temperature, True)
+    before = z.clone()
+    logp, lse, ent, kept = chunk_stats_triton(z, targets, temperature, True, torch.bfloat16)
+    for got, ref in zip((logp, lse, ent), want, strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=2e-5)
+    assert abs(float(ent[2]) - torch.log(torch.tensor(float(vocab)))) < 1e-4
+    assert kept.dtype == torch.bfloat16  # within one bf16 step: the interpreter truncates, CUDA rounds
+    torch.testing.assert_close(kept.float(), z.to(torch.bfloat16).float(), rtol=2**-7, atol=0)
+    assert torch.equal(z, before)  # the input is read only
+    without = chunk_stats_triton(z, targets, temperature, False)
+    assert len(without) == 3 and without[2].numel() == 0
+    torch.testing.assert_close(without[0], logp, rtol=0, atol=0)
+
+
+def test_stats_kernel_on_no_rows_and_strided_rows():
+    from ascent.trainer.triton_head import chunk_stats_triton
+
+    logp, lse, ent, kept = chunk_stats_triton(
+        torch.zeros(0, 10, device=DEVICE),
+        torch.zeros(0, dtype=torch.long, device=DEVICE),
+        1.0,
+        True,
+        torch.float32,
+    )
+    assert logp.shape == lse.shape == ent.shape == (0,) and kept.shape == (0, 10)
+    with pytest.raises(ValueError, match="contiguous"):
+        chunk_stats_triton(torch.zeros(10, 4, device=DEVICE).T, torch.zeros(4, dtype=torch.long), 1.0, True)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_head_with_the_stats_kernel_matches_the_default_stats(monkeypatch, keep):
+    """head_logprobs (logprobs, entropy and both gradients) with the Triton stats in its forward, as CUDA
+    runs it, against the same head with `chunk_stats`."""
+    from ascent.trainer import triton_head
+    from ascent.trainer.triton_head import chunk_stats_triton
+
+    monkeypatch.setattr(triton_head, "BLOCK", 1024)  # as above
+    torch.manual_seed(0)
+    head = nn.Linear(32, 5000, bias=False).to(DEVICE)
+    hidden = torch.randn(12, 32, device=DEVICE)
+    targets = torch.randint(0, 5000, (12,), device=DEVICE)
+
+    def run() -> list[torch.Tensor]:
+        head.zero_grad()
+        h = hidden.clone().requires_grad_(True)
+        logp, ent = head_mod.head_logprobs(
+            head, h, targets, temperature=0.9, chunk_tokens=5, with_entropy=True, keep_logits=keep
+        )
+        (logp.sum() + 0.1 * ent.sum()).backward()
+        return [logp.detach(), ent.detach(), h.grad, head.weight.grad.clone()]
+
+    monkeypatch.setattr(head_mod, "TRITON_STATS", False)
+    want = run()
+    monkeypatch.setattr(head_mod, "_stats_fn", lambda device, compiled, keep: chunk_stats_triton)
+    got = run()
+    for g, w in zip(got, want, strict=True):  # kept logits: one bf16 step apart under the interpreter
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
