@@ -216,8 +216,11 @@ class Notice:
 
 def host_main(conn: Connection) -> None:
     """A host process's loop: each command in, `serve`'s outcome out (or why it cannot travel). Ctrl-C is
-    the controller's to handle (it stops at a safe point), so the host ignores SIGINT."""
+    the controller's to handle (it stops at a safe point), so the host ignores SIGINT. The host leads a
+    process group of its own, so that whatever user code starts (a fork, a subprocess) ends with the host
+    (`kill_host`), not after the run."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.setpgid(0, 0)
     state: dict[Any, Any] = {}
     while True:
         try:
@@ -300,8 +303,7 @@ class ProcessHosts(HostPool):
 
     def _replace(self, h: int) -> None:
         proc, conn = self._hosts[h]
-        proc.kill()
-        proc.join(5)
+        kill_host(proc)
         conn.close()
         self._hosts[h] = self._start()
 
@@ -309,9 +311,17 @@ class ProcessHosts(HostPool):
         """Stop the processes (killing any still running); the next command starts new ones."""
         for proc, conn in self._hosts:
             conn.close()
-            proc.kill()
-            proc.join(5)
+            kill_host(proc)
         self._hosts = []
+
+
+def kill_host(proc: Any) -> None:
+    """Kill a host process and every process of its group (what its user code started), then reap it. The
+    group outlives its leader while a member lives, so its id is not reused before this kill."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.kill()
+    proc.join(5)
 
 
 def exit_text(code: int | None) -> str:

@@ -105,3 +105,43 @@ def test_hanging_calls_time_out_together_and_the_wait_says_so(caplog):
     assert "waiting for 6 of 6 reward calls (reward.fn=mypkg:score), " in caplog.text
     assert "reward.timeout_s=1 s" in caplog.text
     assert caplog.text.count("timed out after 1 s") == 6  # each call timed once, never re-run
+
+
+def fork_and(item: str) -> int:
+    """User code that starts a child process (sleeping a minute), then returns its pid or hangs."""
+    child = os.fork()
+    if child == 0:
+        time.sleep(60)
+        os._exit(0)
+    if item == "hang":
+        time.sleep(600)
+    return child
+
+
+def gone(pid: int) -> bool:
+    """The process ended (a zombie not yet reaped by init counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def wait_gone(pids: list[int], within_s: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and not all(gone(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if not gone(p)]
+
+
+@pytest.mark.timeout(60)
+def test_processes_user_code_started_end_with_its_host():
+    # a reward that forks must not leave processes running after the call's host is replaced or closed
+    runner = ProcessHosts(1, IsolationPolicy("reward", 1.0, "reward.timeout_s"))
+    try:
+        children = [o.value for o in runner.each(fork_and, ["a", "b"])]
+        assert all(isinstance(c, int) for c in children)
+        runner.each(fork_and, ["hang"])  # timed out: its host is replaced, with what it started
+    finally:
+        runner.close()
+    assert wait_gone(children) == []
