@@ -46,6 +46,7 @@ from ascent.envs.hosts import Command, serve
 from ascent.messages import Outcome
 
 MAX_CHUNK = 64
+FORKSERVER_INIT = "ascent.cluster.forkserver_init"  # SIGTERM is the controller's (see that module)
 log = logging.getLogger(__name__)
 
 
@@ -245,7 +246,8 @@ def host_main(conn: Connection) -> None:
 
 class ProcessHosts(HostPool):
     """`num_hosts` forkserver processes (they never inherit the controller's threads), started on the first
-    command and again after `close()`; `preload` modules are imported once in the fork server."""
+    command and again after `close()`; `preload` modules are imported once in the fork server, after
+    `FORKSERVER_INIT` (a SIGTERM to the whole job is the controller's to act on)."""
 
     def __init__(self, num_hosts: int, policy: IsolationPolicy, *, preload: Sequence[str] = ()) -> None:
         super().__init__(policy)
@@ -262,8 +264,7 @@ class ProcessHosts(HostPool):
 
     def _open(self) -> None:
         if not self._hosts:
-            if self.preload:
-                self._ctx.set_forkserver_preload(self.preload)
+            self._ctx.set_forkserver_preload([FORKSERVER_INIT, *self.preload])
             self._hosts = [self._start() for _ in range(self._n)]
 
     def _start(self) -> tuple[Any, Connection]:

@@ -7,8 +7,10 @@ import functools
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +147,44 @@ def test_processes_user_code_started_end_with_its_host():
     finally:
         runner.close()
     assert wait_gone(children) == []
+
+
+def slow_pid(_: object) -> int:
+    time.sleep(1.0)
+    return os.getpid()
+
+
+# A controller in a session of its own: it keeps running through SIGTERM (its handler stops the run at the
+# next safe point) while the signal goes to its whole process group, as Slurm's preemption, `timeout` and
+# `kill -- -PGID` send it; prints the errors of the calls that were out at the time.
+SIGTERM_THE_GROUP = """
+import os, signal, threading
+from ascent.cluster.hosts import IsolationPolicy, ProcessHosts
+from tests.unit.cluster.test_hosts import pid_of, slow_pid
+signal.signal(signal.SIGTERM, lambda *_: None)
+runner = ProcessHosts(2, IsolationPolicy("reward", 30.0, "reward.timeout_s"))
+runner.map(pid_of, [0, 1])
+threading.Timer(0.3, os.killpg, (0, signal.SIGTERM)).start()
+out = runner.map(slow_pid, [0, 1])
+runner.close()
+print([o.error for o in out if not o.ok])
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_sigterm_to_the_whole_process_group_leaves_the_calls_to_finish():
+    # before: the fork server died of it, and every call out then failed ("exit code 255"), so the
+    # iteration the controller finishes before its checkpoint failed its rewards and the run exited 2
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", SIGTERM_THE_GROUP],
+        cwd=root,
+        env=env,
+        start_new_session=True,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
