@@ -215,13 +215,15 @@ class Notice:
             )
 
 
-def host_main(conn: Connection) -> None:
+def host_main(conn: Connection, controller: int) -> None:
     """A host process's loop: each command in, `serve`'s outcome out (or why it cannot travel). Ctrl-C is
     the controller's to handle (it stops at a safe point), so the host ignores SIGINT. The host leads a
     process group of its own, so that whatever user code starts (a fork, a subprocess) ends with the host
-    (`kill_host`), not after the run."""
+    (`kill_host`), not after the run, and a watcher ends that group when the `controller` process is gone
+    (killed without closing its hosts) while user code still runs."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.setpgid(0, 0)
+    threading.Thread(target=watch_controller, args=(controller,), daemon=True).start()
     state: dict[Any, Any] = {}
     while True:
         try:
@@ -269,7 +271,7 @@ class ProcessHosts(HostPool):
 
     def _start(self) -> tuple[Any, Connection]:
         mine, theirs = self._ctx.Pipe()
-        proc = self._ctx.Process(target=host_main, args=(theirs,), daemon=True)
+        proc = self._ctx.Process(target=host_main, args=(theirs, os.getpid()), daemon=True)
         proc.start()
         theirs.close()
         return proc, mine
@@ -314,6 +316,30 @@ class ProcessHosts(HostPool):
             conn.close()
             kill_host(proc)
         self._hosts = []
+
+
+def watch_controller(pid: int, every_s: float = 1.0) -> None:
+    """In a host: once the controller `pid` is gone, kill this host's process group. An idle host ends by
+    itself (its pipe closes), but one inside user code (a reward that hangs) would run on, and its group no
+    longer gets the signals of the controller's."""
+    while process_alive(pid):
+        time.sleep(every_s)
+    os.killpg(0, signal.SIGKILL)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (dead, waiting for its parent to reap it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): existence is all we can tell
 
 
 def kill_host(proc: Any) -> None:

@@ -188,3 +188,34 @@ def test_a_sigterm_to_the_whole_process_group_leaves_the_calls_to_finish():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]", done.stdout
+
+
+# A controller whose reward hangs; it prints its host's pid and is then killed with SIGKILL (no cleanup).
+KILLED_CONTROLLER = """
+import threading
+from ascent.cluster.hosts import IsolationPolicy, ProcessHosts
+from tests.unit.cluster.test_hosts import misbehave
+runner = ProcessHosts(1, IsolationPolicy("reward", 300.0, "reward.timeout_s"))
+runner.map(misbehave, ["a"])
+print(runner.pids()[0], flush=True)
+runner.map(misbehave, ["hang"])
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_host_stuck_in_user_code_ends_when_its_controller_is_killed():
+    # hosts lead process groups of their own, so `kill -9 -- -PGID` of the job no longer reaches them:
+    # a host still inside user code must end with the controller (parent-death signal), not run on
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_CONTROLLER], cwd=root, env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        host = int(proc.stdout.readline())
+        time.sleep(0.5)  # the hanging call is out
+    finally:
+        proc.kill()
+        proc.wait()
+    assert wait_gone([host], within_s=10.0) == []
