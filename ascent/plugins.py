@@ -109,6 +109,11 @@ def _import(module_name: str, label: str) -> ModuleType:
             f"{label}: importing {module_name!r} failed: it imports {missing!r}, which is not installed; "
             f"install it (pip install ...) or fix that import ({err})."
         ) from err
+    except SystemExit as err:  # the user's module ended the process at import: not the run's way to end
+        raise PluginError(
+            f"{label}: importing {module_name!r} called sys.exit({err.code!r}); fix the module (a module "
+            "ascent imports must not exit; keep script code under `if __name__ == '__main__':`)."
+        ) from err
     except Exception as err:  # the user's module raised while it was imported
         raise PluginError(
             f"{label}: importing {module_name!r} raised {type(err).__name__}: {err}; fix the module (run "

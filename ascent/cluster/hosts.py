@@ -46,6 +46,7 @@ from ascent.envs.hosts import Command, serve
 from ascent.messages import Outcome
 
 MAX_CHUNK = 64
+FORKSERVER_INIT = "ascent.cluster.forkserver_init"  # SIGTERM is the controller's (see that module)
 log = logging.getLogger(__name__)
 
 
@@ -214,10 +215,15 @@ class Notice:
             )
 
 
-def host_main(conn: Connection) -> None:
+def host_main(conn: Connection, controller: int) -> None:
     """A host process's loop: each command in, `serve`'s outcome out (or why it cannot travel). Ctrl-C is
-    the controller's to handle (it stops at a safe point), so the host ignores SIGINT."""
+    the controller's to handle (it stops at a safe point), so the host ignores SIGINT. The host leads a
+    process group of its own, so that whatever user code starts (a fork, a subprocess) ends with the host
+    (`kill_host`), not after the run, and a watcher ends that group when the `controller` process is gone
+    (killed without closing its hosts) while user code still runs."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.setpgid(0, 0)
+    threading.Thread(target=watch_controller, args=(controller,), daemon=True).start()
     state: dict[Any, Any] = {}
     while True:
         try:
@@ -242,7 +248,8 @@ def host_main(conn: Connection) -> None:
 
 class ProcessHosts(HostPool):
     """`num_hosts` forkserver processes (they never inherit the controller's threads), started on the first
-    command and again after `close()`; `preload` modules are imported once in the fork server."""
+    command and again after `close()`; `preload` modules are imported once in the fork server, after
+    `FORKSERVER_INIT` (a SIGTERM to the whole job is the controller's to act on)."""
 
     def __init__(self, num_hosts: int, policy: IsolationPolicy, *, preload: Sequence[str] = ()) -> None:
         super().__init__(policy)
@@ -259,13 +266,12 @@ class ProcessHosts(HostPool):
 
     def _open(self) -> None:
         if not self._hosts:
-            if self.preload:
-                self._ctx.set_forkserver_preload(self.preload)
+            self._ctx.set_forkserver_preload([FORKSERVER_INIT, *self.preload])
             self._hosts = [self._start() for _ in range(self._n)]
 
     def _start(self) -> tuple[Any, Connection]:
         mine, theirs = self._ctx.Pipe()
-        proc = self._ctx.Process(target=host_main, args=(theirs,), daemon=True)
+        proc = self._ctx.Process(target=host_main, args=(theirs, os.getpid()), daemon=True)
         proc.start()
         theirs.close()
         return proc, mine
@@ -300,8 +306,7 @@ class ProcessHosts(HostPool):
 
     def _replace(self, h: int) -> None:
         proc, conn = self._hosts[h]
-        proc.kill()
-        proc.join(5)
+        kill_host(proc)
         conn.close()
         self._hosts[h] = self._start()
 
@@ -309,9 +314,41 @@ class ProcessHosts(HostPool):
         """Stop the processes (killing any still running); the next command starts new ones."""
         for proc, conn in self._hosts:
             conn.close()
-            proc.kill()
-            proc.join(5)
+            kill_host(proc)
         self._hosts = []
+
+
+def watch_controller(pid: int, every_s: float = 1.0) -> None:
+    """In a host: once the controller `pid` is gone, kill this host's process group. An idle host ends by
+    itself (its pipe closes), but one inside user code (a reward that hangs) would run on, and its group no
+    longer gets the signals of the controller's."""
+    while process_alive(pid):
+        time.sleep(every_s)
+    os.killpg(0, signal.SIGKILL)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (dead, waiting for its parent to reap it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): existence is all we can tell
+
+
+def kill_host(proc: Any) -> None:
+    """Kill a host process and every process of its group (what its user code started), then reap it. The
+    group outlives its leader while a member lives, so its id is not reused before this kill."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.kill()
+    proc.join(5)
 
 
 def exit_text(code: int | None) -> str:

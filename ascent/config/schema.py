@@ -32,6 +32,8 @@ from ascent.config.rollout import RolloutConfig
 from ascent.config.rules import check_run_config, check_sft_config  # rules imports schema for types only
 from ascent.config.section import Section
 
+SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit; torch.manual_seed overflows past 64
+
 log = logging.getLogger("ascent")
 
 __all__ = [
@@ -227,7 +229,9 @@ class TrainConfig(Section):
     warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up.")
     schedule: Literal["constant", "cosine"] = Field("constant", description="LR schedule after warm-up.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of lr.")
-    max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the gradient norm; null disables.")
+    max_grad_norm: float | None = Field(
+        1.0, gt=0, allow_inf_nan=True, description="Clip the gradient norm; null disables."
+    )
     step_on_zero_advantage: bool = Field(
         False,
         description="Take the optimizer step of a mini-batch whose advantages are all zero on its sampled "
@@ -372,8 +376,10 @@ class TrackingConfig(Section):
 class RunConfig(Section):
     """The `ascent train` configuration."""
 
-    run_dir: str = Field("runs/default", description="Directory for checkpoints, metrics and logs.")
-    seed: int = Field(0, description="Seed of data order, sampling and initialisation.")
+    run_dir: str = Field(
+        "runs/default", min_length=1, description="Directory for checkpoints, metrics and logs."
+    )
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of data order, sampling and initialisation.")
     iterations: int = Field(10, gt=0, description="RL iterations (rollout + update) to run.")
     val_every: int = Field(0, ge=0, description="Validate every K iterations (0: only before and after).")
     resume: bool = Field(False, description="Continue from the newest checkpoint in run_dir.")
@@ -403,8 +409,10 @@ class RunConfig(Section):
 class SFTConfig(Section):
     """The `ascent sft` configuration: supervised warm-start on prompt/response pairs."""
 
-    run_dir: str = Field("runs/sft", description="Output directory (checkpoints, metrics, logs).")
-    seed: int = Field(0, description="Seed of data order and initialisation.")
+    run_dir: str = Field(
+        "runs/sft", min_length=1, description="Output directory (checkpoints, metrics, logs)."
+    )
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of data order and initialisation.")
     epochs: float = Field(1.0, gt=0, description="Passes over the training pairs (fractions allowed).")
     batch_size: int = Field(32, gt=0, description="Prompt/response pairs per optimizer step.")
     response_key: str = Field("response", description="Row field holding the target response.")

@@ -1,5 +1,5 @@
 """Run every doctor check of a config, in the order a user fixes things: machine, cluster, trackers, data,
-model (and the images it is shown), disk, memory (per GPU, or this machine's RAM for a run on the CPU).
+plug-ins, model (and the images it is shown), disk, memory (per GPU, or this machine's RAM for a run on the CPU).
 `run_checks` returns the results and the memory estimate (for the table and `--json`).
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ascent.config.schema import RunConfig
-from ascent.doctor import cluster, data, images, model, plan, system, tracking
+from ascent.doctor import cluster, data, images, model, plan, plugins, system, tracking
 from ascent.doctor.memory import GIB, Estimate, MemoryInputs, ModelShape
 from ascent.doctor.report import CheckResult, skipped
 
@@ -96,6 +96,7 @@ def run_checks(
     report.results.append(system.check_ports(list(ports or [])))
     report.results += tracking.check_trackers(cfg.tracking)
     report.results += data.check_data(cfg)
+    report.results.append(plugins.check_plugins(cfg))
     model_result, shape = model.check_model(cfg)
     report.results += [model_result, model.check_tokenizer(cfg), model.check_engine_architecture(cfg)]
     report.results.append(images.check_images(cfg))

@@ -22,7 +22,7 @@ dropped (`drop`): hosts that outlive a batch (Ray actors) hold none of them afte
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from ascent.envs.base import Action, Environment, Message, StepResult, make_env
@@ -89,7 +89,19 @@ class EnvironmentLost(Exception):
 def reset(state: dict[Any, Any], key: Any, env: Environment | str, row: Any) -> tuple[list[Message], Any]:
     """Make the environment (from its name, or as given inline), keep it under `key`, reset it on `row`."""
     made = state[key] = make_env(env) if isinstance(env, str) else env
-    return made.reset(row), getattr(made, "tools", None)
+    return checked_messages(made.reset(row), made), getattr(made, "tools", None)
+
+
+def checked_messages(value: Any, env: Any) -> list[Message]:
+    """`value`, when it is what `reset` must return (a list of messages: mappings); else a TypeError that says
+    what it was (the runner reports it with the row, as a failed reset)."""
+    if isinstance(value, list | tuple) and all(isinstance(m, Mapping) for m in value):
+        return list(value)
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    raise TypeError(
+        f"{type(env).__name__}.reset returned {type(value).__name__} {shown}; it must return the "
+        'conversation before the model\'s first turn, a list of messages like [{"role": "user", "content": ...}]'
+    )
 
 
 def step(state: dict[Any, Any], key: Any, action: Action) -> StepResult:

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEVICE_NAMES = ("auto", "cpu", "cuda")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")  # the usual ones, for the error
 
 
 class ModelLoadError(AscentError, ValueError):
@@ -113,8 +114,13 @@ def _check_checkpoint_dir(path: str | Path, what: str, field: str = "model.path"
     p = Path(path).expanduser()
     if not str(path):
         raise ModelLoadError(f"{field} is empty: set {field}=<local directory of a Hugging Face {what}>.")
+    holding = "the tokenizer files" if what == "tokenizer" else "config.json and the weights"
+    if p.is_file():
+        raise ModelLoadError(
+            f"{field}={str(path)!r}: a file, not a directory; point {field} at the directory holding "
+            f"{holding} (e.g. {str(p.parent)!r})."
+        )
     if not p.is_dir():
-        holding = "the tokenizer files" if what == "tokenizer" else "config.json and the weights"
         raise ModelLoadError(
             f"{field}={str(path)!r}: no such directory. ascent loads {what}s from local directories only "
             f"(no hub downloads); point {field} at a directory holding {holding} (e.g. one written by "
@@ -154,6 +160,7 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False, field: str
             f"{field}={str(path)!r}: the tokenizer does not load ({type(err).__name__}: {err}); "
             "check its tokenizer files (or copy them again from the original checkpoint)."
         ) from err
+    _check_vocabulary(tokenizer, p, field)
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelLoadError(
@@ -168,6 +175,18 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False, field: str
         logger.warning(message)
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def _check_vocabulary(tokenizer: Any, path: Path, field: str) -> None:
+    """Raise when the tokenizer encodes text to no tokens: its vocabulary file is missing (transformers
+    builds an empty tokenizer from tokenizer_config.json alone, and every prompt would train as empty)."""
+    if tokenizer.encode("Hello 1", add_special_tokens=False):
+        return
+    raise ModelLoadError(
+        f"{field}={str(path)!r}: the tokenizer has no vocabulary (it encodes 'Hello 1' to no tokens); its "
+        f"vocabulary file is missing (one of {', '.join(VOCABULARY_FILES)}). "
+        "Copy the tokenizer files again from the original checkpoint."
+    )
 
 
 def _enable_activation_checkpointing(model: Any) -> None:

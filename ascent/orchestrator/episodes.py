@@ -31,6 +31,7 @@ from ascent.data import image_codec
 from ascent.data.images import BadImageRow, overlong_image_problem
 from ascent.data.prompts import PromptItem, RenderReport
 from ascent.envs import ChatTokens, Task, run_episodes
+from ascent.envs.base import Message
 from ascent.envs.hosts import HostedEnvs, Hosts, InlineHosts
 from ascent.envs.images import ImageEncoder
 from ascent.envs.rows import UnusableRowError, row_env, unusable_row
@@ -41,6 +42,7 @@ from ascent.messages import Generation, GenerationRequest, Group, SamplingParams
 from ascent.orchestrator import batch as B
 from ascent.orchestrator.workers import RolloutWorker
 
+RESETS_PER_HOST = 4  # start-up resets sent per host at a time (`resets_in_chunks`)
 log = logging.getLogger("ascent")
 FRAMES = (
     "frames"  # <run_dir>/frames: simulator frames, next to experience.db (ascent.studio.episodes reads them)
@@ -68,8 +70,7 @@ def env_items(
     chat, items, report = ChatTokens(tok), [], RenderReport(total=len(rows), max_tokens=limit)
     images = env_image_encoder(cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels)
     with env_hosts(cfg.rollout) as hosts:
-        envs = HostedEnvs(hosts, names)
-        for i, (row, out) in enumerate(zip(rows, envs.reset(rows), strict=True)):
+        for i, row, out in resets_in_chunks(hosts, names, rows):
             problem = unusable_row(out)
             if problem is not None:
                 report.drop_bad_image(i, BadImageRow(f"row {i + 1}: {names[i]}.reset: {problem}"), source)
@@ -91,6 +92,21 @@ def env_items(
                 report.image_tokens += [im.num_tokens for im in shown]
                 items.append(PromptItem(row_id=i, prompt_ids=ids, prompt_text="", metadata=dict(row)))
     return items, report
+
+
+def resets_in_chunks(
+    hosts: Hosts, names: Sequence[str], rows: Sequence[dict[str, Any]]
+) -> Iterator[tuple[int, dict[str, Any], tuple[list[Message], Any] | str]]:
+    """(row index, row, its reset's messages and tools or why it failed), a few rows per host at a time, so
+    that a caller who stops at the first failed reset waits for one chunk of timeouts, not for every row's."""
+    size = hosts.num_hosts * RESETS_PER_HOST
+    for start in range(0, len(rows), size):
+        chunk = rows[start : start + size]
+        envs = HostedEnvs(hosts, names[start : start + size])
+        try:
+            yield from zip(range(start, start + len(chunk)), chunk, envs.reset(chunk), strict=True)
+        finally:
+            envs.close()
 
 
 def env_image_encoder(

@@ -22,6 +22,11 @@ DEFAULT_FORMAT_PATTERN = r"####\s*[-+]?\$?\s*[\d,]*\.?\d+|\\boxed\{.+\}"
 
 def answer_of(metadata: dict[str, Any], answer_key: str, fn_name: str) -> Any:
     """The row's reference answer, or a KeyError that names the field and the function."""
+    if answer_key in metadata and metadata[answer_key] is None:
+        raise KeyError(
+            f"{fn_name} needs the reference answer, but dataset field {answer_key!r} is null on this row; "
+            "give every row an answer (or drop the rows without one)."
+        )
     if metadata.get(answer_key) is None:
         raise KeyError(
             f"{fn_name} needs the reference answer in dataset field {answer_key!r}; the row has fields "

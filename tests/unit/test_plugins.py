@@ -25,6 +25,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     )
     (pkg / "broken.py").write_text("import not_installed_dep_xyz\n")
     (pkg / "raises.py").write_text("raise RuntimeError('boom at import')\n")
+    (pkg / "exits.py").write_text("import sys\nsys.exit(3)\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
@@ -64,6 +65,14 @@ def test_a_module_that_fails_to_import_says_why(project: Path) -> None:
         load_plugin("plugpkg_t.broken:f", "rollout.env")
     with pytest.raises(PluginError, match="importing 'plugpkg_t.raises' raised RuntimeError: boom at import"):
         load_plugin("plugpkg_t.raises:f", "rollout.env")
+
+
+def test_a_module_that_calls_sys_exit_at_import_says_so(project: Path) -> None:
+    # before: SystemExit went through, and `ascent train` ended with status 3 and no message at all
+    with pytest.raises(
+        PluginError, match=r"importing 'plugpkg_t.exits' called sys.exit\(3\); fix the module"
+    ):
+        load_plugin("plugpkg_t.exits:f", "reward.fn")
 
 
 def test_malformed_paths_show_the_form() -> None:

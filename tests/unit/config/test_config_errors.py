@@ -178,3 +178,28 @@ def test_adapter_publication_needs_engines_that_keep_their_weights() -> None:
     ok = [*adapter, "model.lora.rank=4"]
     load_config(None, [*ok, "cluster.engine_sleeps=false"])
     load_config(None, [*ok, "cluster.placement=split", "cluster.backend=ray"])
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("train.lr=inf", "train.lr='inf': must be a finite number (Peak learning rate of AdamW)."),
+        ("train.lr=.inf", "train.lr=inf: must be a finite number (Peak learning rate of AdamW)."),
+        ("rollout.temperature=inf", "rollout.temperature='inf': must be a finite number"),
+        ("seed=-1", "seed=-1: must be >= 0"),
+        ("seed=99999999999999999999", "seed=99999999999999999999: must be <= 4294967295"),
+        ("run_dir=", "run_dir='': string should have at least 1 character"),
+    ],
+)
+def test_values_that_would_crash_or_train_nothing_are_refused(override: str, expected: str) -> None:
+    # before: lr=inf was accepted (an infinite step), seed=-1 crashed with a traceback, and an empty
+    # run_dir wrote the run into the current directory
+    (msg,) = problems([override])
+    assert msg.startswith(expected), msg
+
+
+def test_infinity_stays_a_valid_no_bound_where_a_field_allows_it() -> None:
+    assert load_config(None, ["train.max_grad_norm=.inf"]).train.max_grad_norm == float("inf")
+    assert problems(["train.max_grad_norm=.nan"]) == [
+        "train.max_grad_norm=nan: must be > 0 (Clip the gradient norm; null disables)."
+    ]

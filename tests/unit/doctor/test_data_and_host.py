@@ -4,6 +4,8 @@ model directory checked before transformers sees it (never a hub lookup), and th
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -124,3 +126,22 @@ def test_ray_temp_dir_default_follows_rays_own_rule() -> None:
     assert run.ray_default_temp_dir({}) == "/tmp/ray"
     assert run.ray_default_temp_dir({"TMPDIR": "/scratch/me"}) == "/scratch/me/ray"
     assert run.ray_default_temp_dir({"TMPDIR": "/scratch", "RAY_TMPDIR": "/big"}) == "/big/ray"
+
+
+def test_a_reward_import_path_that_does_not_resolve_fails_the_doctor(tmp_path: Path, monkeypatch) -> None:
+    # before: every check passed (exit 0) and `ascent train` then stopped at start-up on the import path
+    from ascent.doctor import plugins
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the loader adds the current directory to both
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    monkeypatch.delitem(sys.modules, "doc_rewards_q", raising=False)
+    (tmp_path / "doc_rewards_q.py").write_text(
+        "def score(prompt, response, ids, metadata):\n    return 1.0\n"
+    )
+    bad = plugins.check_plugins(cfg(reward={"fn": "doc_rewards_q:scor"}))
+    assert bad.status == "fail" and "reward.fn='doc_rewards_q:scor'" in bad.detail and "score" in bad.detail
+    unbound = plugins.check_plugins(cfg(reward={"fn": "doc_rewards_q:score", "kwargs": {"scale": 2}}))
+    assert unbound.status == "fail" and "cannot be called" in unbound.detail
+    assert plugins.check_plugins(cfg(reward={"fn": "doc_rewards_q:score"})).status == "ok"
+    assert plugins.check_plugins(cfg(algorithm={"advantage": "nosuch_pkg_q:adv"})).status == "fail"

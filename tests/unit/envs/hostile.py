@@ -69,3 +69,9 @@ class Unsendable(Counter):
 
     def step(self, action: str) -> StepResult:
         return StepResult(done=True, info={"f": lambda: 1})
+
+
+class HangsAtReset(Counter):
+    def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
+        time.sleep(600)
+        return []

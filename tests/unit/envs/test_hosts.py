@@ -203,3 +203,25 @@ def test_ray_actor_hosts_run_the_same_calls_under_the_same_policy(ray_cluster):
         assert [o.value for o in hosts.each(misbehave, ["c", "d"])] == ["cc", "dd"]
     finally:
         hosts.close()
+
+
+class ResetsTo:
+    """An environment whose reset returns `value` (not always the list of messages it must)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def reset(self, row: Any) -> Any:
+        return self.value
+
+    def step(self, action: str) -> Any:
+        raise AssertionError("not reached")
+
+
+@pytest.mark.parametrize("value", [42, None, "What is 2+2?", [{"role": "user", "content": "hi"}, "oops"]])
+def test_a_reset_that_returns_no_messages_says_what_it_returned(value: Any) -> None:
+    # before: "row 1: its prompt's images: TypeError: 'int' object is not iterable"
+    with pytest.raises(TypeError, match=r"ResetsTo.reset returned .*; it must return the conversation"):
+        reset({}, (0, 0), ResetsTo(value), {"prompt": "p"})
+    messages = [{"role": "user", "content": "hi"}]
+    assert reset({}, (0, 0), ResetsTo(messages), {}) == (messages, None)

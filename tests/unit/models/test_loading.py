@@ -97,6 +97,23 @@ def test_a_missing_tokenizer_directory_names_the_setting_that_named_it(tmp_path:
         load_tokenizer(missing)
 
 
+def test_a_file_given_as_the_model_directory_is_called_a_file(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"model.safetensors': a file, not a directory; point model.path at"):
+        load_tokenizer(tmp_path / "model.safetensors")
+
+
+def test_a_tokenizer_without_its_vocabulary_is_refused(tmp_path: Path) -> None:
+    # tokenizer_config.json alone loads as a tokenizer that encodes every prompt to no tokens: the run
+    # trained on empty prompts
+    path = make_tiny_checkpoint(tmp_path / "ckpt")
+    (path / "tokenizer.json").unlink()
+    with pytest.raises(
+        ValueError, match=r"^model.path='.*ckpt': the tokenizer has no vocabulary \(it encodes"
+    ):
+        load_tokenizer(path)
+
+
 def test_load_model_dir_without_config(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(ValueError, match="no config.json"):

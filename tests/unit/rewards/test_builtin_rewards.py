@@ -29,6 +29,14 @@ def test_missing_answer_names_field():
         call(exact_match, "42")
 
 
+def test_a_null_answer_says_it_is_null_not_missing():
+    # before: "needs the reference answer in dataset field 'answer'; the row has fields ['answer']"
+    with pytest.raises(
+        KeyError, match="dataset field 'answer' is null on this row; give every row an answer"
+    ):
+        exact_match("p", "42", [], {"answer": None})
+
+
 @pytest.mark.parametrize(
     "text, numbers",
     [
