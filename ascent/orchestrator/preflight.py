@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ascent import algorithms as A
 from ascent.algorithms import option_names
-from ascent.config import ConfigError, RunConfig
+from ascent.config import AlgorithmConfig, ConfigError, RunConfig
 from ascent.config.choices import PluginChoice
 from ascent.config.sources import AgentSourceConfig
 from ascent.data.prompts import PromptItem
@@ -109,7 +109,7 @@ def check_context(config: dict[str, Any], longest_prompt: int, max_new_tokens: i
         )
 
 
-def check_plugins(algorithm: Any) -> None:
+def check_plugins(algorithm: AlgorithmConfig) -> None:
     """Resolve every algorithm name or import path now, so a typo fails at start-up with the field named."""
 
     registries: dict[str, Mapping[str, Callable[..., Any]]] = {
@@ -133,7 +133,9 @@ def check_plugins(algorithm: Any) -> None:
         raise ConfigError(problems)
 
 
-def unused_options(algorithm: Any, estimator: Callable[..., Any], loss: Callable[..., Any]) -> list[str]:
+def unused_options(
+    algorithm: AlgorithmConfig, estimator: Callable[..., Any], loss: Callable[..., Any]
+) -> list[str]:
     """`algorithm.options` entries that no plug-in among the advantage estimator and the policy loss takes (a
     typo would otherwise be ignored silently). Only a plug-in gets options, and only under names that are not
     settings of the section (the loader refuses options that name a built-in's setting)."""
