@@ -26,8 +26,8 @@ Variants switch one thing each (the default trainer is `head+offsets`):
   vocabulary] more memory per micro-batch.
 - `repeatkv`: grouped-query K/V repeated per query head before torch 2.11's varlen kernel (the path before
   `ascent.models.varlen.NATIVE_GQA`), not handed to flash attention with their own heads.
-- `tritonstats`: the head's forward stats (logsumexp, entropy, the kept cast) as one Triton pass per row
-  (`ascent.trainer.triton_head.chunk_stats_triton`, `head.TRITON_STATS`), not inductor's two reductions.
+- `inductorstats`: the head's forward stats (logsumexp, entropy, the kept cast) as inductor's two reductions,
+  not one Triton pass per row (`ascent.trainer.triton_head.chunk_stats_triton`, `head.TRITON_STATS`).
 """
 
 from __future__ import annotations
@@ -88,16 +88,16 @@ def variant(name: str) -> Iterator[None]:
         "inductorgrad",
         "keeplogits",
         "repeatkv",
-        "tritonstats",
+        "inductorstats",
     }
     if unknown:
         raise SystemExit(
             f"--variants: unknown part(s) {sorted(unknown)}; use base, head, offsets, nogc, cold, "
-            "hostsync, inductorgrad, keeplogits, repeatkv, tritonstats."
+            "hostsync, inductorgrad, keeplogits, repeatkv, inductorstats."
         )
     saved = (L.fusable_head, Pol.pack, Hd.TRITON_LOGITS_GRAD, V.NATIVE_GQA, Hd.TRITON_STATS)
     V.NATIVE_GQA = "repeatkv" not in parts
-    Hd.TRITON_STATS = "tritonstats" in parts
+    Hd.TRITON_STATS = "inductorstats" not in parts
     inner = _blocking_pack if "hostsync" in parts else saved[1]
     if "head" not in parts:
         L.fusable_head = lambda head: False  # type: ignore[assignment]

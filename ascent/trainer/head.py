@@ -84,10 +84,10 @@ def chunk_stats_kept(
 #: On CUDA the logits gradient runs as one Triton kernel (`ascent.trainer.triton_head`); False keeps the
 #: compiled pointwise form (bench/update_sweep.py's `inductorgrad` variant measures the two).
 TRITON_LOGITS_GRAD = True
-#: True: on CUDA the forward's per-chunk stats (and the kept cast) run as one Triton pass per row
-#: (`triton_head.chunk_stats_triton`) instead of the compiled `chunk_stats`/`chunk_stats_kept`. Off until it
-#: is measured on a GPU (bench/update_sweep.py's `tritonstats` variant); its tests run under the interpreter.
-TRITON_STATS = False
+#: On CUDA the forward's per-chunk stats (and the kept cast) run as one Triton pass per row
+#: (`triton_head.chunk_stats_triton`); False keeps the compiled `chunk_stats`/`chunk_stats_kept`
+#: (bench/update_sweep.py's `inductorstats` variant: 7.5% slower 0.5B update on an H100, BENCHMARKS.md).
+TRITON_STATS = True
 
 
 def _stats_fn(device: torch.device, compiled: bool, keep: bool) -> Callable[..., Any]:
