@@ -41,6 +41,7 @@ from ascent.errors import AscentError
 from ascent.messages import Generation, GenerationRequest, Group, SamplingParams, flatten
 from ascent.orchestrator import batch as B
 from ascent.orchestrator.workers import RolloutWorker
+from ascent.plugins import check_import
 
 RESETS_PER_HOST = 4  # start-up resets sent per host at a time (`resets_in_chunks`)
 log = logging.getLogger("ascent")
@@ -67,6 +68,7 @@ def env_items(
     `UnusableRowError`) and a row whose prompt is over `data.max_prompt_tokens` (with its image tokens and
     the fix when it shows images). Any other failed reset is an error naming the row."""
     limit, names = cfg.data.max_prompt_tokens, [env_name(row, env) for row in rows]
+    check_env_imports(names, env)
     chat, items, report = ChatTokens(tok), [], RenderReport(total=len(rows), max_tokens=limit)
     images = env_image_encoder(cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels)
     with env_hosts(cfg.rollout) as hosts:
@@ -92,6 +94,18 @@ def env_items(
                 report.image_tokens += [im.num_tokens for im in shown]
                 items.append(PromptItem(row_id=i, prompt_ids=ids, prompt_text="", metadata=dict(row)))
     return items, report
+
+
+def check_env_imports(names: Sequence[str], env: str) -> None:
+    """Import each environment module named by import path (the run's `env`, rows' `env` columns) in a
+    child interpreter (`ascent.plugins.check_import`): one that ends its process at import is a PluginError
+    naming it, rather than every reset failing as "its process died"."""
+    first: dict[str, int] = {}
+    for k, name in enumerate(names):
+        first.setdefault(name, k)
+    for name, k in first.items():
+        if ":" in name:
+            check_import(name, "rollout.source.env" if name == env else f"row {k + 1} env")
 
 
 def resets_in_chunks(
