@@ -22,7 +22,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ascent.cluster.hosts import IsolationPolicy, ProcessHosts, default_workers
+from ascent.cluster.hosts import ProcessHosts, default_workers
+from ascent.config.rollout import RolloutConfig
+from ascent.config.schema import RewardConfig
 from ascent.data import image_codec, render_prompts, validate_rows
 from ascent.data.fields import RowFields
 from ascent.data.templates import set_chat_template
@@ -36,7 +38,7 @@ from ascent.messages import Generation, GenerationRequest, SamplingParams, flatt
 from ascent.models.loading import load_tokenizer, resolve_device
 from ascent.orchestrator.agents import AgentService, AgentSetup, play_agent_groups, score_last_replies
 from ascent.orchestrator.batch import make_requests, to_groups
-from ascent.orchestrator.episodes import env_image_encoder
+from ascent.orchestrator.episodes import env_image_encoder, env_policy
 from ascent.orchestrator.eval_metrics import CORRECT_AT, episode_sample, eval_metrics
 from ascent.orchestrator.sampling import Scorer
 from ascent.orchestrator.setup import agent_items, reward_hosts
@@ -84,9 +86,10 @@ def run_eval(
     items, _ = render_prompts(
         rows, tok, max_prompt_tokens=max_prompt_tokens, overlong="truncate", codec=image_codec(model)
     )
+    memory_mb = (rcfg or RewardConfig()).memory_limit_mb
     decode, runner, rollout = (
         _scorer_and_engine(  # the reward resolves first: a bad --reward fails in a second
-            tok, reward, reward_timeout_s, engine, model, dtype, device, batch_size
+            tok, reward, (reward_timeout_s, memory_mb), engine, model, dtype, device, batch_size
         )
     )
     components = () if rcfg is None else eval_components(rcfg, model, tok, rollout, device)
@@ -184,9 +187,7 @@ def run_env_eval(
         generation_batch_size=batch_size,
     )
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    hosts = ProcessHosts(
-        default_workers(None), IsolationPolicy("environment", env_timeout_s, "rollout.env_timeout_s")
-    )
+    hosts = ProcessHosts(default_workers(None), env_policy(RolloutConfig(env_timeout_s=env_timeout_s)))
     try:
         episodes = run_episodes(
             tasks,
@@ -250,7 +251,14 @@ def run_agent_eval(
     tok = set_chat_template(load_tokenizer(model), fields.chat_template, "--chat-template")
     rows = fields.rows(data)[:max_prompts]
     decode, rewards, rollout = _scorer_and_engine(
-        tok, reward, reward_timeout_s, engine, model, dtype, device, batch_size
+        tok,
+        reward,
+        (reward_timeout_s, RewardConfig().memory_limit_mb),
+        engine,
+        model,
+        dtype,
+        device,
+        batch_size,
     )
     setup = AgentSetup(
         agent,
@@ -262,6 +270,7 @@ def run_agent_eval(
         max_episode_tokens=max_episode_tokens,
         max_new_tokens=max_new_tokens,
         max_turns=max_turns,
+        memory_mb=RolloutConfig().env_memory_limit_mb,
     )
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples)
     with contextlib.ExitStack() as stack:  # the reward processes, the endpoint and the agent processes
@@ -310,7 +319,7 @@ def _agent_record(e: Any, decode: Any) -> dict[str, Any]:
 def _scorer_and_engine(
     tok: Any,
     reward: str,
-    reward_timeout_s: float,
+    limits: tuple[float, int],
     engine: str,
     model: str,
     dtype: str,
@@ -318,13 +327,14 @@ def _scorer_and_engine(
     batch_size: int,
 ) -> tuple[Callable[[Sequence[int]], str], RewardRunner, Any]:
     """What every evaluation builds: the decode of `tok`, the reward runner of `reward` (on process hosts,
-    every failure counted, none fatal) and the `engine` holding `model`."""
+    every failure counted, none fatal; `limits`: each call's timeout and each process's memory in MiB) and
+    the `engine` holding `model`."""
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     runner = RewardRunner(
         reward,
         max_failure_rate=ALL_BUT_NONE,
         logger=log,
-        executor=reward_hosts("process", reward_timeout_s, None),
+        executor=reward_hosts("process", limits[0], None, limits[1]),
     )
     rollout = build_engine(
         engine,

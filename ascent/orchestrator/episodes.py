@@ -133,8 +133,15 @@ def env_image_encoder(
 
 
 def env_policy(r: RolloutConfig) -> IsolationPolicy:
-    """The isolation policy of environments (`rollout.env_timeout_s`), on process hosts and Ray actors."""
-    return IsolationPolicy("environment", r.env_timeout_s, "rollout.env_timeout_s")
+    """The isolation policy of environments (`rollout.env_timeout_s`, `rollout.env_memory_limit_mb`), on
+    process hosts and Ray actors."""
+    return IsolationPolicy(
+        "environment",
+        r.env_timeout_s,
+        "rollout.env_timeout_s",
+        memory_mb=r.env_memory_limit_mb,
+        memory_field="rollout.env_memory_limit_mb",
+    )
 
 
 @contextmanager
