@@ -242,3 +242,21 @@ def test_a_reset_that_returns_no_messages_says_what_it_returned(value: Any) -> N
         reset({}, (0, 0), ResetsTo(value), {"prompt": "p"})
     messages = [{"role": "user", "content": "hi"}]
     assert reset({}, (0, 0), ResetsTo(messages), {}) == (messages, None)
+
+
+@pytest.mark.parametrize(
+    ("message", "problem"),
+    [
+        ({"role": "user"}, "has no 'content'; give it a string, or a list of content parts"),
+        ({"role": "user", "content": None}, "has no 'content'"),
+        ({"role": "user", "content": 7}, "has 'content' of type int"),
+        ({"content": "hi"}, "has no 'role'"),
+    ],
+)
+def test_a_reset_message_without_content_says_which(message: dict[str, Any], problem: str) -> None:
+    # before: a message without content rendered as an empty turn, and the model trained on it silently
+    value = [{"role": "system", "content": "be brief"}, message]
+    with pytest.raises(TypeError, match=rf"ResetsTo.reset returned message 1 .*, which {problem}"):
+        reset({}, (0, 0), ResetsTo(value), {"prompt": "p"})
+    calls = [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]}]
+    assert reset({}, (0, 0), ResetsTo(calls), {})[0] == calls  # OpenAI's form: a call needs no content
