@@ -97,12 +97,13 @@ def run_eval(
     requests = make_requests([i.prompt_ids for i in items], params, seed, [i.images for i in items])
     gens = generate_with_progress(rollout, requests, batch_size) if progress else rollout.generate(requests)
     scorer = Scorer(runner, decode, components, rcfg.fn_weight if rcfg is not None else 1.0)
+    option = (
+        f"--reward-config {reward_config} (reward.fn={reward})" if rcfg is not None else f"--reward {reward}"
+    )
     try:
         groups, reward_metrics = scorer(to_groups(items, gens, decode=decode, policy_version=0))
     except RewardFailureError as err:
-        raise AscentError(
-            f"--reward {reward}: every reward call failed, so there is no accuracy to report ({err})"
-        ) from err
+        raise every_call_failed(err, option, reward_timeout_s) from err
     finally:
         runner.close()
     scored = flatten(groups)
@@ -120,6 +121,18 @@ def run_eval(
     if out:
         _write_responses(out, scored, [t.reward for t in scored])
     return metrics
+
+
+def every_call_failed(err: RewardFailureError, option: str, timeout_s: float) -> AscentError:
+    """The evaluation's error when every reward call failed (its runner stops at nothing less), in its own
+    options' words: `option` names the reward function (`--reward X`), and --reward-timeout-s the timeout
+    (the runner's message speaks of reward.max_failure_rate, which an evaluation does not have)."""
+    return AscentError(
+        f"{option}: all {err.total} reward calls failed, so there is no accuracy to report; first error on "
+        f"row {err.row}: {err.first_error}. Fix the reward function (`ascent eval` scores 0 for a call that "
+        f"fails, and stops only when every call does), or raise --reward-timeout-s={timeout_s:g} if the "
+        "calls timed out."
+    )
 
 
 def generate_with_progress(
@@ -279,7 +292,10 @@ def run_agent_eval(
         stack.callback(service.close)
         groups, unscored, stats = play_agent_groups(service, agent_items(rows), params, decode)
         stats.require_calls()
-        score_last_replies(rewards, decode, groups, unscored)
+        try:
+            score_last_replies(rewards, decode, groups, unscored)
+        except RewardFailureError as err:
+            raise every_call_failed(err, f"--reward {reward}", reward_timeout_s) from err
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         with open(out, "w") as f:

@@ -120,7 +120,20 @@ def test_eval_refuses_when_every_reward_call_fails(tmp_path, tiny_model):
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
-    assert "every reward call failed" in out and "answer" in out and "Traceback" not in out
+    assert "--reward exact_match: all 4 reward calls failed, so there is no accuracy to report" in out
+    assert "first error on row 1: " in out and "answer" in out and "Traceback" not in out
+    # eval's own options, not train's (before: "... or raise reward.max_failure_rate", which eval lacks)
+    assert (
+        "reward.max_failure_rate" not in out and "raise --reward-timeout-s=30 if the calls timed out" in out
+    )
+    config = tmp_path / "reward.yaml"
+    config.write_text("reward:\n  fn: exact_match\n")
+    proc = ascent_here(
+        "eval", "--model", str(tiny_model), "--data", str(rows), "--reward-config", str(config), check=False
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "reward.max_failure_rate" not in out, out
+    assert f"--reward-config {config} (reward.fn=exact_match): all 4 reward calls failed" in out
     bad = ascent_here(
         "eval", "--model", str(tiny_model), "--data", str(rows), "--reward", "nosuch.mod:fn", check=False
     )
