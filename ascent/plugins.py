@@ -12,23 +12,39 @@ current directory on its actors' sys.path.
 A path that does not resolve is a `PluginError` naming the setting, the module and attribute, the directories
 searched and the fix; a module that lacks the attribute lists its public callables.
 
+A user module is imported in a child interpreter first (`probe_import`), once per process, before this
+process imports it: one that ends its process at import (`os._exit(0)`, a crash, a kill) would otherwise end
+the command with it, with status 0 and no word. The probe's verdict is a `PluginError` naming the setting,
+the module, how its process ended and the last lines it printed; a module that raises at import (`sys.exit`
+included) is left to the import here, which says so. A user module therefore runs its import-time code twice.
+Host processes (multiprocessing children: reward workers, environment hosts) skip the probe: there a process
+that ends is already the failure of the call that imported the module, not of the run.
+
 Like `ascent.errors`, a leaf: it imports nothing from ascent but `errors`, so every layer may use it.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+import multiprocessing
 import os
+import signal
+import subprocess
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import IO, Any
 
 from ascent.errors import AscentError
 
 IMPORT_PATH_FORM = "pkg.module:name"
+PROBE_TIMEOUT_S = 300.0  # a user module's import in the probe; past it the module counts as hanging
+PROBE_TAIL = 1000  # characters of what the probe printed that an error quotes
+_PROBED: set[str] = set()  # modules whose import returned in a probe of this process
 
 
 class PluginError(AscentError, ValueError):
@@ -81,6 +97,15 @@ def load_plugin(spec: str, field: str, *, must_call: bool = True) -> Any:
     return target
 
 
+def check_import(spec: str, field: str) -> None:
+    """Import the module of `pkg.module:name` in a child interpreter only (`probe_import`): a PluginError
+    naming `field` when that ends its process or hangs. For user code that runs in host processes only (an
+    environment), so that a module which ends its process at import is named at start-up."""
+    module_name, _ = split_import_path(spec, field)
+    add_plugin_root()
+    probe_import(module_name, f"{field}={spec.strip()!r}")
+
+
 def resolve(
     registry: Mapping[str, Callable[..., Any]], value: str, field: str = "algorithm"
 ) -> Callable[..., Any]:
@@ -99,6 +124,7 @@ def resolve(
 
 
 def _import(module_name: str, label: str) -> ModuleType:
+    probe_import(module_name, label)
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as err:
@@ -119,6 +145,75 @@ def _import(module_name: str, label: str) -> ModuleType:
             f"{label}: importing {module_name!r} raised {type(err).__name__}: {err}; fix the module (run "
             f"`python -c 'import {module_name}'` to see the traceback)."
         ) from err
+
+
+# run by the probe's interpreter: import the module with the caller's sys.path, then say that the import
+# returned (whether it raised is the caller's import's to report), and end without running exit handlers
+_PROBE = """
+import importlib, json, os, sys
+name, paths, said = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+sys.path[:] = paths
+try:
+    importlib.import_module(name)
+except BaseException:
+    pass
+with open(said, "w") as f:
+    f.write("returned")
+os._exit(0)
+"""
+
+
+def probe_import(module_name: str, label: str) -> None:
+    """Import `module_name` in a child interpreter (this process's sys.path, environment and directory)
+    unless it is imported here already, is ascent's own, was probed before, or this is a host process;
+    a PluginError naming `label` when that import ended its process or hung (see the module doc)."""
+    top = module_name.split(".")[0]
+    if module_name in sys.modules or top == "ascent" or module_name in _PROBED:
+        return
+    if multiprocessing.parent_process() is not None:  # a host: its death fails the call, not the run
+        return
+    with tempfile.TemporaryDirectory(prefix="ascent-probe-") as tmp:
+        said = os.path.join(tmp, "said")
+        with open(os.path.join(tmp, "output"), "w+b") as output:
+            code = _run_probe(module_name, said, output, label)
+            if os.path.exists(said):
+                _PROBED.add(module_name)
+                return
+            output.seek(max(0, output.seek(0, os.SEEK_END) - 4 * PROBE_TAIL))
+            printed = output.read().decode("utf-8", "replace").strip()[-PROBE_TAIL:]
+    shown = f"; its last output: {printed!r}" if printed else ""
+    raise PluginError(
+        f"{label}: importing {module_name!r} ended its process ({_ended(code)}) before the import "
+        f"returned{shown}. Fix the module: a module ascent imports must not end its process (os._exit, "
+        "a crash, a kill); keep script code under `if __name__ == '__main__':`."
+    )
+
+
+def _run_probe(module_name: str, said: str, output: IO[bytes], label: str) -> int:
+    """The probe's exit status; a PluginError past PROBE_TIMEOUT_S."""
+    argv = [sys.executable, "-c", _PROBE, module_name, json.dumps(sys.path), said]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output)
+    try:
+        return proc.wait(PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise PluginError(
+            f"{label}: importing {module_name!r} took more than {PROBE_TIMEOUT_S:g} s (in a child process "
+            f"ascent imports plug-ins in first); fix the module's import (`python -c 'import {module_name}'` "
+            "shows where it waits)."
+        ) from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _ended(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
 
 
 def _not_found(module_name: str, missing: str, label: str) -> str:

@@ -16,6 +16,10 @@ process died (exit code 0) while running a reward call", and the host is replace
 (an environment's other episodes there end "lost with its process"). While commands are out past
 `notice_s`, the log says how many, for what and for how long, every `notice_s`.
 
+A process host also caps its memory (`memory_mb`, RLIMIT_DATA: an allocation past it is a MemoryError that
+costs the call, naming `memory_field`) and what each call prints (its first 64 KiB of stdout and of stderr
+pass as they come; past that the log gets how much was dropped and its last 8 KiB): `ascent.cluster.confine`.
+
 `map` sends items in chunks (one round trip per chunk); a chunk that fails as a whole (a timeout, a death,
 an answer that cannot travel) is run again one item at a time, so the failure is pinned on exactly the
 items that cause it. `each` runs every item once (an agent's episodes have side effects).
@@ -42,6 +46,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from ascent.cluster.confine import CappedOutput, Overflow, is_memory_error, limit_memory
 from ascent.envs.hosts import Command, serve
 from ascent.messages import Outcome
 
@@ -60,6 +65,8 @@ class IsolationPolicy:
     timeout_s: float
     timeout_field: str
     notice_s: float = 5.0
+    memory_mb: int = 0  # a process host's memory limit (0: none), set by `memory_field`
+    memory_field: str = ""
 
     @property
     def a_call(self) -> str:
@@ -70,6 +77,15 @@ class IsolationPolicy:
 
     def died(self, host: str, how: str, op: str) -> str:
         return f"its {host} died ({how}) while running {op}"
+
+    def noted(self, outcome: Outcome) -> Outcome:
+        """`outcome` with a MemoryError (its own, or a chunk's items') saying what limits the memory."""
+        if is_memory_error(outcome.error) and self.memory_mb:
+            note = f"over the {self.memory_mb} MiB each {self.what} process may use: {self.memory_field}"
+            return Outcome(error=f"{outcome.error} ({note})")
+        if outcome.ok and isinstance(outcome.value, list):
+            return Outcome(value=[self.noted(o) if isinstance(o, Outcome) else o for o in outcome.value])
+        return outcome
 
 
 def call_chunk(state: dict[Any, Any], fn: Callable[[Any], Any], items: list[Any]) -> list[Outcome]:
@@ -215,15 +231,18 @@ class Notice:
             )
 
 
-def host_main(conn: Connection, controller: int) -> None:
-    """A host process's loop: each command in, `serve`'s outcome out (or why it cannot travel). Ctrl-C is
-    the controller's to handle (it stops at a safe point), so the host ignores SIGINT. The host leads a
-    process group of its own, so that whatever user code starts (a fork, a subprocess) ends with the host
-    (`kill_host`), not after the run, and a watcher ends that group when the `controller` process is gone
-    (killed without closing its hosts) while user code still runs."""
+def host_main(conn: Connection, controller: int, policy: IsolationPolicy) -> None:
+    """A host process's loop: each command in, `serve`'s outcome out (or why it cannot travel) with what
+    the call printed past its cap (`Overflow`s). Ctrl-C is the controller's to handle (it stops at a safe
+    point), so the host ignores SIGINT. The host leads a process group of its own, so that whatever user code
+    starts (a fork, a subprocess) ends with the host (`kill_host`), not after the run, and a watcher ends
+    that group when the `controller` process is gone (killed without closing its hosts) while user code
+    still runs. Its memory and output are capped (`ascent.cluster.confine`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.setpgid(0, 0)
     threading.Thread(target=watch_controller, args=(controller,), daemon=True).start()
+    limit_memory(policy.memory_mb)
+    output = CappedOutput()
     state: dict[Any, Any] = {}
     while True:
         try:
@@ -237,12 +256,12 @@ def host_main(conn: Connection, controller: int) -> None:
             reply = serve(state, command)
         except Exception as e:  # noqa: BLE001 - a command this process cannot read (unpickling)
             reply = Outcome(error=f"{op} cannot be read in its process ({type(e).__name__}: {e})")
+        overflows = output.end_call()
         try:
-            out = pickle.dumps(reply)
+            out = pickle.dumps((policy.noted(reply), overflows))
         except Exception as e:  # noqa: BLE001 - user code's answer (e.g. a lambda in info): costs the call
-            out = pickle.dumps(
-                Outcome(error=f"its answer to {op} cannot be sent back ({type(e).__name__}: {e})")
-            )
+            error = f"its answer to {op} cannot be sent back ({type(e).__name__}: {e})"
+            out = pickle.dumps((policy.noted(Outcome(error=error)), overflows))
         conn.send_bytes(out)
 
 
@@ -271,7 +290,7 @@ class ProcessHosts(HostPool):
 
     def _start(self) -> tuple[Any, Connection]:
         mine, theirs = self._ctx.Pipe()
-        proc = self._ctx.Process(target=host_main, args=(theirs, os.getpid()), daemon=True)
+        proc = self._ctx.Process(target=host_main, args=(theirs, os.getpid(), self.policy), daemon=True)
         proc.start()
         theirs.close()
         return proc, mine
@@ -295,7 +314,11 @@ class ProcessHosts(HostPool):
         proc, conn = self._hosts[h]
         try:
             if conn.poll():
-                reply: Outcome = conn.recv()
+                reply: Outcome
+                overflows: list[Overflow]
+                reply, overflows = conn.recv()
+                for overflow in overflows:
+                    log.warning("%s", overflow.describe(f"{self.policy.what} {self.host} {proc.pid}"))
                 return reply
         except (EOFError, OSError):
             pass

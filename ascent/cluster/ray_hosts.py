@@ -22,6 +22,7 @@ validation on the controller's thread take turns, so every deadline measures the
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -31,6 +32,7 @@ from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from ascent.cluster.confine import CappedOutput, limit_memory
 from ascent.cluster.errors import ClusterConfigError
 from ascent.cluster.hosts import HostPool, IsolationPolicy
 from ascent.cluster.ray_backend import init_ray, kill_actors, reserve
@@ -43,17 +45,23 @@ SETTLE_S = 5.0  # how long free CPUs may take to show in Ray's view after their 
 
 
 class HostActor:
-    """One Ray actor holding state for commands (not used directly: see `RayHosts`)."""
+    """One Ray actor holding state for commands (not used directly: see `RayHosts`), its memory and output
+    capped as a process host's are (`ascent.cluster.confine`; what a call prints past its cap is logged)."""
 
-    def __init__(self, name: str, run_dir: str | None, log_level: str) -> None:
+    def __init__(self, name: str, run_dir: str | None, log_level: str, policy: IsolationPolicy) -> None:
         self.log = setup_logging(run_dir, name, log_level, console=False)
+        self.policy = policy
+        limit_memory(policy.memory_mb)
+        self.output = CappedOutput()
         self.state: dict[Any, Any] = {}
 
     def ping(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
     def handle(self, command: Command) -> Outcome:
-        outcome = serve(self.state, command)
+        outcome = self.policy.noted(serve(self.state, command))
+        for overflow in self.output.end_call():
+            self.log.warning("%s", overflow.describe(f"{self.policy.what} actor {os.getpid()}"))
         if not outcome.ok:
             self.log.warning("%s failed: %s", command[0], outcome.error)
         return outcome
@@ -101,7 +109,9 @@ class RayHosts(HostPool):
             raise RuntimeError("the host actors were closed; make a new RayHosts")
         strategy = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=h)
         options = {"num_cpus": self.cpus, "num_gpus": self.gpus, "scheduling_strategy": strategy}
-        return self._actor_cls.options(**options).remote(f"env_{h}", self.run_dir, self.log_level)
+        return self._actor_cls.options(**options).remote(
+            f"env_{h}", self.run_dir, self.log_level, self.policy
+        )
 
     def _wait_started(self, hosts: list[int], what: str = "did not start") -> None:
         try:

@@ -18,12 +18,13 @@ if TYPE_CHECKING:
     from ascent.config.schema import RunConfig, SFTConfig
 
 # `reward` fields that only score single-turn responses (max_failure_rate also bounds env/agent failures)
-REWARD_SCORING_FIELDS = ("fn", "kwargs", "isolation", "timeout_s", "num_workers")
+REWARD_SCORING_FIELDS = ("fn", "kwargs", "isolation", "timeout_s", "num_workers", "memory_limit_mb")
 # `rollout` fields of multi-turn episodes (an env or agent rollout.source; the source's own settings are its
 # union member's fields, so no source can be given another's)
 MULTI_TURN_FIELDS = (
     "env_isolation",
     "env_timeout_s",
+    "env_memory_limit_mb",
     "env_workers",
     "env_cpus",
     "env_workers_per_node",

@@ -184,6 +184,15 @@ class RolloutConfig(Section):
         "it the "
         "process (Ray actor) is killed and replaced, and its episodes end with the error.",
     )
+    env_memory_limit_mb: int = Field(
+        8192,
+        ge=0,
+        description="With rollout.env_isolation=process: MiB of memory each environment (or agent) process "
+        "or Ray actor may use, as private writable memory (RLIMIT_DATA: heap, arrays, thread stacks; not "
+        "shared libraries, GPU mappings nor address space merely reserved), also for each process it starts. "
+        "An allocation past it raises MemoryError in the reset or step (or the agent), which costs that "
+        "episode; the process serves on. 0: no limit.",
+    )
     env_workers: int | None = Field(
         None,
         gt=0,

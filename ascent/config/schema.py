@@ -110,6 +110,15 @@ class RewardConfig(RewardModelsMixin):
     num_workers: int | None = Field(
         None, gt=0, description="Reward worker processes (isolation=process); null: min(4, CPU count)."
     )
+    memory_limit_mb: int = Field(
+        8192,
+        ge=0,
+        description="MiB of memory each reward worker process may use (isolation=process): its private "
+        "writable memory (RLIMIT_DATA: heap, arrays, thread stacks; not shared libraries nor address space "
+        "merely reserved), also for each process it starts. An allocation past it raises MemoryError in "
+        "the reward function, which costs that sample only (reward 0, counted in reward/failures); the "
+        "worker serves on. 0: no limit.",
+    )
     group_hooks: list[GroupHookChoice] = Field(
         default_factory=list,
         description="Shaping and filters that see a whole group, run in order on each scored batch: built-in "

@@ -22,7 +22,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ascent.cluster.hosts import IsolationPolicy, ProcessHosts, default_workers
+from ascent.cluster.hosts import ProcessHosts, default_workers
+from ascent.config.rollout import RolloutConfig
+from ascent.config.schema import RewardConfig
 from ascent.data import image_codec, render_prompts, validate_rows
 from ascent.data.fields import RowFields
 from ascent.data.templates import set_chat_template
@@ -36,7 +38,7 @@ from ascent.messages import Generation, GenerationRequest, SamplingParams, flatt
 from ascent.models.loading import load_tokenizer, resolve_device
 from ascent.orchestrator.agents import AgentService, AgentSetup, play_agent_groups, score_last_replies
 from ascent.orchestrator.batch import make_requests, to_groups
-from ascent.orchestrator.episodes import env_image_encoder
+from ascent.orchestrator.episodes import env_image_encoder, env_policy
 from ascent.orchestrator.eval_metrics import CORRECT_AT, episode_sample, eval_metrics
 from ascent.orchestrator.sampling import Scorer
 from ascent.orchestrator.setup import agent_items, reward_hosts
@@ -84,9 +86,10 @@ def run_eval(
     items, _ = render_prompts(
         rows, tok, max_prompt_tokens=max_prompt_tokens, overlong="truncate", codec=image_codec(model)
     )
+    memory_mb = (rcfg or RewardConfig()).memory_limit_mb
     decode, runner, rollout = (
         _scorer_and_engine(  # the reward resolves first: a bad --reward fails in a second
-            tok, reward, reward_timeout_s, engine, model, dtype, device, batch_size
+            tok, reward, (reward_timeout_s, memory_mb), engine, model, dtype, device, batch_size
         )
     )
     components = () if rcfg is None else eval_components(rcfg, model, tok, rollout, device)
@@ -94,12 +97,13 @@ def run_eval(
     requests = make_requests([i.prompt_ids for i in items], params, seed, [i.images for i in items])
     gens = generate_with_progress(rollout, requests, batch_size) if progress else rollout.generate(requests)
     scorer = Scorer(runner, decode, components, rcfg.fn_weight if rcfg is not None else 1.0)
+    option = (
+        f"--reward-config {reward_config} (reward.fn={reward})" if rcfg is not None else f"--reward {reward}"
+    )
     try:
         groups, reward_metrics = scorer(to_groups(items, gens, decode=decode, policy_version=0))
     except RewardFailureError as err:
-        raise AscentError(
-            f"--reward {reward}: every reward call failed, so there is no accuracy to report ({err})"
-        ) from err
+        raise every_call_failed(err, option, reward_timeout_s) from err
     finally:
         runner.close()
     scored = flatten(groups)
@@ -117,6 +121,18 @@ def run_eval(
     if out:
         _write_responses(out, scored, [t.reward for t in scored])
     return metrics
+
+
+def every_call_failed(err: RewardFailureError, option: str, timeout_s: float) -> AscentError:
+    """The evaluation's error when every reward call failed (its runner stops at nothing less), in its own
+    options' words: `option` names the reward function (`--reward X`), and --reward-timeout-s the timeout
+    (the runner's message speaks of reward.max_failure_rate, which an evaluation does not have)."""
+    return AscentError(
+        f"{option}: all {err.total} reward calls failed, so there is no accuracy to report; first error on "
+        f"row {err.row}: {err.first_error}. Fix the reward function (`ascent eval` scores 0 for a call that "
+        f"fails, and stops only when every call does), or raise --reward-timeout-s={timeout_s:g} if the "
+        "calls timed out."
+    )
 
 
 def generate_with_progress(
@@ -184,9 +200,7 @@ def run_env_eval(
         generation_batch_size=batch_size,
     )
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    hosts = ProcessHosts(
-        default_workers(None), IsolationPolicy("environment", env_timeout_s, "rollout.env_timeout_s")
-    )
+    hosts = ProcessHosts(default_workers(None), env_policy(RolloutConfig(env_timeout_s=env_timeout_s)))
     try:
         episodes = run_episodes(
             tasks,
@@ -250,7 +264,14 @@ def run_agent_eval(
     tok = set_chat_template(load_tokenizer(model), fields.chat_template, "--chat-template")
     rows = fields.rows(data)[:max_prompts]
     decode, rewards, rollout = _scorer_and_engine(
-        tok, reward, reward_timeout_s, engine, model, dtype, device, batch_size
+        tok,
+        reward,
+        (reward_timeout_s, RewardConfig().memory_limit_mb),
+        engine,
+        model,
+        dtype,
+        device,
+        batch_size,
     )
     setup = AgentSetup(
         agent,
@@ -262,6 +283,7 @@ def run_agent_eval(
         max_episode_tokens=max_episode_tokens,
         max_new_tokens=max_new_tokens,
         max_turns=max_turns,
+        memory_mb=RolloutConfig().env_memory_limit_mb,
     )
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, n=samples)
     with contextlib.ExitStack() as stack:  # the reward processes, the endpoint and the agent processes
@@ -270,7 +292,10 @@ def run_agent_eval(
         stack.callback(service.close)
         groups, unscored, stats = play_agent_groups(service, agent_items(rows), params, decode)
         stats.require_calls()
-        score_last_replies(rewards, decode, groups, unscored)
+        try:
+            score_last_replies(rewards, decode, groups, unscored)
+        except RewardFailureError as err:
+            raise every_call_failed(err, f"--reward {reward}", reward_timeout_s) from err
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         with open(out, "w") as f:
@@ -310,7 +335,7 @@ def _agent_record(e: Any, decode: Any) -> dict[str, Any]:
 def _scorer_and_engine(
     tok: Any,
     reward: str,
-    reward_timeout_s: float,
+    limits: tuple[float, int],
     engine: str,
     model: str,
     dtype: str,
@@ -318,13 +343,14 @@ def _scorer_and_engine(
     batch_size: int,
 ) -> tuple[Callable[[Sequence[int]], str], RewardRunner, Any]:
     """What every evaluation builds: the decode of `tok`, the reward runner of `reward` (on process hosts,
-    every failure counted, none fatal) and the `engine` holding `model`."""
+    every failure counted, none fatal; `limits`: each call's timeout and each process's memory in MiB) and
+    the `engine` holding `model`."""
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     runner = RewardRunner(
         reward,
         max_failure_rate=ALL_BUT_NONE,
         logger=log,
-        executor=reward_hosts("process", reward_timeout_s, None),
+        executor=reward_hosts("process", limits[0], None, limits[1]),
     )
     rollout = build_engine(
         engine,

@@ -53,18 +53,23 @@ def sft_samples(examples: list[Any]) -> list[TrainSample]:
     ]
 
 
-def _load(cfg: SFTConfig, path: str | None, tok: Any) -> list[TrainSample]:
+def _load(cfg: SFTConfig, split: str, tok: Any) -> list[TrainSample]:
+    """The `split` ("train" or "val") pairs of `cfg.data`; a bad row's error names the setting, the file and
+    the row (`data.train_path=x.jsonl row 3: ...`), as `ascent train`'s do."""
+    d, m = cfg.data, cfg.model
+    path = d.train_path if split == "train" else d.val_path
     if not path:
         return []
-    d, m = cfg.data, cfg.model
+    source = f"data.{split}_path={path}"
     field = "model.tokenizer_path" if m.tokenizer_path else "model.path"
-    rows = load_rows(path, split=d.split)
+    rows = load_rows(path, source=source, split=d.split)
     rows = prepare_rows(
-        rows, path, prompt_key=d.prompt_key, answer_key=d.answer_key, system_prompt=d.system_prompt
+        rows, source, prompt_key=d.prompt_key, answer_key=d.answer_key, system_prompt=d.system_prompt
     )
     examples = render_sft_examples(
         rows,
         tok,
+        source=source,
         response_key=cfg.response_key,
         max_prompt_tokens=cfg.data.max_prompt_tokens,
         chat_template=cfg.data.chat_template,
@@ -93,7 +98,7 @@ def _sft(cfg: SFTConfig, run_dir: Any, stop: Any, resume_from: str | None, accep
         load_tokenizer(cfg.model.tokenizer_path or cfg.model.path), cfg.model.chat_template
     )
     preflight.check_model(cfg.model.path, tok)
-    train, val = _load(cfg, cfg.data.train_path, tok), _load(cfg, cfg.data.val_path, tok)
+    train, val = _load(cfg, "train", tok), _load(cfg, "val", tok)
     steps = max(1, math.ceil(cfg.epochs * len(train) / cfg.batch_size))
     what = f"epochs={cfg.epochs} ({steps} optimizer steps of batch_size={cfg.batch_size})"
     found = checkpointing.resume_state(cfg, steps, what, resume_from, accept) if cfg.resume else None

@@ -37,6 +37,23 @@ Message = Mapping[str, Any]
 Action = str | list[list[float]]
 
 
+def message_problem(message: Any) -> str | None:
+    """What breaks the message contract of a reset's or an observation's message, or None: a mapping with a
+    string `role` and a `content` that is a string or a list of content parts (mappings: text, images); an
+    assistant message that calls tools (`tool_calls`) may leave its content out, as OpenAI's API does."""
+    if not isinstance(message, Mapping):
+        return f"is a {type(message).__name__}, not a message {{'role': ..., 'content': ...}}"
+    if not isinstance(message.get("role"), str):
+        return "has no 'role' (a string: 'user', 'tool', ...)"
+    content = message.get("content")
+    if isinstance(content, str) or (content is None and message.get("tool_calls")):
+        return None
+    if isinstance(content, list | tuple) and all(isinstance(part, Mapping) for part in content):
+        return None
+    kind = "no 'content'" if content is None else f"'content' of type {type(content).__name__}"
+    return f"has {kind}; give it a string, or a list of content parts ({{'type': 'text', 'text': ...}})"
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What the world answers one model turn with. `observation` is appended to the conversation (empty when

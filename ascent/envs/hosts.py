@@ -25,7 +25,7 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from ascent.envs.base import Action, Environment, Message, StepResult, make_env
+from ascent.envs.base import Action, Environment, Message, StepResult, make_env, message_problem
 from ascent.messages import Outcome
 
 Command = tuple[str, Callable[..., Any], tuple[Any, ...]]  # (op, fn, args): fn(state, *args)
@@ -93,15 +93,24 @@ def reset(state: dict[Any, Any], key: Any, env: Environment | str, row: Any) -> 
 
 
 def checked_messages(value: Any, env: Any) -> list[Message]:
-    """`value`, when it is what `reset` must return (a list of messages: mappings); else a TypeError that says
-    what it was (the runner reports it with the row, as a failed reset)."""
+    """`value`, when it is what `reset` must return (a list of messages, each as `message_problem` wants it);
+    else a TypeError that says what it was (the runner reports it with the row, as a failed reset)."""
     if isinstance(value, list | tuple) and all(isinstance(m, Mapping) for m in value):
+        for i, m in enumerate(value):
+            problem = message_problem(m)
+            if problem is not None:
+                raise TypeError(
+                    f"{type(env).__name__}.reset returned message {i} {_shown(m)}, which {problem}"
+                )
         return list(value)
-    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
     raise TypeError(
-        f"{type(env).__name__}.reset returned {type(value).__name__} {shown}; it must return the "
+        f"{type(env).__name__}.reset returned {type(value).__name__} {_shown(value)}; it must return the "
         'conversation before the model\'s first turn, a list of messages like [{"role": "user", "content": ...}]'
     )
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
 
 
 def step(state: dict[Any, Any], key: Any, action: Action) -> StepResult:

@@ -21,10 +21,11 @@ model turn that samples an image placeholder itself is cut before it, ending the
 An episode ends when the environment says done, at `max_turns` model turns, when its response (model and
 observation tokens) would pass `max_tokens`, when a turn stops without a stop token (cut by length), or when
 the environment fails (raises; answers with something that is not a valid `StepResult`: a reward that is
-None, not a number, NaN or infinite, `done` not a bool, an observation that is not a list of messages,
-`info` not a dict; or, on a host of `ascent.cluster.hosts`, a process or a Ray actor, hangs or dies): that
-costs the episode (finish "abort", reward 0, the reason in its metadata's `env_error`, counted by the
-loop's env/errors like any environment failure), never the batch. The episode's reward is the sum of its
+None, not a number, NaN or infinite, `done` not a bool, an observation that is not a list of messages
+(each with a string `role` and a `content`: `ascent.envs.base.message_problem`), `info` not a dict; or,
+on a host of `ascent.cluster.hosts`, a process or a Ray actor, hangs or dies): that costs the episode
+(finish "abort", reward 0, the reason in its metadata's `env_error`, counted by
+the loop's env/errors like any environment failure), never the batch. The episode's reward is the sum of its
 turns' rewards (`metadata["turn_rewards"]` keeps them; token-level estimators place each on the last token
 of its turn: orchestrator.batch.advantage_inputs). `metadata["tool_calls"]` sums the tool calls its turns
 reported (`info["tool_calls"]`; a value that is not a whole number >= 0 breaks the contract like a bad reward).
@@ -46,7 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from ascent.envs.base import Action, Environment, Message, StepResult
+from ascent.envs.base import Action, Environment, Message, StepResult, message_problem
 from ascent.envs.chat import ChatTokens
 from ascent.envs.hosts import HostedEnvs, Hosts, InlineHosts
 from ascent.envs.images import ImageEncoder, render_with_images
@@ -306,7 +307,7 @@ def _answer(
     try:
         if isinstance(result, str):  # it raised, hung or died where it runs: `result` says how
             raise _EnvFailed(result)
-        reward = checked_step(result)
+        reward = checked_step(result, f"{env_label(s.task.env)}.step")
         where = f"row {s.task.row_id + 1} turn {s.turns}"
         observation, pictures = (
             ([], [])
@@ -315,7 +316,8 @@ def _answer(
         )
     except Exception as e:  # user code (or its process): it costs this episode, never the batch
         s.finish, s.error = "abort", str(e) if isinstance(e, _EnvFailed) else f"{type(e).__name__}: {e}"
-        log.warning("environment failed on row %d turn %d: %s", s.task.row_id + 1, s.turns, s.error)
+        who = env_label(s.task.env)
+        log.warning("environment %s failed on row %d turn %d: %s", who, s.task.row_id + 1, s.turns, s.error)
         return
     s.turn_rewards.append(reward)
     s.tool_calls += int(result.info.get("tool_calls", 0))
@@ -346,34 +348,48 @@ class StepResultError(ValueError):
     """An environment's `step` answered with something that breaks the `StepResult` contract."""
 
 
-def checked_step(result: Any) -> float:
+def env_label(env: Environment | str) -> str:
+    """How messages name an episode's environment: its name or import path, or its class."""
+    return env if isinstance(env, str) else type(env).__name__
+
+
+def checked_step(result: Any, step: str = "step") -> float:
     """`result`'s reward as a finite float, after checking every field of the `StepResult` contract; raises
-    StepResultError naming the field, its value and what it should be."""
+    StepResultError naming the environment's `step` (e.g. "guess_number.step"), the field, its value and
+    what it should be."""
     if not isinstance(result, StepResult):
         raise StepResultError(
-            f"step returned {_quote(result)}, not a StepResult(observation, reward, done, info)"
+            f"{step} returned {_quote(result)}, not a StepResult(observation, reward, done, info)"
         )
     reward, done = _number(result.reward), result.done
     if reward is None or not math.isfinite(reward):
         raise StepResultError(
-            f"step returned reward={_quote(result.reward)}; it must be a finite number (a float)"
+            f"{step} returned reward={_quote(result.reward)}; it must be a finite number (a float)"
         )
     if type(done).__name__ not in ("bool", "bool_"):  # Python's, or numpy's (named bool_ before numpy 2)
-        raise StepResultError(f"step returned done={_quote(done)}; it must be True or False")
-    obs = result.observation
-    if not isinstance(obs, (list, tuple)) or not all(isinstance(m, Mapping) and "role" in m for m in obs):
-        raise StepResultError(
-            f"step returned observation={_quote(obs)}; it must be a tuple of messages ({{'role', 'content'}})"
-        )
+        raise StepResultError(f"{step} returned done={_quote(done)}; it must be True or False")
+    _check_observation(result.observation, step)
     if not isinstance(result.info, Mapping):
-        raise StepResultError(f"step returned info={_quote(result.info)}; it must be a dict")
+        raise StepResultError(f"{step} returned info={_quote(result.info)}; it must be a dict")
     calls = result.info.get("tool_calls", 0)
     if isinstance(calls, bool) or not hasattr(calls, "__index__") or calls < 0:  # numpy's ints count
         raise StepResultError(
-            f"step returned info['tool_calls']={_quote(calls)}; it must be a whole number >= 0 (the tool "
+            f"{step} returned info['tool_calls']={_quote(calls)}; it must be a whole number >= 0 (the tool "
             "calls the turn made)"
         )
     return reward
+
+
+def _check_observation(obs: Any, step: str) -> None:
+    """A StepResultError unless `obs` is a tuple (or list) of messages, each as `message_problem` wants."""
+    if not isinstance(obs, (list, tuple)):
+        raise StepResultError(
+            f"{step} returned observation={_quote(obs)}; it must be a tuple of messages ({{'role', 'content'}})"
+        )
+    for i, message in enumerate(obs):
+        problem = message_problem(message)
+        if problem is not None:
+            raise StepResultError(f"{step} returned observation[{i}]={_quote(message)}, which {problem}")
 
 
 def _number(value: Any) -> float | None:

@@ -80,6 +80,7 @@ class AgentSetup:
     codec: ImageCodec | None = (
         None  # a vision-language model's: the endpoint takes image parts (None: refused)
     )
+    memory_mb: int = 0  # an agent process's memory limit (rollout.env_memory_limit_mb; 0: none)
 
     @classmethod
     def of(cls, cfg: RunConfig) -> AgentSetup:
@@ -98,6 +99,7 @@ class AgentSetup:
             r.max_new_tokens,
             source.max_turns,
             image_codec(cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels),
+            r.env_memory_limit_mb,
         )
 
 
@@ -217,7 +219,13 @@ def agent_hosts(setup: AgentSetup, workers: int) -> Hosts:
     watchdog acts first), or this process (`rollout.env_isolation=inline`)."""
     if setup.inline:
         return InlineHosts()
-    policy = IsolationPolicy("agent", setup.timeout_s + PROCESS_GRACE_S, "rollout.source.timeout_s")
+    policy = IsolationPolicy(
+        "agent",
+        setup.timeout_s + PROCESS_GRACE_S,
+        "rollout.source.timeout_s",
+        memory_mb=setup.memory_mb,
+        memory_field="rollout.env_memory_limit_mb",
+    )
     return ProcessHosts(workers, policy, preload=["openai", setup.agent.partition(":")[0]])
 
 

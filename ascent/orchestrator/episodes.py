@@ -41,6 +41,7 @@ from ascent.errors import AscentError
 from ascent.messages import Generation, GenerationRequest, Group, SamplingParams, flatten
 from ascent.orchestrator import batch as B
 from ascent.orchestrator.workers import RolloutWorker
+from ascent.plugins import check_import
 
 RESETS_PER_HOST = 4  # start-up resets sent per host at a time (`resets_in_chunks`)
 log = logging.getLogger("ascent")
@@ -67,6 +68,7 @@ def env_items(
     `UnusableRowError`) and a row whose prompt is over `data.max_prompt_tokens` (with its image tokens and
     the fix when it shows images). Any other failed reset is an error naming the row."""
     limit, names = cfg.data.max_prompt_tokens, [env_name(row, env) for row in rows]
+    check_env_imports(names, env)
     chat, items, report = ChatTokens(tok), [], RenderReport(total=len(rows), max_tokens=limit)
     images = env_image_encoder(cfg.model.path, cfg.model.min_pixels, cfg.model.max_pixels)
     with env_hosts(cfg.rollout) as hosts:
@@ -94,6 +96,18 @@ def env_items(
     return items, report
 
 
+def check_env_imports(names: Sequence[str], env: str) -> None:
+    """Import each environment module named by import path (the run's `env`, rows' `env` columns) in a
+    child interpreter (`ascent.plugins.check_import`): one that ends its process at import is a PluginError
+    naming it, rather than every reset failing as "its process died"."""
+    first: dict[str, int] = {}
+    for k, name in enumerate(names):
+        first.setdefault(name, k)
+    for name, k in first.items():
+        if ":" in name:
+            check_import(name, "rollout.source.env" if name == env else f"row {k + 1} env")
+
+
 def resets_in_chunks(
     hosts: Hosts, names: Sequence[str], rows: Sequence[dict[str, Any]]
 ) -> Iterator[tuple[int, dict[str, Any], tuple[list[Message], Any] | str]]:
@@ -119,8 +133,15 @@ def env_image_encoder(
 
 
 def env_policy(r: RolloutConfig) -> IsolationPolicy:
-    """The isolation policy of environments (`rollout.env_timeout_s`), on process hosts and Ray actors."""
-    return IsolationPolicy("environment", r.env_timeout_s, "rollout.env_timeout_s")
+    """The isolation policy of environments (`rollout.env_timeout_s`, `rollout.env_memory_limit_mb`), on
+    process hosts and Ray actors."""
+    return IsolationPolicy(
+        "environment",
+        r.env_timeout_s,
+        "rollout.env_timeout_s",
+        memory_mb=r.env_memory_limit_mb,
+        memory_field="rollout.env_memory_limit_mb",
+    )
 
 
 @contextmanager

@@ -47,6 +47,7 @@ HARMLESS = (
     "train.sequence_parallel",  # the same loss and gradients however the rows are split (no state of its own)
     "reward.timeout_s",
     "reward.num_workers",
+    "reward.memory_limit_mb",
     "reward.isolation",
     "reward.max_failure_rate",
     "epochs",  # SFT: the schedule was fixed at the start, more epochs only extend the data pass

@@ -165,7 +165,11 @@ class JudgeScorer:
                 f"{len(errors)} of {len(inputs)} judgements failed: no score parsed, or timed out "
                 f"({len(errors) / len(inputs):.1%}, over reward.max_failure_rate={self.max_failure_rate}); first "
                 f"on row {inputs[i].row_id + 1}: {error}. Fix reward.judge.template or reward.judge.parser, "
-                "raise reward.judge.timeout_s, or raise reward.max_failure_rate."
+                "raise reward.judge.timeout_s, or raise reward.max_failure_rate.",
+                len(errors),
+                len(inputs),
+                inputs[i].row_id + 1,
+                error,
             )
 
 

@@ -382,14 +382,16 @@ def build_reward_runner(cfg: RunConfig) -> RewardRunner:
         kwargs=r.kwargs,
         max_failure_rate=r.max_failure_rate,
         logger=log,
-        executor=reward_hosts(r.isolation, r.timeout_s, r.num_workers),
+        executor=reward_hosts(r.isolation, r.timeout_s, r.num_workers, r.memory_limit_mb),
     )
 
 
-def reward_hosts(isolation: str, timeout_s: float, num_workers: int | None) -> Hosts:
-    """The hosts of reward calls: processes under `reward.timeout_s` (`reward.isolation=process`), or this
-    process (`inline`)."""
+def reward_hosts(isolation: str, timeout_s: float, num_workers: int | None, memory_mb: int) -> Hosts:
+    """The hosts of reward calls: processes under `reward.timeout_s` and `reward.memory_limit_mb`
+    (`reward.isolation=process`), or this process (`inline`)."""
     if isolation == "inline":
         return InlineHosts()
-    policy = IsolationPolicy("reward", timeout_s, "reward.timeout_s")
+    policy = IsolationPolicy(
+        "reward", timeout_s, "reward.timeout_s", memory_mb=memory_mb, memory_field="reward.memory_limit_mb"
+    )
     return ProcessHosts(default_workers(num_workers), policy, preload=["ascent.rewards"])

@@ -30,7 +30,12 @@ MAX_LOGGED_FAILURES = 5
 
 class RewardFailureError(AscentError, RuntimeError):
     """Too many reward calls of one batch failed; the message names the count, the rate, the first error, the
-    fix."""
+    fix. `failed` of `total` calls failed, the first on row `row` (counted from 1) with `first_error`, for a
+    caller whose settings are not `reward.*` (ascent eval) to say it in its own words."""
+
+    def __init__(self, message: str, failed: int, total: int, row: int, first_error: str) -> None:
+        super().__init__(message)
+        self.failed, self.total, self.row, self.first_error = failed, total, row, first_error
 
 
 @dataclass
@@ -215,7 +220,11 @@ class RewardRunner:
         raise RewardFailureError(
             f"{len(failures)} of {total} reward calls failed ({len(failures) / total:.1%}, over "
             f"reward.max_failure_rate={self.max_failure_rate}); first error on row {item.row_id + 1}: "
-            f"{error}. Fix the reward function or raise reward.max_failure_rate."
+            f"{error}. Fix the reward function or raise reward.max_failure_rate.",
+            len(failures),
+            total,
+            item.row_id + 1,
+            error,
         )
 
 

@@ -21,4 +21,8 @@ def score(prompt: str, response: str, response_ids: list[int], metadata: dict[st
         os.kill(os.getpid(), signal.SIGKILL)
     elif how == "raise":
         raise ValueError("this row's reward is broken")
+    elif how == "hog":
+        return float(len(bytearray(4 << 30)))  # past reward.memory_limit_mb
+    elif how == "loud":
+        print("z" * (16 << 20), flush=True)  # past the output a call may print
     return 1.0

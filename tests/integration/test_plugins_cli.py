@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.integration.conftest import ROOT, run_config, write_yaml
 
 REWARDS = """
@@ -107,3 +109,46 @@ def test_a_missing_package_names_where_it_looked_and_the_fix(tmp_path: Path, tin
     assert "no module 'mypkg'" in proc.stderr and str(elsewhere.resolve()) in proc.stderr
     assert "Run ascent from the directory that holds `mypkg/`" in proc.stderr and "PYTHONPATH" in proc.stderr
     # a misspelt name in a module that exists lists its callables: tests/unit/test_plugins.py
+
+
+LEAVES = """
+import os
+print("bye from mypkg.leaves")
+os._exit(0)
+
+def score(prompt, response, response_ids, metadata):
+    return 1.0
+
+class Env:
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("field", "setting"),
+    [
+        ("reward.fn", {"reward": {"fn": "mypkg.leaves:score"}}),
+        ("algorithm.advantage", {"algorithm": {"advantage": "mypkg.leaves:score"}}),
+        ("rollout.source.env", {"rollout": {"source": {"name": "env", "env": "mypkg.leaves:Env"}}}),
+    ],
+)
+def test_a_plugin_that_ends_its_process_at_import_fails_the_run_naming_it(
+    tmp_path: Path, tiny_model: Path, arithmetic_data: Path, field: str, setting: dict
+) -> None:
+    # before: `ascent train` ended with status 0 (the reward fn's and the algorithm's os._exit ended the
+    # controller), or with every start-up reset failing as "its process died" (the environment's)
+    cwd = user_dir(tmp_path / "project")
+    (cwd / "mypkg" / "leaves.py").write_text(LEAVES)
+    cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=1, val_every=0)
+    cfg["train"]["max_tokens_per_micro_batch"] = 1024  # an env source's episodes are longer
+    for section, values in setting.items():
+        cfg[section] = cfg.get(section, {}) | values
+    proc = ascent_in(cwd, "train", str(write_yaml(tmp_path / "leaves.yaml", cfg)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{field}='mypkg.leaves:" in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        "importing 'mypkg.leaves' ended its process (exit status 0) before the import returned" in proc.stderr
+    )
+    assert "its last output: 'bye from mypkg.leaves'" in proc.stderr
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["state"] == "crashed"

@@ -54,3 +54,25 @@ def test_over_the_failure_bound_the_run_stops_with_a_message(tmp_path, tiny_mode
     assert proc.returncode == 2, out
     assert "10 of 16 reward calls failed" in out and "reward.max_failure_rate=0.5" in out
     assert "Traceback" not in out
+
+
+def test_a_reward_past_its_memory_or_output_cap_costs_nothing_else(tmp_path, tiny_model, arithmetic_data):
+    # before: a reward could take all the machine's memory, and print without end into the run's console
+    rows = [{"prompt": f"{i}+1=", "answer": how} for i, how in enumerate(["hog", "loud", "ok", "ok"])]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=1, val_every=0)
+    cfg["data"] = {"train_path": str(data), "max_prompt_tokens": 32, "shuffle": False}
+    cfg["rollout"].update(prompts_per_step=4, samples_per_prompt=2)
+    cfg["train"]["trajectories_per_update"] = 8
+    cfg["reward"] = {"fn": "bad_rewards:score", "memory_limit_mb": 1024, "max_failure_rate": 0.5}
+    proc = train(write_yaml(tmp_path / "r.yaml", cfg))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    (row,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert row["reward/failures"] == 2.0  # the hog's two samples; the loud row scores like the good ones
+    assert (
+        "MemoryError" in out
+        and "(over the 1024 MiB each reward process may use: reward.memory_limit_mb)" in out
+    )
+    assert len(proc.stdout) < 1 << 20 and "one call printed 16.0 MiB to stdout" in proc.stderr

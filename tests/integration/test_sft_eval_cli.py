@@ -112,6 +112,31 @@ def test_pick_warm_start_scans_sft_checkpoints_in_order(
     )
 
 
+def test_sft_row_errors_name_the_setting_the_file_and_the_row(tmp_path, tiny_model):
+    # before: "dataset row 2: field 'response' is missing", naming neither the file nor the setting
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "1+1=", "response": "2"}\n{"prompt": "2+2="}\n')
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"messages": [{"role": "user", "content": 3}]}) + "\n")
+    cfg = {
+        "run_dir": str(tmp_path / "sft"),
+        "model": {"path": str(tiny_model)},
+        "data": {"train_path": str(pairs), "max_prompt_tokens": 32},
+        "tracking": {"progress": False, "tensorboard": False},
+    }
+    proc = ascent_here("sft", str(write_yaml(tmp_path / "pairs.yaml", cfg)), check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"error: data.train_path={pairs} row 2: field 'response' is missing" in proc.stderr
+    cfg["data"] |= {"train_path": str(pairs.with_name("good.jsonl")), "val_path": str(chats)}
+    pairs.with_name("good.jsonl").write_text('{"prompt": "1+1=", "response": "2"}\n')
+    cfg["run_dir"] = str(tmp_path / "sft2")
+    proc = ascent_here("sft", str(write_yaml(tmp_path / "chats.yaml", cfg)), check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"error: data.val_path={chats}: row 1: field 'messages' message 0: 'content' is of type int" in (
+        proc.stderr
+    )
+
+
 def test_eval_refuses_when_every_reward_call_fails(tmp_path, tiny_model):
     rows = tmp_path / "no_answers.jsonl"
     rows.write_text("".join(f'{{"prompt": "{i}+1="}}\n' for i in range(4)))  # exact_match needs `answer`
@@ -120,7 +145,20 @@ def test_eval_refuses_when_every_reward_call_fails(tmp_path, tiny_model):
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
-    assert "every reward call failed" in out and "answer" in out and "Traceback" not in out
+    assert "--reward exact_match: all 4 reward calls failed, so there is no accuracy to report" in out
+    assert "first error on row 1: " in out and "answer" in out and "Traceback" not in out
+    # eval's own options, not train's (before: "... or raise reward.max_failure_rate", which eval lacks)
+    assert (
+        "reward.max_failure_rate" not in out and "raise --reward-timeout-s=30 if the calls timed out" in out
+    )
+    config = tmp_path / "reward.yaml"
+    config.write_text("reward:\n  fn: exact_match\n")
+    proc = ascent_here(
+        "eval", "--model", str(tiny_model), "--data", str(rows), "--reward-config", str(config), check=False
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "reward.max_failure_rate" not in out, out
+    assert f"--reward-config {config} (reward.fn=exact_match): all 4 reward calls failed" in out
     bad = ascent_here(
         "eval", "--model", str(tiny_model), "--data", str(rows), "--reward", "nosuch.mod:fn", check=False
     )

@@ -4,6 +4,7 @@ import path can be wrong says where Python looked and what to change."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 
 from ascent.algorithms import POLICY_LOSSES
 from ascent.plugins import PluginError, add_plugin_root, load_plugin, resolve, split_import_path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -26,6 +29,8 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (pkg / "broken.py").write_text("import not_installed_dep_xyz\n")
     (pkg / "raises.py").write_text("raise RuntimeError('boom at import')\n")
     (pkg / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    (pkg / "os_exits.py").write_text("import os\nprint('leaving now')\nos._exit(0)\n\ndef f():\n    pass\n")
+    (pkg / "kills.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
@@ -73,6 +78,39 @@ def test_a_module_that_calls_sys_exit_at_import_says_so(project: Path) -> None:
         PluginError, match=r"importing 'plugpkg_t.exits' called sys.exit\(3\); fix the module"
     ):
         load_plugin("plugpkg_t.exits:f", "reward.fn")
+
+
+def load_in_a_child(project: Path, spec: str, field: str) -> subprocess.CompletedProcess[str]:
+    """`load_plugin(spec, field)` in a fresh interpreter in `project`: a module that ends its process at
+    import ends that interpreter, not pytest (which it would end with status 0, its tests unreported)."""
+    code = f"from ascent.plugins import load_plugin; load_plugin({spec!r}, {field!r})"
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=project, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_module_that_ends_its_process_at_import_is_a_plugin_error(project: Path) -> None:
+    # before: os._exit(0) at import ended the process that loaded it (`ascent train`) with status 0, silently
+    proc = load_in_a_child(project, "plugpkg_t.os_exits:f", "reward.fn")
+    assert proc.returncode == 1 and "PluginError: reward.fn='plugpkg_t.os_exits:f': importing " in proc.stderr
+    assert (
+        "'plugpkg_t.os_exits' ended its process (exit status 0) before the import returned; its last output: "
+        "'leaving now'. Fix the module: a module ascent imports must not end its process" in proc.stderr
+    )
+    proc = load_in_a_child(project, "plugpkg_t.kills:f", "rollout.source.env")
+    assert proc.returncode == 1, proc.stderr
+    assert "importing 'plugpkg_t.kills' ended its process (killed by SIGKILL)" in proc.stderr
+
+
+def test_a_module_that_imports_in_a_probe_is_imported_here_once_after(project: Path) -> None:
+    (project / "plugpkg_t" / "counts.py").write_text(
+        "import os\nwith open('imports.txt', 'a') as f:\n    f.write(f'{os.getpid()}\\n')\n\ndef f():\n    pass\n"
+    )
+    load_plugin("plugpkg_t.counts:f", "reward.fn")
+    load_plugin("plugpkg_t.counts:f", "reward.fn")
+    pids = (project / "imports.txt").read_text().split()
+    assert len(pids) == 2 and pids[1] == str(os.getpid()) != pids[0]  # the probe's, then this process's
 
 
 def test_malformed_paths_show_the_form() -> None:

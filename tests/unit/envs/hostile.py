@@ -37,6 +37,14 @@ class Crash(Counter):
         os._exit(3)
 
 
+class Hog(Counter):
+    """Allocates 4 GiB at its first step (past the memory limit of the host tests that use it)."""
+
+    def step(self, action: str) -> StepResult:
+        self.ballast = bytearray(4 << 30)
+        raise AssertionError("a memory limit should have stopped this allocation")
+
+
 class Exit(Counter):
     def step(self, action: str) -> StepResult:
         sys.exit("leaving")

@@ -32,8 +32,11 @@ def make_hosts(request: pytest.FixtureRequest):
     """hosts(kind, n, timeout_s): `n` process hosts or Ray actors (half a CPU each), closed after the test."""
     made: list[Any] = []
 
-    def hosts(kind: str, n: int, timeout_s: float) -> Any:
-        policy = IsolationPolicy("environment", timeout_s, "rollout.env_timeout_s")
+    def hosts(kind: str, n: int, timeout_s: float, memory_mb: int = 0) -> Any:
+        field = "rollout.env_memory_limit_mb"
+        policy = IsolationPolicy(
+            "environment", timeout_s, "rollout.env_timeout_s", memory_mb=memory_mb, memory_field=field
+        )
         if kind == "process":
             made.append(ProcessHosts(n, policy))
         else:
@@ -132,6 +135,20 @@ def test_a_misbehaving_environment_costs_episodes_not_the_batch(
     assert [e.reward for e in again] == [3.5, 3.5]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_environment_past_its_memory_limit_costs_its_episode_and_the_host_serves_on(
+    chat: ChatTokens, make_hosts, kind: str
+) -> None:
+    # before: nothing limited the memory of an environment's process (or a reward's): one that allocates
+    # without end took the machine's memory, and the operating system's OOM killer picked what to end
+    hosts = make_hosts(kind, 2, 30, memory_mb=1024)
+    episodes = run(chat, ["Hog", "Counter", "Counter", "Counter"], hosts)
+    error = episodes[0].metadata["env_error"]
+    assert episodes[0].finish_reason == "abort" and error.startswith("MemoryError")
+    assert error.endswith("(over the 1024 MiB each environment process may use: rollout.env_memory_limit_mb)")
+    assert [e.reward for e in episodes[1:]] == [3.5] * 3  # its host lives on, with episode 1's environment
+
+
 def test_hosts_need_environment_names(chat: ChatTokens, tmp_path: Path) -> None:
     from ascent.envs import GuessNumber
 
@@ -225,3 +242,21 @@ def test_a_reset_that_returns_no_messages_says_what_it_returned(value: Any) -> N
         reset({}, (0, 0), ResetsTo(value), {"prompt": "p"})
     messages = [{"role": "user", "content": "hi"}]
     assert reset({}, (0, 0), ResetsTo(messages), {}) == (messages, None)
+
+
+@pytest.mark.parametrize(
+    ("message", "problem"),
+    [
+        ({"role": "user"}, "has no 'content'; give it a string, or a list of content parts"),
+        ({"role": "user", "content": None}, "has no 'content'"),
+        ({"role": "user", "content": 7}, "has 'content' of type int"),
+        ({"content": "hi"}, "has no 'role'"),
+    ],
+)
+def test_a_reset_message_without_content_says_which(message: dict[str, Any], problem: str) -> None:
+    # before: a message without content rendered as an empty turn, and the model trained on it silently
+    value = [{"role": "system", "content": "be brief"}, message]
+    with pytest.raises(TypeError, match=rf"ResetsTo.reset returned message 1 .*, which {problem}"):
+        reset({}, (0, 0), ResetsTo(value), {"prompt": "p"})
+    calls = [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]}]
+    assert reset({}, (0, 0), ResetsTo(calls), {})[0] == calls  # OpenAI's form: a call needs no content

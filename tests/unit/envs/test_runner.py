@@ -194,7 +194,7 @@ class BadAnswer:
     [
         (
             StepResult(reward=float("nan"), done=True),
-            "StepResultError: step returned reward=nan (float); it must",
+            "StepResultError: BadAnswer.step returned reward=nan (float); it must",
         ),
         (StepResult(reward=float("inf")), "reward=inf (float); it must be a finite number"),
         (
@@ -210,6 +210,20 @@ class BadAnswer:
             StepResult(observation="hi"),  # type: ignore[arg-type]
             "observation='hi' (str); it must be a tuple of messages",
         ),
+        (
+            StepResult(observation=({"role": "user"},)),
+            "BadAnswer.step returned observation[0]={'role': 'user'} (dict), which has no 'content'; give "
+            "it a string, or a list of content parts",
+        ),
+        (
+            StepResult(observation=({"role": "tool", "content": "ok"}, {"role": "user", "content": None})),
+            "observation[1]={'role': 'user', 'content': None} (dict), which has no 'content'",
+        ),
+        (
+            StepResult(observation=({"role": "user", "content": 3},)),
+            "observation[0]={'role': 'user', 'content': 3} (dict), which has 'content' of type int",
+        ),
+        (StepResult(observation=("hi",)), "observation[0]='hi' (str), which is a str, not a message"),
         (StepResult(info=[1]), "info=[1] (list); it must be a dict"),  # type: ignore[arg-type]
         (StepResult(info={"tool_calls": -1}), "info['tool_calls']=-1 (int); it must be a whole number >= 0"),
         (StepResult(info={"tool_calls": True}), "info['tool_calls']=True (bool); it must be a whole number"),

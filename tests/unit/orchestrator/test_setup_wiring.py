@@ -30,15 +30,19 @@ def test_engine_gets_trust_remote_code_and_sampling_gets_repetition_penalty():
 
 
 def test_reward_isolation_settings_build_the_pool():
-    runner = setup.build_reward_runner(cfg(reward={"timeout_s": 2.5, "num_workers": 3}))
-    assert runner.executor.policy == IsolationPolicy("reward", 2.5, "reward.timeout_s")
+    runner = setup.build_reward_runner(
+        cfg(reward={"timeout_s": 2.5, "num_workers": 3, "memory_limit_mb": 1000})
+    )
+    assert runner.executor.policy == IsolationPolicy(
+        "reward", 2.5, "reward.timeout_s", memory_mb=1000, memory_field="reward.memory_limit_mb"
+    )
     assert runner.executor.num_hosts == 3
     assert isinstance(setup.build_reward_runner(cfg(reward={"isolation": "inline"})).executor, InlineHosts)
 
 
 def test_env_isolation_settings_build_the_hosts():
     """inline: the environments run in this process (`breakpoint()` works); process: hosts under the
-    environment policy, read from rollout.env_timeout_s and rollout.env_workers."""
+    environment policy, read from rollout.env_timeout_s, rollout.env_memory_limit_mb and rollout.env_workers."""
     from ascent.orchestrator.episodes import env_hosts
 
     with env_hosts(
@@ -47,10 +51,18 @@ def test_env_isolation_settings_build_the_hosts():
         assert isinstance(hosts, InlineHosts)
     with env_hosts(
         cfg(
-            rollout={"source": {"name": "env", "env": "guess_number"}, "env_timeout_s": 7, "env_workers": 2}
+            rollout={
+                "source": {"name": "env", "env": "guess_number"},
+                "env_timeout_s": 7,
+                "env_workers": 2,
+                "env_memory_limit_mb": 0,
+            }
         ).rollout
     ) as hosts:
-        assert hosts.policy == IsolationPolicy("environment", 7, "rollout.env_timeout_s")
+        field = "rollout.env_memory_limit_mb"
+        assert hosts.policy == IsolationPolicy(
+            "environment", 7, "rollout.env_timeout_s", memory_mb=0, memory_field=field
+        )
         assert hosts.num_hosts == 2
 
 
