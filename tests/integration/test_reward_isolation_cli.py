@@ -25,16 +25,23 @@ def train(cfg_yaml):
     )
 
 
-def config(tmp_path, tiny_model, arithmetic_data, max_failure_rate):
-    rows = [{"prompt": f"{i}+1=", "answer": how} for i, how in enumerate(BAD + ["ok", "ok", "ok"])]
+def one_iteration(tmp_path, tiny_model, arithmetic_data, answers, reward):
+    """A one-iteration run over one prompt per answer (2 samples each) that `bad_rewards:score` scores
+    according to the answer, with `reward` as the reward section (the function added)."""
+    rows = [{"prompt": f"{i}+1=", "answer": how} for i, how in enumerate(answers)]
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=1, val_every=0)
     cfg["data"] = {"train_path": str(data), "max_prompt_tokens": 32, "shuffle": False}
-    cfg["rollout"].update(prompts_per_step=8, samples_per_prompt=2)
-    cfg["train"]["trajectories_per_update"] = 16
-    cfg["reward"] = {"fn": "bad_rewards:score", "timeout_s": 1.0, "max_failure_rate": max_failure_rate}
+    cfg["rollout"].update(prompts_per_step=len(answers), samples_per_prompt=2)
+    cfg["train"]["trajectories_per_update"] = 2 * len(answers)
+    cfg["reward"] = {"fn": "bad_rewards:score", **reward}
     return write_yaml(tmp_path / "r.yaml", cfg)
+
+
+def config(tmp_path, tiny_model, arithmetic_data, max_failure_rate):
+    reward = {"timeout_s": 1.0, "max_failure_rate": max_failure_rate}
+    return one_iteration(tmp_path, tiny_model, arithmetic_data, BAD + ["ok", "ok", "ok"], reward)
 
 
 def test_failures_cost_their_samples_and_the_run_finishes(tmp_path, tiny_model, arithmetic_data):
@@ -58,15 +65,8 @@ def test_over_the_failure_bound_the_run_stops_with_a_message(tmp_path, tiny_mode
 
 def test_a_reward_past_its_memory_or_output_cap_costs_nothing_else(tmp_path, tiny_model, arithmetic_data):
     # before: a reward could take all the machine's memory, and print without end into the run's console
-    rows = [{"prompt": f"{i}+1=", "answer": how} for i, how in enumerate(["hog", "loud", "ok", "ok"])]
-    data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=1, val_every=0)
-    cfg["data"] = {"train_path": str(data), "max_prompt_tokens": 32, "shuffle": False}
-    cfg["rollout"].update(prompts_per_step=4, samples_per_prompt=2)
-    cfg["train"]["trajectories_per_update"] = 8
-    cfg["reward"] = {"fn": "bad_rewards:score", "memory_limit_mb": 1024, "max_failure_rate": 0.5}
-    proc = train(write_yaml(tmp_path / "r.yaml", cfg))
+    reward = {"memory_limit_mb": 1024, "max_failure_rate": 0.5}
+    proc = train(one_iteration(tmp_path, tiny_model, arithmetic_data, ["hog", "loud", "ok", "ok"], reward))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     (row,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
