@@ -123,13 +123,16 @@ def prompts_from_config(
 
 def sft_examples_from_config(
     cfg: SFTConfig,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     split: str = "train",
     *,
     max_total_tokens: int | None = None,
     codec: ImageCodec | None = None,
 ) -> tuple[list[SFTExample], RenderReport]:
-    """The train or val prompt/response pairs described by an SFTConfig (`codec`: see `load_prompts`)."""
+    """The train or val prompt/response pairs described by an SFTConfig (`codec`: see `load_prompts`):
+    `data.processors` run on the training rows, `data.max_val_prompts` keeps the first validation rows, and
+    `data.overlong_prompts` / `data.truncation_side` / `turn_end_loss` shape the pairs (`ascent sft` reads
+    its data here)."""
     path, source = _split_path(cfg.data, split)
     d = cfg.data
     rows = prepare_rows(
@@ -154,6 +157,7 @@ def sft_examples_from_config(
         chat_template=cfg.data.chat_template,
         source=source,
         codec=codec,
+        turn_end_loss=cfg.turn_end_loss,
     )
 
 

@@ -43,11 +43,15 @@ from ascent.orchestrator.eval_metrics import CORRECT_AT, episode_sample, eval_me
 from ascent.orchestrator.sampling import Scorer
 from ascent.orchestrator.setup import agent_items, reward_hosts
 from ascent.rewards import RewardFailureError, RewardRunner
+from ascent.rewards.builtin import ANSWER_KEY_SETTING
 from ascent.rollout import RolloutEngine, build_engine
 from ascent.tracking import Progress
 
 log = logging.getLogger("ascent")
 ALL_BUT_NONE = 1.0 - 1e-9  # the reward runner raises only when every call failed
+# the settings reward errors name (`ascent train`'s) -> eval's options: eval passes the reward no kwargs, and
+# --answer-key renames the column the reward reads as `answer`
+EVAL_SETTINGS = {ANSWER_KEY_SETTING: "--answer-key"}
 PROGRESS_PARTS = 20  # engine calls of a run_eval with progress (fewer when there are fewer batches)
 
 
@@ -351,6 +355,7 @@ def _scorer_and_engine(
         max_failure_rate=ALL_BUT_NONE,
         logger=log,
         executor=reward_hosts("process", limits[0], None, limits[1]),
+        settings=EVAL_SETTINGS,
     )
     rollout = build_engine(
         engine,

@@ -19,8 +19,7 @@ from typing import Any
 from ascent.cluster import make_worker_group
 from ascent.cluster.base import WorkerGroup
 from ascent.config.schema import SFTConfig
-from ascent.data import PromptSampler, image_codec, load_rows, render_sft_examples
-from ascent.data.fields import prepare_rows
+from ascent.data import PromptSampler, image_codec, sft_examples_from_config
 from ascent.data.templates import set_chat_template
 from ascent.messages import TrainSample
 from ascent.models.loading import load_tokenizer
@@ -54,28 +53,20 @@ def sft_samples(examples: list[Any]) -> list[TrainSample]:
 
 
 def _load(cfg: SFTConfig, split: str, tok: Any) -> list[TrainSample]:
-    """The `split` ("train" or "val") pairs of `cfg.data`; a bad row's error names the setting, the file and
-    the row (`data.train_path=x.jsonl row 3: ...`), as `ascent train`'s do."""
-    d, m = cfg.data, cfg.model
-    path = d.train_path if split == "train" else d.val_path
+    """The `split` ("train" or "val") pairs of `cfg.data` as `sft_examples_from_config` reads them, as
+    `ascent train` reads its prompts: `data.processors` on the training rows, `data.max_val_prompts` on the
+    validation rows, prompts over `data.max_prompt_tokens` dropped, cut (`data.truncation_side`) or refused
+    as `data.overlong_prompts` says. No file: no pairs. A bad row's error names the setting, the file and the
+    row (`data.train_path=x.jsonl row 3: ...`)."""
+    m = cfg.model
+    path = cfg.data.train_path if split == "train" else cfg.data.val_path
     if not path:
         return []
-    source = f"data.{split}_path={path}"
     field = "model.tokenizer_path" if m.tokenizer_path else "model.path"
-    rows = load_rows(path, source=source, split=d.split)
-    rows = prepare_rows(
-        rows, source, prompt_key=d.prompt_key, answer_key=d.answer_key, system_prompt=d.system_prompt
-    )
-    examples = render_sft_examples(
-        rows,
-        tok,
-        source=source,
-        response_key=cfg.response_key,
-        max_prompt_tokens=cfg.data.max_prompt_tokens,
-        chat_template=cfg.data.chat_template,
-        codec=image_codec(m.path, m.min_pixels, m.max_pixels, tokenizer=tok, tokenizer_field=field),
-        turn_end_loss=cfg.turn_end_loss,
-    )
+    codec = image_codec(m.path, m.min_pixels, m.max_pixels, tokenizer=tok, tokenizer_field=field)
+    examples, report = sft_examples_from_config(cfg, tok, split, codec=codec)
+    if report.dropped or report.truncated:
+        log.warning("data.%s_path=%s: SFT pairs: %s", split, path, report.summary())
     return sft_samples(examples)
 
 

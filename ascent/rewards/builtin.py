@@ -18,6 +18,9 @@ NUMBER_RE = re.compile(rf"(?:{_NUM})")
 FRACTION_RE = re.compile(rf"(?:{_NUM})\s*/\s*(?:{_NUM})|(?:{_NUM})")
 GSM8K_ANSWER_RE = re.compile(r"####\s*([^\n]*)")
 DEFAULT_FORMAT_PATTERN = r"####\s*[-+]?\$?\s*[\d,]*\.?\d+|\\boxed\{.+\}"
+# The setting a missing answer's fix names: `ascent train`'s. A caller whose user sets it otherwise rewords it in
+# the errors it shows (`RewardRunner(settings=...)`: `ascent eval`'s --answer-key); these functions know no CLI.
+ANSWER_KEY_SETTING = "reward.kwargs.answer_key"
 
 
 def answer_of(metadata: dict[str, Any], answer_key: str, fn_name: str) -> Any:
@@ -30,7 +33,7 @@ def answer_of(metadata: dict[str, Any], answer_key: str, fn_name: str) -> Any:
     if metadata.get(answer_key) is None:
         raise KeyError(
             f"{fn_name} needs the reference answer in dataset field {answer_key!r}; the row has fields "
-            f"{sorted(metadata)}. Add the field or set reward.kwargs.answer_key."
+            f"{sorted(metadata)}. Add the field or name the column that holds it with {ANSWER_KEY_SETTING}."
         )
     return metadata[answer_key]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -112,7 +112,10 @@ class Executor(Protocol):
 
 
 class RewardRunner:
-    """Scores RewardInputs with `default_fn` (a name, import path or callable) or each row's `reward_fn`."""
+    """Scores RewardInputs with `default_fn` (a name, import path or callable) or each row's `reward_fn`.
+    `settings` maps a setting that reward errors name (as `ascent train` calls it, e.g.
+    `builtin.ANSWER_KEY_SETTING`) to what this caller's user sets instead (`ascent eval`: "--answer-key");
+    failures are logged and raised in those words."""
 
     def __init__(
         self,
@@ -122,12 +125,14 @@ class RewardRunner:
         max_failure_rate: float = 0.05,
         logger: logging.Logger | None = None,
         executor: Executor | None = None,
+        settings: Mapping[str, str] | None = None,
     ):
         if not 0.0 <= max_failure_rate <= 1.0:
             raise RewardConfigError(
                 f"reward.max_failure_rate={max_failure_rate}: use a share between 0 and 1."
             )
         self.kwargs = dict(kwargs or {})
+        self.settings = dict(settings or {})
         self.max_failure_rate = max_failure_rate
         self.logger = logger or logging.getLogger(__name__)
         self._fns: dict[str, RewardFn] = {}
@@ -178,8 +183,8 @@ class RewardRunner:
         for spec, item, outcome in zip(specs, items, outcomes, strict=True):
             reward, extras = outcome.value if outcome.error is None else (0.0, {})
             if outcome.error is not None:
-                failures.append((item, outcome.error))
-                self._log_failure(spec, item, outcome.error, len(failures))
+                failures.append((item, self._reword(outcome.error)))
+                self._log_failure(spec, item, failures[-1][1], len(failures))
             rewards.append(reward)
             components.append(extras)
         metrics = self._metrics(rewards, components, len(failures))
@@ -190,6 +195,12 @@ class RewardRunner:
         """Stop the executor's worker processes (the runner still works; they restart on the next score)."""
         if self.executor is not None:
             self.executor.close()
+
+    def _reword(self, error: str) -> str:
+        """`error` with each setting it names (a key of `settings`) in this caller's words."""
+        for setting, words in self.settings.items():
+            error = error.replace(setting, words)
+        return error
 
     def _log_failure(self, fn: RewardFn | str, item: RewardInput, error: str, count: int) -> None:
         if count <= MAX_LOGGED_FAILURES:

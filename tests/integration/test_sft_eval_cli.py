@@ -147,6 +147,8 @@ def test_eval_refuses_when_every_reward_call_fails(tmp_path, tiny_model):
     assert proc.returncode == 2, out
     assert "--reward exact_match: all 4 reward calls failed, so there is no accuracy to report" in out
     assert "first error on row 1: " in out and "answer" in out and "Traceback" not in out
+    # the missing answer's fix in eval's option (before: train's reward.kwargs.answer_key)
+    assert "name the column that holds it with --answer-key" in out and "reward.kwargs" not in out
     # eval's own options, not train's (before: "... or raise reward.max_failure_rate", which eval lacks)
     assert (
         "reward.max_failure_rate" not in out and "raise --reward-timeout-s=30 if the calls timed out" in out

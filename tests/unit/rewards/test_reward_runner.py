@@ -10,6 +10,7 @@ import pytest
 from ascent.config.schema import RewardConfig
 from ascent.rewards import RewardFailureError, RewardInput, RewardRunner, resolve_reward_fn, to_reward
 from ascent.rewards import runner as runner_module
+from ascent.rewards.builtin import ANSWER_KEY_SETTING
 
 
 def inputs(responses: list[str], answer: str = "4", **extra) -> list[RewardInput]:
@@ -106,8 +107,23 @@ def test_abort_over_max_failure_rate():
 
 def test_missing_answer_counts_as_failure():
     items = [RewardInput("p", "4", [1], {}, row_id=0)]
-    with pytest.raises(RewardFailureError, match="needs the reference answer in dataset field 'answer'"):
+    with pytest.raises(
+        RewardFailureError, match="needs the reference answer in dataset field 'answer'"
+    ) as info:
         RewardRunner("exact_match").score(items)
+    assert "name the column that holds it with reward.kwargs.answer_key" in info.value.first_error
+
+
+def test_a_caller_names_the_settings_of_a_reward_error_its_own_way(caplog):
+    """`ascent eval` has no reward.kwargs: its runner rewords the missing answer's fix as --answer-key, in
+    the logged failures and in the error it raises (the reward function knows neither name)."""
+    items = [RewardInput("p", "4", [1], {"solution": "4"}, row_id=i) for i in range(2)]
+    runner = RewardRunner("exact_match", max_failure_rate=0.5, settings={ANSWER_KEY_SETTING: "--answer-key"})
+    with caplog.at_level(logging.WARNING), pytest.raises(RewardFailureError) as info:
+        runner.score(items)
+    fix = "the row has fields ['solution']. Add the field or name the column that holds it with --answer-key"
+    assert fix in info.value.first_error and fix in str(info.value) and fix in caplog.text
+    assert "reward.kwargs" not in info.value.first_error + caplog.text
 
 
 def test_bad_specs_fail_early():
