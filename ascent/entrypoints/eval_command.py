@@ -33,13 +33,19 @@ EngineOpt = Annotated[
 ]
 DtypeOpt = Annotated[str, typer.Option(help="fp32, bf16 or fp16: the dtype you train and sample with.")]
 RewardTimeoutSOpt = Annotated[
-    float, typer.Option(min=0.001, help="Seconds one reward call may take (it then scores 0).")
+    float | None,
+    typer.Option(
+        min=0.001,
+        help="Seconds one reward call may take (it then scores 0); default 30, or --reward-config's "
+        "reward.timeout_s.",
+    ),
 ]
 RewardConfigOpt = Annotated[
     str | None,
     typer.Option(
-        help="A YAML whose `reward` section (a train config works) scores instead of --reward: its fn, "
-        "fn_weight, reward model (reward.model) and LLM judge (reward.judge; `policy` is the checkpoint)."
+        help="A YAML whose `reward` section (a train config works) scores instead of --reward: its fn "
+        "with its kwargs, isolation, timeout_s, num_workers and memory_limit_mb, fn_weight, reward model "
+        "(reward.model) and LLM judge (reward.judge; `policy` is the checkpoint)."
     ),
 ]
 EnvOpt = Annotated[
@@ -84,7 +90,7 @@ def evaluate(
     device: DeviceOpt = "auto",
     engine: EngineOpt = "reference",
     dtype: DtypeOpt = "fp32",
-    reward_timeout_s: RewardTimeoutSOpt = 30.0,
+    reward_timeout_s: RewardTimeoutSOpt = None,
     reward_config: RewardConfigOpt = None,
     env: EnvOpt = None,
     max_turns: MaxTurnsOpt = 4,

@@ -72,16 +72,18 @@ def run_eval(
     batch_size: int = 64,
     engine: str = "reference",
     dtype: str = "fp32",
-    reward_timeout_s: float = 30.0,
+    reward_timeout_s: float | None = None,
     progress: bool = False,
     reward_config: str | None = None,
 ) -> dict[str, float]:
     """Generate for every prompt of `data` with the checkpoint at `model`; return accuracy and mean reward.
     `progress`: print progress lines on stdout while generating (see the module). `reward_config`: a YAML
     whose `reward` section (function, fn_weight, reward model, judge) replaces `reward`
-    (`ascent.entrypoints.eval_rewards`)."""
+    (`ascent.entrypoints.eval_rewards`), and whose kwargs, isolation, timeout_s, num_workers and
+    memory_limit_mb apply as in training (`reward_timeout_s`, when given, overrides its timeout_s)."""
     rcfg = read_reward_config(reward_config) if reward_config else None
     reward = rcfg.fn if rcfg is not None else reward
+    hosting = reward_hosting(rcfg, reward_timeout_s)
 
     tok = set_chat_template(load_tokenizer(model), fields.chat_template, "--chat-template")
     rows = fields.rows(data)
@@ -90,10 +92,9 @@ def run_eval(
     items, _ = render_prompts(
         rows, tok, max_prompt_tokens=max_prompt_tokens, overlong="truncate", codec=image_codec(model)
     )
-    memory_mb = (rcfg or RewardConfig()).memory_limit_mb
     decode, runner, rollout = (
         _scorer_and_engine(  # the reward resolves first: a bad --reward fails in a second
-            tok, reward, (reward_timeout_s, memory_mb), engine, model, dtype, device, batch_size
+            tok, reward, hosting, engine, model, dtype, device, batch_size
         )
     )
     components = () if rcfg is None else eval_components(rcfg, model, tok, rollout, device)
@@ -107,7 +108,7 @@ def run_eval(
     try:
         groups, reward_metrics = scorer(to_groups(items, gens, decode=decode, policy_version=0))
     except RewardFailureError as err:
-        raise every_call_failed(err, option, reward_timeout_s) from err
+        raise every_call_failed(err, option, hosting.timeout_s) from err
     finally:
         runner.close()
     scored = flatten(groups)
@@ -253,7 +254,7 @@ def run_agent_eval(
     engine: str = "reference",
     dtype: str = "fp32",
     agent_timeout_s: float = 300.0,
-    reward_timeout_s: float = 30.0,
+    reward_timeout_s: float | None = None,
 ) -> dict[str, float]:
     """Play `samples` episodes of the agent at `agent` (pkg.module:run) on every row of `data`, against an
     endpoint served from the checkpoint at `model` as `rollout.source.agent` serves the policy (the endpoint's
@@ -267,10 +268,11 @@ def run_agent_eval(
         raise AgentLoadError(str(err).replace("rollout.source.agent", "--agent")) from err
     tok = set_chat_template(load_tokenizer(model), fields.chat_template, "--chat-template")
     rows = fields.rows(data)[:max_prompts]
+    hosting = reward_hosting(None, reward_timeout_s)
     decode, rewards, rollout = _scorer_and_engine(
         tok,
         reward,
-        (reward_timeout_s, RewardConfig().memory_limit_mb),
+        hosting,
         engine,
         model,
         dtype,
@@ -299,7 +301,7 @@ def run_agent_eval(
         try:
             score_last_replies(rewards, decode, groups, unscored)
         except RewardFailureError as err:
-            raise every_call_failed(err, f"--reward {reward}", reward_timeout_s) from err
+            raise every_call_failed(err, f"--reward {reward}", hosting.timeout_s) from err
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         with open(out, "w") as f:
@@ -336,25 +338,35 @@ def _agent_record(e: Any, decode: Any) -> dict[str, Any]:
     }
 
 
+def reward_hosting(rcfg: RewardConfig | None, timeout_s: float | None) -> RewardConfig:
+    """How an evaluation runs its reward function: as `--reward-config`'s reward section says (kwargs,
+    isolation, timeout, workers, memory), else as training's defaults; `--reward-timeout-s` (`timeout_s`),
+    when given, replaces the timeout."""
+    base = rcfg if rcfg is not None else RewardConfig()
+    return base if timeout_s is None else base.model_copy(update={"timeout_s": timeout_s})
+
+
 def _scorer_and_engine(
     tok: Any,
     reward: str,
-    limits: tuple[float, int],
+    hosting: RewardConfig,
     engine: str,
     model: str,
     dtype: str,
     device: str,
     batch_size: int,
 ) -> tuple[Callable[[Sequence[int]], str], RewardRunner, Any]:
-    """What every evaluation builds: the decode of `tok`, the reward runner of `reward` (on process hosts,
-    every failure counted, none fatal; `limits`: each call's timeout and each process's memory in MiB) and
-    the `engine` holding `model`."""
+    """What every evaluation builds: the decode of `tok`, the reward runner of `reward` (every failure
+    counted, none fatal; `hosting`: its kwargs and its hosts' isolation, timeout, workers and memory, see
+    `reward_hosting`) and the `engine` holding `model`."""
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    h = hosting
     runner = RewardRunner(
         reward,
+        kwargs=h.kwargs,
         max_failure_rate=ALL_BUT_NONE,
         logger=log,
-        executor=reward_hosts("process", limits[0], None, limits[1]),
+        executor=reward_hosts(h.isolation, h.timeout_s, h.num_workers, h.memory_limit_mb),
         settings=EVAL_SETTINGS,
     )
     rollout = build_engine(

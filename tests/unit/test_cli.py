@@ -280,7 +280,7 @@ def test_eval_forwards_options_and_prints_metrics(monkeypatch: pytest.MonkeyPatc
         "device": "auto",
         "engine": "reference",
         "dtype": "fp32",
-        "reward_timeout_s": 30.0,
+        "reward_timeout_s": None,
         "progress": True,
         "reward_config": None,
     }

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from ascent.config.errors import ConfigError
-from ascent.entrypoints.evaluate import run_eval
+from ascent.config.schema import RewardConfig
+from ascent.entrypoints.evaluate import reward_hosting, run_eval
 from ascent.models.tiny import make_tiny_checkpoint, make_tiny_reward_model
 
 
@@ -66,3 +67,25 @@ def test_a_file_without_a_reward_section_names_the_flag(tmp_path, checkpoints):
     pinned.write_text(yaml.safe_dump({"reward": {"judge": {"model": "policy@2", "template": "{response}"}}}))
     with pytest.raises(ConfigError, match="policy@2 pins a training run's policy version"):
         run_eval(str(checkpoints[0]), str(tmp_path / "none.jsonl"), reward_config=str(pinned))
+
+
+def test_the_reward_sections_kwargs_and_hosting_apply(tmp_path, checkpoints):
+    # before: only reward.fn was read, so a column named by reward.kwargs.answer_key was never found
+    # and every call failed
+    policy, _ = checkpoints
+    data = tmp_path / "val.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1", "target": str(i + 1)}) + "\n" for i in range(3)))
+    section = {"fn": "exact_match", "kwargs": {"answer_key": "target"}, "timeout_s": 7.0, "num_workers": 1}
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"reward": section}))
+    metrics = run_eval(str(policy), str(data), max_new_tokens=2, device="cpu", reward_config=str(config))
+    assert metrics["responses"] == 3.0 and metrics["reward_failures"] == 0.0
+
+
+def test_reward_hosting_takes_the_section_and_the_flags_timeout():
+    section = RewardConfig(fn="exact_match", timeout_s=7.0, isolation="inline", memory_limit_mb=64)
+    assert reward_hosting(section, None) == section
+    over = reward_hosting(section, 2.5)
+    assert over.timeout_s == 2.5 and over.isolation == "inline" and over.memory_limit_mb == 64
+    assert reward_hosting(None, None) == RewardConfig()
+    assert reward_hosting(None, 4.0).timeout_s == 4.0
