@@ -49,6 +49,7 @@ def ignored_run_settings(cfg: RunConfig) -> list[str]:
         _reward_with_env(cfg)
         + _episode_fields(cfg)
         + validation_without_data(cfg)
+        + truncation_without_truncate(cfg)
         + _kl_estimators(cfg)
         + _cluster_fields(cfg)
     )
@@ -56,7 +57,7 @@ def ignored_run_settings(cfg: RunConfig) -> list[str]:
 
 def ignored_sft_settings(cfg: SFTConfig) -> list[str]:
     """Every setting of an `ascent sft` config that the run would accept and ignore."""
-    return validation_without_data(cfg)
+    return validation_without_data(cfg) + truncation_without_truncate(cfg)
 
 
 def _reward_with_env(cfg: RunConfig) -> list[str]:
@@ -100,6 +101,20 @@ def validation_without_data(cfg: RunConfig | SFTConfig) -> list[str]:
         f"{name}={show_value(value)}: there is no validation data (data.val_path is not set), so nothing is "
         "validated; set data.val_path to a .jsonl or .parquet of held-out prompts, or remove this setting."
         for name, value in given
+    ]
+
+
+def truncation_without_truncate(cfg: RunConfig | SFTConfig) -> list[str]:
+    """data.truncation_side given while overlong prompts are not truncated (it only says which end
+    `truncate` cuts)."""
+    d = cfg.data
+    if d.overlong_prompts == "truncate":
+        return []
+    return [
+        f"data.truncation_side={show_value(value)}: only data.overlong_prompts=truncate cuts prompts, and "
+        f"it is {d.overlong_prompts!r}, so no prompt is cut; set data.overlong_prompts=truncate, or remove "
+        "this setting."
+        for _, value in _given(d, ("truncation_side",))
     ]
 
 

@@ -105,3 +105,12 @@ def test_a_resolved_config_with_every_default_reads_back() -> None:
     ):
         cfg = load_config(None, overrides)
         assert validate_config(parse_yaml(dump_config(cfg), "config.yaml")) == cfg
+
+
+def test_a_truncation_side_without_truncation_is_refused() -> None:
+    for schema in (RunConfig, SFTConfig):
+        (only,) = problems(["data.truncation_side=right"], schema)
+        assert only.startswith("data.truncation_side='right': only data.overlong_prompts=truncate")
+        assert "it is 'drop'" in only
+        load_config(None, ["data.truncation_side=right", "data.overlong_prompts=truncate"], schema)
+        load_config(None, ["data.overlong_prompts=error"], schema)  # the default side: nothing to refuse
