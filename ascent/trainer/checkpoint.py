@@ -22,6 +22,7 @@ checkpoints of `ascent.orchestrator.checkpointing`.
 from __future__ import annotations
 
 import json
+import pickle
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,9 @@ from ascent.trainer.checkpoint_commit import CHECKPOINTS, STATE_JSON, checkpoint
 
 TRAINER_STATE = "trainer_state.pt"
 STAGING = C.Staging(sep="-", pid=True)  # `.tmp-iter_X-<pid>`, `.old-iter_X-<pid>`: see checkpoint_commit
+# what torch.load raises for a truncated, empty or scribbled-over file
+_UNPICKLER = "WeightsUnpickler error:"  # where torch's own message ends and the cause begins
+_LOAD_ERRORS = (OSError, EOFError, RuntimeError, ValueError, KeyError, IndexError, pickle.UnpicklingError)
 
 
 def staging_dir(run_dir: str | Path, iteration: int) -> Path:
@@ -114,8 +118,24 @@ def write_trainer_state(
 
 
 def read_trainer_state(directory: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read `trainer_state.pt` (tensors mapped to `map_location`)."""
-    return torch.load(Path(directory) / TRAINER_STATE, map_location=map_location, weights_only=True)
+    """Read `trainer_state.pt` (tensors mapped to `map_location`). A missing or damaged file (torch.load's
+    errors: a weights-only load runs no code of the file's, so any of them means the bytes are bad) is a
+    `CheckpointReadError` naming the checkpoint and the previous complete one."""
+    file = Path(directory) / TRAINER_STATE
+    if not file.is_file():
+        raise C.read_error(file, "missing")
+    try:
+        return cast(dict[str, Any], torch.load(file, map_location=map_location, weights_only=True))
+    except _LOAD_ERRORS as err:
+        raise C.read_error(file, f"not loadable ({_load_problem(err)})") from err
+
+
+def _load_problem(err: BaseException) -> str:
+    """torch.load's error in one short line. A weights-only unpickling error opens with advice to load with
+    weights_only=False, which would not help a damaged file: the unpickler's own words are kept instead."""
+    text = str(err).split(_UNPICKLER, 1)[-1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0][:200]}" if lines else type(err).__name__
 
 
 def save_checkpoint(

@@ -157,6 +157,27 @@ def write_error(final: Path, previous: Path | None, why: str) -> CheckpointWrite
     )
 
 
+class CheckpointReadError(AscentError):
+    """A checkpoint's file is missing or does not load (damaged on disk); the message offers the newest
+    complete checkpoint before it."""
+
+
+def read_error(file: Path, problem: str) -> CheckpointReadError:
+    """The one-sentence error for a checkpoint's `file` that is `problem` ("missing", "not loadable ..."),
+    worded as `ascent.orchestrator.resume.verify_checkpoint`'s: the checkpoint is the `iter_X` directory
+    holding `file` (a critic's `iter_X/critic/` too), and the newest complete one before it is offered."""
+    ckpt = next((p for p in file.parents if _NAME.match(p.name)), file.parent)
+    earlier = [p for p in numbered(ckpt.parent) if p.name < ckpt.name and complete(p)]
+    offer = (
+        f" The previous complete checkpoint is {earlier[-1].name}: resume from it with --resume-from "
+        f"{earlier[-1].name}."
+        if earlier
+        else " There is no earlier checkpoint; start over in a new run_dir."
+    )
+    name = file.relative_to(ckpt).as_posix()
+    return CheckpointReadError(f"checkpoint {str(ckpt)!r} is damaged: {name} is {problem}.{offer}")
+
+
 def commit(tmp: Path, final: Path, old: Path) -> Path:
     """Rename the written staging copy `tmp` to `final`. An existing `final` (the same iteration saved again)
     is renamed to `old` first and deleted only once the new copy is in place. -> `final`."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import zipfile
 
 import pytest
 from conftest import ascent_here, run_config, write_yaml
@@ -182,6 +183,35 @@ def test_resume_names_a_damaged_checkpoint_and_offers_the_previous(finished_run,
     code, out = run_train(tmp_path, dict(cfg, iterations=4), "--resume-from", "iter_000002")
     assert code == 0, out
     assert "resumed from" in out and "iter_000002" in out
+
+
+def scribble_over_pickle(file):
+    """Invert the bytes of the pickled record in torch.save's zip `file`: its central directory still reads
+    (verify_checkpoint's cheap check passes), torch.load fails."""
+    with zipfile.ZipFile(file) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("data.pkl"))
+    data = bytearray(file.read_bytes())
+    at = info.header_offset
+    start = (
+        at
+        + 30
+        + int.from_bytes(data[at + 26 : at + 28], "little")
+        + int.from_bytes(data[at + 28 : at + 30], "little")
+    )
+    data[start : start + info.compress_size] = bytes(
+        b ^ 0xFF for b in data[start : start + info.compress_size]
+    )
+    file.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["scribbled", "missing"])
+def test_resume_names_an_unloadable_trainer_state(damage, finished_run, tmp_path):
+    cfg = copy_run(finished_run, tmp_path)
+    state = tmp_path / "run" / "checkpoints" / "iter_000003" / "trainer_state.pt"
+    scribble_over_pickle(state) if damage == "scribbled" else state.unlink()
+    code, out = run_train(tmp_path, dict(cfg, iterations=4), "--resume")
+    problem = "trainer_state.pt is not loadable" if damage == "scribbled" else "trainer_state.pt is missing"
+    assert_clean_refusal(code, out, "iter_000003", problem, "--resume-from iter_000002")
 
 
 def test_resume_notices_other_model_contents_under_the_same_path(tmp_path, tiny_model, arithmetic_data):
