@@ -6,7 +6,7 @@ below RUNS_DIR (a run's own subdirectories are not searched). Its state comes fr
 a run that says "running" while no live process holds its lock was killed (SIGKILL, power loss) and counts
 as crashed. Older runs have no status.json; their state is inferred from the lock and metrics.jsonl.
 Run ids are paths relative to RUNS_DIR; `resolve_run` turns one back into a directory and refuses any id
-that would leave RUNS_DIR.
+that would leave RUNS_DIR, a symlink to a folder elsewhere included (`find_runs` does not list those).
 """
 
 from __future__ import annotations
@@ -57,8 +57,10 @@ class RunStatus:
 
 
 def find_runs(root: Path, max_depth: int = MAX_DEPTH) -> list[Path]:
-    """Run directories under `root` (itself included), sorted by path; hidden and bulky folders skipped."""
+    """Run directories under `root` (itself included), sorted by path; hidden and bulky folders skipped, and
+    so is a symlink that leads out of `root` (`resolve_run` refuses it: a listed run always opens)."""
     found: list[Path] = []
+    inside = root.resolve()
 
     def walk(path: Path, depth: int) -> None:
         if any((path / marker).is_file() for marker in RUN_MARKERS):
@@ -71,8 +73,11 @@ def find_runs(root: Path, max_depth: int = MAX_DEPTH) -> list[Path]:
         except OSError:  # unreadable or vanished meanwhile
             return
         for child in children:
-            if not child.name.startswith(".") and child.name not in SKIP_DIRS:
-                walk(child, depth + 1)
+            if child.name.startswith(".") or child.name in SKIP_DIRS:
+                continue
+            if child.is_symlink() and not child.resolve().is_relative_to(inside):
+                continue
+            walk(child, depth + 1)
 
     walk(root, 0)
     return found

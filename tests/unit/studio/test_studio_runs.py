@@ -60,6 +60,21 @@ def test_a_run_id_cannot_leave_the_runs_directory(runs_root: Path, tmp_path: Pat
             resolve_run(runs_root, bad)
 
 
+def test_a_symlink_out_of_the_runs_directory_is_neither_listed_nor_opened(
+    runs_root: Path, tmp_path: Path
+) -> None:
+    make_run(tmp_path / "elsewhere" / "run", episodes=False)
+    (runs_root / "linked").symlink_to(tmp_path / "elsewhere" / "run")
+    (runs_root / "alias").symlink_to(runs_root / "sweep")  # a symlink that stays inside is a run as any other
+    found = [p.relative_to(runs_root).as_posix() for p in find_runs(runs_root)]
+    assert found == ["alias/lr1/run", "sweep/lr1/run"]
+    assert [r["id"] for r in describe_runs(runs_root, MetricsCache())] == found
+    for listed in found:
+        resolve_run(runs_root, listed)
+    with pytest.raises(RunNotFound):
+        resolve_run(runs_root, "linked")
+
+
 def test_status_json_running_is_believed_only_while_the_lock_is_held(runs_root: Path) -> None:
     run = runs_root / "sweep/lr1/run"
     write_status(run, "running")
