@@ -6,7 +6,8 @@ A checkpoint `<run_dir>/checkpoints/iter_000005/` is written into a staging copy
 `write_staged`: files fsynced, deleted again on any failure) and renamed into place (`commit`). Saving an
 iteration again renames the old copy aside first and deletes it only once the new one is in place; a death
 between the two renames is repaired by `recover`: the complete new copy, else the old one, becomes `iter_X`
-again. A checkpoint is complete when its `state.json`, written last, parses (`complete`).
+again. A checkpoint is complete when its `state.json`, written last, parses (`complete`). Pruning renames a
+checkpoint aside (`.del<sep>iter_X`) before deleting it, so a death mid-deletion leaves no half of it behind.
 
 How the copies in flight are named is the caller's `Staging`; with `pid`, the name carries the writing
 process's id and copies of a process still running (its save in progress) are never repaired.
@@ -19,6 +20,7 @@ resumable with `--resume`, and the fix. Any other failure (a bug) goes on as it 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -67,9 +69,14 @@ class Staging:
             return None
         return m.group(1), (int(m.group(2)) if self.pid else None)
 
+    def doomed(self, final: Path) -> Path:
+        """Where pruning moves `final` before deleting it (`.del<sep>iter_X`): never repaired by `recover`."""
+        return final.parent / self._name("del", final.name)
+
     def stale(self, root: Path) -> list[Path]:
-        """Every copy in flight under `root` (pruning deletes them: a save killed mid-way left them)."""
-        starts = (f".tmp{self.sep}", f".old{self.sep}")
+        """Every copy in flight under `root` (pruning deletes them: a save or a pruning killed mid-way left
+        them)."""
+        starts = (f".tmp{self.sep}", f".old{self.sep}", f".del{self.sep}")
         return [p for p in root.iterdir() if p.is_dir() and p.name.startswith(starts)]
 
 
@@ -234,10 +241,15 @@ def _running(pid: int) -> bool:
 
 def prune(root: Path, staging: Staging, found: list[Path], keep_last: int, keep: Path | None) -> list[Path]:
     """Delete all but the newest `keep_last` of the checkpoints `found` (oldest first; `keep`, the one just
-    written, counts first and is never deleted) and every copy in flight under `root`. -> what was deleted."""
+    written, counts first and is never deleted) and every copy in flight under `root`. -> what was deleted.
+    A checkpoint is renamed aside before it is deleted, so a death mid-deletion never leaves a half-deleted
+    one under its `iter_X` name (where a resume, or a damaged newer one's error, would offer it)."""
     others = [p for p in found if p != keep]
-    doomed = others[: max(len(others) - keep_last + (keep is not None), 0)] + staging.stale(root)
+    doomed = others[: max(len(others) - keep_last + (keep is not None), 0)]
     for path in doomed:
+        with contextlib.suppress(FileNotFoundError):  # deleted meanwhile: nothing to do
+            os.replace(path, staging.doomed(path))
+    for path in staging.stale(root):
         shutil.rmtree(path, ignore_errors=True)
     return doomed
 

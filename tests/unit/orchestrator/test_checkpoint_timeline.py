@@ -5,6 +5,7 @@
 - Pruning never deletes the checkpoint just written.
 - Saving an iteration again, killed after the old copy was renamed aside: the next resume or commit puts
   the complete copy back as `iter_X` instead of picking an older one and deleting both copies.
+- Pruning killed while it deletes an old checkpoint leaves no half-deleted `iter_X` for a resume to offer.
 """
 
 from __future__ import annotations
@@ -124,3 +125,27 @@ def test_a_commit_after_the_killed_save_repairs_before_it_prunes(tmp_path, monke
     assert [p.name for p in C.checkpoint_dirs(run)] == ["iter_000003", "iter_000004"]
     assert (run / "checkpoints" / "iter_000003" / "weights.txt").read_text() == "second"
     assert json.loads((run / "checkpoints" / "iter_000003" / "state.json").read_text())["iteration"] == 3
+
+
+def test_pruning_killed_mid_deletion_leaves_no_half_checkpoint(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    _commit(run, 1, keep_last=1)
+    real = C.K.shutil.rmtree
+
+    def killed(path, ignore_errors=False):  # deleting iter_000001: its weights go, then the process dies
+        weights = Path(path) / "weights.txt"
+        if not (weights.is_file() and weights.read_text() == "run-1"):
+            return real(path, ignore_errors=ignore_errors)
+        weights.unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(C.K.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _commit(run, 2, keep_last=1)
+    monkeypatch.setattr(C.K.shutil, "rmtree", real)
+    assert [p.name for p in C.checkpoint_dirs(run)] == ["iter_000002"]
+    assert C.latest(run, "iter_000002")[0].name == "iter_000002"
+    with pytest.raises(C.R.ResumeError, match="iter_000002"):
+        C.latest(run, "iter_000001")  # not offered: it is gone, not half there
+    _commit(run, 3, keep_last=1)  # the next pruning clears what the killed one left
+    assert _names(run) == ["iter_000003"]
