@@ -9,6 +9,7 @@ the schema: "train" (RunConfig) or "sft" (SFTConfig).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -30,7 +31,7 @@ _FIELD_AT_START = re.compile(r"^(?:unknown key ')?([A-Za-z_]\w*(?:\.[A-Za-z_]\w*
 
 
 class SaveError(AscentError):
-    """The editor's save target is outside RUNS_DIR, not a YAML file, or already exists."""
+    """The editor's save target is outside RUNS_DIR, not a YAML file, already exists, or cannot be written."""
 
 
 def schema_for(kind: str) -> type[BaseModel]:
@@ -121,8 +122,15 @@ def save_text(root: Path, target: str, text: str, kind: str, overwrite: bool = F
     check = validate_text(text, kind, source=target)
     if not check["ok"]:
         raise ConfigError(check["problems"])
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:  # a folder of that name, a file where a folder must be, no permission
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise SaveError(
+            f"save path {target!r}: cannot write there ({err.strerror or err}); choose another name."
+        ) from err
     return path

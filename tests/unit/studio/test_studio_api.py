@@ -101,6 +101,17 @@ def test_save_writes_valid_yaml_under_runs_dir_only(client: TestClient, runs_roo
     assert not (runs_root / "bad.yaml").exists() and not (runs_root.parent / "escape.yaml").exists()
 
 
+def test_a_save_path_that_cannot_be_written_is_a_400_naming_it(client: TestClient, runs_root: Path) -> None:
+    text = "iterations: 4\n"
+    (runs_root / "taken.yaml").mkdir()
+    (runs_root / "notes").write_text("a file, not a folder")
+    for path in ("taken.yaml", "notes/run.yaml"):
+        response = client.post("/api/save", json={"text": text, "path": path, "overwrite": True})
+        assert response.status_code == 400, response.text
+        assert f"save path {path!r}: cannot write there" in response.json()["error"]
+    assert sorted(p.name for p in runs_root.iterdir()) == ["notes", "sweep", "taken.yaml"]  # no .tmp left
+
+
 def test_unknown_or_escaping_runs_are_404(client: TestClient) -> None:
     for run in ("../..", "nope"):
         response = client.get("/api/metrics", params={"run": run})
