@@ -176,8 +176,8 @@ def _train(
     final = run_dir / "final"
     # HF weights + tokenizer (+ optimizer state, so the warm-start can be resumed, unless
     # checkpoint.save_optimizer=false: a 3B model's AdamW state is ~27 GB more to write)
-    trainer.call(TrainerWorker.save, str(final), cfg.checkpoint.save_optimizer)
-    tok.save_pretrained(str(final))
+    save = partial(_save, trainer, optimizer=cfg.checkpoint.save_optimizer, hf_weights=True)
+    checkpointing.write_whole(final, [save, tok.save_pretrained])  # a kill mid-save leaves no half of it
     log.info("SFT finished: %s (train nll %.4f)", final, metrics.get("sft/nll", float("nan")))
     return metrics
 

@@ -84,6 +84,21 @@ def commit(
     return final
 
 
+def write_whole(directory: str | Path, writers: list[Callable[[str], None]]) -> Path:
+    """Write `directory` (an SFT run's `final/`) as a checkpoint is written: every writer fills a staging copy
+    beside it, which is renamed into place, replacing an older `directory` only once it is whole. A run
+    killed meanwhile leaves the older one (or none), never a mix of old and half-written files."""
+    final = Path(directory)
+    tmp = STAGING.tmp(final)
+
+    def fill(staged: Path) -> None:
+        for write in writers:
+            write(str(staged))
+
+    K.write_staged(K.stage(tmp), fill)
+    return K.commit(tmp, final, STAGING.old(final))
+
+
 def recover(run_dir: str | Path) -> list[Path]:
     """Repair saves killed between their two renames: where `iter_X` is missing, its complete staging copy
     `.tmp_iter_X` (state.json readable) or else the old copy `.old_iter_X` becomes `iter_X`. -> repaired."""

@@ -247,3 +247,31 @@ def test_checkpoint_write_failure_leaves_nothing_half_written(tmp_path):
     assert "No space left on device" in message and "iter_000001 is intact" in message
     left = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert left == ["iter_000001"]
+
+
+def test_sft_killed_while_writing_final_leaves_the_previous_final_whole(
+    tmp_path, tiny_model, arithmetic_data, monkeypatch
+):
+    from transformers import PreTrainedTokenizerBase
+
+    cfg = {
+        "run_dir": str(tmp_path / "sft"),
+        "epochs": 0.5,
+        "batch_size": 8,
+        "model": {"path": str(tiny_model)},
+        "data": {"train_path": str(arithmetic_data / "sft.jsonl"), "max_prompt_tokens": 32},
+        "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 128},
+        "tracking": {"progress": False, "tensorboard": False},
+    }
+    ascent_here("sft", str(write_yaml(tmp_path / "sft.yaml", cfg)))
+    final = tmp_path / "sft" / "final"
+    before = {p.name: p.read_bytes() for p in final.iterdir()}
+
+    def killed(self, *args, **kwargs):  # the weights are written, then the process dies
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PreTrainedTokenizerBase, "save_pretrained", killed)
+    again = ascent_here("sft", str(write_yaml(tmp_path / "sft.yaml", dict(cfg, seed=1))), check=False)
+    assert again.returncode == 130, again.stdout + again.stderr
+    assert {p.name: p.read_bytes() for p in final.iterdir()} == before  # not new weights beside old files
+    assert [p.name for p in final.parent.iterdir() if p.name.endswith("final")] == ["final"]  # no copy left
