@@ -52,6 +52,7 @@ HARMLESS = (
     "reward.max_failure_rate",
     "epochs",  # SFT: the schedule was fixed at the start, more epochs only extend the data pass
 )
+STATE_KEYS = ("config", "sampler")  # besides "iteration": what every run's state.json holds, as objects
 SAMPLE = 1 << 20  # bytes hashed at each end of a file for its fingerprint
 
 
@@ -225,6 +226,9 @@ def verify_checkpoint(path: Path, earlier: list[Path] | None = None) -> None:
         int(state["iteration"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise _damaged(path, state_file, f"unreadable ({type(err).__name__}: {err})", earlier) from None
+    problem = _state_problem(state)
+    if problem:
+        raise _damaged(path, state_file, problem, earlier)
     for f in sorted(path.rglob("*")):
         if not f.is_file():
             continue
@@ -237,6 +241,17 @@ def verify_checkpoint(path: Path, earlier: list[Path] | None = None) -> None:
             problem = _json_problem(f)
         if problem:
             raise _damaged(path, f, problem, earlier)
+
+
+def _state_problem(state: dict[str, Any]) -> str | None:
+    """What a readable state.json lacks of `STATE_KEYS` (a write that was cut short or edited), or None."""
+    missing = [repr(key) for key in STATE_KEYS if key not in state]
+    garbled = [repr(key) for key in STATE_KEYS if key in state and not isinstance(state[key], dict)]
+    if missing:
+        return f"incomplete: it lacks {' and '.join(missing)}"
+    if garbled:
+        return f"garbled: {' and '.join(garbled)} should be an object"
+    return None
 
 
 def _zip_problem(f: Path) -> str | None:

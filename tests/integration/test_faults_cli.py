@@ -275,3 +275,13 @@ def test_sft_killed_while_writing_final_leaves_the_previous_final_whole(
     assert again.returncode == 130, again.stdout + again.stderr
     assert {p.name: p.read_bytes() for p in final.iterdir()} == before  # not new weights beside old files
     assert [p.name for p in final.parent.iterdir() if p.name.endswith("final")] == ["final"]  # no copy left
+
+
+def test_resume_names_a_state_json_missing_its_keys(finished_run, tmp_path):
+    cfg = copy_run(finished_run, tmp_path)
+    (tmp_path / "run" / "checkpoints" / "iter_000003" / "state.json").write_text('{"iteration": 3}')
+    for extra in ((), ("--accept-changes",)):
+        code, out = run_train(tmp_path, dict(cfg, iterations=4), "--resume", *extra)
+        needles = ["iter_000003", "state.json", "lacks", "config", "sampler", "--resume-from iter_000002"]
+        assert_clean_refusal(code, out, *needles)
+        assert "other settings" not in out, out

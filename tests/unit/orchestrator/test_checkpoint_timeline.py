@@ -29,6 +29,7 @@ def _writer(tag: str):
 
 
 def _commit(run: Path, iteration: int, keep_last: int, tag: str = "", **state) -> Path:
+    state = {"config": {}, "sampler": {}} | state  # what a resume requires of state.json
     return C.commit(run, iteration, [_writer(tag or f"run-{iteration}")], state, keep_last)
 
 

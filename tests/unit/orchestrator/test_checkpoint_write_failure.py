@@ -40,7 +40,8 @@ def test_a_full_disk_names_both_checkpoints_and_keeps_the_previous(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
     run = tmp_path / "run"
-    first = checkpointing.commit(run, 1, [save_weights], {"note": "first"}, keep_last=3)
+    state = {"note": "first", "config": {}, "sampler": {}}  # what a resume requires, and a note
+    first = checkpointing.commit(run, 1, [save_weights], state, keep_last=3)
     writer = save_weights
     if how == "oserror":
         monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
@@ -55,7 +56,7 @@ def test_a_full_disk_names_both_checkpoints_and_keeps_the_previous(
     assert f"the previous checkpoint {first} is intact and `--resume` continues from it" in message
     assert "Free space" in message and "run_dir" in message
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["iter_000001"]  # nothing half-written
-    assert checkpointing.latest(run) == (first, {"iteration": 1, "note": "first"})
+    assert checkpointing.latest(run) == (first, {"iteration": 1, **state})
     assert torch.equal(safetensors.torch.load_file(str(first / "model.safetensors"))["w"], WEIGHTS["w"])
 
 

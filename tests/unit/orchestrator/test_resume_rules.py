@@ -149,7 +149,7 @@ def make_checkpoint(path: Path, iteration: int) -> Path:
     path.mkdir(parents=True)
     save_file({"w": torch.arange(1000, dtype=torch.float32)}, str(path / "model.safetensors"))
     torch.save({"x": torch.ones(3)}, path / "trainer_state.pt")
-    (path / "state.json").write_text(json.dumps({"iteration": iteration}))
+    (path / "state.json").write_text(json.dumps({"iteration": iteration, "config": {}, "sampler": {}}))
     return path
 
 
@@ -175,6 +175,19 @@ def test_unreadable_state_json_and_unknown_resume_from(tmp_path):
         R.verify_checkpoint(ckpt)
     with pytest.raises(R.ResumeError, match="iter_000009.*iter_000003"):
         R.pick_checkpoint([ckpt], "iter_000009")
+
+
+def test_a_state_json_without_its_keys_is_damaged(tmp_path):
+    old = make_checkpoint(tmp_path / "checkpoints" / "iter_000002", 2)
+    ckpt = make_checkpoint(tmp_path / "checkpoints" / "iter_000003", 3)
+    (ckpt / "state.json").write_text('{"iteration": 3}')
+    with pytest.raises(
+        R.ResumeError, match=r"state\.json is incomplete: it lacks 'config' and 'sampler'.*iter_000002"
+    ):
+        R.pick_checkpoint([old, ckpt], None)
+    (ckpt / "state.json").write_text('{"iteration": 3, "config": {}, "sampler": [1]}')
+    with pytest.raises(R.ResumeError, match=r"'sampler' should be an object"):
+        R.verify_checkpoint(ckpt)
 
 
 def test_fields_newer_than_the_checkpoint_count_as_unchanged_at_their_default() -> None:

@@ -46,7 +46,9 @@ def _save(worker: PolicyWorker, run_dir: str, iteration: int, rank: int) -> None
         worker.save(tmp, hf_weights=False)
 
     if rank == 0:
-        checkpointing.commit(run_dir, iteration, [write], {"sampler": {"seen": iteration}}, keep_last=2)
+        checkpointing.commit(
+            run_dir, iteration, [write], {"sampler": {"seen": iteration}, "config": {}}, keep_last=2
+        )
     else:
         got: list = [None]
         dist.broadcast_object_list(got, src=0)
