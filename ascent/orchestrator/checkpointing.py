@@ -151,6 +151,7 @@ def resume_state(
     if found is None:
         return None
     path, state = found
+    R.check_kind(state, "SFT" if isinstance(cfg, SFTConfig) else "RL", path)
     R.check_same_run(state, cfg.model_dump(mode="json"), accept, path, type(cfg)().model_dump(mode="json"))
     R.check_iterations(int(state["iteration"]), total, what, path)
     abandon_newer(cfg.run_dir, int(state["iteration"]))  # a roll-back: the newer ones are another timeline

@@ -168,6 +168,33 @@ def check_same_run(
     )
 
 
+def checkpoint_kind(state: dict[str, Any]) -> str | None:
+    """ "RL" (`ascent train`) or "SFT" (`ascent sft`): which command wrote a checkpoint's `state`, told by the
+    fields of its saved config; None when neither's show."""
+    config = state.get("config") or {}
+    if "algorithm" in config:
+        return "RL"
+    return "SFT" if "epochs" in config else None
+
+
+def check_kind(state: dict[str, Any], kind: str, where: Path) -> None:
+    """Refuse to resume an SFT checkpoint in an RL run (`kind` "RL") or the reverse: the other command's
+    weights are a starting point (`model.path`), not a run to continue."""
+    saved = checkpoint_kind(state)
+    if saved is None or saved == kind:
+        return
+    command = {"RL": "ascent train", "SFT": "ascent sft"}
+    starts = [f"{where.parent.parent / 'final'} (the SFT run's final weights)"] if saved == "SFT" else []
+    if (where / "config.json").is_file():  # the checkpoint's own HF weights load as a model too
+        starts.append(f"{where} (this checkpoint's weights)")
+    start = " or ".join(f"model.path={s}" for s in starts) or "model.path to its run's exported weights"
+    raise ResumeError(
+        f"--resume: {str(where)!r} is an {saved} checkpoint ({command[saved]}), and {command[kind]} resumes "
+        f"only its own {kind} checkpoints. To start {kind} from its weights, set {start} and start a new run "
+        "(without --resume or --resume-from)."
+    )
+
+
 def check_iterations(done: int, total: int, what: str, where: Path) -> None:
     """Refuse to resume a checkpoint at `done` when the run now asks for `total` < done (`what` names it)."""
     if total < done:

@@ -285,3 +285,34 @@ def test_resume_names_a_state_json_missing_its_keys(finished_run, tmp_path):
         needles = ["iter_000003", "state.json", "lacks", "config", "sampler", "--resume-from iter_000002"]
         assert_clean_refusal(code, out, *needles)
         assert "other settings" not in out, out
+
+
+def sft_config(tmp_path, tiny_model, arithmetic_data):
+    """3 optimizer steps of 8 pairs, a checkpoint after each of the first two."""
+    return {
+        "run_dir": str(tmp_path / "sft"),
+        "epochs": 0.5,
+        "batch_size": 8,
+        "model": {"path": str(tiny_model)},
+        "data": {"train_path": str(arithmetic_data / "sft.jsonl"), "max_prompt_tokens": 32},
+        "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 128},
+        "checkpoint": {"every": 1, "keep_last": 3},
+        "tracking": {"progress": False, "tensorboard": False},
+    }
+
+
+def test_an_rl_run_does_not_resume_an_sft_checkpoint_nor_the_reverse(
+    finished_run, tmp_path, tiny_model, arithmetic_data
+):
+    sft = sft_config(tmp_path, tiny_model, arithmetic_data)
+    ascent_here("sft", str(write_yaml(tmp_path / "sft.yaml", sft)))
+    sft_ckpt = tmp_path / "sft" / "checkpoints" / "iter_000001"
+    cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=2)
+    code, out = run_train(tmp_path, cfg, "--resume-from", str(sft_ckpt), "--accept-changes")
+    assert_clean_refusal(code, out, str(sft_ckpt), "SFT checkpoint", "model.path=", "final")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+    rl_ckpt = finished_run[0] / "run" / "checkpoints" / "iter_000001"
+    sft_yaml = write_yaml(tmp_path / "sft2.yaml", dict(sft, run_dir=str(tmp_path / "sft2")))
+    proc = ascent_here("sft", str(sft_yaml), "--resume-from", str(rl_ckpt), "--accept-changes", check=False)
+    assert_clean_refusal(proc.returncode, proc.stdout + proc.stderr, str(rl_ckpt), "RL checkpoint")

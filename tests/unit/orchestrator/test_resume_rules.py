@@ -238,3 +238,15 @@ def test_an_env_source_setting_newer_than_the_checkpoint_compares_as_its_default
     assert R.config_changes(saved, more.model_dump(mode="json")) == [
         "rollout.source.sims_per_worker: '(absent)' -> 8"
     ]
+
+
+def test_an_sft_checkpoint_is_not_resumed_by_rl_nor_the_reverse(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "sft" / "checkpoints" / "iter_000001", 1)
+    sft, rl = {"config": {"epochs": 1.0}}, {"config": {"iterations": 3, "algorithm": {}}}
+    R.check_kind(sft, "SFT", ckpt)
+    R.check_kind(rl, "RL", ckpt)
+    R.check_kind({"config": {}}, "RL", ckpt)  # neither's fields: not told apart, not refused
+    with pytest.raises(R.ResumeError, match=r"is an SFT checkpoint.*model\.path=.*sft/final"):
+        R.check_kind(sft, "RL", ckpt)
+    with pytest.raises(R.ResumeError, match="is an RL checkpoint.*ascent sft resumes only"):
+        R.check_kind(rl, "SFT", ckpt)
