@@ -1,7 +1,8 @@
 """The run directory: checked before anything is written, and locked while a run writes it.
 
 `open_run_dir` is the first thing `ascent train` and `ascent sft` do. It refuses a `run_dir` that is a file,
-lies under a file or cannot be written, refuses to clobber an earlier run's checkpoints without `--resume`,
+lies under a file or cannot be written, or whose `checkpoints` is a file or cannot be written (found before
+any model loads, not at the first save), refuses to clobber an earlier run's checkpoints without `--resume`,
 and takes an exclusive lock (`<run_dir>/.ascent.lock`, an `fcntl` lock the kernel drops when the process
 dies, so a crashed run never leaves a stale lock). A second run into the same directory is refused with the
 owner's pid and command instead of interleaving both runs' checkpoints and metrics.
@@ -18,6 +19,7 @@ from typing import TextIO
 from ascent.config import RunConfig, SFTConfig, write_resolved_config
 from ascent.errors import AscentError
 from ascent.tracking.runlock import LOCK_NAME, describe_owner, lock_owner, owner_record
+from ascent.trainer.checkpoint_commit import CHECKPOINTS
 
 
 class RunDirError(AscentError):
@@ -75,8 +77,27 @@ def check_writable_dir(path: Path, field: str = "run_dir") -> None:
         raise RunDirError(f"{field}={str(path)!r} is not writable; choose a directory you can write.")
 
 
+def check_checkpoints_dir(run_dir: Path) -> None:
+    """Raise RunDirError naming `<run_dir>/checkpoints` when a run could not save a checkpoint there: it is a
+    file (or a broken link), or a directory that cannot be written. Nothing is created: a refused run
+    leaves no empty `checkpoints/` behind."""
+    path = run_dir / CHECKPOINTS
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise RunDirError(
+                f"{str(path)!r} is not writable, so no checkpoint could be saved there; fix its permissions "
+                "(chmod u+rwx) or choose another run_dir."
+            )
+    elif path.exists() or path.is_symlink():
+        what = "a file" if path.exists() else "a broken link"
+        raise RunDirError(
+            f"{str(path)!r} is {what}, where the run saves its checkpoints (a directory); move or remove it, "
+            "or choose another run_dir."
+        )
+
+
 def has_checkpoints(run_dir: Path) -> bool:
-    ckpts = run_dir / "checkpoints"
+    ckpts = run_dir / CHECKPOINTS
     return ckpts.is_dir() and any(p.name.startswith("iter_") for p in ckpts.iterdir())
 
 
@@ -89,6 +110,7 @@ def open_run_dir(cfg: RunConfig | SFTConfig) -> tuple[Path, RunDirLock]:
     """
     run_dir = Path(cfg.run_dir)
     check_writable_dir(run_dir)
+    check_checkpoints_dir(run_dir)
     lock = RunDirLock(run_dir).acquire()
     if not cfg.resume and has_checkpoints(run_dir):
         lock.release()

@@ -316,3 +316,14 @@ def test_an_rl_run_does_not_resume_an_sft_checkpoint_nor_the_reverse(
     sft_yaml = write_yaml(tmp_path / "sft2.yaml", dict(sft, run_dir=str(tmp_path / "sft2")))
     proc = ascent_here("sft", str(sft_yaml), "--resume-from", str(rl_ckpt), "--accept-changes", check=False)
     assert_clean_refusal(proc.returncode, proc.stdout + proc.stderr, str(rl_ckpt), "RL checkpoint")
+
+
+def test_a_checkpoints_path_in_the_way_is_refused_before_training(tmp_path, tiny_model, arithmetic_data):
+    (tmp_path / "run").mkdir()
+    blocker = tmp_path / "run" / "checkpoints"
+    blocker.write_text("not a directory")
+    cfg = run_config(tmp_path, tiny_model, arithmetic_data, iterations=1, val_every=0)
+    code, out = run_train(tmp_path, cfg)
+    assert_clean_refusal(code, out, str(blocker), "is a file", "remove")
+    assert "Free space" not in out and "iteration 1" not in out, out
+    assert blocker.read_text() == "not a directory"

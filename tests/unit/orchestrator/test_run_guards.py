@@ -48,6 +48,23 @@ def test_writable_dir_names_the_file_in_the_way(tmp_path):
         check_writable_dir(tmp_path / "f" / "deeper" / "run")
 
 
+def test_open_run_dir_refuses_a_checkpoints_path_no_save_could_use(tmp_path, monkeypatch):
+    ckpts = tmp_path / "checkpoints"
+    cfg = SimpleNamespace(run_dir=str(tmp_path), resume=True)
+    ckpts.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(RunDirError, match=r"checkpoints' is a broken link.*move or remove it"):
+        open_run_dir(cfg)
+    ckpts.unlink()
+    ckpts.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: real(p, mode) and p != ckpts)  # root writes anything
+    with pytest.raises(RunDirError, match=r"checkpoints' is not writable.*fix its permissions"):
+        open_run_dir(cfg)
+    monkeypatch.setattr(os, "access", real)
+    _, lock = open_run_dir(cfg)  # an empty, writable checkpoints/ is fine
+    lock.release()
+
+
 def test_first_signal_waits_for_a_safe_point_second_stops_now():
     before = signal.getsignal(signal.SIGTERM)  # Ray, if a test started it, installs its own
     with graceful_stop() as stop:
