@@ -249,20 +249,27 @@ def test_checkpoint_write_failure_leaves_nothing_half_written(tmp_path):
     assert left == ["iter_000001"]
 
 
-def test_sft_killed_while_writing_final_leaves_the_previous_final_whole(
-    tmp_path, tiny_model, arithmetic_data, monkeypatch
-):
-    from transformers import PreTrainedTokenizerBase
-
-    cfg = {
+def sft_config(tmp_path, tiny_model, arithmetic_data):
+    """3 optimizer steps of 8 pairs, a checkpoint after each of the first two."""
+    return {
         "run_dir": str(tmp_path / "sft"),
         "epochs": 0.5,
         "batch_size": 8,
         "model": {"path": str(tiny_model)},
         "data": {"train_path": str(arithmetic_data / "sft.jsonl"), "max_prompt_tokens": 32},
         "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 128},
+        "checkpoint": {"every": 1, "keep_last": 3},
         "tracking": {"progress": False, "tensorboard": False},
     }
+
+
+def test_sft_killed_while_writing_final_leaves_the_previous_final_whole(
+    tmp_path, tiny_model, arithmetic_data, monkeypatch
+):
+    from transformers import PreTrainedTokenizerBase
+
+    cfg = sft_config(tmp_path, tiny_model, arithmetic_data)
+    del cfg["checkpoint"]  # no checkpoint saves: the kill below lands in the writing of final/
     ascent_here("sft", str(write_yaml(tmp_path / "sft.yaml", cfg)))
     final = tmp_path / "sft" / "final"
     before = {p.name: p.read_bytes() for p in final.iterdir()}
@@ -285,20 +292,6 @@ def test_resume_names_a_state_json_missing_its_keys(finished_run, tmp_path):
         needles = ["iter_000003", "state.json", "lacks", "config", "sampler", "--resume-from iter_000002"]
         assert_clean_refusal(code, out, *needles)
         assert "other settings" not in out, out
-
-
-def sft_config(tmp_path, tiny_model, arithmetic_data):
-    """3 optimizer steps of 8 pairs, a checkpoint after each of the first two."""
-    return {
-        "run_dir": str(tmp_path / "sft"),
-        "epochs": 0.5,
-        "batch_size": 8,
-        "model": {"path": str(tiny_model)},
-        "data": {"train_path": str(arithmetic_data / "sft.jsonl"), "max_prompt_tokens": 32},
-        "train": {"lr": 3e-3, "max_tokens_per_micro_batch": 128},
-        "checkpoint": {"every": 1, "keep_last": 3},
-        "tracking": {"progress": False, "tensorboard": False},
-    }
 
 
 def test_an_rl_run_does_not_resume_an_sft_checkpoint_nor_the_reverse(
