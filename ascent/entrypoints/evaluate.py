@@ -49,8 +49,8 @@ from ascent.tracking import Progress
 
 log = logging.getLogger("ascent")
 ALL_BUT_NONE = 1.0 - 1e-9  # the reward runner raises only when every call failed
-# the settings reward errors name (`ascent train`'s) -> eval's options: eval passes the reward no kwargs, and
-# --answer-key renames the column the reward reads as `answer`
+# the settings reward errors name (`ascent train`'s) -> eval's options: --answer-key renames the column the
+# reward reads as `answer` (with --reward-config, that file's reward.kwargs apply as well)
 EVAL_SETTINGS = {ANSWER_KEY_SETTING: "--answer-key"}
 PROGRESS_PARTS = 20  # engine calls of a run_eval with progress (fewer when there are fewer batches)
 
@@ -360,13 +360,12 @@ def _scorer_and_engine(
     counted, none fatal; `hosting`: its kwargs and its hosts' isolation, timeout, workers and memory, see
     `reward_hosting`) and the `engine` holding `model`."""
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
-    h = hosting
     runner = RewardRunner(
         reward,
-        kwargs=h.kwargs,
+        kwargs=hosting.kwargs,
         max_failure_rate=ALL_BUT_NONE,
         logger=log,
-        executor=reward_hosts(h.isolation, h.timeout_s, h.num_workers, h.memory_limit_mb),
+        executor=reward_hosts(hosting),
         settings=EVAL_SETTINGS,
     )
     rollout = build_engine(

@@ -23,7 +23,7 @@ Only `ascent.errors` and the plug-in loader `ascent.plugins` (a leaf like errors
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -52,6 +52,15 @@ def message_problem(message: Any) -> str | None:
         return None
     kind = "no 'content'" if content is None else f"'content' of type {type(content).__name__}"
     return f"has {kind}; give it a string, or a list of content parts ({{'type': 'text', 'text': ...}})"
+
+
+def first_message_problem(messages: Sequence[Any]) -> tuple[int, str] | None:
+    """(index, `message_problem`) of the first message of `messages` that breaks the contract, or None."""
+    for i, message in enumerate(messages):
+        problem = message_problem(message)
+        if problem is not None:
+            return i, problem
+    return None
 
 
 @dataclass(frozen=True)

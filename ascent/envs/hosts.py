@@ -25,7 +25,7 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from ascent.envs.base import Action, Environment, Message, StepResult, make_env, message_problem
+from ascent.envs.base import Action, Environment, Message, StepResult, first_message_problem, make_env
 from ascent.messages import Outcome
 
 Command = tuple[str, Callable[..., Any], tuple[Any, ...]]  # (op, fn, args): fn(state, *args)
@@ -96,12 +96,12 @@ def checked_messages(value: Any, env: Any) -> list[Message]:
     """`value`, when it is what `reset` must return (a list of messages, each as `message_problem` wants it);
     else a TypeError that says what it was (the runner reports it with the row, as a failed reset)."""
     if isinstance(value, list | tuple) and all(isinstance(m, Mapping) for m in value):
-        for i, m in enumerate(value):
-            problem = message_problem(m)
-            if problem is not None:
-                raise TypeError(
-                    f"{type(env).__name__}.reset returned message {i} {_shown(m)}, which {problem}"
-                )
+        found = first_message_problem(value)
+        if found is not None:
+            i, problem = found
+            raise TypeError(
+                f"{type(env).__name__}.reset returned message {i} {_shown(value[i])}, which {problem}"
+            )
         return list(value)
     raise TypeError(
         f"{type(env).__name__}.reset returned {type(value).__name__} {_shown(value)}; it must return the "

@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from ascent.envs.base import Action, Environment, Message, StepResult, message_problem
+from ascent.envs.base import Action, Environment, Message, StepResult, first_message_problem
 from ascent.envs.chat import ChatTokens
 from ascent.envs.hosts import HostedEnvs, Hosts, InlineHosts
 from ascent.envs.images import ImageEncoder, render_with_images
@@ -386,10 +386,10 @@ def _check_observation(obs: Any, step: str) -> None:
         raise StepResultError(
             f"{step} returned observation={_quote(obs)}; it must be a tuple of messages ({{'role', 'content'}})"
         )
-    for i, message in enumerate(obs):
-        problem = message_problem(message)
-        if problem is not None:
-            raise StepResultError(f"{step} returned observation[{i}]={_quote(message)}, which {problem}")
+    found = first_message_problem(obs)
+    if found is not None:
+        i, problem = found
+        raise StepResultError(f"{step} returned observation[{i}]={_quote(obs[i])}, which {problem}")
 
 
 def _number(value: Any) -> float | None:

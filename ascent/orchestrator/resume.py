@@ -25,6 +25,7 @@ from ascent.config.nesting import nest_choices
 from ascent.config.sources import SOURCE_CHOICES, nest_legacy
 from ascent.errors import AscentError
 from ascent.models.files import safetensors_problem
+from ascent.trainer.checkpoint_commit import damaged_text
 
 log = logging.getLogger("ascent")
 
@@ -301,13 +302,7 @@ def _json_problem(f: Path) -> str | None:
 
 
 def _damaged(ckpt: Path, file: Path, problem: str, earlier: list[Path]) -> ResumeError:
-    offer = (
-        f" The previous complete checkpoint is {earlier[-1].name}: resume from it with --resume-from "
-        f"{earlier[-1].name}."
-        if earlier
-        else " There is no earlier checkpoint; start over in a new run_dir."
-    )
-    return ResumeError(f"checkpoint {str(ckpt)!r} is damaged: {file.name} is {problem}.{offer}")
+    return ResumeError(damaged_text(ckpt, file.name, problem, earlier))
 
 
 def pick_checkpoint(complete: list[Path], resume_from: str | None) -> Path | None:

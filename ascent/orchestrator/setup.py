@@ -16,7 +16,7 @@ from ascent.cluster.base import W
 from ascent.cluster.errors import ClusterConfigError
 from ascent.cluster.hosts import IsolationPolicy, ProcessHosts, default_workers
 from ascent.cluster.mps import MpsDaemon, MpsUnavailable, node_daemon, overlaps_on_gpu, start_mps
-from ascent.config.schema import RunConfig
+from ascent.config.schema import RewardConfig, RunConfig
 from ascent.config.sources import AgentSourceConfig, EnvSourceConfig
 from ascent.data import image_codec, load_rows, render_prompts, validate_rows
 from ascent.data.builders import processors_from_config
@@ -382,16 +382,20 @@ def build_reward_runner(cfg: RunConfig) -> RewardRunner:
         kwargs=r.kwargs,
         max_failure_rate=r.max_failure_rate,
         logger=log,
-        executor=reward_hosts(r.isolation, r.timeout_s, r.num_workers, r.memory_limit_mb),
+        executor=reward_hosts(r),
     )
 
 
-def reward_hosts(isolation: str, timeout_s: float, num_workers: int | None, memory_mb: int) -> Hosts:
-    """The hosts of reward calls: processes under `reward.timeout_s` and `reward.memory_limit_mb`
-    (`reward.isolation=process`), or this process (`inline`)."""
-    if isolation == "inline":
+def reward_hosts(r: RewardConfig) -> Hosts:
+    """The hosts of reward calls: `r.num_workers` processes under `reward.timeout_s` and
+    `reward.memory_limit_mb` (`reward.isolation=process`), or this process (`inline`)."""
+    if r.isolation == "inline":
         return InlineHosts()
     policy = IsolationPolicy(
-        "reward", timeout_s, "reward.timeout_s", memory_mb=memory_mb, memory_field="reward.memory_limit_mb"
+        "reward",
+        r.timeout_s,
+        "reward.timeout_s",
+        memory_mb=r.memory_limit_mb,
+        memory_field="reward.memory_limit_mb",
     )
-    return ProcessHosts(default_workers(num_workers), policy, preload=["ascent.rewards"])
+    return ProcessHosts(default_workers(r.num_workers), policy, preload=["ascent.rewards"])

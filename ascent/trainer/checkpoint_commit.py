@@ -175,14 +175,19 @@ def read_error(file: Path, problem: str) -> CheckpointReadError:
     holding `file` (a critic's `iter_X/critic/` too), and the newest complete one before it is offered."""
     ckpt = next((p for p in file.parents if _NAME.match(p.name)), file.parent)
     earlier = [p for p in numbered(ckpt.parent) if p.name < ckpt.name and complete(p)]
+    return CheckpointReadError(damaged_text(ckpt, file.relative_to(ckpt).as_posix(), problem, earlier))
+
+
+def damaged_text(ckpt: Path, name: str, problem: str, earlier: list[Path]) -> str:
+    """Checkpoint `ckpt` is damaged: its file `name` is `problem`; the newest of `earlier` (complete
+    checkpoints before it, oldest first) is offered, or a new run_dir when there is none."""
     offer = (
         f" The previous complete checkpoint is {earlier[-1].name}: resume from it with --resume-from "
         f"{earlier[-1].name}."
         if earlier
         else " There is no earlier checkpoint; start over in a new run_dir."
     )
-    name = file.relative_to(ckpt).as_posix()
-    return CheckpointReadError(f"checkpoint {str(ckpt)!r} is damaged: {name} is {problem}.{offer}")
+    return f"checkpoint {str(ckpt)!r} is damaged: {name} is {problem}.{offer}"
 
 
 def commit(tmp: Path, final: Path, old: Path) -> Path:

@@ -160,7 +160,7 @@ def test_a_reward_that_ends_its_process_with_status_0_costs_its_sample(caplog):
     """A missed death would wait out reward.timeout_s (120 s); the test's own timeout (60 s) fails that."""
     from ascent.orchestrator.setup import reward_hosts
 
-    pool = reward_hosts("process", 120.0, 2, 8192)
+    pool = reward_hosts(RewardConfig(timeout_s=120.0, num_workers=2))
     runner = RewardRunner("tests.integration.bad_rewards:score", max_failure_rate=0.5, executor=pool)
     items = [
         RewardInput("p", "r", [1], {"answer": a}, row_id=i) for i, a in enumerate(["ok", "os_exit", "ok"])
