@@ -269,6 +269,12 @@ def parse(argv):
         "--attn-options", type=json.loads, default=None, help='e.g. {"block_n": 32, "num_stages": 2}'
     )
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--blas", choices=("default", "cublas", "cublaslt"), default="default")
+    ap.add_argument(
+        "--sampler-config",
+        default=None,
+        help="the Triton sampler's chunk,block,warps (bench/sampler_sweep.py)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     return ap.parse_args(argv)
 
@@ -312,6 +318,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     device = torch.device("cuda")
     res = dict(device=torch.cuda.get_device_name(device), torch=torch.__version__, args=dict(vars(args)))
+    if args.blas != "default":
+        torch.backends.cuda.preferred_blas_library(args.blas)
+    if args.sampler_config:
+        from ascent.rollout.fast import triton_sample
+
+        chunk, block, warps = (int(v) for v in args.sampler_config.split(","))
+        triton_sample.CONFIG = (chunk, block, warps)
     model = make_model(args.shape, device)
     bw = copy_bandwidth(device)
     if args.attn_sweep:

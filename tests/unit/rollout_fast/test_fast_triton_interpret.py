@@ -51,7 +51,8 @@ def test_paged_decode_attention_matches_torch(ps, splits, block_n, write):
     assert torch.allclose(out[:3], want[:3], atol=1e-5) and out[3].abs().max() == 0
 
 
-def test_triton_sampler_matches_sampling_py():
+@pytest.mark.parametrize("config", [(1024, 256, 4), (1024, 1024, 4), (2048, 512, 8)])
+def test_triton_sampler_matches_sampling_py(config):
     from ascent.messages import SamplingParams
     from ascent.rollout.fast.triton_sample import triton_sample
     from ascent.rollout.sampling import SamplingTensors, sample
@@ -63,8 +64,30 @@ def test_triton_sampler_matches_sampling_py():
     st = SamplingTensors.from_params(params, [3, 2**62 + 5, 7, 2**40 + 1, 5, 0])
     steps = torch.tensor([0, 5, 17, 3, 9, 2**33 + 4])
     want_t, want_lp = sample(logits, st, steps)
-    got_t, got_lp = triton_sample(logits, st.temperature, st.seeds, steps, False, chunk=1024)
+    got_t, got_lp = triton_sample(logits, st.temperature, st.seeds, steps, False, config)
     assert got_t.tolist() == want_t.tolist() and torch.allclose(got_lp, want_lp, atol=1e-5)
+
+
+def test_triton_sampler_bound_keeps_tokens_on_peaked_logits():
+    """Peaked logits (a trained model's shape) let the kernel skip most blocks' noise; the tokens and
+    logprobs stay those of sampling.py at every step and temperature, ties of the top logit included."""
+    from ascent.messages import SamplingParams
+    from ascent.rollout.fast.triton_sample import triton_sample
+    from ascent.rollout.sampling import SamplingTensors, sample
+
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(8, 4096, generator=g) * 2
+    for r in range(8):  # a few strong candidates a row, spread over the blocks
+        logits[r, torch.randint(0, 4096, (4,), generator=g)] += torch.tensor([14.0, 12.0, 11.5, 9.0])
+    logits[3, 100] = logits[3, 3000] = 40.0  # two equal top logits
+    params = [SamplingParams(temperature=t) for t in (1.0, 0.5, 1.0, 1.0, 2.0, 0.0, 0.8, 1.0)]
+    st = SamplingTensors.from_params(params, [11 * i + 1 for i in range(8)])
+    for step in (0, 1, 2, 97):
+        steps = torch.full((8,), step)
+        want_t, want_lp = sample(logits, st, steps)
+        got_t, got_lp = triton_sample(logits, st.temperature, st.seeds, steps, False, (2048, 256, 4))
+        assert got_t.tolist() == want_t.tolist(), step
+        assert torch.allclose(got_lp, want_lp, atol=1e-5)
 
 
 @pytest.mark.parametrize("ps,block_m,block_n", [(16, 16, 16), (32, 16, 32), (64, 32, 16)])
