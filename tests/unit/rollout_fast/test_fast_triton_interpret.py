@@ -51,7 +51,7 @@ def test_paged_decode_attention_matches_torch(ps, splits, block_n, write):
     assert torch.allclose(out[:3], want[:3], atol=1e-5) and out[3].abs().max() == 0
 
 
-@pytest.mark.parametrize("config", [(1024, 256, 4), (1024, 1024, 4), (2048, 512, 8)])
+@pytest.mark.parametrize("config", [(1024, 256, 4), (1024, 1024, 4), (2048, 512, 8), (8192, 512, 2)])
 def test_triton_sampler_matches_sampling_py(config):
     from ascent.messages import SamplingParams
     from ascent.rollout.fast.triton_sample import triton_sample
