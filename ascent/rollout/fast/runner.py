@@ -194,24 +194,28 @@ class ModelRunner:
         attention kernel writes them itself). The residual stream runs in fp32 (see layers.py).
         `deepstack` = (token indices [N], features [N, H] per layer): added to those tokens' hidden states
         after layer k (Qwen3-VL's visual features, vision.py). `routes` [T, MoE layers, k] (an MoE model):
-        each MoE layer's chosen experts are written into it in place (a graph's persistent buffer)."""
-        x = x.float()
+        each MoE layer's chosen experts are written into it in place (a graph's persistent buffer).
+        A layer's MLP output stays `pending` until the next layer's `attn_in` adds it to x (layers.py: no
+        kernel of its own); the last layer's is added here, once."""
+        x, pending = x.float(), None
         moe_layer = 0
         for i, lw in enumerate(self.w.layers):
-            q, k, v = self.attn_in(x, cos, sin, lw.ln1, lw.qkv_w, lw.qkv_b, lw.q_norm, lw.k_norm)
+            x, q, k, v = self.attn_in(x, pending, cos, sin, lw.ln1, lw.qkv_w, lw.qkv_b, lw.q_norm, lw.k_norm)
             if slots is not None:
                 self.cache.write(i, slots, k, v)
             a = attend(i, q, k, v)
             if routes is not None and lw.down_w.dim() == 3:
                 assert self.attn_out_routed is not None  # an MoE layer has MoeLayerMath
                 x, ids = self.attn_out_routed(x, a, lw.o_w, lw.ln2, lw.gate_up_w, lw.down_w)
+                pending = None  # the complete x (moe.py)
                 routes[:, moe_layer].copy_(ids)
                 moe_layer += 1
             else:
-                x = self.attn_out(x, a, lw.o_w, lw.ln2, lw.gate_up_w, lw.down_w)
-            if deepstack is not None and i < len(deepstack[1]):
+                x, pending = self.attn_out(x, a, lw.o_w, lw.ln2, lw.gate_up_w, lw.down_w)
+            if deepstack is not None and i < len(deepstack[1]):  # the features join the complete residual
+                x, pending = x if pending is None else x + pending, None
                 x = x.index_put((deepstack[0],), x[deepstack[0]] + deepstack[1][i])
-        return x
+        return x if pending is None else x + pending
 
     @torch.no_grad()
     def prefill(
