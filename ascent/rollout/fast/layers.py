@@ -70,8 +70,8 @@ class LayerMath:
         self,
         x: Tensor,
         pending: Tensor | None,
-        cos: Tensor,
-        sin: Tensor,
+        cos: Tensor | None,
+        sin: Tensor | None,
         ln_w: Tensor,
         qkv_w: tuple[Tensor, ...],
         qkv_b: tuple[Tensor | None, ...],
@@ -81,7 +81,8 @@ class LayerMath:
         """x [T, H] fp32 residual, pending [T, H] | None (the previous layer's MLP output, not yet added:
         `attn_out`) -> (the complete residual x + pending [T, H] fp32, q [T, nh, d], k [T, kvh, d],
         v [T, kvh, d]: normed, projected, rotated, in the weights' dtype); cos/sin [T, d] (fp32 tables: the
-        rotation runs in fp32, see `apply_rope`)."""
+        rotation runs in fp32, see `apply_rope`), or None: q and k unrotated, the decode attention kernel
+        rotates them (triton_decode.py)."""
         if pending is not None:  # the previous layer's closing residual add, fused into the norm's kernel
             x = x + pending
         h = rms_norm(x, ln_w, self.eps).to(qkv_w[0].dtype)
@@ -90,25 +91,29 @@ class LayerMath:
     def qkv(
         self,
         h: Tensor,
-        cos: Tensor,
-        sin: Tensor,
+        cos: Tensor | None,
+        sin: Tensor | None,
         qkv_w: tuple[Tensor, ...],
         qkv_b: tuple[Tensor | None, ...],
         q_norm: Tensor | None,
         k_norm: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """h [T, H] normed hidden states in the weights' dtype -> q [T, nh, d], k [T, kvh, d], v [T, kvh, d]
-        (projected, Qwen3's q/k norms, rotated)."""
+        (projected, Qwen3's q/k norms, rotated unless cos/sin are None)."""
         qkv = _linear_parts(h, qkv_w, qkv_b if qkv_b[0] is not None else None)
         t, nq, dt = qkv.shape[0], self.nh + self.kvh, qkv.dtype
         v = qkv[:, nq * self.d :].view(t, self.kvh, self.d)
-        if q_norm is None:  # rotate q and k together: one fused kernel, q and k are views of its output
-            qk = apply_rope(qkv[:, : nq * self.d].view(t, nq, self.d), cos, sin, dt)
+        if q_norm is None:  # q and k together: one fused rotation kernel, q and k are views of its output
+            qk = qkv[:, : nq * self.d].view(t, nq, self.d)
+            if cos is not None and sin is not None:  # (None: the attention kernel rotates, runner.py)
+                qk = apply_rope(qk, cos, sin, dt)
             return qk[:, : self.nh], qk[:, self.nh :], v
         assert k_norm is not None  # q_norm and k_norm come together (Qwen3)
         q, k, _ = qkv.split(self.splits, dim=-1)
         q = rms_norm(q.reshape(t, self.nh, self.d), q_norm, self.eps)
         k = rms_norm(k.reshape(t, self.kvh, self.d), k_norm, self.eps)
+        if cos is None or sin is None:
+            return q, k, v
         return apply_rope(q, cos, sin, dt), apply_rope(k, cos, sin, dt), v
 
     def attn_out(
