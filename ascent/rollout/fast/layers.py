@@ -11,6 +11,13 @@ dtype, fp32 there, and `bf16 * fp32` promotes), and only matmul and attention in
 weights' dtype. Each half-precision shortcut (a bf16 residual stream, a bf16 embedding table, bf16 RoPE)
 moves the engine's logprobs away from the trainer's: small on average, but a trained model amplifies them
 at single tokens by up to nats (BENCHMARKS.md, "Sampler/trainer logprob agreement").
+
+A layer's closing residual add (`x + mlp_out`, fp32 plus the down matmul's output in the weights' dtype) is
+left pending: `attn_out` returns both terms and the next layer's `attn_in` adds them before its RMSNorm, in
+the same compiled function, so the add costs no kernel of its own (the matmul library cannot fuse an fp32
+add into a half-precision matmul). The sum is the same operation on the same values as an add at the end of
+`attn_out`, so results are bit-identical; whoever needs the complete residual mid-stack adds the pending
+term first. With fp32 weights nothing is left pending: inductor fuses that add into the matmul (addmm).
 """
 
 from __future__ import annotations
@@ -62,27 +69,51 @@ class LayerMath:
     def attn_in(
         self,
         x: Tensor,
-        cos: Tensor,
-        sin: Tensor,
+        pending: Tensor | None,
+        cos: Tensor | None,
+        sin: Tensor | None,
         ln_w: Tensor,
         qkv_w: tuple[Tensor, ...],
         qkv_b: tuple[Tensor | None, ...],
         q_norm: Tensor | None,
         k_norm: Tensor | None,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """x [T, H] -> q [T, nh, d], k [T, kvh, d], v [T, kvh, d] (normed, projected, rotated), in the
-        weights' dtype; cos/sin [T, d] (fp32 tables: the rotation runs in fp32, see `apply_rope`)."""
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """x [T, H] fp32 residual, pending [T, H] | None (the previous layer's MLP output, not yet added:
+        `attn_out`) -> (the complete residual x + pending [T, H] fp32, q [T, nh, d], k [T, kvh, d],
+        v [T, kvh, d]: normed, projected, rotated, in the weights' dtype); cos/sin [T, d] (fp32 tables: the
+        rotation runs in fp32, see `apply_rope`), or None: q and k unrotated, the decode attention kernel
+        rotates them (triton_decode.py)."""
+        if pending is not None:  # the previous layer's closing residual add, fused into the norm's kernel
+            x = x + pending
         h = rms_norm(x, ln_w, self.eps).to(qkv_w[0].dtype)
+        return (x, *self.qkv(h, cos, sin, qkv_w, qkv_b, q_norm, k_norm))
+
+    def qkv(
+        self,
+        h: Tensor,
+        cos: Tensor | None,
+        sin: Tensor | None,
+        qkv_w: tuple[Tensor, ...],
+        qkv_b: tuple[Tensor | None, ...],
+        q_norm: Tensor | None,
+        k_norm: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """h [T, H] normed hidden states in the weights' dtype -> q [T, nh, d], k [T, kvh, d], v [T, kvh, d]
+        (projected, Qwen3's q/k norms, rotated unless cos/sin are None)."""
         qkv = _linear_parts(h, qkv_w, qkv_b if qkv_b[0] is not None else None)
         t, nq, dt = qkv.shape[0], self.nh + self.kvh, qkv.dtype
         v = qkv[:, nq * self.d :].view(t, self.kvh, self.d)
-        if q_norm is None:  # rotate q and k together: one fused kernel, q and k are views of its output
-            qk = apply_rope(qkv[:, : nq * self.d].view(t, nq, self.d), cos, sin, dt)
+        if q_norm is None:  # q and k together: one fused rotation kernel, q and k are views of its output
+            qk = qkv[:, : nq * self.d].view(t, nq, self.d)
+            if cos is not None and sin is not None:  # (None: the attention kernel rotates, runner.py)
+                qk = apply_rope(qk, cos, sin, dt)
             return qk[:, : self.nh], qk[:, self.nh :], v
         assert k_norm is not None  # q_norm and k_norm come together (Qwen3)
         q, k, _ = qkv.split(self.splits, dim=-1)
         q = rms_norm(q.reshape(t, self.nh, self.d), q_norm, self.eps)
         k = rms_norm(k.reshape(t, self.kvh, self.d), k_norm, self.eps)
+        if cos is None or sin is None:
+            return q, k, v
         return apply_rope(q, cos, sin, dt), apply_rope(k, cos, sin, dt), v
 
     def attn_out(
@@ -93,13 +124,19 @@ class LayerMath:
         ln_w: Tensor,
         gate_up_w: tuple[Tensor, ...],
         down_w: Tensor,
-    ) -> Tensor:
-        """x [T, H] residual, attn [T, nh*d] -> x after o_proj, residual add and the SwiGLU MLP."""
+    ) -> tuple[Tensor, Tensor | None]:
+        """x [T, H] fp32 residual, attn [T, nh*d] -> (x after o_proj's residual add [T, H] fp32, the SwiGLU
+        MLP's output [T, H] in the weights' dtype). The layer's output is their sum, left pending: the next
+        layer's `attn_in` adds it (module doc). With fp32 weights the sum is made here, (x + mlp, None):
+        inductor then fuses the add into the down matmul itself (addmm), whose rounding differs."""
         x = x + linear(attn, o_w)
         h = rms_norm(x, ln_w, self.eps).to(down_w.dtype)
         gu = _linear_parts(h, gate_up_w, None)
         gate, up = gu.split(self.inter, dim=-1)
-        return x + linear(F.silu(gate) * up, down_w)
+        out = linear(F.silu(gate) * up, down_w)
+        if out.dtype == x.dtype:  # fp32: no kernel to save, and addmm's bits to keep
+            return x + out, None
+        return x, out
 
     def final_norm(self, x: Tensor, norm_w: Tensor) -> Tensor:
         """x [T, H] fp32 residual -> the final RMSNorm's output (fp32)."""

@@ -242,11 +242,13 @@ class MoeLayerMath(LayerMath):
         ln_w: Tensor,
         gate_up_w: tuple[Tensor, ...],
         down_w: Tensor,
-    ) -> Tensor:
-        """x [T, H] residual, attn [T, nh*d] -> x after o_proj, residual add and the MLP (experts or dense)."""
+    ) -> tuple[Tensor, Tensor | None]:
+        """x [T, H] residual, attn [T, nh*d] -> `LayerMath.attn_out`'s (x, pending MLP output) in a dense
+        layer; in an MoE layer (x after o_proj, residual add and the experts, None): nothing pending, as
+        `attn_out_routed` (the experts' weighted sum ends in elementwise work the add can fuse with)."""
         if down_w.dim() == 2:
             return super().attn_out(x, attn, o_w, ln_w, gate_up_w, down_w)
-        return self.attn_out_routed(x, attn, o_w, ln_w, gate_up_w, down_w)[0]
+        return self.attn_out_routed(x, attn, o_w, ln_w, gate_up_w, down_w)[0], None
 
     def attn_out_routed(
         self,

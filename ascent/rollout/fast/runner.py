@@ -36,6 +36,13 @@ from ascent.rollout.fast.vision import RowImages, assemble, mrope_cos_sin
 from ascent.rollout.fast.weights import ModelWeights
 from ascent.rollout.sampling import SamplingTensors, sample, token_presence
 
+# the default of attn_options["fused_rope"]: the Triton decode kernel rotates q and k itself
+# (triton_decode.py), saving each layer's RoPE kernel. Off until a GPU run shows it equal
+# (tests/gpu/test_fast_fusions_gpu.py): on CPU (the interpreter) it is bit for bit, but on a GPU both the
+# kernel and inductor's RoPE kernel may contract `x * cos + rot * sin` into an FMA, and only the GPU says
+# whether they contract it alike.
+FUSED_ROPE = False
+
 
 def compile_step(fn: Callable) -> Callable:
     """`torch.compile` of a per-token piece (dynamic batch sizes; room for the recompiles of many layers and
@@ -71,7 +78,9 @@ class ModelRunner:
         """`mrope_rows` [head_dim] (vision.py): a vision-language model's multimodal RoPE layout;
         `allowed` [V] bool: the tokens it may sample (its image pads never), None for a text model;
         `batch_invariant`: every row's forward runs alone (module doc), so its results do not depend on
-        the other rows; `moe_path`: how an MoE layer computes its experts ("dense" or "routed", moe.py)."""
+        the other rows; `moe_path`: how an MoE layer computes its experts ("dense" or "routed", moe.py).
+        `attn_options` tune the Triton decode kernel; its "prefill" entry the prefill kernel's, and its
+        "fused_rope" (default `FUSED_ROPE`) whether that kernel rotates q and k (`rotates_in_kernel`)."""
         self.spec, self.w, self.cache = spec, weights, cache
         self.mrope_rows, self.allowed = mrope_rows, allowed
         self.cos, self.sin = rope
@@ -79,6 +88,7 @@ class ModelRunner:
         self.scale = spec.head_dim**-0.5
         self.attention, self.attn_options = attention, dict(attn_options or {})
         self.prefill_options = self.attn_options.pop("prefill", {})
+        self.fused_rope = bool(self.attn_options.pop("fused_rope", FUSED_ROPE))
         self.paged_prefill = attention == "triton"  # cached-prefix prefill through triton_prefill.py
         self.math, self.sampler = layer_math(spec, moe_path), sampler
         self.attn_in, self.attn_out, self.logits, self.sample = (
@@ -183,35 +193,40 @@ class ModelRunner:
     def _layers(
         self,
         x: Tensor,
-        cos: Tensor,
-        sin: Tensor,
+        cos: Tensor | None,
+        sin: Tensor | None,
         slots: Tensor | None,
         attend: Callable,
         deepstack: tuple[Tensor, list[Tensor]] | None = None,
         routes: Tensor | None = None,
     ) -> Tensor:
         """x [T, H] through every layer; K/V of the T tokens are written to `slots` [T] first (None: the
-        attention kernel writes them itself). The residual stream runs in fp32 (see layers.py).
+        attention kernel writes them itself); cos/sin [T, d] rotate q and k (None: `attend` rotates them).
+        The residual stream runs in fp32 (see layers.py).
         `deepstack` = (token indices [N], features [N, H] per layer): added to those tokens' hidden states
         after layer k (Qwen3-VL's visual features, vision.py). `routes` [T, MoE layers, k] (an MoE model):
-        each MoE layer's chosen experts are written into it in place (a graph's persistent buffer)."""
-        x = x.float()
+        each MoE layer's chosen experts are written into it in place (a graph's persistent buffer).
+        A layer's MLP output stays `pending` until the next layer's `attn_in` adds it to x (layers.py: no
+        kernel of its own); the last layer's is added here, once."""
+        x, pending = x.float(), None
         moe_layer = 0
         for i, lw in enumerate(self.w.layers):
-            q, k, v = self.attn_in(x, cos, sin, lw.ln1, lw.qkv_w, lw.qkv_b, lw.q_norm, lw.k_norm)
+            x, q, k, v = self.attn_in(x, pending, cos, sin, lw.ln1, lw.qkv_w, lw.qkv_b, lw.q_norm, lw.k_norm)
             if slots is not None:
                 self.cache.write(i, slots, k, v)
             a = attend(i, q, k, v)
             if routes is not None and lw.down_w.dim() == 3:
                 assert self.attn_out_routed is not None  # an MoE layer has MoeLayerMath
                 x, ids = self.attn_out_routed(x, a, lw.o_w, lw.ln2, lw.gate_up_w, lw.down_w)
+                pending = None  # the complete x (moe.py)
                 routes[:, moe_layer].copy_(ids)
                 moe_layer += 1
             else:
-                x = self.attn_out(x, a, lw.o_w, lw.ln2, lw.gate_up_w, lw.down_w)
-            if deepstack is not None and i < len(deepstack[1]):
+                x, pending = self.attn_out(x, a, lw.o_w, lw.ln2, lw.gate_up_w, lw.down_w)
+            if deepstack is not None and i < len(deepstack[1]):  # the features join the complete residual
+                x, pending = x if pending is None else x + pending, None
                 x = x.index_put((deepstack[0],), x[deepstack[0]] + deepstack[1][i])
-        return x
+        return x if pending is None else x + pending
 
     @torch.no_grad()
     def prefill(
@@ -306,7 +321,18 @@ class ModelRunner:
 
         return attend
 
-    def _decode_attend(self, bt: Tensor, ctx: Tensor, max_len: int) -> Callable:
+    def rotates_in_kernel(self) -> bool:
+        """Whether decode steps leave RoPE to the Triton decode kernel (`fused_rope`): q and k reach it
+        unrotated with each row's cos/sin. Not where Qwen3's q/k norms come first (the compiled norm and
+        rotation share a kernel there, which the kernel's rotation might not match bit for bit)."""
+        return self.fused_rope and self.attention == "triton" and self.w.layers[0].q_norm is None
+
+    def _decode_attend(
+        self, bt: Tensor, ctx: Tensor, max_len: int, rope: tuple[Tensor, Tensor] | None = None
+    ) -> Callable:
+        """Attention of a decode step (one query token per row) -> (layer, q, k, v) -> [B, nh * d]; `rope`
+        = (cos, sin) [B, d]: q and k are unrotated, the Triton kernel rotates them."""
+
         def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             k_all, v_all = self.cache.tensors()
             kc, vc = k_all[i], v_all[i]
@@ -314,7 +340,10 @@ class ModelRunner:
                 # deferred: triton, optional
                 from ascent.rollout.fast.triton_decode import paged_decode_attention
 
-                return paged_decode_attention(q, kc, vc, bt, ctx, self.scale, (k, v), **self.attn_options)
+                return paged_decode_attention(
+                    q, kc, vc, bt, ctx, self.scale, (k, v), rope=rope, **self.attn_options
+                )
+            assert rope is None  # the torch path takes rotated q and k
             return decode_attention_torch(q, kc, vc, bt, ctx, max_len, self.scale)
 
         return attend
@@ -355,10 +384,14 @@ class ModelRunner:
         pos = positions.clamp(max=self.max_len - 1)
         slots = None if self.attention == "triton" else slots_for(bt, pos[:, None], self.ps)[:, 0]
         ctx = ((pos + 1) * active).to(torch.int32)
-        attend = self._decode_attend(bt, ctx, max_len or self.max_len)
         rot = pos if rope_delta is None else (positions + rope_delta).clamp(0, self.max_len - 1)
+        cos, sin = self.cos[rot], self.sin[rot]
         x = F.embedding(input_ids, self.w.embed)
-        return self._layers(x, self.cos[rot], self.sin[rot], slots, attend, routes=routes)
+        if self.rotates_in_kernel():
+            attend = self._decode_attend(bt, ctx, max_len or self.max_len, (cos, sin))
+            return self._layers(x, None, None, slots, attend, routes=routes)
+        attend = self._decode_attend(bt, ctx, max_len or self.max_len)
+        return self._layers(x, cos, sin, slots, attend, routes=routes)
 
     @torch.no_grad()
     def decode(self, st: DecodeState, b: int, flags: Flags, max_len: int | None = None) -> None:

@@ -281,11 +281,13 @@ class TPLayerMath(LayerMath):
         ln_w: Tensor,
         gate_up_w: tuple[Tensor, ...],
         down_w: Tensor,
-    ) -> Tensor:
-        """x [T, H] residual, attn [T, local heads * d] -> x after o_proj (all-reduced), the residual add
-        and the SwiGLU MLP on this rank's intermediate slice (down_proj all-reduced)."""
+    ) -> tuple[Tensor, Tensor | None]:
+        """x [T, H] residual, attn [T, local heads * d] -> (x after o_proj (all-reduced) and its residual
+        add, the SwiGLU MLP's output on this rank's intermediate slice, all-reduced (fp32): left pending, the
+        next layer's compiled `attn_in` adds it, as `LayerMath.attn_out`'s; here always, since this add
+        ran eagerly after the collective, its own kernel in any dtype)."""
         x, part = self.mlp(x, self.tp.all_reduce(linear(attn, o_w)), ln_w, gate_up_w, down_w)
-        return x + self.tp.all_reduce(part)
+        return x, self.tp.all_reduce(part)
 
     def mlp(
         self, x: Tensor, o_sum: Tensor, ln_w: Tensor, gate_up_w: tuple[Tensor, ...], down_w: Tensor
@@ -315,11 +317,12 @@ class TPMoeLayerMath(TPLayerMath, MoeLayerMath):
         ln_w: Tensor,
         gate_up_w: tuple[Tensor, ...],
         down_w: Tensor,
-    ) -> Tensor:
-        """As `TPLayerMath.attn_out`, through the routed experts in an MoE layer (3-D `down_w`)."""
+    ) -> tuple[Tensor, Tensor | None]:
+        """As `TPLayerMath.attn_out`; in an MoE layer (3-D `down_w`) through the routed experts, returning
+        the complete x and nothing pending (as `attn_out_routed`)."""
         if down_w.dim() == 2:
             return TPLayerMath.attn_out(self, x, attn, o_w, ln_w, gate_up_w, down_w)
-        return self.attn_out_routed(x, attn, o_w, ln_w, gate_up_w, down_w)[0]
+        return self.attn_out_routed(x, attn, o_w, ln_w, gate_up_w, down_w)[0], None
 
     def attn_out_routed(
         self,

@@ -12,9 +12,10 @@ one process: every rank replays its CUDA graph of that bucket, or runs the step 
 on every rank by one command per `_capture`, so every rank captures the same buckets in the same order (the
 collectives inside them pair up). With `compile`, what lies between the all-reduces is compiled as on one
 GPU (the o_proj sum's residual add, the norm and this rank's MLP share: `TPLayerMath.mlp`; an MoE layer's
-router and experts: `TPMoeLayerMath.moe_mlp`); the collectives run between compiled pieces. The LM head and
-sampling run on the driver alone, or, with `vocab_parallel`, a plain batch's are split over the ranks by
-vocabulary (tensor_parallel.py, tp_head.py).
+router and experts: `TPMoeLayerMath.moe_mlp`; the down_proj sum's residual add: the next layer's `attn_in`,
+layers.py); the collectives run between compiled pieces. The LM head and sampling run on the driver
+alone, or, with `vocab_parallel`, a plain batch's are split over the ranks by vocabulary (tensor_parallel.py,
+tp_head.py).
 """
 
 from __future__ import annotations

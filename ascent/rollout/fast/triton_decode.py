@@ -7,6 +7,11 @@ Every K/V byte up to the row's context length is read once per step, nothing pas
 program owning the newest position first writes that token's K/V into the cache. A second kernel merges
 the splits by their log-sum-exp.
 
+Optionally (`rope`) q and the new k arrive unrotated with the row's cos/sin (fp32 tables), and the kernel
+rotates them as `layers.apply_rope` does: rotate-half, in fp32, the same products summed in the same order,
+rounded once to q's (k's) dtype; the rotated k is what goes into the cache. That saves the RoPE kernel of
+each layer's `attn_in` (runner.py, `fused_rope`).
+
 Runs under TRITON_INTERPRET=1 on CPU tensors too (the unit tests do that when triton is installed).
 """
 
@@ -27,6 +32,8 @@ def _split_kernel(
     V,
     KN,
     VN,
+    COS,
+    SIN,
     BT,
     CTX,
     OP,
@@ -41,6 +48,7 @@ def _split_kernel(
     stride_khn,
     stride_vb,
     stride_vhn,
+    stride_cb,
     stride_bt,
     stride_ob,
     stride_oh,
@@ -56,6 +64,7 @@ def _split_kernel(
     BLOCK_N: tl.constexpr,
     SPLITS: tl.constexpr,
     WRITE: tl.constexpr,
+    ROPE: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -67,6 +76,13 @@ def _split_kernel(
     offs_g = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, BLOCK_N)
+    # rotate-half: element i pairs with element (i + D/2) % D, negated in the first half (cat(-x2, x1));
+    # negated by a product with -1, as torch negates: Triton's `-x` is `0 - x`, which loses the sign of -0
+    partner = (offs_d + D // 2) % D
+    sign = tl.where(offs_d < D // 2, -1.0, 1.0)
+    if ROPE:
+        cos = tl.load(COS + b * stride_cb + offs_d)
+        sin = tl.load(SIN + b * stride_cb + offs_d)
     k_base = K + h * stride_kh
     v_base = V + h * stride_kh
     if WRITE:  # the program covering the newest position stores its K/V first
@@ -74,14 +90,21 @@ def _split_kernel(
         if (last >= start) & (last < end):
             page = tl.load(BT + b * stride_bt + last // PAGE).to(tl.int64)
             dst = page * stride_kp + (last % PAGE) * D + offs_d
-            tl.store(k_base + dst, tl.load(KN + b * stride_kb + h * stride_khn + offs_d))
+            kn_ptr = KN + b * stride_kb + h * stride_khn
+            kn = tl.load(kn_ptr + offs_d)
+            if ROPE:
+                kp = tl.load(kn_ptr + partner).to(tl.float32) * sign
+                kn = (kn.to(tl.float32) * cos + kp * sin).to(KN.dtype.element_ty)
+            tl.store(k_base + dst, kn)
             tl.store(v_base + dst, tl.load(VN + b * stride_vb + h * stride_vhn + offs_d))
             tl.debug_barrier()
     heads = h * G + offs_g
     gmask = offs_g < G
-    q = tl.load(
-        Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=gmask[:, None], other=0.0
-    )
+    q_ptr = Q + b * stride_qb + heads[:, None] * stride_qh
+    q = tl.load(q_ptr + offs_d[None, :], mask=gmask[:, None], other=0.0)
+    if ROPE:
+        qp = tl.load(q_ptr + partner[None, :], mask=gmask[:, None], other=0.0).to(tl.float32) * sign[None, :]
+        q = (q.to(tl.float32) * cos[None, :] + qp * sin[None, :]).to(Q.dtype.element_ty)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)
@@ -162,12 +185,15 @@ def paged_decode_attention(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = 3,
+    rope: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """q [B, nh, d], k/v cache [pages, kvh, ps, d], block_tables [B, P] int32, context_lens [B] int32
     -> out [B, nh*d] in q's dtype; rows with context 0 get zeros.
 
     `new_kv` = (k, v) [B, kvh, d] of the newest token (position context_len - 1): the kernel stores them
     into the cache before attending, which saves the separate cache-write launches.
+    `rope` = (cos, sin) [B, d] fp32, each row's at its position: q and new_kv's k arrive unrotated and the
+    kernel rotates them (module doc; needs `new_kv`).
     """
     b, nh, d = q.shape
     kvh, ps = k_cache.shape[1], k_cache.shape[2]
@@ -180,6 +206,9 @@ def paged_decode_attention(
     out = torch.empty(b, nh, d, dtype=q.dtype, device=q.device)
     kn, vn = new_kv if new_kv is not None else (q, q)
     assert kn.stride(-1) == 1 and vn.stride(-1) == 1
+    assert rope is None or new_kv is not None  # the kernel rotates the k it writes
+    cos, sin = rope if rope is not None else (lp, lp)  # (unread placeholders without rope)
+    assert cos.stride(-1) == 1 and cos.stride() == sin.stride()
     extra = {} if num_stages is None else {"num_stages": num_stages}
     _split_kernel[(b, kvh, splits)](
         q,
@@ -187,6 +216,8 @@ def paged_decode_attention(
         v_cache,
         kn,
         vn,
+        cos,
+        sin,
         block_tables,
         context_lens,
         op,
@@ -201,6 +232,7 @@ def paged_decode_attention(
         kn.stride(1),
         vn.stride(0),
         vn.stride(1),
+        cos.stride(0),
         block_tables.stride(0),
         op.stride(0),
         op.stride(1),
@@ -216,6 +248,7 @@ def paged_decode_attention(
         BLOCK_N=block_n,
         SPLITS=splits,
         WRITE=new_kv is not None,
+        ROPE=rope is not None,
         num_warps=num_warps,
         **extra,
     )

@@ -112,3 +112,90 @@ def test_paged_prefill_attention_matches_torch(ps, block_m, block_n):
     for i in range(b):
         n = int(lens[i])
         assert torch.allclose(out[i, :n], want[i, :n], atol=1e-5), i
+
+
+@pytest.fixture
+def rtne_bf16(monkeypatch):
+    """The interpreter rounds fp32 -> bf16 toward zero (triton 3.6 `cast_impl`); compiled Triton rounds to
+    nearest even (cvt.rn), as torch does: make the interpreter round as torch, so bf16 results compare."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+    cast = InterpreterBuilder.cast_impl
+
+    def cast_rtne(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bf16 = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16)
+            return TensorHandle(bf16.view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
+        return cast(self, src, dst_type)
+
+    monkeypatch.setattr(InterpreterBuilder, "cast_impl", cast_rtne)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_attention_rotating_q_and_k_equals_apply_rope_then_the_kernel(dtype, splits, rtne_bf16):
+    """Unrotated q/k (views of one fused q/k/v output, as attn_in makes them) plus the rows' cos/sin: the
+    kernel's rotation gives bit for bit apply_rope's q and k (zero rows included: the sign of a zero too),
+    so the cache and the output are those of apply_rope followed by the kernel. (In bf16 the interpreter's
+    `tl.dot` multiplies the raw 16-bit patterns, so the output is no attention, but it is a function of
+    q's and the cache's bits, which is what the comparison needs.)"""
+    from ascent.rollout.fast.layers import apply_rope
+    from ascent.rollout.fast.triton_decode import paged_decode_attention
+
+    g = torch.Generator().manual_seed(2)
+    b, nh, kvh, d, ps, width, pages = 4, 6, 2, 32, 16, 4, 20
+    kc, vc = torch.randn(2, pages, kvh, ps, d, generator=g).to(dtype)
+    bt = torch.stack([torch.randperm(pages - 1, generator=g)[:width] + 1 for _ in range(b)]).int()
+    ctx = torch.tensor([width * ps, 1, 37, 0], dtype=torch.int32)
+    qkv = (torch.randn(b, (nh + 2 * kvh) * d, generator=g) * 3).to(dtype)
+    qkv[1] = 0.0  # a zero token (a padding embedding, no bias): rotated zeros keep torch's signs
+    q, k, v = (t.view(b, -1, d) for t in qkv.split((nh * d, kvh * d, kvh * d), dim=-1))
+    pos = (ctx - 1).clamp(min=0).float()
+    angles = pos[:, None] * 1e4 ** -(torch.arange(0, d, 2) / d)
+    cos, sin = torch.cat((angles, angles), dim=-1).cos(), torch.cat((angles, angles), dim=-1).sin()
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = paged_decode_attention(q, kc2, vc2, bt, ctx, d**-0.5, (k, v), splits, 16, rope=(cos, sin))
+    qr, kr = apply_rope(q, cos, sin, dtype), apply_rope(k, cos, sin, dtype)
+    want = paged_decode_attention(qr, kc, vc, bt, ctx, d**-0.5, (kr, v), splits, 16)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(kc2.view(bits), kc.view(bits)) and torch.equal(vc2, vc)
+    assert torch.equal(got.view(bits), want.view(bits))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_engine_rotating_in_the_decode_kernel_samples_the_same_tokens_and_logprobs(
+    fast_tiny_path, dtype, rtne_bf16
+):
+    """The engine on the Triton decode kernel, RoPE in attn_in or in the kernel (`fused_rope`): greedy and
+    sampled tokens and their logprobs are equal. (bf16 attention is no attention under the interpreter, see
+    above, but still a function of q's and k's bits. Compiled, eager as here: also equal, checked by hand;
+    the first compile under the interpreter takes about a minute.)"""
+    from ascent.messages import GenerationRequest, SamplingParams
+    from ascent.rollout.fast import build_fast_engine
+
+    g = torch.Generator().manual_seed(3)
+    reqs = [
+        GenerationRequest(
+            torch.randint(4, 60, (n,), generator=g).tolist(),
+            SamplingParams(max_new_tokens=10, n=k, seed=5 + i, temperature=t),
+            request_id=i,
+        )
+        for i, (n, k, t) in enumerate([(5, 1, 0.0), (19, 2, 1.0), (3, 2, 0.0)])
+    ]
+
+    def run(fused: bool) -> list:
+        engine = build_fast_engine(
+            model_path=fast_tiny_path,
+            dtype=dtype,
+            device="cpu",
+            page_size=16,
+            max_model_len=64,
+            attention="triton",
+            sampler="torch",
+            attn_options={"fused_rope": fused, "splits": 2},
+        )
+        assert engine.runner.rotates_in_kernel() == fused
+        return [[(s.token_ids, s.logprobs) for s in out] for out in engine.generate(reqs)]
+
+    assert run(True) == run(False)
