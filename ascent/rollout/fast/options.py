@@ -57,7 +57,8 @@ class EngineOptions:
     # "triton" (the default where CUDA has triton) or "torch": the attention kernels and the sampler
     attention: str
     sampler: str
-    # tune the Triton decode kernel (splits, block_n, num_warps, num_stages), and with its "prefill" entry
+    # tune the Triton decode kernel (splits, block_n, num_warps, num_stages; fused_rope: it rotates q and k
+    # itself, default on for bf16 weights, runner.FUSED_ROPE), and with its "prefill" entry
     # (block_m, block_n, num_warps, num_stages) the paged prefill kernel
     attn_options: dict | None
     # how a mixture-of-experts layer computes its experts (moe.py): "routed" (grouped matmuls over the

@@ -37,11 +37,14 @@ from ascent.rollout.fast.weights import ModelWeights
 from ascent.rollout.sampling import SamplingTensors, sample, token_presence
 
 # the default of attn_options["fused_rope"]: the Triton decode kernel rotates q and k itself
-# (triton_decode.py), saving each layer's RoPE kernel. Off until a GPU run shows it equal
-# (tests/gpu/test_fast_fusions_gpu.py): on CPU (the interpreter) it is bit for bit, but on a GPU both the
-# kernel and inductor's RoPE kernel may contract `x * cos + rot * sin` into an FMA, and only the GPU says
-# whether they contract it alike.
-FUSED_ROPE = False
+# (triton_decode.py), saving each layer's RoPE kernel (0.5B decode step on an H200: 1.99 -> 1.95 ms). bf16
+# weights only. The kernel and inductor's RoPE kernel may contract `x * cos + rot * sin` into FMAs
+# differently, so on a GPU the two rotations can be an ulp of fp32 apart: with bf16 weights the rotation is
+# rounded once to bf16, and a GPU run gave the unfused path's tokens and logprobs
+# (tests/gpu/test_fast_fusions_gpu.py); with fp16 (3 more bits kept) and fp32 weights the same run gave other
+# tokens after a near-tie, so those keep RoPE in attn_in. Either rounding is as close to the trainer's
+# (eager, uncontracted) rotation. On CPU the interpreter's kernel is bit for bit either way.
+FUSED_ROPE = True
 
 
 def compile_step(fn: Callable) -> Callable:
@@ -324,8 +327,10 @@ class ModelRunner:
     def rotates_in_kernel(self) -> bool:
         """Whether decode steps leave RoPE to the Triton decode kernel (`fused_rope`): q and k reach it
         unrotated with each row's cos/sin. Not where Qwen3's q/k norms come first (the compiled norm and
-        rotation share a kernel there, which the kernel's rotation might not match bit for bit)."""
-        return self.fused_rope and self.attention == "triton" and self.w.layers[0].q_norm is None
+        rotation share a kernel there, which the kernel's rotation might not match bit for bit), nor with
+        fp16 or fp32 weights (`FUSED_ROPE`)."""
+        bf16 = self.w.layers[0].qkv_w[0].dtype == torch.bfloat16
+        return self.fused_rope and bf16 and self.attention == "triton" and self.w.layers[0].q_norm is None
 
     def _decode_attend(
         self, bt: Tensor, ctx: Tensor, max_len: int, rope: tuple[Tensor, Tensor] | None = None

@@ -69,7 +69,13 @@ def check_fold(path, dtype: str, compile: bool, device: str = "cpu") -> None:
 
     def runner() -> ModelRunner:
         engine = build_fast_engine(
-            model_path=path, dtype=dtype, device=device, page_size=16, compile=compile, cuda_graphs=False
+            model_path=path,
+            dtype=dtype,
+            device=device,
+            page_size=16,
+            kv_cache_tokens=1024,  # two engines at once: a small cache each, not half the GPU
+            compile=compile,
+            cuda_graphs=False,
         )
         return engine.runner
 
