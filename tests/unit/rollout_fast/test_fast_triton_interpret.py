@@ -1,14 +1,22 @@
 """The Triton kernels under the CPU interpreter (TRITON_INTERPRET=1), against their torch references.
 
-Skipped where triton is not installed (CPU CI), on CUDA machines (tests/gpu runs the compiled kernels;
-the interpreter switch would leak into them), and on numpy >= 2.4, whose scalar conversion rules the
-triton 3.6 interpreter trips over (the dev extra keeps numpy below 2.4, so the README's test command runs
-them).
+The interpreter must be switched on before anything imports triton: triton's own `tl.max`/`tl.sum` are
+@jit functions, built compiled or interpreted once, at that import, and in a whole-suite run torch's
+inductor imports triton long before this module. So in the suite these tests run in a child Python started
+with TRITON_INTERPRET=1 (`test_kernels_under_the_interpreter`, which fails if any of them fails there), and
+the parent reports them as skipped; `TRITON_INTERPRET=1 pytest <this file>` runs them directly.
+Skipped where triton is not installed, on CUDA machines (tests/gpu runs the compiled kernels), and on numpy
+>= 2.4, whose scalar conversion rules the triton 3.6 interpreter trips over (the dev extra keeps numpy below
+2.4, so the README's test command runs them).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,12 +24,33 @@ import torch
 
 if torch.cuda.is_available():
     pytest.skip("tests/gpu covers the compiled kernels", allow_module_level=True)
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# interpreted in this process only where the switch was on before triton's first import
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1" and "triton" not in sys.modules
 pytest.importorskip("triton")
+CHILD = "ASCENT_INTERPRET_CHILD"  # set in the child: it never starts another
 pytestmark = pytest.mark.skipif(
-    np.lib.NumpyVersion(np.__version__) >= "2.4.0" or os.environ["TRITON_INTERPRET"] != "1",
-    reason="needs the triton interpreter with numpy < 2.4",
+    np.lib.NumpyVersion(np.__version__) >= "2.4.0", reason="the triton 3.6 interpreter needs numpy < 2.4"
 )
+
+
+@pytest.fixture(autouse=True)
+def _in_the_child(request):
+    if not INTERPRETING and request.node.originalname != "test_kernels_under_the_interpreter":
+        pytest.skip("runs in the child Python of test_kernels_under_the_interpreter (module doc)")
+
+
+def test_kernels_under_the_interpreter():
+    """Every other test of this module, in a child Python with TRITON_INTERPRET=1 set from its start."""
+    if os.environ.get(CHILD) or INTERPRETING:
+        pytest.skip("this process interprets the kernels itself")
+    root = Path(__file__).resolve().parents[3]
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-W", "ignore", __file__]
+    env = dict(os.environ, TRITON_INTERPRET="1", **{CHILD: "1"})
+    r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1200)
+    tail = r.stdout[-8000:] + r.stderr[-2000:]
+    assert r.returncode == 0, tail
+    summary = r.stdout.strip().splitlines()[-1]
+    assert re.search(r"\b1 skipped", summary) and int(re.search(r"(\d+) passed", summary)[1]) >= 17, tail
 
 
 @pytest.mark.parametrize(

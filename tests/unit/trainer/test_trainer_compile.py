@@ -55,6 +55,7 @@ def test_compiled_trainer_matches_eager(tiny_path):
     """Layers compile once for all (no recompile per layer), and logprobs, loss, grad norm and the updated
     policy agree with the eager trainer to fp32 rounding (CPU, with gradient checkpointing)."""
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # graphs compiled by earlier tests of the session do not count
     samples = make_samples(8, seed=3)
     eager = _run(tiny_path, "off", samples)
     compiled = _run(tiny_path, "on", samples)
