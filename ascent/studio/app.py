@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
@@ -74,6 +75,11 @@ def create_app(root: str | Path, token: str | None = None) -> FastAPI:
         code = 404 if isinstance(exc, runs.RunNotFound) else 400
         problems = exc.problems if isinstance(exc, ConfigError) else [str(exc)]
         return JSONResponse({"error": str(exc), "problems": problems}, status_code=code)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [_request_problem(e) for e in exc.errors()]
+        return JSONResponse({"error": "; ".join(problems), "problems": problems}, status_code=422)
 
     @app.get("/")
     def index() -> FileResponse:
@@ -165,6 +171,17 @@ def _config_routes(app: FastAPI, root: Path) -> None:
     def save(body: SaveRequest) -> dict[str, Any]:
         path = configs.save_text(root, body.path, body.text, body.kind, body.overwrite)
         return {"saved": str(path), "relative": path.relative_to(root).as_posix()}
+
+
+def _request_problem(err: Any) -> str:
+    """One of FastAPI's request validation errors as a sentence: the field, the value sent, what it needs."""
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
+    where = ".".join(loc) or "the request body"
+    if err.get("type") == "missing":
+        return f"{where} is missing: the request must send it"
+    got = repr(err.get("input"))
+    got = got if len(got) <= 80 else got[:77] + "..."
+    return f"{where}={got}: {err.get('msg', 'invalid')}"
 
 
 def _access_guard(token: str | None) -> Any:

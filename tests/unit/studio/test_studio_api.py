@@ -139,3 +139,20 @@ def test_with_a_token_every_request_must_carry_it(runs_root: Path) -> None:
     page = client.get("/")
     assert page.status_code == 200 and "/vendor/plotly.min.js" in page.text
     assert client.get("/vendor/plotly.min.js").status_code == 200
+
+
+def test_a_malformed_request_is_a_422_naming_the_field_and_the_value(client: TestClient) -> None:
+    """FastAPI's request validation errors come back as the studio's other errors do: one sentence each."""
+    wrong = client.post("/api/save", json={"text": "iterations: 4\n", "path": "a.yaml", "overwrite": "maybe"})
+    assert wrong.status_code == 422
+    assert wrong.json()["problems"] == [
+        "overwrite='maybe': Input should be a valid boolean, unable to interpret input"
+    ]
+    missing = client.post("/api/validate", json={"kind": "train"})
+    assert (
+        missing.status_code == 422 and missing.json()["error"] == "text is missing: the request must send it"
+    )
+    no_run = client.get("/api/config")
+    assert no_run.status_code == 422 and no_run.json()["problems"] == [
+        "run is missing: the request must send it"
+    ]
