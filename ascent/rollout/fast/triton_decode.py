@@ -26,6 +26,14 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _rope(x, x_partner, cos, sin, sign):
+    """x rotated in fp32 as `layers.apply_rope`: x * cos + cat(-x2, x1) * sin, where `x_partner` holds x at
+    (i + D/2) % D and `sign` is -1 in the first half. The negation is a product with -1, as torch negates:
+    Triton's `-x` is `0 - x`, which loses the sign of -0."""
+    return x.to(tl.float32) * cos + (x_partner.to(tl.float32) * sign) * sin
+
+
+@triton.jit
 def _split_kernel(
     Q,
     K,
@@ -76,9 +84,7 @@ def _split_kernel(
     offs_g = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, D)
     offs_n = tl.arange(0, BLOCK_N)
-    # rotate-half: element i pairs with element (i + D/2) % D, negated in the first half (cat(-x2, x1));
-    # negated by a product with -1, as torch negates: Triton's `-x` is `0 - x`, which loses the sign of -0
-    partner = (offs_d + D // 2) % D
+    partner = (offs_d + D // 2) % D  # rotate-half's pairs (`_rope`)
     sign = tl.where(offs_d < D // 2, -1.0, 1.0)
     if ROPE:
         cos = tl.load(COS + b * stride_cb + offs_d)
@@ -93,8 +99,7 @@ def _split_kernel(
             kn_ptr = KN + b * stride_kb + h * stride_khn
             kn = tl.load(kn_ptr + offs_d)
             if ROPE:
-                kp = tl.load(kn_ptr + partner).to(tl.float32) * sign
-                kn = (kn.to(tl.float32) * cos + kp * sin).to(KN.dtype.element_ty)
+                kn = _rope(kn, tl.load(kn_ptr + partner), cos, sin, sign).to(KN.dtype.element_ty)
             tl.store(k_base + dst, kn)
             tl.store(v_base + dst, tl.load(VN + b * stride_vb + h * stride_vhn + offs_d))
             tl.debug_barrier()
@@ -103,8 +108,8 @@ def _split_kernel(
     q_ptr = Q + b * stride_qb + heads[:, None] * stride_qh
     q = tl.load(q_ptr + offs_d[None, :], mask=gmask[:, None], other=0.0)
     if ROPE:
-        qp = tl.load(q_ptr + partner[None, :], mask=gmask[:, None], other=0.0).to(tl.float32) * sign[None, :]
-        q = (q.to(tl.float32) * cos[None, :] + qp * sin[None, :]).to(Q.dtype.element_ty)
+        qp = tl.load(q_ptr + partner[None, :], mask=gmask[:, None], other=0.0)
+        q = _rope(q, qp, cos[None, :], sin[None, :], sign[None, :]).to(Q.dtype.element_ty)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)

@@ -107,13 +107,13 @@ def _partial_kernel(
                 bv, bi = top_score, j
             take = bv > best
             best, best_i = tl.where(take, bv, best), tl.where(take, v0 + bi, best_i)
-    out = PART + (row * tl.num_programs(1) + c) * 8
+    out = PART + (row * tl.num_programs(1) + c) * 6  # m, s, best score and its index, top logit and its index
     tl.store(out + 0, m)
     tl.store(out + 1, s)
     tl.store(out + 2, best)
     tl.store(out + 3, best_i.to(tl.float32))
-    tl.store(out + 5, gbest)
-    tl.store(out + 6, gbest_i.to(tl.float32))
+    tl.store(out + 4, gbest)
+    tl.store(out + 5, gbest_i.to(tl.float32))
 
 
 @triton.jit
@@ -131,14 +131,14 @@ def _merge_kernel(
     row = tl.program_id(0)
     cs = tl.arange(0, NC_PAD)
     cm = cs < NC
-    base = PART + (row * NC + cs) * 8
+    base = PART + (row * NC + cs) * 6
     m = tl.load(base + 0, mask=cm, other=float("-inf"))
     s = tl.load(base + 1, mask=cm, other=0.0)
     mx = tl.max(m, 0)
     lse = mx + tl.log(tl.sum(s * tl.exp(m - mx), 0))
-    g = tl.load(base + 5, mask=cm, other=float("-inf"))
+    g = tl.load(base + 4, mask=cm, other=float("-inf"))
     gc = tl.argmax(g, 0)
-    tok = tl.sum(tl.where(cs == gc, tl.load(base + 6, mask=cm, other=0.0), 0.0), 0)
+    tok = tl.sum(tl.where(cs == gc, tl.load(base + 5, mask=cm, other=0.0), 0.0), 0)
     val = tl.max(g, 0)  # greedy rows have T = 1, so the scaled logit is the logit
     greedy = tl.load(TEMP + row) == 0.0
     if SAMPLE:
@@ -173,7 +173,7 @@ def triton_sample(
     b, v = logits.shape
     assert logits.stride(-1) == 1 and chunk % block == 0
     nc = triton.cdiv(v, chunk)
-    part = torch.empty(b, nc, 8, dtype=torch.float32, device=logits.device)
+    part = torch.empty(b, nc, 6, dtype=torch.float32, device=logits.device)
     tokens = torch.empty(b, dtype=torch.long, device=logits.device)
     logprobs = torch.empty(b, dtype=torch.float32, device=logits.device)
     sample = not all_greedy
