@@ -31,7 +31,7 @@ from ascent.rollout.fast.attention import decode_attention_torch, prefill_attent
 from ascent.rollout.fast.kv_cache import KVCache
 from ascent.rollout.fast.moe import layer_math
 from ascent.rollout.fast.spec import ModelSpec
-from ascent.rollout.fast.state import DecodeState, Flags, allowed_mask
+from ascent.rollout.fast.state import DecodeState, Flags, allowed_mask, step_rows
 from ascent.rollout.fast.vision import RowImages, assemble, mrope_cos_sin
 from ascent.rollout.fast.weights import ModelWeights
 from ascent.rollout.sampling import SamplingTensors, sample, token_presence
@@ -57,6 +57,24 @@ def compile_step(fn: Callable) -> Callable:
         1024, torch._dynamo.config.accumulated_recompile_limit
     )
     return torch.compile(fn, fullgraph=False)
+
+
+def step_inputs(
+    input_ids: Tensor,
+    positions: Tensor,
+    active: Tensor,
+    rope_delta: Tensor | None,
+    embed: Tensor,
+    rope: tuple[Tensor, Tensor],
+    max_len: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """What a decode step's layers read, from its rows' state [B] -> (embeddings x [B, H], contexts [B]
+    int32, 0 for idle rows; cos, sin [B, d] at each row's rotary position; `rope` the [max_len, d] tables).
+    Compiled with the per-token pieces: its gathers and integer ops are then one or two kernels, not seven."""
+    pos = positions.clamp(max=max_len - 1)
+    ctx = ((pos + 1) * active).to(torch.int32)
+    rot = pos if rope_delta is None else (positions + rope_delta).clamp(0, max_len - 1)
+    return F.embedding(input_ids, embed), ctx, rope[0][rot], rope[1][rot]
 
 
 class ModelRunner:
@@ -101,6 +119,8 @@ class ModelRunner:
             sample,
         )
         self.final_norm = self.math.final_norm
+        self.step_inputs: Callable = step_inputs
+        self.step_rows: Callable = step_rows  # (state.py) both compiled below with the rest
         self.batch_invariant = batch_invariant
         self.action: ActionStep | None = None  # a continuous action head (action.py): acts at prefill
         # routing replay (moe.py): (MoE layers, k) of the routes each forward records; None for dense models
@@ -113,6 +133,7 @@ class ModelRunner:
             if self.attn_out_routed is not None:
                 self.attn_out_routed = compile_step(self.attn_out_routed)
             self.final_norm, self.sample = compile_step(self.final_norm), compile_step(sample)
+            self.step_inputs, self.step_rows = compile_step(step_inputs), compile_step(step_rows)
             self.logits = lambda x, norm_w, lm_head: logits_fp32(
                 self.final_norm(x, norm_w).to(lm_head.dtype), lm_head
             )
@@ -386,12 +407,12 @@ class ModelRunner:
                         for i in range(len(input_ids))
                     ]
                 )
-        pos = positions.clamp(max=self.max_len - 1)
-        slots = None if self.attention == "triton" else slots_for(bt, pos[:, None], self.ps)[:, 0]
-        ctx = ((pos + 1) * active).to(torch.int32)
-        rot = pos if rope_delta is None else (positions + rope_delta).clamp(0, self.max_len - 1)
-        cos, sin = self.cos[rot], self.sin[rot]
-        x = F.embedding(input_ids, self.w.embed)
+        slots = None
+        if self.attention != "triton":
+            slots = slots_for(bt, positions.clamp(max=self.max_len - 1)[:, None], self.ps)[:, 0]
+        x, ctx, cos, sin = self.step_inputs(
+            input_ids, positions, active, rope_delta, self.w.embed, (self.cos, self.sin), self.max_len
+        )
         if self.rotates_in_kernel():
             attend = self._decode_attend(bt, ctx, max_len or self.max_len, (cos, sin))
             return self._layers(x, None, None, slots, attend, routes=routes)
@@ -427,4 +448,4 @@ class ModelRunner:
             assert st.allowed is not None  # generate() calls ensure_allowed() for such a batch
             allowed = st.allowed[:b]
         tokens, logprobs = self.head_sample(x, st.sampling(b, flags), st.steps[:b], seen, allowed)
-        st.advance(b, tokens, logprobs, flags)
+        st.advance(b, tokens, logprobs, flags, self.step_rows)

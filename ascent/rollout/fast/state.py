@@ -25,6 +25,7 @@ distribution (the reference engine's and the trainer's convention, `ascent.rollo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import NamedTuple
 
@@ -127,22 +128,25 @@ class DecodeState:
             all_greedy=flags.all_greedy,
         )
 
-    def advance(self, b: int, tokens: Tensor, logprobs: Tensor, flags: Flags) -> None:
-        """After sampling rows [0, b): publish outputs, feed tokens back, step active rows forward."""
-        self.out_tokens[:b].copy_(tokens)
-        self.out_logprobs[:b].copy_(logprobs)
-        act = self.active[:b]
-        self.positions[:b] += act
-        if self.feed_width:  # rows still reading their prompt take its next token instead (module doc)
-            pos = self.feed_pos[:b]
-            real = pos >= self.feed_len[:b]
-            prompt_next = self.feed_buf[:b].gather(1, pos.clamp(max=self.feed_width - 1)[:, None])[:, 0]
-            self.input_ids[:b].copy_(torch.where(real, tokens, prompt_next))
-            self.steps[:b] += act * real
-            pos += (~real).long()
-        else:
-            self.input_ids[:b].copy_(tokens)
-            self.steps[:b] += act
+    def advance(
+        self, b: int, tokens: Tensor, logprobs: Tensor, flags: Flags, step: Callable | None = None
+    ) -> None:
+        """After sampling rows [0, b): publish outputs, feed tokens back, step active rows forward.
+        `step` is `step_rows` or the runner's compiled copy of it."""
+        feed = None
+        if self.feed_width:
+            feed = (self.feed_pos[:b], self.feed_len[:b], self.feed_buf[:b])
+        (step or step_rows)(
+            tokens,
+            logprobs,
+            self.out_tokens[:b],
+            self.out_logprobs[:b],
+            self.positions[:b],
+            self.input_ids[:b],
+            self.steps[:b],
+            self.active[:b],
+            feed,
+        )
         if flags.penalty:
             assert self.seen is not None  # generate() calls ensure_seen() for a penalty batch
             self.seen[:b].scatter_(1, tokens[:, None], True)
@@ -203,6 +207,37 @@ class DecodeState:
         for t in self.per_row():
             t[: len(src_rows)] = t[idx]
         self.release(list(range(len(src_rows), old_end)))
+
+
+def step_rows(
+    tokens: Tensor,
+    logprobs: Tensor,
+    out_tokens: Tensor,
+    out_logprobs: Tensor,
+    positions: Tensor,
+    input_ids: Tensor,
+    steps: Tensor,
+    active: Tensor,
+    feed: tuple[Tensor, Tensor, Tensor] | None,
+) -> None:
+    """One step forward of b rows, in place: tokens/logprobs [b] sampled -> out_tokens/out_logprobs; each
+    row's next input is its token, or a fed row's next prompt token (`feed` = feed_pos [b], feed_len [b],
+    feed_buf [b, W]: module doc); positions [b] and steps [b] of active rows move on. A pure function of
+    its tensors, so the runner can `torch.compile` it: a dozen small integer ops become one or two kernels
+    of the captured step instead of a launch each."""
+    out_tokens.copy_(tokens)
+    out_logprobs.copy_(logprobs)
+    positions += active
+    if feed is None:
+        input_ids.copy_(tokens)
+        steps += active
+        return
+    pos, length, buf = feed
+    real = pos >= length
+    prompt_next = buf.gather(1, pos.clamp(max=buf.shape[1] - 1)[:, None])[:, 0]
+    input_ids.copy_(torch.where(real, tokens, prompt_next))
+    steps += active * real
+    pos += (~real).long()
 
 
 def allowed_mask(params: Seq[SamplingParams], vocab_size: int) -> Tensor:

@@ -396,7 +396,7 @@ class ShardRunner(ModelRunner):
         if split:
             tokens, logprobs = self.vocab_parallel_sample(x, st, b, flags, sampling)
             if self.tp.rank == 0:
-                st.advance(b, tokens, logprobs, flags)
+                st.advance(b, tokens, logprobs, flags, self.step_rows)
 
     def _share_inputs(self, st: DecodeState, b: int, sampling: bool) -> tuple[Tensor, Tensor, Tensor] | None:
         """Rows [0, b) of the driver's token ids, positions, active flags (then, with `sampling`, seeds,
