@@ -275,12 +275,6 @@ def parse(argv):
         default=None,
         help="the Triton sampler's chunk,block,warps (bench/sampler_sweep.py)",
     )
-    ap.add_argument(
-        "--decode-streams",
-        type=int,
-        default=1,
-        help="2: each captured step runs its rows as two halves on two streams (batching.DECODE_STREAMS)",
-    )
     ap.add_argument("--json", type=Path, default=None)
     return ap.parse_args(argv)
 
@@ -326,10 +320,6 @@ def main(argv: list[str] | None = None) -> dict:
     res = dict(device=torch.cuda.get_device_name(device), torch=torch.__version__, args=dict(vars(args)))
     if args.blas != "default":
         torch.backends.cuda.preferred_blas_library(args.blas)
-    if args.decode_streams != 1:
-        from ascent.rollout.fast import batching
-
-        batching.DECODE_STREAMS = args.decode_streams
     if args.sampler_config:
         from ascent.rollout.fast import triton_sample
 

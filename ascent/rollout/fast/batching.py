@@ -33,11 +33,6 @@ from ascent.rollout.fast.state import DecodeState, Flags, HostOutputs
 from ascent.rollout.fast.swap import WeightSwaps
 from ascent.rollout.fast.vision import RowImages, VisionTower
 
-# Experimental (bench/rollout.py --decode-streams): a captured decode step runs its rows as two halves on
-# two streams when it has at least STREAMS_MIN_ROWS rows
-DECODE_STREAMS = 1
-STREAMS_MIN_ROWS = 64
-
 
 class BatchingLoop:
     """The loop half of `FastEngine`; see the module docstring."""
@@ -318,20 +313,7 @@ class BatchingLoop:
             self.runner.decode(self.state, b, flags, max_len=max_len)
 
     def _graph_step(self, b: int, flags: Flags) -> None:
-        """The step a graph captures: rows [0, b) at once, or (`DECODE_STREAMS` = 2, at least
-        `STREAMS_MIN_ROWS` rows, one GPU) two halves on two streams, whose small latency-bound kernels
-        and launch gaps can then overlap each other's."""
-        half = -(-b // 16) * 8  # a multiple of 8 (a tensor-core tile edge)
-        if DECODE_STREAMS < 2 or b < STREAMS_MIN_ROWS or getattr(self.runner, "tp", None) is not None:
-            self.runner.decode(self.state, b, flags)
-            return
-        main = torch.cuda.current_stream()
-        side = self._second_stream = getattr(self, "_second_stream", None) or torch.cuda.Stream()
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            self.runner.decode(self.state.rows_view(half, b), b - half, flags)
-        self.runner.decode(self.state.rows_view(0, half), half, flags)
-        main.wait_stream(side)
+        self.runner.decode(self.state, b, flags)
 
     def _process(self, step) -> None:
         """Append a finished step's tokens; finish sequences that stop; free their rows."""

@@ -25,7 +25,6 @@ distribution (the reference engine's and the trainer's convention, `ascent.rollo
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import NamedTuple
@@ -103,17 +102,6 @@ class DecodeState:
         base += [self.feed_buf, self.feed_pos, self.feed_len, self.rope_delta]
         base += [getattr(self, n) for n in self.PARAMS]
         return base + [t for t in (self.seen, self.allowed) if t is not None]
-
-    def rows_view(self, start: int, end: int) -> DecodeState:
-        """The same state seen through rows [start, end): every per-row tensor a view, so a decode step
-        over the view reads and advances those rows of this state in place (batching.py runs two such
-        halves of one step on two streams)."""
-        view = copy.copy(self)
-        view.rows = end - start
-        for name, t in vars(self).items():
-            if isinstance(t, Tensor) and t.dim() and t.shape[0] == self.rows:
-                setattr(view, name, t[start:end])
-        return view
 
     def ensure_seen(self) -> None:
         """Allocate the [rows, V] token-presence mask repetition penalty needs (once)."""

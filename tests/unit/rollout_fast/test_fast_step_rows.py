@@ -50,21 +50,3 @@ def test_step_inputs_clamps_positions_and_zeroes_idle_contexts():
     assert c[:, 0].tolist() == [2.0, 7.0, 4.0] and s[:, 0].tolist() == [-2.0, -7.0, -4.0]
     _, _, c, _ = step_inputs(ids, pos, act, torch.tensor([1, -20, 0]), embed, (cos, sin), 8)
     assert c[:, 0].tolist() == [3.0, 0.0, 4.0]  # multimodal rows rotate by position + delta, clamped
-
-
-def test_rows_view_advances_only_its_rows_of_the_state():
-    from ascent.rollout.fast.state import DecodeState
-
-    st = DecodeState(6, 4, 10, torch.device("cpu"), feed_width=3, route_shape=(2, 2))
-    st.active.fill_(1)
-    view = st.rows_view(2, 5)
-    assert view.rows == 3 and view.block_tables.shape == (3, 4) and view.out_routes.shape == (3, 2, 2)
-    assert view.feed_buf.shape == (3, 3) and st.rows == 6
-    view.advance(3, torch.tensor([4, 5, 6]), torch.zeros(3), _flags())
-    assert st.input_ids.tolist() == [0, 0, 4, 5, 6, 0] and st.positions.tolist() == [0, 0, 1, 1, 1, 0]
-
-
-def _flags():
-    from ascent.rollout.fast.state import Flags
-
-    return Flags(top_k_top_p=False, min_p=False, penalty=False, all_greedy=False)
