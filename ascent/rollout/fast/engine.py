@@ -129,6 +129,7 @@ class FastEngine(BatchingLoop):
             self.device,
             self.feed_limit,
             runner.route_shape,
+            share_page_size=self.cache.page_size if runner.shared_prefix else 0,
         )
         self.graphs = GraphRunner(self._graph_step, buckets) if buckets else None
         self.lag = 1 if self.device.type == "cuda" else 0

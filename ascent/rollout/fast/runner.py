@@ -47,6 +47,10 @@ from ascent.rollout.sampling import SamplingTensors, sample, token_presence
 FUSED_ROPE = True
 
 
+# attn_options entries that tune only the shared-prefix kernel (triton_cascade.cascade_decode_attention)
+CASCADE_KEYS = ("prefix_splits", "prefix_warps")
+
+
 def compile_step(fn: Callable) -> Callable:
     """`torch.compile` of a per-token piece (dynamic batch sizes; room for the recompiles of many layers and
     sampling flags)."""
@@ -101,7 +105,9 @@ class ModelRunner:
         `batch_invariant`: every row's forward runs alone (module doc), so its results do not depend on
         the other rows; `moe_path`: how an MoE layer computes its experts ("dense" or "routed", moe.py).
         `attn_options` tune the Triton decode kernel; its "prefill" entry the prefill kernel's, and its
-        "fused_rope" (default `FUSED_ROPE`) whether that kernel rotates q and k (`rotates_in_kernel`)."""
+        "fused_rope" (default `FUSED_ROPE`) whether that kernel rotates q and k (`rotates_in_kernel`); its
+        "shared_prefix" (default off) whether rows sharing prompt pages read them once per group
+        (triton_cascade.py; `prefix_splits`, `prefix_warps` tune that kernel)."""
         self.spec, self.w, self.cache = spec, weights, cache
         self.mrope_rows, self.allowed = mrope_rows, allowed
         self.cos, self.sin = rope
@@ -110,6 +116,11 @@ class ModelRunner:
         self.attention, self.attn_options = attention, dict(attn_options or {})
         self.prefill_options = self.attn_options.pop("prefill", {})
         self.fused_rope = bool(self.attn_options.pop("fused_rope", FUSED_ROPE))
+        # shared-prefix decode attention (triton_cascade.py; opt-in): the Triton kernels only, and never in
+        # the batch-invariant mode (a row's tokens would depend on which rows share its prompt)
+        shared = bool(self.attn_options.pop("shared_prefix", False))
+        self.shared_prefix = shared and attention == "triton" and not batch_invariant
+        self.cascade_options = {k: self.attn_options.pop(k) for k in CASCADE_KEYS if k in self.attn_options}
         self.paged_prefill = attention == "triton"  # cached-prefix prefill through triton_prefill.py
         self.math, self.sampler = layer_math(spec, moe_path), sampler
         self.attn_in, self.attn_out, self.logits, self.sample = (
@@ -354,14 +365,28 @@ class ModelRunner:
         return self.fused_rope and bf16 and self.attention == "triton" and self.w.layers[0].q_norm is None
 
     def _decode_attend(
-        self, bt: Tensor, ctx: Tensor, max_len: int, rope: tuple[Tensor, Tensor] | None = None
+        self,
+        bt: Tensor,
+        ctx: Tensor,
+        max_len: int,
+        rope: tuple[Tensor, Tensor] | None = None,
+        groups: Tensor | None = None,
     ) -> Callable:
         """Attention of a decode step (one query token per row) -> (layer, q, k, v) -> [B, nh * d]; `rope`
-        = (cos, sin) [B, d]: q and k are unrotated, the Triton kernel rotates them."""
+        = (cos, sin) [B, d]: q and k are unrotated, the Triton kernel rotates them; `groups` [B, 2 +
+        members] int32: the shared-prefix groups of the rows (state.py), read by triton_cascade.py."""
 
         def attend(i: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             k_all, v_all = self.cache.tensors()
             kc, vc = k_all[i], v_all[i]
+            if groups is not None:
+                # deferred: triton, optional
+                from ascent.rollout.fast.triton_cascade import cascade_decode_attention
+
+                opts = self.attn_options | self.cascade_options
+                return cascade_decode_attention(
+                    q, kc, vc, bt, ctx, self.scale, groups, (k, v), rope=rope, **opts
+                )
             if self.attention == "triton":
                 # deferred: triton, optional
                 from ascent.rollout.fast.triton_decode import paged_decode_attention
@@ -384,11 +409,13 @@ class ModelRunner:
         max_len: int | None = None,
         rope_delta: Tensor | None = None,
         routes: Tensor | None = None,
+        groups: Tensor | None = None,
     ) -> Tensor:
         """The layers of one decode step: input_ids, positions, active [B], block tables bt [B, P] -> the
         last hidden states [B, H] (K/V written to the cache). A tensor-parallel rank runs only this.
         `rope_delta` [B] (multimodal RoPE, vision.py): a text token rotates by its index plus its row's delta.
         `routes` [B, MoE layers, k]: where an MoE model's chosen experts are written (see `_layers`).
+        `groups` [B, 2 + members] int32: shared-prefix groups (state.py; used with `shared_prefix` only).
         Batch-invariant: row by row, attention over the whole max_model_len (fixed, whatever the others')."""
         if self.batch_invariant:
             max_len = self.max_len
@@ -413,10 +440,11 @@ class ModelRunner:
         x, ctx, cos, sin = self.step_inputs(
             input_ids, positions, active, rope_delta, self.w.embed, (self.cos, self.sin), self.max_len
         )
+        groups = groups if self.shared_prefix else None
         if self.rotates_in_kernel():
-            attend = self._decode_attend(bt, ctx, max_len or self.max_len, (cos, sin))
+            attend = self._decode_attend(bt, ctx, max_len or self.max_len, (cos, sin), groups)
             return self._layers(x, None, None, slots, attend, routes=routes)
-        attend = self._decode_attend(bt, ctx, max_len or self.max_len)
+        attend = self._decode_attend(bt, ctx, max_len or self.max_len, None, groups)
         return self._layers(x, cos, sin, slots, attend, routes=routes)
 
     @torch.no_grad()
@@ -438,6 +466,7 @@ class ModelRunner:
             max_len,
             rope_delta,
             routes,
+            st.groups[:b] if st.groups is not None else None,
         )
         seen = None
         if flags.penalty:

@@ -21,6 +21,12 @@ Allowed tokens (a VLA's action tokens, `SamplingParams.allowed_token_ids`): `all
 each row's ids (every token for a row without any), made only once a request names some (`ensure_allowed`);
 the sampler masks the others out like a grammar does, and the logprob stays that of the unfiltered
 distribution (the reference engine's and the trainer's convention, `ascent.rollout.sampling.sample`).
+
+Shared-prefix groups (`share_page_size` given: attn_options["shared_prefix"], triton_cascade.py): `groups`
+[rows, 2 + MEMBERS] int32 says which rows read the same leading pages (prefix_groups.py). The host keeps
+each row's key (`share_keys`) and rebuilds the table whenever rows are admitted, released or compacted,
+in the same stream order as the block-table writes, so a step never sees a row's previous occupant in a
+group; appending a page changes no key (a new page is the row's own).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from torch import Tensor
 
 from ascent.messages import SamplingParams
 from ascent.models.moe import ROUTES_DTYPE
+from ascent.rollout.fast.prefix_groups import MEMBERS, find_groups, pack_groups, shareable_pages
 from ascent.rollout.fast.sequence import Sequence
 from ascent.rollout.sampling import SamplingTensors, token_presence
 
@@ -71,7 +78,9 @@ class DecodeState:
         device: torch.device,
         feed_width: int = 0,
         route_shape: tuple[int, int] | None = None,
+        share_page_size: int = 0,
     ):
+        """`share_page_size`: the KV page size when shared-prefix groups are kept (module doc), 0: none."""
         self.rows, self.vocab_size, self.device = rows, vocab_size, device
         self.pin = device.type == "cuda"
 
@@ -90,6 +99,13 @@ class DecodeState:
         self.feed_buf, self.feed_pos, self.feed_len = z(rows, max(feed_width, 1)), z(rows), z(rows)
         self.rope_delta = z(rows)  # multimodal RoPE: rotary position minus cache position (vision.py)
         self.out_routes = z(rows, *route_shape, dtype=ROUTES_DTYPE) if route_shape else None
+        self.share_page_size = share_page_size
+        self.share_keys: list[tuple[int, ...]] = [()] * rows  # host: each row's shareable pages
+        self._packed: list[list[int]] | None = None  # host copy of `groups` as last written
+        self.groups: Tensor | None = None  # [rows, 2 + MEMBERS] int32 (module doc)
+        if share_page_size:
+            self.groups = z(rows, 2 + MEMBERS, dtype=torch.int32)
+            self._regroup()
 
     def _put(self, values: list, dtype: torch.dtype = torch.long) -> Tensor:
         """A host list on the device without a stream sync: a plain copy from pageable memory waits for
@@ -187,6 +203,10 @@ class DecodeState:
             mask = allowed_mask([s.params for s in seqs], self.vocab_size)
             mask = mask.pin_memory() if self.pin else mask
             self.allowed.index_copy_(0, idx, mask.to(self.device, non_blocking=True))
+        if self.groups is not None:
+            for r, s in zip(rows, seqs, strict=True):
+                self.share_keys[r] = shareable_pages(s.pages, s.num_cached, self.share_page_size)
+            self._regroup()
 
     def set_pages(self, rows: list[int], cols: list[int], pages: list[int]) -> None:
         """block_tables[rows[i], cols[i]] = pages[i] (pages newly taken before a step)."""
@@ -200,13 +220,29 @@ class DecodeState:
             self.active.index_fill_(0, idx, 0)
             self.positions.index_fill_(0, idx, 0)
             self.block_tables.index_fill_(0, idx, 0)
+            if self.groups is not None:
+                for r in rows:
+                    self.share_keys[r] = ()
+                self._regroup()
+
+    def _regroup(self) -> None:
+        """Write the group table of the rows' keys (prefix_groups.py), when it changed."""
+        assert self.groups is not None
+        packed = pack_groups(find_groups(self.share_keys), self.rows)
+        if packed != self._packed:
+            self.groups.copy_(self._put(packed, torch.int32).view_as(self.groups))
+            self._packed = packed
 
     def compact(self, src_rows: list[int], old_end: int) -> None:
         """Move rows src_rows[i] -> i for every per-row tensor; rows len(src)..old_end-1 become idle."""
         idx = self._put(src_rows)
         for t in self.per_row():
             t[: len(src_rows)] = t[idx]
+        keys = self.share_keys
+        self.share_keys = [keys[r] for r in src_rows] + keys[len(src_rows) :]
         self.release(list(range(len(src_rows), old_end)))
+        if self.groups is not None:  # (the moved rows' groups, even where no row became idle)
+            self._regroup()
 
 
 def step_rows(

@@ -390,9 +390,9 @@ class ShardRunner(ModelRunner):
             super().decode(st, b, flags, max_len)
             return
         routes = st.out_routes[:b] if st.out_routes is not None and self.tp.rank == 0 else None
-        x = self.decode_hidden(
-            st.input_ids[:b], st.positions[:b], st.block_tables[:b], st.active[:b], max_len, None, routes
-        )
+        groups = st.groups[:b] if st.groups is not None else None
+        rows = st.input_ids[:b], st.positions[:b], st.block_tables[:b], st.active[:b]
+        x = self.decode_hidden(*rows, max_len, None, routes, groups)
         if split:
             tokens, logprobs = self.vocab_parallel_sample(x, st, b, flags, sampling)
             if self.tp.rank == 0:
@@ -400,22 +400,26 @@ class ShardRunner(ModelRunner):
 
     def _share_inputs(self, st: DecodeState, b: int, sampling: bool) -> tuple[Tensor, Tensor, Tensor] | None:
         """Rows [0, b) of the driver's token ids, positions, active flags (then, with `sampling`, seeds,
-        sampling steps and temperatures' bits) and page tables, packed as int64 [b, 3 (+ 3) + pages]: one
-        broadcast (a latency-bound collective) instead of one per tensor; the other ranks unpack them into
-        their `st`. -> the rows' (temperature [b], seeds [b], steps [b]) with `sampling`, else None."""
+        sampling steps and temperatures' bits), page tables (and shared-prefix groups, state.py), packed as
+        int64 [b, 3 (+ 3) + pages (+ 2 + members)]: one broadcast (a latency-bound collective) instead of one
+        per tensor; the other ranks unpack them into their `st`. -> the rows' (temperature [b], seeds [b],
+        steps [b]) with `sampling`, else None."""
         cols = [st.input_ids, st.positions, st.active]
         if sampling:
             cols += [st.seeds, st.steps, st.temperature.view(torch.int32)]
         n, dev = len(cols), st.input_ids.device
+        tables = [st.block_tables] + ([st.groups] if st.groups is not None else [])
+        width = sum(t.shape[1] for t in tables)
         if self.tp.rank == 0:
-            packed = torch.cat([*(c[:b, None].long() for c in cols), st.block_tables[:b].long()], dim=1)
+            packed = torch.cat([*(c[:b, None].long() for c in cols), *(t[:b].long() for t in tables)], dim=1)
         else:
-            packed = torch.empty(b, n + st.block_tables.shape[1], dtype=torch.long, device=dev)
+            packed = torch.empty(b, n + width, dtype=torch.long, device=dev)
         self.tp.broadcast(packed)
         if self.tp.rank != 0:
             for i, t in enumerate((st.input_ids, st.positions, st.active)):
                 t[:b].copy_(packed[:, i])
-            st.block_tables[:b].copy_(packed[:, n:])
+            for t, part in zip(tables, packed[:, n:].split([t.shape[1] for t in tables], dim=1), strict=True):
+                t[:b].copy_(part)
         if not sampling:
             return None
         return packed[:, 5].to(torch.int32).view(torch.float32), packed[:, 3], packed[:, 4]

@@ -12,6 +12,16 @@ rotates them as `layers.apply_rope` does: rotate-half, in fp32, the same product
 rounded once to q's (k's) dtype; the rotated k is what goes into the cache. That saves the RoPE kernel of
 each layer's `attn_in` (runner.py, `fused_rope`).
 
+Shared prefixes (`prefix`, triton_cascade.py): rows grouped by their common leading pages (prefix_groups.py)
+have those pages' attention computed once per group by the prefix kernel, as normalized partial results
+with their log-sum-exp. The split kernel then walks only a row's own tokens, from its shared length to its
+context, and its split 0 starts the online softmax from the row's prefix partials merged into one (max =
+their LSE, sum = 1, accumulator = their output: exactly the state after attending those tokens). A row
+uses its group only after checking it (`_group_claim`): it is a member, its first n pages are the group's
+and its newest position lies past them; otherwise, and for rows in no group, it starts from nothing as
+without `prefix`, with the same arithmetic. Without `prefix` the kernel compiles to what it was before
+(the additions sit behind a constexpr).
+
 Runs under TRITON_INTERPRET=1 on CPU tensors too (the unit tests do that when triton is installed).
 """
 
@@ -31,6 +41,70 @@ def _rope(x, x_partner, cos, sin, sign):
     (i + D/2) % D and `sign` is -1 in the first half. The negation is a product with -1, as torch negates:
     Triton's `-x` is `0 - x`, which loses the sign of -0."""
     return x.to(tl.float32) * cos + (x_partner.to(tl.float32) * sign) * sin
+
+
+@triton.jit
+def _group_claim(GRP, BT, b, ctx, nrows, stride_gr, stride_bt, PAGE: tl.constexpr, MEMBERS: tl.constexpr):
+    """-> how many leading tokens of row b the prefix kernel attended (n * PAGE), or 0. Row b's group slot
+    (GRP[b, 0]), its page count n and members (GRP[slot, 1], GRP[slot, 2:]) count only if row b is one of
+    the members, its newest position ctx - 1 lies past the n pages, and its first n page ids are those of
+    the first member (whose table the prefix kernel reads)."""
+    slot = tl.load(GRP + b * stride_gr)
+    group = GRP + tl.maximum(slot, 0) * stride_gr
+    n = tl.load(group + 1)
+    offs_m = tl.arange(0, MEMBERS)
+    rows = tl.load(group + 2 + offs_m)
+    lead = tl.load(group + 2)
+    listed = tl.sum((rows == b).to(tl.int32), 0) > 0
+    ok = listed & (slot >= 0) & (n > 0) & (n * PAGE <= ctx - 1) & (lead >= 0) & (lead < nrows)
+    n = tl.where(ok, n, 0)
+    lead = tl.where(ok, lead, b)
+    offs = tl.arange(0, 64)
+    differ = n * 0
+    for p0 in range(0, n, 64):
+        pmask = p0 + offs < n
+        mine = tl.load(BT + b * stride_bt + p0 + offs, mask=pmask, other=0)
+        theirs = tl.load(BT + lead * stride_bt + p0 + offs, mask=pmask, other=0)
+        differ += tl.sum((mine != theirs).to(tl.int32), 0)
+    return tl.where(differ == 0, n * PAGE, 0)
+
+
+@triton.jit
+def _prefix_state(
+    PO,
+    PL,
+    b,
+    heads,
+    hmask,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    D: tl.constexpr,
+    PRE_SPLITS: tl.constexpr,
+):
+    """Row b's prefix partials (PO [B, nh, PRE_SPLITS, D] normalized outputs, PL [B, nh, PRE_SPLITS] log2
+    LSEs) of `heads` [G_PAD], merged by LSE one split at a time -> (lse [G_PAD], out [G_PAD, D]); -inf and
+    0 where `hmask` is off."""
+    offs_d = tl.arange(0, D)
+    m = tl.full(heads.shape, float("-inf"), tl.float32)
+    total = tl.zeros(heads.shape, tl.float32)
+    o = tl.zeros([heads.shape[0], D], tl.float32)
+    for j in tl.static_range(PRE_SPLITS):
+        lse_j = tl.load(PL + b * stride_lb + heads * stride_lh + j, mask=hmask, other=float("-inf"))
+        o_ptr = PO + b * stride_pb + heads[:, None] * stride_ph + j * stride_ps + offs_d[None, :]
+        o_j = tl.load(o_ptr, mask=hmask[:, None], other=0.0)
+        m_new = tl.maximum(m, lse_j)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        w = tl.exp2(lse_j - m_safe)
+        total = total * alpha + w
+        o = o * alpha[:, None] + o_j * w[:, None]
+        m = m_new
+    valid = total > 0
+    out = o / tl.where(valid, total, 1.0)[:, None]
+    return tl.where(valid, m + tl.log2(tl.where(valid, total, 1.0)), float("-inf")), out
 
 
 @triton.jit
@@ -65,6 +139,16 @@ def _split_kernel(
     stride_lh,
     stride_xb,
     stride_xh,
+    GRP,
+    PO,
+    PL,
+    nrows,
+    stride_gr,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_plb,
+    stride_plh,
     G: tl.constexpr,
     G_PAD: tl.constexpr,
     D: tl.constexpr,
@@ -73,13 +157,21 @@ def _split_kernel(
     SPLITS: tl.constexpr,
     WRITE: tl.constexpr,
     ROPE: tl.constexpr,
+    CASCADE: tl.constexpr,
+    PRE_SPLITS: tl.constexpr,
+    MEMBERS: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
     ctx = tl.load(CTX + b)
-    per = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
-    start = s * per
+    if CASCADE:  # the splits share the tokens after the group's prefix (module doc)
+        shared = _group_claim(GRP, BT, b, ctx, nrows, stride_gr, stride_bt, PAGE, MEMBERS)
+        per = tl.cdiv(tl.cdiv(ctx - shared, SPLITS), BLOCK_N) * BLOCK_N
+        start = shared + s * per
+    else:
+        per = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
+        start = s * per
     end = tl.minimum(start + per, ctx)
     offs_g = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, D)
@@ -113,6 +205,25 @@ def _split_kernel(
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)
+    if CASCADE:  # split 0 continues from the prefix's partial result
+        use = (shared > 0) & (s == 0)
+        lse_p, o_p = _prefix_state(
+            PO,
+            PL,
+            b,
+            heads,
+            gmask & use,
+            stride_pb,
+            stride_ph,
+            stride_ps,
+            stride_plb,
+            stride_plh,
+            D,
+            PRE_SPLITS,
+        )
+        m_i = tl.where(use, lse_p, m_i)
+        l_i = tl.where(use, 1.0, l_i)
+        acc = tl.where(use, o_p, acc)
     for n0 in range(start, end, BLOCK_N):
         page = tl.load(BT + b * stride_bt + n0 // PAGE).to(tl.int64)
         tmask = n0 + offs_n < end
@@ -191,6 +302,7 @@ def paged_decode_attention(
     num_warps: int = 4,
     num_stages: int | None = 3,
     rope: tuple[Tensor, Tensor] | None = None,
+    prefix: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> Tensor:
     """q [B, nh, d], k/v cache [pages, kvh, ps, d], block_tables [B, P] int32, context_lens [B] int32
     -> out [B, nh*d] in q's dtype; rows with context 0 get zeros.
@@ -199,6 +311,10 @@ def paged_decode_attention(
     into the cache before attending, which saves the separate cache-write launches.
     `rope` = (cos, sin) [B, d] fp32, each row's at its position: q and new_kv's k arrive unrotated and the
     kernel rotates them (module doc; needs `new_kv`).
+    `prefix` = (groups [rows >= B, 2 + members] int32, po [B, nh, S', d] fp32, pl [B, nh, S'] fp32): the
+    shared-prefix groups (prefix_groups.py) and what the prefix kernel made of them (triton_cascade.py):
+    a row of a group attends only its tokens past the group's pages, starting from its partials (module
+    doc). Call it through `triton_cascade.cascade_decode_attention`.
     """
     b, nh, d = q.shape
     kvh, ps = k_cache.shape[1], k_cache.shape[2]
@@ -215,6 +331,10 @@ def paged_decode_attention(
     cos, sin = rope if rope is not None else (lp, lp)  # (unread placeholders without rope)
     assert cos.stride(-1) == 1 and cos.stride() == sin.stride()
     extra = {} if num_stages is None else {"num_stages": num_stages}
+    groups, po, pl = prefix if prefix is not None else (block_tables, op, lp)  # (unread without prefix)
+    members = groups.shape[1] - 2 if prefix is not None else 1
+    assert members & (members - 1) == 0, "the group table's member count must be a power of two"
+    assert groups.stride(-1) == 1 and po.stride(-1) == 1 and pl.stride(-1) == 1
     _split_kernel[(b, kvh, splits)](
         q,
         k_cache,
@@ -246,6 +366,16 @@ def paged_decode_attention(
         lp.stride(1),
         out.stride(0),
         out.stride(1),
+        groups,
+        po,
+        pl,
+        b,
+        groups.stride(0),
+        po.stride(0),
+        po.stride(1),
+        po.stride(2),
+        pl.stride(0),
+        pl.stride(1),
         G=g,
         G_PAD=max(16, triton.next_power_of_2(g)),
         D=d,
@@ -254,6 +384,9 @@ def paged_decode_attention(
         SPLITS=splits,
         WRITE=new_kv is not None,
         ROPE=rope is not None,
+        CASCADE=prefix is not None,
+        PRE_SPLITS=po.shape[2] if prefix is not None else 1,
+        MEMBERS=members,
         num_warps=num_warps,
         **extra,
     )

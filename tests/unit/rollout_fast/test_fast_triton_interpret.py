@@ -144,24 +144,6 @@ def test_paged_prefill_attention_matches_torch(ps, block_m, block_n):
         assert torch.allclose(out[i, :n], want[i, :n], atol=1e-5), i
 
 
-@pytest.fixture
-def rtne_bf16(monkeypatch):
-    """The interpreter rounds fp32 -> bf16 toward zero (triton 3.6 `cast_impl`); compiled Triton rounds to
-    nearest even (cvt.rn), as torch does: make the interpreter round as torch, so bf16 results compare."""
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
-
-    cast = InterpreterBuilder.cast_impl
-
-    def cast_rtne(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            bf16 = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16)
-            return TensorHandle(bf16.view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
-        return cast(self, src, dst_type)
-
-    monkeypatch.setattr(InterpreterBuilder, "cast_impl", cast_rtne)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("splits", [1, 3])
 def test_decode_attention_rotating_q_and_k_equals_apply_rope_then_the_kernel(dtype, splits, rtne_bf16):
