@@ -47,6 +47,16 @@ class RolloutConfig(Section):
         "the last bits; tokens may differ at near-ties), so recorded runs replay bit for bit only without "
         "it. Reported as `rollout/prefix_reused_tokens`.",
     )
+    shared_prefix_attention: bool = Field(
+        False,
+        description="rollout.engine=fast, Triton attention: rows that share full KV pages (the n samples of "
+        "a prompt, prefix-cache hits) form groups of up to 8, and one kernel reads a group's shared pages "
+        "once for all its rows instead of once per row (triton_cascade.py). Measured on an H200 at 256 "
+        "rows of 512-token prompts: the 1.5B decode step 7.7% shorter, 0.5B even (BENCHMARKS.md). Off by "
+        "default for now: it changes bf16 logprobs by an ulp of the attention sum (tokens may differ at "
+        "near-ties), and the GPU suite's exact comparisons have not run with it on. Not with "
+        "rollout.batch_invariant.",
+    )
     batch_invariant: bool = Field(
         False,
         description="rollout.engine=fast: a request's tokens and logprobs do not depend on what else is "
@@ -269,7 +279,12 @@ class RolloutConfig(Section):
                 f"rollout.batch_invariant=true with rollout.tensor_parallel={self.tensor_parallel}: the "
                 "batch-invariant mode runs a replica on one GPU; set rollout.tensor_parallel=1."
             )
-        for name in ("prefix_caching", "batch_invariant"):
+        if self.shared_prefix_attention and self.batch_invariant:
+            problems.append(
+                "rollout.shared_prefix_attention=true with rollout.batch_invariant=true: a group's shared "
+                "read depends on the other rows; set rollout.shared_prefix_attention=false."
+            )
+        for name in ("prefix_caching", "batch_invariant", "shared_prefix_attention"):
             if getattr(self, name) and self.engine == "reference":
                 problems.append(
                     f"rollout.{name}=true with rollout.engine=reference: only the fast engine has it; set "

@@ -123,6 +123,7 @@ def engine_spec(cfg: RunConfig) -> EngineSpec:
         tensor_parallel=None if reference else r.tensor_parallel,
         prefix_caching=None if reference else r.prefix_caching,
         batch_invariant=None if reference else r.batch_invariant,
+        shared_prefix=None if reference else r.shared_prefix_attention,
         quantization=None if reference else r.quantization,
         action_head=action_head_spec(m),
     )

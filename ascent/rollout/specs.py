@@ -19,8 +19,8 @@ class EngineSpec:
     """One engine replica: `name` picks the builder (`reference` or `fast`).
 
     Settings one engine has and the other lacks are None where they do not apply: `generation_batch_size`
-    (reference), `gpu_memory_fraction`, `on_swap`, `tensor_parallel`, `prefix_caching`, `batch_invariant`
-    and `quantization` (fast). `options` are more keywords of the builder (tests and benchmarks size the fast
+    (reference), `gpu_memory_fraction`, `on_swap`, `tensor_parallel`, `prefix_caching`, `batch_invariant`,
+    `shared_prefix` and `quantization` (fast). `options` are more keywords of the builder (tests and benchmarks size the fast
     engine's pages and batch with them; setup passes none).
     """
 
@@ -36,6 +36,7 @@ class EngineSpec:
     tensor_parallel: int | None = None  # fast: ranks (GPUs of a node) one replica spans
     prefix_caching: bool | None = None  # fast: reuse full prompt pages across requests (prefix.py)
     batch_invariant: bool | None = None  # fast: a request's samples independent of its batch (runner.py)
+    shared_prefix: bool | None = None  # fast: groups of rows read their shared pages once (triton_cascade.py)
     quantization: str | None = None  # fast: "fp8" holds the layers' linear weights in FP8 (fast/fp8.py)
     action_head: ActionHeadSpec | None = None  # act with a continuous action head (either engine)
     options: dict[str, Any] = field(default_factory=dict)
@@ -59,4 +60,7 @@ class EngineSpec:
             "quantization": self.quantization,
             "action_head": self.action_head,
         }
-        return kw | {k: v for k, v in optional.items() if v is not None} | self.options
+        options = dict(self.options)
+        if self.shared_prefix:  # (an explicit attn_options entry of `options` wins)
+            options["attn_options"] = {"shared_prefix": True} | options.get("attn_options", {})
+        return kw | {k: v for k, v in optional.items() if v is not None} | options

@@ -196,12 +196,15 @@ def cascade_decode_attention(
 ) -> Tensor:
     """`paged_decode_attention`'s arguments plus the group table `groups` [rows >= B, 2 + members] int32
     (prefix_groups.py) -> out [B, nh*d]: the prefix kernel over each group's shared pages, then the split
-    kernel over the rest. `prefix_splits` (default: about two programs per multiprocessor if every row is
-    in a full group) and `prefix_warps` (default num_warps) tune the prefix kernel."""
+    kernel over the rest. `prefix_splits` (default: about one program per two multiprocessors if every
+    row is in a full group) and `prefix_warps` (default num_warps) tune the prefix kernel."""
     b, kvh, ps = q.shape[0], k_cache.shape[1], k_cache.shape[2]
     block_n = block_n or min(ps, 64)
     members = groups.shape[1] - 2
-    prefix_splits = prefix_splits or choose_splits(-(-b // members), kvh, q.device)
+    # a quarter of the split kernel's rule: each split leaves [B, nh, d] fp32 partials that every row's
+    # merge reads, and at 256 rows (32 groups of 8) 2 splits beat 8 and 1 (H200, 2026-11-28: 1.5B 3.50
+    # against 3.63 and the plain kernel's 3.79 ms a step; 0.5B 1.93 against 1.97-1.98, 2.04 and 1.94)
+    prefix_splits = prefix_splits or max(1, choose_splits(-(-b // members), kvh, q.device) // 4)
     po, pl = prefix_attention(
         q,
         k_cache,
