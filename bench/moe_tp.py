@@ -88,7 +88,7 @@ def shard_weights(config: Any, rank: int, size: int, device: torch.device, dtype
     from transformers import AutoModelForCausalLM
 
     from ascent.rollout.fast.spec import engine_family, spec_from_config
-    from ascent.rollout.fast.tensor_parallel import shard_tensor
+    from ascent.rollout.fast.tp_shard import shard_tensor
 
     spec, rename = spec_from_config(config), engine_family(config).to_engine_name
     with torch.device("meta"):
@@ -121,7 +121,8 @@ def build_engine(args: argparse.Namespace, rank: int, size: int, port: int, devi
     from ascent.rollout.fast.moe import default_moe_path
     from ascent.rollout.fast.runner import ModelRunner
     from ascent.rollout.fast.spec import rope_tables, spec_from_config
-    from ascent.rollout.fast.tensor_parallel import DriverRunner, ShardRunner, shard_spec, tp_group
+    from ascent.rollout.fast.tensor_parallel import DriverRunner, ShardRunner, tp_group
+    from ascent.rollout.fast.tp_shard import shard_spec
     from ascent.rollout.fast.weights import build_weights
 
     cuda, dt = device.type == "cuda", torch.bfloat16

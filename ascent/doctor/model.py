@@ -209,7 +209,7 @@ def check_engine_architecture(cfg: RunConfig) -> CheckResult:
         )
     tp = cfg.rollout.tensor_parallel
     if tp > 1:
-        from ascent.rollout.fast.tensor_parallel import check_shardable  # deferred: torch, as above
+        from ascent.rollout.fast.tp_shard import check_shardable  # deferred: torch, as above
 
         try:
             check_shardable(spec, tp)

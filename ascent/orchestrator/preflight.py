@@ -202,7 +202,7 @@ def check_tensor_parallel(cfg: RunConfig) -> None:
     from transformers import AutoConfig  # deferred: transformers and the fast engine, slow to import
 
     from ascent.rollout.fast.spec import spec_from_config  # deferred: as above
-    from ascent.rollout.fast.tensor_parallel import check_shardable  # deferred: as above
+    from ascent.rollout.fast.tp_shard import check_shardable  # deferred: as above
 
     hf = AutoConfig.from_pretrained(
         cfg.model.path, local_files_only=True, trust_remote_code=cfg.model.trust_remote_code

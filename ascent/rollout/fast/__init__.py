@@ -36,14 +36,9 @@ from ascent.rollout.fast.options import EngineOptions, engine_options
 from ascent.rollout.fast.pool import FreeBytes, PoolSizer, cuda_free_bytes
 from ascent.rollout.fast.runner import ModelRunner
 from ascent.rollout.fast.spec import ModelSpec, engine_family, rope_tables
-from ascent.rollout.fast.tensor_parallel import (
-    DriverRunner,
-    ShardRunner,
-    TPGroup,
-    shard_spec,
-    shard_state_dict,
-)
+from ascent.rollout.fast.tensor_parallel import DriverRunner, ShardRunner, TPGroup
 from ascent.rollout.fast.tp_engine import TPEngine
+from ascent.rollout.fast.tp_shard import shard_spec, shard_state_dict
 from ascent.rollout.fast.vision import build_vision, is_vision_config, mrope_rows
 from ascent.rollout.fast.weights import IMPLEMENTATIONS, load_state_dict, state_dict_of
 

@@ -23,7 +23,7 @@ from ascent.models.tiny import make_tiny_moe_checkpoint
 from ascent.orchestrator import preflight
 from ascent.rollout.fast import TPEngine, build_fast_engine
 from ascent.rollout.fast.moe import experts_forward_routed
-from ascent.rollout.fast.tensor_parallel import is_sharded, shard_spec, shard_tensor
+from ascent.rollout.fast.tp_shard import is_sharded, shard_spec, shard_tensor
 
 E, H, INTER = 4, 8, 6
 STACKED = "model.layers.0.mlp.experts."

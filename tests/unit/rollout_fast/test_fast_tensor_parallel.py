@@ -16,7 +16,7 @@ from ascent.messages import GenerationRequest, SamplingParams
 from ascent.models import make_tiny_checkpoint
 from ascent.models.families import ModelSpec
 from ascent.rollout.fast import TPEngine, build_fast_engine
-from ascent.rollout.fast.tensor_parallel import shard_spec, shard_state_dict, shard_tensor
+from ascent.rollout.fast.tp_shard import shard_spec, shard_state_dict, shard_tensor
 from ascent.rollout.fast.weights import load_state_dict
 
 HEAD_SCALE = 10.0  # a sharper head than random init: varied, peaked greedy outputs (as conftest.py)
