@@ -22,7 +22,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ascent.rollout.fast.triton_decode import LOG2E, _rope, choose_splits, paged_decode_attention
+from ascent.rollout.fast.triton_decode import (
+    LOG2E,
+    _attend,
+    _normalize,
+    _rope,
+    choose_splits,
+    paged_decode_attention,
+)
 
 
 @triton.jit
@@ -71,7 +78,6 @@ def _prefix_kernel(
         end = tl.minimum(start + per, total)
         offs_r = tl.arange(0, R_PAD)
         offs_d = tl.arange(0, D)
-        offs_n = tl.arange(0, BLOCK_N)
         member = offs_r // G
         in_tile = offs_r < MEMBERS * G
         row = tl.load(GRP + g * stride_gr + 2 + member, mask=in_tile, other=-1)
@@ -92,23 +98,11 @@ def _prefix_kernel(
         m_i = tl.full([R_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([R_PAD], tl.float32)
         acc = tl.zeros([R_PAD, D], tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            page = tl.load(BT + lead * stride_bt + n0 // PAGE).to(tl.int64)
-            tmask = n0 + offs_n < end
-            addr = page * stride_kp + ((n0 % PAGE) + offs_n)[:, None] * D + offs_d[None, :]
-            k = tl.load(k_base + addr, mask=tmask[:, None], other=0.0)
-            qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
-            qk = tl.where(tmask[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_base + addr, mask=tmask[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            m_i = m_new
-        valid = l_i > 0
-        out = acc / tl.where(valid, l_i, 1.0)[:, None]
-        lse = tl.where(valid, m_i + tl.log2(tl.where(valid, l_i, 1.0)), float("-inf"))
+        bt_row = BT + lead * stride_bt
+        m_i, l_i, acc = _attend(
+            q, k_base, v_base, bt_row, start, end, m_i, l_i, acc, qk_scale, stride_kp, PAGE, BLOCK_N, D
+        )
+        out, lse = _normalize(acc, m_i, l_i)
         o_ptr = PO + row[:, None] * stride_ob + heads[:, None] * stride_oh + s * stride_os + offs_d[None, :]
         tl.store(o_ptr, out, mask=rmask[:, None])
         tl.store(PL + row * stride_lb + heads * stride_lh + s, lse, mask=rmask)

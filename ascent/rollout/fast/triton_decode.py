@@ -108,6 +108,54 @@ def _prefix_state(
 
 
 @triton.jit
+def _attend(
+    q,
+    k_base,
+    v_base,
+    bt_row,
+    start,
+    end,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    stride_kp,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+):
+    """Continue the online softmax (m_i, l_i [R], acc [R, D] fp32, log2 domain) of the queries q [R, D]
+    over the tokens [start, end) of one page table (`bt_row` points at it), one block of BLOCK_N tokens at
+    a time (a block lies inside one page) -> (m_i, l_i, acc). Masked tokens score -inf."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    for n0 in range(start, end, BLOCK_N):
+        page = tl.load(bt_row + n0 // PAGE).to(tl.int64)
+        tmask = n0 + offs_n < end
+        addr = page * stride_kp + ((n0 % PAGE) + offs_n)[:, None] * D + offs_d[None, :]
+        k = tl.load(k_base + addr, mask=tmask[:, None], other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        qk = tl.where(tmask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + addr, mask=tmask[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _normalize(acc, m_i, l_i):
+    """An online softmax's state -> (out [R, D] = acc / l, lse [R] in log2); 0 and -inf for a row that saw
+    no token."""
+    valid = l_i > 0
+    out = acc / tl.where(valid, l_i, 1.0)[:, None]
+    return out, tl.where(valid, m_i + tl.log2(tl.where(valid, l_i, 1.0)), float("-inf"))
+
+
+@triton.jit
 def _split_kernel(
     Q,
     K,
@@ -175,7 +223,6 @@ def _split_kernel(
     end = tl.minimum(start + per, ctx)
     offs_g = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, D)
-    offs_n = tl.arange(0, BLOCK_N)
     partner = (offs_d + D // 2) % D  # rotate-half's pairs (`_rope`)
     sign = tl.where(offs_d < D // 2, -1.0, 1.0)
     if ROPE:
@@ -224,23 +271,23 @@ def _split_kernel(
         m_i = tl.where(use, lse_p, m_i)
         l_i = tl.where(use, 1.0, l_i)
         acc = tl.where(use, o_p, acc)
-    for n0 in range(start, end, BLOCK_N):
-        page = tl.load(BT + b * stride_bt + n0 // PAGE).to(tl.int64)
-        tmask = n0 + offs_n < end
-        addr = page * stride_kp + ((n0 % PAGE) + offs_n)[:, None] * D + offs_d[None, :]
-        k = tl.load(k_base + addr, mask=tmask[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
-        qk = tl.where(tmask[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + addr, mask=tmask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        m_i = m_new
-    valid = l_i > 0
-    out = acc / tl.where(valid, l_i, 1.0)[:, None]
-    lse = tl.where(valid, m_i + tl.log2(tl.where(valid, l_i, 1.0)), float("-inf"))
+    m_i, l_i, acc = _attend(
+        q,
+        k_base,
+        v_base,
+        BT + b * stride_bt,
+        start,
+        end,
+        m_i,
+        l_i,
+        acc,
+        qk_scale,
+        stride_kp,
+        PAGE,
+        BLOCK_N,
+        D,
+    )
+    out, lse = _normalize(acc, m_i, l_i)
     if SPLITS == 1:  # no merge needed: write the final output
         x_ptr = OUT + b * stride_xb + heads[:, None] * stride_xh + offs_d[None, :]
         tl.store(x_ptr, out.to(OUT.dtype.element_ty), mask=gmask[:, None])
