@@ -50,7 +50,7 @@ def test_cascade_under_the_interpreter():
     tail = r.stdout[-8000:] + r.stderr[-2000:]
     assert r.returncode == 0, tail
     summary = r.stdout.strip().splitlines()[-1]
-    assert re.search(r"\b1 skipped", summary) and int(re.search(r"(\d+) passed", summary)[1]) >= 17, tail
+    assert re.search(r"\b1 skipped", summary) and int(re.search(r"(\d+) passed", summary)[1]) >= 11, tail
 
 
 def scene(groups, loners, nh, kvh, d, ps, dtype=torch.float32, seed=0):
@@ -98,10 +98,15 @@ def rope_tables(ctx, d):
 GROUPS = [(3, [5, 20, 1, 33]), (2, [16, 7]), (5, [9, 2, 40, 17, 1, 3, 11, 25]), (4, [8])]
 
 
-@pytest.mark.parametrize("nh,kvh,d", [(14, 2, 64), (12, 2, 128)])
+# each head shape meets two of the four kernel settings (the full cross took 40 s of CI under the interpreter)
 @pytest.mark.parametrize(
-    "ps,block_n,splits,prefix_splits,write",
-    [(16, 16, 1, 1, False), (16, 16, 3, 2, True), (32, 16, 2, 3, True), (16, 16, 2, 7, False)],
+    "nh,kvh,d,ps,block_n,splits,prefix_splits,write",
+    [
+        (14, 2, 64, 16, 16, 1, 1, False),
+        (12, 2, 128, 16, 16, 3, 2, True),
+        (14, 2, 64, 32, 16, 2, 3, True),
+        (12, 2, 128, 16, 16, 2, 7, False),
+    ],
 )
 def test_cascade_matches_the_plain_kernel_and_torch(nh, kvh, d, ps, block_n, splits, prefix_splits, write):
     """fp32: grouped rows agree with the plain kernel and the torch reference to rounding; rows in no group
@@ -158,8 +163,9 @@ def test_stale_claims_are_refused():
     assert torch.allclose(got[[a, d, e]], plain[[a, d, e]], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("nh,d,prefix_splits", [(14, 64, 1), (12, 128, 3)])
+@pytest.mark.parametrize(
+    "dtype,nh,d,prefix_splits", [(torch.float32, 14, 64, 1), (torch.bfloat16, 12, 128, 3)]
+)
 def test_cascade_rotates_q_as_the_split_kernel(dtype, nh, d, prefix_splits, rtne_bf16, bf16_dot):
     """ROPE and WRITE on (q and the new k unrotated, views of one fused q/k/v row as attn_in makes them):
     the cache is the plain kernel's bit for bit, the output agrees (fp32: to rounding, bf16: loosely, the
