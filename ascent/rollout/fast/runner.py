@@ -120,7 +120,8 @@ class ModelRunner:
         # the batch-invariant mode (a row's tokens would depend on which rows share its prompt)
         shared = bool(self.attn_options.pop("shared_prefix", False))
         self.shared_prefix = shared and attention == "triton" and not batch_invariant
-        self.cascade_options = {k: self.attn_options.pop(k) for k in CASCADE_KEYS if k in self.attn_options}
+        tuning = {k: self.attn_options.pop(k) for k in CASCADE_KEYS if k in self.attn_options}
+        self.cascade_options = self.attn_options | tuning  # the split kernel's options and the prefix's
         self.paged_prefill = attention == "triton"  # cached-prefix prefill through triton_prefill.py
         self.math, self.sampler = layer_math(spec, moe_path), sampler
         self.attn_in, self.attn_out, self.logits, self.sample = (
@@ -383,9 +384,8 @@ class ModelRunner:
                 # deferred: triton, optional
                 from ascent.rollout.fast.triton_cascade import cascade_decode_attention
 
-                opts = self.attn_options | self.cascade_options
                 return cascade_decode_attention(
-                    q, kc, vc, bt, ctx, self.scale, groups, (k, v), rope=rope, **opts
+                    q, kc, vc, bt, ctx, self.scale, groups, (k, v), rope=rope, **self.cascade_options
                 )
             if self.attention == "triton":
                 # deferred: triton, optional

@@ -102,9 +102,8 @@ def _prefix_state(
         total = total * alpha + w
         o = o * alpha[:, None] + o_j * w[:, None]
         m = m_new
-    valid = total > 0
-    out = o / tl.where(valid, total, 1.0)[:, None]
-    return tl.where(valid, m + tl.log2(tl.where(valid, total, 1.0)), float("-inf")), out
+    out, lse = _normalize(o, m, total)
+    return lse, out
 
 
 @triton.jit
