@@ -47,15 +47,15 @@ class RolloutConfig(Section):
         "the last bits; tokens may differ at near-ties), so recorded runs replay bit for bit only without "
         "it. Reported as `rollout/prefix_reused_tokens`.",
     )
-    shared_prefix_attention: bool = Field(
-        False,
+    shared_prefix_attention: bool | None = Field(
+        None,
         description="rollout.engine=fast, Triton attention: rows that share full KV pages (the n samples of "
         "a prompt, prefix-cache hits) form groups of up to 8, and one kernel reads a group's shared pages "
         "once for all its rows instead of once per row (triton_cascade.py). Measured on an H200 at 256 "
-        "rows of 512-token prompts: the 1.5B decode step 7.7% shorter, 0.5B even (BENCHMARKS.md). Off by "
-        "default for now: it changes bf16 logprobs by an ulp of the attention sum (tokens may differ at "
-        "near-ties), and the GPU suite's exact comparisons have not run with it on. Not with "
-        "rollout.batch_invariant.",
+        "rows of 512-token prompts: the 1.5B decode step 7.7% shorter, 0.5B even (BENCHMARKS.md). Unset: "
+        "on wherever it applies (the Triton attention, not rollout.batch_invariant); false: every row reads "
+        "its own pages, which moves bf16 logprobs by an ulp of the attention sum (tokens may differ at "
+        "near-ties).",
     )
     batch_invariant: bool = Field(
         False,

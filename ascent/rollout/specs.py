@@ -61,6 +61,7 @@ class EngineSpec:
             "action_head": self.action_head,
         }
         options = dict(self.options)
-        if self.shared_prefix:  # (an explicit attn_options entry of `options` wins)
-            options["attn_options"] = {"shared_prefix": True} | options.get("attn_options", {})
+        # None: the engine's default; an attn_options entry of `options` wins
+        if self.shared_prefix is not None:
+            options["attn_options"] = {"shared_prefix": self.shared_prefix} | options.get("attn_options", {})
         return kw | {k: v for k, v in optional.items() if v is not None} | options

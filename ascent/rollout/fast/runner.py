@@ -46,6 +46,12 @@ from ascent.rollout.sampling import SamplingTensors, sample, token_presence
 # (eager, uncontracted) rotation. On CPU the interpreter's kernel is bit for bit either way.
 FUSED_ROPE = True
 
+# Shared-prefix decode attention by default (triton_cascade.py; Triton attention, not batch-invariant): the
+# rows sharing a prompt's full KV pages read them once per group. H200, 256 rows of 512-token prompts: the
+# 1.5B step 3.79 -> 3.50 ms, the 0.5B step even (BENCHMARKS.md). It moves bf16 logprobs by an ulp of the
+# attention sum; the GPU suite's exact comparisons (graphs against eager, prefix cache on and off) hold.
+SHARED_PREFIX = True
+
 
 # attn_options entries that tune only the shared-prefix kernel (triton_cascade.cascade_decode_attention)
 CASCADE_KEYS = ("prefix_splits", "prefix_warps")
@@ -106,7 +112,7 @@ class ModelRunner:
         the other rows; `moe_path`: how an MoE layer computes its experts ("dense" or "routed", moe.py).
         `attn_options` tune the Triton decode kernel; its "prefill" entry the prefill kernel's, and its
         "fused_rope" (default `FUSED_ROPE`) whether that kernel rotates q and k (`rotates_in_kernel`); its
-        "shared_prefix" (default off) whether rows sharing prompt pages read them once per group
+        "shared_prefix" (default `SHARED_PREFIX`) whether rows sharing prompt pages read them once per group
         (triton_cascade.py; `prefix_splits`, `prefix_warps` tune that kernel)."""
         self.spec, self.w, self.cache = spec, weights, cache
         self.mrope_rows, self.allowed = mrope_rows, allowed
@@ -116,9 +122,9 @@ class ModelRunner:
         self.attention, self.attn_options = attention, dict(attn_options or {})
         self.prefill_options = self.attn_options.pop("prefill", {})
         self.fused_rope = bool(self.attn_options.pop("fused_rope", FUSED_ROPE))
-        # shared-prefix decode attention (triton_cascade.py; opt-in): the Triton kernels only, and never in
-        # the batch-invariant mode (a row's tokens would depend on which rows share its prompt)
-        shared = bool(self.attn_options.pop("shared_prefix", False))
+        # shared-prefix decode attention (triton_cascade.py): the Triton kernels only, and never in the
+        # batch-invariant mode (a row's tokens would depend on which rows share its prompt)
+        shared = bool(self.attn_options.pop("shared_prefix", SHARED_PREFIX))
         self.shared_prefix = shared and attention == "triton" and not batch_invariant
         tuning = {k: self.attn_options.pop(k) for k in CASCADE_KEYS if k in self.attn_options}
         self.cascade_options = self.attn_options | tuning  # the split kernel's options and the prefix's

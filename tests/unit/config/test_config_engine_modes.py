@@ -53,5 +53,9 @@ def test_shared_prefix_attention_reaches_the_builder_as_an_attention_option():
     tuned = dataclasses.replace(spec, options={"attn_options": {"prefix_splits": 4}, "max_batch_size": 8})
     kw = tuned.builder_kwargs()  # a test's or benchmark's own attention options join it
     assert kw["attn_options"] == {"shared_prefix": True, "prefix_splits": 4} and kw["max_batch_size"] == 8
-    off = engine_spec(load_config(None, ["rollout.engine=fast"])).builder_kwargs()
-    assert "attn_options" not in off
+    unset = engine_spec(load_config(None, ["rollout.engine=fast"])).builder_kwargs()
+    assert "attn_options" not in unset  # the engine's default (runner.SHARED_PREFIX)
+    off = load_config(None, ["rollout.engine=fast", "rollout.shared_prefix_attention=false"])
+    assert engine_spec(off).builder_kwargs()["attn_options"] == {"shared_prefix": False}
+    off_ref = load_config(None, ["rollout.shared_prefix_attention=false"])  # nothing to refuse: it is off
+    assert "attn_options" not in engine_spec(off_ref).builder_kwargs()

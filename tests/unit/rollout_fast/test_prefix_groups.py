@@ -110,15 +110,18 @@ def test_no_groups_without_the_option():
     assert st.groups is None
 
 
-def test_the_option_is_off_by_default_with_torch_attention_and_batch_invariant(fast_tiny_path):
-    """shared_prefix only ever runs on the Triton decode kernel and never in the batch-invariant mode."""
+def test_the_option_is_on_by_default_with_triton_only_and_never_batch_invariant(fast_tiny_path):
+    """shared_prefix (default on: runner.SHARED_PREFIX) only ever runs on the Triton decode kernel, never in
+    the batch-invariant mode, and `false` turns it off."""
     from ascent.rollout.fast import build_fast_engine
 
     kw = dict(model_path=fast_tiny_path, dtype="fp32", device="cpu", page_size=16, max_model_len=64)
     on = {"shared_prefix": True}
     cases = [({}, False), ({"attention": "torch", "attn_options": on}, False)]
     cases += [({"attention": "triton", "batch_invariant": True, "attn_options": on}, False)]
-    cases += [({"attention": "triton", "attn_options": on}, True), ({"attention": "triton"}, False)]
+    cases += [({"attention": "triton", "attn_options": on}, True), ({"attention": "triton"}, True)]
+    cases += [({"attention": "triton", "attn_options": {"shared_prefix": False}}, False)]
+    cases += [({"attention": "triton", "batch_invariant": True}, False)]
     for extra, want in cases:
         engine = build_fast_engine(**kw, **extra)
         assert engine.runner.shared_prefix == want and (engine.state.groups is not None) == want, extra
