@@ -52,7 +52,7 @@ class RolloutConfig(Section):
         description="rollout.engine=fast, Triton attention: rows that share full KV pages (the n samples of "
         "a prompt, prefix-cache hits) form groups of up to 8, and one kernel reads a group's shared pages "
         "once for all its rows instead of once per row (triton_cascade.py). Measured on an H200 at 256 "
-        "rows of 512-token prompts: the 1.5B decode step 7.7% shorter, 0.5B even (BENCHMARKS.md). Unset: "
+        "rows of 512-token prompts: the 1.5B decode step 9% shorter, 0.5B 4% (BENCHMARKS.md). Unset: "
         "on wherever it applies (the Triton attention, not rollout.batch_invariant); false: every row reads "
         "its own pages, which moves bf16 logprobs by an ulp of the attention sum (tokens may differ at "
         "near-ties).",

@@ -8,10 +8,13 @@
   and off, prompts x 8 samples, greedy and seeded sampling, also with fewer rows than samples (rows
   released and reused while others run): the first tokens' logprobs agree and almost all tokens match.
 CPU counterparts: tests/unit/rollout_fast/test_fast_cascade_interpret.py (the kernels under the
-interpreter, the engine on CPU) and test_prefix_groups.py. Not yet run on a GPU when written.
+interpreter, the engine on CPU) and test_prefix_groups.py. `bench/cascade_sweep.py` times the kernel settings.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,46 +22,14 @@ import torch
 from ascent.messages import GenerationRequest, SamplingParams
 from ascent.models import make_tiny_checkpoint
 from ascent.rollout.fast import build_fast_engine
-from ascent.rollout.fast.prefix_groups import find_groups, pack_groups, shareable_pages
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from cascade_sweep import workload  # noqa: E402  (bench/cascade_sweep.py: the benchmark's decode state)
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-
-
-def workload(nh, kvh, d, ps, dtype, prompts=32, samples=8, prompt_len=512, max_new=512, loners=8, seed=0):
-    """The decode state of a GRPO batch part-way: `prompts` x `samples` rows whose prompts' full pages are
-    shared, each row `prompt_len` + 1..max_new tokens in, plus `loners` rows in no group (and one idle).
-    -> q [B, nh, d], caches, block tables [B, P], contexts [B], the group table (prefix_groups.py)."""
-    g = torch.Generator().manual_seed(seed)
-    width = -(-(prompt_len + max_new) // ps)
-    b = prompts * samples + loners + 1
-    full = prompt_len // ps
-    pool = (torch.randperm(b * width + 1, generator=g) + 1).tolist()
-    tables, ctxs, keys = [], [], []
-    for _ in range(prompts):
-        shared = [pool.pop() for _ in range(full)]
-        for _ in range(samples):
-            tables.append(shared + [pool.pop() for _ in range(width - full)])
-            ctxs.append(prompt_len + int(torch.randint(1, max_new + 1, (), generator=g)))
-            keys.append(shareable_pages(tables[-1], prompt_len, ps))  # taken at admission
-    for _ in range(loners):
-        tables.append([pool.pop() for _ in range(width)])
-        ctxs.append(int(torch.randint(1, prompt_len + max_new + 1, (), generator=g)))
-        keys.append(())
-    tables.append([0] * width)
-    ctxs.append(0)
-    keys.append(())
-    order = torch.randperm(b, generator=g).tolist()  # rows of a running batch are not sorted by prompt
-    tables, ctxs, keys = [tables[i] for i in order], [ctxs[i] for i in order], [keys[i] for i in order]
-    dev = torch.device("cuda")
-    bt = torch.tensor(tables, dtype=torch.int32, device=dev)
-    ctx = torch.tensor(ctxs, dtype=torch.int32, device=dev)
-    table = torch.tensor(pack_groups(find_groups(keys), b), dtype=torch.int32, device=dev)
-    kc, vc = torch.randn(2, int(bt.max()) + 1, kvh, ps, d, generator=g).to(dev, dtype)
-    q = torch.randn(b, nh, d, generator=g).to(dev, dtype)
-    return q, kc, vc, bt, ctx, table, [i for i, k in enumerate(keys) if not k]
 
 
 def _time_us(fn, reps=20) -> float:
@@ -94,6 +65,24 @@ def test_cascade_kernel_matches_plain_on_benchmark_shapes(dtype, nh, kvh, d, ps)
     t_cascade = _time_us(lambda: cascade_decode_attention(q, kc, vc, bt, ctx, scale, table))
     shape = f"{dtype} nh={nh} kvh={kvh} d={d} ps={ps} b={len(q)}"
     print(f"\n{shape}: plain {t_plain:.1f} us, cascade {t_cascade:.1f} us")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("nh,d,pre_n,splits", [(12, 128, 128, 2), (12, 128, 128, 1), (14, 64, 128, 4)])
+def test_prefix_blocks_spanning_pages_agree(dtype, nh, d, pre_n, splits):
+    """The prefix kernel stepping over 2 pages of 64 at once (`prefix_block_n`, each token's page
+    looked up) gives the one-page blocks' result to rounding. (256-token blocks of head dim 128 need more
+    shared memory than a Hopper multiprocessor has: bench/cascade_sweep.py reports them.)"""
+    from ascent.rollout.fast.triton_cascade import cascade_decode_attention
+
+    q, kc, vc, bt, ctx, table, _ = workload(nh, 2, d, 64, dtype)
+    scale = d**-0.5
+    one = cascade_decode_attention(q, kc, vc, bt, ctx, scale, table, prefix_splits=splits)
+    got = cascade_decode_attention(
+        q, kc, vc, bt, ctx, scale, table, prefix_splits=splits, prefix_block_n=pre_n
+    )
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    assert torch.allclose(got.float(), one.float(), atol=tol, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -59,8 +59,8 @@ class EngineOptions:
     sampler: str
     # tune the Triton decode kernel (splits, block_n, num_warps, num_stages; fused_rope: it rotates q and k
     # itself, default on for bf16 weights, runner.FUSED_ROPE; shared_prefix: rows decoding over the same
-    # prompt pages read them once per group, triton_cascade.py, default runner.SHARED_PREFIX, never with the torch attention
-    # or batch_invariant, tuned by prefix_splits and prefix_warps), and with its "prefill" entry
+    # prompt pages read them once per group, triton_cascade.py, default runner.SHARED_PREFIX, never with
+    # the torch attention or batch_invariant, tuned by runner.CASCADE_KEYS), and with its "prefill" entry
     # (block_m, block_n, num_warps, num_stages) the paged prefill kernel
     attn_options: dict | None
     # how a mixture-of-experts layer computes its experts (moe.py): "routed" (grouped matmuls over the

@@ -48,13 +48,13 @@ FUSED_ROPE = True
 
 # Shared-prefix decode attention by default (triton_cascade.py; Triton attention, not batch-invariant): the
 # rows sharing a prompt's full KV pages read them once per group. H200, 256 rows of 512-token prompts: the
-# 1.5B step 3.79 -> 3.50 ms, the 0.5B step even (BENCHMARKS.md). It moves bf16 logprobs by an ulp of the
+# 1.5B step 3.78 -> 3.44 ms, the 0.5B step 1.93 -> 1.86 ms (BENCHMARKS.md). It moves bf16 logprobs by an ulp of the
 # attention sum; the GPU suite's exact comparisons (graphs against eager, prefix cache on and off) hold.
 SHARED_PREFIX = True
 
 
 # attn_options entries that tune only the shared-prefix kernel (triton_cascade.cascade_decode_attention)
-CASCADE_KEYS = ("prefix_splits", "prefix_warps")
+CASCADE_KEYS = ("prefix_splits", "prefix_warps", "prefix_block_n", "prefix_stages")
 
 
 def compile_step(fn: Callable) -> Callable:
@@ -113,7 +113,7 @@ class ModelRunner:
         `attn_options` tune the Triton decode kernel; its "prefill" entry the prefill kernel's, and its
         "fused_rope" (default `FUSED_ROPE`) whether that kernel rotates q and k (`rotates_in_kernel`); its
         "shared_prefix" (default `SHARED_PREFIX`) whether rows sharing prompt pages read them once per group
-        (triton_cascade.py; `prefix_splits`, `prefix_warps` tune that kernel)."""
+        (triton_cascade.py; `CASCADE_KEYS` tune that kernel)."""
         self.spec, self.w, self.cache = spec, weights, cache
         self.mrope_rows, self.allowed = mrope_rows, allowed
         self.cos, self.sin = rope

@@ -31,6 +31,8 @@ from ascent.rollout.fast.triton_decode import (
     paged_decode_attention,
 )
 
+PREFIX_STAGES = 2  # the prefix kernel's software pipeline (the split kernel's default is 3)
+
 
 @triton.jit
 def _prefix_kernel(
@@ -187,18 +189,21 @@ def cascade_decode_attention(
     rope: tuple[Tensor, Tensor] | None = None,
     prefix_splits: int | None = None,
     prefix_warps: int | None = None,
+    prefix_block_n: int | None = None,
+    prefix_stages: int | None = None,
 ) -> Tensor:
     """`paged_decode_attention`'s arguments plus the group table `groups` [rows >= B, 2 + members] int32
     (prefix_groups.py) -> out [B, nh*d]: the prefix kernel over each group's shared pages, then the split
     kernel over the rest. `prefix_splits` (default: about one program per two multiprocessors if every
-    row is in a full group) and `prefix_warps` (default num_warps) tune the prefix kernel."""
+    row is in a full group), `prefix_warps` (default num_warps), `prefix_block_n` (tokens a step, may span
+    pages; default block_n) and `prefix_stages` (default `PREFIX_STAGES`) tune the prefix kernel."""
     b, kvh, ps = q.shape[0], k_cache.shape[1], k_cache.shape[2]
     block_n = block_n or min(ps, 64)
     members = groups.shape[1] - 2
-    # a quarter of the split kernel's rule: each split leaves [B, nh, d] fp32 partials that every row's
-    # merge reads, and at 256 rows (32 groups of 8) 2 splits beat 8 and 1 (H200, 2026-11-28: 1.5B 3.50
-    # against 3.63 and the plain kernel's 3.79 ms a step; 0.5B 1.93 against 1.97-1.98, 2.04 and 1.94)
-    prefix_splits = prefix_splits or max(1, choose_splits(-(-b // members), kvh, q.device) // 4)
+    # half the split kernel's rule (each split leaves [B, nh, d] fp32 partials that every row's merge
+    # reads) and a two-stage pipeline: at 256 rows (32 groups of 8) 4 splits of 2 stages were the fastest
+    # or within 1.5% of it over 36 settings at both shapes (bench/cascade_sweep.py, H200, 2026-11-28)
+    prefix_splits = prefix_splits or max(1, choose_splits(-(-b // members), kvh, q.device) // 2)
     po, pl = prefix_attention(
         q,
         k_cache,
@@ -207,10 +212,10 @@ def cascade_decode_attention(
         groups,
         scale,
         prefix_splits,
-        block_n,
+        prefix_block_n or block_n,
         rope,
         prefix_warps or num_warps,
-        num_stages,
+        prefix_stages or PREFIX_STAGES,
     )
     return paged_decode_attention(
         q,

@@ -125,13 +125,20 @@ def _attend(
 ):
     """Continue the online softmax (m_i, l_i [R], acc [R, D] fp32, log2 domain) of the queries q [R, D]
     over the tokens [start, end) of one page table (`bt_row` points at it), one block of BLOCK_N tokens at
-    a time (a block lies inside one page) -> (m_i, l_i, acc). Masked tokens score -inf."""
+    a time -> (m_i, l_i, acc). Masked tokens score -inf. A block of at most PAGE tokens lies inside one
+    page (`start` a multiple of BLOCK_N); a larger block spans several, each token's page looked up."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     for n0 in range(start, end, BLOCK_N):
-        page = tl.load(bt_row + n0 // PAGE).to(tl.int64)
-        tmask = n0 + offs_n < end
-        addr = page * stride_kp + ((n0 % PAGE) + offs_n)[:, None] * D + offs_d[None, :]
+        if BLOCK_N <= PAGE:
+            page = tl.load(bt_row + n0 // PAGE).to(tl.int64)
+            tmask = n0 + offs_n < end
+            addr = page * stride_kp + ((n0 % PAGE) + offs_n)[:, None] * D + offs_d[None, :]
+        else:
+            tmask = n0 + offs_n < end
+            tok = n0 + offs_n
+            pages = tl.load(bt_row + tok // PAGE, mask=tmask, other=0).to(tl.int64)
+            addr = pages[:, None] * stride_kp + (tok % PAGE)[:, None] * D + offs_d[None, :]
         k = tl.load(k_base + addr, mask=tmask[:, None], other=0.0)
         qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         qk = tl.where(tmask[None, :], qk, float("-inf"))

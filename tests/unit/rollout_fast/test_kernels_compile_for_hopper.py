@@ -68,9 +68,9 @@ def test_the_decode_split_kernel_compiles(dtype, cascade):
     assert _compile(triton_decode._split_kernel, consts, _io(dtype, ("Q", "K", "V", "KN", "VN", "OUT")))
 
 
-@pytest.mark.parametrize("d,g", [(64, 7), (128, 6)])
-def test_the_prefix_kernel_and_the_merge_compile(d, g):
-    consts = dict(G=g, MEMBERS=8, R_PAD=64, D=d, PAGE=64, BLOCK_N=64, PRE_SPLITS=2, ROPE=True)
+@pytest.mark.parametrize("d,g,block_n", [(64, 7, 64), (128, 6, 128)])  # 128: blocks spanning two pages
+def test_the_prefix_kernel_and_the_merge_compile(d, g, block_n):
+    consts = dict(G=g, MEMBERS=8, R_PAD=64, D=d, PAGE=64, BLOCK_N=block_n, PRE_SPLITS=2, ROPE=True)
     assert _compile(triton_cascade._prefix_kernel, consts, _io("bf16", ("Q", "K", "V")))
     merge = dict(SPLITS=4, S_PAD=4, D=d)
     assert _compile(triton_decode._combine_kernel, merge, _io("bf16", ("OUT",)))
