@@ -4,11 +4,12 @@ One layer's decode attention at the rollout benchmark's state (bench/rollout.py:
 samples, 512-token prompts in pages of 64, each row 1..512 tokens past its prompt, bf16, RoPE and the
 new-token write in the kernel as the engine runs them), timed as CUDA-graph replays (the engine replays
 graphs, so launch overhead is left out): the plain kernel (`paged_decode_attention`), then
-`cascade_decode_attention` for every prefix setting (block of tokens a step, splits, warps, stages).
+`cascade_decode_attention` for every setting of the prefix kernel (block of tokens a step, splits,
+warps, stages) or, with `--part split`, of the split kernel that continues over each row's own tokens.
 Prints one line per setting, fastest first, and `BEST <shape> <attn_options JSON>` per shape, which
 `bench/rollout.py --attn-options` takes.
 
-    python3 bench/cascade_sweep.py --shape 0.5b 1.5b
+    python3 bench/cascade_sweep.py --shape 0.5b 1.5b [--part split]
 """
 
 from __future__ import annotations
@@ -23,8 +24,22 @@ import torch
 from ascent.rollout.fast.prefix_groups import find_groups, pack_groups, shareable_pages
 
 SHAPES = {"0.5b": (14, 2, 64), "1.5b": (12, 2, 128)}  # query heads, KV heads, head dim (Qwen2.5)
-GRID = {"prefix_block_n": (64, 128, 256), "prefix_splits": (1, 2, 4), "prefix_warps": (4, 8)}
-GRID |= {"prefix_stages": (2, 3)}
+GRIDS = {  # --part: the prefix kernel's settings, or the split kernel's (it covers each row's own tokens)
+    "prefix": {
+        "prefix_block_n": (64, 128, 256),
+        "prefix_splits": (1, 2, 4),
+        "prefix_warps": (4, 8),
+        "prefix_stages": (2, 3),
+    },
+    "split": {  # (block_n and num_warps would also be the prefix kernel's: its own stay pinned)
+        "splits": (1, 2),
+        "block_n": (32, 64),
+        "num_warps": (2, 4, 8),
+        "num_stages": (2, 3, 4),
+        "prefix_block_n": (64,),
+        "prefix_warps": (4,),
+    },
+}
 
 
 def workload(nh, kvh, d, ps, dtype, prompts=32, samples=8, prompt_len=512, max_new=512, loners=8, seed=0):
@@ -81,8 +96,8 @@ def graph_us(fn, reps: int = 28) -> float:
     return sorted(times)[2]
 
 
-def sweep(shape: str) -> list[tuple[float, str, dict[str, Any]]]:
-    """(us, name, attn_options) for the plain kernel, the default cascade and every GRID setting."""
+def sweep(shape: str, part: str) -> list[tuple[float, str, dict[str, Any]]]:
+    """(us, name, attn_options) for the plain kernel, the default cascade and every setting of GRIDS[part]."""
     from ascent.rollout.fast.triton_cascade import cascade_decode_attention
     from ascent.rollout.fast.triton_decode import paged_decode_attention
 
@@ -103,8 +118,9 @@ def sweep(shape: str) -> list[tuple[float, str, dict[str, Any]]]:
             {},
         )
     )
-    for values in itertools.product(*GRID.values()):
-        opts = dict(zip(GRID, values, strict=True))
+    grid = GRIDS[part]
+    for values in itertools.product(*grid.values()):
+        opts = dict(zip(grid, values, strict=True))
         run = lambda o=opts: cascade_decode_attention(q, kc, vc, bt, ctx, scale, table, new, rope=rope, **o)  # noqa: E731
         try:
             rows.append((graph_us(run), "cascade", opts))
@@ -116,9 +132,10 @@ def sweep(shape: str) -> list[tuple[float, str, dict[str, Any]]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", nargs="+", choices=sorted(SHAPES), default=sorted(SHAPES))
+    ap.add_argument("--part", choices=sorted(GRIDS), default="prefix", help="whose settings to sweep")
     args = ap.parse_args()
     for shape in args.shape:
-        rows = sweep(shape)
+        rows = sweep(shape, args.part)
         for us, name, opts in rows:
             print(f"{shape} {us:7.1f} us  {name:8s} {json.dumps(opts)}", flush=True)
         best = next(opts for _, name, opts in rows if name == "cascade")

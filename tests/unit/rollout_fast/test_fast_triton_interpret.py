@@ -199,7 +199,7 @@ def test_engine_rotating_in_the_decode_kernel_samples_the_same_tokens_and_logpro
     reqs = [
         GenerationRequest(
             torch.randint(4, 60, (n,), generator=g).tolist(),
-            SamplingParams(max_new_tokens=10, n=k, seed=5 + i, temperature=t),
+            SamplingParams(max_new_tokens=6, n=k, seed=5 + i, temperature=t),
             request_id=i,
         )
         for i, (n, k, t) in enumerate([(5, 1, 0.0), (19, 2, 1.0), (3, 2, 0.0)])
