@@ -48,8 +48,9 @@ FUSED_ROPE = True
 
 # Shared-prefix decode attention by default (triton_cascade.py; Triton attention, not batch-invariant): the
 # rows sharing a prompt's full KV pages read them once per group. H200, 256 rows of 512-token prompts: the
-# 1.5B step 3.78 -> 3.44 ms, the 0.5B step 1.93 -> 1.86 ms (BENCHMARKS.md). It moves bf16 logprobs by an ulp of the
-# attention sum; the GPU suite's exact comparisons (graphs against eager, prefix cache on and off) hold.
+# 1.5B step 3.78 -> 3.44 ms, the 0.5B step 1.93 -> 1.86 ms (BENCHMARKS.md). It moves bf16 logprobs by an
+# ulp of the attention sum; the GPU suite's exact comparisons (graphs against eager, prefix cache on and
+# off) hold.
 SHARED_PREFIX = True
 
 
