@@ -29,7 +29,7 @@ shared 2-core machine from the lazy start (expected reward 0.241, greedy 0.1):
 - 20 iterations under ATEN_CPU_CAPABILITY=avx2 (another CPU's rounding; this machine is AVX-512, and the
   lazy start lands at 0.281 there): +0.353 +0.204 +0.414 (mean +0.324), greedy 0.5 0.5 0.7 (4, 4, 6 rows).
 - a CI run of 2026-11-28 (fresh clone, the suite's process): +0.483 +0.456 +0.059 (mean +0.333), greedy
-  0.7 0.7 0.3. Seed 3's rise has now ranged +0.059 to +0.463 over four runs of the same code, so the
+  0.7 0.7 0.3. Seed 3's rise has now ranged +0.059 to +0.463 over the four runs recorded here, so the
   per-seed bars ask only that every seed rises (WORST_BAR = 0) and wins at least one more held-out row
   greedily (they were +0.07 and 2 rows, which that run missed on seed 3); the mean bars (+0.2, 3 rows),
   which a policy that does not learn (a rise of 0) cannot pass, carry the learning claim.
