@@ -130,7 +130,7 @@ def _attend(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     for n0 in range(start, end, BLOCK_N):
-        if BLOCK_N <= PAGE:
+        if BLOCK_N <= PAGE:  # (tmask in each branch: this one's order is the split kernel's compiled code)
             page = tl.load(bt_row + n0 // PAGE).to(tl.int64)
             tmask = n0 + offs_n < end
             addr = page * stride_kp + ((n0 % PAGE) + offs_n)[:, None] * D + offs_d[None, :]
